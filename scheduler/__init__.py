@@ -1,0 +1,1 @@
+"""scheduler: decides which memories live in which tier; imports kvmem, never serving."""

@@ -1,0 +1,1 @@
+"""serving: the OpenAI-compatible endpoint; imports kvmem and scheduler, nothing imports serving."""
