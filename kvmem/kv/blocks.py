@@ -1,0 +1,74 @@
+"""Build (or find) a user's memory block as a stored KV item: layout -> ids -> content address -> prefill.
+
+The one build path shared by the offline build job, the serving backend and the scheduler worker.
+Knows nothing of how memories were chosen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvmem.errors import KVItemError
+from kvmem.kv.item import build_item, item_id_for
+from kvmem.kv.layout import PromptLayout
+from kvmem.kv.store import TieredKVStore
+
+if TYPE_CHECKING:
+    from kvmem.models import ModelHandle
+
+
+@dataclass(frozen=True)
+class BuiltBlock:
+    item_id: str
+    memory_ids: tuple[str, ...]
+    num_tokens: int
+    num_bytes: int
+    built: bool  # False when a valid stored item was reused
+
+
+def text_memory_id(text: str) -> str:
+    """A stable pseudo id for a memory given only as text (offline builds from raw texts)."""
+    return "text:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class BlockBuilder:
+    """Thread-safe if the model's forward is (callers serialize model use; see the serving backend)."""
+
+    def __init__(self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore):
+        self.handle, self.layout, self.store = handle, layout, store
+
+    def block_item_id(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> tuple[str, list[int]]:
+        ids = self.layout.block_ids(texts)
+        return item_id_for(user_id, self.handle.fingerprint, tuple(ids), tuple(memory_ids)), ids
+
+    def build(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        memory_ids: Sequence[str] | None = None,
+        *,
+        verify_existing: bool = False,
+    ) -> BuiltBlock:
+        """Build the block for these memories unless a valid one is stored. Raises InvalidBlock, StorageError."""
+        if memory_ids is None:
+            memory_ids = [text_memory_id(t) for t in texts]
+        if len(memory_ids) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
+        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
+        if self.store.contains(item_id):
+            valid = True
+            if verify_existing:
+                valid = self.store.is_valid_on_disk(item_id) if self.store.tier_of(item_id) == "disk" else True
+            if valid:
+                try:
+                    meta = self.store.meta(item_id)
+                    return BuiltBlock(item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, built=False)
+                except KVItemError:
+                    pass
+            self.store.remove(item_id)
+        item = build_item(self.handle, ids, user_id=user_id, memory_ids=tuple(memory_ids))
+        self.store.put(item)
+        return BuiltBlock(item.item_id, item.meta.memory_ids, item.num_tokens, item.meta.num_bytes, built=True)

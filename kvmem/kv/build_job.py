@@ -1,0 +1,159 @@
+"""`kvmem build`: the offline KV cache build job over a JSON-lines file.
+
+Each line is `{"user_id": str, "memories": [str, ...]}` or `{"user_id": str, "memory_ids": [str, ...]}`
+(ids resolved in the data dir's plaintext store). Resumable: valid items are skipped, corrupt ones rebuilt.
+A bad line is reported with its line number and the job carries on; the exit code is 1 if any line failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from kvmem.datadir import DataDir
+from kvmem.errors import InvalidBlock, KvmemError, StorageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildTask:
+    line_no: int
+    user_id: str
+    texts: tuple[str, ...]
+    memory_ids: tuple[str, ...] | None
+
+
+@dataclass
+class BuildReport:
+    built: int = 0
+    skipped: int = 0
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    item_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class BadLine(ValueError):
+    pass
+
+
+def parse_line(line_no: int, raw: str) -> dict:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    if not isinstance(obj, dict):
+        raise BadLine("expected a JSON object")
+    user = obj.get("user_id")
+    if not isinstance(user, str) or not user.strip():
+        raise BadLine("'user_id' must be a non-empty string")
+    has_texts, has_ids = "memories" in obj, "memory_ids" in obj
+    if has_texts == has_ids:
+        raise BadLine("exactly one of 'memories' or 'memory_ids' is required")
+    key = "memories" if has_texts else "memory_ids"
+    values = obj[key]
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
+        raise BadLine(f"'{key}' must be a non-empty list of non-empty strings")
+    return obj
+
+
+def _resolve(obj: dict, line_no: int, store_factory) -> BuildTask:
+    if "memories" in obj:
+        return BuildTask(line_no, obj["user_id"], tuple(obj["memories"]), None)
+    store = store_factory()
+    found = {m.id: m for m in store.memories_by_ids(obj["user_id"], obj["memory_ids"])}
+    missing = [i for i in obj["memory_ids"] if i not in found]
+    if missing:
+        raise BadLine(f"memory ids not found for user {obj['user_id']!r}: {missing[:5]}")
+    ids = tuple(obj["memory_ids"])
+    return BuildTask(line_no, obj["user_id"], tuple(found[i].text for i in ids), ids)
+
+
+def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: bool = True) -> BuildReport:
+    """Build every line's block with `builder` (a kvmem.kv.blocks.BlockBuilder)."""
+    report = BuildReport()
+    store_holder: list = []
+
+    def store_factory():
+        if not store_holder:
+            from kvmem.text import MemoryStore  # lazily: only lines that name memory ids need the store
+
+            store_holder.append(MemoryStore(data_dir.text_db))
+        return store_holder[0]
+
+    lines = Path(input_path).read_text().splitlines()
+    bar = tqdm(total=len(lines), desc="kvmem build", unit="block", disable=not progress, file=sys.stderr)
+    for line_no, raw in enumerate(lines, start=1):
+        bar.update(1)
+        if not raw.strip():
+            continue
+        try:
+            task = _resolve(parse_line(line_no, raw), line_no, store_factory)
+            block = builder.build(task.user_id, task.texts, task.memory_ids, verify_existing=True)
+        except (BadLine, InvalidBlock, ValueError) as exc:
+            report.failed.append((line_no, str(exc)))
+            tqdm.write(f"line {line_no}: {exc}", file=sys.stderr)
+            continue
+        except StorageError as exc:  # the disk is unusable: stop, keep what was built
+            report.failed.append((line_no, str(exc)))
+            tqdm.write(f"line {line_no}: {exc}", file=sys.stderr)
+            break
+        report.item_ids.append(block.item_id)
+        if block.built:
+            report.built += 1
+        else:
+            report.skipped += 1
+        bar.set_postfix(built=report.built, skipped=report.skipped, failed=len(report.failed))
+    bar.close()
+    for store in store_holder:
+        store.close()
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvmem build", description="Build users' KV memory blocks offline.")
+    p.add_argument("--input", required=True, help="JSON-lines file, one user block per line")
+    p.add_argument("--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)")
+    p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # exits 2 on bad arguments
+    if not Path(args.input).is_file():
+        print(f"kvmem build: input file {args.input!r} does not exist", file=sys.stderr)
+        return 2
+    from kvmem.kv.blocks import BlockBuilder
+    from kvmem.kv.layout import PromptLayout
+    from kvmem.kv.store import KVStoreConfig, TieredKVStore
+    from kvmem.models import load_model
+
+    try:
+        data_dir = DataDir.at(args.data_dir)
+        handle = load_model(args.model, device=args.device, dtype=args.dtype)
+        store = TieredKVStore(KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device,
+                                            device_bytes=0, host_bytes=0), handle.fingerprint)
+        builder = BlockBuilder(handle, PromptLayout(handle.tokenizer), store)
+        report = run_build(args.input, builder, data_dir=data_dir, progress=not args.no_progress)
+    except KvmemError as exc:
+        print(f"kvmem build: {exc}", file=sys.stderr)
+        return 1
+    print(f"built {report.built}, skipped {report.skipped} (already valid), failed {len(report.failed)}",
+          file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""A minimal token-by-token generation loop over a (possibly injected) cache.
+
+Owns prefill of what the cache does not cover, sampling (greedy, temperature, top-p, seeded), stop on EOS,
+max tokens or a caller's cancel check, and the timing of the first token. Knows nothing of HTTP or tiers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from kvmem.kv.inject import inject
+from kvmem.kv.item import KVItem
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenerationStats:
+    """Filled in as generation proceeds; read it after the iterator is exhausted (or after the first token)."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    ttft_s: float | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(src, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    """logits: [vocab] float32."""
+    if sampling.temperature == 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
+        return int(order[choice].item())
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: list[int] | tuple[int, ...],
+    *,
+    item: KVItem | None = None,
+    sampling: Sampling = Sampling(),
+    stop_token_ids: frozenset[int] = frozenset(),
+    should_stop: Callable[[], bool] | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """Yield generated token ids. With `item`, its K/V covers the prompt's common prefix (zero-copy)."""
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens = len(prompt_ids)
+    device = next(model.parameters()).device
+    generator = None
+    if sampling.temperature > 0 and sampling.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    start = time.perf_counter()
+    if item is not None:
+        injection = inject(item, prompt_ids)
+        cache, reused = injection.cache, injection.reused_tokens
+    else:
+        cache, reused = DynamicCache(), 0
+    stats.reused_tokens, stats.prefilled_tokens = reused, len(prompt_ids) - reused
+    next_input = torch.tensor([list(prompt_ids[reused:])], dtype=torch.long, device=device)
+    position = reused
+    with torch.inference_mode():
+        for step in range(sampling.max_new_tokens):
+            n = next_input.shape[1]
+            cache_position = torch.arange(position, position + n, device=device)
+            out = model(input_ids=next_input, past_key_values=cache, use_cache=True,
+                        cache_position=cache_position, logits_to_keep=1)
+            token = _pick(out.logits[0, -1].float(), sampling, generator)
+            if step == 0:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                stats.ttft_s = time.perf_counter() - start
+            position += n
+            stats.token_ids.append(token)
+            yield token
+            if token in stop_token_ids:
+                stats.finish_reason = "stop"
+                return
+            if should_stop is not None and should_stop():
+                stats.finish_reason = "cancelled"
+                return
+            next_input = torch.tensor([[token]], dtype=torch.long, device=device)
+    stats.finish_reason = "length"

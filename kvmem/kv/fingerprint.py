@@ -1,0 +1,90 @@
+"""The fingerprint that binds a KV item (or adapter) to what produced it.
+
+Two items are interchangeable only if every field matches: weights, tokenizer, dtype, chat template,
+prompt-layout version, RoPE config and the architecture fields that shape K/V. Knows nothing of storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+
+# Config fields that change what K/V mean or how positions are applied.
+_ARCH_FIELDS = (
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "rms_norm_eps", "vocab_size", "sliding_window", "attention_bias",
+)
+_ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "partial_rotary_factor")
+
+
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _canonical(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What produced a KV item. `digest` is one string to compare and to key files by."""
+
+    weights_sha: str
+    tokenizer_sha: str
+    dtype: str
+    chat_template_sha: str
+    layout_version: str
+    rope_sha: str
+    arch_sha: str
+
+    @property
+    def digest(self) -> str:
+        return _sha(_canonical(asdict(self)))[:32]
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Fingerprint:
+        return cls(**{k: str(data[k]) for k in cls.__dataclass_fields__})
+
+    def mismatches(self, other: Fingerprint) -> list[str]:
+        """Names of the fields that differ (empty when they match)."""
+        return [k for k in self.__dataclass_fields__ if getattr(self, k) != getattr(other, k)]
+
+
+def weights_sha(model: torch.nn.Module) -> str:
+    """SHA-256 over every parameter and buffer, by name, in their stored dtype (about 1 s for 135M fp32)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def tokenizer_sha(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else _canonical(tokenizer.get_vocab())
+    specials = _canonical(getattr(tokenizer, "special_tokens_map", {}))
+    return _sha(body + specials)
+
+
+def fingerprint_model(model: torch.nn.Module, tokenizer, *, layout_version: str) -> Fingerprint:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = config.to_dict()
+    param = next(model.parameters())
+    return Fingerprint(
+        weights_sha=weights_sha(model),
+        tokenizer_sha=tokenizer_sha(tokenizer),
+        dtype=str(param.dtype).removeprefix("torch."),
+        chat_template_sha=_sha(getattr(tokenizer, "chat_template", None) or ""),
+        layout_version=str(layout_version),
+        rope_sha=_sha(_canonical({k: cfg.get(k) for k in _ROPE_FIELDS})),
+        arch_sha=_sha(_canonical({k: cfg.get(k) for k in _ARCH_FIELDS})),
+    )

@@ -1,0 +1,64 @@
+"""Injection: turn a stored KV item into the starting cache of one request, without copying it.
+
+Each cache layer starts as a *view* of the item's tensors; the first `update` of a forward pass
+concatenates the request's own tokens into a new, request-owned tensor (exactly what DynamicCache does
+for a cache already in place), so the stored tensors are never written. Knows nothing of tiers or HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+from kvmem.kv.item import KVItem
+
+
+class SharedPrefixCache(DynamicCache):
+    """A DynamicCache whose layers start as views of a stored item (see the module docstring)."""
+
+    def __init__(self, layers: list[DynamicLayer]):
+        Cache.__init__(self, layers=layers)
+
+
+@dataclass(frozen=True)
+class Injection:
+    """The cache to pass as `past_key_values`, and how many prompt tokens it already covers."""
+
+    cache: DynamicCache
+    reused_tokens: int
+
+
+def common_prefix_tokens(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
+    n = min(len(a), len(b))
+    if tuple(a[:n]) == tuple(b[:n]):
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def usable_prefix_tokens(item: KVItem, prompt_ids: tuple[int, ...] | list[int]) -> int:
+    """Tokens of the item a prompt can reuse: the common prefix, leaving at least one token to prefill."""
+    return min(common_prefix_tokens(item.token_ids, prompt_ids), len(prompt_ids) - 1)
+
+
+def _shared_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    layer = DynamicLayer()
+    layer.dtype, layer.device = keys.dtype, keys.device
+    layer.keys, layer.values = keys, values  # views of the stored item; DynamicLayer.update never writes into them
+    layer.is_initialized = True
+    return layer
+
+
+def inject(item: KVItem, prompt_ids: tuple[int, ...] | list[int]) -> Injection:
+    """A fresh cache whose first `reused_tokens` positions are the item's K/V for the prompt's prefix."""
+    n = usable_prefix_tokens(item, prompt_ids)
+    if n <= 0:
+        return Injection(cache=DynamicCache(), reused_tokens=0)
+    kv = item.kv[:, :, :, :n]  # [layers, 2, kv_heads, n, head_dim], a view
+    layers = [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
+    return Injection(cache=SharedPrefixCache(layers), reused_tokens=n)

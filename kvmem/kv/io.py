@@ -1,0 +1,167 @@
+"""KV item files: tensors in safetensors, metadata in a JSON manifest, checksummed, written atomically.
+
+Layout in a directory: `<item_id>.safetensors` (tensors `kv` and `token_ids`) and `<item_id>.json`
+(manifest with the tensor file's SHA-256). The manifest is renamed into place last, so it is the commit
+point: a crash leaves either the old item, or no manifest (treated as absent). No pickle is involved.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemNotFound, StorageError
+from kvmem.kv.fingerprint import Fingerprint
+from kvmem.kv.item import KVItem, KVItemMeta, tokens_sha
+
+FORMAT_VERSION = 1
+_CHUNK_BYTES = 1 << 22
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def item_paths(directory: Path, item_id: str) -> tuple[Path, Path]:
+    return directory / f"{item_id}.safetensors", directory / f"{item_id}.json"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_item(item: KVItem, directory: str | os.PathLike) -> int:
+    """Write an item atomically; returns bytes written. Raises StorageError and leaves old files intact."""
+    directory = Path(directory)
+    tensor_path, manifest_path = item_paths(directory, item.item_id)
+    tmp_tensor = tensor_path.with_name(f".{tensor_path.name}.tmp-{os.getpid()}")
+    tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{os.getpid()}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            "kv": item.kv.detach().to("cpu").contiguous(),
+            "token_ids": torch.tensor(item.token_ids, dtype=torch.int32),
+        }
+        save_file(tensors, str(tmp_tensor), metadata={"format": str(FORMAT_VERSION), "item_id": item.item_id})
+        with open(tmp_tensor, "rb+") as fh:
+            os.fsync(fh.fileno())
+        manifest = {
+            "format": FORMAT_VERSION,
+            "meta": item.meta.to_dict(),
+            "file_sha256": sha256_file(tmp_tensor),
+            "file_bytes": tmp_tensor.stat().st_size,
+        }
+        with open(tmp_manifest, "w") as fh:
+            json.dump(manifest, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_tensor, tensor_path)
+        os.replace(tmp_manifest, manifest_path)
+        _fsync_dir(directory)
+        return manifest["file_bytes"]
+    except (OSError, SafetensorError) as exc:
+        for tmp in (tmp_tensor, tmp_manifest):
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # the directory itself is unusable; there is nothing of ours to clean
+        raise StorageError(f"could not write KV item {item.item_id} to {directory}: {_write_failure(exc)}") from exc
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _write_failure(exc: BaseException) -> str:
+    """'disk full (...)' for out-of-space errors (errno, or the os error safetensors reports), else the cause."""
+    text = getattr(exc, "strerror", None) or str(exc)
+    full = getattr(exc, "errno", None) in _FULL_ERRNOS or any(f"os error {n})" in str(exc) for n in _FULL_ERRNOS)
+    return f"disk full ({text})" if full else text
+
+
+def read_manifest(directory: str | os.PathLike, item_id: str) -> dict:
+    """The parsed manifest; KVItemNotFound if absent, KVItemCorrupt if unreadable or malformed."""
+    _, manifest_path = item_paths(Path(directory), item_id)
+    try:
+        with open(manifest_path) as fh:
+            manifest = json.load(fh)
+        KVItemMeta.from_dict(manifest["meta"])
+        manifest["file_sha256"], manifest["file_bytes"]  # noqa: B018 - presence check
+    except FileNotFoundError as exc:
+        raise KVItemNotFound(f"KV item {item_id} not found in {directory}") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KVItemCorrupt(f"KV item {item_id}: manifest unreadable or malformed ({exc})") from exc
+    if manifest.get("format") != FORMAT_VERSION:
+        raise KVItemCorrupt(f"KV item {item_id}: unsupported format {manifest.get('format')!r}")
+    return manifest
+
+
+def load_item(
+    directory: str | os.PathLike,
+    item_id: str,
+    expected: Fingerprint,
+    *,
+    device: torch.device | str = "cpu",
+    verify_checksum: bool = True,
+) -> KVItem:
+    """Load and verify an item. Raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, item_id)
+    meta = KVItemMeta.from_dict(manifest["meta"])
+    if meta.item_id != item_id:
+        raise KVItemCorrupt(f"KV item {item_id}: manifest names item {meta.item_id}")
+    diff = expected.mismatches(meta.fingerprint)
+    if diff:
+        raise FingerprintMismatch(f"KV item {item_id} was built with a different {', '.join(diff)}")
+    tensor_path, _ = item_paths(directory, item_id)
+    try:
+        size = tensor_path.stat().st_size
+    except FileNotFoundError as exc:
+        raise KVItemCorrupt(f"KV item {item_id}: tensor file missing") from exc
+    if size != manifest["file_bytes"]:
+        raise KVItemCorrupt(f"KV item {item_id}: tensor file is {size} bytes, expected {manifest['file_bytes']}")
+    if verify_checksum and sha256_file(tensor_path) != manifest["file_sha256"]:
+        raise KVItemCorrupt(f"KV item {item_id}: tensor file fails its SHA-256 checksum")
+    try:
+        tensors = load_file(str(tensor_path), device=str(device))
+    except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+        raise KVItemCorrupt(f"KV item {item_id}: tensor file unreadable ({exc})") from exc
+    kv, token_tensor = tensors.get("kv"), tensors.get("token_ids")
+    expected_shape = (meta.num_layers, 2, meta.num_kv_heads, meta.num_tokens, meta.head_dim)
+    if kv is None or token_tensor is None or tuple(kv.shape) != expected_shape:
+        raise KVItemCorrupt(f"KV item {item_id}: tensors missing or shaped {None if kv is None else tuple(kv.shape)}, "
+                            f"expected {expected_shape}")
+    token_ids = tuple(int(t) for t in token_tensor.tolist())
+    if tokens_sha(token_ids) != meta.tokens_sha:
+        raise KVItemCorrupt(f"KV item {item_id}: token ids do not match the manifest")
+    return KVItem(meta=meta, token_ids=token_ids, kv=kv)
+
+
+def delete_item_files(directory: str | os.PathLike, item_id: str) -> bool:
+    """Remove an item's files (manifest first, so a half-deleted item reads as absent)."""
+    tensor_path, manifest_path = item_paths(Path(directory), item_id)
+    existed = manifest_path.exists() or tensor_path.exists()
+    manifest_path.unlink(missing_ok=True)
+    tensor_path.unlink(missing_ok=True)
+    return existed
+
+
+def list_item_ids(directory: str | os.PathLike) -> list[str]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.glob("*.json") if not p.name.startswith("."))

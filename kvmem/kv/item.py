@@ -1,0 +1,146 @@
+"""A KV item: the precomputed keys/values of a token sequence, and how to build one by prefill.
+
+Owns the in-memory shape of an item and the build step. Does not know tiers, files or users' memories
+beyond the ids it is told it covers. An item is immutable: nothing in kvmem writes into `kv` after build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from kvmem.errors import InvalidBlock
+from kvmem.kv.fingerprint import Fingerprint
+
+if TYPE_CHECKING:
+    from kvmem.models import ModelHandle
+
+
+def tokens_sha(token_ids: tuple[int, ...] | list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+
+
+def item_id_for(
+    user_id: str, fingerprint: Fingerprint, token_ids: tuple[int, ...], memory_ids: tuple[str, ...] = ()
+) -> str:
+    """Content address: the same user, model, tokens and memory ids always give the same id (resumable builds).
+
+    Memory ids are part of the address so the delete cascade can always find every item built from a memory.
+    """
+    key = f"{user_id}\x00{fingerprint.digest}\x00{tokens_sha(token_ids)}\x00{','.join(memory_ids)}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class KVItemMeta:
+    """Everything about an item except its tensors; serialized as the JSON manifest."""
+
+    item_id: str
+    user_id: str
+    num_tokens: int
+    num_bytes: int
+    memory_ids: tuple[str, ...]
+    fingerprint: Fingerprint
+    tokens_sha: str
+    created_at: float
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["memory_ids"] = list(self.memory_ids)
+        d["fingerprint"] = self.fingerprint.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KVItemMeta:
+        return cls(
+            item_id=str(data["item_id"]),
+            user_id=str(data["user_id"]),
+            num_tokens=int(data["num_tokens"]),
+            num_bytes=int(data["num_bytes"]),
+            memory_ids=tuple(str(m) for m in data["memory_ids"]),
+            fingerprint=Fingerprint.from_dict(data["fingerprint"]),
+            tokens_sha=str(data["tokens_sha"]),
+            created_at=float(data["created_at"]),
+            num_layers=int(data["num_layers"]),
+            num_kv_heads=int(data["num_kv_heads"]),
+            head_dim=int(data["head_dim"]),
+            dtype=str(data["dtype"]),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class KVItem:
+    """Token ids + stacked K/V. `kv` is shared read-only by every request that injects this item."""
+
+    meta: KVItemMeta
+    token_ids: tuple[int, ...]
+    kv: torch.Tensor = field(repr=False)  # [layers, 2, kv_heads, tokens, head_dim]
+
+    @property
+    def item_id(self) -> str:
+        return self.meta.item_id
+
+    @property
+    def num_tokens(self) -> int:
+        return self.meta.num_tokens
+
+    def to(self, device: torch.device | str) -> KVItem:
+        """A copy on another device (tier moves); the same item when already there."""
+        if self.kv.device == torch.device(device):
+            return self
+        return KVItem(meta=self.meta, token_ids=self.token_ids, kv=self.kv.to(device, non_blocking=False))
+
+
+def build_item(
+    handle: ModelHandle,
+    token_ids: list[int] | tuple[int, ...],
+    *,
+    user_id: str,
+    memory_ids: tuple[str, ...] | list[str] = (),
+) -> KVItem:
+    """Prefill `token_ids` once and keep the K/V. Raises InvalidBlock for an empty or over-long block."""
+    ids = tuple(int(t) for t in token_ids)
+    if not ids:
+        raise InvalidBlock("cannot build a KV item from an empty block (0 tokens)")
+    limit = handle.max_context_tokens - 1  # at least one prompt token must follow the block
+    if len(ids) > limit:
+        raise InvalidBlock(f"block of {len(ids)} tokens exceeds the model context ({handle.max_context_tokens} "
+                           f"tokens, of which at most {limit} can be a block)")
+    vocab = handle.model.config.get_text_config().vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidBlock(f"block has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+    model = handle.model
+    cache = DynamicCache(config=model.config)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=handle.device)
+    with torch.inference_mode():
+        model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
+    del cache
+    # kv: [layers, 2, kv_heads, tokens, head_dim]
+    num_layers, _, num_heads, num_tokens, head_dim = kv.shape
+    assert num_tokens == len(ids), (num_tokens, len(ids))
+    meta = KVItemMeta(
+        item_id=item_id_for(user_id, handle.fingerprint, ids, tuple(memory_ids)),
+        user_id=user_id,
+        num_tokens=num_tokens,
+        num_bytes=kv.numel() * kv.element_size(),
+        memory_ids=tuple(memory_ids),
+        fingerprint=handle.fingerprint,
+        tokens_sha=tokens_sha(ids),
+        created_at=time.time(),
+        num_layers=num_layers,
+        num_kv_heads=num_heads,
+        head_dim=head_dim,
+        dtype=str(kv.dtype).removeprefix("torch."),
+    )
+    return KVItem(meta=meta, token_ids=ids, kv=kv)

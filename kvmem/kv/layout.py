@@ -1,0 +1,103 @@
+"""The prompt layout, as token ids: `[block][text memories][client system][conversation]`.
+
+The block is the system-message opening, our system prompt, a memory header and the hot memories, one
+memory per segment. Segments are tokenized separately and concatenated, so a block's ids are an exact
+prefix of every prompt that uses it, and a block for memories [m1..mk] is a prefix of the block for
+[m1..mk, mk+1] (append-only growth keeps stored prefixes valid). The chat template's own text is used for
+the system opening and for everything after the system message. Knows nothing of stores or tiers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+LAYOUT_VERSION = "1"
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+)
+MEMORY_HEADER = "\n\nWhat you remember about the user:\n"
+_SENTINEL = "\u2063KVMEM\u2063"
+
+
+class LayoutError(ValueError):
+    """The tokenizer's chat template cannot express this layout (e.g. it rewrites system content)."""
+
+
+@dataclass(frozen=True)
+class LaidOutPrompt:
+    """Token ids of a whole prompt; `ids[:block_len]` are exactly the block's ids (0: no block)."""
+
+    ids: tuple[int, ...]
+    block_len: int
+
+
+def memory_line(text: str) -> str:
+    return "- " + " ".join(text.split()) + "\n"
+
+
+class PromptLayout:
+    """Lays out prompts for one tokenizer + system prompt. Thread-safe after construction (read-only)."""
+
+    def __init__(self, tokenizer, system_prompt: str = DEFAULT_SYSTEM_PROMPT, version: str = LAYOUT_VERSION):
+        if not getattr(tokenizer, "chat_template", None):
+            raise LayoutError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.version = version
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    @cached_property
+    def system_open(self) -> str:
+        """The template's text before the system message's content (e.g. '<|im_start|>system\\n')."""
+        rendered = self._render([{"role": "system", "content": _SENTINEL}, {"role": "user", "content": "x"}], True)
+        if _SENTINEL not in rendered:
+            raise LayoutError("the chat template does not render the system message's content verbatim")
+        return rendered[: rendered.index(_SENTINEL)]
+
+    @cached_property
+    def _head_ids(self) -> tuple[int, ...]:
+        return tuple(self._encode(self.system_open + self.system_prompt + MEMORY_HEADER))
+
+    def block_ids(self, block_texts: Sequence[str]) -> list[int]:
+        """Ids of the block for these memories, in order. With no memories: the head alone."""
+        ids = list(self._head_ids)
+        for text in block_texts:
+            ids.extend(self._encode(memory_line(text)))
+        return ids
+
+    def prompt(
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict],
+    ) -> LaidOutPrompt:
+        """Lay out a whole prompt ending with the generation prompt.
+
+        `messages` are chat messages ({"role", "content"}); system messages from the client are appended to
+        our system message after the memories, the rest form the conversation.
+        """
+        client_system = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+        conversation = [{"role": m["role"], "content": str(m["content"])} for m in messages if m["role"] != "system"]
+        block = self.block_ids(block_texts)
+        ids = list(block)
+        text_part = "".join(memory_line(t) for t in text_texts)
+        for text in text_texts:
+            ids.extend(self._encode(memory_line(text)))
+        system_content = self.system_prompt + MEMORY_HEADER + "".join(memory_line(t) for t in block_texts)
+        system_content += text_part
+        if client_system:
+            system_content += "\n" + client_system
+            ids.extend(self._encode("\n" + client_system))
+        rendered = self._render([{"role": "system", "content": system_content}, *conversation], True)
+        head = self.system_open + system_content
+        if not rendered.startswith(head):
+            raise LayoutError("the chat template rewrites the system message content; this layout needs it verbatim")
+        ids.extend(self._encode(rendered[len(head):]))
+        return LaidOutPrompt(ids=tuple(ids), block_len=len(block) if block_texts else 0)

@@ -1,0 +1,304 @@
+"""The tiered KV store: device -> host RAM -> disk, each tier with a byte budget.
+
+Owns where each item lives and moving items between tiers (write-through to disk on put; promotion to
+the device tier on get; demotion device -> host -> dropped-from-RAM; disk overflow deletes files). Which
+item leaves a tier is the pluggable eviction policy's call. Thread-safe: one lock guards the indexes, and
+disk loads run outside it. Items are immutable, so readers share them freely. Knows nothing of memories'
+text, plans or HTTP.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvmem.errors import KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
+from kvmem.kv.fingerprint import Fingerprint
+from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item
+from kvmem.kv.item import KVItem, KVItemMeta
+from kvmem.kv.policy import EntryStats, eviction_policy
+
+log = logging.getLogger(__name__)
+
+TIERS = ("device", "host", "disk")
+
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """Budgets in bytes; None = unlimited. On a CPU-only machine the device tier is CPU memory too."""
+
+    directory: str
+    device: str = "cpu"
+    device_bytes: int | None = 2 << 30
+    host_bytes: int | None = 4 << 30
+    disk_bytes: int | None = None
+    policy: str = "lru"
+    verify_checksum: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("device_bytes", "host_bytes", "disk_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"KVStoreConfig.{name} must be a non-negative int or None, got {value!r}")
+        eviction_policy(self.policy)  # raises with the supported names
+        torch.device(self.device)
+
+
+@dataclass(frozen=True)
+class TierSize:
+    num_items: int
+    num_tokens: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class SizeInfo:
+    device: TierSize
+    host: TierSize
+    disk: TierSize
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    ok: tuple[str, ...]
+    corrupt: tuple[str, ...]
+
+
+class TieredKVStore:
+    """get / put / remove / contains / size_info / check_integrity over three tiers.
+
+    `get` raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch (all KVItemError): callers fall back
+    to plaintext. A corrupt or mismatched file is removed from the index (and its files deleted) so the next
+    build replaces it.
+    """
+
+    def __init__(self, config: KVStoreConfig, fingerprint: Fingerprint):
+        self.config = config
+        self.fingerprint = fingerprint
+        self.directory = Path(config.directory)
+        self._policy = eviction_policy(config.policy)
+        self._lock = threading.RLock()
+        self._clock = itertools.count(1)
+        self._resident: dict[str, dict[str, KVItem]] = {"device": {}, "host": {}}
+        self._on_disk: dict[str, KVItemMeta] = {}
+        self._stats: dict[str, EntryStats] = {}
+        self.num_hits = {"device": 0, "host": 0, "disk": 0, "miss": 0}
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"KV store directory {self.directory} cannot be created: {exc}") from exc
+        if not os.access(self.directory, os.W_OK):
+            raise StorageError(f"KV store directory {self.directory} is not writable")
+        self._scan()
+
+    # -- index ---------------------------------------------------------------------------------------
+    def _scan(self) -> None:
+        for item_id in list_item_ids(self.directory):
+            try:
+                meta = KVItemMeta.from_dict(read_manifest(self.directory, item_id)["meta"])
+            except KVItemError as exc:
+                log.warning("ignoring unreadable KV manifest %s: %s", item_id, exc)
+                continue
+            self._on_disk[item_id] = meta
+            self._stats[item_id] = self._new_stats(meta)
+
+    def _new_stats(self, meta: KVItemMeta) -> EntryStats:
+        now = next(self._clock)
+        return EntryStats(num_bytes=meta.num_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now)
+
+    def _touch(self, item_id: str) -> None:
+        stats = self._stats[item_id]
+        stats.hits += 1
+        stats.last_access = next(self._clock)
+
+    def _tier_bytes(self, tier: str) -> int:
+        if tier == "disk":
+            return sum(m.num_bytes for m in self._on_disk.values())
+        return sum(i.meta.num_bytes for i in self._resident[tier].values())
+
+    def _budget(self, tier: str) -> int | None:
+        return getattr(self.config, f"{tier}_bytes")
+
+    def _victim(self, ids: Iterable[str], keep: str | None) -> str | None:
+        candidates = [i for i in ids if i != keep]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda i: self._policy.priority(self._stats[i]))
+
+    # -- eviction --------------------------------------------------------------------------------------
+    def _enforce(self, keep: str | None = None) -> None:
+        """Demote device -> host -> (RAM dropped); delete disk files over the disk budget. Lock held."""
+        for tier, lower in (("device", "host"), ("host", None)):
+            budget = self._budget(tier)
+            while budget is not None and self._tier_bytes(tier) > budget:
+                victim = self._victim(self._resident[tier], keep)
+                if victim is None:
+                    break
+                item = self._resident[tier].pop(victim)
+                if lower is not None:
+                    self._resident[lower][victim] = item.to("cpu")
+                elif victim not in self._on_disk:
+                    self._stats.pop(victim, None)
+                log.debug("evicted KV item %s from %s", victim, tier)
+        budget = self._budget("disk")
+        while budget is not None and self._tier_bytes("disk") > budget:
+            victim = self._victim(self._on_disk, keep)
+            if victim is None:
+                break
+            self._drop(victim)
+
+    def _drop(self, item_id: str) -> bool:
+        existed = False
+        for tier in ("device", "host"):
+            existed |= self._resident[tier].pop(item_id, None) is not None
+        existed |= self._on_disk.pop(item_id, None) is not None
+        self._stats.pop(item_id, None)
+        existed |= delete_item_files(self.directory, item_id)
+        return existed
+
+    # -- public API ------------------------------------------------------------------------------------
+    def put(self, item: KVItem, *, persist: bool = True) -> str:
+        """Store an item (write-through to disk unless persist=False) and make it device-resident.
+
+        Raises StorageError if the disk write fails; then nothing already stored has changed.
+        """
+        diff = self.fingerprint.mismatches(item.meta.fingerprint)
+        if diff:
+            raise ValueError(f"item {item.item_id} does not match this store's model ({', '.join(diff)})")
+        if persist:
+            save_item(item, self.directory)
+        device_item = item.to(self.config.device)
+        with self._lock:
+            if persist:
+                self._on_disk[item.item_id] = item.meta
+            self._stats.setdefault(item.item_id, self._new_stats(item.meta))
+            self._resident["host"].pop(item.item_id, None)
+            self._resident["device"][item.item_id] = device_item
+            self._enforce(keep=item.item_id if self._fits("device", item) else None)
+        return item.item_id
+
+    def _fits(self, tier: str, item: KVItem) -> bool:
+        budget = self._budget(tier)
+        return budget is None or item.meta.num_bytes <= budget
+
+    def get(self, item_id: str) -> KVItem:
+        """The item on the store's device, promoted to the device tier."""
+        with self._lock:
+            item = self._resident["device"].get(item_id)
+            if item is not None:
+                self._touch(item_id)
+                self.num_hits["device"] += 1
+                return item
+            host_item = self._resident["host"].get(item_id)
+            if host_item is None and item_id not in self._on_disk:
+                self.num_hits["miss"] += 1
+                raise KVItemNotFound(f"KV item {item_id} is not stored")
+        if host_item is not None:
+            item, source = host_item.to(self.config.device), "host"
+        else:
+            try:
+                item = load_item(self.directory, item_id, self.fingerprint, device=self.config.device,
+                                 verify_checksum=self.config.verify_checksum)
+            except KVItemError as exc:
+                with self._lock:
+                    self.num_hits["miss"] += 1
+                    if not isinstance(exc, KVItemNotFound):
+                        log.warning("dropping unusable KV item %s: %s", item_id, exc)
+                        self._drop(item_id)
+                raise
+            source = "disk"
+        with self._lock:
+            current = self._resident["device"].get(item_id)
+            if current is not None:  # another reader promoted it meanwhile
+                return current
+            if item_id not in self._stats:  # removed while we were loading
+                raise KVItemNotFound(f"KV item {item_id} was removed")
+            self._resident["host"].pop(item_id, None)
+            self._resident["device"][item_id] = item
+            self._touch(item_id)
+            self.num_hits[source] += 1
+            self._enforce(keep=item_id if self._fits("device", item) else None)
+        return item
+
+    def meta(self, item_id: str) -> KVItemMeta:
+        with self._lock:
+            for tier in ("device", "host"):
+                if item_id in self._resident[tier]:
+                    return self._resident[tier][item_id].meta
+            if item_id in self._on_disk:
+                return self._on_disk[item_id]
+        raise KVItemNotFound(f"KV item {item_id} is not stored")
+
+    def tier_of(self, item_id: str) -> str | None:
+        with self._lock:
+            for tier in ("device", "host"):
+                if item_id in self._resident[tier]:
+                    return tier
+            return "disk" if item_id in self._on_disk else None
+
+    def contains(self, item_id: str) -> bool:
+        return self.tier_of(item_id) is not None
+
+    def __contains__(self, item_id: str) -> bool:
+        return self.contains(item_id)
+
+    def is_valid_on_disk(self, item_id: str) -> bool:
+        """True when the item's files load and verify (used by resumable builds)."""
+        try:
+            load_item(self.directory, item_id, self.fingerprint, device="cpu", verify_checksum=True)
+            return True
+        except KVItemError:
+            return False
+
+    def remove(self, item_id: str) -> bool:
+        """Remove from every tier and delete its files. Returns whether anything was there."""
+        with self._lock:
+            return self._drop(item_id)
+
+    def item_ids(self, user_id: str | None = None) -> list[str]:
+        with self._lock:
+            metas = {**self._on_disk, **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()}}
+        return sorted(i for i, m in metas.items() if user_id is None or m.user_id == user_id)
+
+    def items_containing(self, user_id: str, memory_id: str) -> list[str]:
+        """Ids of this user's items built from `memory_id` (for the delete cascade)."""
+        with self._lock:
+            metas = {**self._on_disk, **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()}}
+        return sorted(i for i, m in metas.items() if m.user_id == user_id and memory_id in m.memory_ids)
+
+    def remove_user(self, user_id: str) -> int:
+        ids = self.item_ids(user_id)
+        with self._lock:
+            return sum(self._drop(i) for i in ids)
+
+    def size_info(self) -> SizeInfo:
+        with self._lock:
+            sizes = {}
+            for tier in ("device", "host"):
+                items = self._resident[tier].values()
+                sizes[tier] = TierSize(len(items), sum(i.meta.num_tokens for i in items),
+                                       sum(i.meta.num_bytes for i in items))
+            metas = self._on_disk.values()
+            sizes["disk"] = TierSize(len(metas), sum(m.num_tokens for m in metas), sum(m.num_bytes for m in metas))
+        return SizeInfo(**sizes)
+
+    def check_integrity(self, *, drop_corrupt: bool = True) -> IntegrityReport:
+        """Verify every item on disk (checksum, shapes, fingerprint); optionally drop the bad ones."""
+        ok, corrupt = [], []
+        for item_id in sorted(set(list_item_ids(self.directory)) | set(self._on_disk)):
+            try:
+                load_item(self.directory, item_id, self.fingerprint, device="cpu", verify_checksum=True)
+                ok.append(item_id)
+            except (KVItemCorrupt, KVItemError) as exc:
+                log.warning("KV item %s failed its integrity check: %s", item_id, exc)
+                corrupt.append(item_id)
+                if drop_corrupt:
+                    self.remove(item_id)
+        return IntegrityReport(ok=tuple(ok), corrupt=tuple(corrupt))

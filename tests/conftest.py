@@ -1,0 +1,65 @@
+"""Shared fixtures: the real default model (provisioned once) and a tiny random llama on its tokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    from kvmem.models import provision
+
+    return provision()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_model_dir))
+
+
+def make_tiny_llama(vocab_size: int, *, seed: int = 0, max_positions: int = 8192, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        initializer_range=0.2, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_handle(tokenizer):
+    from kvmem.models import handle_for
+
+    return handle_for(make_tiny_llama(len(tokenizer)), tokenizer, model_id="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def default_handle(default_model_dir):
+    from kvmem.models import load_model
+
+    return load_model(str(default_model_dir), device="cpu", dtype="float32")
+
+
+_WORDS = ("garden kitchen sister Lisbon marathon violin allergy peanut apartment renovation mortgage "
+          "teacher daughter birthday October coffee bicycle Tuesday manager project deadline vacation "
+          "Kyoto hiking sourdough recipe cat named Miso piano lessons budget spreadsheet dentist").split()
+
+
+def synthetic_memories(num_tokens: int, tokenizer, *, seed: int = 0) -> list[str]:
+    """Deterministic memory sentences adding up to about `num_tokens` tokens in the block layout."""
+    rng = random.Random(seed)
+    memories, total = [], 0
+    while total < num_tokens:
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 20)))
+        text = f"On day {len(memories) + 1} the user mentioned {words}."
+        total += len(tokenizer(f"- {text}\n", add_special_tokens=False)["input_ids"])
+        memories.append(text)
+    return memories

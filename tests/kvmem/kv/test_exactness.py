@@ -1,0 +1,105 @@
+"""Invariant 1 (exactness) and 2 (immutability): KV injection gives the same greedy tokens as a full
+prefill of the same ids, computed independently by transformers' own `generate`, and never writes the
+stored tensors."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from kvmem.kv import GenerationStats, PromptLayout, Sampling, build_item, generate
+from tests.conftest import synthetic_memories
+
+QUERIES = [
+    [{"role": "user", "content": "What is the name of my cat?"}],
+    [{"role": "user", "content": "Plan my week. " + " ".join(f"Item {i}: remember the budget." for i in range(20))}],
+    [
+        {"role": "user", "content": "I just got back from hiking."},
+        {"role": "assistant", "content": "That sounds lovely! Where did you go?"},
+        {"role": "system", "content": "Answer in one sentence."},
+        {"role": "user", "content": "Which city did I say I wanted to visit?"},
+    ],
+]
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def reference_greedy(model, ids, max_new_tokens: int) -> list[int]:
+    """Full prefill + decode by transformers' generate (not our loop)."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, min_new_tokens=max_new_tokens,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def check_exact(handle, block_tokens: int, max_new_tokens: int, queries=QUERIES) -> None:
+    layout = PromptLayout(handle.tokenizer)
+    memories = synthetic_memories(block_tokens, handle.tokenizer, seed=block_tokens)
+    block_ids = layout.block_ids(memories)
+    item = build_item(handle, block_ids, user_id="alice", memory_ids=[f"m{i}" for i in range(len(memories))])
+    before = _digest(item.kv)
+    for messages in queries:
+        prompt = layout.prompt(memories, [], messages)
+        assert prompt.ids[: prompt.block_len] == tuple(block_ids)
+        stats = GenerationStats()
+        ours = list(generate(handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=max_new_tokens),
+                             stats=stats))
+        assert stats.reused_tokens == len(block_ids)
+        assert stats.prefilled_tokens == len(prompt.ids) - len(block_ids)
+        assert ours == reference_greedy(handle.model, list(prompt.ids), max_new_tokens)
+    assert _digest(item.kv) == before, "the stored KV tensors were modified by generation"
+
+
+@pytest.mark.parametrize("block_tokens", [500, 2000, 6000])
+def test_tiny_llama_injection_is_token_identical(tiny_handle, block_tokens):
+    check_exact(tiny_handle, block_tokens, max_new_tokens=16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block_tokens", [500, 2000, 6000])
+def test_default_model_injection_is_token_identical(default_handle, block_tokens):
+    check_exact(default_handle, block_tokens, max_new_tokens=12)
+
+
+def test_prompt_equal_to_block_still_prefills_one_token(tiny_handle):
+    layout = PromptLayout(tiny_handle.tokenizer)
+    ids = layout.block_ids(["I have a cat named Miso."])
+    item = build_item(tiny_handle, ids, user_id="alice")
+    stats = GenerationStats()
+    ours = list(generate(tiny_handle.model, ids, item=item, sampling=Sampling(max_new_tokens=5), stats=stats))
+    assert (stats.reused_tokens, stats.prefilled_tokens) == (len(ids) - 1, 1)
+    assert ours == reference_greedy(tiny_handle.model, ids, 5)
+
+
+def test_longer_item_reuses_only_common_prefix(tiny_handle):
+    """A block built for [m1, m2, m3] serves a prompt whose block is [m1, m2] (shared token prefix only)."""
+    layout = PromptLayout(tiny_handle.tokenizer)
+    mems = ["I live in Lisbon.", "My sister is a teacher.", "I am allergic to peanuts."]
+    item = build_item(tiny_handle, layout.block_ids(mems), user_id="alice")
+    prompt = layout.prompt(mems[:2], [], [{"role": "user", "content": "Where do I live?"}])
+    stats = GenerationStats()
+    ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6), stats=stats))
+    assert stats.reused_tokens == len(layout.block_ids(mems[:2]))
+    assert ours == reference_greedy(tiny_handle.model, list(prompt.ids), 6)
+
+
+def test_concurrent_requests_share_one_item_without_interference(tiny_handle):
+    """Two requests interleave decode steps over the same stored item; each equals its own reference."""
+    layout = PromptLayout(tiny_handle.tokenizer)
+    mems = synthetic_memories(300, tiny_handle.tokenizer, seed=7)
+    item = build_item(tiny_handle, layout.block_ids(mems), user_id="alice")
+    before = _digest(item.kv)
+    p1 = layout.prompt(mems, [], QUERIES[0]).ids
+    p2 = layout.prompt(mems, [], QUERIES[2]).ids
+    g1 = generate(tiny_handle.model, p1, item=item, sampling=Sampling(max_new_tokens=8))
+    g2 = generate(tiny_handle.model, p2, item=item, sampling=Sampling(max_new_tokens=8))
+    out1, out2 = [], []
+    for a, b in zip(g1, g2, strict=True):
+        out1.append(a)
+        out2.append(b)
+    assert out1 == reference_greedy(tiny_handle.model, list(p1), 8)
+    assert out2 == reference_greedy(tiny_handle.model, list(p2), 8)
+    assert _digest(item.kv) == before

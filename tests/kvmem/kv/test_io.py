@@ -1,0 +1,175 @@
+"""Safe formats (invariant 7) and binding (invariant 3): round trip, corruption on disk, fingerprint
+mismatch, disk full mid-write, unwritable directory. Every failure is a specific error, and what was
+already stored is untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kvmem.errors import FingerprintMismatch, InvalidBlock, KVItemCorrupt, KVItemNotFound, StorageError
+from kvmem.kv import PromptLayout, build_item
+from kvmem.kv.io import item_paths, load_item, save_item
+
+
+@pytest.fixture()
+def item(tiny_handle):
+    ids = PromptLayout(tiny_handle.tokenizer).block_ids(["I have a cat named Miso.", "I live in Lisbon."])
+    return build_item(tiny_handle, ids, user_id="alice", memory_ids=["m1", "m2"])
+
+
+def test_round_trip_is_bit_identical(tmp_path, item, tiny_handle):
+    save_item(item, tmp_path)
+    loaded = load_item(tmp_path, item.item_id, tiny_handle.fingerprint)
+    assert torch.equal(loaded.kv, item.kv) and loaded.kv.dtype == item.kv.dtype
+    assert loaded.token_ids == item.token_ids
+    assert loaded.meta == item.meta
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{item.item_id}.json", f"{item.item_id}.safetensors"]
+    # no pickle: the tensor file is safetensors (8-byte header length, then a JSON header)
+    raw = (tmp_path / f"{item.item_id}.safetensors").read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    assert json.loads(raw[8 : 8 + header_len])["__metadata__"]["item_id"] == item.item_id
+
+
+def _flip_byte(path, offset_from_end=100):
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, error",
+    [
+        ("flip_tensor_byte", KVItemCorrupt),
+        ("truncate_tensor", KVItemCorrupt),
+        ("delete_tensor", KVItemCorrupt),
+        ("garbage_manifest", KVItemCorrupt),
+        ("truncate_manifest", KVItemCorrupt),
+        ("delete_manifest", KVItemNotFound),
+    ],
+)
+def test_corruption_raises_specific_error(tmp_path, item, tiny_handle, damage, error):
+    save_item(item, tmp_path)
+    tensor_path, manifest_path = item_paths(tmp_path, item.item_id)
+    if damage == "flip_tensor_byte":
+        _flip_byte(tensor_path)
+    elif damage == "truncate_tensor":
+        tensor_path.write_bytes(tensor_path.read_bytes()[: tensor_path.stat().st_size // 2])
+    elif damage == "delete_tensor":
+        tensor_path.unlink()
+    elif damage == "garbage_manifest":
+        manifest_path.write_text("{not json")
+    elif damage == "truncate_manifest":
+        manifest_path.write_text(manifest_path.read_text()[:40])
+    elif damage == "delete_manifest":
+        manifest_path.unlink()
+    with pytest.raises(error):
+        load_item(tmp_path, item.item_id, tiny_handle.fingerprint)
+
+
+def test_corrupt_tensor_with_matching_size_caught_even_without_checksum(tmp_path, item, tiny_handle):
+    save_item(item, tmp_path)
+    tensor_path, _ = item_paths(tmp_path, item.item_id)
+    data = bytearray(tensor_path.read_bytes())
+    data[:8] = (10**12).to_bytes(8, "little")  # header length now points past the end
+    tensor_path.write_bytes(bytes(data))
+    with pytest.raises(KVItemCorrupt):
+        load_item(tmp_path, item.item_id, tiny_handle.fingerprint, verify_checksum=False)
+
+
+@pytest.mark.parametrize("field", ["weights_sha", "tokenizer_sha", "dtype", "chat_template_sha", "layout_version",
+                                   "rope_sha", "arch_sha"])
+def test_fingerprint_mismatch_is_refused(tmp_path, item, tiny_handle, field):
+    save_item(item, tmp_path)
+    other = dataclasses.replace(tiny_handle.fingerprint, **{field: "something-else"})
+    with pytest.raises(FingerprintMismatch, match=field):
+        load_item(tmp_path, item.item_id, other)
+
+
+def test_fingerprint_tracks_weights_dtype_template_and_layout(tiny_handle, tokenizer):
+    from kvmem.kv.fingerprint import fingerprint_model
+    from tests.conftest import make_tiny_llama
+
+    base = fingerprint_model(tiny_handle.model, tokenizer, layout_version="1")
+    assert base == tiny_handle.fingerprint
+    assert fingerprint_model(make_tiny_llama(len(tokenizer), seed=1), tokenizer, layout_version="1").mismatches(
+        base) == ["weights_sha"]
+    assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="2").mismatches(base) == ["layout_version"]
+    half = make_tiny_llama(len(tokenizer)).to(torch.bfloat16)
+    assert set(fingerprint_model(half, tokenizer, layout_version="1").mismatches(base)) == {"weights_sha", "dtype"}
+    original = tokenizer.chat_template
+    try:
+        tokenizer.chat_template = original + "{# changed #}"
+        assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="1").mismatches(base) == [
+            "chat_template_sha"]
+    finally:
+        tokenizer.chat_template = original
+
+
+def test_disk_full_mid_write_keeps_existing_item(tmp_path, item, tiny_handle):
+    """A real short write: the child process may only write files up to 64 KiB (RLIMIT_FSIZE)."""
+    save_item(item, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    script = textwrap.dedent(f"""
+        import resource, signal, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.conftest import make_tiny_llama
+        from transformers import AutoTokenizer
+        from kvmem.models import handle_for
+        from kvmem.kv import PromptLayout, build_item
+        from kvmem.kv.io import save_item
+        from kvmem.errors import StorageError
+        tok = AutoTokenizer.from_pretrained({str(tiny_handle.tokenizer.name_or_path)!r})
+        h = handle_for(make_tiny_llama(len(tok)), tok, model_id="tiny")
+        big = build_item(h, PromptLayout(tok).block_ids(["memory number %d is long enough" % i for i in range(60)]),
+                         user_id="alice")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        try:
+            save_item(big, {str(tmp_path)!r})
+        except StorageError as exc:
+            print("STORAGE_ERROR", exc)
+            sys.exit(0)
+        sys.exit(3)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "STORAGE_ERROR" in proc.stdout and "disk full" in proc.stdout
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert after == before  # no temp files left, the old item untouched
+    assert torch.equal(load_item(tmp_path, item.item_id, tiny_handle.fingerprint).kv, item.kv)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions; covered by the file case")
+def test_unwritable_directory_raises_storage_error(tmp_path, item):
+    tmp_path.chmod(0o500)
+    with pytest.raises(StorageError, match="could not write"):
+        save_item(item, tmp_path)
+
+
+def test_directory_that_is_a_file_raises_storage_error(tmp_path, item):
+    blocker = tmp_path / "kv"
+    blocker.write_text("a file where the directory should be")
+    with pytest.raises(StorageError, match="could not write"):
+        save_item(item, blocker)
+
+
+def test_empty_and_overlong_blocks_are_refused(tokenizer):
+    from kvmem.models import handle_for
+    from tests.conftest import make_tiny_llama
+
+    handle = handle_for(make_tiny_llama(len(tokenizer), max_positions=64), tokenizer, model_id="tiny-64")
+    with pytest.raises(InvalidBlock, match="empty block"):
+        build_item(handle, [], user_id="alice")
+    with pytest.raises(InvalidBlock, match="exceeds the model context"):
+        build_item(handle, list(range(100, 164)), user_id="alice")
+    with pytest.raises(InvalidBlock, match="outside the vocabulary"):
+        build_item(handle, [len(tokenizer) + 5], user_id="alice")
+    assert build_item(handle, list(range(100, 163)), user_id="alice").num_tokens == 63

@@ -1,0 +1,51 @@
+"""The prompt layout: the block is an exact token prefix, grows append-only, and the rest of the prompt is
+the chat template's own rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem.kv import LayoutError, PromptLayout
+from kvmem.kv.layout import MEMORY_HEADER, memory_line
+
+MEMS = ["I live in Lisbon.", "My sister is a teacher.", "I am allergic to peanuts."]
+
+
+def test_block_is_prefix_of_every_prompt_and_grows_append_only(tokenizer):
+    layout = PromptLayout(tokenizer)
+    block = layout.block_ids(MEMS)
+    for text_mems, messages in [
+        ([], [{"role": "user", "content": "hi"}]),
+        (["I like tea."], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                           {"role": "user", "content": "c"}]),
+        ([], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do I live?"}]),
+    ]:
+        p = layout.prompt(MEMS, text_mems, messages)
+        assert p.block_len == len(block) and p.ids[: p.block_len] == tuple(block)
+    for k in range(len(MEMS)):
+        assert layout.block_ids(MEMS[: k + 1])[: len(layout.block_ids(MEMS[:k]))] == layout.block_ids(MEMS[:k])
+
+
+def test_prompt_decodes_to_the_chat_template_rendering(tokenizer):
+    layout = PromptLayout(tokenizer, system_prompt="SYS")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do I live?"}]
+    p = layout.prompt(MEMS[:2], MEMS[2:], messages)
+    system = "SYS" + MEMORY_HEADER + "".join(memory_line(m) for m in MEMS) + "\nBe brief."
+    expected = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Where do I live?"}],
+        tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(p.ids) == expected
+
+
+def test_no_block_memories_means_block_len_zero(tokenizer):
+    p = PromptLayout(tokenizer).prompt([], ["I like tea."], [{"role": "user", "content": "hi"}])
+    assert p.block_len == 0
+
+
+def test_template_without_system_role_is_a_clear_error(tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(LayoutError, match="system message"):
+        PromptLayout(tok).block_ids(MEMS)
