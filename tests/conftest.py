@@ -26,9 +26,18 @@ def make_tiny_llama(vocab_size: int, *, seed: int = 0, max_positions: int = 8192
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        initializer_range=0.2, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
@@ -48,9 +57,11 @@ def default_handle(default_model_dir):
     return load_model(str(default_model_dir), device="cpu", dtype="float32")
 
 
-_WORDS = ("garden kitchen sister Lisbon marathon violin allergy peanut apartment renovation mortgage "
-          "teacher daughter birthday October coffee bicycle Tuesday manager project deadline vacation "
-          "Kyoto hiking sourdough recipe cat named Miso piano lessons budget spreadsheet dentist").split()
+_WORDS = (
+    "garden kitchen sister Lisbon marathon violin allergy peanut apartment renovation mortgage "
+    "teacher daughter birthday October coffee bicycle Tuesday manager project deadline vacation "
+    "Kyoto hiking sourdough recipe cat named Miso piano lessons budget spreadsheet dentist"
+).split()
 
 
 def synthetic_memories(num_tokens: int, tokenizer, *, seed: int = 0) -> list[str]:

@@ -11,8 +11,25 @@ from kvmem.kv.layout import LAYOUT_VERSION, LaidOutPrompt, LayoutError, PromptLa
 from kvmem.kv.store import KVStoreConfig, SizeInfo, TieredKVStore, TierSize
 
 __all__ = [
-    "Fingerprint", "GenerationStats", "Injection", "KVItem", "KVItemMeta", "KVStoreConfig", "LAYOUT_VERSION",
-    "LaidOutPrompt", "LayoutError", "PromptLayout", "Sampling", "SizeInfo", "TierSize", "TieredKVStore",
-    "build_item", "eos_token_ids", "fingerprint_model", "generate", "inject", "item_id_for",
+    "Fingerprint",
+    "GenerationStats",
+    "Injection",
+    "KVItem",
+    "KVItemMeta",
+    "KVStoreConfig",
+    "LAYOUT_VERSION",
+    "LaidOutPrompt",
+    "LayoutError",
+    "PromptLayout",
+    "Sampling",
+    "SizeInfo",
+    "TierSize",
+    "TieredKVStore",
+    "build_item",
+    "eos_token_ids",
+    "fingerprint_model",
+    "generate",
+    "inject",
+    "item_id_for",
     "usable_prefix_tokens",
 ]

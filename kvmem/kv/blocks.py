@@ -40,7 +40,9 @@ class BlockBuilder:
     def __init__(self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore):
         self.handle, self.layout, self.store = handle, layout, store
 
-    def block_item_id(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> tuple[str, list[int]]:
+    def block_item_id(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]
+    ) -> tuple[str, list[int]]:
         ids = self.layout.block_ids(texts)
         return item_id_for(user_id, self.handle.fingerprint, tuple(ids), tuple(memory_ids)), ids
 
@@ -61,14 +63,20 @@ class BlockBuilder:
         if self.store.contains(item_id):
             valid = True
             if verify_existing:
-                valid = self.store.is_valid_on_disk(item_id) if self.store.tier_of(item_id) == "disk" else True
+                valid = (
+                    self.store.is_valid_on_disk(item_id) if self.store.tier_of(item_id) == "disk" else True
+                )
             if valid:
                 try:
                     meta = self.store.meta(item_id)
-                    return BuiltBlock(item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, built=False)
+                    return BuiltBlock(
+                        item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, built=False
+                    )
                 except KVItemError:
                     pass
             self.store.remove(item_id)
         item = build_item(self.handle, ids, user_id=user_id, memory_ids=tuple(memory_ids))
         self.store.put(item)
-        return BuiltBlock(item.item_id, item.meta.memory_ids, item.num_tokens, item.meta.num_bytes, built=True)
+        return BuiltBlock(
+            item.item_id, item.meta.memory_ids, item.num_tokens, item.meta.num_bytes, built=True
+        )

@@ -61,7 +61,11 @@ def parse_line(line_no: int, raw: str) -> dict:
         raise BadLine("exactly one of 'memories' or 'memory_ids' is required")
     key = "memories" if has_texts else "memory_ids"
     values = obj[key]
-    if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, str) and v.strip() for v in values)
+    ):
         raise BadLine(f"'{key}' must be a non-empty list of non-empty strings")
     return obj
 
@@ -122,7 +126,9 @@ def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: b
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvmem build", description="Build users' KV memory blocks offline.")
     p.add_argument("--input", required=True, help="JSON-lines file, one user block per line")
-    p.add_argument("--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)")
+    p.add_argument(
+        "--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)"
+    )
     p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
@@ -143,15 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data_dir = DataDir.at(args.data_dir)
         handle = load_model(args.model, device=args.device, dtype=args.dtype)
-        store = TieredKVStore(KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device,
-                                            device_bytes=0, host_bytes=0), handle.fingerprint)
+        store = TieredKVStore(
+            KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device, device_bytes=0, host_bytes=0),
+            handle.fingerprint,
+        )
         builder = BlockBuilder(handle, PromptLayout(handle.tokenizer), store)
         report = run_build(args.input, builder, data_dir=data_dir, progress=not args.no_progress)
     except KvmemError as exc:
         print(f"kvmem build: {exc}", file=sys.stderr)
         return 1
-    print(f"built {report.built}, skipped {report.skipped} (already valid), failed {len(report.failed)}",
-          file=sys.stderr)
+    print(
+        f"built {report.built}, skipped {report.skipped} (already valid), failed {len(report.failed)}",
+        file=sys.stderr,
+    )
     return 0 if report.ok else 1
 
 

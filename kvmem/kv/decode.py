@@ -100,8 +100,13 @@ def generate(
         for step in range(sampling.max_new_tokens):
             n = next_input.shape[1]
             cache_position = torch.arange(position, position + n, device=device)
-            out = model(input_ids=next_input, past_key_values=cache, use_cache=True,
-                        cache_position=cache_position, logits_to_keep=1)
+            out = model(
+                input_ids=next_input,
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=cache_position,
+                logits_to_keep=1,
+            )
             token = _pick(out.logits[0, -1].float(), sampling, generator)
             if step == 0:
                 if device.type == "cuda":

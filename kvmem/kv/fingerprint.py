@@ -14,10 +14,24 @@ import torch
 
 # Config fields that change what K/V mean or how positions are applied.
 _ARCH_FIELDS = (
-    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "rms_norm_eps", "vocab_size", "sliding_window", "attention_bias",
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "vocab_size",
+    "sliding_window",
+    "attention_bias",
 )
-_ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "partial_rotary_factor")
+_ROPE_FIELDS = (
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",
+    "partial_rotary_factor",
+)
 
 
 def _sha(data: bytes | str) -> str:

@@ -49,7 +49,10 @@ def usable_prefix_tokens(item: KVItem, prompt_ids: tuple[int, ...] | list[int]) 
 def _shared_layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     layer = DynamicLayer()
     layer.dtype, layer.device = keys.dtype, keys.device
-    layer.keys, layer.values = keys, values  # views of the stored item; DynamicLayer.update never writes into them
+    layer.keys, layer.values = (
+        keys,
+        values,
+    )  # views of the stored item; DynamicLayer.update never writes into them
     layer.is_initialized = True
     return layer
 

@@ -80,7 +80,9 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass  # the directory itself is unusable; there is nothing of ours to clean
-        raise StorageError(f"could not write KV item {item.item_id} to {directory}: {_write_failure(exc)}") from exc
+        raise StorageError(
+            f"could not write KV item {item.item_id} to {directory}: {_write_failure(exc)}"
+        ) from exc
 
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -89,7 +91,9 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 def _write_failure(exc: BaseException) -> str:
     """'disk full (...)' for out-of-space errors (errno, or the os error safetensors reports), else the cause."""
     text = getattr(exc, "strerror", None) or str(exc)
-    full = getattr(exc, "errno", None) in _FULL_ERRNOS or any(f"os error {n})" in str(exc) for n in _FULL_ERRNOS)
+    full = getattr(exc, "errno", None) in _FULL_ERRNOS or any(
+        f"os error {n})" in str(exc) for n in _FULL_ERRNOS
+    )
     return f"disk full ({text})" if full else text
 
 
@@ -133,7 +137,9 @@ def load_item(
     except FileNotFoundError as exc:
         raise KVItemCorrupt(f"KV item {item_id}: tensor file missing") from exc
     if size != manifest["file_bytes"]:
-        raise KVItemCorrupt(f"KV item {item_id}: tensor file is {size} bytes, expected {manifest['file_bytes']}")
+        raise KVItemCorrupt(
+            f"KV item {item_id}: tensor file is {size} bytes, expected {manifest['file_bytes']}"
+        )
     if verify_checksum and sha256_file(tensor_path) != manifest["file_sha256"]:
         raise KVItemCorrupt(f"KV item {item_id}: tensor file fails its SHA-256 checksum")
     try:
@@ -143,8 +149,10 @@ def load_item(
     kv, token_tensor = tensors.get("kv"), tensors.get("token_ids")
     expected_shape = (meta.num_layers, 2, meta.num_kv_heads, meta.num_tokens, meta.head_dim)
     if kv is None or token_tensor is None or tuple(kv.shape) != expected_shape:
-        raise KVItemCorrupt(f"KV item {item_id}: tensors missing or shaped {None if kv is None else tuple(kv.shape)}, "
-                            f"expected {expected_shape}")
+        raise KVItemCorrupt(
+            f"KV item {item_id}: tensors missing or shaped {None if kv is None else tuple(kv.shape)}, "
+            f"expected {expected_shape}"
+        )
     token_ids = tuple(int(t) for t in token_tensor.tolist())
     if tokens_sha(token_ids) != meta.tokens_sha:
         raise KVItemCorrupt(f"KV item {item_id}: token ids do not match the manifest")

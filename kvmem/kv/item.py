@@ -113,8 +113,10 @@ def build_item(
         raise InvalidBlock("cannot build a KV item from an empty block (0 tokens)")
     limit = handle.max_context_tokens - 1  # at least one prompt token must follow the block
     if len(ids) > limit:
-        raise InvalidBlock(f"block of {len(ids)} tokens exceeds the model context ({handle.max_context_tokens} "
-                           f"tokens, of which at most {limit} can be a block)")
+        raise InvalidBlock(
+            f"block of {len(ids)} tokens exceeds the model context ({handle.max_context_tokens} "
+            f"tokens, of which at most {limit} can be a block)"
+        )
     vocab = handle.model.config.get_text_config().vocab_size
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:

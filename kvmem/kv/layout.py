@@ -51,12 +51,16 @@ class PromptLayout:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     @cached_property
     def system_open(self) -> str:
         """The template's text before the system message's content (e.g. '<|im_start|>system\\n')."""
-        rendered = self._render([{"role": "system", "content": _SENTINEL}, {"role": "user", "content": "x"}], True)
+        rendered = self._render(
+            [{"role": "system", "content": _SENTINEL}, {"role": "user", "content": "x"}], True
+        )
         if _SENTINEL not in rendered:
             raise LayoutError("the chat template does not render the system message's content verbatim")
         return rendered[: rendered.index(_SENTINEL)]
@@ -84,7 +88,9 @@ class PromptLayout:
         our system message after the memories, the rest form the conversation.
         """
         client_system = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
-        conversation = [{"role": m["role"], "content": str(m["content"])} for m in messages if m["role"] != "system"]
+        conversation = [
+            {"role": m["role"], "content": str(m["content"])} for m in messages if m["role"] != "system"
+        ]
         block = self.block_ids(block_texts)
         ids = list(block)
         text_part = "".join(memory_line(t) for t in text_texts)
@@ -98,6 +104,8 @@ class PromptLayout:
         rendered = self._render([{"role": "system", "content": system_content}, *conversation], True)
         head = self.system_open + system_content
         if not rendered.startswith(head):
-            raise LayoutError("the chat template rewrites the system message content; this layout needs it verbatim")
-        ids.extend(self._encode(rendered[len(head):]))
+            raise LayoutError(
+                "the chat template rewrites the system message content; this layout needs it verbatim"
+            )
+        ids.extend(self._encode(rendered[len(head) :]))
         return LaidOutPrompt(ids=tuple(ids), block_len=len(block) if block_texts else 0)

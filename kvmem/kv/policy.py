@@ -63,7 +63,9 @@ class SizeAwareLRUPolicy(EvictionPolicy):
         return (stats.last_access // 8, -stats.num_bytes, stats.last_access)
 
 
-_POLICIES: dict[str, type[EvictionPolicy]] = {p.name: p for p in (LRUPolicy, LFUPolicy, FIFOPolicy, SizeAwareLRUPolicy)}
+_POLICIES: dict[str, type[EvictionPolicy]] = {
+    p.name: p for p in (LRUPolicy, LFUPolicy, FIFOPolicy, SizeAwareLRUPolicy)
+}
 
 
 def eviction_policy(name: str) -> EvictionPolicy:

@@ -111,7 +111,9 @@ class TieredKVStore:
 
     def _new_stats(self, meta: KVItemMeta) -> EntryStats:
         now = next(self._clock)
-        return EntryStats(num_bytes=meta.num_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now)
+        return EntryStats(
+            num_bytes=meta.num_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now
+        )
 
     def _touch(self, item_id: str) -> None:
         stats = self._stats[item_id]
@@ -204,8 +206,13 @@ class TieredKVStore:
             item, source = host_item.to(self.config.device), "host"
         else:
             try:
-                item = load_item(self.directory, item_id, self.fingerprint, device=self.config.device,
-                                 verify_checksum=self.config.verify_checksum)
+                item = load_item(
+                    self.directory,
+                    item_id,
+                    self.fingerprint,
+                    device=self.config.device,
+                    verify_checksum=self.config.verify_checksum,
+                )
             except KVItemError as exc:
                 with self._lock:
                     self.num_hits["miss"] += 1
@@ -264,13 +271,19 @@ class TieredKVStore:
 
     def item_ids(self, user_id: str | None = None) -> list[str]:
         with self._lock:
-            metas = {**self._on_disk, **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()}}
+            metas = {
+                **self._on_disk,
+                **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
+            }
         return sorted(i for i, m in metas.items() if user_id is None or m.user_id == user_id)
 
     def items_containing(self, user_id: str, memory_id: str) -> list[str]:
         """Ids of this user's items built from `memory_id` (for the delete cascade)."""
         with self._lock:
-            metas = {**self._on_disk, **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()}}
+            metas = {
+                **self._on_disk,
+                **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
+            }
         return sorted(i for i, m in metas.items() if m.user_id == user_id and memory_id in m.memory_ids)
 
     def remove_user(self, user_id: str) -> int:
@@ -283,10 +296,13 @@ class TieredKVStore:
             sizes = {}
             for tier in ("device", "host"):
                 items = self._resident[tier].values()
-                sizes[tier] = TierSize(len(items), sum(i.meta.num_tokens for i in items),
-                                       sum(i.meta.num_bytes for i in items))
+                sizes[tier] = TierSize(
+                    len(items), sum(i.meta.num_tokens for i in items), sum(i.meta.num_bytes for i in items)
+                )
             metas = self._on_disk.values()
-            sizes["disk"] = TierSize(len(metas), sum(m.num_tokens for m in metas), sum(m.num_bytes for m in metas))
+            sizes["disk"] = TierSize(
+                len(metas), sum(m.num_tokens for m in metas), sum(m.num_bytes for m in metas)
+            )
         return SizeInfo(**sizes)
 
     def check_integrity(self, *, drop_corrupt: bool = True) -> IntegrityReport:

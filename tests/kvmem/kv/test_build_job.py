@@ -38,17 +38,31 @@ def test_build_reports_bad_lines_and_resumes(tmp_path, tiny_model_dir, tiny_hand
     handle = load_model(str(tiny_model_dir))  # reloaded from disk: same weights, same fingerprint
     assert handle.fingerprint == tiny_handle.fingerprint
     src = tmp_path / "blocks.jsonl"
-    good = [{"user_id": "alice", "memories": ["I live in Lisbon.", "I have a cat named Miso."]},
-            {"user_id": "bob", "memories": ["I play the violin."]}]
-    write_lines(src, [good[0], "{not json", {"user_id": "", "memories": ["x"]},
-                      {"user_id": "carol", "memories": []}, good[1],
-                      {"user_id": "dave", "memories": ["a"], "memory_ids": ["b"]}])
+    good = [
+        {"user_id": "alice", "memories": ["I live in Lisbon.", "I have a cat named Miso."]},
+        {"user_id": "bob", "memories": ["I play the violin."]},
+    ]
+    write_lines(
+        src,
+        [
+            good[0],
+            "{not json",
+            {"user_id": "", "memories": ["x"]},
+            {"user_id": "carol", "memories": []},
+            good[1],
+            {"user_id": "dave", "memories": ["a"], "memory_ids": ["b"]},
+        ],
+    )
     data = tmp_path / "data"
     argv = ["--input", str(src), "--model", str(tiny_model_dir), "--data-dir", str(data), "--no-progress"]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    for line_no, text in [(2, "not valid JSON"), (3, "'user_id' must be a non-empty string"),
-                          (4, "'memories' must be a non-empty list"), (6, "exactly one of")]:
+    for line_no, text in [
+        (2, "not valid JSON"),
+        (3, "'user_id' must be a non-empty string"),
+        (4, "'memories' must be a non-empty list"),
+        (6, "exactly one of"),
+    ]:
         assert f"line {line_no}: {text}" in err
     assert "built 2, skipped 0 (already valid), failed 4" in err
     ids = [expected_id(handle, g["user_id"], g["memories"]) for g in good]
@@ -76,7 +90,10 @@ def test_missing_input_file_is_exit_2(tmp_path, capsys):
 def test_unknown_model_path_is_exit_1(tmp_path, capsys):
     src = tmp_path / "b.jsonl"
     write_lines(src, [{"user_id": "a", "memories": ["x"]}])
-    assert main(["--input", str(src), "--model", str(tmp_path / "no-such-model"), "--data-dir", str(tmp_path)]) == 1
+    assert (
+        main(["--input", str(src), "--model", str(tmp_path / "no-such-model"), "--data-dir", str(tmp_path)])
+        == 1
+    )
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -93,10 +110,29 @@ def test_built_item_serves_exact_generation(tmp_path, tiny_model_dir, tiny_handl
     src = tmp_path / "b.jsonl"
     texts = ["I live in Lisbon.", "I have a cat named Miso."]
     write_lines(src, [{"user_id": "alice", "memories": texts}])
-    assert main(["--input", str(src), "--model", str(tiny_model_dir), "--data-dir", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--input",
+                str(src),
+                "--model",
+                str(tiny_model_dir),
+                "--data-dir",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     item = load_item(tmp_path / "kv", expected_id(tiny_handle, "alice", texts), tiny_handle.fingerprint)
     prompt = PromptLayout(tiny_handle.tokenizer).prompt(texts, [], [{"role": "user", "content": "Pet name?"}])
     ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6)))
-    ref = tiny_handle.model.generate(torch.tensor([prompt.ids]), max_new_tokens=6, do_sample=False,
-                                     min_new_tokens=6, eos_token_id=None, pad_token_id=0)[0, len(prompt.ids):]
+    ref = tiny_handle.model.generate(
+        torch.tensor([prompt.ids]),
+        max_new_tokens=6,
+        do_sample=False,
+        min_new_tokens=6,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, len(prompt.ids) :]
     assert ours == ref.tolist()

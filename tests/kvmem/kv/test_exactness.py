@@ -14,7 +14,12 @@ from tests.conftest import synthetic_memories
 
 QUERIES = [
     [{"role": "user", "content": "What is the name of my cat?"}],
-    [{"role": "user", "content": "Plan my week. " + " ".join(f"Item {i}: remember the budget." for i in range(20))}],
+    [
+        {
+            "role": "user",
+            "content": "Plan my week. " + " ".join(f"Item {i}: remember the budget." for i in range(20)),
+        }
+    ],
     [
         {"role": "user", "content": "I just got back from hiking."},
         {"role": "assistant", "content": "That sounds lovely! Where did you go?"},
@@ -30,9 +35,15 @@ def _digest(t: torch.Tensor) -> str:
 
 def reference_greedy(model, ids, max_new_tokens: int) -> list[int]:
     """Full prefill + decode by transformers' generate (not our loop)."""
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, min_new_tokens=max_new_tokens,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        min_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
 
 
 def check_exact(handle, block_tokens: int, max_new_tokens: int, queries=QUERIES) -> None:
@@ -45,8 +56,15 @@ def check_exact(handle, block_tokens: int, max_new_tokens: int, queries=QUERIES)
         prompt = layout.prompt(memories, [], messages)
         assert prompt.ids[: prompt.block_len] == tuple(block_ids)
         stats = GenerationStats()
-        ours = list(generate(handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=max_new_tokens),
-                             stats=stats))
+        ours = list(
+            generate(
+                handle.model,
+                prompt.ids,
+                item=item,
+                sampling=Sampling(max_new_tokens=max_new_tokens),
+                stats=stats,
+            )
+        )
         assert stats.reused_tokens == len(block_ids)
         assert stats.prefilled_tokens == len(prompt.ids) - len(block_ids)
         assert ours == reference_greedy(handle.model, list(prompt.ids), max_new_tokens)
@@ -81,7 +99,9 @@ def test_longer_item_reuses_only_common_prefix(tiny_handle):
     item = build_item(tiny_handle, layout.block_ids(mems), user_id="alice")
     prompt = layout.prompt(mems[:2], [], [{"role": "user", "content": "Where do I live?"}])
     stats = GenerationStats()
-    ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6), stats=stats))
+    ours = list(
+        generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6), stats=stats)
+    )
     assert stats.reused_tokens == len(layout.block_ids(mems[:2]))
     assert ours == reference_greedy(tiny_handle.model, list(prompt.ids), 6)
 

@@ -31,7 +31,10 @@ def test_round_trip_is_bit_identical(tmp_path, item, tiny_handle):
     assert torch.equal(loaded.kv, item.kv) and loaded.kv.dtype == item.kv.dtype
     assert loaded.token_ids == item.token_ids
     assert loaded.meta == item.meta
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{item.item_id}.json", f"{item.item_id}.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{item.item_id}.json",
+        f"{item.item_id}.safetensors",
+    ]
     # no pickle: the tensor file is safetensors (8-byte header length, then a JSON header)
     raw = (tmp_path / f"{item.item_id}.safetensors").read_bytes()
     header_len = int.from_bytes(raw[:8], "little")
@@ -84,8 +87,10 @@ def test_corrupt_tensor_with_matching_size_caught_even_without_checksum(tmp_path
         load_item(tmp_path, item.item_id, tiny_handle.fingerprint, verify_checksum=False)
 
 
-@pytest.mark.parametrize("field", ["weights_sha", "tokenizer_sha", "dtype", "chat_template_sha", "layout_version",
-                                   "rope_sha", "arch_sha"])
+@pytest.mark.parametrize(
+    "field",
+    ["weights_sha", "tokenizer_sha", "dtype", "chat_template_sha", "layout_version", "rope_sha", "arch_sha"],
+)
 def test_fingerprint_mismatch_is_refused(tmp_path, item, tiny_handle, field):
     save_item(item, tmp_path)
     other = dataclasses.replace(tiny_handle.fingerprint, **{field: "something-else"})
@@ -99,16 +104,23 @@ def test_fingerprint_tracks_weights_dtype_template_and_layout(tiny_handle, token
 
     base = fingerprint_model(tiny_handle.model, tokenizer, layout_version="1")
     assert base == tiny_handle.fingerprint
-    assert fingerprint_model(make_tiny_llama(len(tokenizer), seed=1), tokenizer, layout_version="1").mismatches(
-        base) == ["weights_sha"]
-    assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="2").mismatches(base) == ["layout_version"]
+    assert fingerprint_model(
+        make_tiny_llama(len(tokenizer), seed=1), tokenizer, layout_version="1"
+    ).mismatches(base) == ["weights_sha"]
+    assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="2").mismatches(base) == [
+        "layout_version"
+    ]
     half = make_tiny_llama(len(tokenizer)).to(torch.bfloat16)
-    assert set(fingerprint_model(half, tokenizer, layout_version="1").mismatches(base)) == {"weights_sha", "dtype"}
+    assert set(fingerprint_model(half, tokenizer, layout_version="1").mismatches(base)) == {
+        "weights_sha",
+        "dtype",
+    }
     original = tokenizer.chat_template
     try:
         tokenizer.chat_template = original + "{# changed #}"
         assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="1").mismatches(base) == [
-            "chat_template_sha"]
+            "chat_template_sha"
+        ]
     finally:
         tokenizer.chat_template = original
 

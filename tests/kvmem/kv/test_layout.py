@@ -16,14 +16,22 @@ def test_block_is_prefix_of_every_prompt_and_grows_append_only(tokenizer):
     block = layout.block_ids(MEMS)
     for text_mems, messages in [
         ([], [{"role": "user", "content": "hi"}]),
-        (["I like tea."], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                           {"role": "user", "content": "c"}]),
+        (
+            ["I like tea."],
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ],
+        ),
         ([], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do I live?"}]),
     ]:
         p = layout.prompt(MEMS, text_mems, messages)
         assert p.block_len == len(block) and p.ids[: p.block_len] == tuple(block)
     for k in range(len(MEMS)):
-        assert layout.block_ids(MEMS[: k + 1])[: len(layout.block_ids(MEMS[:k]))] == layout.block_ids(MEMS[:k])
+        assert layout.block_ids(MEMS[: k + 1])[: len(layout.block_ids(MEMS[:k]))] == layout.block_ids(
+            MEMS[:k]
+        )
 
 
 def test_prompt_decodes_to_the_chat_template_rendering(tokenizer):
@@ -33,7 +41,9 @@ def test_prompt_decodes_to_the_chat_template_rendering(tokenizer):
     system = "SYS" + MEMORY_HEADER + "".join(memory_line(m) for m in MEMS) + "\nBe brief."
     expected = tokenizer.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": "Where do I live?"}],
-        tokenize=False, add_generation_prompt=True)
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert tokenizer.decode(p.ids) == expected
 
 
@@ -46,6 +56,8 @@ def test_template_without_system_role_is_a_clear_error(tokenizer):
     import copy
 
     tok = copy.deepcopy(tokenizer)
-    tok.chat_template = "{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}"
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}"
+    )
     with pytest.raises(LayoutError, match="system message"):
         PromptLayout(tok).block_ids(MEMS)

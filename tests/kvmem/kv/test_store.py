@@ -19,7 +19,9 @@ def items(tiny_handle):
     out = []
     for i in range(4):
         ids = layout.block_ids([f"memory {i}: I visited Kyoto in October with my sister."])
-        out.append(build_item(tiny_handle, ids, user_id="alice" if i < 3 else "bob", memory_ids=[f"m{i}", "shared"]))
+        out.append(
+            build_item(tiny_handle, ids, user_id="alice" if i < 3 else "bob", memory_ids=[f"m{i}", "shared"])
+        )
     assert len({it.meta.num_bytes for it in out}) == 1
     return out
 
@@ -28,8 +30,16 @@ def make_store(tmp_path, handle, nbytes, *, device=None, host=None, disk=None, p
     def b(n):
         return None if n is None else n * nbytes
 
-    return TieredKVStore(KVStoreConfig(directory=str(tmp_path), device_bytes=b(device), host_bytes=b(host),
-                                       disk_bytes=b(disk), policy=policy), handle.fingerprint)
+    return TieredKVStore(
+        KVStoreConfig(
+            directory=str(tmp_path),
+            device_bytes=b(device),
+            host_bytes=b(host),
+            disk_bytes=b(disk),
+            policy=policy,
+        ),
+        handle.fingerprint,
+    )
 
 
 def test_lru_demotes_device_to_host_to_disk_in_order(tmp_path, tiny_handle, items):
@@ -97,7 +107,8 @@ def test_remove_cascade_lookup_and_user_isolation(tmp_path, tiny_handle, items):
     assert store.remove_user("alice") == 2
     assert store.item_ids() == [d.item_id]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{d.item_id}.json", f"{d.item_id}.safetensors"])
+        [f"{d.item_id}.json", f"{d.item_id}.safetensors"]
+    )
 
 
 def test_corrupt_file_while_stored_raises_and_is_dropped(tmp_path, tiny_handle, items):
