@@ -1,0 +1,337 @@
+"""TTFT grid: KV injection vs prompt injection (full prefill of the same ids), MemOS's evaluation grid.
+
+Per cell (memory context size x query size): the one-off build time of the KV item, TTFT of each arm
+(median after warm-up), speedup %, whether greedy outputs are identical (ours vs transformers' generate
+over the full prompt), and the ideal bound: prefilling only the query over a cache already in place.
+
+    python -m benchmarks.ttft_grid --quick --out out/ttft_quick.json
+    python -m benchmarks.ttft_grid --model M --device cuda --dtype bfloat16 --out out/ttft_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import DynamicCache
+
+from benchmarks.common import env_info, median, p90, print_table, sync, timed, write_outputs
+from kvmem.kv import (
+    GenerationStats,
+    KVStoreConfig,
+    PromptLayout,
+    Sampling,
+    TieredKVStore,
+    build_item,
+    generate,
+)
+
+MEMOS_CTX = (583, 2773, 6064)
+MEMOS_QUERY = (167, 303, 953)
+QUICK_CTX = (583, 2773)
+QUICK_QUERY = (167, 303)
+# MemOS's Qwen3-8B speedups (%) for the same cells, the target to meet or beat.
+MEMOS_QWEN3_8B = {
+    (583, 167): 57.0,
+    (583, 303): 43.2,
+    (583, 953): 23.0,
+    (2773, 167): 87.5,
+    (2773, 303): 78.9,
+    (2773, 953): 58.2,
+    (6064, 167): 94.2,
+    (6064, 303): 89.0,
+    (6064, 953): 74.3,
+}
+
+_WORDS = (
+    "apartment mortgage renovation kitchen tiles budget contractor garden sister Lisbon marathon violin "
+    "allergy peanut teacher daughter birthday October coffee bicycle manager deadline vacation Kyoto "
+    "hiking sourdough recipe cat piano dentist insurance neighbour balcony paint flooring"
+).split()
+
+
+@dataclass
+class Cell:
+    model: str
+    ctx_tokens: int
+    query_tokens: int
+    build_s: float
+    kv_ttft_s: float
+    direct_ttft_s: float
+    ideal_ttft_s: float
+    speedup_pct: float
+    identical: bool
+    overhead_pct: float
+    kv_ttft_p90_s: float
+    direct_ttft_p90_s: float
+    memos_speedup_pct: float | None
+    ctx_target: int
+    query_target: int
+    num_new_tokens: int
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def memories_for(layout: PromptLayout, target_tokens: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    memories: list[str] = []
+    while len(layout.block_ids(memories)) < target_tokens:
+        memories.append(
+            f"Memory {len(memories) + 1}: the user talked about {_sentence(rng, rng.randint(8, 18))}."
+        )
+    return memories
+
+
+def query_for(layout: PromptLayout, memories: list[str], target_tokens: int, seed: int) -> list[dict]:
+    """A user message whose prompt remainder after the block is about `target_tokens` tokens."""
+    rng = random.Random(seed)
+    block_len = len(layout.block_ids(memories))
+    parts = ["Given what you know about me, what should I do next?"]
+    while True:
+        messages = [{"role": "user", "content": " ".join(parts)}]
+        if len(layout.prompt(memories, [], messages).ids) - block_len >= target_tokens:
+            return messages
+        parts.append(f"Also consider the {_sentence(rng, 6)}.")
+
+
+def ideal_first_token(model, item, remainder: list[int], device: str) -> tuple[float, int]:
+    """Prefill only the remainder over a DynamicCache that already holds the block (built off the clock)."""
+    data = [
+        (item.kv[i, 0].unsqueeze(0).clone(), item.kv[i, 1].unsqueeze(0).clone())
+        for i in range(item.kv.shape[0])
+    ]
+    cache = DynamicCache(ddp_cache_data=data)
+    ids = torch.tensor([remainder], device=device)
+    pos = torch.arange(item.num_tokens, item.num_tokens + len(remainder), device=device)
+
+    def step() -> int:
+        with torch.inference_mode():
+            out = model(
+                input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos, logits_to_keep=1
+            )
+            return int(torch.argmax(out.logits[0, -1]).item())
+
+    return timed(step, device)
+
+
+def first_token_s(model, ids, item, store, device: str) -> float:
+    """Our request path up to the first token: fetch the item from the store (when given), inject, prefill."""
+    stats = GenerationStats()
+
+    def run() -> None:
+        it = store.get(item.item_id) if item is not None else None
+        next(iter(generate(model, ids, item=it, sampling=Sampling(max_new_tokens=1), stats=stats)))
+
+    return timed(run, device)[0]
+
+
+def reference_tokens(model, ids, n: int, device: str) -> list[int]:
+    out = model.generate(
+        torch.tensor([ids], device=device),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def run_grid(
+    handle,
+    ctx_sizes,
+    query_sizes,
+    *,
+    reps: int,
+    warmup: int,
+    new_tokens: int,
+    device: str,
+    model_name: str,
+    log=print,
+) -> list[Cell]:
+    layout = PromptLayout(handle.tokenizer)
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TieredKVStore(
+            KVStoreConfig(directory=tmp, device=device, device_bytes=None), handle.fingerprint
+        )
+        for ctx in ctx_sizes:
+            memories = memories_for(layout, ctx, seed=ctx)
+            block = layout.block_ids(memories)
+            build_s, item = timed(lambda b=block: build_item(handle, b, user_id="bench"), device)
+            store.put(item, persist=False)
+            for qry in query_sizes:
+                prompt = layout.prompt(memories, [], query_for(layout, memories, qry, seed=qry))
+                ids = list(prompt.ids)
+                remainder = ids[len(block) :]
+                ref = reference_tokens(handle.model, ids, new_tokens, device)  # also warms the direct path
+                ours = list(
+                    generate(
+                        handle.model,
+                        ids,
+                        item=store.get(item.item_id),
+                        sampling=Sampling(max_new_tokens=new_tokens),
+                    )
+                )
+                for _ in range(warmup):
+                    first_token_s(handle.model, ids, item, store, device)
+                    ideal_first_token(handle.model, item, remainder, device)
+                kv = [first_token_s(handle.model, ids, item, store, device) for _ in range(reps)]
+                ideal = [ideal_first_token(handle.model, item, remainder, device)[0] for _ in range(reps)]
+                direct = [first_token_s(handle.model, ids, None, store, device) for _ in range(reps)]
+                kv_s, direct_s, ideal_s = median(kv), median(direct), median(ideal)
+                cell = Cell(
+                    model=model_name,
+                    ctx_tokens=len(block),
+                    query_tokens=len(remainder),
+                    build_s=build_s,
+                    kv_ttft_s=kv_s,
+                    direct_ttft_s=direct_s,
+                    ideal_ttft_s=ideal_s,
+                    speedup_pct=100.0 * (1.0 - kv_s / direct_s),
+                    identical=ours == ref,
+                    overhead_pct=100.0 * (kv_s - ideal_s) / kv_s,
+                    kv_ttft_p90_s=p90(kv),
+                    direct_ttft_p90_s=p90(direct),
+                    memos_speedup_pct=MEMOS_QWEN3_8B.get((ctx, qry)),
+                    ctx_target=ctx,
+                    query_target=qry,
+                    num_new_tokens=new_tokens,
+                )
+                cells.append(cell)
+                log(
+                    f"# ctx {cell.ctx_tokens} qry {cell.query_tokens}: kv {kv_s:.4f}s direct {direct_s:.4f}s "
+                    f"ideal {ideal_s:.4f}s speedup {cell.speedup_pct:.1f}% identical {cell.identical}"
+                )
+            store.remove(item.item_id)
+            del item
+            sync(device)
+    return cells
+
+
+def plot(cells: list[Cell], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ctxs = sorted({c.ctx_target for c in cells})
+    qrys = sorted({c.query_target for c in cells})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(qrys)
+    for j, q in enumerate(qrys):
+        vals = [
+            next((c.speedup_pct for c in cells if c.ctx_target == x and c.query_target == q), 0) for x in ctxs
+        ]
+        ax.bar([i + j * width for i in range(len(ctxs))], vals, width, label=f"query ~{q} tok")
+    ax.set_xticks([i + width * (len(qrys) - 1) / 2 for i in range(len(ctxs))], [f"ctx ~{x}" for x in ctxs])
+    ax.set_ylabel("TTFT reduction vs full prefill (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"KV injection speedup ({cells[0].model})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft_grid", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--quick", action="store_true", help="ctx 583/2773 x query 167/303, 1 rep (< 5 min on CPU)"
+    )
+    p.add_argument("--model", default=None, help="alias, local dir, .gguf or HF id (default: SmolLM2-135M)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
+    p.add_argument("--ctx", type=int, nargs="+", default=None, help="context sizes in tokens")
+    p.add_argument("--query", type=int, nargs="+", default=None, help="query sizes in tokens")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
+    p.add_argument("--out", required=True, help="JSON output path (a PNG is written beside it)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, handle=None) -> dict:
+    args = parse_args(argv)
+    ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
+    qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
+    reps = args.reps or (1 if args.quick else 3)
+    if handle is None:
+        from kvmem.models import load_model
+
+        handle = load_model(args.model, device=args.device, dtype=args.dtype)
+    torch.manual_seed(0)
+    name = handle.model_id.rstrip("/").split("/")[-1]
+    cells = run_grid(
+        handle,
+        ctx,
+        qry,
+        reps=reps,
+        warmup=args.warmup,
+        new_tokens=args.new_tokens,
+        device=args.device,
+        model_name=name,
+        log=lambda s: print(s, file=sys.stderr),
+    )
+    print_table(
+        [
+            "Model",
+            "Ctx",
+            "CtxTok",
+            "Qry",
+            "QryTok",
+            "Build (s)",
+            "KV TTFT (s)",
+            "Dir TTFT (s)",
+            "Speedup (%)",
+            "Ideal (s)",
+            "Overhead (%)",
+            "Identical",
+            "MemOS (%)",
+        ],
+        [
+            [
+                c.model,
+                c.ctx_target,
+                c.ctx_tokens,
+                c.query_target,
+                c.query_tokens,
+                c.build_s,
+                c.kv_ttft_s,
+                c.direct_ttft_s,
+                round(c.speedup_pct, 1),
+                c.ideal_ttft_s,
+                round(c.overhead_pct, 1),
+                c.identical,
+                c.memos_speedup_pct,
+            ]
+            for c in cells
+        ],
+    )
+    png = plot(cells, args.out.rsplit(".", 1)[0] + ".png") if cells else None
+    result = {
+        "env": {
+            **env_info(args.device),
+            "model": handle.model_id,
+            "dtype": str(handle.dtype),
+            "reps": reps,
+            "warmup": args.warmup,
+            "png": png,
+        },
+        "cells": [asdict(c) for c in cells],
+    }
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

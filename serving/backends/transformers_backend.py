@@ -1,0 +1,300 @@
+"""The transformers backend: the embedded default engine (CPU-capable), with KV-item injection.
+
+Owns the model, the tiered KV store and the generation threads. Requests run in worker threads and take a
+lock per forward step, so a new request's prefill waits for one decode step, not for whole generations.
+A bounded admission count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kvmem.datadir import DataDir
+from kvmem.errors import KVItemError, KvmemError
+from serving.backends.base import (
+    Backend,
+    BackendError,
+    BlockInfo,
+    GenerationRequest,
+    GenerationResult,
+    LaidOutPrompt,
+    NotReady,
+    PromptTooLong,
+    QueueFull,
+    StreamItem,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransformersBackendConfig:
+    model: str | None = None  # alias, local dir, .gguf file or HF id; None = the default model
+    device: str = "cpu"
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    data_dir: str = ".kvmem"
+    max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
+    max_workers: int = 8  # generation threads; forward steps are serialized by a lock
+    device_kv_bytes: int | None = 2 << 30
+    host_kv_bytes: int | None = 4 << 30
+    disk_kv_bytes: int | None = None
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_queue", "max_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TransformersBackendConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class _Detokenizer:
+    """Incremental text from token ids; holds back an incomplete UTF-8 character at the end."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.emitted = text[len(self.emitted) :], text
+        return delta
+
+
+class TransformersBackend(Backend):
+    name = "transformers"
+
+    def __init__(self, config: TransformersBackendConfig | None = None):
+        self.config = config or TransformersBackendConfig()
+        self.model_id = self.config.model or "SmolLM2-135M-Instruct"
+        self.max_context_tokens = 0
+        self._ready = threading.Event()
+        self._load_lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        self._admitted = 0
+        self._admit_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.max_workers, thread_name_prefix="kvmem-gen"
+        )
+        self.handle = self.layout = self.store = self.builder = None
+        self._eos: frozenset[int] = frozenset()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def load(self) -> None:
+        with self._load_lock:
+            if self._ready.is_set():
+                return
+            from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
+            from kvmem.kv.blocks import BlockBuilder
+            from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+            from kvmem.models import load_model
+
+            try:
+                handle = load_model(self.config.model, device=self.config.device, dtype=self.config.dtype)
+                store = TieredKVStore(
+                    KVStoreConfig(
+                        directory=str(DataDir.at(self.config.data_dir).kv_dir),
+                        device=self.config.device,
+                        device_bytes=self.config.device_kv_bytes,
+                        host_bytes=self.config.host_kv_bytes,
+                        disk_bytes=self.config.disk_kv_bytes,
+                    ),
+                    handle.fingerprint,
+                )
+            except KvmemError as exc:
+                raise BackendError(str(exc)) from exc
+            self.handle, self.store = handle, store
+            self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
+            self.builder = BlockBuilder(handle, self.layout, store)
+            self._eos = eos_token_ids(handle.model, handle.tokenizer)
+            self.max_context_tokens = handle.max_context_tokens
+            self._ready.set()
+            log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
+
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def _require_ready(self) -> None:
+        if not self._ready.is_set():
+            raise NotReady("the model is still loading")
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- layout and blocks -----------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        self._require_ready()
+        from kvmem.kv.layout import memory_line
+
+        return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
+
+    def layout_prompt(
+        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+    ) -> LaidOutPrompt:
+        self._require_ready()
+        laid = self.layout.prompt(block_texts, text_texts, messages)
+        if len(laid.ids) >= self.max_context_tokens:
+            raise PromptTooLong(len(laid.ids), self.max_context_tokens)
+        return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
+
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BlockInfo:
+        self._require_ready()
+        try:
+            with self._step_lock:
+                built = self.builder.build(
+                    user_id, list(block_texts), None if memory_ids is None else list(memory_ids)
+                )
+        except (KvmemError, ValueError) as exc:
+            raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+        return BlockInfo(item_id=built.item_id, num_tokens=built.num_tokens, num_bytes=built.num_bytes)
+
+    def drop_block(self, item_id: str) -> None:
+        if self.store is not None:
+            self.store.remove(item_id)
+
+    # -- generation --------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._admit_lock:
+            if self._admitted >= self.config.max_queue:
+                raise QueueFull(f"the generation queue is full ({self.config.max_queue} requests)")
+            self._admitted += 1
+
+    def _release(self) -> None:
+        with self._admit_lock:
+            self._admitted -= 1
+
+    @property
+    def queue_depth(self) -> int:
+        return self._admitted
+
+    def _resolve_item(self, req: GenerationRequest):
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return None, None
+        try:
+            item = self.store.get(req.block_item_id)
+        except KVItemError as exc:
+            log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
+            return None, f"{type(exc).__name__}: {exc}"
+        if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
+            log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
+            return None, "item belongs to another user"
+        return item, None
+
+    def _run(self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event) -> None:
+        """Worker thread: generate and emit TokenDelta / GenerationResult / BaseException."""
+        from kvmem.kv import GenerationStats, Sampling, generate
+
+        try:
+            item, fallback = self._resolve_item(req)
+            room = self.max_context_tokens - len(req.prompt.ids)
+            max_new = min(req.sampling.max_new_tokens, room)
+            sp = req.sampling
+            sampling = Sampling(
+                max_new_tokens=max(1, max_new), temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
+            )
+            stats = GenerationStats()
+            detok = _Detokenizer(self.handle.tokenizer)
+            text, finish = "", None
+            model = _LockedModel(self.handle.model, self._step_lock)
+            for token in generate(
+                model,
+                req.prompt.ids,
+                item=item,
+                sampling=sampling,
+                stop_token_ids=self._eos,
+                should_stop=cancel.is_set,
+                stats=stats,
+            ):
+                if token in self._eos:
+                    finish = "stop"
+                    break
+                delta = detok.add(token)
+                if sp.stop and delta:
+                    full = text + delta
+                    cut = min(
+                        (i for i in (full.find(s, max(0, len(text) - len(s))) for s in sp.stop) if i >= 0),
+                        default=-1,
+                    )
+                    if cut >= 0:
+                        if cut > len(text):
+                            emit(TokenDelta(text=full[len(text) : cut], token_ids=(token,)))
+                        finish = "stop"
+                        break
+                text += delta
+                emit(TokenDelta(text=delta, token_ids=(token,)))
+            if finish is None:
+                finish = "stop" if stats.finish_reason == "stop" else "length"
+            emit(
+                GenerationResult(
+                    finish_reason=finish,
+                    prompt_tokens=len(req.prompt.ids),
+                    cached_tokens=stats.reused_tokens,
+                    completion_tokens=len(stats.token_ids),
+                    ttft_s=stats.ttft_s or 0.0,
+                    kv_fallback_reason=fallback,
+                )
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
+            emit(exc)
+
+    async def stream(
+        self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[StreamItem]:
+        self._require_ready()
+        self._admit()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def emit(obj: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, obj)
+
+        started = time.perf_counter()
+        future = self._executor.submit(self._run, req, emit, cancel)
+        try:
+            while True:
+                try:
+                    obj = await asyncio.wait_for(queue.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    if is_disconnected is not None and await is_disconnected():
+                        log.info("client disconnected; stopping request %s", req.request_id)
+                        return
+                    continue
+                if isinstance(obj, BaseException):
+                    raise BackendError(f"generation failed: {obj}") from obj
+                yield obj
+                if isinstance(obj, GenerationResult):
+                    return
+                if is_disconnected is not None and await is_disconnected():
+                    log.info("client disconnected; stopping request %s", req.request_id)
+                    return
+        finally:
+            cancel.set()
+            future.add_done_callback(lambda _f: self._release())
+            log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
+
+
+class _LockedModel:
+    """Serializes forward passes across request threads; everything else passes through."""
+
+    def __init__(self, model, lock: threading.Lock):
+        self._model, self._lock = model, lock
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            return self._model(*args, **kwargs)
+
+    def parameters(self):
+        return self._model.parameters()
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
