@@ -20,6 +20,7 @@ from kvmem.kv.io import load_item, save_item
 
 def run(handle, sizes, reps: int, device: str) -> list[dict]:
     layout = PromptLayout(handle.tokenizer)
+    fp = handle.fingerprint
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -29,15 +30,16 @@ def run(handle, sizes, reps: int, device: str) -> list[dict]:
             ]
             item = build[-1][1]
             save_s, _ = timed(lambda it=item: save_item(it, tmp), device)
-            fp = handle.fingerprint
             load_item(tmp, item.item_id, fp, device=device)  # warm the page cache
             verified = [
-                timed(lambda: load_item(tmp, item.item_id, fp, device=device), device)[0] for _ in range(reps)
+                timed(lambda it=item: load_item(tmp, it.item_id, fp, device=device), device)[0]
+                for _ in range(reps)
             ]
             fast = [
-                timed(lambda: load_item(tmp, item.item_id, fp, device=device, verify_checksum=False), device)[
-                    0
-                ]
+                timed(
+                    lambda it=item: load_item(tmp, it.item_id, fp, device=device, verify_checksum=False),
+                    device,
+                )[0]
                 for _ in range(reps)
             ]
             recompute_s = median([b[0] for b in build])
