@@ -6,9 +6,10 @@ fields are ignored. Response builders return plain dicts in exactly OpenAI's sha
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -30,8 +31,33 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return ApiError(400, message, type="invalid_request_error", param=param, code=code)
 
 
+def _reject_unencodable(value: Any) -> None:
+    """Python's JSON parser admits lone surrogates (via escapes) and NaN/Infinity, which no store or response
+    can encode back: refuse them at the door."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("numbers must be finite (no NaN or Infinity)")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _reject_unencodable(k)
+            _reject_unencodable(v)
+    elif isinstance(value, list):
+        for v in value:
+            _reject_unencodable(v)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        _reject_unencodable(data)
+        return data
 
 
 class TextPart(_Strict):

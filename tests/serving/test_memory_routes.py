@@ -142,5 +142,12 @@ def test_memory_route_errors(client: TestClient) -> None:
     assert err(client.get("/v1/memories", headers=ALICE)) == (400, "user_id")
     r = client.get("/v1/memories", params={"user_id": "alice", "page": 0}, headers=ALICE)
     assert err(r) == (400, "page")
+    for raw in (
+        '{"user_id": "alice", "text": "x", "metadata": {"a": NaN}}',
+        '{"user_id": "alice", "text": "x", "metadata": {"a": Infinity}}',
+        '{"user_id": "alice", "text": "\\ud800"}',
+    ):
+        r = client.post("/v1/memories", content=raw, headers={**ALICE, "content-type": "application/json"})
+        assert (r.status_code, r.json()["error"]["type"]) == (400, "invalid_request_error"), raw
     r = client.get("/v1/memories/nope", params={"user_id": "alice"}, headers=ALICE)
     assert (r.status_code, r.json()["error"]["code"]) == (404, "memory_not_found")
