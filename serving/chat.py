@@ -85,7 +85,7 @@ class ChatService:
     # -- before generation -----------------------------------------------------------------------------------
     def validate(self, body: ChatCompletionRequest) -> None:
         """Checks the request beyond its schema. Raises ApiError (400/404)."""
-        if body.model != self._backend.model_id:
+        if body.model not in (self._backend.model_id, self._config.model):
             raise ApiError(
                 404,
                 f"the model {body.model!r} does not exist; this server serves {self._backend.model_id!r}",

@@ -172,7 +172,7 @@ class StandInPlanProvider(PlanProvider):
     def _build(self, user_id: str, generation: int) -> None:
         try:
             ids, texts, _ = self._choose(user_id)
-            info = self._backend.build_block(user_id, texts) if ids else None
+            info = self._backend.build_block(user_id, texts, ids) if ids else None
         except Exception:
             logger.exception(
                 "building the stand-in plan for user %r failed; serving memories as text", user_id

@@ -22,7 +22,7 @@ from serving.backends.base import (
     SamplingParams,
     TokenDelta,
 )
-from serving.config import ServingConfig
+from serving.config import DEFAULT_MODEL, ServingConfig
 
 __all__ = [
     "Backend",
@@ -48,9 +48,12 @@ def _fake(config: ServingConfig) -> Backend:
 
 
 def _transformers(config: ServingConfig) -> Backend:
-    from serving.backends.transformers_backend import TransformersBackend
+    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
 
-    return TransformersBackend(config)
+    model = None if config.model == DEFAULT_MODEL else config.model
+    return TransformersBackend(
+        TransformersBackendConfig(model=model, data_dir=str(config.data_dir), max_queue=config.queue_size)
+    )
 
 
 def _vllm(config: ServingConfig) -> Backend:

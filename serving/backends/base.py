@@ -147,10 +147,13 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def build_block(self, user_id: str, block_texts: Sequence[str]) -> BlockInfo:
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BlockInfo:
         """Prefill the block for `block_texts` and store it as a KV item. Blocking (seconds on CPU: call it off
         the request path). Idempotent: the item id is content-addressed, so the same user, texts and model
-        give the same id and a second call only returns it. Raises BackendError or NotReady."""
+        give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are
+        recorded in the item so a deletion can find it. Raises BackendError or NotReady."""
 
     @abstractmethod
     def drop_block(self, item_id: str) -> None:

@@ -114,7 +114,9 @@ class FakeBackend(Backend):
             raise PromptTooLong(len(ids), self.max_context_tokens)
         return LaidOutPrompt(ids=ids, block_len=len(block))
 
-    def build_block(self, user_id: str, block_texts: Sequence[str]) -> BlockInfo:
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BlockInfo:
         if not self._ready:
             raise NotReady("fake backend is not ready")
         ids = tuple(ord(c) for c in self._block_text(block_texts))

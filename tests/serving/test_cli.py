@@ -24,7 +24,6 @@ from serving.config import ServingConfig
         (["serve", "--backend", "tensorrt"], "--backend"),
         (["serve", "--queue-size", "0"], "queue_size must be >= 1, got 0"),
         (["frobnicate"], "invalid choice"),
-        (["build"], "--input"),
         ([], "command"),
     ],
 )
