@@ -1,0 +1,88 @@
+"""Backends by name: a tiny registry; each backend's heavy imports stay inside its own module.
+
+`create_backend(config)` builds one without loading weights (the server calls `load()` in a thread).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+
+from serving.backends.base import (
+    Backend,
+    BackendError,
+    BlockInfo,
+    GenerationRequest,
+    GenerationResult,
+    LaidOutPrompt,
+    NotReady,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+    TokenDelta,
+)
+from serving.config import DEFAULT_MODEL, ServingConfig
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BlockInfo",
+    "GenerationRequest",
+    "GenerationResult",
+    "LaidOutPrompt",
+    "NotReady",
+    "PromptTooLong",
+    "QueueFull",
+    "SamplingParams",
+    "TokenDelta",
+    "create_backend",
+    "supported_backends",
+]
+
+
+def _fake(config: ServingConfig) -> Backend:
+    from serving.backends.fake import FakeBackend
+
+    return FakeBackend(queue_size=config.queue_size)
+
+
+def _transformers(config: ServingConfig) -> Backend:
+    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+
+    model = None if config.model == DEFAULT_MODEL else config.model
+    return TransformersBackend(
+        TransformersBackendConfig(model=model, data_dir=str(config.data_dir), max_queue=config.queue_size)
+    )
+
+
+def _vllm(config: ServingConfig) -> Backend:
+    if importlib.util.find_spec("vllm") is None:
+        raise BackendError("the vllm backend needs the vllm package: pip install 'kvmem[vllm]'")
+    try:
+        module = importlib.import_module("serving.backends.vllm_backend")
+    except ModuleNotFoundError as e:
+        if e.name != "serving.backends.vllm_backend":
+            raise
+        raise BackendError("the vllm backend is not implemented yet; use --backend transformers") from None
+    return module.VllmBackend(config)
+
+
+_REGISTRY: dict[str, Callable[[ServingConfig], Backend]] = {
+    "fake": _fake,
+    "transformers": _transformers,
+    "vllm": _vllm,
+}
+
+
+def supported_backends() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def create_backend(config: ServingConfig) -> Backend:
+    """The backend named by `config.backend`. Raises ValueError for an unknown name, BackendError if the
+    backend cannot be constructed here (e.g. its package is not installed)."""
+    factory = _REGISTRY.get(config.backend)
+    if factory is None:
+        raise ValueError(f"unknown backend {config.backend!r}; supported: {', '.join(supported_backends())}")
+    return factory(config)

@@ -1,0 +1,349 @@
+"""The FastAPI app: OpenAI routes, memory routes, health and metrics, and the one place errors become JSON.
+
+`create_app(config, backend=None, store=None, plans=None)` wires the pieces (tests pass fakes). Routes only
+authenticate, pick the user and delegate: the chat path lives in chat.py, storage in kvmem.text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreError
+from serving.auth import ANYONE, Caller, KeyRing, check_user
+from serving.backends import create_backend
+from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
+from serving.chat import ChatService
+from serving.config import ServingConfig
+from serving.metrics import CONTENT_TYPE, Metrics
+from serving.plans import PlanProvider, StandInPlanProvider
+from serving.protocol import (
+    AddMemoriesRequest,
+    ApiError,
+    ChatCompletionRequest,
+    SearchMemoriesRequest,
+    UpdateMemoryRequest,
+    bad_request,
+)
+
+logger = logging.getLogger(__name__)
+
+DEMO_MEMORIES = (
+    "My name is Dana and I live in Lisbon.",
+    "I am allergic to peanuts.",
+    "I have a golden retriever called Miso.",
+    "I work as a marine biologist and study octopuses.",
+    "My favourite programming language is Python.",
+)
+UserId = Annotated[str, Query(min_length=1, max_length=256)]
+
+
+# -- errors: the one place exceptions become OpenAI error JSON ---------------------------------------------------
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.to_dict(), status_code=error.status)
+
+
+def to_api_error(exc: Exception) -> ApiError:
+    """Map any exception raised while serving a request to its OpenAI-style error."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return bad_request("the request body is not valid JSON", code="invalid_json")
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc)
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
+    if isinstance(exc, StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
+    if isinstance(exc, PromptTooLong):
+        return bad_request(str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code="queue_full")
+    if isinstance(exc, NotReady):
+        return ApiError(
+            503, f"the model is not ready: {exc}", type="service_unavailable", code="model_not_ready"
+        )
+    if isinstance(exc, MemoryNotFound):
+        return ApiError(404, "memory not found", type="invalid_request_error", code="memory_not_found")
+    if isinstance(exc, InvalidMemoryInput):
+        return bad_request(str(exc), code="invalid_memory")
+    if isinstance(exc, (BackendError, TextStoreError)):
+        logger.error("request failed: %r", exc)
+        return ApiError(
+            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+        )
+    logger.exception("unexpected error", exc_info=exc)
+    return ApiError(500, "internal error", type="server_error", code="internal_error")
+
+
+_MAPPED = (
+    ApiError,
+    RequestValidationError,
+    StarletteHTTPException,
+    PromptTooLong,
+    QueueFull,
+    NotReady,
+    BackendError,
+    MemoryNotFound,
+    InvalidMemoryInput,
+    TextStoreError,
+)
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(to_api_error(exc))
+
+
+class _CountRequests:
+    """ASGI middleware: counts every HTTP response by method, route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            self.metrics.observe_request(scope["method"], getattr(route, "path", "unmatched"), status)
+
+
+def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    keyring: KeyRing | None = request.app.state.keyring
+    return keyring.caller(authorization) if keyring is not None else ANYONE
+
+
+CallerDep = Annotated[Caller, Depends(_caller)]
+
+
+# -- the app ------------------------------------------------------------------------------------------------------
+
+
+def create_app(
+    config: ServingConfig,
+    backend: Backend | None = None,
+    store: Any | None = None,
+    plans: PlanProvider | None = None,
+) -> FastAPI:
+    """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
+    here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError)."""
+    keyring = KeyRing.from_file(config.keys_path) if config.auth else None
+    owned: list[Any] = []
+    if backend is None:
+        backend = create_backend(config)
+        owned.append(backend)
+    if store is None:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        store = MemoryStore(config.store_path)
+        owned.append(store)
+    if plans is None:
+        plans = StandInPlanProvider(store, backend, token_budget=config.block_token_budget)
+        owned.append(plans)
+    metrics = Metrics()
+    chat = ChatService(config, backend, store, plans, metrics)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(_load(backend, store, config))
+        try:
+            yield
+        finally:
+            loader.cancel()
+            await chat.drain()
+            if plans in owned:
+                plans.close()
+            if backend in owned:
+                await backend.aclose()
+            if store in owned and hasattr(store, "close"):
+                store.close()
+
+    app = FastAPI(title="kvmem", version="0.1.0", lifespan=lifespan)
+    app.state.keyring = keyring
+    app.state.backend, app.state.store, app.state.plans, app.state.chat, app.state.metrics = (
+        backend,
+        store,
+        plans,
+        chat,
+        metrics,
+    )
+    for exc_type in (*_MAPPED, Exception):  # Exception: answered by the outer middleware, then re-raised
+        app.add_exception_handler(exc_type, _handle)
+    app.add_middleware(_CountRequests, metrics=metrics)
+
+    def chat_user(who: Caller, body: ChatCompletionRequest, header_user: str | None) -> str:
+        user_id = body.user or header_user
+        if not user_id:
+            if who.allowed_users is None:
+                return config.default_user
+            if len(who.allowed_users) == 1:
+                return next(iter(who.allowed_users))
+            raise bad_request("this API key may act for several users: name one in `user`", param="user")
+        check_user(who, user_id, param="user")
+        return user_id
+
+    # -- OpenAI routes ----------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = backend.is_ready()
+        body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def list_models(who: CallerDep) -> dict[str, Any]:
+        model = {"id": backend.model_id, "object": "model", "created": started, "owned_by": "kvmem"}
+        return {"object": "list", "data": [model]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(
+        body: ChatCompletionRequest,
+        request: Request,
+        who: CallerDep,
+        x_session_id: Annotated[str | None, Header(max_length=256)] = None,
+        x_user_id: Annotated[str | None, Header(max_length=256)] = None,
+    ) -> Response:
+        started_at = time.perf_counter()
+        user_id = chat_user(who, body, x_user_id)
+        chat.validate(body)
+        if not backend.is_ready():
+            raise NotReady("still loading")
+        prepared = await chat.prepare(user_id, x_session_id, body, started_at)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            lines = await chat.open_stream(prepared, body.model, include_usage, request.is_disconnected)
+            return StreamingResponse(
+                lines, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        return JSONResponse(await chat.complete(prepared, body.model, request.is_disconnected))
+
+    # -- memory routes ----------------------------------------------------------------------------------------
+    def tier_of(user_id: str) -> Any:
+        covered = plans.get(user_id).covered_ids
+        return lambda memory_id: "kv" if memory_id in covered else "text"
+
+    @app.post("/v1/memories", status_code=201)
+    async def add_memories(body: AddMemoriesRequest, who: CallerDep) -> dict[str, Any]:
+        check_user(who, body.user_id)
+        if (body.text is None) == (body.messages is None):
+            raise bad_request("give exactly one of `text` or `messages`", param="text")
+        messages = None if body.messages is None else [m.model_dump(exclude_none=True) for m in body.messages]
+        added = await asyncio.to_thread(
+            store.add,
+            body.user_id,
+            body.text,
+            messages=messages,
+            session_id=body.session_id,
+            chat_time=body.chat_time,
+            tags=body.tags,
+            metadata=body.metadata,
+        )
+        return {"memories": [m.to_dict() for m in added]}
+
+    @app.post("/v1/memories/search")
+    async def search_memories(body: SearchMemoriesRequest, who: CallerDep) -> dict[str, Any]:
+        check_user(who, body.user_id)
+        filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
+        hits = await asyncio.to_thread(
+            store.search, body.user_id, body.query, top_k=body.top_k, filters=filters
+        )
+        tier = tier_of(body.user_id)
+        return {
+            "results": [{**h.memory.to_dict(), "score": h.score, "tier": tier(h.memory.id)} for h in hits]
+        }
+
+    @app.get("/v1/memories")
+    async def list_memories(
+        who: CallerDep,
+        user_id: UserId,
+        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:
+        check_user(who, user_id)
+        result = await asyncio.to_thread(
+            store.list, user_id, session_id=session_id, page=page, page_size=page_size
+        )
+        return {
+            "data": [m.to_dict() for m in result.items],
+            "page": result.page,
+            "page_size": result.page_size,
+            "total": result.total,
+        }
+
+    @app.delete("/v1/memories")
+    async def delete_memories(
+        who: CallerDep, user_id: UserId, session_id: Annotated[str | None, Query(max_length=256)] = None
+    ) -> dict[str, int]:
+        check_user(who, user_id)
+        if session_id is None:
+            return {"deleted": await asyncio.to_thread(store.delete_user, user_id)}
+        return {"deleted": await asyncio.to_thread(store.delete_session, user_id, session_id)}
+
+    @app.get("/v1/memories/plan")
+    async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
+        check_user(who, user_id)
+        return plans.get(user_id).to_dict()
+
+    @app.get("/v1/memories/{memory_id}")
+    async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:
+        check_user(who, user_id)
+        return (await asyncio.to_thread(store.get, user_id, memory_id)).to_dict()
+
+    @app.patch("/v1/memories/{memory_id}")
+    async def update_memory(memory_id: str, body: UpdateMemoryRequest, who: CallerDep) -> dict[str, Any]:
+        check_user(who, body.user_id)
+        memory = await asyncio.to_thread(
+            store.update, body.user_id, memory_id, text=body.text, tags=body.tags, metadata=body.metadata
+        )
+        return memory.to_dict()
+
+    @app.delete("/v1/memories/{memory_id}")
+    async def delete_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, int]:
+        check_user(who, user_id)
+        return {"deleted": await asyncio.to_thread(store.delete, user_id, memory_id)}
+
+    return app
+
+
+async def _load(backend: Backend, store: Any, config: ServingConfig) -> None:
+    """Load the model off the event loop; seed the demo user. Failures leave /health at 503, with a log line."""
+    try:
+        if not backend.is_ready():
+            await asyncio.to_thread(backend.load)
+        logger.info("backend %s ready: model %s", backend.name, backend.model_id)
+    except Exception:
+        logger.exception("loading the %s backend failed; /health stays 503", backend.name)
+    if config.seed_demo and await asyncio.to_thread(store.count, config.default_user) == 0:
+        await asyncio.to_thread(store.add, config.default_user, texts=list(DEMO_MEMORIES), session_id="demo")
+        logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))

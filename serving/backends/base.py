@@ -1,0 +1,178 @@
+"""The backend interface: what serving asks of a model engine, and the named results it gets back.
+
+Owns the request/result dataclasses and the exceptions the HTTP layer maps to status codes. Knows nothing of
+HTTP, memories or plans: a backend sees token ids, an optional KV block item id and sampling parameters.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+
+class BackendError(RuntimeError):
+    """A backend failed for a reason that is not the caller's fault (mapped to HTTP 500)."""
+
+
+class QueueFull(BackendError):
+    """The backend's bounded request queue is full; the caller may retry later (HTTP 429)."""
+
+
+class NotReady(BackendError):
+    """The model is not loaded yet, or failed to load (HTTP 503)."""
+
+
+class PromptTooLong(ValueError):
+    """The laid-out prompt leaves no room for a single new token in the context window (HTTP 400)."""
+
+    def __init__(self, num_prompt_tokens: int, max_context_tokens: int) -> None:
+        super().__init__(
+            f"the prompt has {num_prompt_tokens} tokens; the model's context length is {max_context_tokens} "
+            "tokens and at least one must be left for the reply"
+        )
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_context_tokens = max_context_tokens
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature 0 means greedy; seed makes sampling reproducible per request."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class LaidOutPrompt:
+    """A prompt as token ids. ids[:block_len] are exactly the block's token ids (block_len 0: no block)."""
+
+    ids: tuple[int, ...]
+    block_len: int
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.block_len <= len(self.ids), (self.block_len, len(self.ids))
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """A built KV block: its content-addressed item id and its size."""
+
+    item_id: str
+    num_tokens: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation. block_item_id names the KV item holding prompt.ids[:prompt.block_len], or None."""
+
+    request_id: str
+    user_id: str
+    prompt: LaidOutPrompt
+    block_item_id: str | None
+    sampling: SamplingParams
+    adapter_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """Newly produced text and the token ids behind it (text may be empty while a character is incomplete)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The last item of a stream. finish_reason is "stop" (EOS or a stop string) or "length"."""
+
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    kv_fallback_reason: str | None = None
+
+
+StreamItem = TokenDelta | GenerationResult
+
+
+class Backend(ABC):
+    """A model engine behind the OpenAI server.
+
+    Lifecycle: the constructor is cheap (no weights); `load()` is called once, in a worker thread, at server
+    start; `is_ready()` turns True when it returns; `aclose()` at shutdown. All methods except `stream` and
+    `aclose` are blocking and thread-safe: serving calls them through `asyncio.to_thread`.
+    """
+
+    name: str
+    model_id: str
+    max_context_tokens: int
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights and tokenizer. Blocking, idempotent. Raises BackendError if the model cannot load."""
+
+    @abstractmethod
+    def is_ready(self) -> bool:
+        """True once `load()` has succeeded. Never blocks."""
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Tokens `text` takes as a memory (used for token budgets). Raises NotReady before `load()`."""
+
+    @abstractmethod
+    def layout_prompt(
+        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+    ) -> LaidOutPrompt:
+        """Lay out `[block: system prompt + block_texts] [text_texts] [messages] [assistant turn start]` as ids.
+
+        `messages` are OpenAI messages `{"role": "system"|"user"|"assistant", "content": str}` in order. Each
+        segment is tokenized separately, so for the same block_texts the block ids are always identical and
+        `block_len` is their count (0 when block_texts is empty). Deterministic, pure.
+        Raises PromptTooLong when `len(ids) >= max_context_tokens` (no room for one new token); serving then
+        answers 400. Room for max_tokens is not checked here: serving clamps max_new_tokens to what is left.
+        """
+
+    @abstractmethod
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BlockInfo:
+        """Prefill the block for `block_texts` and store it as a KV item. Blocking (seconds on CPU: call it off
+        the request path). Idempotent: the item id is content-addressed, so the same user, texts and model
+        give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are
+        recorded in the item so a deletion can find it. Raises BackendError or NotReady."""
+
+    @abstractmethod
+    def drop_block(self, item_id: str) -> None:
+        """Stop serving `item_id` and free it. Requests already using it may finish. Unknown ids are ignored."""
+
+    @abstractmethod
+    def stream(
+        self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """Generate: yields TokenDelta items as tokens are produced; the last item is one GenerationResult.
+
+        Implemented as an async generator. Before the first item it may raise QueueFull (the bounded queue is
+        full: 429), NotReady (503) or BackendError. It stops early, without raising, when `is_disconnected()`
+        returns True or when the consumer closes the generator. Honours max_new_tokens, stop strings and the
+        context length (finish_reason "length"). KV fallback is the backend's job: a missing, corrupt or
+        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set and a log line,
+        never an exception. `cached_tokens` is the number of prompt tokens served from the KV item.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Cancel running generations and free the model. Idempotent."""

@@ -1,0 +1,220 @@
+"""A deterministic fake backend for HTTP plumbing tests and demos without a model.
+
+One character is one token (id = code point). The reply is scripted; every request is recorded so tests can
+read the exact prompt a user was answered from. Readiness, per-token delay, a hold gate and a bounded queue
+are controllable, so 503, 429 and client disconnects can be tested. It says nothing about a real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from serving.backends.base import (
+    Backend,
+    BlockInfo,
+    GenerationRequest,
+    GenerationResult,
+    LaidOutPrompt,
+    NotReady,
+    PromptTooLong,
+    QueueFull,
+    StreamItem,
+    TokenDelta,
+)
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = "You are a helpful assistant with long-term memory."
+
+
+@dataclass(frozen=True)
+class FakeOutcome:
+    """How one recorded request ended: "completed", "disconnected" (callback said so) or "closed"."""
+
+    request_id: str
+    how: str
+    num_tokens: int
+
+
+class FakeBackend(Backend):
+    """Scripted replies over a character tokenizer. Not thread-safe beyond what the HTTP tests need."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        reply: str | Callable[[GenerationRequest], str] = "Hello from kvmem.",
+        model_id: str = "kvmem-fake",
+        max_context_tokens: int = 4096,
+        queue_size: int = 8,
+        token_delay_s: float = 0.0,
+        ready: bool = True,
+        ready_on_load: bool = True,
+    ) -> None:
+        self.model_id = model_id
+        self.max_context_tokens = max_context_tokens
+        self.reply = reply
+        self.queue_size = queue_size
+        self.token_delay_s = token_delay_s
+        self._ready = ready
+        self.ready_on_load = ready_on_load
+        self._lock = threading.Lock()
+        self._blocks: dict[str, tuple[int, ...]] = {}
+        self._corrupt: set[str] = set()
+        self.num_in_flight = 0
+        self.requests: list[GenerationRequest] = []
+        self.outcomes: list[FakeOutcome] = []
+        self.built: list[tuple[str, tuple[str, ...]]] = []
+        self.hold = threading.Event()  # while set, generation waits before each token (tests release it)
+
+    # -- controls for tests --------------------------------------------------------------------------------
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+
+    def corrupt(self, item_id: str) -> None:
+        """Make `item_id` unusable, as a corrupt file would: requests using it fall back to full prefill."""
+        self._corrupt.add(item_id)
+
+    @staticmethod
+    def decode(ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    # -- Backend -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        if self.ready_on_load:
+            self._ready = True
+
+    def is_ready(self) -> bool:
+        return self._ready
+
+    def count_tokens(self, text: str) -> int:
+        return len(text)
+
+    def _block_text(self, block_texts: Sequence[str]) -> str:
+        if not block_texts:
+            return ""
+        return f"<system>{SYSTEM_PROMPT}\n[memory]\n" + "".join(f"- {t}\n" for t in block_texts)
+
+    def layout_prompt(
+        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+    ) -> LaidOutPrompt:
+        block = self._block_text(block_texts)
+        head = "" if block else f"<system>{SYSTEM_PROMPT}\n"
+        texts = "".join(f"[memory] {t}\n" for t in text_texts)
+        history = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        ids = tuple(ord(c) for c in block + head + texts + history + "<assistant>")
+        if len(ids) >= self.max_context_tokens:
+            raise PromptTooLong(len(ids), self.max_context_tokens)
+        return LaidOutPrompt(ids=ids, block_len=len(block))
+
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BlockInfo:
+        if not self._ready:
+            raise NotReady("fake backend is not ready")
+        ids = tuple(ord(c) for c in self._block_text(block_texts))
+        digest = hashlib.sha256(("\x00".join([user_id, *block_texts])).encode()).hexdigest()[:16]
+        item_id = f"kv-{digest}"
+        with self._lock:
+            self._blocks[item_id] = ids
+            self.built.append((user_id, tuple(block_texts)))
+        return BlockInfo(item_id=item_id, num_tokens=len(ids), num_bytes=len(ids) * 4)
+
+    def drop_block(self, item_id: str) -> None:
+        with self._lock:
+            self._blocks.pop(item_id, None)
+
+    def has_block(self, item_id: str) -> bool:
+        with self._lock:
+            return item_id in self._blocks
+
+    def _cached(self, req: GenerationRequest) -> tuple[int, str | None]:
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return 0, None
+        with self._lock:
+            stored = self._blocks.get(req.block_item_id)
+        if stored is None:
+            reason = "missing"
+        elif req.block_item_id in self._corrupt:
+            reason = "corrupt"
+        elif stored != req.prompt.ids[: req.prompt.block_len]:
+            reason = "mismatch"
+        else:
+            return req.prompt.block_len, None
+        logger.warning("KV item %s unusable (%s): full prefill", req.block_item_id, reason)
+        return 0, reason
+
+    async def stream(
+        self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[StreamItem]:
+        if not self._ready:
+            raise NotReady("fake backend is not ready")
+        with self._lock:
+            if self.num_in_flight >= self.queue_size:
+                raise QueueFull(f"queue full ({self.queue_size} requests in flight)")
+            self.num_in_flight += 1
+            self.requests.append(req)
+        start = time.perf_counter()
+        how, produced = "closed", 0
+        try:
+            cached, fallback = self._cached(req)
+            reply = self.reply(req) if callable(self.reply) else self.reply
+            room = self.max_context_tokens - len(req.prompt.ids)
+            limit = min(req.sampling.max_new_tokens, room)
+            finish, ttft, pending = "stop", 0.0, ""
+            for ch in reply:
+                if produced >= limit:
+                    finish = "length"
+                    break
+                while self.hold.is_set():
+                    await asyncio.sleep(0.005)
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                if is_disconnected is not None and await is_disconnected():
+                    how = "disconnected"
+                    return
+                produced += 1
+                ttft = ttft or time.perf_counter() - start
+                pending += ch
+                cut = min((pending.find(s) for s in req.sampling.stop if s and s in pending), default=-1)
+                if cut >= 0:
+                    pending = pending[:cut]
+                    break
+                emit = _longest_safe_prefix(pending, req.sampling.stop)
+                if emit:
+                    yield TokenDelta(text=emit, token_ids=tuple(ord(c) for c in emit))
+                    pending = pending[len(emit) :]
+            if pending:
+                yield TokenDelta(text=pending, token_ids=tuple(ord(c) for c in pending))
+            how = "completed"
+            yield GenerationResult(
+                finish_reason=finish,
+                prompt_tokens=len(req.prompt.ids),
+                cached_tokens=cached,
+                completion_tokens=produced,
+                ttft_s=ttft,
+                kv_fallback_reason=fallback,
+            )
+        finally:
+            with self._lock:
+                self.num_in_flight -= 1
+                self.outcomes.append(FakeOutcome(req.request_id, how, produced))
+
+    async def aclose(self) -> None:
+        self.hold.clear()
+
+
+def _longest_safe_prefix(pending: str, stops: Sequence[str]) -> str:
+    """The part of `pending` that cannot become the start of a stop string, whatever comes next."""
+    for keep in range(len(pending), 0, -1):
+        tail = pending[-keep:]
+        if any(s.startswith(tail) for s in stops if s):
+            return pending[:-keep]
+    return pending

@@ -1,0 +1,291 @@
+"""The chat path: plan + search -> prompt ids -> backend stream -> OpenAI JSON or SSE; then store the turn.
+
+Composes the plan provider, the plaintext store and the backend; computes nothing itself. Owns the order of
+a turn and what happens after it (turn stored, access event sent) without making the response wait for it.
+Knows nothing of auth or routing: it is handed a user id it may serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from serving.backends.base import (
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    StreamItem,
+    TokenDelta,
+)
+from serving.config import ServingConfig
+from serving.metrics import Metrics
+from serving.plans import AccessEvent, PlanProvider
+from serving.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    bad_request,
+    chunk_dict,
+    completion_dict,
+    usage_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_STOP_STRINGS = 4
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+IsDisconnected = Callable[[], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class UsedMemory:
+    id: str
+    tier: str  # "kv" | "text" | "lora"
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """Everything decided before generation: the backend request and the memories it carries."""
+
+    request: GenerationRequest
+    session_id: str | None
+    query: str
+    used: tuple[UsedMemory, ...]
+    retrieved_ids: tuple[str, ...]
+    started_at: float  # perf_counter at request arrival, for TTFT through HTTP
+
+    def memory_dict(self, result: GenerationResult | None) -> dict[str, Any]:
+        """The `memory` extension. A block that fell back to prefill was served as text."""
+        fell_back = result is not None and result.kv_fallback_reason is not None
+        tiers = [("text" if fell_back and m.tier == "kv" else m.tier) for m in self.used]
+        return {"used": [{"id": m.id, "tier": t} for m, t in zip(self.used, tiers)]}
+
+
+class ChatService:
+    def __init__(
+        self, config: ServingConfig, backend: Backend, store: Any, plans: PlanProvider, metrics: Metrics
+    ) -> None:
+        self._config, self._backend, self._store, self._plans, self._metrics = (
+            config,
+            backend,
+            store,
+            plans,
+            metrics,
+        )
+        self._background: set[asyncio.Future[Any]] = set()
+
+    # -- before generation -----------------------------------------------------------------------------------
+    def validate(self, body: ChatCompletionRequest) -> None:
+        """Checks the request beyond its schema. Raises ApiError (400/404)."""
+        if body.model not in (self._backend.model_id, self._config.model):
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {self._backend.model_id!r}",
+                type="invalid_request_error",
+                param="model",
+                code="model_not_found",
+            )
+        if body.n is not None and body.n != 1:
+            raise bad_request(f"only n=1 is supported, got n={body.n}", param="n", code="unsupported_value")
+        if len(body.stop_strings()) > MAX_STOP_STRINGS:
+            raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
+        if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
+            raise bad_request(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", param="seed")
+        if not any(m.role == "user" for m in body.messages):
+            raise bad_request("messages must contain at least one user message", param="messages")
+
+    async def prepare(
+        self, user_id: str, session_id: str | None, body: ChatCompletionRequest, started_at: float
+    ) -> PreparedChat:
+        """Plan + search + layout. Raises PromptTooLong (400) when the prompt leaves no room to answer."""
+        messages = [m.to_plain() for m in body.messages]
+        query = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        plan = self._plans.get(user_id)
+        hits = []
+        if query.strip():
+            hits = await asyncio.to_thread(
+                self._store.search, user_id, query, top_k=self._config.retrieve_top_k
+            )
+        covered = plan.covered_ids
+        text_hits = [h for h in hits if h.memory.id not in covered]
+        prompt = await asyncio.to_thread(
+            self._backend.layout_prompt, plan.block_texts, [h.memory.text for h in text_hits], messages
+        )
+        room = self._backend.max_context_tokens - len(prompt.ids)
+        wanted = body.max_completion_tokens or body.max_tokens or self._config.default_max_tokens
+        sampling = SamplingParams(
+            max_new_tokens=max(1, min(wanted, room)),
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            stop=body.stop_strings(),
+            seed=body.seed,
+        )
+        request = GenerationRequest(
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            user_id=user_id,
+            prompt=prompt,
+            block_item_id=plan.block_item_id if prompt.block_len else None,
+            sampling=sampling,
+            adapter_id=plan.adapter_id,
+        )
+        used = tuple(UsedMemory(i, "kv") for i in plan.block_memory_ids) + tuple(
+            UsedMemory(h.memory.id, "text") for h in text_hits
+        )
+        return PreparedChat(
+            request=request,
+            session_id=session_id,
+            query=query,
+            used=used,
+            retrieved_ids=tuple(h.memory.id for h in hits),
+            started_at=started_at,
+        )
+
+    # -- generation -------------------------------------------------------------------------------------------
+    async def _generate(
+        self, prepared: PreparedChat, is_disconnected: IsDisconnected | None
+    ) -> AsyncIterator[StreamItem]:
+        """The backend stream with metrics around it; stores the turn once it completes."""
+        self._metrics.change_in_flight(+1)
+        text: list[str] = []
+        first = True
+        try:
+            async with aclosing(self._backend.stream(prepared.request, is_disconnected)) as stream:
+                async for item in stream:
+                    if first:
+                        self._metrics.observe_ttft(time.perf_counter() - prepared.started_at)
+                        first = False
+                    if isinstance(item, TokenDelta):
+                        text.append(item.text)
+                    else:
+                        self._after_turn(prepared, "".join(text), item)
+                    yield item
+        finally:
+            self._metrics.change_in_flight(-1)
+
+    async def complete(
+        self, prepared: PreparedChat, model: str, is_disconnected: IsDisconnected | None
+    ) -> dict:
+        """A non-streaming answer as a `chat.completion` dict."""
+        text: list[str] = []
+        result: GenerationResult | None = None
+        async with aclosing(self._generate(prepared, is_disconnected)) as items:
+            async for item in items:
+                if isinstance(item, TokenDelta):
+                    text.append(item.text)
+                else:
+                    result = item
+        if result is None:  # the client went away; nobody reads this
+            raise ApiError(
+                499, "client disconnected", type="invalid_request_error", code="client_disconnected"
+            )
+        return completion_dict(
+            completion_id=prepared.request.request_id,
+            created=int(time.time()),
+            model=model,
+            content="".join(text),
+            finish_reason=result.finish_reason,
+            usage=usage_dict(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
+            memory=prepared.memory_dict(result),
+        )
+
+    async def open_stream(
+        self, prepared: PreparedChat, model: str, include_usage: bool, is_disconnected: IsDisconnected | None
+    ) -> AsyncIterator[str]:
+        """SSE lines of a streamed answer. Waits for the first backend item before returning, so queue-full,
+        not-ready and backend errors still become proper HTTP errors rather than a broken 200 stream."""
+        items = self._generate(prepared, is_disconnected)
+        try:
+            first = await anext(items)
+        except BaseException:
+            await items.aclose()
+            raise
+        return self._sse(prepared, model, include_usage, first, items)
+
+    async def _sse(
+        self,
+        prepared: PreparedChat,
+        model: str,
+        include_usage: bool,
+        first: StreamItem,
+        items: AsyncIterator[StreamItem],
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+
+        def event(delta: dict | None, **kw: Any) -> str:
+            chunk = chunk_dict(
+                completion_id=prepared.request.request_id,
+                created=created,
+                model=model,
+                delta=delta,
+                with_usage_field=include_usage,
+                **kw,
+            )
+            return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+        async def chained() -> AsyncIterator[StreamItem]:
+            yield first
+            async for item in items:
+                yield item
+
+        try:
+            yield event({"role": "assistant", "content": ""})
+            async for item in chained():
+                if isinstance(item, TokenDelta):
+                    if item.text:
+                        yield event({"content": item.text})
+                    continue
+                yield event({}, finish_reason=item.finish_reason, memory=prepared.memory_dict(item))
+                if include_usage:
+                    usage = usage_dict(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
+                    yield event(None, usage=usage)
+            yield "data: [DONE]\n\n"
+        except ApiError as e:
+            yield f"data: {json.dumps(e.to_dict())}\n\n"
+        except Exception:
+            logger.exception("stream %s failed after it started", prepared.request.request_id)
+            error = ApiError(
+                500, "the backend failed while streaming", type="server_error", code="backend_error"
+            )
+            yield f"data: {json.dumps(error.to_dict())}\n\n"
+        finally:
+            await items.aclose()  # type: ignore[attr-defined]
+
+    # -- after the turn ---------------------------------------------------------------------------------------
+    def _after_turn(self, prepared: PreparedChat, reply: str, result: GenerationResult) -> None:
+        """Metrics now; the turn and the access event off the response path."""
+        self._metrics.observe_generation(
+            result.prompt_tokens, result.cached_tokens, result.kv_fallback_reason
+        )
+        self._metrics.observe_tiers([u["tier"] for u in prepared.memory_dict(result)["used"]])
+        event = AccessEvent(
+            user_id=prepared.request.user_id,
+            query=prepared.query,
+            retrieved_ids=prepared.retrieved_ids,
+            used_ids=tuple(m.id for m in prepared.used),
+            session_id=prepared.session_id,
+        )
+        self._plans.record_access(event)
+        if self._config.store_turns:
+            future = asyncio.get_running_loop().run_in_executor(None, self._store_turn, prepared, reply)
+            self._background.add(future)
+            future.add_done_callback(self._background.discard)
+
+    def _store_turn(self, prepared: PreparedChat, reply: str) -> None:
+        messages = [{"role": "user", "content": prepared.query}, {"role": "assistant", "content": reply}]
+        try:
+            self._store.add(prepared.request.user_id, messages=messages, session_id=prepared.session_id)
+        except Exception:
+            logger.exception("storing the turn of %s failed", prepared.request.request_id)
+
+    async def drain(self) -> None:
+        """Wait for turns still being stored (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)

@@ -1,0 +1,166 @@
+"""The `kvmem` console script: `serve` (this package), `build` and `provision` (kvmem's, imported lazily).
+
+Parses and validates arguments into a ServingConfig at the edge. Exit codes: 0 ok, 2 bad arguments, 1 other
+errors, always with one line on stderr that names the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from serving.config import DEFAULT_MODEL, ServingConfig
+
+logger = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="HF model id or local dir (default: the embedded one)"
+    )
+    p.add_argument(
+        "--data-dir", type=Path, default=Path(".kvmem"), help="memories, KV items (default ./.kvmem)"
+    )
+    p.add_argument(
+        "--backend",
+        choices=["transformers", "vllm", "fake"],
+        default="transformers",
+        help="model backend (fake: scripted replies, for plumbing demos only)",
+    )
+    p.add_argument("--no-auth", action="store_true", help="accept any user id without a key (loopback only)")
+    p.add_argument(
+        "--api-keys",
+        type=Path,
+        default=None,
+        help='JSON {"keys": {"<key>": ["<user id>", ...]}} (default DATA_DIR/api_keys.json)',
+    )
+    p.add_argument("--queue-size", type=int, default=16, help="requests waiting or generating; more get 429")
+    p.add_argument("--block-token-budget", type=int, default=2048, help="tokens of memories served as KV")
+    p.add_argument(
+        "--demo", action="store_true", help="seed the user 'demo' with a few memories if it has none"
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvmem", description="Activation-memory inference accelerator")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
+    sub.add_parser("build", help="offline KV cache build job (resumable); `kvmem build -h` for its flags")
+    sub.add_parser("provision", help="fetch/convert the default model into the local cache (idempotent)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServingConfig:
+    """Raises UsageError naming the bad value."""
+    try:
+        return ServingConfig(
+            host=args.host,
+            port=args.port,
+            model=args.model,
+            data_dir=args.data_dir,
+            backend=args.backend,
+            auth=not args.no_auth,
+            api_keys_file=args.api_keys,
+            queue_size=args.queue_size,
+            block_token_budget=args.block_token_budget,
+            seed_demo=args.demo,
+        )
+    except ValueError as e:
+        raise UsageError(f"kvmem serve: {e}") from None
+
+
+def how_to_call(config: ServingConfig, model: str) -> str:
+    base = f"http://{config.host}:{config.port}"
+    auth = "" if not config.auth else ' -H "Authorization: Bearer $KVMEM_KEY"'
+    key = "unused" if not config.auth else "<your key>"
+    user = config.default_user
+    return (
+        f"kvmem: serving {model!r} at {base}/v1\n"
+        f"  curl {base}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "user": "{user}", '
+        f'"messages": [{{"role": "user", "content": "What do you know about me?"}}]}}\'\n'
+        f"  python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{key}'); "
+        f"print(c.chat.completions.create(model='{model}', user='{user}', "
+        f"messages=[{{'role': 'user', 'content': 'What do you know about me?'}}]).choices[0].message.content)\""
+    )
+
+
+def serve(config: ServingConfig, log_level: str = "info") -> int:
+    import uvicorn
+
+    from serving.app import create_app
+    from serving.auth import KeysFileError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(config)
+    except KeysFileError as e:
+        raise UsageError(f"kvmem serve: {e}") from None
+    print(how_to_call(config, app.state.backend.model_id), flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return serve(config_from_args(args), args.log_level)
+    if args.command == "provision":
+        from kvmem import models
+
+        where = models.provision()
+        if where is not None:
+            print(f"kvmem: default model ready at {where}")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["build"]:  # kvmem.kv.build_job owns its flags (and their exit code 2)
+            from kvmem.kv import build_job
+
+            return int(build_job.main(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except UsageError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI edge: any failure is exit 1 with one line
+        message = " ".join(str(e).split()) or type(e).__name__
+        sys.stderr.write(f"kvmem: error: {type(e).__name__}: {message}\n")
+        return 1
+
+
+def run_module() -> NoReturn:
+    """`python -m serving`: the flags of `kvmem serve`."""
+    parser = _Parser(prog="python -m serving", description="the kvmem OpenAI-compatible server")
+    add_serve_arguments(parser)
+    try:
+        args = parser.parse_args()
+        args.command = "serve"
+        sys.exit(_run(args))
+    except UsageError as e:
+        sys.stderr.write(f"{e}\n")
+        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - the CLI edge: any failure is exit 1 with one line
+        sys.stderr.write(f"python -m serving: error: {type(e).__name__}: {' '.join(str(e).split())}\n")
+        sys.exit(1)

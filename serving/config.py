@@ -1,0 +1,76 @@
+"""ServingConfig: every knob of the HTTP server, validated once where it is built (CLI or test).
+
+Knows the shape of the settings only; what the backend does with `model` is the backend's business.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "default"  # the embedded default model; kvmem.models resolves the name
+BACKEND_NAMES = ("fake", "transformers", "vllm")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Server settings. `auth=False` (the demo mode) is only allowed on a loopback host."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = DEFAULT_MODEL
+    data_dir: Path = Path(".kvmem")
+    backend: str = "transformers"
+    auth: bool = True
+    api_keys_file: Path | None = (
+        None  # JSON {"keys": {"sk-...": ["alice", ...]}}; default data_dir/api_keys.json
+    )
+    queue_size: int = 16  # requests waiting or generating in the backend; more get 429
+    block_token_budget: int = 2048  # stand-in plan: most recent memories up to this many tokens go to KV
+    retrieve_top_k: int = 8  # memories retrieved by search per chat turn
+    default_max_tokens: int = 256  # reply length when the request gives none
+    default_user: str = "demo"  # the user of a chat without `user` when auth is off
+    store_turns: bool = True  # store each chat turn in the plaintext store after the reply
+    seed_demo: bool = False  # give default_user a few memories at start if it has none
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.api_keys_file is not None:
+            object.__setattr__(self, "api_keys_file", Path(self.api_keys_file))
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not self.model:
+            raise ValueError("model must not be empty")
+        if self.backend not in BACKEND_NAMES:
+            raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}")
+        if not self.auth and not is_loopback(self.host):
+            raise ValueError(
+                f"auth off (--no-auth) is only allowed on a loopback host, got host {self.host!r}"
+            )
+        for name in ("queue_size", "retrieve_top_k", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_token_budget < 0:
+            raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
+        if not self.default_user:
+            raise ValueError("default_user must not be empty")
+
+    @property
+    def keys_path(self) -> Path:
+        return self.api_keys_file if self.api_keys_file is not None else self.data_dir / "api_keys.json"
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "memories.sqlite"

@@ -1,0 +1,107 @@
+"""Server metrics, rendered by hand in the Prometheus text exposition format (version 0.0.4).
+
+Counts requests by route and status, TTFT through HTTP, prompt/cached tokens, memory tier hits, KV fallbacks
+and the number of chat requests in flight. Thread-safe; knows nothing of what it measures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import defaultdict
+
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str, int], int] = defaultdict(int)
+        self._ttft_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
+        self._ttft_sum_s = 0.0
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self._tier_hits: dict[str, int] = defaultdict(int)
+        self._kv_fallbacks: dict[str, int] = defaultdict(int)
+        self.in_flight = 0
+
+    def observe_request(self, method: str, route: str, status: int) -> None:
+        with self._lock:
+            self._requests[(method, route, status)] += 1
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self._ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, seconds)] += 1
+            self._ttft_sum_s += seconds
+
+    def observe_generation(self, prompt_tokens: int, cached_tokens: int, fallback_reason: str | None) -> None:
+        with self._lock:
+            self._prompt_tokens += prompt_tokens
+            self._cached_tokens += cached_tokens
+            if fallback_reason is not None:
+                self._kv_fallbacks[fallback_reason] += 1
+
+    def observe_tiers(self, tiers: list[str]) -> None:
+        with self._lock:
+            for tier in tiers:
+                self._tier_hits[tier] += 1
+
+    def change_in_flight(self, delta: int) -> None:
+        with self._lock:
+            self.in_flight += delta
+
+    def render(self) -> str:
+        with self._lock:
+            lines = [
+                "# HELP kvmem_requests_total HTTP requests by method, route and status code.",
+                "# TYPE kvmem_requests_total counter",
+            ]
+            for (method, route, status), n in sorted(self._requests.items()):
+                lines.append(
+                    f'kvmem_requests_total{{method="{_label(method)}",route="{_label(route)}",'
+                    f'status="{status}"}} {n}'
+                )
+            lines += [
+                "# HELP kvmem_ttft_seconds Time from request arrival to the first generated token, via HTTP.",
+                "# TYPE kvmem_ttft_seconds histogram",
+            ]
+            cumulative = 0
+            for bound, n in zip((*TTFT_BUCKETS_S, float("inf")), self._ttft_counts):
+                cumulative += n
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                lines.append(f'kvmem_ttft_seconds_bucket{{le="{le}"}} {cumulative}')
+            lines.append(f"kvmem_ttft_seconds_sum {self._ttft_sum_s!r}")
+            lines.append(f"kvmem_ttft_seconds_count {cumulative}")
+            ratio = self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
+            lines += [
+                "# HELP kvmem_prompt_tokens_total Prompt tokens of completed generations.",
+                "# TYPE kvmem_prompt_tokens_total counter",
+                f"kvmem_prompt_tokens_total {self._prompt_tokens}",
+                "# HELP kvmem_cached_tokens_total Prompt tokens served from activation memory (KV).",
+                "# TYPE kvmem_cached_tokens_total counter",
+                f"kvmem_cached_tokens_total {self._cached_tokens}",
+                "# HELP kvmem_cached_token_ratio Cached prompt tokens / prompt tokens since start.",
+                "# TYPE kvmem_cached_token_ratio gauge",
+                f"kvmem_cached_token_ratio {ratio!r}",
+                "# HELP kvmem_memory_tier_hits_total Memories used in prompts, by the tier that served them.",
+                "# TYPE kvmem_memory_tier_hits_total counter",
+            ]
+            for tier in sorted({"kv", "text", "lora", *self._tier_hits}):
+                lines.append(f'kvmem_memory_tier_hits_total{{tier="{_label(tier)}"}} {self._tier_hits[tier]}')
+            lines += [
+                "# HELP kvmem_kv_fallbacks_total Requests whose KV block was unusable, by reason.",
+                "# TYPE kvmem_kv_fallbacks_total counter",
+            ]
+            for reason, n in sorted(self._kv_fallbacks.items()):
+                lines.append(f'kvmem_kv_fallbacks_total{{reason="{_label(reason)}"}} {n}')
+            lines += [
+                "# HELP kvmem_queue_depth Chat requests in flight (waiting for or in generation).",
+                "# TYPE kvmem_queue_depth gauge",
+                f"kvmem_queue_depth {self.in_flight}",
+            ]
+        return "\n".join(lines) + "\n"

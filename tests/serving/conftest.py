@@ -1,0 +1,128 @@
+"""Shared fixtures: an app over the fake backend, and a live uvicorn server on 127.0.0.1 for client tests.
+
+Until branch `text` provides kvmem.text.MemoryStore, the in-memory stand-in from memstore.py is installed
+in its place so serving imports resolve (plumbing tests only).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kvmem.text
+
+if not hasattr(kvmem.text, "MemoryStore"):
+    from tests.serving import memstore
+
+    for _name in (
+        "MemoryStore",
+        "Memory",
+        "SearchHit",
+        "Page",
+        "TextStoreError",
+        "InvalidMemoryInput",
+        "MemoryNotFound",
+    ):
+        setattr(kvmem.text, _name, getattr(memstore, _name))
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from serving.app import create_app
+from serving.backends.fake import FakeBackend
+from serving.config import ServingConfig
+from serving.plans import StandInPlanProvider
+
+KEYS = {"sk-alice-0000": ["alice"], "sk-bob-00000": ["bob"], "sk-team-0000": ["alice", "bob"]}
+ALICE = {"Authorization": "Bearer sk-alice-0000"}
+BOB = {"Authorization": "Bearer sk-bob-00000"}
+TEAM = {"Authorization": "Bearer sk-team-0000"}
+MODEL = "kvmem-fake"
+
+
+@dataclass
+class Stack:
+    app: FastAPI
+    backend: FakeBackend
+    store: Any
+    plans: StandInPlanProvider
+    config: ServingConfig
+
+
+def make_stack(
+    tmp_path: Path,
+    *,
+    auth: bool = True,
+    backend: FakeBackend | None = None,
+    budget: int = 2048,
+    **config_kw: Any,
+) -> Stack:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": KEYS}))
+    config = ServingConfig(
+        data_dir=tmp_path,
+        backend="fake",
+        auth=auth,
+        api_keys_file=keys,
+        block_token_budget=budget,
+        **config_kw,
+    )
+    backend = backend or FakeBackend()
+    store = kvmem.text.MemoryStore(tmp_path / "memories.sqlite")
+    plans = StandInPlanProvider(store, backend, token_budget=budget)
+    app = create_app(config, backend=backend, store=store, plans=plans)
+    return Stack(app, backend, store, plans, config)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = make_stack(tmp_path)
+    yield s
+    s.plans.close()
+
+
+@pytest.fixture
+def client(stack: Stack) -> Iterator[TestClient]:
+    with TestClient(stack.app) as c:
+        yield c
+
+
+@contextmanager
+def live_server(app: FastAPI) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 at a free port in a thread; yields the base URL; stops at exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(500):  # bounded: 10 s at most
+        if server.started:
+            break
+        time.sleep(0.02)
+    assert server.started, "server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def wait_for(predicate: Any, what: str, tries: int = 500) -> None:
+    """Poll `predicate` (bounded, 10 s at most); fail naming `what`."""
+    for _ in range(tries):
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

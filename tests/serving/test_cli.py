@@ -1,0 +1,82 @@
+"""The `kvmem` CLI's argument handling, the config's validation and the backend registry."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.backends import BackendError, create_backend, supported_backends
+from serving.backends.fake import FakeBackend
+from serving.cli import build_parser, config_from_args, how_to_call, main
+from serving.config import ServingConfig
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["serve", "--port", "abc"], "--port"),
+        (["serve", "--port", "70000"], "port must be in [0, 65535], got 70000"),
+        (["serve", "--no-auth", "--host", "0.0.0.0"], "only allowed on a loopback host"),
+        (["serve", "--backend", "tensorrt"], "--backend"),
+        (["serve", "--queue-size", "0"], "queue_size must be >= 1, got 0"),
+        (["frobnicate"], "invalid choice"),
+        ([], "command"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+
+
+def test_missing_keys_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", "--backend", "fake", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "api_keys.json" in err and "--no-auth" in err
+
+
+def test_python_m_serving_takes_the_serve_flags() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "serving", "--port", "nope"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "--port" in out.stderr
+
+
+def test_serve_args_become_a_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--no-auth", "--port", "0", "--data-dir", str(tmp_path), "--backend", "fake", "--demo"]
+    )
+    config = config_from_args(args)
+    assert config == ServingConfig(port=0, data_dir=tmp_path, backend="fake", auth=False, seed_demo=True)
+    assert "http://127.0.0.1:0/v1/chat/completions" in how_to_call(config, "m")
+    assert "Authorization" not in how_to_call(config, "m")
+
+
+def test_registry() -> None:
+    assert supported_backends() == ("fake", "transformers", "vllm")
+    assert isinstance(create_backend(ServingConfig(backend="fake", queue_size=3)), FakeBackend)
+    with pytest.raises(ValueError, match="supported: fake, transformers, vllm"):
+        create_backend(_with_backend("nope"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_without_the_package_is_a_clear_error() -> None:
+    with pytest.raises(BackendError, match="pip install 'kvmem\\[vllm\\]'"):
+        create_backend(ServingConfig(backend="vllm"))
+
+
+def _with_backend(name: str) -> ServingConfig:
+    config = ServingConfig(backend="fake")
+    object.__setattr__(config, "backend", name)  # bypass validation to reach the registry's own check
+    return config

@@ -1,0 +1,153 @@
+"""The memory routes of API.md, with exact JSON (memory bodies are the store's own `to_dict()`)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.serving.conftest import ALICE, Stack
+
+
+def test_add_get_list_search_update_delete(stack: Stack, client: TestClient) -> None:
+    r = client.post(
+        "/v1/memories",
+        json={
+            "user_id": "alice",
+            "text": "I live in Lisbon",
+            "session_id": "s1",
+            "tags": ["home"],
+            "metadata": {"src": "t"},
+            "chat_time": "2026-01-02T03:04:05+00:00",
+        },
+        headers=ALICE,
+    )
+    assert r.status_code == 201
+    (m,) = r.json()["memories"]
+    stored = stack.store.get("alice", m["id"])
+    assert r.json() == {"memories": [stored.to_dict()]}
+    assert (m["text"], m["session_id"], m["tags"], m["metadata"]) == (
+        "I live in Lisbon",
+        "s1",
+        ["home"],
+        {"src": "t"},
+    )
+
+    r = client.post(
+        "/v1/memories",
+        json={"user_id": "alice", "messages": [{"role": "user", "content": "I like figs"}]},
+        headers=ALICE,
+    )
+    assert r.status_code == 201
+    second = r.json()["memories"][0]["id"]
+
+    r = client.get(f"/v1/memories/{m['id']}", params={"user_id": "alice"}, headers=ALICE)
+    assert r.status_code == 200 and r.json() == stored.to_dict()
+
+    r = client.get("/v1/memories", params={"user_id": "alice", "page": 1, "page_size": 1}, headers=ALICE)
+    page = stack.store.list("alice", page=1, page_size=1)
+    assert r.json() == {"data": [x.to_dict() for x in page.items], "page": 1, "page_size": 1, "total": 2}
+    r = client.get("/v1/memories", params={"user_id": "alice", "session_id": "s1"}, headers=ALICE)
+    assert r.json() == {"data": [stored.to_dict()], "page": 1, "page_size": 20, "total": 1}
+
+    r = client.post(
+        "/v1/memories/search", json={"user_id": "alice", "query": "where do I live Lisbon"}, headers=ALICE
+    )
+    hits = stack.store.search("alice", "where do I live Lisbon", top_k=10)
+    assert r.json() == {"results": [{**h.memory.to_dict(), "score": h.score, "tier": "text"} for h in hits]}
+    assert r.json()["results"][0]["id"] == m["id"]
+
+    r = client.patch(
+        f"/v1/memories/{m['id']}", json={"user_id": "alice", "text": "I live in Porto"}, headers=ALICE
+    )
+    assert r.status_code == 200
+    assert r.json() == stack.store.get("alice", m["id"]).to_dict()
+    assert r.json()["text"] == "I live in Porto"
+
+    r = client.delete(f"/v1/memories/{m['id']}", params={"user_id": "alice"}, headers=ALICE)
+    assert r.json() == {"deleted": 1}
+    r = client.get(f"/v1/memories/{m['id']}", params={"user_id": "alice"}, headers=ALICE)
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": {
+            "message": "memory not found",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "memory_not_found",
+        }
+    }
+    assert client.delete("/v1/memories", params={"user_id": "alice"}, headers=ALICE).json() == {"deleted": 1}
+    assert stack.store.count("alice") == 0
+    assert second not in {x.id for x in stack.store.list("alice").items}
+
+
+def test_delete_one_session(stack: Stack, client: TestClient) -> None:
+    stack.store.add("alice", texts=["a one", "a two"], session_id="s1")
+    stack.store.add("alice", text="a three", session_id="s2")
+    r = client.delete("/v1/memories", params={"user_id": "alice", "session_id": "s1"}, headers=ALICE)
+    assert r.json() == {"deleted": 2}
+    assert [m.text for m in stack.store.list("alice").items] == ["a three"]
+
+
+def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
+    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
+    assert r.json() == {
+        "block": {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"},
+        "adapter": None,
+        "updated_at": None,
+    }
+    ids = [m.id for m in stack.store.add("alice", texts=["x likes y", "z likes w"])]
+    client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)  # schedules the build
+    stack.plans.flush()
+    plan = stack.plans.get("alice")
+    n = stack.backend.layout_prompt(["z likes w", "x likes y"], [], []).block_len
+    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
+    assert r.json() == {
+        "block": {
+            "item_id": plan.block_item_id,
+            "memory_ids": ids[::-1],
+            "tokens": n,
+            "bytes": 4 * n,
+            "tier": "kv",
+        },
+        "adapter": None,
+        "updated_at": plan.updated_at.isoformat(),
+    }
+    r = client.post("/v1/memories/search", json={"user_id": "alice", "query": "likes"}, headers=ALICE)
+    assert [h["tier"] for h in r.json()["results"]] == ["kv", "kv"]
+    # deleting a covered memory stops the block being served before the call returns
+    assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}, headers=ALICE).json() == {
+        "deleted": 1
+    }
+    assert not stack.backend.has_block(plan.block_item_id)
+    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
+    assert r.json()["block"]["memory_ids"] == []
+
+
+def test_memory_route_errors(client: TestClient) -> None:
+    def err(r) -> tuple[int, str | None]:
+        return r.status_code, r.json()["error"]["param"]
+
+    assert err(client.post("/v1/memories", json={"user_id": "alice"}, headers=ALICE)) == (400, "text")
+    both = {"user_id": "alice", "text": "a", "messages": [{"role": "user", "content": "b"}]}
+    assert err(client.post("/v1/memories", json=both, headers=ALICE)) == (400, "text")
+    assert err(client.post("/v1/memories", json={"user_id": "", "text": "a"}, headers=ALICE)) == (
+        400,
+        "user_id",
+    )
+    assert err(client.post("/v1/memories", json={"user_id": "alice", "text": 5}, headers=ALICE)) == (
+        400,
+        "text",
+    )
+    r = client.post("/v1/memories/search", json={"user_id": "alice", "query": "q", "top_k": 0}, headers=ALICE)
+    assert err(r) == (400, "top_k")
+    assert err(client.get("/v1/memories", headers=ALICE)) == (400, "user_id")
+    r = client.get("/v1/memories", params={"user_id": "alice", "page": 0}, headers=ALICE)
+    assert err(r) == (400, "page")
+    for raw in (
+        '{"user_id": "alice", "text": "x", "metadata": {"a": NaN}}',
+        '{"user_id": "alice", "text": "x", "metadata": {"a": Infinity}}',
+        '{"user_id": "alice", "text": "\\ud800"}',
+    ):
+        r = client.post("/v1/memories", content=raw, headers={**ALICE, "content-type": "application/json"})
+        assert (r.status_code, r.json()["error"]["type"]) == (400, "invalid_request_error"), raw
+    r = client.get("/v1/memories/nope", params={"user_id": "alice"}, headers=ALICE)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "memory_not_found")
