@@ -243,6 +243,40 @@ def plot(cells: list[Cell], path: str) -> str | None:
     return path
 
 
+RANDOM_PRESETS = {
+    # Qwen3-8B's shape (the model of MemOS's table) with seeded random weights: TTFT depends on the shape,
+    # not the values, so this reproduces the compute of the MemOS cells without downloading the model.
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def random_handle(preset: str, device: str, dtype: str | None):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from kvmem.models import handle_for, parse_dtype, provision
+
+    if preset not in RANDOM_PRESETS:
+        raise SystemExit(f"unknown --random-preset {preset!r}; supported: {', '.join(RANDOM_PRESETS)}")
+    tokenizer = AutoTokenizer.from_pretrained(str(provision()))
+    spec = dict(RANDOM_PRESETS[preset])
+    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), **spec)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype, device)).eval()
+    return handle_for(model, tokenizer, model_id=f"{preset}-random", weights_digest=f"random:{preset}:seed0")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ttft_grid", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -256,6 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
+    p.add_argument("--random-preset", default=None, help="a model shape with seeded random weights: qwen3-8b")
     p.add_argument("--out", required=True, help="JSON output path (a PNG is written beside it)")
     return p.parse_args(argv)
 
@@ -265,7 +300,9 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
     qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
     reps = args.reps or (1 if args.quick else 3)
-    if handle is None:
+    if handle is None and args.random_preset:
+        handle = random_handle(args.random_preset, args.device, args.dtype)
+    elif handle is None:
         from kvmem.models import load_model
 
         handle = load_model(args.model, device=args.device, dtype=args.dtype)

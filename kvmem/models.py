@@ -226,14 +226,21 @@ def load_model(
 
 
 def handle_for(
-    hf_model: torch.nn.Module, tokenizer, *, model_id: str, layout_version: str = "1"
+    hf_model: torch.nn.Module,
+    tokenizer,
+    *,
+    model_id: str,
+    layout_version: str = "1",
+    weights_digest: str | None = None,
 ) -> ModelHandle:
     """Wrap an already-loaded model (tests build tiny ones from a config) into a ModelHandle."""
     param = next(hf_model.parameters())
     return ModelHandle(
         model=hf_model,
         tokenizer=tokenizer,
-        fingerprint=fingerprint_model(hf_model, tokenizer, layout_version=layout_version),
+        fingerprint=fingerprint_model(
+            hf_model, tokenizer, layout_version=layout_version, weights_digest=weights_digest
+        ),
         model_id=model_id,
         device=param.device,
         dtype=param.dtype,

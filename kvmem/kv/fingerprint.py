@@ -89,12 +89,16 @@ def tokenizer_sha(tokenizer) -> str:
     return _sha(body + specials)
 
 
-def fingerprint_model(model: torch.nn.Module, tokenizer, *, layout_version: str) -> Fingerprint:
+def fingerprint_model(
+    model: torch.nn.Module, tokenizer, *, layout_version: str, weights_digest: str | None = None
+) -> Fingerprint:
+    """`weights_digest` replaces hashing the weights when the caller already knows their identity (e.g. a
+    seeded random model in a benchmark)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     cfg = config.to_dict()
     param = next(model.parameters())
     return Fingerprint(
-        weights_sha=weights_sha(model),
+        weights_sha=weights_digest or weights_sha(model),
         tokenizer_sha=tokenizer_sha(tokenizer),
         dtype=str(param.dtype).removeprefix("torch."),
         chat_template_sha=_sha(getattr(tokenizer, "chat_template", None) or ""),

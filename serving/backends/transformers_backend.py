@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
@@ -73,7 +74,13 @@ class TransformersBackend(Backend):
 
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
-        self.model_id = self.config.model or "SmolLM2-135M-Instruct"
+        model = self.config.model
+        # a local path is served under its directory name; aliases and HF ids as given
+        self.model_id = (
+            Path(model.rstrip("/")).name
+            if model and Path(model).exists()
+            else model or "SmolLM2-135M-Instruct"
+        )
         self.max_context_tokens = 0
         self._ready = threading.Event()
         self._load_lock = threading.Lock()

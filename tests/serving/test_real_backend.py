@@ -1,0 +1,80 @@
+"""The server over the real default model (transformers backend), through the official openai client:
+the block is served from KV (cached_tokens), and an item corrupted on disk while the server runs means a
+successful answer from a full prefill with the very same tokens (invariant 6, fallback)."""
+
+from __future__ import annotations
+
+import pytest
+from openai import OpenAI
+
+from kvmem.kv.io import item_paths
+from serving.app import create_app
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.config import ServingConfig
+from serving.plans import StandInPlanProvider
+from tests.serving.conftest import live_server, wait_for
+
+MEMORIES = [
+    "I live in Lisbon with my sister.",
+    "My dog is a golden retriever called Miso.",
+    "I am allergic to peanuts.",
+]
+QUESTION = [{"role": "user", "content": "What is my dog called?"}]
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory, default_model_dir):
+    import kvmem.text
+
+    data = tmp_path_factory.mktemp("real")
+    # RAM tiers of 0 bytes: every request reads the item from disk, verified, so disk corruption is seen.
+    backend = TransformersBackend(
+        TransformersBackendConfig(
+            model=str(default_model_dir), data_dir=str(data), device_kv_bytes=0, host_kv_bytes=0
+        )
+    )
+    config = ServingConfig(
+        data_dir=data, backend="transformers", auth=False, model=str(default_model_dir), store_turns=False
+    )
+    store = kvmem.text.MemoryStore(data / "memories.sqlite")
+    plans = StandInPlanProvider(store, backend, token_budget=2048)
+    app = create_app(config, backend=backend, store=store, plans=plans)
+    with live_server(app) as url:
+        wait_for(backend.is_ready, "model load", tries=3000)
+        yield url, backend, store, plans
+    plans.close()
+
+
+@pytest.mark.slow
+def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_server):
+    url, backend, store, plans = real_server
+    store.add("alice", texts=MEMORIES)
+    plans.get("alice")
+    plans.flush()
+    plan = plans.get("alice")
+    assert plan.block_item_id is not None and plan.block_tokens > 0
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+    def ask():
+        return client.chat.completions.create(
+            model=backend.model_id, messages=QUESTION, user="alice", temperature=0, max_tokens=16
+        )
+
+    first = ask()
+    block_len = backend.layout_prompt(plan.block_texts, [], []).block_len
+    assert first.usage.prompt_tokens_details.cached_tokens == block_len
+    assert {m["tier"] for m in first.model_extra["memory"]["used"]} == {"kv"}
+
+    tensor_path, _ = item_paths(backend.store.directory, plan.block_item_id)
+    raw = bytearray(tensor_path.read_bytes())
+    raw[-64] ^= 0xFF
+    tensor_path.write_bytes(bytes(raw))
+
+    second = ask()
+    assert second.usage.prompt_tokens_details.cached_tokens == 0
+    assert {m["tier"] for m in second.model_extra["memory"]["used"]} == {"text"}
+    assert second.usage.prompt_tokens == first.usage.prompt_tokens
+    assert (
+        second.choices[0].message.content == first.choices[0].message.content
+    )  # same ids, same greedy tokens
+    assert first.choices[0].message.content  # the model did answer
