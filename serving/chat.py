@@ -66,7 +66,7 @@ class PreparedChat:
         """The `memory` extension. A block that fell back to prefill was served as text."""
         fell_back = result is not None and result.kv_fallback_reason is not None
         tiers = [("text" if fell_back and m.tier == "kv" else m.tier) for m in self.used]
-        return {"used": [{"id": m.id, "tier": t} for m, t in zip(self.used, tiers)]}
+        return {"used": [{"id": m.id, "tier": t} for m, t in zip(self.used, tiers, strict=True)]}
 
 
 class ChatService:

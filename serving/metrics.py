@@ -71,7 +71,7 @@ class Metrics:
                 "# TYPE kvmem_ttft_seconds histogram",
             ]
             cumulative = 0
-            for bound, n in zip((*TTFT_BUCKETS_S, float("inf")), self._ttft_counts):
+            for bound, n in zip((*TTFT_BUCKETS_S, float("inf")), self._ttft_counts, strict=True):
                 cumulative += n
                 le = "+Inf" if bound == float("inf") else repr(bound)
                 lines.append(f'kvmem_ttft_seconds_bucket{{le="{le}"}} {cumulative}')
