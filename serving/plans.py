@@ -84,6 +84,18 @@ class PlanProvider(ABC):
         """Stop background work. Idempotent."""
 
 
+_KINDS = {"added": "add", "updated": "update", "deleted": "delete"}
+
+
+def _touched_ids(event: object) -> set[str]:
+    """Memory ids an event names: kvmem.text emits one `memory_id` per event; batches carry `memory_ids`."""
+    ids = getattr(event, "memory_ids", None)
+    if ids is not None:
+        return set(ids)
+    one = getattr(event, "memory_id", None)
+    return {one} if one else set()
+
+
 class _ChangeEvent(Protocol):  # what kvmem.text's store passes to subscribers
     kind: str  # "add" | "update" | "delete"
     user_id: str
@@ -210,12 +222,13 @@ class StandInPlanProvider(PlanProvider):
         with self._lock:
             user_id = event.user_id
             plan = self._plans.get(user_id)
-            if event.kind == "add":
+            kind = _KINDS.get(event.kind, event.kind)
+            if kind == "add":
                 if plan is not None and plan.block_item_id is None:
                     self._stale.add(user_id)  # it had nothing to accelerate; now it may
                 return
             self._generation[user_id] = self._generation.get(user_id, 0) + 1
-            touched = set(event.memory_ids)  # empty: the user's memories were all deleted
+            touched = _touched_ids(event)  # empty: the user's memories were all deleted
             if (
                 plan is not None
                 and plan.block_item_id is not None

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job: set up (idempotent), then serve the OpenAI-compatible endpoint on 127.0.0.1:8000 with the
+# default model and a demo user seeded with a few memories. Extra arguments go to `kvmem serve`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/kvmem serve --no-auth --demo "$@"
