@@ -244,7 +244,7 @@ class MemoryStore:
                 vectors = self._embed([r[2] for r in rows_to_embed])
                 tx.conn.execute("DELETE FROM memory_vectors")
                 tx.conn.executemany("INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors)])
+                                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)])
                 tx.conn.execute("UPDATE user_generation SET gen = gen + 1")
 
     def _embed(self, texts: list[str]) -> np.ndarray:
@@ -326,7 +326,7 @@ class MemoryStore:
             for role, body, when in items
         ]
         with self._write() as tx:
-            rowids = [self._insert(tx.conn, memory, vector.tobytes()) for memory, vector in zip(memories, vectors)]
+            rowids = [self._insert(tx.conn, memory, vector.tobytes()) for memory, vector in zip(memories, vectors, strict=False)]
             gen = self._bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
             tx.after_commit.append(lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors))
@@ -665,9 +665,9 @@ class MemoryStore:
                 existing.update(r[0] for r in tx.conn.execute(
                     f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk))
             if existing and on_conflict == "error":
-                raise InvalidMemoryInput(f"{len(existing)} id(s) already in the store, e.g. {sorted(existing)[0]!r}")
+                raise InvalidMemoryInput(f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}")
             users: set[str] = set()
-            for record, vector in tqdm(list(zip(records, vectors)), desc="import", unit=" memories",
+            for record, vector in tqdm(list(zip(records, vectors, strict=False)), desc="import", unit=" memories",
                                        disable=not progress):
                 memory = record.memory
                 if memory.id in existing:
@@ -696,7 +696,7 @@ class MemoryStore:
         batch = self.config.embed_batch_size
         for start in tqdm(range(0, len(todo), batch), desc="embed", unit=" batches", disable=not progress or not todo):
             chunk = todo[start : start + batch]
-            for i, vector in zip(chunk, self.embedder.embed([records[i].memory.text for i in chunk])):
+            for i, vector in zip(chunk, self.embedder.embed([records[i].memory.text for i in chunk]), strict=False):
                 out[i] = np.asarray(vector, dtype=np.float32)
         return out  # type: ignore[return-value]
 
