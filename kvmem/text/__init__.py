@@ -1,0 +1,48 @@
+"""kvmem.text: the plaintext memory store (SQLite, WAL), hybrid keyword + dense search, change events.
+
+Every memory lives here first; whatever no faster tier serves is injected from here as text. Knows nothing
+of HTTP, KV items or scheduling policy.
+"""
+
+from kvmem.text.config import TextStoreConfig
+from kvmem.text.embed import (
+    Embedder,
+    HashEmbedder,
+    OnnxMiniLMEmbedder,
+    SentenceTransformerEmbedder,
+    default_embedder,
+    load_embedder,
+)
+from kvmem.text.errors import (
+    EmbedderMismatch,
+    InvalidMemoryInput,
+    MemoryNotFound,
+    SubscriberError,
+    TextStoreError,
+)
+from kvmem.text.filters import SearchFilters, TimeRange
+from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
+from kvmem.text.store import MemoryStore
+
+__all__ = [
+    "ChangeEvent",
+    "Embedder",
+    "EmbedderMismatch",
+    "HashEmbedder",
+    "InvalidMemoryInput",
+    "Memory",
+    "MemoryNotFound",
+    "MemoryStore",
+    "MemoryVersion",
+    "OnnxMiniLMEmbedder",
+    "Page",
+    "SearchFilters",
+    "SearchHit",
+    "SentenceTransformerEmbedder",
+    "SubscriberError",
+    "TextStoreConfig",
+    "TextStoreError",
+    "TimeRange",
+    "default_embedder",
+    "load_embedder",
+]

@@ -1,0 +1,234 @@
+"""Input validation for the plaintext store: ids, texts, tags, metadata, times and search/list filters.
+
+Owns what counts as well-formed input and how a filter becomes a SQL WHERE fragment; every refusal is an
+InvalidMemoryInput naming the field. Knows nothing of connections or transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kvmem.text.errors import InvalidMemoryInput
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_FILTER_KEYS = ("session_id", "agent_id", "role", "tags", "metadata", "time_range")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def count_tokens(text: str) -> int:
+    """Approximate token count (words and punctuation marks), used for the configurable length limit."""
+    return len(_TOKEN_RE.findall(text))
+
+
+def format_time(moment: datetime) -> str:
+    """A datetime as the store's fixed-width UTC string; naive datetimes are taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime(_TIME_FORMAT)
+
+
+def parse_time(value: Any, field_name: str) -> str:
+    """An ISO 8601 string or datetime as the store's UTC string; anything else is refused naming the field."""
+    if isinstance(value, datetime):
+        return format_time(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidMemoryInput(f"{field_name} must be an ISO 8601 string or datetime, got {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidMemoryInput(f"{field_name} is not an ISO 8601 time: {value!r}") from None
+    return format_time(moment)
+
+
+def check_user_id(user_id: Any) -> str:
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise InvalidMemoryInput(f"user_id must be a non-empty string, got {user_id!r}")
+    return user_id
+
+
+def check_optional_id(value: Any, field_name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidMemoryInput(f"{field_name} must be a non-empty string or None, got {value!r}")
+    return value
+
+
+def check_text(text: Any, max_tokens: int, field_name: str = "text") -> str:
+    if not isinstance(text, str):
+        raise InvalidMemoryInput(f"{field_name} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidMemoryInput(f"{field_name} is empty")
+    num_tokens = count_tokens(text)
+    if num_tokens > max_tokens:
+        raise InvalidMemoryInput(f"{field_name} has {num_tokens} tokens, over the limit of {max_tokens}")
+    return text
+
+
+def check_tags(tags: Any) -> tuple[str, ...]:
+    """Tags as a tuple of non-empty strings, duplicates dropped, first occurrence kept."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple)):
+        raise InvalidMemoryInput(f"tags must be a list of strings, got {type(tags).__name__}")
+    out: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str) or not tag.strip():
+            raise InvalidMemoryInput(f"tags must hold non-empty strings, got {tag!r}")
+        if tag not in out:
+            out.append(tag)
+    return tuple(out)
+
+
+def check_metadata(metadata: Any) -> dict:
+    """Metadata as a JSON object with string keys; values must survive a JSON round trip unchanged."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidMemoryInput(f"metadata must be a JSON object (dict), got {type(metadata).__name__}")
+    for key in metadata:
+        if not isinstance(key, str):
+            raise InvalidMemoryInput(f"metadata keys must be strings, got {key!r}")
+    try:
+        encoded = json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMemoryInput(f"metadata is not JSON-serializable: {exc}") from None
+    return json.loads(encoded)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """Inclusive bounds on chat_time, as the store's UTC strings; either may be None."""
+
+    start: str | None = None
+    end: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """Filters shared by search and list. tags: a memory must carry all of them. metadata: every key equal."""
+
+    session_id: str | None = None
+    agent_id: str | None = None
+    role: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: dict = field(default_factory=dict)
+    time_range: TimeRange | None = None
+
+    def __post_init__(self) -> None:
+        check_optional_id(self.session_id, "filters.session_id")
+        check_optional_id(self.agent_id, "filters.agent_id")
+        check_optional_id(self.role, "filters.role")
+        if not isinstance(self.tags, tuple) or not all(isinstance(t, str) and t for t in self.tags):
+            raise InvalidMemoryInput(f"filters.tags must be a tuple of non-empty strings, got {self.tags!r}")
+        if not isinstance(self.metadata, dict):
+            raise InvalidMemoryInput(f"filters.metadata must be a dict, got {type(self.metadata).__name__}")
+        for key, value in self.metadata.items():
+            if not isinstance(key, str) or not key:
+                raise InvalidMemoryInput(f"filters.metadata keys must be non-empty strings, got {key!r}")
+            if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
+                raise InvalidMemoryInput(
+                    f"filters.metadata[{key!r}] must be a string, number, bool or null, got {value!r}"
+                )
+        if self.time_range is not None:
+            if not isinstance(self.time_range, TimeRange):
+                raise InvalidMemoryInput("filters.time_range must be a TimeRange")
+            start, end = self.time_range.start, self.time_range.end
+            if start is not None and end is not None and start > end:
+                raise InvalidMemoryInput(f"filters.time_range is inverted: start {start} is after end {end}")
+
+    @property
+    def is_empty(self) -> bool:
+        return self == _NO_FILTERS
+
+
+_NO_FILTERS = SearchFilters()
+
+
+def parse_filters(filters: Any) -> SearchFilters:
+    """A SearchFilters from None, a SearchFilters, or the JSON dict form used by the HTTP routes."""
+    if filters is None:
+        return _NO_FILTERS
+    if isinstance(filters, SearchFilters):
+        return filters
+    if not isinstance(filters, dict):
+        raise InvalidMemoryInput(f"filters must be a dict or SearchFilters, got {type(filters).__name__}")
+    unknown = sorted(set(filters) - set(_FILTER_KEYS))
+    if unknown:
+        raise InvalidMemoryInput(f"unknown filter key(s) {unknown}; supported: {list(_FILTER_KEYS)}")
+    tags = filters.get("tags")
+    if tags is not None and (isinstance(tags, str) or not isinstance(tags, (list, tuple))):
+        raise InvalidMemoryInput(f"filters.tags must be a list of strings, got {tags!r}")
+    metadata = filters.get("metadata")
+    if metadata is None:
+        metadata = {}
+    time_range = filters.get("time_range")
+    if time_range is not None:
+        if not isinstance(time_range, dict):
+            raise InvalidMemoryInput(f"filters.time_range must be an object, got {time_range!r}")
+        extra = sorted(set(time_range) - {"start", "end"})
+        if extra:
+            raise InvalidMemoryInput(f"unknown filters.time_range key(s) {extra}; supported: ['start', 'end']")
+        start = time_range.get("start")
+        end = time_range.get("end")
+        time_range = TimeRange(
+            start=None if start is None else parse_time(start, "filters.time_range.start"),
+            end=None if end is None else parse_time(end, "filters.time_range.end"),
+        )
+    return SearchFilters(
+        session_id=filters.get("session_id"),
+        agent_id=filters.get("agent_id"),
+        role=filters.get("role"),
+        tags=tuple(tags or ()),
+        metadata=metadata,
+        time_range=time_range,
+    )
+
+
+def _metadata_clause(key: str, value: Any) -> tuple[str, list[Any]]:
+    """Exact equality on one top-level metadata key, by JSON type (so True never matches 1)."""
+    base = "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND "
+    if value is None:
+        return base + "j.type = 'null')", [key]
+    if isinstance(value, bool):
+        return base + "j.type = ?)", [key, "true" if value else "false"]
+    if isinstance(value, int):
+        return base + "j.type IN ('integer', 'real') AND j.value = ?)", [key, value]
+    if isinstance(value, float):
+        return base + "j.type IN ('integer', 'real') AND j.value = ?)", [key, value]
+    return base + "j.type = 'text' AND j.value = ?)", [key, value]
+
+
+def filter_sql(filters: SearchFilters) -> tuple[str, list[Any]]:
+    """The filters as ' AND ...' clauses over the memories table aliased `m`, with their parameters."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column in ("session_id", "agent_id", "role"):
+        value = getattr(filters, column)
+        if value is not None:
+            clauses.append(f"m.{column} = ?")
+            params.append(value)
+    for tag in filters.tags:
+        clauses.append("EXISTS (SELECT 1 FROM json_each(m.tags) t WHERE t.value = ?)")
+        params.append(tag)
+    for key, value in filters.metadata.items():
+        clause, clause_params = _metadata_clause(key, value)
+        clauses.append(clause)
+        params.extend(clause_params)
+    if filters.time_range is not None:
+        if filters.time_range.start is not None:
+            clauses.append("m.chat_time >= ?")
+            params.append(filters.time_range.start)
+        if filters.time_range.end is not None:
+            clauses.append("m.chat_time <= ?")
+            params.append(filters.time_range.end)
+    return "".join(" AND " + c for c in clauses), params

@@ -1,0 +1,84 @@
+"""SQLite schema of the plaintext store and its versioned migrations.
+
+Owns the table layout and `PRAGMA user_version`; each migration runs in its own transaction, so a file is
+always at one known version. Knows nothing of the store's operations.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+from kvmem.text.errors import TextStoreError
+
+logger = logging.getLogger(__name__)
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE memories (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    user_id TEXT NOT NULL,
+    session_id TEXT,
+    agent_id TEXT,
+    role TEXT,
+    text TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    chat_time TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    tags TEXT NOT NULL DEFAULT '[]',
+    metadata TEXT NOT NULL DEFAULT '{}',
+    state TEXT NOT NULL CHECK (state IN ('active', 'archived', 'deleted')),
+    version INTEGER NOT NULL
+);
+CREATE INDEX memories_by_user ON memories (user_id, state, created_at);
+CREATE INDEX memories_by_session ON memories (user_id, session_id);
+CREATE INDEX memories_by_chat_time ON memories (user_id, chat_time);
+CREATE TABLE memory_versions (
+    memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+    version INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (memory_rowid, version)
+);
+CREATE TABLE memory_vectors (
+    rowid INTEGER PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+    user_id TEXT NOT NULL,
+    vec BLOB NOT NULL
+);
+CREATE INDEX memory_vectors_by_user ON memory_vectors (user_id);
+CREATE TABLE user_generation (user_id TEXT PRIMARY KEY, gen INTEGER NOT NULL);
+CREATE VIRTUAL TABLE memories_fts USING fts5 (text, owner, tokenize = 'porter unicode61 remove_diacritics 2');
+INSERT INTO memories_fts (memories_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0)');
+"""
+
+# Migration i (1-based) brings a file from user_version i-1 to i. Append, never edit.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Applies pending migrations, each in one transaction; returns the file's schema version."""
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    if current > SCHEMA_VERSION:
+        raise TextStoreError(
+            f"store file has schema version {current}, newer than this code's {SCHEMA_VERSION}; upgrade kvmem"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] >= version:  # another process got there first
+                conn.execute("ROLLBACK")
+                continue
+            for statement in MIGRATIONS[version - 1].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        logger.info("plaintext store migrated to schema version %d", version)
+    return SCHEMA_VERSION

@@ -1,0 +1,105 @@
+"""Exact dense search: per-user vector matrices cached in process, scanned with numpy.
+
+Owns the cache and its invalidation. Each user's write bumps `user_generation.gen` in the same transaction,
+so a cached matrix is used only while its generation is the file's (other threads and processes included).
+sqlite-vec would need an extension-capable SQLite; an exact scan of one user's vectors is fast enough here.
+Knows nothing of filters or fusion.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UserVectors:
+    """One user's active vectors at one generation. rowids[i] is the memory row of matrix[i]."""
+
+    gen: int
+    rowids: np.ndarray  # [n] int64
+    matrix: np.ndarray  # [n, dim] float32
+
+    @property
+    def num_bytes(self) -> int:
+        return self.rowids.nbytes + self.matrix.nbytes
+
+
+class VectorCache:
+    """LRU of UserVectors bounded in bytes. Thread-safe; entries are immutable, replaced never mutated."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[str, UserVectors] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, gen: int) -> UserVectors | None:
+        with self._lock:
+            entry = self._entries.get(user_id)
+            if entry is None or entry.gen != gen:
+                return None
+            self._entries.move_to_end(user_id)
+            return entry
+
+    def put(self, user_id: str, entry: UserVectors) -> None:
+        with self._lock:
+            self._drop(user_id)
+            if entry.num_bytes > self._max_bytes:
+                return
+            self._entries[user_id] = entry
+            self._bytes += entry.num_bytes
+            while self._bytes > self._max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def append(self, user_id: str, old_gen: int, new_gen: int, rowids: np.ndarray, matrix: np.ndarray) -> None:
+        """After this process's own add: extend the entry if it was current at `old_gen`, else drop it."""
+        with self._lock:
+            entry = self._entries.get(user_id)
+        if entry is None:
+            return
+        if entry.gen != old_gen:
+            self.invalidate(user_id)
+            return
+        self.put(user_id, UserVectors(
+            gen=new_gen,
+            rowids=np.concatenate([entry.rowids, rowids.astype(np.int64)]),
+            matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
+        ))
+
+    def invalidate(self, user_id: str) -> None:
+        with self._lock:
+            self._drop(user_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def _drop(self, user_id: str) -> None:
+        entry = self._entries.pop(user_id, None)
+        if entry is not None:
+            self._bytes -= entry.num_bytes
+
+
+def top_k_by_dot(vectors: UserVectors, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+                 ) -> list[tuple[int, float]]:
+    """(rowid, cosine) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid."""
+    if vectors.matrix.shape[0] == 0 or k <= 0:
+        return []
+    scores = vectors.matrix @ query.astype(np.float32)  # [n]
+    rowids = vectors.rowids
+    if allowed is not None:
+        keep = np.isin(rowids, allowed)
+        scores, rowids = scores[keep], rowids[keep]
+        if scores.shape[0] == 0:
+            return []
+    if k < scores.shape[0]:
+        part = np.argpartition(-scores, k - 1)[:k]
+    else:
+        part = np.arange(scores.shape[0])
+    order = part[np.lexsort((rowids[part], -scores[part]))]
+    return [(int(rowids[i]), float(scores[i])) for i in order]

@@ -1,0 +1,111 @@
+"""Search plumbing with the deterministic hash embedder (dense quality is tested with the real model)."""
+
+from __future__ import annotations
+
+from kvmem.text import SearchFilters, TimeRange
+from kvmem.text.search import fts_match_expression, keyword_terms, reciprocal_rank_fusion
+
+
+def test_keyword_terms_drop_stopwords():
+    assert keyword_terms("What is the name of my pet?") == ["name", "pet"]
+    assert keyword_terms("what is it?") == ["what", "is", "it"]
+    assert keyword_terms("?!") == []
+
+
+def test_fts_expression_is_scoped_to_the_user_and_quoted():
+    expr = fts_match_expression("alice", 'apple "pie" OR crust*')
+    assert expr.startswith('owner : "u') and expr.endswith(' AND text : ("apple" OR "pie" OR "crust")')
+    assert fts_match_expression("alice", "...") is None
+
+
+def test_rrf_scores_and_ties():
+    hits = reciprocal_rank_fusion([1, 2, 3], [2, 4], k=5, keyword_weight=0.5, dense_weight=1.0)
+    assert [h.rowid for h in hits] == [2, 4, 1, 3]
+    top = 0.5 / 6 + 1.0 / 6
+    assert hits[0].score == (0.5 / 7 + 1.0 / 6) / top
+    assert (hits[0].keyword_rank, hits[0].dense_rank) == (2, 1)
+    assert reciprocal_rank_fusion([7], [7], 5, 0.5, 1.0)[0].score == 1.0
+
+
+def test_keyword_search_ranks_bm25(store):
+    a, b, _ = store.add("alice", texts=["the red fox", "red red red fox jumps", "a blue whale"])
+    hits = store.search("alice", "red fox", mode="keyword")
+    assert [h.memory.id for h in hits] == [b.id, a.id]
+    assert hits[0].score > hits[1].score > 0
+
+
+def test_porter_stemming(store):
+    [m] = store.add("alice", "I adopted a beagle named Max")
+    assert [h.memory.id for h in store.search("alice", "what name did the adopting go with", mode="keyword")] == [m.id]
+
+
+def test_search_is_per_user(store):
+    [a] = store.add("alice", "shared words here")
+    [b] = store.add("bob", "shared words here")
+    for mode in ("keyword", "dense", "hybrid"):
+        assert [h.memory.id for h in store.search("alice", "shared words", mode=mode)] == [a.id]
+        assert [h.memory.id for h in store.search("bob", "shared words", mode=mode)] == [b.id]
+        assert store.search("carol", "shared words", mode=mode) == []
+
+
+def test_hybrid_fuses_both_legs(store):
+    a, b = store.add("alice", texts=["zebra crossing downtown", "completely unrelated sentence"])
+    hits = store.search("alice", "zebra", top_k=2)
+    assert [h.memory.id for h in hits] == [a.id, b.id]
+    assert hits[0].score == 1.0  # first in both legs
+    assert 0 < hits[1].score < 1
+
+
+def test_top_k_and_min_score(store):
+    ids = [m.id for m in store.add("alice", texts=[f"apple number {i}" for i in range(5)])]
+    assert len(store.search("alice", "apple", top_k=3)) == 3
+    hits = store.search("alice", "apple", top_k=5, mode="dense")
+    assert {h.memory.id for h in hits} == set(ids)
+    cut = hits[2].score
+    kept = store.search("alice", "apple", top_k=5, mode="dense", min_score=cut)
+    assert [h.memory.id for h in kept] == [h.memory.id for h in hits if h.score >= cut]
+    assert store.search("alice", "apple", min_score=1.01) == []
+
+
+def test_filters_apply_to_every_mode(store):
+    a = store.add("alice", "trip to Peru", session_id="s1", tags=["travel"], metadata={"k": "v"},
+                  chat_time="2024-01-10T00:00:00Z")[0]
+    b = store.add("alice", "trip to Chile", session_id="s2", tags=["travel", "later"],
+                  chat_time="2024-06-10T00:00:00Z")[0]
+    cases = [
+        ({"session_id": "s2"}, [b.id]),
+        ({"tags": ["later"]}, [b.id]),
+        ({"metadata": {"k": "v"}}, [a.id]),
+        ({"time_range": {"start": "2024-01-01T00:00:00Z", "end": "2024-02-01T00:00:00Z"}}, [a.id]),
+        ({"time_range": {"start": "2024-05-01T00:00:00Z"}}, [b.id]),
+        (SearchFilters(time_range=TimeRange(end="2024-01-09T00:00:00.000000Z")), []),
+    ]
+    for mode in ("keyword", "dense", "hybrid"):
+        for filters, expected in cases:
+            assert [h.memory.id for h in store.search("alice", "trip", filters=filters, mode=mode)] == expected, \
+                (mode, filters)
+
+
+def test_vector_cache_follows_writes(store):
+    [a] = store.add("alice", "first note about cats")
+    assert [h.memory.id for h in store.search("alice", "cats", mode="dense")] == [a.id]  # loads the cache
+    [b] = store.add("alice", "second note about dogs")  # appended to the cached matrix
+    assert {h.memory.id for h in store.search("alice", "dogs", mode="dense")} == {a.id, b.id}
+    store.update("alice", b.id, text="second note about birds")
+    hits = store.search("alice", "birds", mode="dense")
+    assert hits[0].memory.id == b.id and hits[0].memory.text == "second note about birds"
+    store.delete("alice", a.id)
+    assert [h.memory.id for h in store.search("alice", "cats", mode="dense")] == [b.id]
+
+
+def test_vector_cache_sees_other_processes_writes(tmp_path, clock):
+    from kvmem.text import HashEmbedder, MemoryStore
+
+    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as one, \
+            MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as two:
+        [a] = one.add("alice", "apples")
+        assert [h.memory.id for h in two.search("alice", "apples", mode="dense")] == [a.id]
+        [b] = one.add("alice", "pears")
+        assert {h.memory.id for h in two.search("alice", "pears", mode="dense")} == {a.id, b.id}
+        one.delete("alice", a.id)
+        assert [h.memory.id for h in two.search("alice", "pears", mode="dense")] == [b.id]
