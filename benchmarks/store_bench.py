@@ -42,15 +42,33 @@ class Sizes:
     num_searches: int
 
 
-FULL = Sizes(num_users=20, num_sessions=12, turns_per_session=60, num_adds=200, bulk_total=100_000,
-             bulk_big_user=10_000, num_searches=200)
-QUICK = Sizes(num_users=4, num_sessions=6, turns_per_session=30, num_adds=40, bulk_total=5_000,
-              bulk_big_user=1_000, num_searches=40)
+FULL = Sizes(
+    num_users=20,
+    num_sessions=12,
+    turns_per_session=60,
+    num_adds=200,
+    bulk_total=100_000,
+    bulk_big_user=10_000,
+    num_searches=200,
+)
+QUICK = Sizes(
+    num_users=4,
+    num_sessions=6,
+    turns_per_session=30,
+    num_adds=40,
+    bulk_total=5_000,
+    bulk_big_user=1_000,
+    num_searches=40,
+)
 
 
 def percentiles_ms(seconds: list[float]) -> dict:
     ms = sorted(s * 1000 for s in seconds)
-    return {"p50": round(statistics.median(ms), 3), "p90": round(float(np.percentile(ms, 90)), 3), "n": len(ms)}
+    return {
+        "p50": round(statistics.median(ms), 3),
+        "p90": round(float(np.percentile(ms, 90)), 3),
+        "n": len(ms),
+    }
 
 
 def bench_add(embedder: Embedder, workdir: Path, num_adds: int, seed: int) -> dict:
@@ -81,13 +99,29 @@ def write_bulk_dump(path: Path, embedder: Embedder, sizes: Sizes, seed: int) -> 
         for i, text in enumerate(texts):
             user = "big-user" if i < sizes.bulk_big_user else f"bulk-{(i - sizes.bulk_big_user) // 100:05d}"
             when = f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T{i % 24:02d}:00:00.000000Z"
-            memory = Memory(id=f"bulk{i:08d}", user_id=user, session_id=f"{user}/s{i % 50}", agent_id=None,
-                            role="user" if i % 2 == 0 else "assistant", text=text, created_at=when, chat_time=when,
-                            updated_at=when, tags=(), metadata={}, state="active", version=1)
-            fp.write(encode_line(memory, [], embedder.name, vectors[text].astype(np.float32).tobytes()) + "\n")
+            memory = Memory(
+                id=f"bulk{i:08d}",
+                user_id=user,
+                session_id=f"{user}/s{i % 50}",
+                agent_id=None,
+                role="user" if i % 2 == 0 else "assistant",
+                text=text,
+                created_at=when,
+                chat_time=when,
+                updated_at=when,
+                tags=(),
+                metadata={},
+                state="active",
+                version=1,
+            )
+            fp.write(
+                encode_line(memory, [], embedder.name, vectors[text].astype(np.float32).tobytes()) + "\n"
+            )
 
 
-def bench_bulk(embedder: Embedder, workdir: Path, sizes: Sizes, seed: int, progress: bool) -> tuple[dict, dict]:
+def bench_bulk(
+    embedder: Embedder, workdir: Path, sizes: Sizes, seed: int, progress: bool
+) -> tuple[dict, dict]:
     """Import rate of the bulk dump, then search latency for the big user, per mode."""
     dump = workdir / "bulk.jsonl"
     write_bulk_dump(dump, embedder, sizes, seed)
@@ -95,8 +129,12 @@ def bench_bulk(embedder: Embedder, workdir: Path, sizes: Sizes, seed: int, progr
         start = time.perf_counter()
         count = store.import_jsonl(dump, progress=progress)
         seconds = time.perf_counter() - start
-        imported = {"num_memories": count, "seconds": round(seconds, 2), "per_second": round(count / seconds, 1),
-                    "file_bytes": os.path.getsize(workdir / "bulk.db")}
+        imported = {
+            "num_memories": count,
+            "seconds": round(seconds, 2),
+            "per_second": round(count / seconds, 1),
+            "file_bytes": os.path.getsize(workdir / "bulk.db"),
+        }
         questions = [q.text for q in generate(3, 6, 20, seed).questions]
         rng = random.Random(seed)
         search = {}
@@ -123,13 +161,19 @@ def bench_recall(embedder: Embedder, workdir: Path, dataset: Dataset, config: Te
         for turn in dataset.turns:
             by_session.setdefault((turn.user_id, turn.session_id), []).append(turn)
         for (user_id, session_id), turns in by_session.items():
-            memories = store.add(user_id, messages=[{"role": t.role, "content": t.text, "chat_time": t.chat_time}
-                                                    for t in turns], session_id=session_id)
+            memories = store.add(
+                user_id,
+                messages=[{"role": t.role, "content": t.text, "chat_time": t.chat_time} for t in turns],
+                session_id=session_id,
+            )
             for turn, memory in zip(turns, memories, strict=True):
                 if turn.key:
                     key_to_id[turn.key] = memory.id
-        result: dict = {"num_memories": len(dataset.turns), "num_questions": len(dataset.questions),
-                        "num_time_filtered": sum(q.time_range is not None for q in dataset.questions)}
+        result: dict = {
+            "num_memories": len(dataset.turns),
+            "num_questions": len(dataset.questions),
+            "num_time_filtered": sum(q.time_range is not None for q in dataset.questions),
+        }
         for mode in MODES:
             found = {5: [], 10: []}
             found_timed = {5: [], 10: []}
@@ -146,8 +190,13 @@ def bench_recall(embedder: Embedder, workdir: Path, dataset: Dataset, config: Te
                     if question.time_range is not None:
                         found_timed[k].append(share)
             result[mode] = {f"recall@{k}": round(float(np.mean(v)), 4) for k, v in found.items()}
-            result[mode].update({f"time_filtered_recall@{k}": round(float(np.mean(v)), 4)
-                                 for k, v in found_timed.items() if v})
+            result[mode].update(
+                {
+                    f"time_filtered_recall@{k}": round(float(np.mean(v)), 4)
+                    for k, v in found_timed.items()
+                    if v
+                }
+            )
     return result
 
 
@@ -162,15 +211,26 @@ def run(sizes: Sizes, embedder_spec: str, seed: int, progress: bool) -> dict:
         dataset = generate(sizes.num_users, sizes.num_sessions, sizes.turns_per_session, seed)
         recall = bench_recall(embedder, workdir, dataset, config)
     hybrid = recall["hybrid"]
-    beats = all(hybrid[f"recall@{k}"] > recall[m][f"recall@{k}"] for m in ("keyword", "dense") for k in (5, 10))
+    beats = all(
+        hybrid[f"recall@{k}"] > recall[m][f"recall@{k}"] for m in ("keyword", "dense") for k in (5, 10)
+    )
     return {
         "benchmark": "kvmem.text store",
         "seed": seed,
         "sizes": sizes.__dict__,
         "embedder": embedder.name,
-        "fusion": {"method": config.fusion, "rrf_k": config.rrf_k, "keyword_weight": config.keyword_weight,
-                   "dense_weight": config.dense_weight, "num_candidates": config.num_candidates},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "fusion": {
+            "method": config.fusion,
+            "rrf_k": config.rrf_k,
+            "keyword_weight": config.keyword_weight,
+            "dense_weight": config.dense_weight,
+            "num_candidates": config.num_candidates,
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "add_ms": add,
         "search_ms": search,
         "import": imported,
@@ -182,7 +242,9 @@ def run(sizes: Sizes, embedder_spec: str, seed: int, progress: bool) -> dict:
 def print_table(result: dict) -> None:
     print(f"embedder: {result['embedder']}   seed: {result['seed']}")
     print(f"{'figure':44s} {'p50 ms':>9s} {'p90 ms':>9s}")
-    print(f"{'add (one text, embedding included)':44s} {result['add_ms']['p50']:9.2f} {result['add_ms']['p90']:9.2f}")
+    print(
+        f"{'add (one text, embedding included)':44s} {result['add_ms']['p50']:9.2f} {result['add_ms']['p90']:9.2f}"
+    )
     search = result["search_ms"]
     for mode in MODES:
         label = f"search {mode} ({search['big_user_memories']} of {search['file_memories']})"
@@ -190,13 +252,17 @@ def print_table(result: dict) -> None:
     imp = result["import"]
     print(f"import: {imp['num_memories']} memories in {imp['seconds']} s = {imp['per_second']} memories/s")
     rec = result["recall"]
-    print(f"recall on {rec['num_questions']} questions ({rec['num_time_filtered']} time-filtered), "
-          f"{rec['num_memories']} memories")
+    print(
+        f"recall on {rec['num_questions']} questions ({rec['num_time_filtered']} time-filtered), "
+        f"{rec['num_memories']} memories"
+    )
     print(f"{'mode':10s} {'R@5':>7s} {'R@10':>7s} {'timeR@5':>8s} {'timeR@10':>9s}")
     for mode in MODES:
         r = rec[mode]
-        print(f"{mode:10s} {r['recall@5']:7.3f} {r['recall@10']:7.3f} {r.get('time_filtered_recall@5', 0):8.3f} "
-              f"{r.get('time_filtered_recall@10', 0):9.3f}")
+        print(
+            f"{mode:10s} {r['recall@5']:7.3f} {r['recall@10']:7.3f} {r.get('time_filtered_recall@5', 0):8.3f} "
+            f"{r.get('time_filtered_recall@10', 0):9.3f}"
+        )
     print(f"hybrid beats both: {result['hybrid_beats_both']}")
 
 

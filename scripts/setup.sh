@@ -26,3 +26,4 @@ if [ ! -f "$VENV/.kvmem-installed" ] || [ pyproject.toml -nt "$VENV/.kvmem-insta
   touch "$VENV/.kvmem-installed"
 fi
 "$VENV/bin/python" -c "from kvmem.models import provision; print('setup: default model at', provision())" >&2
+"$VENV/bin/python" -c "from kvmem.text.embed import minilm_model_dir; print('setup: embedder at', minilm_model_dir())" >&2

@@ -56,12 +56,17 @@ def message_text(message: Any) -> str:
 
 
 def _to_message(memory: Memory, score: float | None = None) -> AgentMessage:
-    metadata = {"session_id": memory.session_id, "chat_time": memory.chat_time, "tags": list(memory.tags),
-                **memory.metadata}
+    metadata = {
+        "session_id": memory.session_id,
+        "chat_time": memory.chat_time,
+        "tags": list(memory.tags),
+        **memory.metadata,
+    }
     if score is not None:
         metadata["score"] = score
-    return AgentMessage(id=memory.id, role=memory.role or "user", content=[TextPart(memory.text)],
-                        metadata=metadata)
+    return AgentMessage(
+        id=memory.id, role=memory.role or "user", content=[TextPart(memory.text)], metadata=metadata
+    )
 
 
 class AgentScopeMemoryService:
@@ -70,9 +75,15 @@ class AgentScopeMemoryService:
     Give it a store (not closed by stop), or a path (opened by start, closed by stop).
     """
 
-    def __init__(self, store: MemoryStore | None = None, *, path: str | os.PathLike | None = None,
-                 embedder: Embedder | None = None, config: TextStoreConfig | None = None,
-                 default_top_k: int = 5) -> None:
+    def __init__(
+        self,
+        store: MemoryStore | None = None,
+        *,
+        path: str | os.PathLike | None = None,
+        embedder: Embedder | None = None,
+        config: TextStoreConfig | None = None,
+        default_top_k: int = 5,
+    ) -> None:
         if (store is None) == (path is None):
             raise InvalidMemoryInput("AgentScopeMemoryService needs exactly one of store or path")
         self._store = store
@@ -122,8 +133,9 @@ class AgentScopeMemoryService:
         filters = dict(filters or {})
         top_k = filters.pop("top_k", self._default_top_k)
         min_score = filters.pop("min_score", None)
-        hits = await asyncio.to_thread(self._require().search, user_id, query, top_k=top_k,
-                                       filters=filters or None, min_score=min_score)
+        hits = await asyncio.to_thread(
+            self._require().search, user_id, query, top_k=top_k, filters=filters or None, min_score=min_score
+        )
         return [_to_message(hit.memory, hit.score) for hit in hits]
 
     async def list_memory(self, user_id: str, filters: dict | None = None) -> list:
@@ -131,9 +143,15 @@ class AgentScopeMemoryService:
         filters = dict(filters or {})
         unknown = sorted(set(filters) - set(_PAGING_KEYS))
         if unknown:
-            raise InvalidMemoryInput(f"unknown list_memory filter(s) {unknown}; supported: {list(_PAGING_KEYS)}")
-        page = await asyncio.to_thread(self._require().list, user_id, page=filters.get("page_num", 1),
-                                       page_size=filters.get("page_size", 10))
+            raise InvalidMemoryInput(
+                f"unknown list_memory filter(s) {unknown}; supported: {list(_PAGING_KEYS)}"
+            )
+        page = await asyncio.to_thread(
+            self._require().list,
+            user_id,
+            page=filters.get("page_num", 1),
+            page_size=filters.get("page_size", 10),
+        )
         return [_to_message(m) for m in page.items]
 
     async def delete_memory(self, user_id: str, session_id: str | None = None) -> None:

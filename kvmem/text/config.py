@@ -49,7 +49,9 @@ class TextStoreConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TextStoreConfig.{name} must be a non-negative int, got {value!r}")
         if self.synchronous not in _SYNC_MODES:
-            raise ValueError(f"TextStoreConfig.synchronous must be one of {_SYNC_MODES}, got {self.synchronous!r}")
+            raise ValueError(
+                f"TextStoreConfig.synchronous must be one of {_SYNC_MODES}, got {self.synchronous!r}"
+            )
         if self.fusion not in _FUSIONS:
             raise ValueError(f"TextStoreConfig.fusion must be one of {_FUSIONS}, got {self.fusion!r}")
         for name in ("keyword_weight", "dense_weight"):

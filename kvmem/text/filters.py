@@ -177,7 +177,9 @@ def parse_filters(filters: Any) -> SearchFilters:
             raise InvalidMemoryInput(f"filters.time_range must be an object, got {time_range!r}")
         extra = sorted(set(time_range) - {"start", "end"})
         if extra:
-            raise InvalidMemoryInput(f"unknown filters.time_range key(s) {extra}; supported: ['start', 'end']")
+            raise InvalidMemoryInput(
+                f"unknown filters.time_range key(s) {extra}; supported: ['start', 'end']"
+            )
         start = time_range.get("start")
         end = time_range.get("end")
         time_range = TimeRange(

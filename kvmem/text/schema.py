@@ -69,7 +69,9 @@ def migrate(conn: sqlite3.Connection) -> int:
     for version in range(current + 1, SCHEMA_VERSION + 1):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] >= version:  # another process got there first
+            if (
+                conn.execute("PRAGMA user_version").fetchone()[0] >= version
+            ):  # another process got there first
                 conn.execute("ROLLBACK")
                 continue
             for statement in MIGRATIONS[version - 1].split(";"):

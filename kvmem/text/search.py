@@ -57,8 +57,9 @@ class FusedHit:
     dense_rank: int | None
 
 
-def reciprocal_rank_fusion(keyword: list[int], dense: list[int], k: int, keyword_weight: float,
-                           dense_weight: float) -> list[FusedHit]:
+def reciprocal_rank_fusion(
+    keyword: list[int], dense: list[int], k: int, keyword_weight: float, dense_weight: float
+) -> list[FusedHit]:
     """RRF: score = sum over legs of weight / (k + rank), scaled so a row first in both legs scores 1.0.
 
     Ties are broken by the better single-leg rank, then by rowid, so the order is deterministic.

@@ -55,8 +55,10 @@ from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
 
 logger = logging.getLogger(__name__)
 
-_COLUMNS = ("m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
-            "m.updated_at, m.tags, m.metadata, m.state, m.version")
+_COLUMNS = (
+    "m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
+    "m.updated_at, m.tags, m.metadata, m.state, m.version"
+)
 _LIVE = "m.state != 'deleted'"
 _MESSAGE_KEYS = ("role", "content", "chat_time")
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": _LIVE}
@@ -65,9 +67,19 @@ _QUERY_CACHE_SIZE = 256
 
 def _row_to_memory(row: tuple) -> Memory:
     return Memory(
-        id=row[0], user_id=row[1], session_id=row[2], agent_id=row[3], role=row[4], text=row[5],
-        created_at=row[6], chat_time=row[7], updated_at=row[8], tags=tuple(json.loads(row[9])),
-        metadata=json.loads(row[10]), state=row[11], version=row[12],
+        id=row[0],
+        user_id=row[1],
+        session_id=row[2],
+        agent_id=row[3],
+        role=row[4],
+        text=row[5],
+        created_at=row[6],
+        chat_time=row[7],
+        updated_at=row[8],
+        tags=tuple(json.loads(row[9])),
+        metadata=json.loads(row[10]),
+        state=row[11],
+        version=row[12],
     )
 
 
@@ -103,8 +115,14 @@ class MemoryStore:
     live memory of this user, SubscriberError if a subscriber raised (the write stands).
     """
 
-    def __init__(self, path: str | os.PathLike, embedder: Embedder | None = None,
-                 config: TextStoreConfig | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        embedder: Embedder | None = None,
+        config: TextStoreConfig | None = None,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.config = config or TextStoreConfig()
         self.embedder: Embedder = embedder if embedder is not None else default_embedder()
@@ -132,8 +150,12 @@ class MemoryStore:
         with self._conns_lock:
             if self._closed:
                 raise TextStoreError(f"store {self.path} is closed")
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=self.config.busy_timeout_ms / 1000)
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.config.busy_timeout_ms / 1000,
+            )
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.config.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -224,8 +246,9 @@ class MemoryStore:
         with self._write() as tx:
             rows = dict(tx.conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')"))
             if not rows:
-                tx.conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [("embedder", name),
-                                                                                   ("dim", str(dim))])
+                tx.conn.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)", [("embedder", name), ("dim", str(dim))]
+                )
                 return
             if rows.get("embedder") == name and rows.get("dim") == str(dim):
                 return
@@ -236,15 +259,20 @@ class MemoryStore:
                     f"opened with {name!r} (dim {dim}); open it with that embedder or pass "
                     "TextStoreConfig(reembed_on_mismatch=True) to re-embed every memory"
                 )
-            tx.conn.executemany("UPDATE meta SET value = ? WHERE key = ?", [(name, "embedder"), (str(dim), "dim")])
+            tx.conn.executemany(
+                "UPDATE meta SET value = ? WHERE key = ?", [(name, "embedder"), (str(dim), "dim")]
+            )
             if has_vectors:
                 logger.warning("re-embedding %s with %s", self.path, name)
                 rows_to_embed = tx.conn.execute(
-                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + _LIVE).fetchall()
+                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + _LIVE
+                ).fetchall()
                 vectors = self._embed([r[2] for r in rows_to_embed])
                 tx.conn.execute("DELETE FROM memory_vectors")
-                tx.conn.executemany("INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)])
+                tx.conn.executemany(
+                    "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
+                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)],
+                )
                 tx.conn.execute("UPDATE user_generation SET gen = gen + 1")
 
     def _embed(self, texts: list[str]) -> np.ndarray:
@@ -273,14 +301,25 @@ class MemoryStore:
     def _bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
         return conn.execute(
             "INSERT INTO user_generation (user_id, gen) VALUES (?, 1) "
-            "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen", (user_id,)).fetchone()[0]
+            "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
+            (user_id,),
+        ).fetchone()[0]
 
     # ----------------------------------------------------------------- add
 
-    def add(self, user_id: str, text: str | None = None, *, texts: list[str] | None = None,
-            messages: list[dict] | None = None, session_id: str | None = None, agent_id: str | None = None,
-            chat_time: str | datetime | None = None, tags: list[str] | None = None,
-            metadata: dict | None = None) -> list[Memory]:
+    def add(
+        self,
+        user_id: str,
+        text: str | None = None,
+        *,
+        texts: list[str] | None = None,
+        messages: list[dict] | None = None,
+        session_id: str | None = None,
+        agent_id: str | None = None,
+        chat_time: str | datetime | None = None,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+    ) -> list[Memory]:
         """Stores one text, a list of texts, or chat messages (one memory each, keeping role and chat_time).
 
         chat_time defaults to now; a message's own chat_time wins over the call's. One transaction.
@@ -307,26 +346,44 @@ class MemoryStore:
                     raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
                 unknown = sorted(set(message) - set(_MESSAGE_KEYS))
                 if unknown:
-                    raise InvalidMemoryInput(f"messages[{i}] has unknown key(s) {unknown}; "
-                                             f"supported: {list(_MESSAGE_KEYS)}")
+                    raise InvalidMemoryInput(
+                        f"messages[{i}] has unknown key(s) {unknown}; supported: {list(_MESSAGE_KEYS)}"
+                    )
                 role = message.get("role")
                 if not isinstance(role, str) or not role.strip():
                     raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
                 content = check_text(message.get("content"), limit, f"messages[{i}].content")
                 when = message.get("chat_time")
-                items.append((role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time))
+                items.append(
+                    (role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)
+                )
         tag_tuple = check_tags(tags)
         metadata = check_metadata(metadata)
         vectors = self._embed([t for _, t, _ in items])
         now = format_time(self._clock())
         memories = [
-            Memory(id=uuid.uuid4().hex, user_id=user_id, session_id=session_id, agent_id=agent_id, role=role,
-                   text=body, created_at=now, chat_time=when or now, updated_at=now, tags=tag_tuple,
-                   metadata=metadata, state="active", version=1)
+            Memory(
+                id=uuid.uuid4().hex,
+                user_id=user_id,
+                session_id=session_id,
+                agent_id=agent_id,
+                role=role,
+                text=body,
+                created_at=now,
+                chat_time=when or now,
+                updated_at=now,
+                tags=tag_tuple,
+                metadata=metadata,
+                state="active",
+                version=1,
+            )
             for role, body, when in items
         ]
         with self._write() as tx:
-            rowids = [self._insert(tx.conn, memory, vector.tobytes()) for memory, vector in zip(memories, vectors, strict=False)]
+            rowids = [
+                self._insert(tx.conn, memory, vector.tobytes())
+                for memory, vector in zip(memories, vectors, strict=False)
+            ]
             gen = self._bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
             tx.after_commit.append(lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors))
@@ -338,15 +395,31 @@ class MemoryStore:
         rowid = conn.execute(
             "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
             "updated_at, tags, metadata, state, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (memory.id, memory.user_id, memory.session_id, memory.agent_id, memory.role, memory.text,
-             memory.created_at, memory.chat_time, memory.updated_at, _dumps(list(memory.tags)),
-             _dumps(memory.metadata), memory.state, memory.version),
+            (
+                memory.id,
+                memory.user_id,
+                memory.session_id,
+                memory.agent_id,
+                memory.role,
+                memory.text,
+                memory.created_at,
+                memory.chat_time,
+                memory.updated_at,
+                _dumps(list(memory.tags)),
+                _dumps(memory.metadata),
+                memory.state,
+                memory.version,
+            ),
         ).lastrowid
-        conn.execute("INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
-                     (rowid, memory.text, owner_token(memory.user_id)))
+        conn.execute(
+            "INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
+            (rowid, memory.text, owner_token(memory.user_id)),
+        )
         if vector is not None:
-            conn.execute("INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                         (rowid, memory.user_id, vector))
+            conn.execute(
+                "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
+                (rowid, memory.user_id, vector),
+            )
         return rowid
 
     # ----------------------------------------------------------------- read one
@@ -355,9 +428,14 @@ class MemoryStore:
         """The live memory `memory_id` of `user_id`; MemoryNotFound if absent, deleted or another user's."""
         check_user_id(user_id)
         _check_memory_id(memory_id)
-        row = self._conn().execute(
-            f"SELECT {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
-            (memory_id, user_id)).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                f"SELECT {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                (memory_id, user_id),
+            )
+            .fetchone()
+        )
         if row is None:
             raise MemoryNotFound(memory_id, user_id)
         return _row_to_memory(row)
@@ -367,18 +445,31 @@ class MemoryStore:
         check_user_id(user_id)
         _check_memory_id(memory_id)
         with self._snapshot() as conn:
-            row = conn.execute(f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
-                               (memory_id, user_id)).fetchone()
+            row = conn.execute(
+                f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                (memory_id, user_id),
+            ).fetchone()
             if row is None:
                 raise MemoryNotFound(memory_id, user_id)
             return self._versions(conn, row[0])
 
     @staticmethod
     def _versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
-        rows = conn.execute("SELECT version, text, tags, metadata, updated_at FROM memory_versions "
-                            "WHERE memory_rowid = ? ORDER BY version", (rowid,)).fetchall()
-        return [MemoryVersion(version=r[0], text=r[1], tags=tuple(json.loads(r[2])), metadata=json.loads(r[3]),
-                              updated_at=r[4]) for r in rows]
+        rows = conn.execute(
+            "SELECT version, text, tags, metadata, updated_at FROM memory_versions "
+            "WHERE memory_rowid = ? ORDER BY version",
+            (rowid,),
+        ).fetchall()
+        return [
+            MemoryVersion(
+                version=r[0],
+                text=r[1],
+                tags=tuple(json.loads(r[2])),
+                metadata=json.loads(r[3]),
+                updated_at=r[4],
+            )
+            for r in rows
+        ]
 
     def memories_by_ids(self, user_id: str, ids: Iterable[str]) -> list[Memory]:
         """This user's live memories with these ids, in the given order; missing ids are skipped."""
@@ -392,15 +483,26 @@ class MemoryStore:
             for start in range(0, len(unique), 500):
                 chunk = unique[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                for row in conn.execute(f"SELECT {_COLUMNS} FROM memories m WHERE m.user_id = ? AND {_LIVE} "
-                                        f"AND m.id IN ({marks})", (user_id, *chunk)):
+                for row in conn.execute(
+                    f"SELECT {_COLUMNS} FROM memories m WHERE m.user_id = ? AND {_LIVE} "
+                    f"AND m.id IN ({marks})",
+                    (user_id, *chunk),
+                ):
                     found[row[0]] = _row_to_memory(row)
         return [found[i] for i in ids if i in found]
 
     # ----------------------------------------------------------------- update
 
-    def update(self, user_id: str, memory_id: str, *, text: str | None = None, tags: list[str] | None = None,
-               metadata: dict | None = None, state: str | None = None) -> Memory:
+    def update(
+        self,
+        user_id: str,
+        memory_id: str,
+        *,
+        text: str | None = None,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+        state: str | None = None,
+    ) -> Memory:
         """A new version with the given fields replaced; the previous text, tags and metadata go to history.
 
         state may be 'active' or 'archived' (archived memories are not searched). Nothing changed: no new
@@ -413,39 +515,61 @@ class MemoryStore:
         if text is not None:
             check_text(text, self.config.max_text_tokens)
         if state is not None and state not in ("active", "archived"):
-            raise InvalidMemoryInput(f"state must be 'active' or 'archived' (use delete to delete), got {state!r}")
+            raise InvalidMemoryInput(
+                f"state must be 'active' or 'archived' (use delete to delete), got {state!r}"
+            )
         new_tags = check_tags(tags) if tags is not None else None
         new_metadata = check_metadata(metadata) if metadata is not None else None
         vector = self._embed([text])[0] if text is not None else None
         with self._write() as tx:
-            row = tx.conn.execute(f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? "
-                                  f"AND {_LIVE}", (memory_id, user_id)).fetchone()
+            row = tx.conn.execute(
+                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                (memory_id, user_id),
+            ).fetchone()
             if row is None:
                 raise MemoryNotFound(memory_id, user_id)
             rowid, old = row[0], _row_to_memory(row[1:])
-            new = Memory(**{
-                **old.__dict__,
-                "text": text if text is not None else old.text,
-                "tags": new_tags if new_tags is not None else old.tags,
-                "metadata": new_metadata if new_metadata is not None else old.metadata,
-                "state": state if state is not None else old.state,
-            })
+            new = Memory(
+                **{
+                    **old.__dict__,
+                    "text": text if text is not None else old.text,
+                    "tags": new_tags if new_tags is not None else old.tags,
+                    "metadata": new_metadata if new_metadata is not None else old.metadata,
+                    "state": state if state is not None else old.state,
+                }
+            )
             if new == old:
                 return old
-            new = Memory(**{**new.__dict__, "version": old.version + 1,
-                            "updated_at": max(format_time(self._clock()), old.updated_at)})
+            new = Memory(
+                **{
+                    **new.__dict__,
+                    "version": old.version + 1,
+                    "updated_at": max(format_time(self._clock()), old.updated_at),
+                }
+            )
             tx.conn.execute(
                 "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (rowid, old.version, old.text, _dumps(list(old.tags)), _dumps(old.metadata), old.updated_at))
+                (rowid, old.version, old.text, _dumps(list(old.tags)), _dumps(old.metadata), old.updated_at),
+            )
             tx.conn.execute(
                 "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ? "
                 "WHERE rowid = ?",
-                (new.text, _dumps(list(new.tags)), _dumps(new.metadata), new.state, new.version, new.updated_at,
-                 rowid))
+                (
+                    new.text,
+                    _dumps(list(new.tags)),
+                    _dumps(new.metadata),
+                    new.state,
+                    new.version,
+                    new.updated_at,
+                    rowid,
+                ),
+            )
             if new.text != old.text:
                 tx.conn.execute("UPDATE memories_fts SET text = ? WHERE rowid = ?", (new.text, rowid))
-                tx.conn.execute("UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid))
+                tx.conn.execute(
+                    "UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid)
+                )
             if new.text != old.text or new.state != old.state:
                 self._bump_generation(tx.conn, user_id)
                 tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
@@ -478,17 +602,25 @@ class MemoryStore:
         selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}"
         args = [user_id, *params]
         with self._write() as tx:
-            ids = [r[0] for r in tx.conn.execute(
-                f"SELECT m.id FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}", args)]
+            ids = [
+                r[0]
+                for r in tx.conn.execute(
+                    f"SELECT m.id FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}", args
+                )
+            ]
             if not ids:
                 return 0
-            for table, column in (("memory_versions", "memory_rowid"), ("memories_fts", "rowid"),
-                                  ("memory_vectors", "rowid")):
+            for table, column in (
+                ("memory_versions", "memory_rowid"),
+                ("memories_fts", "rowid"),
+                ("memory_vectors", "rowid"),
+            ):
                 tx.conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
             tx.conn.execute(
                 f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', "
                 f"version = version + 1, updated_at = ? WHERE rowid IN ({selection})",
-                [format_time(self._clock()), *args])
+                [format_time(self._clock()), *args],
+            )
             self._bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
@@ -496,8 +628,16 @@ class MemoryStore:
 
     # ----------------------------------------------------------------- list and count
 
-    def list(self, user_id: str, *, session_id: str | None = None, page: int = 1, page_size: int = 20,
-             filters: dict | SearchFilters | None = None, state: str = "active") -> Page:
+    def list(
+        self,
+        user_id: str,
+        *,
+        session_id: str | None = None,
+        page: int = 1,
+        page_size: int = 20,
+        filters: dict | SearchFilters | None = None,
+        state: str = "active",
+    ) -> Page:
         """This user's memories, newest first (created_at, then insertion order); state: active|archived|all."""
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
@@ -508,34 +648,56 @@ class MemoryStore:
         parsed = parse_filters(filters)
         if session_id is not None:
             if parsed.session_id is not None and parsed.session_id != session_id:
-                raise InvalidMemoryInput(f"session_id {session_id!r} contradicts filters.session_id "
-                                         f"{parsed.session_id!r}")
+                raise InvalidMemoryInput(
+                    f"session_id {session_id!r} contradicts filters.session_id {parsed.session_id!r}"
+                )
             parsed = SearchFilters(**{**parsed.__dict__, "session_id": session_id})
         clause, params = filter_sql(parsed)
         where = f"m.user_id = ? AND {_LIST_STATES[state]}{clause}"
         with self._snapshot() as conn:
-            total = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)).fetchone()[0]
+            total = conn.execute(
+                f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
+            ).fetchone()[0]
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
-                "LIMIT ? OFFSET ?", (user_id, *params, page_size, (page - 1) * page_size)).fetchall()
+                "LIMIT ? OFFSET ?",
+                (user_id, *params, page_size, (page - 1) * page_size),
+            ).fetchall()
         return Page(items=[_row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
 
     def count(self, user_id: str) -> int:
         """How many live (active or archived) memories this user has."""
         check_user_id(user_id)
-        return self._conn().execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {_LIVE}",
-                                    (user_id,)).fetchone()[0]
+        return (
+            self._conn()
+            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {_LIVE}", (user_id,))
+            .fetchone()[0]
+        )
 
     def count_by_user(self) -> dict[str, int]:
         """Live memories per user, for every user in the file (an operator view: it names all users)."""
-        rows = self._conn().execute(f"SELECT m.user_id, count(*) FROM memories m WHERE {_LIVE} "
-                                    "GROUP BY m.user_id ORDER BY m.user_id").fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT m.user_id, count(*) FROM memories m WHERE {_LIVE} "
+                "GROUP BY m.user_id ORDER BY m.user_id"
+            )
+            .fetchall()
+        )
         return dict(rows)
 
     # ----------------------------------------------------------------- search
 
-    def search(self, user_id: str, query: str, *, top_k: int = 10, filters: dict | SearchFilters | None = None,
-               min_score: float | None = None, mode: str = "hybrid") -> list[SearchHit]:
+    def search(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_k: int = 10,
+        filters: dict | SearchFilters | None = None,
+        min_score: float | None = None,
+        mode: str = "hybrid",
+    ) -> list[SearchHit]:
         """This user's active memories best matching `query`, best first.
 
         mode: keyword (FTS5 BM25), dense (cosine over embeddings) or hybrid (reciprocal rank fusion of the
@@ -546,22 +708,36 @@ class MemoryStore:
         _check_int(top_k, "top_k", 1, self.config.max_top_k)
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
-        if min_score is not None and (not isinstance(min_score, (int, float)) or isinstance(min_score, bool)
-                                      or not math.isfinite(min_score)):
+        if min_score is not None and (
+            not isinstance(min_score, (int, float))
+            or isinstance(min_score, bool)
+            or not math.isfinite(min_score)
+        ):
             raise InvalidMemoryInput(f"min_score must be a finite number or None, got {min_score!r}")
         parsed = parse_filters(filters)
         num_candidates = max(self.config.num_candidates, top_k)
         query_vector = self._embed([query])[0] if mode != "keyword" else None
         with self._snapshot() as conn:
-            keyword = self._keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
-            dense = self._dense_leg(conn, user_id, query_vector, parsed, num_candidates) if mode != "keyword" else []
+            keyword = (
+                self._keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
+            )
+            dense = (
+                self._dense_leg(conn, user_id, query_vector, parsed, num_candidates)
+                if mode != "keyword"
+                else []
+            )
         if mode == "keyword":
             ranked = keyword
         elif mode == "dense":
             ranked = dense
         else:
-            fused = reciprocal_rank_fusion([r for r, _ in keyword], [r for r, _ in dense], self.config.rrf_k,
-                                           self.config.keyword_weight, self.config.dense_weight)
+            fused = reciprocal_rank_fusion(
+                [r for r, _ in keyword],
+                [r for r, _ in dense],
+                self.config.rrf_k,
+                self.config.keyword_weight,
+                self.config.dense_weight,
+            )
             ranked = [(h.rowid, h.score) for h in fused]
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
@@ -569,15 +745,22 @@ class MemoryStore:
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))
-        rows = self._conn().execute(f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.user_id = ? AND "
-                                    f"m.state = 'active' AND m.rowid IN ({marks})",
-                                    (user_id, *[r for r, _ in ranked])).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.user_id = ? AND "
+                f"m.state = 'active' AND m.rowid IN ({marks})",
+                (user_id, *[r for r, _ in ranked]),
+            )
+            .fetchall()
+        )
         by_rowid = {r[0]: _row_to_memory(r[1:]) for r in rows}
         return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
 
     @staticmethod
-    def _keyword_leg(conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
-                     ) -> list[tuple[int, float]]:
+    def _keyword_leg(
+        conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
+    ) -> list[tuple[int, float]]:
         expression = fts_match_expression(user_id, query)
         if expression is None:
             return []
@@ -585,29 +768,50 @@ class MemoryStore:
         rows = conn.execute(
             "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
             f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
-            "ORDER BY f.rank, f.rowid LIMIT ?", (expression, user_id, *params, limit)).fetchall()
+            "ORDER BY f.rank, f.rowid LIMIT ?",
+            (expression, user_id, *params, limit),
+        ).fetchall()
         return [(r[0], float(r[1])) for r in rows]
 
-    def _dense_leg(self, conn: sqlite3.Connection, user_id: str, query_vector: np.ndarray, filters: SearchFilters,
-                   limit: int) -> list[tuple[int, float]]:
+    def _dense_leg(
+        self,
+        conn: sqlite3.Connection,
+        user_id: str,
+        query_vector: np.ndarray,
+        filters: SearchFilters,
+        limit: int,
+    ) -> list[tuple[int, float]]:
         row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
         if row is None:
             return []
         vectors = self._vectors.get(user_id, row[0])
         if vectors is None:
-            rows = conn.execute("SELECT v.rowid, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid "
-                                "WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid", (user_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT v.rowid, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid "
+                "WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
+                (user_id,),
+            ).fetchall()
             dim = self.embedder.dim
             matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
-            vectors = UserVectors(gen=row[0], rowids=np.fromiter((r[0] for r in rows), dtype=np.int64,
-                                                                 count=len(rows)), matrix=matrix)
+            vectors = UserVectors(
+                gen=row[0],
+                rowids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+                matrix=matrix,
+            )
             self._vectors.put(user_id, vectors)
         allowed = None
         if not filters.is_empty:
             clause, params = filter_sql(filters)
-            allowed = np.fromiter((r[0] for r in conn.execute(
-                f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.state = 'active'{clause}",
-                (user_id, *params))), dtype=np.int64)
+            allowed = np.fromiter(
+                (
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.state = 'active'{clause}",
+                        (user_id, *params),
+                    )
+                ),
+                dtype=np.int64,
+            )
         return top_k_by_dot(vectors, query_vector, limit, allowed)
 
     # ----------------------------------------------------------------- export and import
@@ -622,8 +826,11 @@ class MemoryStore:
         where, params = (f"{_LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (_LIVE, [])
         count = 0
         with self._snapshot() as conn:
-            cursor = conn.execute(f"SELECT m.rowid, {_COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
-                                  f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid", params)
+            cursor = conn.execute(
+                f"SELECT m.rowid, {_COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
+                f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid",
+                params,
+            )
             for row in cursor:
                 memory = _row_to_memory(row[1:14])
                 history = self._versions(conn, row[0]) if memory.version > 1 else []
@@ -631,8 +838,9 @@ class MemoryStore:
                 count += 1
         return count
 
-    def import_jsonl(self, fp_or_path: str | os.PathLike | IO[str], progress: bool = False,
-                     on_conflict: str = "error") -> int:
+    def import_jsonl(
+        self, fp_or_path: str | os.PathLike | IO[str], progress: bool = False, on_conflict: str = "error"
+    ) -> int:
         """Loads a dump in one transaction (all or nothing); returns how many memories were added.
 
         Vectors of the same embedder are reused, others recomputed. An id already in the file is an
@@ -662,13 +870,23 @@ class MemoryStore:
             ids = [r.memory.id for r in records]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
-                existing.update(r[0] for r in tx.conn.execute(
-                    f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                existing.update(
+                    r[0]
+                    for r in tx.conn.execute(
+                        f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
+                    )
+                )
             if existing and on_conflict == "error":
-                raise InvalidMemoryInput(f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}")
+                raise InvalidMemoryInput(
+                    f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}"
+                )
             users: set[str] = set()
-            for record, vector in tqdm(list(zip(records, vectors, strict=False)), desc="import", unit=" memories",
-                                       disable=not progress):
+            for record, vector in tqdm(
+                list(zip(records, vectors, strict=False)),
+                desc="import",
+                unit=" memories",
+                disable=not progress,
+            ):
                 memory = record.memory
                 if memory.id in existing:
                     continue
@@ -676,8 +894,11 @@ class MemoryStore:
                 tx.conn.executemany(
                     "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
-                    [(rowid, v.version, v.text, _dumps(list(v.tags)), _dumps(v.metadata), v.updated_at)
-                     for v in record.history])
+                    [
+                        (rowid, v.version, v.text, _dumps(list(v.tags)), _dumps(v.metadata), v.updated_at)
+                        for v in record.history
+                    ],
+                )
                 users.add(memory.user_id)
                 tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))
             for user in sorted(users):
@@ -690,13 +911,22 @@ class MemoryStore:
         from tqdm import tqdm
 
         out: list[np.ndarray | None] = [
-            r.vector if r.embedder_name == self.embedder.name and r.vector is not None
-            and r.vector.shape == (self.embedder.dim,) else None for r in records]
+            r.vector
+            if r.embedder_name == self.embedder.name
+            and r.vector is not None
+            and r.vector.shape == (self.embedder.dim,)
+            else None
+            for r in records
+        ]
         todo = [i for i, v in enumerate(out) if v is None]
         batch = self.config.embed_batch_size
-        for start in tqdm(range(0, len(todo), batch), desc="embed", unit=" batches", disable=not progress or not todo):
+        for start in tqdm(
+            range(0, len(todo), batch), desc="embed", unit=" batches", disable=not progress or not todo
+        ):
             chunk = todo[start : start + batch]
-            for i, vector in zip(chunk, self.embedder.embed([records[i].memory.text for i in chunk]), strict=False):
+            for i, vector in zip(
+                chunk, self.embedder.embed([records[i].memory.text for i in chunk]), strict=False
+            ):
                 out[i] = np.asarray(vector, dtype=np.float32)
         return out  # type: ignore[return-value]
 

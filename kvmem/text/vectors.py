@@ -55,7 +55,9 @@ class VectorCache:
             while self._bytes > self._max_bytes:
                 self._drop(next(iter(self._entries)))
 
-    def append(self, user_id: str, old_gen: int, new_gen: int, rowids: np.ndarray, matrix: np.ndarray) -> None:
+    def append(
+        self, user_id: str, old_gen: int, new_gen: int, rowids: np.ndarray, matrix: np.ndarray
+    ) -> None:
         """After this process's own add: extend the entry if it was current at `old_gen`, else drop it."""
         with self._lock:
             entry = self._entries.get(user_id)
@@ -64,11 +66,14 @@ class VectorCache:
         if entry.gen != old_gen:
             self.invalidate(user_id)
             return
-        self.put(user_id, UserVectors(
-            gen=new_gen,
-            rowids=np.concatenate([entry.rowids, rowids.astype(np.int64)]),
-            matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
-        ))
+        self.put(
+            user_id,
+            UserVectors(
+                gen=new_gen,
+                rowids=np.concatenate([entry.rowids, rowids.astype(np.int64)]),
+                matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
+            ),
+        )
 
     def invalidate(self, user_id: str) -> None:
         with self._lock:
@@ -85,8 +90,9 @@ class VectorCache:
             self._bytes -= entry.num_bytes
 
 
-def top_k_by_dot(vectors: UserVectors, query: np.ndarray, k: int, allowed: np.ndarray | None = None
-                 ) -> list[tuple[int, float]]:
+def top_k_by_dot(
+    vectors: UserVectors, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+) -> list[tuple[int, float]]:
     """(rowid, cosine) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid."""
     if vectors.matrix.shape[0] == 0 or k <= 0:
         return []

@@ -1,8 +1,4 @@
-"""Shared fixtures: an app over the fake backend, and a live uvicorn server on 127.0.0.1 for client tests.
-
-Until branch `text` provides kvmem.text.MemoryStore, the in-memory stand-in from memstore.py is installed
-in its place so serving imports resolve (plumbing tests only).
-"""
+"""Shared fixtures: an app over the fake backend, and a live uvicorn server on 127.0.0.1 for client tests."""
 
 from __future__ import annotations
 
@@ -16,27 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kvmem.text
-
-if not hasattr(kvmem.text, "MemoryStore"):
-    from tests.serving import memstore
-
-    for _name in (
-        "MemoryStore",
-        "Memory",
-        "SearchHit",
-        "Page",
-        "TextStoreError",
-        "InvalidMemoryInput",
-        "MemoryNotFound",
-    ):
-        setattr(kvmem.text, _name, getattr(memstore, _name))
-
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+import kvmem.text
 from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig

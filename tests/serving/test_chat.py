@@ -223,7 +223,11 @@ def test_turn_is_stored_after_the_reply(stack: Stack, client: TestClient) -> Non
     assert r.status_code == 200
     client.portal.call(stack.app.state.chat.drain)
     page = stack.store.list("alice", session_id="s1")
-    assert [m.text for m in page.items] == ["user: remember me\nassistant: Hello from kvmem."]
+    # one memory per message, keeping its role (kvmem.text stores chat messages that way)
+    assert sorted((m.role, m.text) for m in page.items) == [
+        ("assistant", "Hello from kvmem."),
+        ("user", "remember me"),
+    ]
     (event,) = stack.plans.events
     assert (event.user_id, event.query, event.session_id) == ("alice", "remember me", "s1")
 

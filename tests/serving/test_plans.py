@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from kvmem.text import HashEmbedder, MemoryStore
 from serving.backends.fake import FakeBackend
 from serving.plans import AccessEvent, Plan, StandInPlanProvider
-from tests.serving.memstore import MemoryStore
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -15,8 +15,8 @@ def provider(store: MemoryStore, backend: FakeBackend, budget: int) -> StandInPl
     return StandInPlanProvider(store, backend, token_budget=budget, clock=lambda: T0)
 
 
-def test_first_get_is_empty_then_block_is_built_once() -> None:
-    store, backend = MemoryStore(), FakeBackend()
+def test_first_get_is_empty_then_block_is_built_once(tmp_path) -> None:
+    store, backend = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder()), FakeBackend()
     _, b, c = store.add("u", texts=["aaaa", "bbbbbb", "cc"])
     plans = provider(store, backend, budget=8)
     assert plans.get("u") == Plan(user_id="u")  # never waits for the build
@@ -35,8 +35,8 @@ def test_first_get_is_empty_then_block_is_built_once() -> None:
     plans.close()
 
 
-def test_update_or_delete_of_a_covered_memory_drops_the_block_at_once() -> None:
-    store, backend = MemoryStore(), FakeBackend()
+def test_update_or_delete_of_a_covered_memory_drops_the_block_at_once(tmp_path) -> None:
+    store, backend = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder()), FakeBackend()
     a, b = store.add("u", texts=["one", "two"])
     plans = provider(store, backend, budget=100)
     plans.get("u")
@@ -54,8 +54,8 @@ def test_update_or_delete_of_a_covered_memory_drops_the_block_at_once() -> None:
     plans.close()
 
 
-def test_other_users_changes_and_adds_leave_a_block_alone() -> None:
-    store, backend = MemoryStore(), FakeBackend()
+def test_other_users_changes_and_adds_leave_a_block_alone(tmp_path) -> None:
+    store, backend = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder()), FakeBackend()
     store.add("u", text="mine")
     plans = provider(store, backend, budget=100)
     plans.get("u")
@@ -70,8 +70,8 @@ def test_other_users_changes_and_adds_leave_a_block_alone() -> None:
     plans.close()
 
 
-def test_empty_user_gets_a_block_after_adding_memories() -> None:
-    store, backend = MemoryStore(), FakeBackend()
+def test_empty_user_gets_a_block_after_adding_memories(tmp_path) -> None:
+    store, backend = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder()), FakeBackend()
     plans = provider(store, backend, budget=100)
     plans.get("u")
     plans.flush()
@@ -83,8 +83,8 @@ def test_empty_user_gets_a_block_after_adding_memories() -> None:
     plans.close()
 
 
-def test_not_ready_backend_or_zero_budget_builds_nothing() -> None:
-    store = MemoryStore()
+def test_not_ready_backend_or_zero_budget_builds_nothing(tmp_path) -> None:
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
     store.add("u", text="x")
     backend = FakeBackend(ready=False)
     plans = provider(store, backend, budget=100)
@@ -100,8 +100,13 @@ def test_not_ready_backend_or_zero_budget_builds_nothing() -> None:
     plans.close()
 
 
-def test_record_access_keeps_a_bounded_log() -> None:
-    plans = StandInPlanProvider(MemoryStore(), FakeBackend(), token_budget=10, max_events=2)
+def test_record_access_keeps_a_bounded_log(tmp_path) -> None:
+    plans = StandInPlanProvider(
+        MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder()),
+        FakeBackend(),
+        token_budget=10,
+        max_events=2,
+    )
     for i in range(3):
         plans.record_access(AccessEvent(user_id="u", query=str(i), retrieved_ids=(), used_ids=()))
     assert [e.query for e in plans.events] == ["1", "2"]

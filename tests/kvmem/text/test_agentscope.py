@@ -20,15 +20,22 @@ def test_service_lifecycle_and_calls(tmp_path):
         assert await service.health() is False
         await service.start()
         assert await service.health() is True
-        await service.add_memory("alice", [_msg("user", "I love hiking in the Alps"),
-                                           {"role": "assistant", "content": "The Alps are beautiful"}],
-                                 session_id="s1")
+        await service.add_memory(
+            "alice",
+            [
+                _msg("user", "I love hiking in the Alps"),
+                {"role": "assistant", "content": "The Alps are beautiful"},
+            ],
+            session_id="s1",
+        )
         await service.add_memory("alice", [_msg("user", "My cat is called Miso")], session_id="s2")
         await service.add_memory("bob", [_msg("user", "Bob likes hiking too")])
-        hits = await service.search_memory("alice", [_msg("user", "hi"), _msg("user", "I love hiking")],
-                                           filters={"top_k": 1})
-        assert [(h.role, h.content[0].text, h.type) for h in hits] == [("user", "I love hiking in the Alps",
-                                                                        "message")]
+        hits = await service.search_memory(
+            "alice", [_msg("user", "hi"), _msg("user", "I love hiking")], filters={"top_k": 1}
+        )
+        assert [(h.role, h.content[0].text, h.type) for h in hits] == [
+            ("user", "I love hiking in the Alps", "message")
+        ]
         assert hits[0].metadata["session_id"] == "s1" and hits[0].metadata["score"] > 0
         scoped = await service.search_memory("alice", [_msg("user", "hiking")], filters={"session_id": "s2"})
         assert [h.content[0].text for h in scoped] == ["My cat is called Miso"]

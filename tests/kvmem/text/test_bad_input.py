@@ -22,24 +22,30 @@ def test_error_hierarchy():
     assert issubclass(MemoryNotFound, TextStoreError)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"text": ""}, "text is empty"),
-    ({"text": "   \n"}, "text is empty"),
-    ({"text": 5}, "text must be a string"),
-    ({}, "exactly one of text, texts or messages"),
-    ({"text": "a", "texts": ["b"]}, "exactly one of text, texts or messages"),
-    ({"texts": []}, "texts must be a non-empty list"),
-    ({"texts": ["ok", ""]}, "texts[1] is empty"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string"),
-    ({"messages": [{"role": "", "content": "x"}]}, "messages[0].role must be a non-empty string"),
-    ({"messages": [{"role": "user", "content": "x", "name": "n"}]}, "messages[0] has unknown key(s) ['name']"),
-    ({"text": "a", "chat_time": "yesterday"}, "chat_time is not an ISO 8601 time"),
-    ({"text": "a", "tags": "single"}, "tags must be a list of strings"),
-    ({"text": "a", "tags": ["ok", 3]}, "tags must hold non-empty strings"),
-    ({"text": "a", "metadata": ["x"]}, "metadata must be a JSON object"),
-    ({"text": "a", "metadata": {"x": object()}}, "metadata is not JSON-serializable"),
-    ({"text": "a", "session_id": ""}, "session_id must be a non-empty string or None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"text": ""}, "text is empty"),
+        ({"text": "   \n"}, "text is empty"),
+        ({"text": 5}, "text must be a string"),
+        ({}, "exactly one of text, texts or messages"),
+        ({"text": "a", "texts": ["b"]}, "exactly one of text, texts or messages"),
+        ({"texts": []}, "texts must be a non-empty list"),
+        ({"texts": ["ok", ""]}, "texts[1] is empty"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content must be a string"),
+        ({"messages": [{"role": "", "content": "x"}]}, "messages[0].role must be a non-empty string"),
+        (
+            {"messages": [{"role": "user", "content": "x", "name": "n"}]},
+            "messages[0] has unknown key(s) ['name']",
+        ),
+        ({"text": "a", "chat_time": "yesterday"}, "chat_time is not an ISO 8601 time"),
+        ({"text": "a", "tags": "single"}, "tags must be a list of strings"),
+        ({"text": "a", "tags": ["ok", 3]}, "tags must hold non-empty strings"),
+        ({"text": "a", "metadata": ["x"]}, "metadata must be a JSON object"),
+        ({"text": "a", "metadata": {"x": object()}}, "metadata is not JSON-serializable"),
+        ({"text": "a", "session_id": ""}, "session_id must be a non-empty string or None"),
+    ],
+)
 def test_add_refuses_bad_input_and_writes_nothing(store, kwargs, message):
     with pytest.raises(InvalidMemoryInput) as info:
         store.add("alice", **kwargs)
@@ -56,7 +62,9 @@ def test_bad_user_id(store):
 
 
 def test_text_over_token_limit(tmp_path):
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=TextStoreConfig(max_text_tokens=5)) as s:
+    with MemoryStore(
+        tmp_path / "m.db", embedder=HashEmbedder(), config=TextStoreConfig(max_text_tokens=5)
+    ) as s:
         s.add("alice", "one two three four five")
         with pytest.raises(InvalidMemoryInput, match="text has 6 tokens, over the limit of 5"):
             s.add("alice", "one two three four five six")
@@ -71,17 +79,20 @@ def test_default_limit_is_40k_tokens(store):
         store.add("alice", "w " * 40_001)
 
 
-@pytest.mark.parametrize("filters, message", [
-    ({"session": "s"}, "unknown filter key(s) ['session']"),
-    ("session_id=s", "filters must be a dict or SearchFilters"),
-    ({"tags": "x"}, "filters.tags must be a list of strings"),
-    ({"metadata": {"k": [1]}}, "filters.metadata['k'] must be a string, number, bool or null"),
-    ({"metadata": "k=v"}, "filters.metadata must be a dict"),
-    ({"time_range": {"start": "not a time"}}, "filters.time_range.start is not an ISO 8601 time"),
-    ({"time_range": {"from": "2024-01-01"}}, "unknown filters.time_range key(s) ['from']"),
-    ({"time_range": {"start": "2024-02-01", "end": "2024-01-01"}}, "filters.time_range is inverted"),
-    ({"session_id": 7}, "filters.session_id must be a non-empty string or None"),
-])
+@pytest.mark.parametrize(
+    "filters, message",
+    [
+        ({"session": "s"}, "unknown filter key(s) ['session']"),
+        ("session_id=s", "filters must be a dict or SearchFilters"),
+        ({"tags": "x"}, "filters.tags must be a list of strings"),
+        ({"metadata": {"k": [1]}}, "filters.metadata['k'] must be a string, number, bool or null"),
+        ({"metadata": "k=v"}, "filters.metadata must be a dict"),
+        ({"time_range": {"start": "not a time"}}, "filters.time_range.start is not an ISO 8601 time"),
+        ({"time_range": {"from": "2024-01-01"}}, "unknown filters.time_range key(s) ['from']"),
+        ({"time_range": {"start": "2024-02-01", "end": "2024-01-01"}}, "filters.time_range is inverted"),
+        ({"session_id": 7}, "filters.session_id must be a non-empty string or None"),
+    ],
+)
 def test_malformed_filters(store, filters, message):
     store.add("alice", "x")
     with pytest.raises(InvalidMemoryInput) as info:
@@ -96,13 +107,16 @@ def test_search_filters_dataclass_is_validated():
         SearchFilters(tags=["x"])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"top_k": 0}, "top_k must be an int in [1, 1000]"),
-    ({"top_k": 1001}, "top_k must be an int in [1, 1000]"),
-    ({"top_k": True}, "top_k must be an int"),
-    ({"mode": "fuzzy"}, "mode must be one of ['hybrid', 'keyword', 'dense']"),
-    ({"min_score": float("nan")}, "min_score must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"top_k": 0}, "top_k must be an int in [1, 1000]"),
+        ({"top_k": 1001}, "top_k must be an int in [1, 1000]"),
+        ({"top_k": True}, "top_k must be an int"),
+        ({"mode": "fuzzy"}, "mode must be one of ['hybrid', 'keyword', 'dense']"),
+        ({"min_score": float("nan")}, "min_score must be a finite number"),
+    ],
+)
 def test_bad_search_arguments(store, kwargs, message):
     with pytest.raises(InvalidMemoryInput) as info:
         store.search("alice", "x", **kwargs)
@@ -124,9 +138,13 @@ def test_bad_list_arguments(store):
 
 def test_unknown_ids(store):
     [m] = store.add("alice", "x")
-    for call in (lambda: store.get("alice", "nope"), lambda: store.history("alice", "nope"),
-                 lambda: store.update("alice", "nope", text="y"), lambda: store.get("bob", m.id),
-                 lambda: store.update("bob", m.id, text="y")):
+    for call in (
+        lambda: store.get("alice", "nope"),
+        lambda: store.history("alice", "nope"),
+        lambda: store.update("alice", "nope", text="y"),
+        lambda: store.get("bob", m.id),
+        lambda: store.update("bob", m.id, text="y"),
+    ):
         with pytest.raises(MemoryNotFound) as info:
             call()
         assert "not found for user" in str(info.value)

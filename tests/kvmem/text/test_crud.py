@@ -6,13 +6,30 @@ from kvmem.text import MemoryNotFound, MemoryVersion
 
 
 def test_add_text_keeps_every_field(store):
-    [m] = store.add("alice", "I adopted a beagle named Max", session_id="s1", agent_id="bot", tags=["pet", "dog"],
-                    metadata={"source": "chat", "n": 2}, chat_time="2023-05-01T10:00:00+02:00")
-    assert (m.user_id, m.session_id, m.agent_id, m.role, m.text) == ("alice", "s1", "bot", None,
-                                                                     "I adopted a beagle named Max")
+    [m] = store.add(
+        "alice",
+        "I adopted a beagle named Max",
+        session_id="s1",
+        agent_id="bot",
+        tags=["pet", "dog"],
+        metadata={"source": "chat", "n": 2},
+        chat_time="2023-05-01T10:00:00+02:00",
+    )
+    assert (m.user_id, m.session_id, m.agent_id, m.role, m.text) == (
+        "alice",
+        "s1",
+        "bot",
+        None,
+        "I adopted a beagle named Max",
+    )
     assert m.chat_time == "2023-05-01T08:00:00.000000Z"
     assert m.created_at == m.updated_at == "2024-01-01T00:00:00.000000Z"
-    assert (m.tags, m.metadata, m.state, m.version) == (("pet", "dog"), {"source": "chat", "n": 2}, "active", 1)
+    assert (m.tags, m.metadata, m.state, m.version) == (
+        ("pet", "dog"),
+        {"source": "chat", "n": 2},
+        "active",
+        1,
+    )
     assert store.get("alice", m.id) == m
     assert m.to_dict()["tags"] == ["pet", "dog"]
 
@@ -25,10 +42,14 @@ def test_chat_time_defaults_to_now(store):
 def test_add_texts_and_messages(store):
     texts = store.add("alice", texts=["one", "two"], session_id="s")
     assert [m.text for m in texts] == ["one", "two"]
-    msgs = store.add("alice", messages=[
-        {"role": "user", "content": "I live in Oslo", "chat_time": "2023-01-02T03:04:05Z"},
-        {"role": "assistant", "content": "Oslo is lovely"},
-    ], chat_time="2023-02-01T00:00:00Z")
+    msgs = store.add(
+        "alice",
+        messages=[
+            {"role": "user", "content": "I live in Oslo", "chat_time": "2023-01-02T03:04:05Z"},
+            {"role": "assistant", "content": "Oslo is lovely"},
+        ],
+        chat_time="2023-02-01T00:00:00Z",
+    )
     assert [(m.role, m.text, m.chat_time) for m in msgs] == [
         ("user", "I live in Oslo", "2023-01-02T03:04:05.000000Z"),
         ("assistant", "Oslo is lovely", "2023-02-01T00:00:00.000000Z"),
@@ -93,7 +114,9 @@ def test_delete_erases_content_and_history(store):
     store.update("alice", m.id, text="secret plan v2")
     store.delete("alice", m.id)
     conn = store._conn()
-    assert conn.execute("SELECT text, tags, metadata, state FROM memories").fetchall() == [("", "[]", "{}", "deleted")]
+    assert conn.execute("SELECT text, tags, metadata, state FROM memories").fetchall() == [
+        ("", "[]", "{}", "deleted")
+    ]
     assert conn.execute("SELECT count(*) FROM memory_versions").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM memories_fts").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone()[0] == 0
@@ -110,10 +133,20 @@ def test_list_pages_newest_first(store):
 
 
 def test_list_filters(store):
-    a = store.add("alice", "a", tags=["x", "y"], metadata={"lang": "en", "n": 1, "flag": True},
-                  chat_time="2024-03-01T00:00:00Z")[0]
-    b = store.add("alice", "b", tags=["x"], metadata={"lang": "fr", "n": 1.0, "flag": 1},
-                  chat_time="2024-04-01T00:00:00Z")[0]
+    a = store.add(
+        "alice",
+        "a",
+        tags=["x", "y"],
+        metadata={"lang": "en", "n": 1, "flag": True},
+        chat_time="2024-03-01T00:00:00Z",
+    )[0]
+    b = store.add(
+        "alice",
+        "b",
+        tags=["x"],
+        metadata={"lang": "fr", "n": 1.0, "flag": 1},
+        chat_time="2024-04-01T00:00:00Z",
+    )[0]
 
     def ids(filters):
         return [m.id for m in store.list("alice", filters=filters).items]
@@ -133,5 +166,9 @@ def test_list_filters(store):
 def test_memories_by_ids_in_given_order(store):
     a, b, c = store.add("alice", texts=["a", "b", "c"])
     [other] = store.add("bob", "b's")
-    assert [m.id for m in store.memories_by_ids("alice", [c.id, "nope", a.id, other.id, b.id])] == [c.id, a.id, b.id]
+    assert [m.id for m in store.memories_by_ids("alice", [c.id, "nope", a.id, other.id, b.id])] == [
+        c.id,
+        a.id,
+        b.id,
+    ]
     assert store.memories_by_ids("alice", []) == []

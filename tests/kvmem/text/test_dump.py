@@ -9,10 +9,19 @@ from kvmem.text import HashEmbedder, InvalidMemoryInput, MemoryStore
 
 
 def _fill(store):
-    a = store.add("alice", "I live in Oslo", session_id="s1", agent_id="bot", tags=["home"], metadata={"n": 1},
-                  chat_time="2023-05-01T10:00:00Z")[0]
+    a = store.add(
+        "alice",
+        "I live in Oslo",
+        session_id="s1",
+        agent_id="bot",
+        tags=["home"],
+        metadata={"n": 1},
+        chat_time="2023-05-01T10:00:00Z",
+    )[0]
     store.update("alice", a.id, text="I live in Bergen")
-    store.add("alice", messages=[{"role": "user", "content": "héllo ☃"}, {"role": "assistant", "content": "hi"}])
+    store.add(
+        "alice", messages=[{"role": "user", "content": "héllo ☃"}, {"role": "assistant", "content": "hi"}]
+    )
     b = store.add("bob", "bob's note")[0]
     store.update("bob", b.id, state="archived")
     gone = store.add("bob", "deleted note")[0]
@@ -38,10 +47,20 @@ def test_round_trip_is_identical(store, tmp_path):
         again = io.StringIO()
         copy.export_jsonl(again)
         assert again.getvalue() == path.read_text(encoding="utf-8")
-        vectors = copy._conn().execute("SELECT m.id, v.vec FROM memory_vectors v JOIN memories m "
-                                       "ON m.rowid = v.rowid ORDER BY m.id").fetchall()
-        original = store._conn().execute("SELECT m.id, v.vec FROM memory_vectors v JOIN memories m "
-                                         "ON m.rowid = v.rowid ORDER BY m.id").fetchall()
+        vectors = (
+            copy._conn()
+            .execute(
+                "SELECT m.id, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid ORDER BY m.id"
+            )
+            .fetchall()
+        )
+        original = (
+            store._conn()
+            .execute(
+                "SELECT m.id, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid ORDER BY m.id"
+            )
+            .fetchall()
+        )
         assert vectors == original
         assert [h.memory.text for h in copy.search("alice", "Bergen", mode="keyword")] == ["I live in Bergen"]
 
@@ -62,7 +81,9 @@ def test_import_other_embedder_re_embeds(store, tmp_path):
     store.export_jsonl(path)
     with MemoryStore(tmp_path / "copy.db", embedder=HashEmbedder(dim=32)) as copy:
         assert copy.import_jsonl(path) == 4
-        assert [h.memory.text for h in copy.search("alice", "Bergen", mode="dense", top_k=1)] == ["I live in Bergen"]
+        assert [h.memory.text for h in copy.search("alice", "Bergen", mode="dense", top_k=1)] == [
+            "I live in Bergen"
+        ]
         assert len(copy._conn().execute("SELECT vec FROM memory_vectors LIMIT 1").fetchone()[0]) == 32 * 4
 
 

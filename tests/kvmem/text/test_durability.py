@@ -50,13 +50,24 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_returned_add_survives_a_kill(tmp_path):
     path = tmp_path / "m.db"
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == -9
     ids = proc.stdout.split()
     assert len(ids) == 3
     with MemoryStore(path, embedder=HashEmbedder()) as store:
-        assert [m.text for m in store.memories_by_ids("alice", ids)] == ["durable 0", "durable 1", "durable 2"]
+        assert [m.text for m in store.memories_by_ids("alice", ids)] == [
+            "durable 0",
+            "durable 1",
+            "durable 2",
+        ]
 
 
 def test_many_threads(tmp_path):

@@ -15,8 +15,11 @@ from kvmem.text import (
 )
 from kvmem.text.embed import minilm_model_dir
 
-PARAPHRASES = ["I adopted a beagle named Max last weekend.", "What's the name of my new dog?",
-               "The quarterly tax filing is due on Friday."]
+PARAPHRASES = [
+    "I adopted a beagle named Max last weekend.",
+    "What's the name of my new dog?",
+    "The quarterly tax filing is due on Friday.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +57,20 @@ def test_load_embedder_by_name(tmp_path):
 
 def test_dense_search_finds_paraphrases_keyword_cannot(tmp_path, real):
     with MemoryStore(tmp_path / "m.db", embedder=real) as store:
-        pet, sister, _ = store.add("alice", texts=[
-            "I adopted a beagle named Max last weekend.",
-            "My sister Ana just moved to Lisbon for her new job.",
-            "The quarterly tax filing is due on Friday.",
-        ])
+        pet, sister, _ = store.add(
+            "alice",
+            texts=[
+                "I adopted a beagle named Max last weekend.",
+                "My sister Ana just moved to Lisbon for her new job.",
+                "The quarterly tax filing is due on Friday.",
+            ],
+        )
         assert store.search("alice", "which puppy do I own?", mode="keyword") == []
         assert store.search("alice", "which puppy do I own?", mode="dense", top_k=1)[0].memory.id == pet.id
-        assert store.search("alice", "where does my sibling live now", mode="dense", top_k=1)[0].memory.id == sister.id
+        assert (
+            store.search("alice", "where does my sibling live now", mode="dense", top_k=1)[0].memory.id
+            == sister.id
+        )
         assert store.search("alice", "which puppy do I own?", top_k=1)[0].memory.id == pet.id
 
 

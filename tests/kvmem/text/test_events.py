@@ -13,9 +13,13 @@ def test_events_for_every_change(store):
     store.update("alice", a.id, text="uno")  # no change, no event
     store.delete("alice", "missing")
     store.delete_session("alice", "s")
-    assert seen == [ChangeEvent(a.id, "alice", "added"), ChangeEvent(b.id, "alice", "added"),
-                    ChangeEvent(a.id, "alice", "updated"), ChangeEvent(a.id, "alice", "deleted"),
-                    ChangeEvent(b.id, "alice", "deleted")]
+    assert seen == [
+        ChangeEvent(a.id, "alice", "added"),
+        ChangeEvent(b.id, "alice", "added"),
+        ChangeEvent(a.id, "alice", "updated"),
+        ChangeEvent(a.id, "alice", "deleted"),
+        ChangeEvent(b.id, "alice", "deleted"),
+    ]
     unsubscribe()
     store.add("alice", "three")
     assert len(seen) == 5
@@ -44,7 +48,9 @@ def test_failing_subscriber_does_not_undo_the_write(store):
 
     store.subscribe(broken)
     store.subscribe(calls.append)
-    with pytest.raises(SubscriberError, match="1 subscriber call\\(s\\) failed after the write was committed"):
+    with pytest.raises(
+        SubscriberError, match="1 subscriber call\\(s\\) failed after the write was committed"
+    ):
         store.add("alice", "kept")
     assert [m.text for m in store.list("alice").items] == ["kept"]
     assert [e.kind for e in calls] == ["added"]

@@ -15,21 +15,32 @@ USERS = [f"user{i}" for i in range(6)]
 WORDS = ["apple", "pear", "plum", "fig", "kiwi", "lime"]
 
 op = st.one_of(
-    st.tuples(st.just("add"), st.sampled_from(USERS), st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
-              st.sampled_from(["s1", "s2"])),
+    st.tuples(
+        st.just("add"),
+        st.sampled_from(USERS),
+        st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+        st.sampled_from(["s1", "s2"]),
+    ),
     st.tuples(st.just("update"), st.sampled_from(USERS), st.integers(0, 1000), st.sampled_from(WORDS)),
     st.tuples(st.just("delete"), st.sampled_from(USERS), st.integers(0, 1000)),
     st.tuples(st.just("delete_session"), st.sampled_from(USERS), st.sampled_from(["s1", "s2"])),
     st.tuples(st.just("probe"), st.sampled_from(USERS), st.integers(0, 1000)),
-    st.tuples(st.just("search"), st.sampled_from(USERS), st.sampled_from(WORDS), st.sampled_from(
-        ["keyword", "dense", "hybrid"])),
+    st.tuples(
+        st.just("search"),
+        st.sampled_from(USERS),
+        st.sampled_from(WORDS),
+        st.sampled_from(["keyword", "dense", "hybrid"]),
+    ),
 )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=40))
 def test_random_interleaved_operations_stay_isolated(ops):
-    with tempfile.TemporaryDirectory() as tmp, MemoryStore(Path(tmp) / "m.db", embedder=HashEmbedder()) as store:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        MemoryStore(Path(tmp) / "m.db", embedder=HashEmbedder()) as store,
+    ):
         model: dict[str, dict[str, tuple[str, str]]] = {u: {} for u in USERS}  # user -> id -> (text, session)
         all_ids: list[tuple[str, str]] = []  # (owner, id), every id ever created
         for kind, user, *args in ops:
@@ -71,16 +82,18 @@ def test_random_interleaved_operations_stay_isolated(ops):
                         raise AssertionError("got a memory that is not the caller's")
                     except MemoryNotFound:
                         pass
-                assert [m.id for m in store.memories_by_ids(user, [i for _, i in all_ids])] == \
-                    [i for _, i in all_ids if i in model[user]]
+                assert [m.id for m in store.memories_by_ids(user, [i for _, i in all_ids])] == [
+                    i for _, i in all_ids if i in model[user]
+                ]
             elif kind == "search":
                 hits = store.search(user, args[0], top_k=50, mode=args[1])
                 assert {h.memory.id for h in hits} <= set(model[user])
                 if args[1] == "dense":
                     assert {h.memory.id for h in hits} == set(model[user])
                 if args[1] == "keyword":
-                    assert {h.memory.id for h in hits} == {i for i, (t, _) in model[user].items()
-                                                           if args[0] in t.split()}
+                    assert {h.memory.id for h in hits} == {
+                        i for i, (t, _) in model[user].items() if args[0] in t.split()
+                    }
         for user in USERS:
             page = store.list(user, page_size=1000)
             assert {m.id for m in page.items} == set(model[user]) and page.total == len(model[user])

@@ -33,8 +33,10 @@ def test_newer_schema_is_refused(tmp_path):
 def test_embedder_mismatch(tmp_path):
     with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(64)) as s:
         s.add("alice", "apples and pears")
-    with pytest.raises(EmbedderMismatch, match="holds vectors of embedder 'hash-bow-64' \\(dim 64\\), opened with "
-                                               "'hash-bow-32'"):
+    with pytest.raises(
+        EmbedderMismatch,
+        match="holds vectors of embedder 'hash-bow-64' \\(dim 64\\), opened with 'hash-bow-32'",
+    ):
         MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(32))
     config = TextStoreConfig(reembed_on_mismatch=True)
     with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(32), config=config) as s:

@@ -36,7 +36,9 @@ def test_keyword_search_ranks_bm25(store):
 
 def test_porter_stemming(store):
     [m] = store.add("alice", "I adopted a beagle named Max")
-    assert [h.memory.id for h in store.search("alice", "what name did the adopting go with", mode="keyword")] == [m.id]
+    assert [
+        h.memory.id for h in store.search("alice", "what name did the adopting go with", mode="keyword")
+    ] == [m.id]
 
 
 def test_search_is_per_user(store):
@@ -68,10 +70,17 @@ def test_top_k_and_min_score(store):
 
 
 def test_filters_apply_to_every_mode(store):
-    a = store.add("alice", "trip to Peru", session_id="s1", tags=["travel"], metadata={"k": "v"},
-                  chat_time="2024-01-10T00:00:00Z")[0]
-    b = store.add("alice", "trip to Chile", session_id="s2", tags=["travel", "later"],
-                  chat_time="2024-06-10T00:00:00Z")[0]
+    a = store.add(
+        "alice",
+        "trip to Peru",
+        session_id="s1",
+        tags=["travel"],
+        metadata={"k": "v"},
+        chat_time="2024-01-10T00:00:00Z",
+    )[0]
+    b = store.add(
+        "alice", "trip to Chile", session_id="s2", tags=["travel", "later"], chat_time="2024-06-10T00:00:00Z"
+    )[0]
     cases = [
         ({"session_id": "s2"}, [b.id]),
         ({"tags": ["later"]}, [b.id]),
@@ -82,8 +91,9 @@ def test_filters_apply_to_every_mode(store):
     ]
     for mode in ("keyword", "dense", "hybrid"):
         for filters, expected in cases:
-            assert [h.memory.id for h in store.search("alice", "trip", filters=filters, mode=mode)] == expected, \
-                (mode, filters)
+            assert [
+                h.memory.id for h in store.search("alice", "trip", filters=filters, mode=mode)
+            ] == expected, (mode, filters)
 
 
 def test_vector_cache_follows_writes(store):
@@ -101,8 +111,10 @@ def test_vector_cache_follows_writes(store):
 def test_vector_cache_sees_other_processes_writes(tmp_path, clock):
     from kvmem.text import HashEmbedder, MemoryStore
 
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as one, \
-            MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as two:
+    with (
+        MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as one,
+        MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as two,
+    ):
         [a] = one.add("alice", "apples")
         assert [h.memory.id for h in two.search("alice", "apples", mode="dense")] == [a.id]
         [b] = one.add("alice", "pears")
