@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save_file
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv.fingerprint import Fingerprint
@@ -140,12 +141,19 @@ def load_item(
         raise KVItemCorrupt(
             f"KV item {item_id}: tensor file is {size} bytes, expected {manifest['file_bytes']}"
         )
-    if verify_checksum and sha256_file(tensor_path) != manifest["file_sha256"]:
+    # One read: the bytes that are hashed are the bytes that are parsed (no window between check and use),
+    # and the tensors own their memory (no mmap of a file someone could rewrite in place).
+    try:
+        data = tensor_path.read_bytes()
+    except OSError as exc:
+        raise KVItemCorrupt(f"KV item {item_id}: tensor file unreadable ({exc})") from exc
+    if verify_checksum and hashlib.sha256(data).hexdigest() != manifest["file_sha256"]:
         raise KVItemCorrupt(f"KV item {item_id}: tensor file fails its SHA-256 checksum")
     try:
-        tensors = load_file(str(tensor_path), device=str(device))
+        tensors = {k: t.to(device) for k, t in load_bytes(data).items()}
     except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
         raise KVItemCorrupt(f"KV item {item_id}: tensor file unreadable ({exc})") from exc
+    del data
     kv, token_tensor = tensors.get("kv"), tensors.get("token_ids")
     expected_shape = (meta.num_layers, 2, meta.num_kv_heads, meta.num_tokens, meta.head_dim)
     if kv is None or token_tensor is None or tuple(kv.shape) != expected_shape:
