@@ -210,7 +210,8 @@ class TransformersBackend(Backend):
             )
             stats = GenerationStats()
             detok = _Detokenizer(self.handle.tokenizer)
-            text, finish = "", None
+            stops = _StopMatcher(sp.stop)
+            finish = None
             model = _LockedModel(self.handle.model, self._step_lock)
             for token in generate(
                 model,
@@ -224,20 +225,16 @@ class TransformersBackend(Backend):
                 if token in self._eos:
                     finish = "stop"
                     break
-                delta = detok.add(token)
-                if sp.stop and delta:
-                    full = text + delta
-                    cut = min(
-                        (i for i in (full.find(s, max(0, len(text) - len(s))) for s in sp.stop) if i >= 0),
-                        default=-1,
-                    )
-                    if cut >= 0:
-                        if cut > len(text):
-                            emit(TokenDelta(text=full[len(text) : cut], token_ids=(token,)))
-                        finish = "stop"
-                        break
-                text += delta
-                emit(TokenDelta(text=delta, token_ids=(token,)))
+                ready, hit = stops.feed(detok.add(token))
+                if ready:
+                    emit(TokenDelta(text=ready, token_ids=(token,)))
+                if hit:
+                    finish = "stop"
+                    break
+            if finish != "stop" or not stops.hit:
+                tail = stops.flush()
+                if tail:
+                    emit(TokenDelta(text=tail, token_ids=()))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             emit(
@@ -288,6 +285,35 @@ class TransformersBackend(Backend):
             cancel.set()
             future.add_done_callback(lambda _f: self._release())
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
+
+
+class _StopMatcher:
+    """Finds stop strings across token boundaries; holds back text that could still become a stop string."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(x for x in stops if x)
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Returns (text safe to emit now, whether a stop string was found)."""
+        if not self.stops:
+            return delta, False
+        self.pending += delta
+        found = [i for i in (self.pending.find(x) for x in self.stops) if i >= 0]
+        if found:
+            out, self.pending, self.hit = self.pending[: min(found)], "", True
+            return out, True
+        hold = max(
+            (k for x in self.stops for k in range(1, len(x)) if self.pending.endswith(x[:k])), default=0
+        )
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
 
 
 class _LockedModel:

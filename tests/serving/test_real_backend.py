@@ -78,3 +78,38 @@ def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_se
         second.choices[0].message.content == first.choices[0].message.content
     )  # same ids, same greedy tokens
     assert first.choices[0].message.content  # the model did answer
+
+
+@pytest.mark.slow
+def test_streaming_equals_non_streaming_and_limits_hold(real_server):
+    url, backend, store, plans = real_server
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    q = [{"role": "user", "content": "Tell me a short story about a dog."}]
+    full = client.chat.completions.create(
+        model=backend.model_id, messages=q, user="bob", temperature=0, max_tokens=10
+    )
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 10
+    chunks = client.chat.completions.create(
+        model=backend.model_id,
+        messages=q,
+        user="bob",
+        temperature=0,
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in chunks:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        else:
+            usage = chunk.usage
+    assert "".join(pieces) == full.choices[0].message.content
+    assert usage.completion_tokens == 10 and usage.prompt_tokens == full.usage.prompt_tokens
+    words = full.choices[0].message.content.split()
+    stop = words[2]
+    cut = client.chat.completions.create(
+        model=backend.model_id, messages=q, user="bob", temperature=0, max_tokens=10, stop=[stop]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == full.choices[0].message.content.split(stop)[0]
