@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
+from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.blocks import text_memory_id
 from kvmem.kv.build_job import main
@@ -127,12 +127,4 @@ def test_built_item_serves_exact_generation(tmp_path, tiny_model_dir, tiny_handl
     item = load_item(tmp_path / "kv", expected_id(tiny_handle, "alice", texts), tiny_handle.fingerprint)
     prompt = PromptLayout(tiny_handle.tokenizer).prompt(texts, [], [{"role": "user", "content": "Pet name?"}])
     ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6)))
-    ref = tiny_handle.model.generate(
-        torch.tensor([prompt.ids]),
-        max_new_tokens=6,
-        do_sample=False,
-        min_new_tokens=6,
-        eos_token_id=None,
-        pad_token_id=0,
-    )[0, len(prompt.ids) :]
-    assert ours == ref.tolist()
+    assert ours == reference_tokens(tiny_handle.model, list(prompt.ids), 6, "cpu")

@@ -9,6 +9,7 @@ import hashlib
 import pytest
 import torch
 
+from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import GenerationStats, PromptLayout, Sampling, build_item, generate
 from tests.conftest import synthetic_memories
 
@@ -35,15 +36,7 @@ def _digest(t: torch.Tensor) -> str:
 
 def reference_greedy(model, ids, max_new_tokens: int) -> list[int]:
     """Full prefill + decode by transformers' generate (not our loop)."""
-    out = model.generate(
-        torch.tensor([ids]),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        min_new_tokens=max_new_tokens,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(ids) :].tolist()
+    return reference_tokens(model, list(ids), max_new_tokens, "cpu")
 
 
 def check_exact(handle, block_tokens: int, max_new_tokens: int, queries=QUERIES) -> None:
