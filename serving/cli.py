@@ -51,6 +51,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting or generating; more get 429")
     p.add_argument("--block-token-budget", type=int, default=2048, help="tokens of memories served as KV")
+    p.add_argument("--retrieve-top-k", type=int, default=8, help="memories retrieved by search per chat turn")
+    p.add_argument(
+        "--no-store-turns", action="store_true", help="do not store chat turns as memories (benchmarks)"
+    )
     p.add_argument(
         "--demo", action="store_true", help="seed the user 'demo' with a few memories if it has none"
     )
@@ -80,6 +84,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             queue_size=args.queue_size,
             block_token_budget=args.block_token_budget,
             seed_demo=args.demo,
+            retrieve_top_k=args.retrieve_top_k,
+            store_turns=not args.no_store_turns,
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None

@@ -1,0 +1,310 @@
+"""TTFT through the HTTP server with the official openai client (streaming, time to first content chunk).
+
+Arms, each with the same query: memories as KV (the user's block is KV-resident), the same memories as
+text (a server whose block budget is 0, so they come back from search and are prefilled), and no memory;
+at concurrency 1, 4 and 8. The in-process TTFT of the KV prompt is measured in the same run as a baseline.
+
+    python -m benchmarks.http_ttft --spawn --out benchmarks/results/cpu/http_ttft.json
+    python -m benchmarks.http_ttft --spawn --backend fake --quick --out /tmp/h.json    # plumbing only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from benchmarks.common import env_info, median, p90, print_table, write_outputs
+
+_WORDS = (
+    "apartment mortgage renovation kitchen tiles budget contractor garden sister Lisbon marathon violin "
+    "allergy peanut teacher daughter birthday October coffee bicycle manager deadline vacation Kyoto "
+    "hiking sourdough recipe cat piano dentist insurance neighbour balcony paint flooring"
+).split()
+QUERY = "Given everything you remember about me, what should I plan for next month? Keep it short."
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    concurrency: int
+    num_requests: int
+    ttft_p50_s: float
+    ttft_p90_s: float
+    cached_tokens: int
+    prompt_tokens: int
+    errors: int
+
+
+def memory_texts(num_memories: int, words_each: int, seed: int = 0) -> list[str]:
+    """Deterministic memories; ~words_each * 1.3 tokens each."""
+    rng = random.Random(seed)
+    return [
+        f"Memory {i + 1}: " + " ".join(rng.choice(_WORDS) for _ in range(words_each)) + "."
+        for i in range(num_memories)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout_s: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+@contextmanager
+def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k: int, data_dir: str):
+    """`python -m serving` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit."""
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--no-auth",
+        "--port",
+        str(port),
+        "--data-dir",
+        data_dir,
+        "--backend",
+        backend,
+        "--block-token-budget",
+        str(block_budget),
+        "--retrieve-top-k",
+        str(top_k),
+        "--no-store-turns",
+        "--log-level",
+        "warning",
+    ]
+    if model:
+        cmd += ["--model", model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if _get(f"{base}/health", 1.0).get("status") == "ok":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.25)
+        else:
+            raise RuntimeError("server did not become ready in 180 s")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def seed(base: str, user: str, texts: list[str]) -> None:
+    for text in texts:
+        _post(f"{base}/v1/memories", {"user_id": user, "text": text})
+
+
+def wait_for_block(base: str, user: str, timeout_s: float = 300) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        plan = _get(f"{base}/v1/memories/plan?user_id={user}")
+        if plan["block"]["tier"] != "none":
+            return plan
+        _post(
+            f"{base}/v1/chat/completions",
+            {
+                "model": "default",
+                "user": user,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+        time.sleep(0.5)
+    raise RuntimeError(f"no KV block for {user} after {timeout_s} s")
+
+
+def one_request(base: str, user: str, max_tokens: int) -> tuple[float, int, int]:
+    """Streaming chat; returns (seconds to first content chunk, cached tokens, prompt tokens)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
+    start = time.perf_counter()
+    ttft, cached, prompt = None, 0, 0
+    stream = client.chat.completions.create(
+        model="default",
+        user=user,
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": QUERY}],
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and ttft is None:
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            cached = chunk.usage.prompt_tokens_details.cached_tokens
+            prompt = chunk.usage.prompt_tokens
+    return (ttft if ttft is not None else time.perf_counter() - start), cached, prompt
+
+
+def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, max_tokens: int) -> ArmResult:
+    ttfts: list[float] = []
+    info: list[tuple[int, int]] = []
+    errors = [0]
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        for _ in range(per_client):
+            try:
+                t, cached, prompt = one_request(base, user, max_tokens)
+                with lock:
+                    ttfts.append(t)
+                    info.append((cached, prompt))
+            except Exception:  # noqa: BLE001 - counted and reported as errors
+                with lock:
+                    errors[0] += 1
+
+    threads = [threading.Thread(target=client_loop) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cached, prompt = info[-1] if info else (0, 0)
+    return ArmResult(
+        arm,
+        concurrency,
+        len(ttfts),
+        median(ttfts) if ttfts else float("nan"),
+        p90(ttfts) if ttfts else float("nan"),
+        cached,
+        prompt,
+        errors[0],
+    )
+
+
+def in_process_ttft(base: str, user: str, model: str | None, reps: int) -> dict:
+    """The same prompt in-process: our request path to the first token with the item from a store."""
+    from benchmarks.ttft_grid import first_token_s
+    from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, build_item
+    from kvmem.models import load_model
+
+    plan = _get(f"{base}/v1/memories/plan?user_id={user}")
+    texts = [_get(f"{base}/v1/memories/{mid}?user_id={user}")["text"] for mid in plan["block"]["memory_ids"]]
+    handle = load_model(model)
+    layout = PromptLayout(handle.tokenizer)
+    ids = list(layout.prompt(texts, [], [{"role": "user", "content": QUERY}]).ids)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TieredKVStore(KVStoreConfig(directory=tmp), handle.fingerprint)
+        item = build_item(handle, layout.block_ids(texts), user_id=user)
+        store.put(item, persist=False)
+        first_token_s(handle.model, ids, item, store, "cpu")
+        kv = [first_token_s(handle.model, ids, item, store, "cpu") for _ in range(reps)]
+    return {"prompt_tokens": len(ids), "block_tokens": item.num_tokens, "kv_ttft_p50_s": median(kv)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.http_ttft", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="concurrency 1 and 4, fewer requests")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "fake"])
+    p.add_argument("--model", default=None)
+    p.add_argument("--memories", type=int, default=8, help="memories per user (all fit in the block)")
+    p.add_argument("--words", type=int, default=190, help="words per memory (8 x 190 words ~ 2k tokens)")
+    p.add_argument("--requests", type=int, default=3, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    levels = (1, 4) if args.quick else (1, 4, 8)
+    per_client = 1 if args.quick else args.requests
+    texts = memory_texts(args.memories, args.words)
+    results: list[ArmResult] = []
+    inproc = None
+    with tempfile.TemporaryDirectory() as tmp:
+        kw = dict(backend=args.backend, model=args.model, top_k=args.memories)
+        with spawned_server(block_budget=8192, data_dir=os.path.join(tmp, "kv"), **kw) as base:
+            seed(base, "kv-user", texts)
+            plan = wait_for_block(base, "kv-user")
+            print(
+                f"# KV block: {plan['block']['tokens']} tokens, {len(plan['block']['memory_ids'])} memories",
+                file=sys.stderr,
+            )
+            one_request(base, "kv-user", args.max_tokens)  # warm-up
+            for c in levels:
+                results.append(run_arm(base, "kv", "kv-user", c, per_client, args.max_tokens))
+                results.append(run_arm(base, "none", "nobody", c, per_client, args.max_tokens))
+            if args.backend == "transformers":
+                inproc = in_process_ttft(base, "kv-user", args.model, reps=3)
+        with spawned_server(block_budget=0, data_dir=os.path.join(tmp, "text"), **kw) as base:
+            seed(base, "text-user", texts)
+            one_request(base, "text-user", args.max_tokens)  # warm-up
+            for c in levels:
+                results.append(run_arm(base, "text", "text-user", c, per_client, args.max_tokens))
+    order = {"kv": 0, "text": 1, "none": 2}
+    results.sort(key=lambda r: (r.concurrency, order[r.arm]))
+    print_table(
+        ["Arm", "Conc", "Requests", "TTFT p50 (s)", "TTFT p90 (s)", "Cached tok", "Prompt tok", "Errors"],
+        [
+            [
+                r.arm,
+                r.concurrency,
+                r.num_requests,
+                r.ttft_p50_s,
+                r.ttft_p90_s,
+                r.cached_tokens,
+                r.prompt_tokens,
+                r.errors,
+            ]
+            for r in results
+        ],
+    )
+    by = {(r.arm, r.concurrency): r for r in results}
+    summary = {
+        "kv_vs_text_x": {str(c): by[("text", c)].ttft_p50_s / by[("kv", c)].ttft_p50_s for c in levels}
+    }
+    if inproc is not None:
+        inproc["http_minus_inprocess_ms"] = 1000 * (by[("kv", 1)].ttft_p50_s - inproc["kv_ttft_p50_s"])
+        summary["in_process"] = inproc
+    print(f"# summary: {json.dumps(summary)}", file=sys.stderr)
+    result = {
+        "env": {
+            **env_info("cpu"),
+            "backend": args.backend,
+            "memories": args.memories,
+            "words": args.words,
+            "query": QUERY,
+            "max_tokens": args.max_tokens,
+        },
+        "arms": [asdict(r) for r in results],
+        "summary": summary,
+    }
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The HTTP benchmarks run end to end against spawned servers on the fake backend (plumbing, not timing):
+well-formed JSON, the KV arm is served from KV, the text arm carries the same memories as text."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import http_load, http_ttft
+
+
+def test_http_ttft_arms(tmp_path, capsys):
+    out = tmp_path / "h.json"
+    result = http_ttft.main(
+        ["--backend", "fake", "--quick", "--memories", "3", "--words", "20", "--out", str(out)]
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(out.read_text())
+    arms = {(a["arm"], a["concurrency"]): a for a in result["arms"]}
+    assert set(arms) == {(arm, c) for arm in ("kv", "text", "none") for c in (1, 4)}
+    for c in (1, 4):
+        kv, text, none = arms[("kv", c)], arms[("text", c)], arms[("none", c)]
+        assert (kv["errors"], text["errors"], none["errors"]) == (0, 0, 0)
+        assert kv["num_requests"] == text["num_requests"] == c
+        assert kv["cached_tokens"] > 0 and text["cached_tokens"] == 0 and none["cached_tokens"] == 0
+        # same memories and query: the text prompt holds them all, so it is at least as long as the block
+        assert text["prompt_tokens"] >= kv["cached_tokens"] and none["prompt_tokens"] < kv["cached_tokens"]
+    assert set(result["summary"]["kv_vs_text_x"]) == {"1", "4"}
+
+
+def test_http_load_runs_without_errors(tmp_path):
+    result = http_load.main(
+        [
+            "--spawn",
+            "--backend",
+            "fake",
+            "--clients",
+            "3",
+            "--duration-s",
+            "2",
+            "--words",
+            "10",
+            "--out",
+            str(tmp_path / "l.json"),
+        ]
+    )
+    load = result["load"]
+    assert load["num_errors"] == 0 and load["completed"] > 0 and load["output_tokens"] > 0
