@@ -1,0 +1,91 @@
+"""Micro-benchmarks of the hot small operations (pytest-benchmark; not part of the default test run):
+
+    python -m pytest benchmarks/micro --benchmark-only --benchmark-json out/micro.json
+
+plan read, KV item load from disk vs recompute, plaintext search, prompt layout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.http_ttft import memory_texts
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from kvmem.models import provision
+
+    return AutoTokenizer.from_pretrained(str(provision()))
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    from kvmem.models import handle_for
+    from tests.conftest import make_tiny_llama
+
+    return handle_for(make_tiny_llama(len(tokenizer)), tokenizer, model_id="tiny-llama")
+
+
+def test_plan_read(benchmark, tmp_path):
+    from kvmem.text import HashEmbedder, MemoryStore
+    from serving.backends.fake import FakeBackend
+    from serving.plans import StandInPlanProvider
+
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    store.add("alice", texts=memory_texts(8, 20))
+    plans = StandInPlanProvider(store, FakeBackend(), token_budget=4096)
+    plans.get("alice")
+    plans.flush()
+    assert plans.get("alice").block_item_id is not None
+    benchmark(plans.get, "alice")
+    plans.close()
+
+
+@pytest.mark.parametrize("block_tokens", [500, 2000])
+def test_kv_load_from_disk(benchmark, tmp_path, tiny, block_tokens):
+    from benchmarks.ttft_grid import memories_for
+    from kvmem.kv import PromptLayout, build_item
+    from kvmem.kv.io import load_item, save_item
+
+    layout = PromptLayout(tiny.tokenizer)
+    item = build_item(tiny, layout.block_ids(memories_for(layout, block_tokens, seed=1)), user_id="u")
+    save_item(item, tmp_path)
+    benchmark(load_item, tmp_path, item.item_id, tiny.fingerprint)
+
+
+@pytest.mark.parametrize("block_tokens", [500, 2000])
+def test_kv_recompute(benchmark, tiny, block_tokens):
+    from benchmarks.ttft_grid import memories_for
+    from kvmem.kv import PromptLayout, build_item
+
+    layout = PromptLayout(tiny.tokenizer)
+    ids = layout.block_ids(memories_for(layout, block_tokens, seed=1))
+    benchmark(build_item, tiny, ids, user_id="u")
+
+
+@pytest.mark.parametrize("embedder", ["hash", "default"])
+def test_store_search(benchmark, tmp_path, embedder):
+    from kvmem.text import HashEmbedder, MemoryStore
+
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder() if embedder == "hash" else None)
+    store.add("alice", texts=memory_texts(500, 15, seed=2))
+    store.add("bob", texts=memory_texts(500, 15, seed=3))
+    hits = benchmark(store.search, "alice", "kitchen renovation budget", top_k=10)
+    assert hits and all(h.memory.user_id == "alice" for h in hits)
+
+
+def test_prompt_layout(benchmark, tokenizer):
+    from kvmem.kv import PromptLayout
+
+    layout = PromptLayout(tokenizer)
+    block, text = memory_texts(8, 40), memory_texts(4, 20, seed=5)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "What should I plan next month?"},
+    ]
+    prompt = benchmark(layout.prompt, block, text, messages)
+    assert prompt.block_len == len(layout.block_ids(block))
