@@ -164,7 +164,14 @@ def create_app(
         store = MemoryStore(config.store_path)
         owned.append(store)
     if plans is None:
-        plans = StandInPlanProvider(store, backend, token_budget=config.block_token_budget)
+        if config.planner == "scheduler":
+            from serving.sched_plans import SchedulerPlanProvider
+
+            plans = SchedulerPlanProvider(
+                store, backend, token_budget=config.block_token_budget, data_dir=config.data_dir
+            )
+        else:
+            plans = StandInPlanProvider(store, backend, token_budget=config.block_token_budget)
         owned.append(plans)
     metrics = Metrics()
     chat = ChatService(config, backend, store, plans, metrics)
@@ -218,7 +225,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+        return PlainTextResponse(metrics.render() + _scheduler_metrics(plans), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models(who: CallerDep) -> dict[str, Any]:
@@ -347,3 +354,27 @@ async def _load(backend: Backend, store: Any, config: ServingConfig) -> None:
     if config.seed_demo and await asyncio.to_thread(store.count, config.default_user) == 0:
         await asyncio.to_thread(store.add, config.default_user, texts=list(DEMO_MEMORIES), session_id="demo")
         logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))
+
+
+def _scheduler_metrics(plans: PlanProvider) -> str:
+    """Prometheus lines for the scheduler's tiers and work, when the scheduler is the plan provider."""
+    scheduler = getattr(plans, "scheduler", None)
+    if scheduler is None:
+        return ""
+    st = scheduler.stats()
+    gauges = [
+        ("kvmem_scheduler_blocks", "KV blocks published in plans.", st.num_blocks),
+        ("kvmem_scheduler_block_tokens", "Tokens in published KV blocks.", st.block_tokens),
+        ("kvmem_scheduler_block_bytes", "Bytes of published KV blocks.", st.block_bytes),
+        ("kvmem_scheduler_plan_hit_ratio", "Plan reads that found a KV block.", st.hit_rate),
+        ("kvmem_scheduler_queue_depth", "Scheduler tasks waiting.", st.queue_depth),
+        ("kvmem_scheduler_tasks_total", "Scheduler tasks run.", st.tasks_done),
+        ("kvmem_scheduler_task_p50_seconds", "Median scheduler task latency.", st.task_p50_s),
+        ("kvmem_scheduler_builds_total", "KV blocks built by the scheduler.", st.builds),
+        ("kvmem_scheduler_distill_candidates", "Memories marked for distillation.", st.distill_candidates),
+    ]
+    lines = []
+    for name, help_text, value in gauges:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value!r}"]
+    return "\n".join(lines) + "\n"

@@ -51,6 +51,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting or generating; more get 429")
     p.add_argument("--block-token-budget", type=int, default=2048, help="tokens of memories served as KV")
+    p.add_argument(
+        "--planner",
+        choices=["scheduler", "standin"],
+        default="scheduler",
+        help="who decides which memories are KV blocks (default: the scheduler)",
+    )
     p.add_argument("--retrieve-top-k", type=int, default=8, help="memories retrieved by search per chat turn")
     p.add_argument(
         "--no-store-turns", action="store_true", help="do not store chat turns as memories (benchmarks)"
@@ -85,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             block_token_budget=args.block_token_budget,
             seed_demo=args.demo,
             retrieve_top_k=args.retrieve_top_k,
+            planner=args.planner,
             store_turns=not args.no_store_turns,
         )
     except ValueError as e:

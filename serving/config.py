@@ -42,6 +42,7 @@ class ServingConfig:
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
     seed_demo: bool = False  # give default_user a few memories at start if it has none
+    planner: str = "scheduler"  # "scheduler" (heat-driven) or "standin" (most recent memories, built once)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -64,6 +65,8 @@ class ServingConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_token_budget < 0:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
+        if self.planner not in ("scheduler", "standin"):
+            raise ValueError(f"planner must be 'scheduler' or 'standin', got {self.planner!r}")
         if not self.default_user:
             raise ValueError("default_user must not be empty")
 

@@ -46,6 +46,29 @@ class BlockBuilder:
         ids = self.layout.block_ids(texts)
         return item_id_for(user_id, self.handle.fingerprint, tuple(ids), tuple(memory_ids)), ids
 
+    def _prefix_item(self, user_id: str, memory_ids: tuple[str, ...], ids: list[int]):
+        """The user's stored item for the longest proper prefix of these memories, if its tokens match."""
+        best = None
+        for item_id in self.store.item_ids(user_id):
+            try:
+                meta = self.store.meta(item_id)
+            except KVItemError:
+                continue
+            n = len(meta.memory_ids)
+            if (
+                0 < n < len(memory_ids)
+                and meta.memory_ids == memory_ids[:n]
+                and (best is None or n > best[0])
+            ):
+                best = (n, item_id)
+        if best is None:
+            return None
+        try:
+            item = self.store.get(best[1])
+        except KVItemError:
+            return None
+        return item if tuple(ids[: item.num_tokens]) == item.token_ids else None
+
     def build(
         self,
         user_id: str,
@@ -75,7 +98,13 @@ class BlockBuilder:
                 except KVItemError:
                     pass
             self.store.remove(item_id)
-        item = build_item(self.handle, ids, user_id=user_id, memory_ids=tuple(memory_ids))
+        item = build_item(
+            self.handle,
+            ids,
+            user_id=user_id,
+            memory_ids=tuple(memory_ids),
+            prefix=self._prefix_item(user_id, tuple(memory_ids), ids),
+        )
         self.store.put(item)
         return BuiltBlock(
             item.item_id, item.meta.memory_ids, item.num_tokens, item.meta.num_bytes, built=True

@@ -106,8 +106,13 @@ def build_item(
     *,
     user_id: str,
     memory_ids: tuple[str, ...] | list[str] = (),
+    prefix: KVItem | None = None,
 ) -> KVItem:
-    """Prefill `token_ids` once and keep the K/V. Raises InvalidBlock for an empty or over-long block."""
+    """Prefill `token_ids` once and keep the K/V. Raises InvalidBlock for an empty or over-long block.
+
+    With `prefix` (an item whose tokens start `token_ids`, e.g. the block before memories were appended), only
+    the new tokens are prefilled, over the prefix's K/V, exactly as a request would; the prefix is not modified.
+    """
     ids = tuple(int(t) for t in token_ids)
     if not ids:
         raise InvalidBlock("cannot build a KV item from an empty block (0 tokens)")
@@ -122,10 +127,21 @@ def build_item(
     if bad:
         raise InvalidBlock(f"block has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
     model = handle.model
-    cache = DynamicCache(config=model.config)
-    input_ids = torch.tensor([ids], dtype=torch.long, device=handle.device)
+    cache, start = DynamicCache(config=model.config), 0
+    if prefix is not None and prefix.meta.fingerprint == handle.fingerprint:
+        from kvmem.kv.inject import inject
+
+        injection = inject(prefix, ids)
+        cache, start = injection.cache, injection.reused_tokens
+    input_ids = torch.tensor([ids[start:]], dtype=torch.long, device=handle.device)
     with torch.inference_mode():
-        model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            cache_position=torch.arange(start, len(ids), device=handle.device),
+        )
         kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
     del cache
     # kv: [layers, 2, kv_heads, tokens, head_dim]

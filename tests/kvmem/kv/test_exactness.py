@@ -116,3 +116,24 @@ def test_concurrent_requests_share_one_item_without_interference(tiny_handle):
     assert out1 == reference_greedy(tiny_handle.model, list(p1), 8)
     assert out2 == reference_greedy(tiny_handle.model, list(p2), 8)
     assert _digest(item.kv) == before
+
+
+def test_appended_block_extends_the_stored_prefix_and_stays_exact(tiny_handle, tmp_path):
+    """Appending memories prefills only the new ones over the stored block (its K/V reused bit for bit)."""
+    from kvmem.kv import KVStoreConfig, TieredKVStore
+    from kvmem.kv.blocks import BlockBuilder
+
+    layout = PromptLayout(tiny_handle.tokenizer)
+    store = TieredKVStore(KVStoreConfig(directory=str(tmp_path)), tiny_handle.fingerprint)
+    builder = BlockBuilder(tiny_handle, layout, store)
+    mems = synthetic_memories(400, tiny_handle.tokenizer, seed=3)
+    ids = [f"m{i}" for i in range(len(mems))]
+    first = builder.build("alice", mems[:-2], ids[:-2])
+    old = store.get(first.item_id)
+    grown = builder.build("alice", mems, ids)
+    new = store.get(grown.item_id)
+    assert grown.built and new.num_tokens > old.num_tokens
+    assert torch.equal(new.kv[:, :, :, : old.num_tokens], old.kv)
+    prompt = layout.prompt(mems, [], QUERIES[0])
+    ours = list(generate(tiny_handle.model, prompt.ids, item=new, sampling=Sampling(max_new_tokens=8)))
+    assert ours == reference_greedy(tiny_handle.model, list(prompt.ids), 8)

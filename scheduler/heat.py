@@ -1,0 +1,133 @@
+"""Heat per (user, memory): exponentially decayed retrieval hits and uses, first seen, last access, last change.
+
+Owns the statistics and their persistence (one SQLite table, no pickle). Time is always passed in, so tests
+control it. Knows nothing of blocks, plans or queues.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS heat (
+    user_id TEXT NOT NULL, memory_id TEXT NOT NULL, score REAL NOT NULL, score_at REAL NOT NULL,
+    hits INTEGER NOT NULL, uses INTEGER NOT NULL, first_seen REAL NOT NULL, last_access REAL,
+    last_change REAL NOT NULL, PRIMARY KEY (user_id, memory_id))
+"""
+
+
+@dataclass(frozen=True)
+class HeatStats:
+    score: float  # decayed heat as of `score_at`
+    score_at: float
+    hits: int
+    uses: int
+    first_seen: float
+    last_access: float | None
+    last_change: float
+
+    def score_now(self, now: float, half_life_s: float) -> float:
+        return self.score * math.pow(0.5, max(0.0, now - self.score_at) / half_life_s)
+
+    def stable_for_s(self, now: float) -> float:
+        return now - self.last_change
+
+
+class HeatTable:
+    """Thread-safe; writes go through to SQLite when a path is given (else memory only)."""
+
+    def __init__(
+        self, path: str | Path | None, *, half_life_s: float, use_weight: float, recency_prior: float
+    ):
+        self.half_life_s, self.use_weight, self.recency_prior = half_life_s, use_weight, recency_prior
+        self._lock = threading.Lock()
+        self._stats: dict[str, dict[str, HeatStats]] = {}
+        self._db = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(_SCHEMA)
+            for row in self._db.execute("SELECT * FROM heat"):
+                self._stats.setdefault(row[0], {})[row[1]] = HeatStats(*row[2:])
+
+    def _put(self, user_id: str, memory_id: str, stats: HeatStats) -> None:
+        self._stats.setdefault(user_id, {})[memory_id] = stats
+        if self._db is not None:
+            self._db.execute(
+                "INSERT OR REPLACE INTO heat VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    user_id,
+                    memory_id,
+                    stats.score,
+                    stats.score_at,
+                    stats.hits,
+                    stats.uses,
+                    stats.first_seen,
+                    stats.last_access,
+                    stats.last_change,
+                ),
+            )
+
+    def seen(self, user_id: str, memory_id: str, now: float) -> None:
+        """A memory was added or changed: it starts (again) from the recency prior; history counts stay."""
+        with self._lock:
+            old = self._stats.get(user_id, {}).get(memory_id)
+            if old is None:
+                new = HeatStats(self.recency_prior, now, 0, 0, now, None, now)
+            else:
+                new = replace(
+                    old,
+                    score=old.score_now(now, self.half_life_s) + self.recency_prior,
+                    score_at=now,
+                    last_change=now,
+                )
+            self._put(user_id, memory_id, new)
+
+    def record(self, user_id: str, retrieved_ids: Iterable[str], used_ids: Iterable[str], now: float) -> None:
+        used = set(used_ids)
+        with self._lock:
+            for memory_id in dict.fromkeys([*retrieved_ids, *used]):
+                old = self._stats.get(user_id, {}).get(memory_id) or HeatStats(0.0, now, 0, 0, now, None, now)
+                gain = 1.0 + (self.use_weight if memory_id in used else 0.0)
+                self._put(
+                    user_id,
+                    memory_id,
+                    replace(
+                        old,
+                        score=old.score_now(now, self.half_life_s) + gain,
+                        score_at=now,
+                        hits=old.hits + 1,
+                        uses=old.uses + (memory_id in used),
+                        last_access=now,
+                    ),
+                )
+
+    def forget(self, user_id: str, memory_id: str | None = None) -> None:
+        with self._lock:
+            if memory_id is None:
+                self._stats.pop(user_id, None)
+                if self._db is not None:
+                    self._db.execute("DELETE FROM heat WHERE user_id=?", (user_id,))
+                return
+            self._stats.get(user_id, {}).pop(memory_id, None)
+            if self._db is not None:
+                self._db.execute("DELETE FROM heat WHERE user_id=? AND memory_id=?", (user_id, memory_id))
+
+    def stats(self, user_id: str) -> dict[str, HeatStats]:
+        with self._lock:
+            return dict(self._stats.get(user_id, {}))
+
+    def users(self) -> list[str]:
+        with self._lock:
+            return sorted(self._stats)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,138 @@
+"""Pure policy: heat statistics + caps -> which memories form a user's block, which blocks leave under the
+overall byte cap, which memories are distill candidates.
+
+Each promotion strategy is a tiny class returning a score (higher = hotter); strategies are chosen by name.
+Nothing here reads a clock, a store or a queue: `now` and the statistics are arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.heat import HeatStats
+
+
+class PromotionPolicy:
+    name = "base"
+
+    def score(self, stats: HeatStats, now: float, half_life_s: float) -> float:
+        raise NotImplementedError
+
+
+class HeatPolicy(PromotionPolicy):
+    """Exponentially decayed hits and uses (recent and frequent both count)."""
+
+    name = "heat"
+
+    def score(self, stats: HeatStats, now: float, half_life_s: float) -> float:
+        return stats.score_now(now, half_life_s)
+
+
+class LRUPolicy(PromotionPolicy):
+    """Most recently accessed first (never-accessed memories by when they were added)."""
+
+    name = "lru"
+
+    def score(self, stats: HeatStats, now: float, half_life_s: float) -> float:
+        return stats.last_access if stats.last_access is not None else stats.first_seen - 1e12
+
+
+class LFUPolicy(PromotionPolicy):
+    """Most accessed first, all time; ties by recency."""
+
+    name = "lfu"
+
+    def score(self, stats: HeatStats, now: float, half_life_s: float) -> float:
+        return stats.hits + stats.uses + 1e-12 * (stats.last_access or 0.0)
+
+
+_POLICIES: dict[str, type[PromotionPolicy]] = {p.name: p for p in (HeatPolicy, LRUPolicy, LFUPolicy)}
+
+
+def promotion_policy(name: str) -> PromotionPolicy:
+    if name not in _POLICIES:
+        raise ValueError(f"unknown promotion policy {name!r}; supported: {', '.join(sorted(_POLICIES))}")
+    return _POLICIES[name]()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    memory_id: str
+    score: float
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class BlockDecision:
+    """`action`: keep (nothing to do), append (current block + new ids), rebuild (reordered), drop (no block)."""
+
+    memory_ids: tuple[str, ...]
+    action: str
+    value: float  # summed score of the chosen memories
+
+
+def _fill(order: Sequence[Candidate], start: Sequence[Candidate], cap_tokens: int) -> list[Candidate]:
+    chosen, used = list(start), sum(c.num_tokens for c in start)
+    taken = {c.memory_id for c in chosen}
+    for c in order:
+        if c.memory_id not in taken and c.score > 0 and used + c.num_tokens <= cap_tokens:
+            chosen.append(c)
+            taken.add(c.memory_id)
+            used += c.num_tokens
+    return chosen
+
+
+def choose_block(
+    candidates: Sequence[Candidate], current: Sequence[str], cap_tokens: int, hysteresis: float
+) -> BlockDecision:
+    """The block for one user.
+
+    The ideal block is the hottest memories that fit the cap. The current block is kept as a prefix and new hot
+    memories are appended (so the stored prefix stays valid) unless the ideal block is worth more than
+    `hysteresis` times the appended one; then the block is rebuilt in heat order. A current block holding a
+    memory that is no longer a candidate (deleted) can only be rebuilt.
+    """
+    by_id = {c.memory_id: c for c in candidates}
+    order = sorted(candidates, key=lambda c: (-c.score, c.memory_id))
+    ideal = _fill(order, [], cap_tokens)
+    value_ideal = sum(c.score for c in ideal)
+    current_ok = bool(current) and all(m in by_id for m in current)
+    if current_ok and sum(by_id[m].num_tokens for m in current) <= cap_tokens:
+        appended = _fill(order, [by_id[m] for m in current], cap_tokens)
+        value_appended = sum(c.score for c in appended)
+        if value_ideal <= hysteresis * value_appended:
+            ids = tuple(c.memory_id for c in appended)
+            return BlockDecision(ids, "keep" if ids == tuple(current) else "append", value_appended)
+    if not ideal:
+        return BlockDecision((), "drop" if current else "keep", 0.0)
+    return BlockDecision(tuple(c.memory_id for c in ideal), "rebuild", value_ideal)
+
+
+@dataclass(frozen=True)
+class BlockUsage:
+    user_id: str
+    num_bytes: int
+    value: float  # current summed heat of the block
+    last_access: float
+
+
+def blocks_to_evict(blocks: Sequence[BlockUsage], total_cap_bytes: int | None) -> list[str]:
+    """Users whose blocks leave so the rest fit: least valuable per byte first, then least recently used."""
+    if total_cap_bytes is None:
+        return []
+    total = sum(b.num_bytes for b in blocks)
+    out = []
+    for b in sorted(blocks, key=lambda b: (b.value / max(b.num_bytes, 1), b.last_access, b.user_id)):
+        if total <= total_cap_bytes:
+            break
+        out.append(b.user_id)
+        total -= b.num_bytes
+    return out
+
+
+def distill_candidates(
+    stats: Mapping[str, HeatStats], now: float, *, min_uses: int, min_stable_s: float
+) -> list[str]:
+    """Memories used often and unchanged for long: candidates for the LoRA tier (a later job distils them)."""
+    return sorted(m for m, s in stats.items() if s.uses >= min_uses and s.stable_for_s(now) >= min_stable_s)

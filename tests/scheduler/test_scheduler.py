@@ -1,0 +1,205 @@
+"""The scheduler on a real plaintext store (hash embedder) with a recording fake builder and an injected
+clock: exact heat values, exact plans under caps, append-only growth, hysteresis, invalidation before the
+store call returns, a delete racing a rebuild, the overall byte cap."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pytest
+
+from kvmem.text import HashEmbedder, MemoryStore
+from scheduler import AccessEvent, Scheduler, SchedulerConfig
+from scheduler.heat import HeatTable
+from scheduler.policy import BlockUsage, Candidate, blocks_to_evict, choose_block, distill_candidates
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def dt(self) -> datetime:
+        return datetime.fromtimestamp(self.t, timezone.utc)
+
+
+@dataclass(frozen=True)
+class Built:
+    item_id: str
+    num_tokens: int
+    num_bytes: int
+
+
+class FakeBuilder:
+    def __init__(self):
+        self.builds: list[tuple[str, tuple[str, ...]]] = []
+        self.dropped: list[str] = []
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def ready(self) -> bool:
+        return True
+
+    def build_block(self, user_id, texts, memory_ids):
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.builds.append((user_id, tuple(memory_ids)))
+        return Built(f"item-{len(self.builds)}", sum(len(t.split()) for t in texts), 100 * len(texts))
+
+    def drop_block(self, item_id):
+        self.dropped.append(item_id)
+
+
+def words(n: int, tag: str) -> str:
+    return " ".join([tag] * n)
+
+
+@pytest.fixture()
+def env(tmp_path):
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder = FakeBuilder()
+
+    def make(**cfg):
+        sched = Scheduler(
+            SchedulerConfig(**{"half_life_s": 100.0, "recency_prior": 1.0, "use_weight": 2.0, **cfg}),
+            store,
+            builder,
+            lambda text: len(text.split()),
+            clock=clock,
+        )
+        sched._unsubscribe = store.subscribe(sched.on_change)  # events without the worker thread
+        return sched
+
+    yield clock, store, builder, make
+    store.close()
+
+
+def test_heat_decays_exactly_and_persists(tmp_path):
+    path = tmp_path / "heat.sqlite"
+    heat = HeatTable(path, half_life_s=10.0, use_weight=2.0, recency_prior=0.5)
+    heat.seen("u", "a", 0.0)
+    heat.record("u", ["a", "b"], ["a"], 10.0)
+    stats = heat.stats("u")
+    assert stats["a"].score_now(10.0, 10.0) == 0.25 + 3.0
+    assert stats["b"].score_now(30.0, 10.0) == 0.25
+    assert (stats["a"].hits, stats["a"].uses, stats["b"].uses, stats["a"].last_access) == (1, 1, 0, 10.0)
+    heat.close()
+    again = HeatTable(path, half_life_s=10.0, use_weight=2.0, recency_prior=0.5)
+    assert again.stats("u") == stats and again.stats("other") == {}
+
+
+def test_choose_block_appends_keeps_prefix_and_rebuilds_only_past_hysteresis():
+    c = [Candidate("a", 5.0, 10), Candidate("b", 4.0, 10), Candidate("c", 3.0, 10), Candidate("d", 0.5, 10)]
+    assert choose_block(c, (), 30, 1.5).memory_ids == ("a", "b", "c")
+    assert choose_block(c, (), 30, 1.5).action == "rebuild"
+    # current [c, d] keeps its prefix; a fills the room that is left; b does not fit
+    d = choose_block(c, ("c", "d"), 30, 1.5)
+    assert (d.memory_ids, d.action) == (("c", "d", "a"), "append")
+    # the ideal (a, b, c) = 12 vs appended (d, a) = 5.5 -> more than 1.5x: rebuild in heat order
+    d = choose_block(c, ("d",), 20, 1.5)
+    assert (d.memory_ids, d.action) == (("a", "b"), "rebuild")
+    assert choose_block(c, ("a", "b", "c"), 30, 1.5).action == "keep"
+    assert choose_block(c, ("gone",), 30, 1.5).action == "rebuild"  # a deleted memory forces a rebuild
+    assert choose_block(c, ("a",), 5, 1.5) == choose_block(c, ("a",), 5, 1.5)
+    assert choose_block(c, ("a",), 5, 1.5).action == "drop"  # cap too small for any memory
+
+
+def test_new_user_gets_its_newest_memories_then_hot_ones_are_appended(env):
+    clock, store, builder, make = env
+    sched = make(user_block_tokens=6)
+    ids = []
+    for i in range(4):
+        ids.append(store.add("alice", words(2, f"m{i}"))[0].id)
+        clock.t += 10
+    assert sched.get("alice").block is None and sched.get("unknown").block is None
+    sched.run_pending()
+    plan = sched.get("alice")
+    assert plan.block.memory_ids == (ids[3], ids[2], ids[1])  # newest first, 3 x 2 tokens = cap
+    assert builder.builds == [("alice", (ids[3], ids[2], ids[1]))]
+    # ids[0] gets hot but there is no room: the gain (hysteresis) is too small to reorder
+    sched.record_access(AccessEvent("alice", (ids[0],), (), clock.t))
+    sched.run_pending()
+    assert sched.get("alice").block.memory_ids == (ids[3], ids[2], ids[1]) and len(builder.builds) == 1
+    # now it is used again and again: the ideal block is worth > 1.5x the current one -> rebuilt
+    for _ in range(5):
+        sched.record_access(AccessEvent("alice", (ids[0],), (ids[0],), clock.t))
+    sched.run_pending()
+    assert sched.get("alice").block.memory_ids[0] == ids[0]
+    assert builder.dropped == ["item-1"]
+
+
+def test_update_or_delete_stops_serving_before_the_store_call_returns(env):
+    clock, store, builder, make = env
+    sched = make()
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.get("alice")
+    sched.run_pending()
+    assert sched.get("alice").covered_ids == {a, b}
+    store.update("alice", a, text="dog named Rex")
+    assert sched.get("alice").block is None and builder.dropped == ["item-1"]  # before any worker ran
+    sched.run_pending()
+    assert sched.get("alice").covered_ids == {a, b}
+    store.delete("alice", b)
+    assert sched.get("alice").block is None
+    sched.run_pending()
+    assert sched.get("alice").block.memory_ids == (a,)
+    assert builder.builds[-1] == ("alice", (a,))
+
+
+def test_memory_deleted_during_a_rebuild_is_never_published(env):
+    clock, store, builder, make = env
+    sched = make()
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    builder.gate = threading.Event()
+    sched.get("alice")
+    worker = threading.Thread(target=sched.run_pending)
+    worker.start()
+    assert builder.entered.wait(10)  # the build of [a, b] is in flight
+    store.delete("alice", b)
+    builder.gate.set()
+    worker.join(10)
+    sched.run_pending()
+    published = sched.get("alice").block
+    assert published.memory_ids == (a,)
+    assert sched.stats().discarded_builds == 1 and "item-1" in builder.dropped
+
+
+def test_overall_byte_cap_drops_the_coldest_block(env):
+    clock, store, builder, make = env
+    sched = make(total_block_bytes=250)
+    alice = [m.id for m in store.add("alice", texts=["one a", "two a"])]
+    store.add("bob", texts=["one b", "two b"])
+    sched.get("alice")
+    sched.get("bob")
+    sched.run_pending()
+    # equal heat and recency: the tie goes by user id, so alice's block leaves for bob's
+    assert (sched.get("alice").block, sched.get("bob").block.item_id) == (None, "item-2")
+    sched.record_access(AccessEvent("alice", tuple(alice), tuple(alice), clock.t))
+    sched.run_pending()
+    assert (sched.get("alice").block.item_id, sched.get("bob").block) == ("item-3", None)
+    assert sched.stats().block_bytes == 200 and builder.dropped == ["item-1", "item-2"]
+
+
+def test_blocks_to_evict_and_distill_candidates_are_exact():
+    blocks = [BlockUsage("a", 100, 10.0, 5.0), BlockUsage("b", 100, 1.0, 9.0), BlockUsage("c", 100, 1.0, 1.0)]
+    assert blocks_to_evict(blocks, 150) == ["c", "b"]
+    assert blocks_to_evict(blocks, None) == [] and blocks_to_evict(blocks, 300) == []
+    heat = HeatTable(None, half_life_s=10.0, use_weight=1.0, recency_prior=0.0)
+    heat.seen("u", "old", 0.0)
+    heat.seen("u", "new", 90.0)
+    for t in range(5):
+        heat.record("u", ["old", "new"], ["old", "new"], 91.0 + t)
+    assert distill_candidates(heat.stats("u"), 100.0, min_uses=5, min_stable_s=50.0) == ["old"]
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="half_life_s"):
+        SchedulerConfig(half_life_s=0)
+    with pytest.raises(ValueError, match="supported: heat, lfu, lru"):
+        SchedulerConfig(promotion="random")

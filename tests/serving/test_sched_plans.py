@@ -1,0 +1,65 @@
+"""The scheduler as the server's plan provider (fake backend: plumbing): blocks built off the request path,
+served from KV, dropped before a DELETE returns, visible in the plan route and /metrics."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from kvmem.text import HashEmbedder, MemoryStore
+from serving.app import create_app
+from serving.backends.fake import FakeBackend
+from serving.config import ServingConfig
+from serving.sched_plans import SchedulerPlanProvider
+
+
+def test_scheduler_plans_through_http(tmp_path):
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    plans = SchedulerPlanProvider(store, backend, token_budget=4096, data_dir=tmp_path)
+    app = create_app(
+        ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False),
+        backend=backend,
+        store=store,
+        plans=plans,
+    )
+    with TestClient(app) as client:
+        ids = [
+            m["id"]
+            for m in client.post(
+                "/v1/memories",
+                json={
+                    "user_id": "alice",
+                    "messages": [
+                        {"role": "user", "content": "my cat is Tofu"},
+                        {"role": "user", "content": "I live in Porto"},
+                    ],
+                },
+            ).json()["memories"]
+        ]
+        plans.flush()
+        plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        assert plan["block"]["tier"] == "kv" and sorted(plan["block"]["memory_ids"]) == sorted(ids)
+        out = client.post(
+            "/v1/chat/completions",
+            json={"model": "default", "user": "alice", "messages": [{"role": "user", "content": "cat?"}]},
+        ).json()
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == plan["block"]["tokens"] > 0
+        assert {m["tier"] for m in out["memory"]["used"]} == {"kv"}
+        assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}).json() == {"deleted": 1}
+        # stopped serving before the DELETE returned (no flush in between; the worker may already have rebuilt)
+        assert (
+            ids[0]
+            not in client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["block"]["memory_ids"]
+        )
+        plans.flush()
+        plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        assert plan["block"]["memory_ids"] == [ids[1]]
+        metrics = client.get("/metrics").text
+        assert "kvmem_scheduler_blocks 1" in metrics and "kvmem_scheduler_builds_total 2" in metrics
+        assert json.dumps(plans.get("bob").to_dict()["block"]) == json.dumps(
+            {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
+        )
+    plans.close()
+    store.close()
