@@ -88,25 +88,40 @@ def choose_block(
 ) -> BlockDecision:
     """The block for one user.
 
-    The ideal block is the hottest memories that fit the cap. The current block is kept as a prefix and new hot
-    memories are appended (so the stored prefix stays valid) unless the ideal block is worth more than
-    `hysteresis` times the appended one; then the block is rebuilt in heat order. A current block holding a
-    memory that is no longer a candidate (deleted) can only be rebuilt.
+    The ideal block is the hottest memories that fit the cap. Changing the stored block costs a prefill of
+    everything after the part that is kept, so: new hot memories are appended when they fit (the stored block
+    stays a valid prefix: "append"); otherwise the block is cut after its longest prefix of still-ideal
+    memories and refilled in heat order ("truncate", or "rebuild" when nothing is kept) -- but only when that
+    is worth more than `hysteresis` times the appended block, so plans do not thrash. A current block holding
+    a memory that is no longer a candidate (deleted) is cut before it.
     """
     by_id = {c.memory_id: c for c in candidates}
     order = sorted(candidates, key=lambda c: (-c.score, c.memory_id))
     ideal = _fill(order, [], cap_tokens)
-    value_ideal = sum(c.score for c in ideal)
-    current_ok = bool(current) and all(m in by_id for m in current)
-    if current_ok and sum(by_id[m].num_tokens for m in current) <= cap_tokens:
-        appended = _fill(order, [by_id[m] for m in current], cap_tokens)
+    ideal_ids = {c.memory_id for c in ideal}
+    valid = 0
+    while valid < len(current) and current[valid] in by_id:
+        valid += 1
+    kept = [by_id[m] for m in current[:valid]]
+    if valid == len(current) and current and sum(c.num_tokens for c in kept) <= cap_tokens:
+        appended = _fill(order, kept, cap_tokens)
         value_appended = sum(c.score for c in appended)
-        if value_ideal <= hysteresis * value_appended:
-            ids = tuple(c.memory_id for c in appended)
-            return BlockDecision(ids, "keep" if ids == tuple(current) else "append", value_appended)
-    if not ideal:
+    else:
+        appended, value_appended = [], -1.0
+    prefix = 0
+    while prefix < len(kept) and kept[prefix].memory_id in ideal_ids:
+        prefix += 1
+    refilled = _fill(order, kept[:prefix], cap_tokens)
+    value_refilled = sum(c.score for c in refilled)
+    if value_appended >= 0 and value_refilled <= hysteresis * value_appended:
+        ids = tuple(c.memory_id for c in appended)
+        return BlockDecision(ids, "keep" if ids == tuple(current) else "append", value_appended)
+    if not refilled:
         return BlockDecision((), "drop" if current else "keep", 0.0)
-    return BlockDecision(tuple(c.memory_id for c in ideal), "rebuild", value_ideal)
+    ids = tuple(c.memory_id for c in refilled)
+    if ids == tuple(current):
+        return BlockDecision(ids, "keep", value_refilled)
+    return BlockDecision(ids, "truncate" if prefix else "rebuild", value_refilled)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,14 @@ import pytest
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import AccessEvent, Scheduler, SchedulerConfig
 from scheduler.heat import HeatTable
-from scheduler.policy import BlockUsage, Candidate, blocks_to_evict, choose_block, distill_candidates
+from scheduler.policy import (
+    BlockDecision,
+    BlockUsage,
+    Candidate,
+    blocks_to_evict,
+    choose_block,
+    distill_candidates,
+)
 
 
 class Clock:
@@ -96,6 +103,8 @@ def test_heat_decays_exactly_and_persists(tmp_path):
 
 def test_choose_block_appends_keeps_prefix_and_rebuilds_only_past_hysteresis():
     c = [Candidate("a", 5.0, 10), Candidate("b", 4.0, 10), Candidate("c", 3.0, 10), Candidate("d", 0.5, 10)]
+    # current [a, d]: a stays as the prefix, the cold tail d gives way to b (9 > 1.05 x 5.5)
+    assert choose_block(c, ("a", "d"), 20, 1.05) == BlockDecision(("a", "b"), "truncate", 9.0)
     assert choose_block(c, (), 30, 1.5).memory_ids == ("a", "b", "c")
     assert choose_block(c, (), 30, 1.5).action == "rebuild"
     # current [c, d] keeps its prefix; a fills the room that is left; b does not fit
@@ -126,11 +135,12 @@ def test_new_user_gets_its_newest_memories_then_hot_ones_are_appended(env):
     sched.record_access(AccessEvent("alice", (ids[0],), (), clock.t))
     sched.run_pending()
     assert sched.get("alice").block.memory_ids == (ids[3], ids[2], ids[1]) and len(builder.builds) == 1
-    # now it is used again and again: the ideal block is worth > 1.5x the current one -> rebuilt
+    # now it is used again and again: worth > 1.5x the current block -> the still-hot prefix is kept and the
+    # cold tail (ids[1]) is replaced
     for _ in range(5):
         sched.record_access(AccessEvent("alice", (ids[0],), (ids[0],), clock.t))
     sched.run_pending()
-    assert sched.get("alice").block.memory_ids[0] == ids[0]
+    assert sched.get("alice").block.memory_ids == (ids[3], ids[2], ids[0])
     assert builder.dropped == ["item-1"]
 
 

@@ -1,0 +1,251 @@
+"""Trace-driven scheduler simulation (CPU only; token counts stand in for the model).
+
+Many users, each with memories grouped by topic; each request retrieves a few memories, Zipf-distributed
+within the active topic, and half-way through the trace every user's topic drifts (MemOS's 'buying a home,
+then renovating'). Policies keep a per-user KV block of equal token capacity, updated between requests:
+ours (decayed heat, append-only with hysteresis), LRU, LFU, and a clairvoyant optimum that knows the next
+`window` requests. Reported: share of retrieved memory tokens served from KV, ratio to the optimum, requests
+until the new topic is KV-resident after the shift, rebuilds, and the request-path overhead of the real
+Scheduler (plan read + access event).
+
+    python -m benchmarks.sched_sim --out benchmarks/results/cpu/sched_sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from benchmarks.common import median, print_table, write_outputs
+from scheduler.heat import HeatTable
+from scheduler.policy import Candidate, choose_block, promotion_policy
+
+TOPICS = ("buying a home", "renovating", "work", "health", "travel")
+
+
+@dataclass(frozen=True)
+class UserTrace:
+    sizes: dict[str, int]  # memory id -> tokens
+    requests: list[tuple[str, ...]]  # retrieved memory ids per request
+    shift_at: int
+
+
+def zipf_pick(rng: random.Random, items: list[str], s: float) -> str:
+    weights = [1.0 / (i + 1) ** s for i in range(len(items))]
+    return rng.choices(items, weights)[0]
+
+
+def make_trace(
+    seed: int, *, num_requests: int, per_topic: int, k: int, zipf_s: float, p_topic: float
+) -> UserTrace:
+    rng = random.Random(seed)
+    topics = {t: [f"{t}:{i}" for i in range(per_topic)] for t in TOPICS}
+    for ids in topics.values():
+        rng.shuffle(ids)
+    sizes = {m: rng.randint(20, 120) for ids in topics.values() for m in ids}
+    everything = sorted(sizes)
+    rng.shuffle(everything)
+    before, after = "buying a home", "renovating"
+    shift_at = num_requests // 2
+    requests = []
+    for r in range(num_requests):
+        pool = topics[before if r < shift_at else after]
+        picked: list[str] = []
+        while len(picked) < k:
+            m = zipf_pick(rng, pool, zipf_s) if rng.random() < p_topic else zipf_pick(rng, everything, zipf_s)
+            if m not in picked:
+                picked.append(m)
+        requests.append(tuple(picked))
+    return UserTrace(sizes, requests, shift_at)
+
+
+def _fill(order: list[str], sizes: dict[str, int], cap: int) -> frozenset[str]:
+    chosen, used = [], 0
+    for m in order:
+        if used + sizes[m] <= cap:
+            chosen.append(m)
+            used += sizes[m]
+    return frozenset(chosen)
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    served_share: float
+    ratio_to_optimum: float
+    shift_requests_p50: float
+    rebuilds_per_user: float
+    appends_per_user: float
+
+
+def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s: float, hysteresis: float):
+    """Per request: (served tokens, retrieved tokens); plus rebuild/append counts."""
+    sizes, out = trace.sizes, []
+    block: tuple[str, ...] = ()
+    last: dict[str, int] = {}
+    count: Counter[str] = Counter()
+    heat = HeatTable(None, half_life_s=half_life_s, use_weight=2.0, recency_prior=0.25)
+    for m in sizes:
+        heat.seen("u", m, 0.0)
+    rebuilds = appends = 0
+    score = promotion_policy("heat")
+    for r, req in enumerate(trace.requests):
+        now = 60.0 * (r + 1)
+        if policy == "optimum" and r % window == 0:
+            future = Counter(m for q in trace.requests[r : r + window] for m in q)
+            block = tuple(_fill(sorted(future, key=lambda m: (-future[m], m)), sizes, cap))
+        members = set(block)
+        total = sum(sizes[m] for m in req)
+        out.append((sum(sizes[m] for m in req if m in members), total))
+        # what the scheduler learns after the turn, applied before the next request
+        for m in req:
+            last[m] = r
+            count[m] += 1
+        if policy == "lru":
+            block = tuple(_fill(sorted(last, key=lambda m: -last[m]), sizes, cap))
+        elif policy == "lfu":
+            block = tuple(_fill(sorted(count, key=lambda m: (-count[m], -last[m])), sizes, cap))
+        elif policy == "ours":
+            heat.record("u", req, req, now)
+            stats = heat.stats("u")
+            cands = [Candidate(m, score.score(stats[m], now, half_life_s), sizes[m]) for m in sizes]
+            decision = choose_block(cands, block, cap, hysteresis)
+            rebuilds += decision.action in ("rebuild", "truncate")
+            appends += decision.action == "append"
+            block = decision.memory_ids
+    return out, rebuilds, appends
+
+
+def shift_latency(served: list[tuple[int, int]], shift_at: int, threshold: float = 0.8) -> int:
+    """Requests after the topic shift until one is served >= threshold from KV (len(after) if never)."""
+    after = served[shift_at:]
+    return next((i for i, (s, t) in enumerate(after) if t and s / t >= threshold), len(after))
+
+
+def request_path_overhead(iterations: int) -> dict:
+    """p50/p99 of the real Scheduler's plan read + access event (enqueue), in microseconds."""
+    from types import SimpleNamespace
+
+    from scheduler import AccessEvent, Scheduler, SchedulerConfig
+
+    source = SimpleNamespace(
+        list=lambda *a, **k: SimpleNamespace(items=[], total=0), subscribe=lambda cb: lambda: None
+    )
+    builder = SimpleNamespace(ready=lambda: True, build_block=None, drop_block=lambda i: None)
+    sched = Scheduler(SchedulerConfig(), source, builder, len)
+    times = []
+    for i in range(iterations):
+        t0 = time.perf_counter()
+        sched.get(f"user{i % 100}")
+        sched.record_access(AccessEvent(f"user{i % 100}", ("a", "b"), ("a",), 0.0))
+        times.append(time.perf_counter() - t0)
+        if len(sched.queue) > 10_000:
+            while sched.queue.get(timeout_s=0) is not None:
+                pass
+    times.sort()
+    return {
+        "iterations": iterations,
+        "p50_us": 1e6 * times[len(times) // 2],
+        "p99_us": 1e6 * times[int(0.99 * (len(times) - 1))],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sched_sim", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--users", type=int, default=60)
+    p.add_argument("--requests", type=int, default=240, help="requests per user")
+    p.add_argument("--per-topic", type=int, default=16, help="memories per topic (5 topics)")
+    p.add_argument("--k", type=int, default=4, help="memories retrieved per request")
+    p.add_argument(
+        "--cap-tokens", type=int, default=600, help="per-user KV capacity (equal for every policy)"
+    )
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--p-topic", type=float, default=0.85, help="share of retrievals from the active topic")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="the optimum re-plans every `window` requests (default: once per topic phase)",
+    )
+    p.add_argument("--half-life-s", type=float, default=300.0, help="heat half-life; a request every 60 s")
+    p.add_argument("--hysteresis", type=float, default=1.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.users, args.requests = 8, 80
+    traces = [
+        make_trace(
+            args.seed * 1000 + u,
+            num_requests=args.requests,
+            per_topic=args.per_topic,
+            k=args.k,
+            zipf_s=args.zipf,
+            p_topic=args.p_topic,
+        )
+        for u in range(args.users)
+    ]
+    window = args.window or args.requests // 2
+    results: dict[str, PolicyResult] = {}
+    for policy in ("optimum", "ours", "lru", "lfu"):
+        served = total = rebuilds = appends = 0
+        shifts = []
+        for tr in traces:
+            out, rb, ap = replay(
+                policy,
+                tr,
+                args.cap_tokens,
+                window=window,
+                half_life_s=args.half_life_s,
+                hysteresis=args.hysteresis,
+            )
+            served += sum(s for s, _ in out)
+            total += sum(t for _, t in out)
+            rebuilds, appends = rebuilds + rb, appends + ap
+            shifts.append(shift_latency(out, tr.shift_at))
+        results[policy] = PolicyResult(
+            policy, served / total, 0.0, median(shifts), rebuilds / len(traces), appends / len(traces)
+        )
+    best = results["optimum"].served_share
+    for r in results.values():
+        r.ratio_to_optimum = r.served_share / best
+    overhead = request_path_overhead(2_000 if args.quick else 20_000)
+    print_table(
+        [
+            "Policy",
+            "KV-served share",
+            "vs optimum",
+            "Shift -> resident (req)",
+            "Rebuilds/user",
+            "Appends/user",
+        ],
+        [
+            [
+                r.policy,
+                round(r.served_share, 4),
+                round(r.ratio_to_optimum, 4),
+                r.shift_requests_p50,
+                r.rebuilds_per_user,
+                r.appends_per_user,
+            ]
+            for r in results.values()
+        ],
+    )
+    print(
+        f"request path (plan read + access event): p50 {overhead['p50_us']:.1f} us, p99 {overhead['p99_us']:.1f} us"
+    )
+    result = {
+        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "window": window},
+        "policies": [asdict(r) for r in results.values()],
+        "request_path": overhead,
+    }
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
