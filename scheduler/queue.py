@@ -1,15 +1,21 @@
-"""The in-process task queue between the request path and the scheduler's worker.
+"""Task queues between the request path and the scheduler's workers.
 
-`put` never blocks (unbounded deque; refresh tasks for a user are coalesced, since a refresh is idempotent).
-A Redis Streams queue for several workers is not implemented yet; this is the embedded default.
+`InProcessQueue` (the default): `put` never blocks; refresh tasks for a user are coalesced (a refresh is
+idempotent). `RedisStreamsQueue`: a stream + consumer group, so several workers share the work; a task is
+acknowledged only after it ran, and entries a dead worker left pending are reclaimed (XAUTOCLAIM), so work is
+at-least-once. When Redis is unreachable it logs and falls back to an in-process queue. JSON payloads only.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -17,6 +23,7 @@ class Task:
     kind: str  # "access" | "refresh" | "prewarm" | "evict"
     user_id: str | None = None
     payload: Any = None
+    entry_id: str | None = None  # the Redis stream entry, to acknowledge after the task ran
 
 
 class InProcessQueue:
@@ -43,5 +50,122 @@ class InProcessQueue:
                 self._pending_refresh.discard(task.user_id)
             return task
 
+    def ack(self, task: Task) -> None:
+        """Nothing to do in process: a task is gone once taken."""
+
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _encode(task: Task) -> str:
+    payload = asdict(task.payload) if is_dataclass(task.payload) else task.payload
+    return json.dumps({"kind": task.kind, "user_id": task.user_id, "payload": payload})
+
+
+def _decode(raw: str | bytes, entry_id: str) -> Task:
+    data = json.loads(raw)
+    payload = data.get("payload")
+    if data["kind"] == "access" and payload is not None:
+        from scheduler.service import AccessEvent
+
+        payload = AccessEvent(
+            payload["user_id"],
+            tuple(payload["retrieved_ids"]),
+            tuple(payload["used_ids"]),
+            float(payload["at"]),
+            payload.get("session_id"),
+        )
+    return Task(data["kind"], data.get("user_id"), payload, entry_id)
+
+
+class RedisStreamsQueue:
+    """A Redis stream with one consumer group; this object is one consumer. Needs the `redis` package."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        stream: str = "kvmem:scheduler",
+        group: str = "workers",
+        consumer: str = "worker-1",
+        min_idle_ms: int = 30_000,
+    ):
+        import redis
+
+        self._redis_errors = (redis.ConnectionError, redis.TimeoutError)
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+        self.stream, self.group, self.consumer, self.min_idle_ms = stream, group, consumer, min_idle_ms
+        self._local = InProcessQueue()  # used while Redis is unreachable
+        try:
+            self.client.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def put(self, task: Task) -> None:
+        try:
+            self.client.xadd(self.stream, {"task": _encode(task)})
+        except self._redis_errors as exc:
+            log.warning("redis unreachable (%s); running task %s in process", exc, task.kind)
+            self._local.put(task)
+
+    def get(self, timeout_s: float | None = None) -> Task | None:
+        local = self._local.get(timeout_s=0)
+        if local is not None:
+            return local
+        try:
+            _, claimed, *_ = self.client.xautoclaim(
+                self.stream, self.group, self.consumer, self.min_idle_ms, start_id="0-0", count=1
+            )
+            entries = claimed
+            if not entries:
+                block = None if timeout_s is None else max(1, int(timeout_s * 1000))
+                reply = self.client.xreadgroup(
+                    self.group, self.consumer, {self.stream: ">"}, count=1, block=block
+                )
+                entries = reply[0][1] if reply else []
+        except self._redis_errors as exc:
+            log.warning("redis unreachable (%s); serving in-process tasks only", exc)
+            return self._local.get(timeout_s=timeout_s)
+        if not entries:
+            return None
+        entry_id, fields = entries[0]
+        entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        return _decode(fields[b"task"] if b"task" in fields else fields["task"], entry_id)
+
+    def ack(self, task: Task) -> None:
+        if task.entry_id is None:
+            return
+        try:
+            self.client.xack(self.stream, self.group, task.entry_id)
+        except self._redis_errors as exc:
+            log.warning(
+                "redis unreachable (%s); task %s stays pending and will be redone", exc, task.entry_id
+            )
+
+    def pending(self) -> int:
+        return int(self.client.xpending(self.stream, self.group)["pending"])
+
+    def __len__(self) -> int:
+        try:
+            info = self.client.xinfo_groups(self.stream)
+            lag = next((g.get("lag") or 0 for g in info if g["name"] in (self.group, self.group.encode())), 0)
+            return int(lag) + len(self._local)
+        except self._redis_errors:
+            return len(self._local)
+
+
+def make_queue(redis_url: str | None, **kwargs: Any) -> InProcessQueue | RedisStreamsQueue:
+    """Redis Streams when a URL is given and Redis answers; else (with a log line) the in-process queue."""
+    if not redis_url:
+        return InProcessQueue()
+    try:
+        queue = RedisStreamsQueue(redis_url, **kwargs)
+        queue.client.ping()
+        return queue
+    except Exception as exc:  # noqa: BLE001 - any failure to reach Redis means the in-process fallback
+        log.warning("redis at %s unusable (%s); using the in-process queue", redis_url, exc)
+        return InProcessQueue()
+
+
+__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue"]

@@ -29,7 +29,7 @@ from scheduler.policy import (
     distill_candidates,
     promotion_policy,
 )
-from scheduler.queue import InProcessQueue, Task
+from scheduler.queue import Task, make_queue
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class Scheduler:
         *,
         heat_path: str | Path | None = None,
         clock: Callable[[], float] = time.time,
+        redis_url: str | None = None,
+        queue: Any = None,
     ):
         self.config, self.source, self.builder, self.count_tokens, self.clock = (
             config,
@@ -116,7 +118,7 @@ class Scheduler:
             recency_prior=config.recency_prior,
         )
         self.plans = PlanBook()
-        self.queue = InProcessQueue()
+        self.queue = queue if queue is not None else make_queue(redis_url)
         self._lock = threading.Lock()  # generations, build bookkeeping
         self._generation: dict[str, int] = {}
         self._known: set[str] = set()
@@ -228,6 +230,7 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - the worker must outlive any one task; logged with its traceback
             log.exception("scheduler task %s for %r failed", task.kind, task.user_id)
         finally:
+            self.queue.ack(task)  # after the task ran (or failed for good): at-least-once with Redis
             self._in_task = False
             self._latencies.append(time.perf_counter() - start)
             self._counts["tasks"] += 1

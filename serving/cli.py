@@ -57,6 +57,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default="scheduler",
         help="who decides which memories are KV blocks (default: the scheduler)",
     )
+    p.add_argument(
+        "--scheduler-redis-url",
+        default=None,
+        help="redis://host:port/db for scheduler tasks (Redis Streams); default: in-process",
+    )
     p.add_argument("--retrieve-top-k", type=int, default=8, help="memories retrieved by search per chat turn")
     p.add_argument(
         "--no-store-turns", action="store_true", help="do not store chat turns as memories (benchmarks)"
@@ -92,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             seed_demo=args.demo,
             retrieve_top_k=args.retrieve_top_k,
             planner=args.planner,
+            scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,
         )
     except ValueError as e:

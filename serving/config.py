@@ -42,6 +42,7 @@ class ServingConfig:
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
     seed_demo: bool = False  # give default_user a few memories at start if it has none
+    scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
     planner: str = "scheduler"  # "scheduler" (heat-driven) or "standin" (most recent memories, built once)
 
     def __post_init__(self) -> None:
