@@ -45,6 +45,8 @@ class BlockBuilder(Protocol):
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
 
+    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start)
+
 
 class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
     def list(
@@ -223,8 +225,13 @@ class Scheduler:
                 ev: AccessEvent = task.payload
                 self.heat.record(ev.user_id, ev.retrieved_ids, ev.used_ids, ev.at)
                 self.refresh(ev.user_id)
-            elif task.kind in ("refresh", "prewarm"):
+            elif task.kind == "refresh":
                 self.refresh(task.user_id)
+            elif task.kind == "prewarm":
+                plan = self.refresh(task.user_id)
+                warm = getattr(self.builder, "warm_block", None)
+                if plan.block is not None and warm is not None:
+                    warm(plan.block.item_id)
             elif task.kind == "evict":
                 self.enforce_total_cap()
         except Exception:  # noqa: BLE001 - the worker must outlive any one task; logged with its traceback

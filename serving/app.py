@@ -7,6 +7,7 @@ authenticate, pick the user and delegate: the chat path lives in chat.py, storag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -320,7 +321,12 @@ def create_app(
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
-        return plans.get(user_id).to_dict()
+        body = plans.get(user_id).to_dict()
+        scheduler = getattr(plans, "scheduler", None)
+        if scheduler is not None:  # extension: the scheduler's tier sizes, hit rate, queue and task latency
+            st = scheduler.stats()
+            body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
+        return body
 
     @app.get("/v1/memories/{memory_id}")
     async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:

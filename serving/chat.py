@@ -81,6 +81,7 @@ class ChatService:
             metrics,
         )
         self._background: set[asyncio.Future[Any]] = set()
+        self._sessions: set[tuple[str, str]] = set()  # sessions seen, for prewarm on the first turn
 
     # -- before generation -----------------------------------------------------------------------------------
     def validate(self, body: ChatCompletionRequest) -> None:
@@ -108,6 +109,11 @@ class ChatService:
         """Plan + search + layout. Raises PromptTooLong (400) when the prompt leaves no room to answer."""
         messages = [m.to_plain() for m in body.messages]
         query = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        if session_id is not None and (user_id, session_id) not in self._sessions:
+            self._sessions.add((user_id, session_id))  # a new session: prewarm (next-scene prediction)
+            start = getattr(self._plans, "session_start", None)
+            if start is not None:
+                start(user_id)
         plan = self._plans.get(user_id)
         hits = []
         if query.strip():

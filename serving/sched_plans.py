@@ -31,6 +31,11 @@ class BackendBlockBuilder:
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
 
+    def warm_block(self, item_id: str) -> None:
+        warm = getattr(self.backend, "warm_block", None)
+        if warm is not None:
+            warm(item_id)
+
 
 class SchedulerPlanProvider(PlanProvider):
     def __init__(

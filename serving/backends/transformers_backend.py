@@ -168,6 +168,14 @@ class TransformersBackend(Backend):
         if self.store is not None:
             self.store.remove(item_id)
 
+    def warm_block(self, item_id: str) -> None:
+        """Move a stored block to the device tier ahead of the user's first request (prewarm)."""
+        if self.store is not None:
+            try:
+                self.store.get(item_id)
+            except KVItemError as exc:
+                log.warning("prewarm of KV item %s failed: %s", item_id, exc)
+
     # -- generation --------------------------------------------------------------------------------------------
     def _admit(self) -> None:
         with self._admit_lock:

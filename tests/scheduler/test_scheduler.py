@@ -45,6 +45,7 @@ class FakeBuilder:
     def __init__(self):
         self.builds: list[tuple[str, tuple[str, ...]]] = []
         self.dropped: list[str] = []
+        self.warmed: list[str] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
@@ -60,6 +61,9 @@ class FakeBuilder:
 
     def drop_block(self, item_id):
         self.dropped.append(item_id)
+
+    def warm_block(self, item_id):
+        self.warmed.append(item_id)
 
 
 def words(n: int, tag: str) -> str:
@@ -213,3 +217,15 @@ def test_bad_config_names_the_field():
         SchedulerConfig(half_life_s=0)
     with pytest.raises(ValueError, match="supported: heat, lfu, lru"):
         SchedulerConfig(promotion="random")
+
+
+def test_session_start_builds_then_warms_the_block(env):
+    clock, store, builder, make = env
+    sched = make()
+    store.add("alice", texts=["cat named Miso"])
+    sched.session_start("alice")
+    sched.run_pending()
+    assert builder.builds[0][0] == "alice" and builder.warmed == ["item-1"]
+    sched.session_start("alice")
+    sched.run_pending()
+    assert len(builder.builds) == 1 and builder.warmed == ["item-1", "item-1"]  # no rebuild, warmed again

@@ -56,6 +56,7 @@ def test_scheduler_plans_through_http(tmp_path):
         plans.flush()
         plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert plan["block"]["memory_ids"] == [ids[1]]
+        assert plan["scheduler"]["num_blocks"] == 1 and plan["scheduler"]["builds"] == 2
         metrics = client.get("/metrics").text
         assert "kvmem_scheduler_blocks 1" in metrics and "kvmem_scheduler_builds_total 2" in metrics
         assert json.dumps(plans.get("bob").to_dict()["block"]) == json.dumps(
