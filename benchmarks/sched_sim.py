@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="the optimum re-plans every `window` requests (default: once per topic phase)",
     )
-    p.add_argument("--half-life-s", type=float, default=300.0, help="heat half-life; a request every 60 s")
-    p.add_argument("--hysteresis", type=float, default=1.05)
+    p.add_argument("--half-life-s", type=float, default=600.0, help="heat half-life; a request every 60 s")
+    p.add_argument("--hysteresis", type=float, default=1.02)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
