@@ -147,8 +147,13 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
 
     gguf = _find_gguf(cache)
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    except (OSError, ValueError, ImportError) as exc:
+        raise ProvisionError(f"could not read the default model's GGUF file {gguf}: {exc}") from exc
     model.eval()
     reference = _probe_logits(model, tokenizer)
     # save_pretrained refuses a model that carries GGUF quantizer state; the weights are already dequantized.
