@@ -18,7 +18,7 @@ from collections import Counter
 from contextlib import nullcontext
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from benchmarks.http_ttft import memory_texts, seed, spawned_server, wait_for_block
+from benchmarks.http_ttft import memory_texts, one_request, seed, spawned_server, wait_for_block
 
 QUESTIONS = (
     "What do you remember about my plans?",
@@ -41,26 +41,11 @@ def client_loop(base: str, user: str, k: int, deadline: float, max_tokens: int, 
     client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
     i = 0
     while time.monotonic() < deadline:
-        start = time.perf_counter()
-        ttft, tokens = None, 0
         try:
-            stream = client.chat.completions.create(
-                model="default",
-                user=user,
-                temperature=0,
-                max_tokens=max_tokens,
-                stream=True,
-                stream_options={"include_usage": True},
-                messages=[{"role": "user", "content": QUESTIONS[(k + i) % len(QUESTIONS)]}],
-            )
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content and ttft is None:
-                    ttft = time.perf_counter() - start
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
+            reply = one_request(base, user, max_tokens, QUESTIONS[(k + i) % len(QUESTIONS)], client)
             with lock:
-                out["ttft"].append(ttft if ttft is not None else time.perf_counter() - start)
-                out["tokens"] += tokens
+                out["ttft"].append(reply.ttft_s)
+                out["tokens"] += reply.completion_tokens
                 out["completed"] += 1
         except Exception as exc:  # noqa: BLE001 - counted by type and reported
             with lock:

@@ -148,13 +148,22 @@ def wait_for_block(base: str, user: str, timeout_s: float = 300) -> dict:
     raise RuntimeError(f"no KV block for {user} after {timeout_s} s")
 
 
-def one_request(base: str, user: str, max_tokens: int) -> tuple[float, int, int]:
-    """Streaming chat; returns (seconds to first content chunk, cached tokens, prompt tokens)."""
-    from openai import OpenAI
+@dataclass(frozen=True)
+class Reply:
+    ttft_s: float  # to the first content chunk
+    cached_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
 
-    client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
+
+def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, client=None) -> Reply:
+    """One streaming chat through the official openai client, timed to the first content chunk."""
+    if client is None:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
     start = time.perf_counter()
-    ttft, cached, prompt = None, 0, 0
+    ttft, usage = None, None
     stream = client.chat.completions.create(
         model="default",
         user=user,
@@ -162,15 +171,19 @@ def one_request(base: str, user: str, max_tokens: int) -> tuple[float, int, int]
         max_tokens=max_tokens,
         stream=True,
         stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": QUERY}],
+        messages=[{"role": "user", "content": question}],
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and ttft is None:
             ttft = time.perf_counter() - start
         if chunk.usage is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens
-            prompt = chunk.usage.prompt_tokens
-    return (ttft if ttft is not None else time.perf_counter() - start), cached, prompt
+            usage = chunk.usage
+    return Reply(
+        ttft if ttft is not None else time.perf_counter() - start,
+        usage.prompt_tokens_details.cached_tokens if usage else 0,
+        usage.prompt_tokens if usage else 0,
+        usage.completion_tokens if usage else 0,
+    )
 
 
 def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, max_tokens: int) -> ArmResult:
@@ -182,10 +195,10 @@ def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, m
     def client_loop() -> None:
         for _ in range(per_client):
             try:
-                t, cached, prompt = one_request(base, user, max_tokens)
+                reply = one_request(base, user, max_tokens)
                 with lock:
-                    ttfts.append(t)
-                    info.append((cached, prompt))
+                    ttfts.append(reply.ttft_s)
+                    info.append((reply.cached_tokens, reply.prompt_tokens))
             except Exception:  # noqa: BLE001 - counted and reported as errors
                 with lock:
                     errors[0] += 1
