@@ -153,9 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["build"]:  # kvmem.kv.build_job owns its flags (and their exit code 2)
-            from kvmem.kv import build_job
+            from kvmem.kv import build_cli
 
-            return int(build_job.main(argv[1:]) or 0)
+            return int(build_cli.main(argv[1:]) or 0)
         args = build_parser().parse_args(argv)
         return _run(args)
     except UsageError as e:

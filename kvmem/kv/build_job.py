@@ -7,7 +7,6 @@ A bad line is reported with its line number and the job carries on; the exit cod
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvmem.datadir import DataDir
-from kvmem.errors import InvalidBlock, KvmemError, StorageError
+from kvmem.errors import InvalidBlock, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -121,49 +120,3 @@ def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: b
     for store in store_holder:
         store.close()
     return report
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvmem build", description="Build users' KV memory blocks offline.")
-    p.add_argument("--input", required=True, help="JSON-lines file, one user block per line")
-    p.add_argument(
-        "--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)"
-    )
-    p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # exits 2 on bad arguments
-    if not Path(args.input).is_file():
-        print(f"kvmem build: input file {args.input!r} does not exist", file=sys.stderr)
-        return 2
-    from kvmem.kv.blocks import BlockBuilder
-    from kvmem.kv.layout import PromptLayout
-    from kvmem.kv.store import KVStoreConfig, TieredKVStore
-    from kvmem.models import load_model
-
-    try:
-        data_dir = DataDir.at(args.data_dir)
-        handle = load_model(args.model, device=args.device, dtype=args.dtype)
-        store = TieredKVStore(
-            KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device, device_bytes=0, host_bytes=0),
-            handle.fingerprint,
-        )
-        builder = BlockBuilder(handle, PromptLayout(handle.tokenizer), store)
-        report = run_build(args.input, builder, data_dir=data_dir, progress=not args.no_progress)
-    except KvmemError as exc:
-        print(f"kvmem build: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"built {report.built}, skipped {report.skipped} (already valid), failed {len(report.failed)}",
-        file=sys.stderr,
-    )
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.blocks import text_memory_id
-from kvmem.kv.build_job import main
+from kvmem.kv.build_cli import main
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
 
