@@ -82,13 +82,16 @@ def main(argv: list[str] | None = None) -> dict:
             else nullcontext(args.base_url)
         )
         with ctx as base:
-            seed(base, "load-kv", texts)
-            wait_for_block(base, "load-kv")
+            suffix = (
+                "" if args.spawn else f"-{os.getpid()}-{int(time.time())}"
+            )  # fresh users on a live server
+            users = [f"load-kv{suffix}", f"load-none{suffix}"]
+            seed(base, users[0], texts)
+            wait_for_block(base, users[0])
             out = {"ttft": [], "tokens": 0, "completed": 0, "errors": Counter()}
             lock = threading.Lock()
             started = time.monotonic()
             deadline = started + args.duration_s
-            users = ["load-kv", "load-none"]
             threads = [
                 threading.Thread(
                     target=client_loop, args=(base, users[k % 2], k, deadline, args.max_tokens, out, lock)

@@ -2,15 +2,19 @@
 
 Arms, each with the same query: memories as KV (the user's block is KV-resident), the same memories as
 text (a server whose block budget is 0, so they come back from search and are prefilled), and no memory;
-at concurrency 1, 4 and 8. The in-process TTFT of the KV prompt is measured in the same run as a baseline.
+at concurrency 1, 4 and 8. The in-process TTFT of the KV prompt is measured in the same run as a baseline
+(after the servers have stopped, so nothing else competes for the cores).
 
-    python -m benchmarks.http_ttft --spawn --out benchmarks/results/cpu/http_ttft.json
+    python -m benchmarks.http_ttft --spawn --quick --out benchmarks/results/cpu/http_ttft.json
     python -m benchmarks.http_ttft --spawn --backend fake --quick --out /tmp/h.json    # plumbing only
+    python -m benchmarks.http_ttft --base-url http://127.0.0.1:8000 \
+        [--text-base-url http://127.0.0.1:8001] --out h.json   # running servers (the second: block budget 0)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -21,7 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 
 from benchmarks.common import env_info, median, p90, print_table, write_outputs
@@ -44,6 +48,9 @@ class ArmResult:
     cached_tokens: int
     prompt_tokens: int
     errors: int
+    query: str = QUERY
+    memories_sha256: str = ""  # of the memory texts seeded for the arm's user ("" for none)
+    memory_tiers: dict | None = None  # tier -> memories the server reported using (last reply)
 
 
 def memory_texts(num_memories: int, words_each: int, seed: int = 0) -> list[str]:
@@ -124,6 +131,10 @@ def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k:
             proc.wait(timeout=10)
 
 
+def texts_digest(texts: list[str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(texts)).encode()).hexdigest()[:16] if texts else ""
+
+
 def seed(base: str, user: str, texts: list[str]) -> None:
     for text in texts:
         _post(f"{base}/v1/memories", {"user_id": user, "text": text})
@@ -154,6 +165,7 @@ class Reply:
     cached_tokens: int
     prompt_tokens: int
     completion_tokens: int
+    memory_used: tuple[tuple[str, str], ...] = ()  # (id, tier) from the response's `memory` field
 
 
 def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, client=None) -> Reply:
@@ -163,7 +175,7 @@ def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, cl
 
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
     start = time.perf_counter()
-    ttft, usage = None, None
+    ttft, usage, used = None, None, ()
     stream = client.chat.completions.create(
         model="default",
         user=user,
@@ -178,17 +190,23 @@ def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, cl
             ttft = time.perf_counter() - start
         if chunk.usage is not None:
             usage = chunk.usage
+        memory = (chunk.model_extra or {}).get("memory")
+        if memory:
+            used = tuple((m["id"], m["tier"]) for m in memory.get("used", []))
     return Reply(
         ttft if ttft is not None else time.perf_counter() - start,
         usage.prompt_tokens_details.cached_tokens if usage else 0,
         usage.prompt_tokens if usage else 0,
         usage.completion_tokens if usage else 0,
+        used,
     )
 
 
-def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, max_tokens: int) -> ArmResult:
+def run_arm(
+    base: str, arm: str, user: str, concurrency: int, per_client: int, max_tokens: int, texts: list[str]
+) -> ArmResult:
     ttfts: list[float] = []
-    info: list[tuple[int, int]] = []
+    info: list[tuple[int, int, tuple]] = []
     errors = [0]
     lock = threading.Lock()
 
@@ -198,7 +216,7 @@ def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, m
                 reply = one_request(base, user, max_tokens)
                 with lock:
                     ttfts.append(reply.ttft_s)
-                    info.append((reply.cached_tokens, reply.prompt_tokens))
+                    info.append((reply.cached_tokens, reply.prompt_tokens, reply.memory_used))
             except Exception:  # noqa: BLE001 - counted and reported as errors
                 with lock:
                     errors[0] += 1
@@ -208,7 +226,10 @@ def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, m
         t.start()
     for t in threads:
         t.join()
-    cached, prompt = info[-1] if info else (0, 0)
+    cached, prompt, used = info[-1] if info else (0, 0, ())
+    tiers: dict[str, int] = {}
+    for _, tier in used:
+        tiers[tier] = tiers.get(tier, 0) + 1
     return ArmResult(
         arm,
         concurrency,
@@ -218,17 +239,24 @@ def run_arm(base: str, arm: str, user: str, concurrency: int, per_client: int, m
         cached,
         prompt,
         errors[0],
+        QUERY,
+        texts_digest(texts),
+        tiers,
     )
 
 
-def in_process_ttft(base: str, user: str, model: str | None, reps: int) -> dict:
-    """The same prompt in-process: our request path to the first token with the item from a store."""
+def block_texts(base: str, user: str) -> list[str]:
+    """The user's KV block as the server laid it out (memory texts in block order)."""
+    plan = _get(f"{base}/v1/memories/plan?user_id={user}")
+    return [_get(f"{base}/v1/memories/{mid}?user_id={user}")["text"] for mid in plan["block"]["memory_ids"]]
+
+
+def in_process_ttft(texts: list[str], user: str, model: str | None, reps: int, warmup: int = 2) -> dict:
+    """The same prompt in-process, as ttft_grid measures it: fetch the item from a store, inject, prefill."""
     from benchmarks.ttft_grid import first_token_s
     from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, build_item
     from kvmem.models import load_model
 
-    plan = _get(f"{base}/v1/memories/plan?user_id={user}")
-    texts = [_get(f"{base}/v1/memories/{mid}?user_id={user}")["text"] for mid in plan["block"]["memory_ids"]]
     handle = load_model(model)
     layout = PromptLayout(handle.tokenizer)
     ids = list(layout.prompt(texts, [], [{"role": "user", "content": QUERY}]).ids)
@@ -236,47 +264,84 @@ def in_process_ttft(base: str, user: str, model: str | None, reps: int) -> dict:
         store = TieredKVStore(KVStoreConfig(directory=tmp), handle.fingerprint)
         item = build_item(handle, layout.block_ids(texts), user_id=user)
         store.put(item, persist=False)
-        first_token_s(handle.model, ids, item, store, "cpu")
+        for _ in range(warmup):
+            first_token_s(handle.model, ids, item, store, "cpu")
         kv = [first_token_s(handle.model, ids, item, store, "cpu") for _ in range(reps)]
-    return {"prompt_tokens": len(ids), "block_tokens": item.num_tokens, "kv_ttft_p50_s": median(kv)}
+    return {
+        "prompt_tokens": len(ids),
+        "block_tokens": item.num_tokens,
+        "reps": reps,
+        "kv_ttft_p50_s": median(kv),
+        "kv_ttft_p90_s": p90(kv),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.http_ttft", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="concurrency 1 and 4, fewer requests")
+    p.add_argument("--quick", action="store_true", help="one request per client (concurrency 1, 4, 8)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--spawn", action="store_true", help="start the servers (the default)")
+    where.add_argument("--base-url", default=None, help="a running server (kv and none arms)")
+    p.add_argument("--text-base-url", default=None, help="with --base-url: a server with block budget 0")
     p.add_argument("--backend", default="transformers", choices=["transformers", "fake"])
     p.add_argument("--model", default=None)
     p.add_argument("--memories", type=int, default=8, help="memories per user (all fit in the block)")
     p.add_argument("--words", type=int, default=190, help="words per memory (8 x 190 words ~ 2k tokens)")
     p.add_argument("--requests", type=int, default=3, help="requests per client")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8], help="concurrency levels")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--no-in-process", action="store_true", help="skip the in-process baseline")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    levels = (1, 4) if args.quick else (1, 4, 8)
+    if args.text_base_url and not args.base_url:
+        p.error("--text-base-url goes with --base-url")
+    levels = tuple(args.levels)
     per_client = 1 if args.quick else args.requests
     texts = memory_texts(args.memories, args.words)
+    run_id = (
+        "" if args.base_url is None else f"-{os.getpid()}-{int(time.time())}"
+    )  # fresh users on a live server
+    kv_user, text_user, none_user = f"kv-user{run_id}", f"text-user{run_id}", f"nobody{run_id}"
     results: list[ArmResult] = []
-    inproc = None
+    ordered: list[str] = []
+    plan: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         kw = dict(backend=args.backend, model=args.model, top_k=args.memories)
-        with spawned_server(block_budget=8192, data_dir=os.path.join(tmp, "kv"), **kw) as base:
-            seed(base, "kv-user", texts)
-            plan = wait_for_block(base, "kv-user")
+
+        def kv_server():
+            return (
+                spawned_server(block_budget=8192, data_dir=os.path.join(tmp, "kv"), **kw)
+                if args.base_url is None
+                else nullcontext(args.base_url.rstrip("/"))
+            )
+
+        def text_server():
+            if args.base_url is not None:
+                return nullcontext(args.text_base_url.rstrip("/") if args.text_base_url else None)
+            return spawned_server(block_budget=0, data_dir=os.path.join(tmp, "text"), **kw)
+
+        with kv_server() as base:
+            seed(base, kv_user, texts)
+            plan = wait_for_block(base, kv_user)
+            ordered = block_texts(base, kv_user)
             print(
                 f"# KV block: {plan['block']['tokens']} tokens, {len(plan['block']['memory_ids'])} memories",
                 file=sys.stderr,
             )
-            one_request(base, "kv-user", args.max_tokens)  # warm-up
+            one_request(base, kv_user, args.max_tokens)  # warm-up
+            one_request(base, none_user, args.max_tokens)
             for c in levels:
-                results.append(run_arm(base, "kv", "kv-user", c, per_client, args.max_tokens))
-                results.append(run_arm(base, "none", "nobody", c, per_client, args.max_tokens))
-            if args.backend == "transformers":
-                inproc = in_process_ttft(base, "kv-user", args.model, reps=3)
-        with spawned_server(block_budget=0, data_dir=os.path.join(tmp, "text"), **kw) as base:
-            seed(base, "text-user", texts)
-            one_request(base, "text-user", args.max_tokens)  # warm-up
-            for c in levels:
-                results.append(run_arm(base, "text", "text-user", c, per_client, args.max_tokens))
+                results.append(run_arm(base, "kv", kv_user, c, per_client, args.max_tokens, texts))
+                results.append(run_arm(base, "none", none_user, c, per_client, args.max_tokens, []))
+        with text_server() as base:
+            if base is not None:
+                seed(base, text_user, texts)
+                one_request(base, text_user, args.max_tokens)  # warm-up
+                for c in levels:
+                    results.append(run_arm(base, "text", text_user, c, per_client, args.max_tokens, texts))
+    inproc = None
+    if args.backend == "transformers" and not args.no_in_process:
+        inproc = in_process_ttft(ordered, kv_user, args.model, reps=5)
     order = {"kv": 0, "text": 1, "none": 2}
     results.sort(key=lambda r: (r.concurrency, order[r.arm]))
     print_table(
@@ -296,11 +361,16 @@ def main(argv: list[str] | None = None) -> dict:
         ],
     )
     by = {(r.arm, r.concurrency): r for r in results}
-    summary = {
-        "kv_vs_text_x": {str(c): by[("text", c)].ttft_p50_s / by[("kv", c)].ttft_p50_s for c in levels}
+    summary: dict = {
+        "block_tokens": plan.get("block", {}).get("tokens"),
+        "kv_vs_text_x": {
+            str(c): by[("text", c)].ttft_p50_s / by[("kv", c)].ttft_p50_s for c in levels if ("text", c) in by
+        },
     }
-    if inproc is not None:
+    if inproc is not None and ("kv", 1) in by:
         inproc["http_minus_inprocess_ms"] = 1000 * (by[("kv", 1)].ttft_p50_s - inproc["kv_ttft_p50_s"])
+        inproc["within_15ms"] = abs(inproc["http_minus_inprocess_ms"]) <= 15.0
+        inproc["same_prompt_tokens"] = inproc["prompt_tokens"] == by[("kv", 1)].prompt_tokens
         summary["in_process"] = inproc
     print(f"# summary: {json.dumps(summary)}", file=sys.stderr)
     result = {
@@ -311,6 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
             "words": args.words,
             "query": QUERY,
             "max_tokens": args.max_tokens,
+            "requests_per_client": per_client,
+            "levels": list(levels),
+            "server": "spawned" if args.base_url is None else args.base_url,
         },
         "arms": [asdict(r) for r in results],
         "summary": summary,

@@ -11,19 +11,33 @@ from benchmarks import http_load, http_ttft
 def test_http_ttft_arms(tmp_path, capsys):
     out = tmp_path / "h.json"
     result = http_ttft.main(
-        ["--backend", "fake", "--quick", "--memories", "3", "--words", "20", "--out", str(out)]
+        ["--spawn", "--backend", "fake", "--quick", "--memories", "3", "--words", "20", "--out", str(out)]
     )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(out.read_text())
     arms = {(a["arm"], a["concurrency"]): a for a in result["arms"]}
-    assert set(arms) == {(arm, c) for arm in ("kv", "text", "none") for c in (1, 4)}
-    for c in (1, 4):
+    assert set(arms) == {(arm, c) for arm in ("kv", "text", "none") for c in (1, 4, 8)}
+    for c in (1, 4, 8):
         kv, text, none = arms[("kv", c)], arms[("text", c)], arms[("none", c)]
         assert (kv["errors"], text["errors"], none["errors"]) == (0, 0, 0)
         assert kv["num_requests"] == text["num_requests"] == c
         assert kv["cached_tokens"] > 0 and text["cached_tokens"] == 0 and none["cached_tokens"] == 0
         # same memories and query: the text prompt holds them all, so it is at least as long as the block
         assert text["prompt_tokens"] >= kv["cached_tokens"] and none["prompt_tokens"] < kv["cached_tokens"]
-    assert set(result["summary"]["kv_vs_text_x"]) == {"1", "4"}
+        # the same query and the same memory texts on both arms; the server used all 3, as KV or as text
+        assert kv["query"] == text["query"] == none["query"] == http_ttft.QUERY
+        assert kv["memories_sha256"] == text["memories_sha256"] != "" and none["memories_sha256"] == ""
+        assert kv["memory_tiers"] == {"kv": 3} and text["memory_tiers"] == {"text": 3}
+        assert not none["memory_tiers"]
+    assert set(result["summary"]["kv_vs_text_x"]) == {"1", "4", "8"}
+    assert "in_process" not in result["summary"]  # fake backend: no in-process baseline
+
+
+def test_http_ttft_rejects_text_url_alone(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        http_ttft.main(["--text-base-url", "http://127.0.0.1:1", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
 
 
 def test_http_load_runs_without_errors(tmp_path):
