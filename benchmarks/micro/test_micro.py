@@ -44,6 +44,45 @@ def test_plan_read(benchmark, tmp_path):
     plans.close()
 
 
+def _planbook():
+    try:
+        from scheduler import PlanBook  # noqa: F401
+    except ImportError:
+        pytest.skip("scheduler has no PlanBook on this branch")
+
+
+def test_sched_planbook_read(benchmark):
+    """The scheduler's own plan read (a dict read of an immutable snapshot), 1,000 users published."""
+    _planbook()
+    from scheduler.plan import BlockPlan, Plan, PlanBook
+
+    book = PlanBook()
+    for u in range(1000):
+        block = BlockPlan(f"item-{u}", tuple(f"m{u}-{k}" for k in range(8)), ("t",) * 8, 2000, 1 << 20)
+        book.publish(Plan(user_id=f"user-{u}", block=block, version=1))
+    plan = benchmark(book.get, "user-500")
+    assert plan.block is not None and plan.block.item_id == "item-500"
+
+
+def test_sched_plan_provider_read(benchmark, tmp_path):
+    """The serving-side read through the scheduler (SchedulerPlanProvider.get: PlanBook read + reshaping)."""
+    _planbook()
+    from kvmem.text import HashEmbedder, MemoryStore
+    from serving.backends.fake import FakeBackend
+    from serving.sched_plans import SchedulerPlanProvider
+
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    plans = SchedulerPlanProvider(store, FakeBackend(), token_budget=4096, data_dir=tmp_path)
+    try:
+        store.add("alice", texts=memory_texts(8, 20))
+        plans.flush()
+        if plans.get("alice").block_item_id is None:
+            pytest.skip("the scheduler built no block for the seeded user")
+        benchmark(plans.get, "alice")
+    finally:
+        plans.close()
+
+
 @pytest.mark.parametrize("block_tokens", [500, 2000])
 def test_kv_load_from_disk(benchmark, tmp_path, tiny, block_tokens):
     from benchmarks.ttft_grid import memories_for
