@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
             )  # fresh users on a live server
             users = [f"load-kv{suffix}", f"load-none{suffix}"]
             seed(base, users[0], texts)
-            wait_for_block(base, users[0])
+            wait_for_block(base, users[0], len(texts))
             out = {"ttft": [], "tokens": 0, "completed": 0, "errors": Counter()}
             lock = threading.Lock()
             started = time.monotonic()

@@ -140,11 +140,13 @@ def seed(base: str, user: str, texts: list[str]) -> None:
         _post(f"{base}/v1/memories", {"user_id": user, "text": text})
 
 
-def wait_for_block(base: str, user: str, timeout_s: float = 300) -> dict:
+def wait_for_block(base: str, user: str, expected: int, timeout_s: float = 300) -> dict:
+    """Until the user's block is KV-resident and holds all `expected` memories (blocks can grow a memory at
+    a time while seeding, so the first KV plan may cover only some of them)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         plan = _get(f"{base}/v1/memories/plan?user_id={user}")
-        if plan["block"]["tier"] != "none":
+        if plan["block"]["tier"] == "kv" and len(plan["block"]["memory_ids"]) >= expected:
             return plan
         _post(
             f"{base}/v1/chat/completions",
@@ -156,7 +158,7 @@ def wait_for_block(base: str, user: str, timeout_s: float = 300) -> dict:
             },
         )
         time.sleep(0.5)
-    raise RuntimeError(f"no KV block for {user} after {timeout_s} s")
+    raise RuntimeError(f"no KV block of {expected} memories for {user} after {timeout_s} s")
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         with kv_server() as base:
             seed(base, kv_user, texts)
-            plan = wait_for_block(base, kv_user)
+            plan = wait_for_block(base, kv_user, len(texts))
             ordered = block_texts(base, kv_user)
             print(
                 f"# KV block: {plan['block']['tokens']} tokens, {len(plan['block']['memory_ids'])} memories",
