@@ -27,6 +27,7 @@ import time
 import urllib.request
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from benchmarks.common import env_info, median, p90, print_table, write_outputs
 
@@ -45,12 +46,14 @@ class ArmResult:
     num_requests: int
     ttft_p50_s: float
     ttft_p90_s: float
+    ttft_mean_s: float
     cached_tokens: int
     prompt_tokens: int
     errors: int
     query: str = QUERY
     memories_sha256: str = ""  # of the memory texts seeded for the arm's user ("" for none)
     memory_tiers: dict | None = None  # tier -> memories the server reported using (last reply)
+    server_ttft_mean_s: float | None = None  # the server's own TTFT (arrival -> first token), /metrics
 
 
 def memory_texts(num_memories: int, words_each: int, seed: int = 0) -> list[str]:
@@ -81,14 +84,23 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# `kvmem serve` is the console script serving.cli:main; running the entry point with this checkout first on
+# sys.path serves the code under test (the installed script would import whatever tree it was installed from)
+KVMEM_SERVE = (sys.executable, "-c", "import sys; from serving.cli import main; sys.exit(main())", "serve")
+
+
 @contextmanager
 def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k: int, data_dir: str):
-    """`python -m serving` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit."""
+    """`kvmem serve --no-auth` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit.
+
+    Its stderr goes to a file beside data_dir (an unread pipe could fill up and stall the server); the tail
+    is shown if it exits early."""
     port = _free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "serving",
+        *KVMEM_SERVE,
+        "--host",
+        "127.0.0.1",
         "--no-auth",
         "--port",
         str(port),
@@ -106,13 +118,17 @@ def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k:
     ]
     if model:
         cmd += ["--model", model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
+    log_path = Path(f"{data_dir.rstrip('/')}.stderr.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO_ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+                raise RuntimeError(f"server exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
             try:
                 if _get(f"{base}/health", 1.0).get("status") == "ok":
                     break
@@ -204,9 +220,29 @@ def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, cl
     )
 
 
+def server_ttft_totals(base: str) -> tuple[float, int] | None:
+    """(sum of seconds, count) of the server's `kvmem_ttft_seconds` histogram, or None if it has none."""
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:  # noqa: S310 - loopback only
+            text = r.read().decode()
+    except OSError:
+        return None
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("kvmem_ttft_seconds_sum", "kvmem_ttft_seconds_count"):
+            found[name] = float(value)
+    if len(found) != 2:
+        return None
+    return found["kvmem_ttft_seconds_sum"], int(found["kvmem_ttft_seconds_count"])
+
+
 def run_arm(
     base: str, arm: str, user: str, concurrency: int, per_client: int, max_tokens: int, texts: list[str]
 ) -> ArmResult:
+    """`concurrency` clients, each sending `per_client` requests in turn. The server-side mean TTFT is the
+    /metrics delta over the arm (exact while nothing else talks to the server)."""
+    before = server_ttft_totals(base)
     ttfts: list[float] = []
     info: list[tuple[int, int, tuple]] = []
     errors = [0]
@@ -228,6 +264,10 @@ def run_arm(
         t.start()
     for t in threads:
         t.join()
+    after = server_ttft_totals(base)
+    server_mean = None
+    if before is not None and after is not None and after[1] > before[1]:
+        server_mean = (after[0] - before[0]) / (after[1] - before[1])
     cached, prompt, used = info[-1] if info else (0, 0, ())
     tiers: dict[str, int] = {}
     for _, tier in used:
@@ -238,12 +278,14 @@ def run_arm(
         len(ttfts),
         median(ttfts) if ttfts else float("nan"),
         p90(ttfts) if ttfts else float("nan"),
+        sum(ttfts) / len(ttfts) if ttfts else float("nan"),
         cached,
         prompt,
         errors[0],
         QUERY,
         texts_digest(texts),
         tiers,
+        server_mean,
     )
 
 
@@ -280,7 +322,11 @@ def in_process_ttft(texts: list[str], user: str, model: str | None, reps: int, w
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.http_ttft", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one request per client (concurrency 1, 4, 8)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="per client max(1, 4 // concurrency) requests (>= 4 samples a level)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--spawn", action="store_true", help="start the servers (the default)")
     where.add_argument("--base-url", default=None, help="a running server (kv and none arms)")
@@ -298,7 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.text_base_url and not args.base_url:
         p.error("--text-base-url goes with --base-url")
     levels = tuple(args.levels)
-    per_client = 1 if args.quick else args.requests
+
+    def per_client(c: int) -> int:
+        return max(1, 4 // c) if args.quick else args.requests
+
     texts = memory_texts(args.memories, args.words)
     run_id = (
         "" if args.base_url is None else f"-{os.getpid()}-{int(time.time())}"
@@ -333,21 +382,31 @@ def main(argv: list[str] | None = None) -> dict:
             one_request(base, kv_user, args.max_tokens)  # warm-up
             one_request(base, none_user, args.max_tokens)
             for c in levels:
-                results.append(run_arm(base, "kv", kv_user, c, per_client, args.max_tokens, texts))
-                results.append(run_arm(base, "none", none_user, c, per_client, args.max_tokens, []))
+                results.append(run_arm(base, "kv", kv_user, c, per_client(c), args.max_tokens, texts))
+                results.append(run_arm(base, "none", none_user, c, per_client(c), args.max_tokens, []))
         with text_server() as base:
             if base is not None:
                 seed(base, text_user, texts)
                 one_request(base, text_user, args.max_tokens)  # warm-up
                 for c in levels:
-                    results.append(run_arm(base, "text", text_user, c, per_client, args.max_tokens, texts))
+                    results.append(run_arm(base, "text", text_user, c, per_client(c), args.max_tokens, texts))
     inproc = None
     if args.backend == "transformers" and not args.no_in_process:
         inproc = in_process_ttft(ordered, kv_user, args.model, reps=5)
     order = {"kv": 0, "text": 1, "none": 2}
     results.sort(key=lambda r: (r.concurrency, order[r.arm]))
     print_table(
-        ["Arm", "Conc", "Requests", "TTFT p50 (s)", "TTFT p90 (s)", "Cached tok", "Prompt tok", "Errors"],
+        [
+            "Arm",
+            "Conc",
+            "Requests",
+            "TTFT p50 (s)",
+            "TTFT p90 (s)",
+            "Server mean (s)",
+            "Cached tok",
+            "Prompt tok",
+            "Errors",
+        ],
         [
             [
                 r.arm,
@@ -355,6 +414,7 @@ def main(argv: list[str] | None = None) -> dict:
                 r.num_requests,
                 r.ttft_p50_s,
                 r.ttft_p90_s,
+                "-" if r.server_ttft_mean_s is None else r.server_ttft_mean_s,
                 r.cached_tokens,
                 r.prompt_tokens,
                 r.errors,
@@ -369,6 +429,9 @@ def main(argv: list[str] | None = None) -> dict:
             str(c): by[("text", c)].ttft_p50_s / by[("kv", c)].ttft_p50_s for c in levels if ("text", c) in by
         },
     }
+    if ("kv", 1) in by and by[("kv", 1)].server_ttft_mean_s is not None:
+        kv1 = by[("kv", 1)]  # sequential requests: the client's mean minus the server's is HTTP + client
+        summary["http_client_overhead_ms"] = 1000 * (kv1.ttft_mean_s - kv1.server_ttft_mean_s)
     if inproc is not None and ("kv", 1) in by:
         inproc["http_minus_inprocess_ms"] = 1000 * (by[("kv", 1)].ttft_p50_s - inproc["kv_ttft_p50_s"])
         inproc["within_15ms"] = abs(inproc["http_minus_inprocess_ms"]) <= 15.0
@@ -383,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
             "words": args.words,
             "query": QUERY,
             "max_tokens": args.max_tokens,
-            "requests_per_client": per_client,
+            "requests_per_client": {str(c): per_client(c) for c in levels},
             "levels": list(levels),
             "server": "spawned" if args.base_url is None else args.base_url,
         },

@@ -19,7 +19,9 @@ def test_http_ttft_arms(tmp_path, capsys):
     for c in (1, 4, 8):
         kv, text, none = arms[("kv", c)], arms[("text", c)], arms[("none", c)]
         assert (kv["errors"], text["errors"], none["errors"]) == (0, 0, 0)
-        assert kv["num_requests"] == text["num_requests"] == c
+        # --quick: max(1, 4 // c) requests per client, so at least 4 samples at every level
+        assert kv["num_requests"] == text["num_requests"] == none["num_requests"] == c * max(1, 4 // c)
+        assert all(isinstance(arm["server_ttft_mean_s"], float) for arm in (kv, text, none))
         assert kv["cached_tokens"] > 0 and text["cached_tokens"] == 0 and none["cached_tokens"] == 0
         # same memories and query: the text prompt holds them all, so it is at least as long as the block
         assert text["prompt_tokens"] >= kv["cached_tokens"] and none["prompt_tokens"] < kv["cached_tokens"]
@@ -30,6 +32,7 @@ def test_http_ttft_arms(tmp_path, capsys):
         assert not none["memory_tiers"]
     assert set(result["summary"]["kv_vs_text_x"]) == {"1", "4", "8"}
     assert "in_process" not in result["summary"]  # fake backend: no in-process baseline
+    assert isinstance(result["summary"]["http_client_overhead_ms"], float)
 
 
 def test_http_ttft_rejects_text_url_alone(tmp_path):
