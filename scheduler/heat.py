@@ -22,6 +22,17 @@ CREATE TABLE IF NOT EXISTS heat (
 
 
 @dataclass(frozen=True)
+class AccessEvent:
+    """One served turn: the memories retrieved for it and the ones the answer used, at time `at` (seconds)."""
+
+    user_id: str
+    retrieved_ids: tuple[str, ...]
+    used_ids: tuple[str, ...]
+    at: float
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
 class HeatStats:
     score: float  # decayed heat as of `score_at`
     score_at: float
@@ -108,6 +119,9 @@ class HeatTable:
                     ),
                 )
 
+    def apply(self, event: AccessEvent) -> None:
+        self.record(event.user_id, event.retrieved_ids, event.used_ids, event.at)
+
     def forget(self, user_id: str, memory_id: str | None = None) -> None:
         with self._lock:
             if memory_id is None:
@@ -122,6 +136,10 @@ class HeatTable:
     def stats(self, user_id: str) -> dict[str, HeatStats]:
         with self._lock:
             return dict(self._stats.get(user_id, {}))
+
+    def num_tracked(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._stats.values())
 
     def users(self) -> list[str]:
         with self._lock:

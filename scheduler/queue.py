@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+from scheduler.heat import AccessEvent
+
 log = logging.getLogger(__name__)
 
 
@@ -66,8 +68,6 @@ def _decode(raw: str | bytes, entry_id: str) -> Task:
     data = json.loads(raw)
     payload = data.get("payload")
     if data["kind"] == "access" and payload is not None:
-        from scheduler.service import AccessEvent
-
         payload = AccessEvent(
             payload["user_id"],
             tuple(payload["retrieved_ids"]),
