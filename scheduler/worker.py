@@ -19,12 +19,14 @@ from scheduler.config import SchedulerConfig
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from scheduler.policy import (
+    BlockDecision,
     BlockUsage,
     Candidate,
     blocks_to_evict,
     choose_block,
     distill_candidates,
     promotion_policy,
+    user_cap_tokens,
 )
 from scheduler.queue import Task
 
@@ -95,6 +97,8 @@ class Worker:
         self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
+        self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
+        self.bytes_per_token: float = config.bytes_per_token
 
     # -- the thread's loop ---------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -193,26 +197,40 @@ class Worker:
             )
             for mid, m in memories.items()
         ]
-        current = self.plans.get(user_id)
-        decision = choose_block(
-            candidates,
-            current.block.memory_ids if current.block else (),
-            self.config.user_cap_tokens,
-            self.config.hysteresis,
-        )
         self.distill[user_id] = distill_candidates(
             stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s
         )
-        if decision.action == "keep":
-            return current
+        current = self.plans.get(user_id)
+        tokens = {c.memory_id: c.num_tokens for c in candidates}
         block = None
-        if decision.memory_ids:
-            texts = tuple(
-                memories[m].text for m in decision.memory_ids
-            )  # fetched now, published with the block
+        for attempt in range(2):
+            decision = choose_block(
+                candidates,
+                current.block.memory_ids if current.block else (),
+                self._cap_tokens(),
+                self.config.hysteresis,
+            )
+            if decision.action == "keep":
+                return current
+            if not decision.memory_ids:
+                break
+            texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
             built = self.builder.build_block(user_id, texts, decision.memory_ids)
             self.counts["builds"] += 1
             block = BlockPlan(built.item_id, decision.memory_ids, texts, built.num_tokens, built.num_bytes)
+            if self.config.user_block_bytes is None or built.num_bytes <= self.config.user_block_bytes:
+                break
+            # Over the byte cap: the block's header (system prompt) was not counted. Learn it, drop the item,
+            # and choose again once with the cap the header leaves.
+            self._learn_header(built, sum(tokens[m] for m in decision.memory_ids))
+            log.info(
+                "user %r: block of %d bytes over the per-user cap; header learned", user_id, built.num_bytes
+            )
+            if not current.block or built.item_id != current.block.item_id:
+                self.builder.drop_block(built.item_id)
+            block = None
+            if attempt == 1:
+                decision = BlockDecision((), "drop", 0.0)
         with self._lock:
             if self._generation.get(user_id, 0) != generation:
                 self.counts["discarded"] += 1
@@ -243,6 +261,19 @@ class Worker:
         if self.config.total_block_bytes is not None:
             self.enforce_total_cap()
         return published
+
+    def _cap_tokens(self) -> int:
+        return user_cap_tokens(
+            self.config.user_block_tokens,
+            self.config.user_block_bytes,
+            self.bytes_per_token,
+            self.header_tokens,
+        )
+
+    def _learn_header(self, built: BuiltBlock, memory_tokens: int) -> None:
+        if built.num_tokens > 0:
+            self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / built.num_tokens)
+        self.header_tokens = max(self.header_tokens, built.num_tokens - memory_tokens)
 
     def enforce_total_cap(self) -> list[str]:
         """Drop whole blocks (least heat per byte first) until every user's blocks fit the overall cap."""
