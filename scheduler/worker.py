@@ -121,8 +121,9 @@ class Worker:
         try:
             if task.kind == "access":
                 event: AccessEvent = task.payload
-                self.heat.apply(event)
-                self.refresh(event.user_id)
+                if not self.heat.apply(event):
+                    log.debug("user %r: access event replayed; heat unchanged", event.user_id)
+                self.refresh(event.user_id)  # even on a replay: the first run may have died before it
             elif task.kind == "refresh":
                 self.refresh(task.user_id)
             elif task.kind == "prewarm":
