@@ -88,6 +88,9 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        close = getattr(self.queue, "close", None)
+        if close is not None:
+            close()
         self.heat.close()
 
     # -- request path (never waits on the worker) ----------------------------------------------------------
