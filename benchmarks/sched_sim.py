@@ -1,14 +1,8 @@
 """Trace-driven scheduler simulation (CPU only; token counts stand in for the model).
 
-Many users, each with memories grouped by topic; each request retrieves a few memories, Zipf-distributed
-within the active topic, and half-way through the trace every user's topic drifts (MemOS's 'buying a home,
-then renovating'). Policies keep a per-user KV block of equal token capacity, updated between requests:
-ours (decayed heat, append-only with hysteresis), LRU, LFU, and a clairvoyant optimum that knows the next
-`window` requests. Reported: share of retrieved memory tokens served from KV, ratio to the optimum, requests
-until the new topic is KV-resident after the shift, rebuilds, and the request-path overhead of the real
-Scheduler (plan read + access event).
-
-    python -m benchmarks.sched_sim --out benchmarks/results/cpu/sched_sim.json
+Zipf retrievals per user within a topic that drifts half-way; ours (heat, append-first with hysteresis), LRU,
+LFU and a clairvoyant optimum at equal KV capacity; KV-served share, requests until the new topic is resident,
+rebuilds and prefill, and the real Scheduler's request-path overhead. `--out F.json` (see benchmarks/README).
 """
 
 from __future__ import annotations

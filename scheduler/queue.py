@@ -1,10 +1,8 @@
-"""Task queues between the request path and the scheduler's workers.
+"""Task queues between the request path and the scheduler's workers; `put` never blocks on I/O in either.
 
-`InProcessQueue` (the default): `put` never blocks; refresh tasks for a user are coalesced (a refresh is
-idempotent). `RedisStreamsQueue`: a stream + consumer group, so several workers share the work; a task is
-acknowledged only after it ran, and entries a dead worker left pending are reclaimed (XAUTOCLAIM), so work is
-at-least-once. `put` never does network I/O (an outbox thread sends), so a slow or dead Redis cannot stall the
-request path; tasks it cannot send run in process, with a log line. JSON payloads only.
+`InProcessQueue` (default): refresh tasks for a user are coalesced. `RedisStreamsQueue`: a stream + consumer
+group shared by workers; ack after the task ran, XAUTOCLAIM of a dead worker's entries (at-least-once); an
+outbox thread sends, and what it cannot send runs in process. JSON payloads only. Knows nothing of tasks' work.
 """
 
 from __future__ import annotations
