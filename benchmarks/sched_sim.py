@@ -1,14 +1,8 @@
 """Trace-driven scheduler simulation (CPU only; token counts stand in for the model).
 
-Many users, each with memories grouped by topic; each request retrieves a few memories, Zipf-distributed
-within the active topic, and half-way through the trace every user's topic drifts (MemOS's 'buying a home,
-then renovating'). Policies keep a per-user KV block of equal token capacity, updated between requests:
-ours (decayed heat, append-only with hysteresis), LRU, LFU, and a clairvoyant optimum that knows the next
-`window` requests. Reported: share of retrieved memory tokens served from KV, ratio to the optimum, requests
-until the new topic is KV-resident after the shift, rebuilds, and the request-path overhead of the real
-Scheduler (plan read + access event).
-
-    python -m benchmarks.sched_sim --out benchmarks/results/cpu/sched_sim.json
+Zipf retrievals per user within a topic that drifts half-way; ours (heat, append-first with hysteresis), LRU,
+LFU and a clairvoyant optimum at equal KV capacity; KV-served share, requests until the new topic is resident,
+rebuilds and prefill, and the real Scheduler's request-path overhead. `--out F.json` (see benchmarks/README).
 """
 
 from __future__ import annotations
@@ -62,13 +56,21 @@ def make_trace(
     return UserTrace(sizes, requests, shift_at)
 
 
-def _fill(order: list[str], sizes: dict[str, int], cap: int) -> frozenset[str]:
+def _fill(order: list[str], sizes: dict[str, int], cap: int) -> tuple[str, ...]:
     chosen, used = [], 0
     for m in order:
         if used + sizes[m] <= cap:
             chosen.append(m)
             used += sizes[m]
-    return frozenset(chosen)
+    return tuple(chosen)
+
+
+def _stable(chosen: tuple[str, ...], old: tuple[str, ...]) -> tuple[str, ...]:
+    """The baselines' block order: members they keep stay first, in their old order (the most prefix reuse a
+    set-based policy can get), then the new members."""
+    members = set(chosen)
+    kept = [m for m in old if m in members]
+    return (*kept, *(m for m in chosen if m not in set(kept)))
 
 
 @dataclass
@@ -79,10 +81,16 @@ class PolicyResult:
     shift_requests_p50: float
     rebuilds_per_user: float
     appends_per_user: float
+    prefill_tokens_per_request: (
+        float  # block tokens prefilled off the request path (all that follows the kept prefix)
+    )
 
 
 def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s: float, hysteresis: float):
-    """Per request: (served tokens, retrieved tokens); plus rebuild/append counts."""
+    """Per request: (served tokens, retrieved tokens); plus rebuilds, appends and block tokens prefilled, counted
+    the same way for every policy from how the block changed (a change that keeps the old block as a prefix
+    is an append and prefills only the new tail; any other change prefills everything after the common
+    prefix)."""
     sizes, out = trace.sizes, []
     block: tuple[str, ...] = ()
     last: dict[str, int] = {}
@@ -90,13 +98,28 @@ def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s:
     heat = HeatTable(None, half_life_s=half_life_s, use_weight=2.0, recency_prior=0.25)
     for m in sizes:
         heat.seen("u", m, 0.0)
-    rebuilds = appends = 0
+    rebuilds = appends = prefilled = 0
     score = promotion_policy("heat")
+
+    def change(new: tuple[str, ...]) -> tuple[str, ...]:
+        nonlocal rebuilds, appends, prefilled
+        if new != block:
+            keep = next(
+                (i for i, (a, b) in enumerate(zip(block, new, strict=False)) if a != b),
+                min(len(block), len(new)),
+            )
+            prefilled += sum(sizes[m] for m in new[keep:])
+            if keep == len(block):
+                appends += 1
+            else:
+                rebuilds += 1
+        return new
+
     for r, req in enumerate(trace.requests):
         now = 60.0 * (r + 1)
         if policy == "optimum" and r % window == 0:
             future = Counter(m for q in trace.requests[r : r + window] for m in q)
-            block = tuple(_fill(sorted(future, key=lambda m: (-future[m], m)), sizes, cap))
+            block = change(_stable(_fill(sorted(future, key=lambda m: (-future[m], m)), sizes, cap), block))
         members = set(block)
         total = sum(sizes[m] for m in req)
         out.append((sum(sizes[m] for m in req if m in members), total))
@@ -105,18 +128,17 @@ def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s:
             last[m] = r
             count[m] += 1
         if policy == "lru":
-            block = tuple(_fill(sorted(last, key=lambda m: -last[m]), sizes, cap))
+            block = change(_stable(_fill(sorted(last, key=lambda m: (-last[m], m)), sizes, cap), block))
         elif policy == "lfu":
-            block = tuple(_fill(sorted(count, key=lambda m: (-count[m], -last[m])), sizes, cap))
+            block = change(
+                _stable(_fill(sorted(count, key=lambda m: (-count[m], -last[m], m)), sizes, cap), block)
+            )
         elif policy == "ours":
             heat.record("u", req, req, now)
             stats = heat.stats("u")
             cands = [Candidate(m, score.score(stats[m], now, half_life_s), sizes[m]) for m in sizes]
-            decision = choose_block(cands, block, cap, hysteresis)
-            rebuilds += decision.action in ("rebuild", "truncate")
-            appends += decision.action == "append"
-            block = decision.memory_ids
-    return out, rebuilds, appends
+            block = change(choose_block(cands, block, cap, hysteresis).memory_ids)
+    return out, rebuilds, appends, prefilled
 
 
 def shift_latency(served: list[tuple[int, int]], shift_at: int, threshold: float = 0.8) -> int:
@@ -192,10 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
     window = args.window or args.requests // 2
     results: dict[str, PolicyResult] = {}
     for policy in ("optimum", "ours", "lru", "lfu"):
-        served = total = rebuilds = appends = 0
+        served = total = rebuilds = appends = prefilled = 0
         shifts = []
         for tr in traces:
-            out, rb, ap = replay(
+            out, rb, ap, pf = replay(
                 policy,
                 tr,
                 args.cap_tokens,
@@ -205,10 +227,16 @@ def main(argv: list[str] | None = None) -> dict:
             )
             served += sum(s for s, _ in out)
             total += sum(t for _, t in out)
-            rebuilds, appends = rebuilds + rb, appends + ap
+            rebuilds, appends, prefilled = rebuilds + rb, appends + ap, prefilled + pf
             shifts.append(shift_latency(out, tr.shift_at))
         results[policy] = PolicyResult(
-            policy, served / total, 0.0, median(shifts), rebuilds / len(traces), appends / len(traces)
+            policy,
+            served / total,
+            0.0,
+            median(shifts),
+            rebuilds / len(traces),
+            appends / len(traces),
+            prefilled / (len(traces) * args.requests),
         )
     best = results["optimum"].served_share
     for r in results.values():
@@ -222,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
             "Shift -> resident (req)",
             "Rebuilds/user",
             "Appends/user",
+            "Prefill tok/req",
         ],
         [
             [
@@ -231,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
                 r.shift_requests_p50,
                 r.rebuilds_per_user,
                 r.appends_per_user,
+                round(r.prefill_tokens_per_request, 1),
             ]
             for r in results.values()
         ],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.policy import promotion_policy
+from scheduler.policy import promotion_policy, user_cap_tokens
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,5 @@ class SchedulerConfig:
 
     @property
     def user_cap_tokens(self) -> int:
-        cap = self.user_block_tokens
-        if self.user_block_bytes is not None and self.bytes_per_token:
-            cap = min(cap, self.user_block_bytes // self.bytes_per_token)
-        return cap
+        """Memory tokens per user before any block was built (the worker then learns the block header)."""
+        return user_cap_tokens(self.user_block_tokens, self.user_block_bytes, self.bytes_per_token)

@@ -6,6 +6,7 @@ control it. Knows nothing of blocks, plans or queues.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sqlite3
 import threading
@@ -17,8 +18,36 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS heat (
     user_id TEXT NOT NULL, memory_id TEXT NOT NULL, score REAL NOT NULL, score_at REAL NOT NULL,
     hits INTEGER NOT NULL, uses INTEGER NOT NULL, first_seen REAL NOT NULL, last_access REAL,
-    last_change REAL NOT NULL, PRIMARY KEY (user_id, memory_id))
+    last_change REAL NOT NULL, PRIMARY KEY (user_id, memory_id));
+CREATE TABLE IF NOT EXISTS applied (
+    user_id TEXT NOT NULL, event_key TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user_id, event_key))
 """
+REPLAY_WINDOW_S = 24 * 3600.0  # an access event redelivered within this long (event time) is recognised
+
+
+@dataclass(frozen=True)
+class AccessEvent:
+    """One served turn: the memories retrieved for it and the ones the answer used, at time `at` (seconds)."""
+
+    user_id: str
+    retrieved_ids: tuple[str, ...]
+    used_ids: tuple[str, ...]
+    at: float
+    session_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Identity for replay detection (a Redis redelivery, a retried task): same event, same key."""
+        parts = [
+            self.user_id,
+            *self.retrieved_ids,
+            "|",
+            *self.used_ids,
+            "|",
+            repr(self.at),
+            self.session_id or "",
+        ]
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -45,16 +74,19 @@ class HeatTable:
         self, path: str | Path | None, *, half_life_s: float, use_weight: float, recency_prior: float
     ):
         self.half_life_s, self.use_weight, self.recency_prior = half_life_s, use_weight, recency_prior
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by apply -> record
         self._stats: dict[str, dict[str, HeatStats]] = {}
+        self._applied: dict[str, dict[str, float]] = {}  # user -> event key -> event time
         self._db = None
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
+            self._db.executescript(_SCHEMA)
             for row in self._db.execute("SELECT * FROM heat"):
                 self._stats.setdefault(row[0], {})[row[1]] = HeatStats(*row[2:])
+            for user_id, key, at in self._db.execute("SELECT user_id, event_key, at FROM applied"):
+                self._applied.setdefault(user_id, {})[key] = at
 
     def _put(self, user_id: str, memory_id: str, stats: HeatStats) -> None:
         self._stats.setdefault(user_id, {})[memory_id] = stats
@@ -108,12 +140,43 @@ class HeatTable:
                     ),
                 )
 
+    def apply(self, event: AccessEvent) -> bool:
+        """Record an access event once: a replay of one already applied is ignored (returns False), so an
+        access task is idempotent. Keys older than REPLAY_WINDOW_S before the newest event are forgotten."""
+        key = event.key
+        with self._lock:
+            seen = self._applied.setdefault(event.user_id, {})
+            if key in seen:
+                return False
+            horizon = event.at - REPLAY_WINDOW_S
+            if self._db is not None:  # the key and the heat it adds commit together
+                self._db.execute("BEGIN")
+            try:
+                if self._db is not None:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO applied VALUES (?,?,?)", (event.user_id, key, event.at)
+                    )
+                    self._db.execute("DELETE FROM applied WHERE user_id=? AND at<?", (event.user_id, horizon))
+                self.record(event.user_id, event.retrieved_ids, event.used_ids, event.at)
+            except BaseException:
+                if self._db is not None:
+                    self._db.execute("ROLLBACK")
+                raise
+            if self._db is not None:
+                self._db.execute("COMMIT")
+            seen[key] = event.at
+            for old in [k for k, at in seen.items() if at < horizon]:
+                del seen[old]
+        return True
+
     def forget(self, user_id: str, memory_id: str | None = None) -> None:
         with self._lock:
             if memory_id is None:
                 self._stats.pop(user_id, None)
+                self._applied.pop(user_id, None)
                 if self._db is not None:
                     self._db.execute("DELETE FROM heat WHERE user_id=?", (user_id,))
+                    self._db.execute("DELETE FROM applied WHERE user_id=?", (user_id,))
                 return
             self._stats.get(user_id, {}).pop(memory_id, None)
             if self._db is not None:
@@ -122,6 +185,10 @@ class HeatTable:
     def stats(self, user_id: str) -> dict[str, HeatStats]:
         with self._lock:
             return dict(self._stats.get(user_id, {}))
+
+    def num_tracked(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._stats.values())
 
     def users(self) -> list[str]:
         with self._lock:

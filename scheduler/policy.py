@@ -56,6 +56,17 @@ def promotion_policy(name: str) -> PromotionPolicy:
     return _POLICIES[name]()
 
 
+def user_cap_tokens(
+    max_tokens: int, max_bytes: int | None, bytes_per_token: float, overhead_tokens: int = 0
+) -> int:
+    """Memory tokens one user's block may hold: the token cap, and the byte cap less the fixed header (system
+    prompt) every block carries. 0 means no block fits."""
+    cap = max_tokens
+    if max_bytes is not None and bytes_per_token > 0:
+        cap = min(cap, int(max_bytes // bytes_per_token) - overhead_tokens)
+    return max(cap, 0)
+
+
 @dataclass(frozen=True)
 class Candidate:
     memory_id: str

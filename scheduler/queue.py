@@ -1,9 +1,8 @@
-"""Task queues between the request path and the scheduler's workers.
+"""Task queues between the request path and the scheduler's workers; `put` never blocks on I/O in either.
 
-`InProcessQueue` (the default): `put` never blocks; refresh tasks for a user are coalesced (a refresh is
-idempotent). `RedisStreamsQueue`: a stream + consumer group, so several workers share the work; a task is
-acknowledged only after it ran, and entries a dead worker left pending are reclaimed (XAUTOCLAIM), so work is
-at-least-once. When Redis is unreachable it logs and falls back to an in-process queue. JSON payloads only.
+`InProcessQueue` (default): refresh tasks for a user are coalesced. `RedisStreamsQueue`: a stream + consumer
+group shared by workers; ack after the task ran, XAUTOCLAIM of a dead worker's entries (at-least-once); an
+outbox thread sends, and what it cannot send runs in process. JSON payloads only. Knows nothing of tasks' work.
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import threading
 from collections import deque
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
+
+from scheduler.heat import AccessEvent
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class InProcessQueue:
     def ack(self, task: Task) -> None:
         """Nothing to do in process: a task is gone once taken."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -66,8 +70,6 @@ def _decode(raw: str | bytes, entry_id: str) -> Task:
     data = json.loads(raw)
     payload = data.get("payload")
     if data["kind"] == "access" and payload is not None:
-        from scheduler.service import AccessEvent
-
         payload = AccessEvent(
             payload["user_id"],
             tuple(payload["retrieved_ids"]),
@@ -101,15 +103,56 @@ class RedisStreamsQueue:
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self._outbox: deque[Task] = deque()
+        self._outbox_cond = threading.Condition()
+        self._sending = False
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="kvmem-redis-outbox", daemon=True)
+        self._sender.start()
 
     def put(self, task: Task) -> None:
-        try:
-            self.client.xadd(self.stream, {"task": _encode(task)})
-        except self._redis_errors as exc:
-            log.warning("redis unreachable (%s); running task %s in process", exc, task.kind)
-            self._local.put(task)
+        """Never blocks on Redis: the task is handed to the outbox thread."""
+        with self._outbox_cond:
+            self._outbox.append(task)
+            self._outbox_cond.notify()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._outbox_cond:
+                self._outbox_cond.wait_for(lambda: self._outbox or self._closed)
+                if not self._outbox:
+                    return
+                task = self._outbox.popleft()
+                self._sending = True
+            try:
+                self.client.xadd(self.stream, {"task": _encode(task)})
+            except self._redis_errors as exc:
+                log.warning("redis unreachable (%s); running task %s in process", exc, task.kind)
+                self._local.put(task)
+            finally:
+                with self._outbox_cond:
+                    self._sending = False
+                    self._outbox_cond.notify_all()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every task put so far was sent to Redis (or kept in process). False on timeout."""
+        with self._outbox_cond:
+            return self._outbox_cond.wait_for(
+                lambda: not self._outbox and not self._sending, timeout=timeout_s
+            )
+
+    def close(self) -> None:
+        """Send what is in the outbox, then stop the outbox thread."""
+        with self._outbox_cond:
+            self._closed = True
+            self._outbox_cond.notify_all()
+        self._sender.join(timeout=10)
 
     def get(self, timeout_s: float | None = None) -> Task | None:
+        local = self._local.get(timeout_s=0)
+        if local is not None:
+            return local
+        self.flush(timeout_s=1.0 if timeout_s is None else timeout_s)  # what this process put comes first
         local = self._local.get(timeout_s=0)
         if local is not None:
             return local
@@ -150,9 +193,9 @@ class RedisStreamsQueue:
         try:
             info = self.client.xinfo_groups(self.stream)
             lag = next((g.get("lag") or 0 for g in info if g["name"] in (self.group, self.group.encode())), 0)
-            return int(lag) + len(self._local)
+            return int(lag) + len(self._local) + len(self._outbox) + self._sending
         except self._redis_errors:
-            return len(self._local)
+            return len(self._local) + len(self._outbox) + self._sending
 
 
 def make_queue(redis_url: str | None, **kwargs: Any) -> InProcessQueue | RedisStreamsQueue:

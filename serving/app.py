@@ -169,7 +169,11 @@ def create_app(
             from serving.sched_plans import SchedulerPlanProvider
 
             plans = SchedulerPlanProvider(
-                store, backend, token_budget=config.block_token_budget, data_dir=config.data_dir
+                store,
+                backend,
+                token_budget=config.block_token_budget,
+                data_dir=config.data_dir,
+                redis_url=config.scheduler_redis_url,
             )
         else:
             plans = StandInPlanProvider(store, backend, token_budget=config.block_token_budget)

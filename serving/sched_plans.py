@@ -5,6 +5,7 @@ Also the adapter that lets the scheduler build blocks through the serving backen
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,13 +47,19 @@ class SchedulerPlanProvider(PlanProvider):
         token_budget: int,
         data_dir: Path | None = None,
         config: SchedulerConfig | None = None,
+        redis_url: str | None = None,
         start: bool = True,
     ):
         self.backend = backend
         config = config or SchedulerConfig(user_block_tokens=token_budget)
         heat_path = None if data_dir is None else Path(data_dir) / "scheduler" / "heat.sqlite"
         self.scheduler = Scheduler(
-            config, store, BackendBlockBuilder(backend), self._count_tokens, heat_path=heat_path
+            config,
+            store,
+            BackendBlockBuilder(backend),
+            self._count_tokens,
+            heat_path=heat_path,
+            redis_url=redis_url,
         )
         if start:
             self.scheduler.start()
@@ -93,8 +100,6 @@ class SchedulerPlanProvider(PlanProvider):
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the worker has drained its queue (tests)."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while not self.scheduler.idle() and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -15,6 +15,7 @@ def test_sched_sim_quick(tmp_path, capsys):
     shares = {p["policy"]: p["served_share"] for p in result["policies"]}
     assert set(shares) == {"optimum", "ours", "lru", "lfu"}
     assert all(0.0 < v <= shares["optimum"] <= 1.0 for v in shares.values())
+    assert all(p["prefill_tokens_per_request"] > 0 for p in result["policies"])
     assert result["request_path"]["iterations"] == 2000 and result["request_path"]["p99_us"] > 0
 
 

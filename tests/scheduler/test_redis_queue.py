@@ -140,3 +140,26 @@ def test_scheduler_runs_its_tasks_through_redis(redis_url, tmp_path):
     finally:
         sched.stop()
         store.close()
+
+
+def test_put_never_waits_on_a_frozen_redis(redis_url):
+    """The request path enqueues: with redis-server stopped (SIGSTOP) put still returns at once, the tasks wait
+    in the outbox, and once Redis answers again they reach the stream in order."""
+    import signal
+
+    url, proc = redis_url
+    queue = RedisStreamsQueue(url, consumer="w1", min_idle_ms=100)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        for user in ("a", "b", "c"):
+            queue.put(Task("refresh", user))
+        assert [t.user_id for t in queue._outbox][-2:] == ["b", "c"]  # the sender is stuck on at most one
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert queue.flush(timeout_s=10)
+    got = [queue.get(timeout_s=1) for _ in range(3)]
+    assert [t.user_id for t in got] == ["a", "b", "c"] and all(t.entry_id for t in got)
+    for t in got:
+        queue.ack(t)
+    assert queue.pending() == 0
+    queue.close()

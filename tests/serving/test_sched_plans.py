@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.text import HashEmbedder, MemoryStore
@@ -12,6 +13,7 @@ from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 from serving.sched_plans import SchedulerPlanProvider
+from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 
 
 def test_scheduler_plans_through_http(tmp_path):
@@ -63,4 +65,40 @@ def test_scheduler_plans_through_http(tmp_path):
             {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
         )
     plans.close()
+    store.close()
+
+
+def test_create_app_uses_the_scheduler_by_default_and_keeps_the_standin(tmp_path):
+    from serving.plans import StandInPlanProvider
+
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False)
+    with TestClient(create_app(config, backend=backend, store=store)) as client:
+        assert isinstance(client.app.state.plans, SchedulerPlanProvider)
+    standin = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, planner="standin")
+    with TestClient(create_app(standin, backend=backend, store=store)) as client:
+        assert isinstance(client.app.state.plans, StandInPlanProvider)
+    store.close()
+
+
+@pytest.mark.redis
+def test_scheduler_redis_url_reaches_the_scheduler(request, tmp_path):
+    from scheduler.queue import RedisStreamsQueue
+
+    url, _ = request.getfixturevalue("redis_url")  # a live redis-server on loopback
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    config = ServingConfig(
+        data_dir=tmp_path, backend="fake", auth=False, store_turns=False, scheduler_redis_url=url
+    )
+    with TestClient(create_app(config, backend=backend, store=store)) as client:
+        plans = client.app.state.plans
+        assert isinstance(plans.scheduler.queue, RedisStreamsQueue)
+        [memory] = store.add("alice", texts=["my cat is Tofu"])
+        plans.flush()
+        assert client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["block"]["memory_ids"] == [
+            memory.id
+        ]
+        assert plans.scheduler.queue.pending() == 0
     store.close()

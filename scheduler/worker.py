@@ -1,0 +1,303 @@
+"""The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
+
+Owns the per-user generation counter that makes a build racing a store change discard its result, and the
+only writes to heat and plans. Blocks are built through an injected `BlockBuilder`; the queue and the thread
+that drains it belong to the facade in service.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from scheduler.config import SchedulerConfig
+from scheduler.heat import AccessEvent, HeatTable
+from scheduler.plan import BlockPlan, Plan, PlanBook
+from scheduler.policy import (
+    BlockDecision,
+    BlockUsage,
+    Candidate,
+    blocks_to_evict,
+    choose_block,
+    distill_candidates,
+    promotion_policy,
+    user_cap_tokens,
+)
+from scheduler.queue import Task
+
+log = logging.getLogger(__name__)
+
+
+class BuiltBlock(Protocol):
+    item_id: str
+    num_tokens: int
+    num_bytes: int
+
+
+class BlockBuilder(Protocol):
+    def ready(self) -> bool: ...
+    def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
+    def drop_block(self, item_id: str) -> None: ...
+
+    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start)
+
+
+class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
+    def list(
+        self, user_id: str, *, session_id: str | None = None, page: int = 1, page_size: int = 20
+    ) -> Any: ...
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
+
+
+class TaskQueue(Protocol):  # scheduler.queue.InProcessQueue / RedisStreamsQueue
+    def put(self, task: Task) -> None: ...
+    def get(self, timeout_s: float | None = None) -> Task | None: ...
+    def ack(self, task: Task) -> None: ...
+    def __len__(self) -> int: ...
+
+
+def _ts(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+_CHANGE_KINDS = {"add": "added", "update": "updated", "delete": "deleted"}
+
+
+class Worker:
+    """Every task is idempotent: a refresh recomputes the block from the store and heat, so running it twice
+    (coalesced queue, Redis redelivery) publishes the same plan and builds nothing the second time."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        source: MemorySource,
+        builder: BlockBuilder,
+        count_tokens: Callable[[str], int],
+        heat: HeatTable,
+        plans: PlanBook,
+        queue: TaskQueue,
+        clock: Callable[[], float],
+    ):
+        self.config, self.source, self.builder, self.count_tokens = config, source, builder, count_tokens
+        self.heat, self.plans, self.queue, self.clock = heat, plans, queue, clock
+        self.policy = promotion_policy(config.promotion)
+        self._lock = threading.Lock()  # generations and every plan publish
+        self._generation: dict[str, int] = {}
+        self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
+        self.latencies_s: deque[float] = deque(maxlen=1000)
+        self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
+        self.distill: dict[str, list[str]] = {}
+        self.in_task = False
+        self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
+        self.bytes_per_token: float = config.bytes_per_token
+
+    # -- the thread's loop ---------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            task = self.queue.get(timeout_s=0.5)
+            if task is None:
+                self.retry_deferred()
+                continue
+            self.handle(task)
+
+    def retry_deferred(self) -> None:
+        if self.deferred and self.builder.ready():
+            users, self.deferred = sorted(self.deferred), set()
+            for user in users:
+                self.queue.put(Task("refresh", user))
+
+    def handle(self, task: Task) -> None:
+        start = time.perf_counter()
+        self.in_task = True
+        try:
+            if task.kind == "access":
+                event: AccessEvent = task.payload
+                if not self.heat.apply(event):
+                    log.debug("user %r: access event replayed; heat unchanged", event.user_id)
+                self.refresh(event.user_id)  # even on a replay: the first run may have died before it
+            elif task.kind == "refresh":
+                self.refresh(task.user_id)
+            elif task.kind == "prewarm":
+                plan = self.refresh(task.user_id)
+                warm = getattr(self.builder, "warm_block", None)
+                if plan.block is not None and warm is not None:
+                    warm(plan.block.item_id)
+            elif task.kind == "evict":
+                self.enforce_total_cap()
+            else:
+                log.error("unknown scheduler task kind %r; dropped", task.kind)
+        except Exception:  # noqa: BLE001 - the worker must outlive any one task; logged with its traceback
+            log.exception("scheduler task %s for %r failed", task.kind, task.user_id)
+        finally:
+            self.queue.ack(task)  # after the task ran (or failed for good): at-least-once with Redis
+            self.in_task = False
+            self.latencies_s.append(time.perf_counter() - start)
+            self.counts["tasks"] += 1
+
+    # -- invalidation (synchronous, on the store's thread) -------------------------------------------------
+    def invalidate(self, event: Any) -> str | None:
+        """Apply a store ChangeEvent; if the changed memory is in the user's block, publish a block-less plan
+        before returning and drop the item. Returns the dropped item id. The caller enqueues the rebuild."""
+        kind = _CHANGE_KINDS.get(event.kind, event.kind)
+        user_id, memory_id, now = event.user_id, event.memory_id, self.clock()
+        dropped = None
+        with self._lock:
+            if kind == "added":
+                self.heat.seen(user_id, memory_id, now)
+                return None
+            self._generation[user_id] = self._generation.get(user_id, 0) + 1
+            if kind == "deleted":
+                self.heat.forget(user_id, memory_id)
+            else:
+                self.heat.seen(user_id, memory_id, now)
+            plan = self.plans.get(user_id)
+            if plan.block is not None and memory_id in plan.block.memory_ids:
+                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, now))
+                dropped = plan.block.item_id
+        if dropped is not None:
+            self.builder.drop_block(dropped)
+            log.info("user %r: block %s stopped serving (memory %s %s)", user_id, dropped, memory_id, kind)
+        return dropped
+
+    # -- rebuild -------------------------------------------------------------------------------------------
+    def _memories(self, user_id: str) -> list[Any]:
+        out, page = [], 1
+        while True:
+            chunk = self.source.list(user_id, page=page, page_size=500)
+            out.extend(chunk.items)
+            if len(out) >= chunk.total or not chunk.items:
+                return out
+            page += 1
+
+    def refresh(self, user_id: str) -> Plan:
+        """Recompute the user's block; build it if it changed; publish unless a store change raced us."""
+        if not self.builder.ready():
+            self.deferred.add(user_id)
+            return self.plans.get(user_id)
+        with self._lock:
+            generation = self._generation.get(user_id, 0)
+        now = self.clock()
+        memories = {m.id: m for m in self._memories(user_id)}
+        stats = self.heat.stats(user_id)
+        for mid, m in memories.items():
+            if mid not in stats:
+                self.heat.seen(user_id, mid, _ts(m.created_at))
+        stats = self.heat.stats(user_id)
+        candidates = [
+            Candidate(
+                mid, self.policy.score(stats[mid], now, self.config.half_life_s), self.count_tokens(m.text)
+            )
+            for mid, m in memories.items()
+        ]
+        self.distill[user_id] = distill_candidates(
+            stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s
+        )
+        current = self.plans.get(user_id)
+        tokens = {c.memory_id: c.num_tokens for c in candidates}
+        block = None
+        for attempt in range(2):
+            decision = choose_block(
+                candidates,
+                current.block.memory_ids if current.block else (),
+                self._cap_tokens(),
+                self.config.hysteresis,
+            )
+            if decision.action == "keep":
+                return current
+            if not decision.memory_ids:
+                break
+            texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
+            built = self.builder.build_block(user_id, texts, decision.memory_ids)
+            self.counts["builds"] += 1
+            block = BlockPlan(built.item_id, decision.memory_ids, texts, built.num_tokens, built.num_bytes)
+            if self.config.user_block_bytes is None or built.num_bytes <= self.config.user_block_bytes:
+                break
+            # Over the byte cap: the block's header (system prompt) was not counted. Learn it, drop the item,
+            # and choose again once with the cap the header leaves.
+            self._learn_header(built, sum(tokens[m] for m in decision.memory_ids))
+            log.info(
+                "user %r: block of %d bytes over the per-user cap; header learned", user_id, built.num_bytes
+            )
+            if not current.block or built.item_id != current.block.item_id:
+                self.builder.drop_block(built.item_id)
+            block = None
+            if attempt == 1:
+                decision = BlockDecision((), "drop", 0.0)
+        with self._lock:
+            if self._generation.get(user_id, 0) != generation:
+                self.counts["discarded"] += 1
+                stale = block.item_id if block else None
+                published = None
+            else:
+                latest = self.plans.get(user_id)
+                published = Plan(user_id, block, latest.adapter_id, latest.version + 1, now)
+                self.plans.publish(published)
+                stale = (
+                    latest.block.item_id
+                    if latest.block and (not block or latest.block.item_id != block.item_id)
+                    else None
+                )
+        if stale is not None:
+            self.builder.drop_block(stale)
+        if published is None:
+            log.info("user %r: a store change raced the block build; rebuilding", user_id)
+            self.queue.put(Task("refresh", user_id))
+            return self.plans.get(user_id)
+        log.info(
+            "user %r: block %s (%d memories, %d tokens)",
+            user_id,
+            decision.action,
+            len(decision.memory_ids),
+            block.num_tokens if block else 0,
+        )
+        if self.config.total_block_bytes is not None:
+            self.enforce_total_cap()
+        return published
+
+    def _cap_tokens(self) -> int:
+        return user_cap_tokens(
+            self.config.user_block_tokens,
+            self.config.user_block_bytes,
+            self.bytes_per_token,
+            self.header_tokens,
+        )
+
+    def _learn_header(self, built: BuiltBlock, memory_tokens: int) -> None:
+        if built.num_tokens > 0:
+            self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / built.num_tokens)
+        self.header_tokens = max(self.header_tokens, built.num_tokens - memory_tokens)
+
+    def enforce_total_cap(self) -> list[str]:
+        """Drop whole blocks (least heat per byte first) until every user's blocks fit the overall cap."""
+        now = self.clock()
+        usages = []
+        for plan in self.plans.all():
+            if plan.block is None:
+                continue
+            stats = self.heat.stats(plan.user_id)
+            value = sum(
+                self.policy.score(stats[m], now, self.config.half_life_s)
+                for m in plan.block.memory_ids
+                if m in stats
+            )
+            last = max(
+                (stats[m].last_access or 0.0 for m in plan.block.memory_ids if m in stats), default=0.0
+            )
+            usages.append(BlockUsage(plan.user_id, plan.block.num_bytes, value, last))
+        evicted = blocks_to_evict(usages, self.config.total_block_bytes)
+        for user_id in evicted:
+            with self._lock:
+                plan = self.plans.get(user_id)
+                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, now))
+            if plan.block is not None:
+                self.builder.drop_block(plan.block.item_id)
+        return evicted
