@@ -2,8 +2,8 @@
 
 Arms, each with the same query: memories as KV (the user's block is KV-resident), the same memories as
 text (a server whose block budget is 0, so they come back from search and are prefilled), and no memory;
-at concurrency 1, 4 and 8. The in-process TTFT of the KV prompt is measured in the same run as a baseline
-(after the servers have stopped, so nothing else competes for the cores).
+at concurrency 1, 4 and 8. The in-process TTFT of the KV prompt is the baseline, measured in the same run in
+alternation with HTTP requests to the idle server (pairs), so both see the same machine state.
 
     python -m benchmarks.http_ttft --spawn --quick --out benchmarks/results/cpu/http_ttft.json
     python -m benchmarks.http_ttft --spawn --backend fake --quick --out /tmp/h.json    # plumbing only
@@ -295,8 +295,17 @@ def block_texts(base: str, user: str) -> list[str]:
     return [_get(f"{base}/v1/memories/{mid}?user_id={user}")["text"] for mid in plan["block"]["memory_ids"]]
 
 
-def in_process_ttft(texts: list[str], user: str, model: str | None, reps: int, warmup: int = 2) -> dict:
-    """The same prompt in-process, as ttft_grid measures it: fetch the item from a store, inject, prefill."""
+def paired_in_process(
+    base: str, user: str, texts: list[str], model: str | None, pairs: int, max_tokens: int, warmup: int = 2
+) -> dict:
+    """HTTP TTFT vs the in-process TTFT of the same prompt, as ttft_grid measures it (fetch the item from a
+    store, inject, prefill), taken in alternation while the server is idle, so both see the same machine.
+
+    The in-process side builds its own copy of the block in this process from the server's block texts, in
+    the server's order; the prompt is laid out exactly as the server lays it out (same layout, same query),
+    which `same_prompt_tokens` checks against the server's reported prompt length."""
+    from openai import OpenAI
+
     from benchmarks.ttft_grid import first_token_s
     from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, build_item
     from kvmem.models import load_model
@@ -304,19 +313,32 @@ def in_process_ttft(texts: list[str], user: str, model: str | None, reps: int, w
     handle = load_model(model)
     layout = PromptLayout(handle.tokenizer)
     ids = list(layout.prompt(texts, [], [{"role": "user", "content": QUERY}]).ids)
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
+    http_s: list[float] = []
+    local_s: list[float] = []
+    prompt_tokens = 0
     with tempfile.TemporaryDirectory() as tmp:
         store = TieredKVStore(KVStoreConfig(directory=tmp), handle.fingerprint)
         item = build_item(handle, layout.block_ids(texts), user_id=user)
         store.put(item, persist=False)
-        for _ in range(warmup):
-            first_token_s(handle.model, ids, item, store, "cpu")
-        kv = [first_token_s(handle.model, ids, item, store, "cpu") for _ in range(reps)]
+        for k in range(warmup + pairs):
+            reply = one_request(base, user, max_tokens, client=client)
+            local = first_token_s(handle.model, ids, item, store, "cpu")
+            prompt_tokens = reply.prompt_tokens
+            if k >= warmup:
+                http_s.append(reply.ttft_s)
+                local_s.append(local)
+    diffs_ms = [1000 * (a - b) for a, b in zip(http_s, local_s, strict=True)]
     return {
         "prompt_tokens": len(ids),
         "block_tokens": item.num_tokens,
-        "reps": reps,
-        "kv_ttft_p50_s": median(kv),
-        "kv_ttft_p90_s": p90(kv),
+        "pairs": pairs,
+        "http_kv_ttft_p50_s": median(http_s),
+        "kv_ttft_p50_s": median(local_s),
+        "kv_ttft_p90_s": p90(local_s),
+        "http_minus_inprocess_ms": median(diffs_ms),  # median of the paired differences
+        "within_15ms": abs(median(diffs_ms)) <= 15.0,
+        "same_prompt_tokens": len(ids) == prompt_tokens,
     }
 
 
@@ -338,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--requests", type=int, default=3, help="requests per client")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8], help="concurrency levels")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--pairs", type=int, default=8, help="HTTP / in-process pairs for the baseline")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process baseline")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -354,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fresh users on a live server
     kv_user, text_user, none_user = f"kv-user{run_id}", f"text-user{run_id}", f"nobody{run_id}"
     results: list[ArmResult] = []
-    ordered: list[str] = []
+    inproc = None
     plan: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         kw = dict(backend=args.backend, model=args.model, top_k=args.memories)
@@ -384,15 +407,15 @@ def main(argv: list[str] | None = None) -> dict:
             for c in levels:
                 results.append(run_arm(base, "kv", kv_user, c, per_client(c), args.max_tokens, texts))
                 results.append(run_arm(base, "none", none_user, c, per_client(c), args.max_tokens, []))
+            if args.backend == "transformers" and not args.no_in_process:
+                print(f"# in-process baseline: {args.pairs} pairs", file=sys.stderr)
+                inproc = paired_in_process(base, kv_user, ordered, args.model, args.pairs, args.max_tokens)
         with text_server() as base:
             if base is not None:
                 seed(base, text_user, texts)
                 one_request(base, text_user, args.max_tokens)  # warm-up
                 for c in levels:
                     results.append(run_arm(base, "text", text_user, c, per_client(c), args.max_tokens, texts))
-    inproc = None
-    if args.backend == "transformers" and not args.no_in_process:
-        inproc = in_process_ttft(ordered, kv_user, args.model, reps=5)
     order = {"kv": 0, "text": 1, "none": 2}
     results.sort(key=lambda r: (r.concurrency, order[r.arm]))
     print_table(
@@ -432,10 +455,7 @@ def main(argv: list[str] | None = None) -> dict:
     if ("kv", 1) in by and by[("kv", 1)].server_ttft_mean_s is not None:
         kv1 = by[("kv", 1)]  # sequential requests: the client's mean minus the server's is HTTP + client
         summary["http_client_overhead_ms"] = 1000 * (kv1.ttft_mean_s - kv1.server_ttft_mean_s)
-    if inproc is not None and ("kv", 1) in by:
-        inproc["http_minus_inprocess_ms"] = 1000 * (by[("kv", 1)].ttft_p50_s - inproc["kv_ttft_p50_s"])
-        inproc["within_15ms"] = abs(inproc["http_minus_inprocess_ms"]) <= 15.0
-        inproc["same_prompt_tokens"] = inproc["prompt_tokens"] == by[("kv", 1)].prompt_tokens
+    if inproc is not None:
         summary["in_process"] = inproc
     print(f"# summary: {json.dumps(summary)}", file=sys.stderr)
     result = {
