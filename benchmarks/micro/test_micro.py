@@ -116,11 +116,14 @@ def test_store_search(benchmark, tmp_path, embedder):
     assert hits and all(h.memory.user_id == "alice" for h in hits)
 
 
-def test_prompt_layout(benchmark, tokenizer):
+@pytest.mark.parametrize("block_words", [40, 190])
+def test_prompt_layout(benchmark, tokenizer, block_words):
+    """Per request, serving lays out the whole prompt, block texts included (190 words: http_ttft's ~1.7k-token
+    block)."""
     from kvmem.kv import PromptLayout
 
     layout = PromptLayout(tokenizer)
-    block, text = memory_texts(8, 40), memory_texts(4, 20, seed=5)
+    block, text = memory_texts(8, block_words), memory_texts(4, 20, seed=5)
     messages = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
