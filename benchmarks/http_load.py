@@ -18,7 +18,7 @@ from collections import Counter
 from contextlib import nullcontext
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from benchmarks.http_ttft import memory_texts, one_request, seed, spawned_server, wait_for_block
+from benchmarks.http_client import memory_texts, one_request, seed, spawned_server, wait_for_block
 
 QUESTIONS = (
     "What do you remember about my plans?",

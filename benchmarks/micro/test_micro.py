@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.http_ttft import memory_texts
+from benchmarks.http_client import memory_texts
 
 
 @pytest.fixture(scope="module")
