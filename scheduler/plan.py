@@ -17,6 +17,9 @@ class BlockPlan:
     texts: tuple[str, ...]
     num_tokens: int
     num_bytes: int
+    token_ids: tuple[
+        int, ...
+    ] = ()  # the block's ids (DESIGN: a plan holds them); () when the builder had none
 
 
 @dataclass(frozen=True)

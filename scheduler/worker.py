@@ -37,6 +37,7 @@ class BuiltBlock(Protocol):
     item_id: str
     num_tokens: int
     num_bytes: int
+    token_ids: tuple[int, ...]
 
 
 class BlockBuilder(Protocol):
@@ -218,7 +219,14 @@ class Worker:
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
             built = self.builder.build_block(user_id, texts, decision.memory_ids)
             self.counts["builds"] += 1
-            block = BlockPlan(built.item_id, decision.memory_ids, texts, built.num_tokens, built.num_bytes)
+            block = BlockPlan(
+                built.item_id,
+                decision.memory_ids,
+                texts,
+                built.num_tokens,
+                built.num_bytes,
+                tuple(built.token_ids),
+            )
             if self.config.user_block_bytes is None or built.num_bytes <= self.config.user_block_bytes:
                 break
             # Over the byte cap: the block's header (system prompt) was not counted. Learn it, drop the item,

@@ -123,7 +123,11 @@ class ChatService:
         covered = plan.covered_ids
         text_hits = [h for h in hits if h.memory.id not in covered]
         prompt = await asyncio.to_thread(
-            self._backend.layout_prompt, plan.block_texts, [h.memory.text for h in text_hits], messages
+            self._backend.layout_prompt,
+            plan.block_texts,
+            [h.memory.text for h in text_hits],
+            messages,
+            plan.block_token_ids or None,
         )
         room = self._backend.max_context_tokens - len(prompt.ids)
         wanted = body.max_completion_tokens or body.max_tokens or self._config.default_max_tokens

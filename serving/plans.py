@@ -32,6 +32,7 @@ class Plan:
     block_texts: tuple[str, ...] = ()  # exactly the texts the block was built from, in block order
     block_tokens: int = 0
     block_bytes: int = 0
+    block_token_ids: tuple[int, ...] = ()  # the block's prompt ids (may be () if the builder gave none)
     adapter_id: str | None = None
     updated_at: datetime | None = None
 
@@ -202,6 +203,7 @@ class StandInPlanProvider(PlanProvider):
                 block_texts=tuple(texts),
                 block_tokens=info.num_tokens,
                 block_bytes=info.num_bytes,
+                block_token_ids=info.token_ids,
                 updated_at=self._clock(),
             )
         with self._lock:

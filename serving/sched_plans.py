@@ -80,6 +80,7 @@ class SchedulerPlanProvider(PlanProvider):
             block_texts=b.texts,
             block_tokens=b.num_tokens,
             block_bytes=b.num_bytes,
+            block_token_ids=b.token_ids,
             adapter_id=plan.adapter_id,
             updated_at=updated,
         )

@@ -27,6 +27,7 @@ class BuiltBlock:
     num_tokens: int
     num_bytes: int
     built: bool  # False when a valid stored item was reused
+    token_ids: tuple[int, ...] = ()  # the block's ids, so a plan can carry them and requests skip tokenizing
 
 
 def text_memory_id(text: str) -> str:
@@ -93,7 +94,12 @@ class BlockBuilder:
                 try:
                     meta = self.store.meta(item_id)
                     return BuiltBlock(
-                        item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, built=False
+                        item_id,
+                        tuple(meta.memory_ids),
+                        meta.num_tokens,
+                        meta.num_bytes,
+                        built=False,
+                        token_ids=tuple(ids),
                     )
                 except KVItemError:
                     pass
@@ -107,5 +113,10 @@ class BlockBuilder:
         )
         self.store.put(item)
         return BuiltBlock(
-            item.item_id, item.meta.memory_ids, item.num_tokens, item.meta.num_bytes, built=True
+            item.item_id,
+            item.meta.memory_ids,
+            item.num_tokens,
+            item.meta.num_bytes,
+            built=True,
+            token_ids=item.token_ids,
         )

@@ -81,17 +81,20 @@ class PromptLayout:
         block_texts: Sequence[str],
         text_texts: Sequence[str],
         messages: Sequence[dict],
+        *,
+        block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
         """Lay out a whole prompt ending with the generation prompt.
 
         `messages` are chat messages ({"role", "content"}); system messages from the client are appended to
-        our system message after the memories, the rest form the conversation.
+        our system message after the memories, the rest form the conversation. `block_ids`, when the caller
+        has them (`block_ids(block_texts)` from when the block was built), spare tokenizing the block again.
         """
         client_system = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
         conversation = [
             {"role": m["role"], "content": str(m["content"])} for m in messages if m["role"] != "system"
         ]
-        block = self.block_ids(block_texts)
+        block = self.block_ids(block_texts) if block_ids is None else block_ids
         ids = list(block)
         text_part = "".join(memory_line(t) for t in text_texts)
         for text in text_texts:

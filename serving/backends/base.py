@@ -72,6 +72,9 @@ class BlockInfo:
     item_id: str
     num_tokens: int
     num_bytes: int
+    token_ids: tuple[
+        int, ...
+    ] = ()  # the block's prompt ids; plans carry them so requests need not re-tokenize
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,11 @@ class Backend(ABC):
 
     @abstractmethod
     def layout_prompt(
-        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict[str, str]],
+        block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
         """Lay out `[block: system prompt + block_texts] [text_texts] [messages] [assistant turn start]` as ids.
 
@@ -144,6 +151,8 @@ class Backend(ABC):
         `block_len` is their count (0 when block_texts is empty). Deterministic, pure.
         Raises PromptTooLong when `len(ids) >= max_context_tokens` (no room for one new token); serving then
         answers 400. Room for max_tokens is not checked here: serving clamps max_new_tokens to what is left.
+        `block_ids`, when given, are the ids `build_block` returned for these block_texts (a plan carries
+        them): the block is then not tokenized again.
         """
 
     @abstractmethod

@@ -72,6 +72,7 @@ class FakeBackend(Backend):
         self.requests: list[GenerationRequest] = []
         self.outcomes: list[FakeOutcome] = []
         self.built: list[tuple[str, tuple[str, ...]]] = []
+        self.block_ids_given = 0  # layouts that were handed the block's ids by a plan (none re-tokenized)
         self.hold = threading.Event()  # while set, generation waits before each token (tests release it)
 
     # -- controls for tests --------------------------------------------------------------------------------
@@ -103,13 +104,20 @@ class FakeBackend(Backend):
         return f"<system>{SYSTEM_PROMPT}\n[memory]\n" + "".join(f"- {t}\n" for t in block_texts)
 
     def layout_prompt(
-        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict[str, str]],
+        block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
         block = self._block_text(block_texts)
         head = "" if block else f"<system>{SYSTEM_PROMPT}\n"
         texts = "".join(f"[memory] {t}\n" for t in text_texts)
         history = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         ids = tuple(ord(c) for c in block + head + texts + history + "<assistant>")
+        if block_ids is not None and tuple(block_ids) != ids[: len(block)]:
+            raise ValueError("block_ids are not the ids of block_texts")  # a plan out of step with its texts
+        self.block_ids_given += block_ids is not None
         if len(ids) >= self.max_context_tokens:
             raise PromptTooLong(len(ids), self.max_context_tokens)
         return LaidOutPrompt(ids=ids, block_len=len(block))
@@ -125,7 +133,7 @@ class FakeBackend(Backend):
         with self._lock:
             self._blocks[item_id] = ids
             self.built.append((user_id, tuple(block_texts)))
-        return BlockInfo(item_id=item_id, num_tokens=len(ids), num_bytes=len(ids) * 4)
+        return BlockInfo(item_id=item_id, num_tokens=len(ids), num_bytes=len(ids) * 4, token_ids=ids)
 
     def drop_block(self, item_id: str) -> None:
         with self._lock:

@@ -143,10 +143,14 @@ class TransformersBackend(Backend):
         return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
 
     def layout_prompt(
-        self, block_texts: Sequence[str], text_texts: Sequence[str], messages: Sequence[dict[str, str]]
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict[str, str]],
+        block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
         self._require_ready()
-        laid = self.layout.prompt(block_texts, text_texts, messages)
+        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
         if len(laid.ids) >= self.max_context_tokens:
             raise PromptTooLong(len(laid.ids), self.max_context_tokens)
         return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
@@ -162,7 +166,12 @@ class TransformersBackend(Backend):
                 )
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
-        return BlockInfo(item_id=built.item_id, num_tokens=built.num_tokens, num_bytes=built.num_bytes)
+        return BlockInfo(
+            item_id=built.item_id,
+            num_tokens=built.num_tokens,
+            num_bytes=built.num_bytes,
+            token_ids=built.token_ids,
+        )
 
     def drop_block(self, item_id: str) -> None:
         if self.store is not None:

@@ -22,6 +22,7 @@ class Built:
     item_id: str
     num_tokens: int
     num_bytes: int
+    token_ids: tuple[int, ...] = ()
 
 
 class HeaderBuilder:

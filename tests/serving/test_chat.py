@@ -199,6 +199,7 @@ def test_memories_laid_out_block_then_text(stack: Stack, client: TestClient) -> 
     body = r.json()
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == block_len
     assert body["memory"] == {"used": [{"id": old.id, "tier": "kv"}, {"id": new.id, "tier": "text"}]}
+    assert stack.backend.block_ids_given == 1  # the plan's ids, checked against block_texts by the fake
 
 
 def test_corrupt_block_falls_back_to_text(stack: Stack, client: TestClient) -> None:

@@ -49,6 +49,9 @@ def test_scheduler_plans_through_http(tmp_path):
         ).json()
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == plan["block"]["tokens"] > 0
         assert {m["tier"] for m in out["memory"]["used"]} == {"kv"}
+        # the plan carried the block's ids, so the request did not tokenize the block again
+        assert backend.block_ids_given == 1
+        assert plans.get("alice").block_token_ids == backend.requests[-1].prompt.ids[: plan["block"]["tokens"]]
         assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}).json() == {"deleted": 1}
         # stopped serving before the DELETE returned (no flush in between; the worker may already have rebuilt)
         assert (

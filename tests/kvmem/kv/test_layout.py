@@ -34,6 +34,14 @@ def test_block_is_prefix_of_every_prompt_and_grows_append_only(tokenizer):
         )
 
 
+def test_prompt_with_the_blocks_ids_given_is_the_same_prompt(tokenizer):
+    """A plan hands over the ids the block was built from; the prompt must not change by a single id."""
+    layout = PromptLayout(tokenizer)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do I live?"}]
+    given = layout.prompt(MEMS, ["I like tea."], messages, block_ids=tuple(layout.block_ids(MEMS)))
+    assert given == layout.prompt(MEMS, ["I like tea."], messages)
+
+
 def test_prompt_decodes_to_the_chat_template_rendering(tokenizer):
     layout = PromptLayout(tokenizer, system_prompt="SYS")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where do I live?"}]
