@@ -29,6 +29,7 @@ from kvmem.kv import (
     build_item,
     generate,
 )
+from kvmem.models import compiled
 
 MEMOS_CTX = (583, 2773, 6064)
 MEMOS_QUERY = (167, 303, 953)
@@ -153,9 +154,13 @@ def run_grid(
     new_tokens: int,
     device: str,
     model_name: str,
+    compile_model: bool = False,
     log=print,
 ) -> list[Cell]:
+    """With `compile_model`, every timed arm (ours, the ideal bound, full prefill) runs the compiled
+    model; 'identical' still compares against transformers' eager `generate` over the full prompt."""
     layout = PromptLayout(handle.tokenizer)
+    model = compiled(handle.model) if compile_model else handle.model
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp:
         store = TieredKVStore(
@@ -173,18 +178,19 @@ def run_grid(
                 ref = reference_tokens(handle.model, ids, new_tokens, device)  # also warms the direct path
                 ours = list(
                     generate(
-                        handle.model,
+                        model,
                         ids,
                         item=store.get(item.item_id),
                         sampling=Sampling(max_new_tokens=new_tokens),
                     )
                 )
                 for _ in range(warmup):
-                    first_token_s(handle.model, ids, item, store, device)
-                    ideal_first_token(handle.model, item, remainder, device)
-                kv = [first_token_s(handle.model, ids, item, store, device) for _ in range(reps)]
-                ideal = [ideal_first_token(handle.model, item, remainder, device)[0] for _ in range(reps)]
-                direct = [first_token_s(handle.model, ids, None, store, device) for _ in range(reps)]
+                    first_token_s(model, ids, item, store, device)
+                    ideal_first_token(model, item, remainder, device)
+                    first_token_s(model, ids, None, store, device)
+                kv = [first_token_s(model, ids, item, store, device) for _ in range(reps)]
+                ideal = [ideal_first_token(model, item, remainder, device)[0] for _ in range(reps)]
+                direct = [first_token_s(model, ids, None, store, device) for _ in range(reps)]
                 kv_s, direct_s, ideal_s = median(kv), median(direct), median(ideal)
                 cell = Cell(
                     model=model_name,
@@ -291,6 +297,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
     p.add_argument("--random-preset", default=None, help="a model shape with seeded random weights: qwen3-8b")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="time every arm on the torch.compile'd model (for GPUs, where eager short prefills are "
+        "launch-bound); the warm-up compiles",
+    )
     p.add_argument("--out", required=True, help="JSON output path (a PNG is written beside it)")
     return p.parse_args(argv)
 
@@ -317,6 +329,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         new_tokens=args.new_tokens,
         device=args.device,
         model_name=name,
+        compile_model=args.compile,
         log=lambda s: print(s, file=sys.stderr),
     )
     print_table(
@@ -362,6 +375,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             "dtype": str(handle.dtype),
             "reps": reps,
             "warmup": args.warmup,
+            "compiled": args.compile,
             "png": png,
         },
         "cells": [asdict(c) for c in cells],

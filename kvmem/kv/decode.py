@@ -94,9 +94,11 @@ def generate(
     else:
         cache, reused = DynamicCache(), 0
     stats.reused_tokens, stats.prefilled_tokens = reused, len(prompt_ids) - reused
-    next_input = torch.tensor([list(prompt_ids[reused:])], dtype=torch.long, device=device)
     position = reused
     with torch.inference_mode():
+        # Every input is made under inference mode, so a compiled model sees one kind of tensor and does
+        # not recompile between the prefill and the decode steps.
+        next_input = torch.tensor([list(prompt_ids[reused:])], dtype=torch.long, device=device)
         for step in range(sampling.max_new_tokens):
             n = next_input.shape[1]
             cache_position = torch.arange(position, position + n, device=device)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import kv_load, ttft_grid
 from kvmem.kv import PromptLayout
 
@@ -36,6 +38,18 @@ def test_ttft_grid_runs_and_writes_contract_json(tmp_path, tiny_handle, capsys):
         assert cell["identical"] is True
         assert cell["ctx_tokens"] >= cell["ctx_target"] and cell["query_tokens"] >= cell["query_target"]
         assert all(cell[k] > 0 for k in ("build_s", "kv_ttft_s", "direct_ttft_s", "ideal_ttft_s"))
+
+
+@pytest.mark.slow
+def test_ttft_grid_compiled_arms_stay_identical(tmp_path, tiny_handle):
+    result = ttft_grid.main(
+        ["--ctx", "120", "--query", "40", "--reps", "1", "--new-tokens", "4", "--compile"]
+        + ["--out", str(tmp_path / "grid.json")],
+        handle=tiny_handle,
+    )
+    assert result["env"]["compiled"] is True
+    (cell,) = result["cells"]
+    assert cell["identical"] is True and cell["kv_ttft_s"] > 0
 
 
 def test_grid_arms_share_token_ids(tiny_handle):

@@ -4,6 +4,7 @@ stored tensors."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import GenerationStats, PromptLayout, Sampling, build_item, generate
+from kvmem.models import compiled
 from tests.conftest import synthetic_memories
 
 QUERIES = [
@@ -73,6 +75,15 @@ def test_tiny_llama_injection_is_token_identical(tiny_handle, block_tokens):
 @pytest.mark.parametrize("block_tokens", [500, 2000, 6000])
 def test_default_model_injection_is_token_identical(default_handle, block_tokens):
     check_exact(default_handle, block_tokens, max_new_tokens=12)
+
+
+@pytest.mark.slow
+def test_compiled_model_injection_is_token_identical(tiny_handle):
+    """The compiled forward (ttft_grid --compile) on the zero-copy injected cache: the same greedy tokens as
+    eager generate, over blocks of two lengths and three queries, and the stored tensors untouched."""
+    handle = dataclasses.replace(tiny_handle, model=compiled(tiny_handle.model))
+    for block_tokens in (500, 2000):
+        check_exact(handle, block_tokens, max_new_tokens=8)
 
 
 def test_prompt_equal_to_block_still_prefills_one_token(tiny_handle):
