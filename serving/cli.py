@@ -7,7 +7,9 @@ errors, always with one line on stderr that names the problem.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,9 +133,24 @@ def serve(config: ServingConfig, log_level: str = "info") -> int:
         app = create_app(config)
     except KeysFileError as e:
         raise UsageError(f"kvmem serve: {e}") from None
+    sock = _bind(config.host, config.port)  # bound here so `--port 0` can print the port it got
+    config = dataclasses.replace(config, port=sock.getsockname()[1])
     print(how_to_call(config, app.state.backend.model_id), flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"kvmem serve: cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -80,3 +80,40 @@ def _with_backend(name: str) -> ServingConfig:
     config = ServingConfig(backend="fake")
     object.__setattr__(config, "backend", name)  # bypass validation to reach the registry's own check
     return config
+
+
+def _serve_fake(tmp_path: Path, port: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "serving", "--no-auth", "--backend", "fake", "--port", str(port)]
+    return subprocess.Popen(
+        [*argv, "--data-dir", str(tmp_path), "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_serve_port_0_prints_the_port_it_listens_on(tmp_path: Path) -> None:
+    import httpx
+
+    proc = _serve_fake(tmp_path, 0)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("kvmem: serving 'kvmem-fake' at http://127.0.0.1:") and ":0/" not in first
+        base = first.split(" at ", 1)[1].strip()
+        assert httpx.get(base.removesuffix("/v1") + "/health", timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _serve_fake(tmp_path, port)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err

@@ -51,7 +51,9 @@ def test_scheduler_plans_through_http(tmp_path):
         assert {m["tier"] for m in out["memory"]["used"]} == {"kv"}
         # the plan carried the block's ids, so the request did not tokenize the block again
         assert backend.block_ids_given == 1
-        assert plans.get("alice").block_token_ids == backend.requests[-1].prompt.ids[: plan["block"]["tokens"]]
+        assert (
+            plans.get("alice").block_token_ids == backend.requests[-1].prompt.ids[: plan["block"]["tokens"]]
+        )
         assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}).json() == {"deleted": 1}
         # stopped serving before the DELETE returned (no flush in between; the worker may already have rebuilt)
         assert (
