@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 import sqlite3
 import threading
@@ -38,15 +37,18 @@ from kvmem.text.errors import (
 )
 from kvmem.text.filters import (
     SearchFilters,
+    check_int,
+    check_memory_id,
     check_metadata,
+    check_min_score,
     check_optional_id,
     check_tags,
     check_text,
     check_user_id,
     filter_sql,
     format_time,
+    parse_add_items,
     parse_filters,
-    parse_time,
 )
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
 from kvmem.text.schema import migrate
@@ -60,7 +62,6 @@ _COLUMNS = (
     "m.updated_at, m.tags, m.metadata, m.state, m.version"
 )
 _LIVE = "m.state != 'deleted'"
-_MESSAGE_KEYS = ("role", "content", "chat_time")
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": _LIVE}
 _QUERY_CACHE_SIZE = 256
 
@@ -85,18 +86,6 @@ def _row_to_memory(row: tuple) -> Memory:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _check_memory_id(memory_id: Any) -> str:
-    if not isinstance(memory_id, str) or not memory_id:
-        raise InvalidMemoryInput(f"memory_id must be a non-empty string, got {memory_id!r}")
-    return memory_id
-
-
-def _check_int(value: Any, name: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise InvalidMemoryInput(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    return value
 
 
 @dataclass
@@ -327,39 +316,10 @@ class MemoryStore:
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
         check_optional_id(agent_id, "agent_id")
-        if sum(x is not None for x in (text, texts, messages)) != 1:
-            raise InvalidMemoryInput("add takes exactly one of text, texts or messages")
-        limit = self.config.max_text_tokens
-        call_time = parse_time(chat_time, "chat_time") if chat_time is not None else None
-        items: list[tuple[str | None, str, str | None]] = []  # (role, text, chat_time)
-        if text is not None:
-            items.append((None, check_text(text, limit), call_time))
-        elif texts is not None:
-            if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
-                raise InvalidMemoryInput("texts must be a non-empty list of strings")
-            items.extend((None, check_text(t, limit, f"texts[{i}]"), call_time) for i, t in enumerate(texts))
-        else:
-            if not isinstance(messages, (list, tuple)) or not messages:
-                raise InvalidMemoryInput("messages must be a non-empty list of {role, content, chat_time?}")
-            for i, message in enumerate(messages):
-                if not isinstance(message, dict):
-                    raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
-                unknown = sorted(set(message) - set(_MESSAGE_KEYS))
-                if unknown:
-                    raise InvalidMemoryInput(
-                        f"messages[{i}] has unknown key(s) {unknown}; supported: {list(_MESSAGE_KEYS)}"
-                    )
-                role = message.get("role")
-                if not isinstance(role, str) or not role.strip():
-                    raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
-                content = check_text(message.get("content"), limit, f"messages[{i}].content")
-                when = message.get("chat_time")
-                items.append(
-                    (role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)
-                )
+        items = parse_add_items(text, texts, messages, chat_time, self.config.max_text_tokens)
         tag_tuple = check_tags(tags)
         metadata = check_metadata(metadata)
-        vectors = self._embed([t for _, t, _ in items])
+        vectors = self._embed([item.text for item in items])
         now = format_time(self._clock())
         memories = [
             Memory(
@@ -427,7 +387,7 @@ class MemoryStore:
     def get(self, user_id: str, memory_id: str) -> Memory:
         """The live memory `memory_id` of `user_id`; MemoryNotFound if absent, deleted or another user's."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         row = (
             self._conn()
             .execute(
@@ -443,7 +403,7 @@ class MemoryStore:
     def history(self, user_id: str, memory_id: str) -> list[MemoryVersion]:
         """Previous versions of a memory, oldest first (the current one is `get`)."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         with self._snapshot() as conn:
             row = conn.execute(
                 f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
@@ -476,7 +436,7 @@ class MemoryStore:
         check_user_id(user_id)
         ids = list(ids)
         for memory_id in ids:
-            _check_memory_id(memory_id)
+            check_memory_id(memory_id)
         found: dict[str, Memory] = {}
         unique = list(dict.fromkeys(ids))
         with self._snapshot() as conn:
@@ -509,7 +469,7 @@ class MemoryStore:
         version, no event.
         """
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         if text is None and tags is None and metadata is None and state is None:
             raise InvalidMemoryInput("update needs at least one of text, tags, metadata or state")
         if text is not None:
@@ -581,7 +541,7 @@ class MemoryStore:
     def delete(self, user_id: str, memory_id: str) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         return self._delete_where(user_id, "m.id = ?", [memory_id])
 
     def delete_session(self, user_id: str, session_id: str) -> int:
@@ -641,8 +601,8 @@ class MemoryStore:
         """This user's memories, newest first (created_at, then insertion order); state: active|archived|all."""
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
-        _check_int(page, "page", 1, 2**31)
-        _check_int(page_size, "page_size", 1, self.config.max_page_size)
+        check_int(page, "page", 1, 2**31)
+        check_int(page_size, "page_size", 1, self.config.max_page_size)
         if state not in _LIST_STATES:
             raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
         parsed = parse_filters(filters)
@@ -705,15 +665,10 @@ class MemoryStore:
         """
         check_user_id(user_id)
         check_text(query, self.config.max_text_tokens, "query")
-        _check_int(top_k, "top_k", 1, self.config.max_top_k)
+        check_int(top_k, "top_k", 1, self.config.max_top_k)
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
-        if min_score is not None and (
-            not isinstance(min_score, (int, float))
-            or isinstance(min_score, bool)
-            or not math.isfinite(min_score)
-        ):
-            raise InvalidMemoryInput(f"min_score must be a finite number or None, got {min_score!r}")
+        check_min_score(min_score)
         parsed = parse_filters(filters)
         num_candidates = max(self.config.num_candidates, top_k)
         query_vector = self._embed([query])[0] if mode != "keyword" else None
