@@ -16,9 +16,7 @@ import sqlite3
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -26,13 +24,13 @@ from typing import IO, Any
 import numpy as np
 
 from kvmem.text.config import TextStoreConfig
+from kvmem.text.db import Database
 from kvmem.text.dump import DumpRecord, decode_line, encode_line
 from kvmem.text.embed import Embedder, default_embedder
 from kvmem.text.errors import (
     EmbedderMismatch,
     InvalidMemoryInput,
     MemoryNotFound,
-    SubscriberError,
     TextStoreError,
 )
 from kvmem.text.filters import (
@@ -88,15 +86,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-@dataclass
-class _Tx:
-    """An open write transaction; `after_commit` runs while the write lock is still held."""
-
-    conn: sqlite3.Connection
-    events: list[ChangeEvent] = field(default_factory=list)
-    after_commit: list[Callable[[], None]] = field(default_factory=list)
-
-
 class MemoryStore:
     """The plaintext memory store. Thread-safe: a SQLite connection per thread, writes serialized by a lock.
 
@@ -116,78 +105,23 @@ class MemoryStore:
         self.config = config or TextStoreConfig()
         self.embedder: Embedder = embedder if embedder is not None else default_embedder()
         self._clock = clock or (lambda: datetime.now(timezone.utc))
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
-        self._write_lock = threading.RLock()
-        self._subscribers: list[Callable[[ChangeEvent], None]] = []
-        self._subscribers_lock = threading.Lock()
+        self._db = Database(self.path, self.config)
         self._vectors = VectorCache(self.config.vector_cache_bytes)
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_cache_lock = threading.Lock()
-        self._closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
         self._check_embedder()
 
-    # ----------------------------------------------------------------- connections and transactions
+    # ----------------------------------------------------------------- connections and events
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        with self._conns_lock:
-            if self._closed:
-                raise TextStoreError(f"store {self.path} is closed")
-            conn = sqlite3.connect(
-                self.path,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.config.busy_timeout_ms / 1000,
-            )
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self.config.synchronous}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute(f"PRAGMA busy_timeout = {self.config.busy_timeout_ms}")
-            self._conns.append(conn)
-        self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _write(self) -> Iterator[_Tx]:
-        """One write transaction; on any exception it rolls back and nothing is written or emitted."""
-        conn = self._conn()
-        with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            tx = _Tx(conn)
-            try:
-                yield tx
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            for hook in tx.after_commit:
-                hook()
-        self._emit(tx.events)
-
-    @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: every query inside sees the same committed state."""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+        """This thread's connection (tests and single statements outside a transaction use it)."""
+        return self._db.conn()
 
     def close(self) -> None:
         """Closes every connection this store opened; later calls raise TextStoreError."""
-        with self._conns_lock:
-            self._closed = True
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
-        self._local = threading.local()
+        self._db.close()
         self._vectors.clear()
 
     def __enter__(self) -> MemoryStore:
@@ -196,43 +130,15 @@ class MemoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- events
-
     def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
         """Calls `callback(event)` for every change, synchronously after commit; returns an unsubscribe."""
-        with self._subscribers_lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._subscribers_lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    def _emit(self, events: list[ChangeEvent]) -> None:
-        if not events:
-            return
-        with self._subscribers_lock:
-            subscribers = list(self._subscribers)
-        errors: list[BaseException] = []
-        for event in events:
-            for callback in subscribers:
-                try:
-                    callback(event)
-                except Exception as exc:  # every subscriber still hears every event; reported below
-                    logger.exception("change-event subscriber %r failed on %s", callback, event)
-                    errors.append(exc)
-        if errors:
-            raise SubscriberError(
-                f"{len(errors)} subscriber call(s) failed after the write was committed: {errors[0]!r}"
-            ) from errors[0]
+        return self._db.subscribe(callback)
 
     # ----------------------------------------------------------------- embeddings
 
     def _check_embedder(self) -> None:
         name, dim = self.embedder.name, int(self.embedder.dim)
-        with self._write() as tx:
+        with self._db.write() as tx:
             rows = dict(tx.conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')"))
             if not rows:
                 tx.conn.executemany(
@@ -339,7 +245,7 @@ class MemoryStore:
             )
             for role, body, when in items
         ]
-        with self._write() as tx:
+        with self._db.write() as tx:
             rowids = [
                 self._insert(tx.conn, memory, vector.tobytes())
                 for memory, vector in zip(memories, vectors, strict=False)
@@ -404,7 +310,7 @@ class MemoryStore:
         """Previous versions of a memory, oldest first (the current one is `get`)."""
         check_user_id(user_id)
         check_memory_id(memory_id)
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             row = conn.execute(
                 f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
                 (memory_id, user_id),
@@ -439,7 +345,7 @@ class MemoryStore:
             check_memory_id(memory_id)
         found: dict[str, Memory] = {}
         unique = list(dict.fromkeys(ids))
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             for start in range(0, len(unique), 500):
                 chunk = unique[start : start + 500]
                 marks = ",".join("?" * len(chunk))
@@ -481,7 +387,7 @@ class MemoryStore:
         new_tags = check_tags(tags) if tags is not None else None
         new_metadata = check_metadata(metadata) if metadata is not None else None
         vector = self._embed([text])[0] if text is not None else None
-        with self._write() as tx:
+        with self._db.write() as tx:
             row = tx.conn.execute(
                 f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
                 (memory_id, user_id),
@@ -561,7 +467,7 @@ class MemoryStore:
         and vectors erased. Subscribers hear 'deleted' before this returns."""
         selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}"
         args = [user_id, *params]
-        with self._write() as tx:
+        with self._db.write() as tx:
             ids = [
                 r[0]
                 for r in tx.conn.execute(
@@ -614,7 +520,7 @@ class MemoryStore:
             parsed = SearchFilters(**{**parsed.__dict__, "session_id": session_id})
         clause, params = filter_sql(parsed)
         where = f"m.user_id = ? AND {_LIST_STATES[state]}{clause}"
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             total = conn.execute(
                 f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
             ).fetchone()[0]
@@ -672,7 +578,7 @@ class MemoryStore:
         parsed = parse_filters(filters)
         num_candidates = max(self.config.num_candidates, top_k)
         query_vector = self._embed([query])[0] if mode != "keyword" else None
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             keyword = (
                 self._keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
             )
@@ -780,7 +686,7 @@ class MemoryStore:
                 return self.export_jsonl(fp, user_id)
         where, params = (f"{_LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (_LIVE, [])
         count = 0
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             cursor = conn.execute(
                 f"SELECT m.rowid, {_COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
                 f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid",
@@ -820,7 +726,7 @@ class MemoryStore:
             seen.add(record.memory.id)
             records.append(record)
         vectors = self._import_vectors(records, progress)
-        with self._write() as tx:
+        with self._db.write() as tx:
             existing = set()
             ids = [r.memory.id for r in records]
             for start in range(0, len(ids), 500):
