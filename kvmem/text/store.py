@@ -9,7 +9,6 @@ invariant 5). Knows nothing of HTTP, KV items or scheduling.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import sqlite3
@@ -49,41 +48,29 @@ from kvmem.text.filters import (
     parse_filters,
 )
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
+from kvmem.text.rows import (
+    COLUMNS,
+    LIVE,
+    active_by_rowids,
+    bump_generation,
+    existing_ids,
+    insert_history,
+    insert_memory,
+    live_by_ids,
+    live_ids,
+    read_versions,
+    row_to_memory,
+    tombstone,
+    write_version,
+)
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, fts_match_expression, owner_token, reciprocal_rank_fusion
+from kvmem.text.search import SEARCH_MODES, fts_match_expression, reciprocal_rank_fusion
 from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
 
 logger = logging.getLogger(__name__)
 
-_COLUMNS = (
-    "m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
-    "m.updated_at, m.tags, m.metadata, m.state, m.version"
-)
-_LIVE = "m.state != 'deleted'"
-_LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": _LIVE}
+_LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 _QUERY_CACHE_SIZE = 256
-
-
-def _row_to_memory(row: tuple) -> Memory:
-    return Memory(
-        id=row[0],
-        user_id=row[1],
-        session_id=row[2],
-        agent_id=row[3],
-        role=row[4],
-        text=row[5],
-        created_at=row[6],
-        chat_time=row[7],
-        updated_at=row[8],
-        tags=tuple(json.loads(row[9])),
-        metadata=json.loads(row[10]),
-        state=row[11],
-        version=row[12],
-    )
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 class MemoryStore:
@@ -160,7 +147,7 @@ class MemoryStore:
             if has_vectors:
                 logger.warning("re-embedding %s with %s", self.path, name)
                 rows_to_embed = tx.conn.execute(
-                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + _LIVE
+                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + LIVE
                 ).fetchall()
                 vectors = self._embed([r[2] for r in rows_to_embed])
                 tx.conn.execute("DELETE FROM memory_vectors")
@@ -191,14 +178,6 @@ class MemoryStore:
                 if len(self._query_cache) > _QUERY_CACHE_SIZE:
                     self._query_cache.popitem(last=False)
         return vectors
-
-    @staticmethod
-    def _bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
-        return conn.execute(
-            "INSERT INTO user_generation (user_id, gen) VALUES (?, 1) "
-            "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
-            (user_id,),
-        ).fetchone()[0]
 
     # ----------------------------------------------------------------- add
 
@@ -250,43 +229,14 @@ class MemoryStore:
                 self._insert(tx.conn, memory, vector.tobytes())
                 for memory, vector in zip(memories, vectors, strict=False)
             ]
-            gen = self._bump_generation(tx.conn, user_id)
+            gen = bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
             tx.after_commit.append(lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors))
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
 
-    @staticmethod
-    def _insert(conn: sqlite3.Connection, memory: Memory, vector: bytes | None) -> int:
-        rowid = conn.execute(
-            "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
-            "updated_at, tags, metadata, state, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                memory.id,
-                memory.user_id,
-                memory.session_id,
-                memory.agent_id,
-                memory.role,
-                memory.text,
-                memory.created_at,
-                memory.chat_time,
-                memory.updated_at,
-                _dumps(list(memory.tags)),
-                _dumps(memory.metadata),
-                memory.state,
-                memory.version,
-            ),
-        ).lastrowid
-        conn.execute(
-            "INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
-            (rowid, memory.text, owner_token(memory.user_id)),
-        )
-        if vector is not None:
-            conn.execute(
-                "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                (rowid, memory.user_id, vector),
-            )
-        return rowid
+    # The one insert path of add and import_jsonl; a class attribute, so tests can make it fail mid-batch.
+    _insert = staticmethod(insert_memory)
 
     # ----------------------------------------------------------------- read one
 
@@ -297,14 +247,14 @@ class MemoryStore:
         row = (
             self._conn()
             .execute(
-                f"SELECT {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                f"SELECT {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
                 (memory_id, user_id),
             )
             .fetchone()
         )
         if row is None:
             raise MemoryNotFound(memory_id, user_id)
-        return _row_to_memory(row)
+        return row_to_memory(row)
 
     def history(self, user_id: str, memory_id: str) -> list[MemoryVersion]:
         """Previous versions of a memory, oldest first (the current one is `get`)."""
@@ -312,30 +262,12 @@ class MemoryStore:
         check_memory_id(memory_id)
         with self._db.snapshot() as conn:
             row = conn.execute(
-                f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
                 (memory_id, user_id),
             ).fetchone()
             if row is None:
                 raise MemoryNotFound(memory_id, user_id)
-            return self._versions(conn, row[0])
-
-    @staticmethod
-    def _versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
-        rows = conn.execute(
-            "SELECT version, text, tags, metadata, updated_at FROM memory_versions "
-            "WHERE memory_rowid = ? ORDER BY version",
-            (rowid,),
-        ).fetchall()
-        return [
-            MemoryVersion(
-                version=r[0],
-                text=r[1],
-                tags=tuple(json.loads(r[2])),
-                metadata=json.loads(r[3]),
-                updated_at=r[4],
-            )
-            for r in rows
-        ]
+            return read_versions(conn, row[0])
 
     def memories_by_ids(self, user_id: str, ids: Iterable[str]) -> list[Memory]:
         """This user's live memories with these ids, in the given order; missing ids are skipped."""
@@ -343,18 +275,8 @@ class MemoryStore:
         ids = list(ids)
         for memory_id in ids:
             check_memory_id(memory_id)
-        found: dict[str, Memory] = {}
-        unique = list(dict.fromkeys(ids))
         with self._db.snapshot() as conn:
-            for start in range(0, len(unique), 500):
-                chunk = unique[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM memories m WHERE m.user_id = ? AND {_LIVE} "
-                    f"AND m.id IN ({marks})",
-                    (user_id, *chunk),
-                ):
-                    found[row[0]] = _row_to_memory(row)
+            found = live_by_ids(conn, user_id, list(dict.fromkeys(ids)))
         return [found[i] for i in ids if i in found]
 
     # ----------------------------------------------------------------- update
@@ -389,12 +311,12 @@ class MemoryStore:
         vector = self._embed([text])[0] if text is not None else None
         with self._db.write() as tx:
             row = tx.conn.execute(
-                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
+                f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
                 (memory_id, user_id),
             ).fetchone()
             if row is None:
                 raise MemoryNotFound(memory_id, user_id)
-            rowid, old = row[0], _row_to_memory(row[1:])
+            rowid, old = row[0], row_to_memory(row[1:])
             new = Memory(
                 **{
                     **old.__dict__,
@@ -413,31 +335,9 @@ class MemoryStore:
                     "updated_at": max(format_time(self._clock()), old.updated_at),
                 }
             )
-            tx.conn.execute(
-                "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (rowid, old.version, old.text, _dumps(list(old.tags)), _dumps(old.metadata), old.updated_at),
-            )
-            tx.conn.execute(
-                "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ? "
-                "WHERE rowid = ?",
-                (
-                    new.text,
-                    _dumps(list(new.tags)),
-                    _dumps(new.metadata),
-                    new.state,
-                    new.version,
-                    new.updated_at,
-                    rowid,
-                ),
-            )
-            if new.text != old.text:
-                tx.conn.execute("UPDATE memories_fts SET text = ? WHERE rowid = ?", (new.text, rowid))
-                tx.conn.execute(
-                    "UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid)
-                )
+            write_version(tx.conn, rowid, old, new, vector)
             if new.text != old.text or new.state != old.state:
-                self._bump_generation(tx.conn, user_id)
+                bump_generation(tx.conn, user_id)
                 tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.append(ChangeEvent(memory_id, user_id, "updated"))
         return new
@@ -463,31 +363,14 @@ class MemoryStore:
         return self._delete_where(user_id, "1", [])
 
     def _delete_where(self, user_id: str, where: str, params: list[Any]) -> int:
-        """Tombstones matching live memories: state 'deleted', text, tags, metadata, history, index rows
-        and vectors erased. Subscribers hear 'deleted' before this returns."""
-        selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}"
-        args = [user_id, *params]
+        """Tombstones matching live memories (see rows.tombstone). Subscribers hear 'deleted' before this
+        returns."""
         with self._db.write() as tx:
-            ids = [
-                r[0]
-                for r in tx.conn.execute(
-                    f"SELECT m.id FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}", args
-                )
-            ]
+            ids = live_ids(tx.conn, user_id, where, params)
             if not ids:
                 return 0
-            for table, column in (
-                ("memory_versions", "memory_rowid"),
-                ("memories_fts", "rowid"),
-                ("memory_vectors", "rowid"),
-            ):
-                tx.conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
-            tx.conn.execute(
-                f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', "
-                f"version = version + 1, updated_at = ? WHERE rowid IN ({selection})",
-                [format_time(self._clock()), *args],
-            )
-            self._bump_generation(tx.conn, user_id)
+            tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
+            bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
         return len(ids)
@@ -525,18 +408,18 @@ class MemoryStore:
                 f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
             ).fetchone()[0]
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
+                f"SELECT {COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
                 "LIMIT ? OFFSET ?",
                 (user_id, *params, page_size, (page - 1) * page_size),
             ).fetchall()
-        return Page(items=[_row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
+        return Page(items=[row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
 
     def count(self, user_id: str) -> int:
         """How many live (active or archived) memories this user has."""
         check_user_id(user_id)
         return (
             self._conn()
-            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {_LIVE}", (user_id,))
+            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {LIVE}", (user_id,))
             .fetchone()[0]
         )
 
@@ -545,7 +428,7 @@ class MemoryStore:
         rows = (
             self._conn()
             .execute(
-                f"SELECT m.user_id, count(*) FROM memories m WHERE {_LIVE} "
+                f"SELECT m.user_id, count(*) FROM memories m WHERE {LIVE} "
                 "GROUP BY m.user_id ORDER BY m.user_id"
             )
             .fetchall()
@@ -605,17 +488,7 @@ class MemoryStore:
         ranked = ranked[:top_k]
         if not ranked:
             return []
-        marks = ",".join("?" * len(ranked))
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.user_id = ? AND "
-                f"m.state = 'active' AND m.rowid IN ({marks})",
-                (user_id, *[r for r, _ in ranked]),
-            )
-            .fetchall()
-        )
-        by_rowid = {r[0]: _row_to_memory(r[1:]) for r in rows}
+        by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked])
         return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
 
     @staticmethod
@@ -684,17 +557,17 @@ class MemoryStore:
         if isinstance(fp_or_path, (str, os.PathLike)):
             with open(fp_or_path, "w", encoding="utf-8") as fp:
                 return self.export_jsonl(fp, user_id)
-        where, params = (f"{_LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (_LIVE, [])
+        where, params = (f"{LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (LIVE, [])
         count = 0
         with self._db.snapshot() as conn:
             cursor = conn.execute(
-                f"SELECT m.rowid, {_COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
+                f"SELECT m.rowid, {COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
                 f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid",
                 params,
             )
             for row in cursor:
-                memory = _row_to_memory(row[1:14])
-                history = self._versions(conn, row[0]) if memory.version > 1 else []
+                memory = row_to_memory(row[1:14])
+                history = read_versions(conn, row[0]) if memory.version > 1 else []
                 fp_or_path.write(encode_line(memory, history, self.embedder.name, row[14]) + "\n")
                 count += 1
         return count
@@ -727,16 +600,7 @@ class MemoryStore:
             records.append(record)
         vectors = self._import_vectors(records, progress)
         with self._db.write() as tx:
-            existing = set()
-            ids = [r.memory.id for r in records]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                existing.update(
-                    r[0]
-                    for r in tx.conn.execute(
-                        f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
-                    )
-                )
+            existing = existing_ids(tx.conn, [r.memory.id for r in records])
             if existing and on_conflict == "error":
                 raise InvalidMemoryInput(
                     f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}"
@@ -752,18 +616,11 @@ class MemoryStore:
                 if memory.id in existing:
                     continue
                 rowid = self._insert(tx.conn, memory, vector.tobytes())
-                tx.conn.executemany(
-                    "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (rowid, v.version, v.text, _dumps(list(v.tags)), _dumps(v.metadata), v.updated_at)
-                        for v in record.history
-                    ],
-                )
+                insert_history(tx.conn, rowid, record.history)
                 users.add(memory.user_id)
                 tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))
             for user in sorted(users):
-                self._bump_generation(tx.conn, user)
+                bump_generation(tx.conn, user)
             tx.after_commit.extend((lambda u=user: self._vectors.invalidate(u)) for user in users)
         return len(tx.events)
 
