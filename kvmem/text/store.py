@@ -64,8 +64,8 @@ from kvmem.text.rows import (
     write_version,
 )
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, fts_match_expression, reciprocal_rank_fusion
-from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
+from kvmem.text.search import SEARCH_MODES, dense_leg, fuse_legs, keyword_leg
+from kvmem.text.vectors import VectorCache
 
 logger = logging.getLogger(__name__)
 
@@ -462,27 +462,15 @@ class MemoryStore:
         num_candidates = max(self.config.num_candidates, top_k)
         query_vector = self._embed([query])[0] if mode != "keyword" else None
         with self._db.snapshot() as conn:
-            keyword = (
-                self._keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
-            )
+            keyword = keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
             dense = (
-                self._dense_leg(conn, user_id, query_vector, parsed, num_candidates)
+                dense_leg(
+                    conn, self._vectors, self.embedder.dim, user_id, query_vector, parsed, num_candidates
+                )
                 if mode != "keyword"
                 else []
             )
-        if mode == "keyword":
-            ranked = keyword
-        elif mode == "dense":
-            ranked = dense
-        else:
-            fused = reciprocal_rank_fusion(
-                [r for r, _ in keyword],
-                [r for r, _ in dense],
-                self.config.rrf_k,
-                self.config.keyword_weight,
-                self.config.dense_weight,
-            )
-            ranked = [(h.rowid, h.score) for h in fused]
+        ranked = fuse_legs(mode, keyword, dense, self.config)
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
         ranked = ranked[:top_k]
@@ -490,63 +478,6 @@ class MemoryStore:
             return []
         by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked])
         return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
-
-    @staticmethod
-    def _keyword_leg(
-        conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
-    ) -> list[tuple[int, float]]:
-        expression = fts_match_expression(user_id, query)
-        if expression is None:
-            return []
-        clause, params = filter_sql(filters)
-        rows = conn.execute(
-            "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
-            f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
-            "ORDER BY f.rank, f.rowid LIMIT ?",
-            (expression, user_id, *params, limit),
-        ).fetchall()
-        return [(r[0], float(r[1])) for r in rows]
-
-    def _dense_leg(
-        self,
-        conn: sqlite3.Connection,
-        user_id: str,
-        query_vector: np.ndarray,
-        filters: SearchFilters,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
-        if row is None:
-            return []
-        vectors = self._vectors.get(user_id, row[0])
-        if vectors is None:
-            rows = conn.execute(
-                "SELECT v.rowid, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid "
-                "WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
-                (user_id,),
-            ).fetchall()
-            dim = self.embedder.dim
-            matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
-            vectors = UserVectors(
-                gen=row[0],
-                rowids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
-                matrix=matrix,
-            )
-            self._vectors.put(user_id, vectors)
-        allowed = None
-        if not filters.is_empty:
-            clause, params = filter_sql(filters)
-            allowed = np.fromiter(
-                (
-                    r[0]
-                    for r in conn.execute(
-                        f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.state = 'active'{clause}",
-                        (user_id, *params),
-                    )
-                ),
-                dtype=np.int64,
-            )
-        return top_k_by_dot(vectors, query_vector, limit, allowed)
 
     # ----------------------------------------------------------------- export and import
 
