@@ -8,7 +8,6 @@ invariant 5). Knows nothing of HTTP, KV items or scheduling.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sqlite3
@@ -24,7 +23,6 @@ import numpy as np
 
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
-from kvmem.text.dump import DumpRecord, decode_line, encode_line
 from kvmem.text.embed import Embedder, default_embedder
 from kvmem.text.errors import (
     EmbedderMismatch,
@@ -47,14 +45,13 @@ from kvmem.text.filters import (
     parse_add_items,
     parse_filters,
 )
+from kvmem.text.jsonl import ON_CONFLICT, dumps_jsonl, export_jsonl, import_jsonl
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
 from kvmem.text.rows import (
     COLUMNS,
     LIVE,
     active_by_rowids,
     bump_generation,
-    existing_ids,
-    insert_history,
     insert_memory,
     live_by_ids,
     live_ids,
@@ -66,6 +63,8 @@ from kvmem.text.rows import (
 from kvmem.text.schema import migrate
 from kvmem.text.search import SEARCH_MODES, dense_leg, fuse_legs, keyword_leg
 from kvmem.text.vectors import VectorCache
+
+__all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +234,7 @@ class MemoryStore:
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
 
-    # The one insert path of add and import_jsonl; a class attribute, so tests can make it fail mid-batch.
+    # add's insert path (rows.insert_memory); a class attribute, so tests can make it fail mid-batch.
     _insert = staticmethod(insert_memory)
 
     # ----------------------------------------------------------------- read one
@@ -485,23 +484,7 @@ class MemoryStore:
         """Writes live memories (one user's, or all) as JSON lines with history and vectors; returns how many."""
         if user_id is not None:
             check_user_id(user_id)
-        if isinstance(fp_or_path, (str, os.PathLike)):
-            with open(fp_or_path, "w", encoding="utf-8") as fp:
-                return self.export_jsonl(fp, user_id)
-        where, params = (f"{LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (LIVE, [])
-        count = 0
-        with self._db.snapshot() as conn:
-            cursor = conn.execute(
-                f"SELECT m.rowid, {COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
-                f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid",
-                params,
-            )
-            for row in cursor:
-                memory = row_to_memory(row[1:14])
-                history = read_versions(conn, row[0]) if memory.version > 1 else []
-                fp_or_path.write(encode_line(memory, history, self.embedder.name, row[14]) + "\n")
-                count += 1
-        return count
+        return export_jsonl(self._db, self.embedder.name, fp_or_path, user_id)
 
     def import_jsonl(
         self, fp_or_path: str | os.PathLike | IO[str], progress: bool = False, on_conflict: str = "error"
@@ -511,77 +494,14 @@ class MemoryStore:
         Vectors of the same embedder are reused, others recomputed. An id already in the file is an
         InvalidMemoryInput (on_conflict='error') or left alone (on_conflict='skip').
         """
-        if on_conflict not in ("error", "skip"):
+        if on_conflict not in ON_CONFLICT:
             raise InvalidMemoryInput(f"on_conflict must be 'error' or 'skip', got {on_conflict!r}")
-        if isinstance(fp_or_path, (str, os.PathLike)):
-            with open(fp_or_path, encoding="utf-8") as fp:
-                return self.import_jsonl(fp, progress=progress, on_conflict=on_conflict)
-        from tqdm import tqdm
-
-        records: list[DumpRecord] = []
-        seen: set[str] = set()
-        lines = tqdm(fp_or_path, desc="read", unit=" lines", disable=not progress)
-        for line_no, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            record = decode_line(line, line_no)
-            if record.memory.id in seen:
-                raise InvalidMemoryInput(f"line {line_no}: id {record.memory.id!r} appears twice in the dump")
-            seen.add(record.memory.id)
-            records.append(record)
-        vectors = self._import_vectors(records, progress)
-        with self._db.write() as tx:
-            existing = existing_ids(tx.conn, [r.memory.id for r in records])
-            if existing and on_conflict == "error":
-                raise InvalidMemoryInput(
-                    f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}"
-                )
-            users: set[str] = set()
-            for record, vector in tqdm(
-                list(zip(records, vectors, strict=False)),
-                desc="import",
-                unit=" memories",
-                disable=not progress,
-            ):
-                memory = record.memory
-                if memory.id in existing:
-                    continue
-                rowid = self._insert(tx.conn, memory, vector.tobytes())
-                insert_history(tx.conn, rowid, record.history)
-                users.add(memory.user_id)
-                tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))
-            for user in sorted(users):
-                bump_generation(tx.conn, user)
-            tx.after_commit.extend((lambda u=user: self._vectors.invalidate(u)) for user in users)
-        return len(tx.events)
-
-    def _import_vectors(self, records: list[DumpRecord], progress: bool) -> list[np.ndarray]:
-        """Each record's vector: its own if it came from this embedder, else embedded now in batches."""
-        from tqdm import tqdm
-
-        out: list[np.ndarray | None] = [
-            r.vector
-            if r.embedder_name == self.embedder.name
-            and r.vector is not None
-            and r.vector.shape == (self.embedder.dim,)
-            else None
-            for r in records
-        ]
-        todo = [i for i, v in enumerate(out) if v is None]
-        batch = self.config.embed_batch_size
-        for start in tqdm(
-            range(0, len(todo), batch), desc="embed", unit=" batches", disable=not progress or not todo
-        ):
-            chunk = todo[start : start + batch]
-            for i, vector in zip(
-                chunk, self.embedder.embed([records[i].memory.text for i in chunk]), strict=False
-            ):
-                out[i] = np.asarray(vector, dtype=np.float32)
-        return out  # type: ignore[return-value]
-
-
-def dumps_jsonl(store: MemoryStore, user_id: str | None = None) -> str:
-    """A dump as one string (small stores, tests)."""
-    buffer = io.StringIO()
-    store.export_jsonl(buffer, user_id)
-    return buffer.getvalue()
+        return import_jsonl(
+            self._db,
+            self.embedder,
+            self._vectors,
+            fp_or_path,
+            embed_batch_size=self.config.embed_batch_size,
+            progress=progress,
+            on_conflict=on_conflict,
+        )
