@@ -8,12 +8,9 @@ invariant 5). Knows nothing of HTTP, KV items or scheduling.
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,11 +21,10 @@ import numpy as np
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.embed import Embedder, default_embedder
+from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
 from kvmem.text.errors import (
-    EmbedderMismatch,
     InvalidMemoryInput,
     MemoryNotFound,
-    TextStoreError,
 )
 from kvmem.text.filters import (
     SearchFilters,
@@ -66,10 +62,7 @@ from kvmem.text.vectors import VectorCache
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
 
-logger = logging.getLogger(__name__)
-
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
-_QUERY_CACHE_SIZE = 256
 
 
 class MemoryStore:
@@ -93,8 +86,7 @@ class MemoryStore:
         self._clock = clock or (lambda: datetime.now(timezone.utc))
         self._db = Database(self.path, self.config)
         self._vectors = VectorCache(self.config.vector_cache_bytes)
-        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._query_cache_lock = threading.Lock()
+        self._query_cache = TextVectorCache()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
         self._check_embedder()
@@ -125,58 +117,11 @@ class MemoryStore:
     def _check_embedder(self) -> None:
         name, dim = self.embedder.name, int(self.embedder.dim)
         with self._db.write() as tx:
-            rows = dict(tx.conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')"))
-            if not rows:
-                tx.conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)", [("embedder", name), ("dim", str(dim))]
-                )
-                return
-            if rows.get("embedder") == name and rows.get("dim") == str(dim):
-                return
-            has_vectors = tx.conn.execute("SELECT 1 FROM memory_vectors LIMIT 1").fetchone() is not None
-            if has_vectors and not self.config.reembed_on_mismatch:
-                raise EmbedderMismatch(
-                    f"{self.path} holds vectors of embedder {rows.get('embedder')!r} (dim {rows.get('dim')}), "
-                    f"opened with {name!r} (dim {dim}); open it with that embedder or pass "
-                    "TextStoreConfig(reembed_on_mismatch=True) to re-embed every memory"
-                )
-            tx.conn.executemany(
-                "UPDATE meta SET value = ? WHERE key = ?", [(name, "embedder"), (str(dim), "dim")]
-            )
-            if has_vectors:
-                logger.warning("re-embedding %s with %s", self.path, name)
-                rows_to_embed = tx.conn.execute(
-                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + LIVE
-                ).fetchall()
-                vectors = self._embed([r[2] for r in rows_to_embed])
-                tx.conn.execute("DELETE FROM memory_vectors")
-                tx.conn.executemany(
-                    "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)],
-                )
-                tx.conn.execute("UPDATE user_generation SET gen = gen + 1")
+            reconcile_embedder(tx.conn, self.path, name, dim, self._embed, self.config.reembed_on_mismatch)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        """Vectors for texts, [n, dim] float32; single texts go through a small LRU (a turn is often
-        searched, then stored)."""
-        if len(texts) == 1:
-            with self._query_cache_lock:
-                cached = self._query_cache.get(texts[0])
-                if cached is not None:
-                    self._query_cache.move_to_end(texts[0])
-                    return cached[None, :]
-        vectors = np.asarray(self.embedder.embed(list(texts)), dtype=np.float32)  # [n, dim]
-        if vectors.shape != (len(texts), self.embedder.dim):
-            raise TextStoreError(
-                f"embedder {self.embedder.name!r} returned shape {vectors.shape}, "
-                f"expected ({len(texts)}, {self.embedder.dim})"
-            )
-        if len(texts) == 1:
-            with self._query_cache_lock:
-                self._query_cache[texts[0]] = vectors[0]
-                if len(self._query_cache) > _QUERY_CACHE_SIZE:
-                    self._query_cache.popitem(last=False)
-        return vectors
+        """Vectors for texts, [n, dim] float32 (see embedding.embed_texts)."""
+        return embed_texts(self.embedder, texts, self._query_cache)
 
     # ----------------------------------------------------------------- add
 
