@@ -266,6 +266,17 @@ def parse_filters(filters: Any) -> SearchFilters:
     )
 
 
+def merge_session_id(filters: SearchFilters, session_id: str | None) -> SearchFilters:
+    """`filters` narrowed to `session_id` (a list call's own argument); refused if they name another one."""
+    if session_id is None:
+        return filters
+    if filters.session_id is not None and filters.session_id != session_id:
+        raise InvalidMemoryInput(
+            f"session_id {session_id!r} contradicts filters.session_id {filters.session_id!r}"
+        )
+    return SearchFilters(**{**filters.__dict__, "session_id": session_id})
+
+
 def _metadata_clause(key: str, value: Any) -> tuple[str, list[Any]]:
     """Exact equality on one top-level metadata key, by JSON type (so True never matches 1)."""
     base = "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND "

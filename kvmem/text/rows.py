@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,6 +44,22 @@ def row_to_memory(row: tuple) -> Memory:
         state=row[11],
         version=row[12],
     )
+
+
+class StoredMemory(NamedTuple):
+    """A memory with its rowid, the key of its FTS, vector and history rows."""
+
+    rowid: int
+    memory: Memory
+
+
+def find_live(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
+    """The live memory `memory_id` of `user_id`, or None if absent, deleted or another user's."""
+    row = conn.execute(
+        f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
+        (memory_id, user_id),
+    ).fetchone()
+    return None if row is None else StoredMemory(row[0], row_to_memory(row[1:]))
 
 
 def to_json(value: Any) -> str:

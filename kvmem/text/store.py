@@ -1,9 +1,11 @@
 """MemoryStore: every memory of every user, in one SQLite file (WAL), with hybrid search and change events.
 
-Owns the transactions: each public call is one transaction, so a failure writes nothing, and a returned
-write is durable. Every query carries the user id, so no call returns another user's memory. Subscribers
-hear (memory id, user, added/updated/deleted) after the commit and before the call returns (DESIGN
-invariant 5). Knows nothing of HTTP, KV items or scheduling.
+Owns the public API and each call's shape: checks (filters.py), then one transaction (db.py) of row
+statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
+caches are brought in step. Every query carries the user id, so no call returns another user's memory.
+Subscribers hear (memory id, user, added/updated/deleted) after the commit and before the call returns
+(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py, embedding.py.
+Knows nothing of HTTP, KV items or scheduling.
 """
 
 from __future__ import annotations
@@ -22,10 +24,7 @@ from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.embed import Embedder, default_embedder
 from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
-from kvmem.text.errors import (
-    InvalidMemoryInput,
-    MemoryNotFound,
-)
+from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
 from kvmem.text.filters import (
     SearchFilters,
     check_int,
@@ -38,6 +37,7 @@ from kvmem.text.filters import (
     check_user_id,
     filter_sql,
     format_time,
+    merge_session_id,
     parse_add_items,
     parse_filters,
 )
@@ -48,6 +48,7 @@ from kvmem.text.rows import (
     LIVE,
     active_by_rowids,
     bump_generation,
+    find_live,
     insert_memory,
     live_by_ids,
     live_ids,
@@ -188,30 +189,20 @@ class MemoryStore:
         """The live memory `memory_id` of `user_id`; MemoryNotFound if absent, deleted or another user's."""
         check_user_id(user_id)
         check_memory_id(memory_id)
-        row = (
-            self._conn()
-            .execute(
-                f"SELECT {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
-                (memory_id, user_id),
-            )
-            .fetchone()
-        )
-        if row is None:
+        found = find_live(self._conn(), user_id, memory_id)
+        if found is None:
             raise MemoryNotFound(memory_id, user_id)
-        return row_to_memory(row)
+        return found.memory
 
     def history(self, user_id: str, memory_id: str) -> list[MemoryVersion]:
         """Previous versions of a memory, oldest first (the current one is `get`)."""
         check_user_id(user_id)
         check_memory_id(memory_id)
         with self._db.snapshot() as conn:
-            row = conn.execute(
-                f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
-                (memory_id, user_id),
-            ).fetchone()
-            if row is None:
+            found = find_live(conn, user_id, memory_id)
+            if found is None:
                 raise MemoryNotFound(memory_id, user_id)
-            return read_versions(conn, row[0])
+            return read_versions(conn, found.rowid)
 
     def memories_by_ids(self, user_id: str, ids: Iterable[str]) -> list[Memory]:
         """This user's live memories with these ids, in the given order; missing ids are skipped."""
@@ -254,13 +245,10 @@ class MemoryStore:
         new_metadata = check_metadata(metadata) if metadata is not None else None
         vector = self._embed([text])[0] if text is not None else None
         with self._db.write() as tx:
-            row = tx.conn.execute(
-                f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
-                (memory_id, user_id),
-            ).fetchone()
-            if row is None:
+            found = find_live(tx.conn, user_id, memory_id)
+            if found is None:
                 raise MemoryNotFound(memory_id, user_id)
-            rowid, old = row[0], row_to_memory(row[1:])
+            rowid, old = found
             new = Memory(
                 **{
                     **old.__dict__,
@@ -338,14 +326,7 @@ class MemoryStore:
         check_int(page_size, "page_size", 1, self.config.max_page_size)
         if state not in _LIST_STATES:
             raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
-        parsed = parse_filters(filters)
-        if session_id is not None:
-            if parsed.session_id is not None and parsed.session_id != session_id:
-                raise InvalidMemoryInput(
-                    f"session_id {session_id!r} contradicts filters.session_id {parsed.session_id!r}"
-                )
-            parsed = SearchFilters(**{**parsed.__dict__, "session_id": session_id})
-        clause, params = filter_sql(parsed)
+        clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id))
         where = f"m.user_id = ? AND {_LIST_STATES[state]}{clause}"
         with self._db.snapshot() as conn:
             total = conn.execute(
