@@ -1,4 +1,4 @@
-"""Input validation for the plaintext store: ids, texts, tags, metadata, times and search/list filters.
+"""Input validation for the plaintext store: ids, texts, tags, metadata, times, add items and filters.
 
 Owns what counts as well-formed input and how a filter becomes a SQL WHERE fragment; every refusal is an
 InvalidMemoryInput naming the field. Knows nothing of connections or transactions.
@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvmem.text.errors import InvalidMemoryInput
 
@@ -19,6 +19,7 @@ _TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FILTER_KEYS = ("session_id", "agent_id", "role", "tags", "metadata", "time_range")
 _SCALARS = (str, int, float, bool, type(None))
+_MESSAGE_KEYS = ("role", "content", "chat_time")
 
 
 def count_tokens(text: str) -> int:
@@ -63,6 +64,27 @@ def check_optional_id(value: Any, field_name: str) -> str | None:
     return value
 
 
+def check_memory_id(memory_id: Any) -> str:
+    if not isinstance(memory_id, str) or not memory_id:
+        raise InvalidMemoryInput(f"memory_id must be a non-empty string, got {memory_id!r}")
+    return memory_id
+
+
+def check_int(value: Any, name: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidMemoryInput(f"{name} must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
+def check_min_score(min_score: Any) -> float | None:
+    """A search score floor: None or a finite number (bools refused, though Python counts them as ints)."""
+    if min_score is not None and (
+        not isinstance(min_score, (int, float)) or isinstance(min_score, bool) or not math.isfinite(min_score)
+    ):
+        raise InvalidMemoryInput(f"min_score must be a finite number or None, got {min_score!r}")
+    return min_score
+
+
 def check_text(text: Any, max_tokens: int, field_name: str = "text") -> str:
     if not isinstance(text, str):
         raise InvalidMemoryInput(f"{field_name} must be a string, got {type(text).__name__}")
@@ -103,6 +125,54 @@ def check_metadata(metadata: Any) -> dict:
     except (TypeError, ValueError) as exc:
         raise InvalidMemoryInput(f"metadata is not JSON-serializable: {exc}") from None
     return json.loads(encoded)
+
+
+class AddItem(NamedTuple):
+    """One memory an add call will store: its role (chat messages only), text and chat_time (None: now)."""
+
+    role: str | None
+    text: str
+    chat_time: str | None
+
+
+def parse_add_items(text: Any, texts: Any, messages: Any, chat_time: Any, max_tokens: int) -> list[AddItem]:
+    """The memories of one add call, from exactly one of text, texts or chat messages.
+
+    A message's own chat_time wins over the call's; both stay None when not given, so the store stamps them
+    with the time it writes.
+    """
+    if sum(x is not None for x in (text, texts, messages)) != 1:
+        raise InvalidMemoryInput("add takes exactly one of text, texts or messages")
+    call_time = parse_time(chat_time, "chat_time") if chat_time is not None else None
+    items: list[AddItem] = []
+    if text is not None:
+        items.append(AddItem(None, check_text(text, max_tokens), call_time))
+    elif texts is not None:
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
+            raise InvalidMemoryInput("texts must be a non-empty list of strings")
+        items.extend(
+            AddItem(None, check_text(t, max_tokens, f"texts[{i}]"), call_time) for i, t in enumerate(texts)
+        )
+    else:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidMemoryInput("messages must be a non-empty list of {role, content, chat_time?}")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
+            unknown = sorted(set(message) - set(_MESSAGE_KEYS))
+            if unknown:
+                raise InvalidMemoryInput(
+                    f"messages[{i}] has unknown key(s) {unknown}; supported: {list(_MESSAGE_KEYS)}"
+                )
+            role = message.get("role")
+            if not isinstance(role, str) or not role.strip():
+                raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
+            content = check_text(message.get("content"), max_tokens, f"messages[{i}].content")
+            when = message.get("chat_time")
+            items.append(
+                AddItem(role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)
+            )
+    return items
 
 
 @dataclass(frozen=True)
@@ -194,6 +264,17 @@ def parse_filters(filters: Any) -> SearchFilters:
         metadata=metadata,
         time_range=time_range,
     )
+
+
+def merge_session_id(filters: SearchFilters, session_id: str | None) -> SearchFilters:
+    """`filters` narrowed to `session_id` (a list call's own argument); refused if they name another one."""
+    if session_id is None:
+        return filters
+    if filters.session_id is not None and filters.session_id != session_id:
+        raise InvalidMemoryInput(
+            f"session_id {session_id!r} contradicts filters.session_id {filters.session_id!r}"
+        )
+    return SearchFilters(**{**filters.__dict__, "session_id": session_id})
 
 
 def _metadata_clause(key: str, value: Any) -> tuple[str, list[Any]]:

@@ -1,14 +1,22 @@
-"""Hybrid search pieces: the FTS5 keyword query and reciprocal rank fusion of ranked lists.
+"""Hybrid search: the keyword leg (FTS5 BM25), the dense leg (exact scan of cached vectors) and their fusion.
 
-Owns how a chat message becomes an FTS5 MATCH expression and how two rankings become one. Pure functions;
-knows nothing of SQLite connections or embeddings.
+Owns how a chat message becomes an FTS5 MATCH expression, how each leg ranks one user's active memories
+inside the caller's read snapshot, and how two rankings become one. Knows nothing of transactions,
+embedders, or how ranked rows become Memory objects.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import sqlite3
 from dataclasses import dataclass
+
+import numpy as np
+
+from kvmem.text.config import TextStoreConfig
+from kvmem.text.filters import SearchFilters, filter_sql
+from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 
@@ -74,3 +82,87 @@ def reciprocal_rank_fusion(
         hits.append(FusedHit(rowid=rowid, score=score / best, keyword_rank=kr, dense_rank=dr))
     hits.sort(key=lambda h: (-h.score, min(h.keyword_rank or 1 << 30, h.dense_rank or 1 << 30), h.rowid))
     return hits
+
+
+def keyword_leg(
+    conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
+) -> list[tuple[int, float]]:
+    """(rowid, BM25 score) of this user's active memories sharing a word with the query, best first."""
+    expression = fts_match_expression(user_id, query)
+    if expression is None:
+        return []
+    clause, params = filter_sql(filters)
+    rows = conn.execute(
+        "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
+        f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
+        "ORDER BY f.rank, f.rowid LIMIT ?",
+        (expression, user_id, *params, limit),
+    ).fetchall()
+    return [(r[0], float(r[1])) for r in rows]
+
+
+def dense_leg(
+    conn: sqlite3.Connection,
+    vectors: VectorCache,
+    dim: int,
+    user_id: str,
+    query_vector: np.ndarray,
+    filters: SearchFilters,
+    limit: int,
+) -> list[tuple[int, float]]:
+    """(rowid, cosine) of this user's active memories nearest the query vector, best first.
+
+    The user's matrix comes from `vectors` while its generation is the file's; otherwise it is read in this
+    snapshot and cached. Filters become a set of allowed rowids, so the cache holds one matrix per user
+    whatever the filters.
+    """
+    row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
+    if row is None:
+        return []
+    entry = vectors.get(user_id, row[0])
+    if entry is None:
+        rows = conn.execute(
+            "SELECT v.rowid, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid "
+            "WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
+            (user_id,),
+        ).fetchall()
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+        entry = UserVectors(
+            gen=row[0],
+            rowids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+            matrix=matrix,  # [n, dim]
+        )
+        vectors.put(user_id, entry)
+    allowed = None
+    if not filters.is_empty:
+        clause, params = filter_sql(filters)
+        allowed = np.fromiter(
+            (
+                r[0]
+                for r in conn.execute(
+                    f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.state = 'active'{clause}",
+                    (user_id, *params),
+                )
+            ),
+            dtype=np.int64,
+        )
+    return top_k_by_dot(entry, query_vector, limit, allowed)
+
+
+def fuse_legs(
+    mode: str, keyword: list[tuple[int, float]], dense: list[tuple[int, float]], config: TextStoreConfig
+) -> list[tuple[int, float]]:
+    """The ranking `mode` asks for: one leg as it came, or (hybrid) both fused by RRF with fused scores."""
+    assert mode in SEARCH_MODES, mode
+    if mode == "keyword":
+        return keyword
+    if mode == "dense":
+        return dense
+    fused = reciprocal_rank_fusion(
+        [r for r, _ in keyword],
+        [r for r, _ in dense],
+        config.rrf_k,
+        config.keyword_weight,
+        config.dense_weight,
+    )
+    return [(h.rowid, h.score) for h in fused]

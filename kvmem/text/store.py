@@ -1,25 +1,19 @@
 """MemoryStore: every memory of every user, in one SQLite file (WAL), with hybrid search and change events.
 
-Owns the transactions: each public call is one transaction, so a failure writes nothing, and a returned
-write is durable. Every query carries the user id, so no call returns another user's memory. Subscribers
-hear (memory id, user, added/updated/deleted) after the commit and before the call returns (DESIGN
-invariant 5). Knows nothing of HTTP, KV items or scheduling.
+Owns the public API and each call's shape: checks (filters.py), then one transaction (db.py) of row
+statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
+caches are brought in step. Every query carries the user id, so no call returns another user's memory.
+Subscribers hear (memory id, user, added/updated/deleted) after the commit and before the call returns
+(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py, embedding.py.
+Knows nothing of HTTP, KV items or scheduling.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import logging
-import math
 import os
 import sqlite3
-import threading
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -27,85 +21,49 @@ from typing import IO, Any
 import numpy as np
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.dump import DumpRecord, decode_line, encode_line
+from kvmem.text.db import Database
 from kvmem.text.embed import Embedder, default_embedder
-from kvmem.text.errors import (
-    EmbedderMismatch,
-    InvalidMemoryInput,
-    MemoryNotFound,
-    SubscriberError,
-    TextStoreError,
-)
+from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
+from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
 from kvmem.text.filters import (
     SearchFilters,
+    check_int,
+    check_memory_id,
     check_metadata,
+    check_min_score,
     check_optional_id,
     check_tags,
     check_text,
     check_user_id,
     filter_sql,
     format_time,
+    merge_session_id,
+    parse_add_items,
     parse_filters,
-    parse_time,
 )
+from kvmem.text.jsonl import ON_CONFLICT, dumps_jsonl, export_jsonl, import_jsonl
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
-from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, fts_match_expression, owner_token, reciprocal_rank_fusion
-from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
-
-logger = logging.getLogger(__name__)
-
-_COLUMNS = (
-    "m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
-    "m.updated_at, m.tags, m.metadata, m.state, m.version"
+from kvmem.text.rows import (
+    COLUMNS,
+    LIVE,
+    active_by_rowids,
+    bump_generation,
+    find_live,
+    insert_memory,
+    live_by_ids,
+    live_ids,
+    read_versions,
+    row_to_memory,
+    tombstone,
+    write_version,
 )
-_LIVE = "m.state != 'deleted'"
-_MESSAGE_KEYS = ("role", "content", "chat_time")
-_LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": _LIVE}
-_QUERY_CACHE_SIZE = 256
+from kvmem.text.schema import migrate
+from kvmem.text.search import SEARCH_MODES, dense_leg, fuse_legs, keyword_leg
+from kvmem.text.vectors import VectorCache
 
+__all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
 
-def _row_to_memory(row: tuple) -> Memory:
-    return Memory(
-        id=row[0],
-        user_id=row[1],
-        session_id=row[2],
-        agent_id=row[3],
-        role=row[4],
-        text=row[5],
-        created_at=row[6],
-        chat_time=row[7],
-        updated_at=row[8],
-        tags=tuple(json.loads(row[9])),
-        metadata=json.loads(row[10]),
-        state=row[11],
-        version=row[12],
-    )
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _check_memory_id(memory_id: Any) -> str:
-    if not isinstance(memory_id, str) or not memory_id:
-        raise InvalidMemoryInput(f"memory_id must be a non-empty string, got {memory_id!r}")
-    return memory_id
-
-
-def _check_int(value: Any, name: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise InvalidMemoryInput(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    return value
-
-
-@dataclass
-class _Tx:
-    """An open write transaction; `after_commit` runs while the write lock is still held."""
-
-    conn: sqlite3.Connection
-    events: list[ChangeEvent] = field(default_factory=list)
-    after_commit: list[Callable[[], None]] = field(default_factory=list)
+_LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 
 
 class MemoryStore:
@@ -127,78 +85,22 @@ class MemoryStore:
         self.config = config or TextStoreConfig()
         self.embedder: Embedder = embedder if embedder is not None else default_embedder()
         self._clock = clock or (lambda: datetime.now(timezone.utc))
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
-        self._write_lock = threading.RLock()
-        self._subscribers: list[Callable[[ChangeEvent], None]] = []
-        self._subscribers_lock = threading.Lock()
+        self._db = Database(self.path, self.config)
         self._vectors = VectorCache(self.config.vector_cache_bytes)
-        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._query_cache_lock = threading.Lock()
-        self._closed = False
+        self._query_cache = TextVectorCache()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
         self._check_embedder()
 
-    # ----------------------------------------------------------------- connections and transactions
+    # ----------------------------------------------------------------- connections and events
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        with self._conns_lock:
-            if self._closed:
-                raise TextStoreError(f"store {self.path} is closed")
-            conn = sqlite3.connect(
-                self.path,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.config.busy_timeout_ms / 1000,
-            )
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self.config.synchronous}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute(f"PRAGMA busy_timeout = {self.config.busy_timeout_ms}")
-            self._conns.append(conn)
-        self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _write(self) -> Iterator[_Tx]:
-        """One write transaction; on any exception it rolls back and nothing is written or emitted."""
-        conn = self._conn()
-        with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
-            tx = _Tx(conn)
-            try:
-                yield tx
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            for hook in tx.after_commit:
-                hook()
-        self._emit(tx.events)
-
-    @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: every query inside sees the same committed state."""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+        """This thread's connection (tests and single statements outside a transaction use it)."""
+        return self._db.conn()
 
     def close(self) -> None:
         """Closes every connection this store opened; later calls raise TextStoreError."""
-        with self._conns_lock:
-            self._closed = True
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
-        self._local = threading.local()
+        self._db.close()
         self._vectors.clear()
 
     def __enter__(self) -> MemoryStore:
@@ -207,103 +109,20 @@ class MemoryStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- events
-
     def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
         """Calls `callback(event)` for every change, synchronously after commit; returns an unsubscribe."""
-        with self._subscribers_lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._subscribers_lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    def _emit(self, events: list[ChangeEvent]) -> None:
-        if not events:
-            return
-        with self._subscribers_lock:
-            subscribers = list(self._subscribers)
-        errors: list[BaseException] = []
-        for event in events:
-            for callback in subscribers:
-                try:
-                    callback(event)
-                except Exception as exc:  # every subscriber still hears every event; reported below
-                    logger.exception("change-event subscriber %r failed on %s", callback, event)
-                    errors.append(exc)
-        if errors:
-            raise SubscriberError(
-                f"{len(errors)} subscriber call(s) failed after the write was committed: {errors[0]!r}"
-            ) from errors[0]
+        return self._db.subscribe(callback)
 
     # ----------------------------------------------------------------- embeddings
 
     def _check_embedder(self) -> None:
         name, dim = self.embedder.name, int(self.embedder.dim)
-        with self._write() as tx:
-            rows = dict(tx.conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')"))
-            if not rows:
-                tx.conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)", [("embedder", name), ("dim", str(dim))]
-                )
-                return
-            if rows.get("embedder") == name and rows.get("dim") == str(dim):
-                return
-            has_vectors = tx.conn.execute("SELECT 1 FROM memory_vectors LIMIT 1").fetchone() is not None
-            if has_vectors and not self.config.reembed_on_mismatch:
-                raise EmbedderMismatch(
-                    f"{self.path} holds vectors of embedder {rows.get('embedder')!r} (dim {rows.get('dim')}), "
-                    f"opened with {name!r} (dim {dim}); open it with that embedder or pass "
-                    "TextStoreConfig(reembed_on_mismatch=True) to re-embed every memory"
-                )
-            tx.conn.executemany(
-                "UPDATE meta SET value = ? WHERE key = ?", [(name, "embedder"), (str(dim), "dim")]
-            )
-            if has_vectors:
-                logger.warning("re-embedding %s with %s", self.path, name)
-                rows_to_embed = tx.conn.execute(
-                    "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + _LIVE
-                ).fetchall()
-                vectors = self._embed([r[2] for r in rows_to_embed])
-                tx.conn.execute("DELETE FROM memory_vectors")
-                tx.conn.executemany(
-                    "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                    [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)],
-                )
-                tx.conn.execute("UPDATE user_generation SET gen = gen + 1")
+        with self._db.write() as tx:
+            reconcile_embedder(tx.conn, self.path, name, dim, self._embed, self.config.reembed_on_mismatch)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        """Vectors for texts, [n, dim] float32; single texts go through a small LRU (a turn is often
-        searched, then stored)."""
-        if len(texts) == 1:
-            with self._query_cache_lock:
-                cached = self._query_cache.get(texts[0])
-                if cached is not None:
-                    self._query_cache.move_to_end(texts[0])
-                    return cached[None, :]
-        vectors = np.asarray(self.embedder.embed(list(texts)), dtype=np.float32)  # [n, dim]
-        if vectors.shape != (len(texts), self.embedder.dim):
-            raise TextStoreError(
-                f"embedder {self.embedder.name!r} returned shape {vectors.shape}, "
-                f"expected ({len(texts)}, {self.embedder.dim})"
-            )
-        if len(texts) == 1:
-            with self._query_cache_lock:
-                self._query_cache[texts[0]] = vectors[0]
-                if len(self._query_cache) > _QUERY_CACHE_SIZE:
-                    self._query_cache.popitem(last=False)
-        return vectors
-
-    @staticmethod
-    def _bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
-        return conn.execute(
-            "INSERT INTO user_generation (user_id, gen) VALUES (?, 1) "
-            "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
-            (user_id,),
-        ).fetchone()[0]
+        """Vectors for texts, [n, dim] float32 (see embedding.embed_texts)."""
+        return embed_texts(self.embedder, texts, self._query_cache)
 
     # ----------------------------------------------------------------- add
 
@@ -327,39 +146,10 @@ class MemoryStore:
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
         check_optional_id(agent_id, "agent_id")
-        if sum(x is not None for x in (text, texts, messages)) != 1:
-            raise InvalidMemoryInput("add takes exactly one of text, texts or messages")
-        limit = self.config.max_text_tokens
-        call_time = parse_time(chat_time, "chat_time") if chat_time is not None else None
-        items: list[tuple[str | None, str, str | None]] = []  # (role, text, chat_time)
-        if text is not None:
-            items.append((None, check_text(text, limit), call_time))
-        elif texts is not None:
-            if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
-                raise InvalidMemoryInput("texts must be a non-empty list of strings")
-            items.extend((None, check_text(t, limit, f"texts[{i}]"), call_time) for i, t in enumerate(texts))
-        else:
-            if not isinstance(messages, (list, tuple)) or not messages:
-                raise InvalidMemoryInput("messages must be a non-empty list of {role, content, chat_time?}")
-            for i, message in enumerate(messages):
-                if not isinstance(message, dict):
-                    raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
-                unknown = sorted(set(message) - set(_MESSAGE_KEYS))
-                if unknown:
-                    raise InvalidMemoryInput(
-                        f"messages[{i}] has unknown key(s) {unknown}; supported: {list(_MESSAGE_KEYS)}"
-                    )
-                role = message.get("role")
-                if not isinstance(role, str) or not role.strip():
-                    raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
-                content = check_text(message.get("content"), limit, f"messages[{i}].content")
-                when = message.get("chat_time")
-                items.append(
-                    (role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)
-                )
+        items = parse_add_items(text, texts, messages, chat_time, self.config.max_text_tokens)
         tag_tuple = check_tags(tags)
         metadata = check_metadata(metadata)
-        vectors = self._embed([t for _, t, _ in items])
+        vectors = self._embed([item.text for item in items])
         now = format_time(self._clock())
         memories = [
             Memory(
@@ -379,116 +169,49 @@ class MemoryStore:
             )
             for role, body, when in items
         ]
-        with self._write() as tx:
+        with self._db.write() as tx:
             rowids = [
                 self._insert(tx.conn, memory, vector.tobytes())
                 for memory, vector in zip(memories, vectors, strict=False)
             ]
-            gen = self._bump_generation(tx.conn, user_id)
+            gen = bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
             tx.after_commit.append(lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors))
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
 
-    @staticmethod
-    def _insert(conn: sqlite3.Connection, memory: Memory, vector: bytes | None) -> int:
-        rowid = conn.execute(
-            "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
-            "updated_at, tags, metadata, state, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                memory.id,
-                memory.user_id,
-                memory.session_id,
-                memory.agent_id,
-                memory.role,
-                memory.text,
-                memory.created_at,
-                memory.chat_time,
-                memory.updated_at,
-                _dumps(list(memory.tags)),
-                _dumps(memory.metadata),
-                memory.state,
-                memory.version,
-            ),
-        ).lastrowid
-        conn.execute(
-            "INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
-            (rowid, memory.text, owner_token(memory.user_id)),
-        )
-        if vector is not None:
-            conn.execute(
-                "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
-                (rowid, memory.user_id, vector),
-            )
-        return rowid
+    # add's insert path (rows.insert_memory); a class attribute, so tests can make it fail mid-batch.
+    _insert = staticmethod(insert_memory)
 
     # ----------------------------------------------------------------- read one
 
     def get(self, user_id: str, memory_id: str) -> Memory:
         """The live memory `memory_id` of `user_id`; MemoryNotFound if absent, deleted or another user's."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
-        row = (
-            self._conn()
-            .execute(
-                f"SELECT {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
-                (memory_id, user_id),
-            )
-            .fetchone()
-        )
-        if row is None:
+        check_memory_id(memory_id)
+        found = find_live(self._conn(), user_id, memory_id)
+        if found is None:
             raise MemoryNotFound(memory_id, user_id)
-        return _row_to_memory(row)
+        return found.memory
 
     def history(self, user_id: str, memory_id: str) -> list[MemoryVersion]:
         """Previous versions of a memory, oldest first (the current one is `get`)."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
-        with self._snapshot() as conn:
-            row = conn.execute(
-                f"SELECT m.rowid FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
-                (memory_id, user_id),
-            ).fetchone()
-            if row is None:
+        check_memory_id(memory_id)
+        with self._db.snapshot() as conn:
+            found = find_live(conn, user_id, memory_id)
+            if found is None:
                 raise MemoryNotFound(memory_id, user_id)
-            return self._versions(conn, row[0])
-
-    @staticmethod
-    def _versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
-        rows = conn.execute(
-            "SELECT version, text, tags, metadata, updated_at FROM memory_versions "
-            "WHERE memory_rowid = ? ORDER BY version",
-            (rowid,),
-        ).fetchall()
-        return [
-            MemoryVersion(
-                version=r[0],
-                text=r[1],
-                tags=tuple(json.loads(r[2])),
-                metadata=json.loads(r[3]),
-                updated_at=r[4],
-            )
-            for r in rows
-        ]
+            return read_versions(conn, found.rowid)
 
     def memories_by_ids(self, user_id: str, ids: Iterable[str]) -> list[Memory]:
         """This user's live memories with these ids, in the given order; missing ids are skipped."""
         check_user_id(user_id)
         ids = list(ids)
         for memory_id in ids:
-            _check_memory_id(memory_id)
-        found: dict[str, Memory] = {}
-        unique = list(dict.fromkeys(ids))
-        with self._snapshot() as conn:
-            for start in range(0, len(unique), 500):
-                chunk = unique[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM memories m WHERE m.user_id = ? AND {_LIVE} "
-                    f"AND m.id IN ({marks})",
-                    (user_id, *chunk),
-                ):
-                    found[row[0]] = _row_to_memory(row)
+            check_memory_id(memory_id)
+        with self._db.snapshot() as conn:
+            found = live_by_ids(conn, user_id, list(dict.fromkeys(ids)))
         return [found[i] for i in ids if i in found]
 
     # ----------------------------------------------------------------- update
@@ -509,7 +232,7 @@ class MemoryStore:
         version, no event.
         """
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         if text is None and tags is None and metadata is None and state is None:
             raise InvalidMemoryInput("update needs at least one of text, tags, metadata or state")
         if text is not None:
@@ -521,14 +244,11 @@ class MemoryStore:
         new_tags = check_tags(tags) if tags is not None else None
         new_metadata = check_metadata(metadata) if metadata is not None else None
         vector = self._embed([text])[0] if text is not None else None
-        with self._write() as tx:
-            row = tx.conn.execute(
-                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {_LIVE}",
-                (memory_id, user_id),
-            ).fetchone()
-            if row is None:
+        with self._db.write() as tx:
+            found = find_live(tx.conn, user_id, memory_id)
+            if found is None:
                 raise MemoryNotFound(memory_id, user_id)
-            rowid, old = row[0], _row_to_memory(row[1:])
+            rowid, old = found
             new = Memory(
                 **{
                     **old.__dict__,
@@ -547,31 +267,9 @@ class MemoryStore:
                     "updated_at": max(format_time(self._clock()), old.updated_at),
                 }
             )
-            tx.conn.execute(
-                "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (rowid, old.version, old.text, _dumps(list(old.tags)), _dumps(old.metadata), old.updated_at),
-            )
-            tx.conn.execute(
-                "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ? "
-                "WHERE rowid = ?",
-                (
-                    new.text,
-                    _dumps(list(new.tags)),
-                    _dumps(new.metadata),
-                    new.state,
-                    new.version,
-                    new.updated_at,
-                    rowid,
-                ),
-            )
-            if new.text != old.text:
-                tx.conn.execute("UPDATE memories_fts SET text = ? WHERE rowid = ?", (new.text, rowid))
-                tx.conn.execute(
-                    "UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid)
-                )
+            write_version(tx.conn, rowid, old, new, vector)
             if new.text != old.text or new.state != old.state:
-                self._bump_generation(tx.conn, user_id)
+                bump_generation(tx.conn, user_id)
                 tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.append(ChangeEvent(memory_id, user_id, "updated"))
         return new
@@ -581,7 +279,7 @@ class MemoryStore:
     def delete(self, user_id: str, memory_id: str) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user."""
         check_user_id(user_id)
-        _check_memory_id(memory_id)
+        check_memory_id(memory_id)
         return self._delete_where(user_id, "m.id = ?", [memory_id])
 
     def delete_session(self, user_id: str, session_id: str) -> int:
@@ -597,31 +295,14 @@ class MemoryStore:
         return self._delete_where(user_id, "1", [])
 
     def _delete_where(self, user_id: str, where: str, params: list[Any]) -> int:
-        """Tombstones matching live memories: state 'deleted', text, tags, metadata, history, index rows
-        and vectors erased. Subscribers hear 'deleted' before this returns."""
-        selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}"
-        args = [user_id, *params]
-        with self._write() as tx:
-            ids = [
-                r[0]
-                for r in tx.conn.execute(
-                    f"SELECT m.id FROM memories m WHERE m.user_id = ? AND {_LIVE} AND {where}", args
-                )
-            ]
+        """Tombstones matching live memories (see rows.tombstone). Subscribers hear 'deleted' before this
+        returns."""
+        with self._db.write() as tx:
+            ids = live_ids(tx.conn, user_id, where, params)
             if not ids:
                 return 0
-            for table, column in (
-                ("memory_versions", "memory_rowid"),
-                ("memories_fts", "rowid"),
-                ("memory_vectors", "rowid"),
-            ):
-                tx.conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
-            tx.conn.execute(
-                f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', "
-                f"version = version + 1, updated_at = ? WHERE rowid IN ({selection})",
-                [format_time(self._clock()), *args],
-            )
-            self._bump_generation(tx.conn, user_id)
+            tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
+            bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
         return len(ids)
@@ -641,36 +322,29 @@ class MemoryStore:
         """This user's memories, newest first (created_at, then insertion order); state: active|archived|all."""
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
-        _check_int(page, "page", 1, 2**31)
-        _check_int(page_size, "page_size", 1, self.config.max_page_size)
+        check_int(page, "page", 1, 2**31)
+        check_int(page_size, "page_size", 1, self.config.max_page_size)
         if state not in _LIST_STATES:
             raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
-        parsed = parse_filters(filters)
-        if session_id is not None:
-            if parsed.session_id is not None and parsed.session_id != session_id:
-                raise InvalidMemoryInput(
-                    f"session_id {session_id!r} contradicts filters.session_id {parsed.session_id!r}"
-                )
-            parsed = SearchFilters(**{**parsed.__dict__, "session_id": session_id})
-        clause, params = filter_sql(parsed)
+        clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id))
         where = f"m.user_id = ? AND {_LIST_STATES[state]}{clause}"
-        with self._snapshot() as conn:
+        with self._db.snapshot() as conn:
             total = conn.execute(
                 f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
             ).fetchone()[0]
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
+                f"SELECT {COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
                 "LIMIT ? OFFSET ?",
                 (user_id, *params, page_size, (page - 1) * page_size),
             ).fetchall()
-        return Page(items=[_row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
+        return Page(items=[row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
 
     def count(self, user_id: str) -> int:
         """How many live (active or archived) memories this user has."""
         check_user_id(user_id)
         return (
             self._conn()
-            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {_LIVE}", (user_id,))
+            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {LIVE}", (user_id,))
             .fetchone()[0]
         )
 
@@ -679,7 +353,7 @@ class MemoryStore:
         rows = (
             self._conn()
             .execute(
-                f"SELECT m.user_id, count(*) FROM memories m WHERE {_LIVE} "
+                f"SELECT m.user_id, count(*) FROM memories m WHERE {LIVE} "
                 "GROUP BY m.user_id ORDER BY m.user_id"
             )
             .fetchall()
@@ -705,114 +379,30 @@ class MemoryStore:
         """
         check_user_id(user_id)
         check_text(query, self.config.max_text_tokens, "query")
-        _check_int(top_k, "top_k", 1, self.config.max_top_k)
+        check_int(top_k, "top_k", 1, self.config.max_top_k)
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
-        if min_score is not None and (
-            not isinstance(min_score, (int, float))
-            or isinstance(min_score, bool)
-            or not math.isfinite(min_score)
-        ):
-            raise InvalidMemoryInput(f"min_score must be a finite number or None, got {min_score!r}")
+        check_min_score(min_score)
         parsed = parse_filters(filters)
         num_candidates = max(self.config.num_candidates, top_k)
         query_vector = self._embed([query])[0] if mode != "keyword" else None
-        with self._snapshot() as conn:
-            keyword = (
-                self._keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
-            )
+        with self._db.snapshot() as conn:
+            keyword = keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
             dense = (
-                self._dense_leg(conn, user_id, query_vector, parsed, num_candidates)
+                dense_leg(
+                    conn, self._vectors, self.embedder.dim, user_id, query_vector, parsed, num_candidates
+                )
                 if mode != "keyword"
                 else []
             )
-        if mode == "keyword":
-            ranked = keyword
-        elif mode == "dense":
-            ranked = dense
-        else:
-            fused = reciprocal_rank_fusion(
-                [r for r, _ in keyword],
-                [r for r, _ in dense],
-                self.config.rrf_k,
-                self.config.keyword_weight,
-                self.config.dense_weight,
-            )
-            ranked = [(h.rowid, h.score) for h in fused]
+        ranked = fuse_legs(mode, keyword, dense, self.config)
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
         ranked = ranked[:top_k]
         if not ranked:
             return []
-        marks = ",".join("?" * len(ranked))
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT m.rowid, {_COLUMNS} FROM memories m WHERE m.user_id = ? AND "
-                f"m.state = 'active' AND m.rowid IN ({marks})",
-                (user_id, *[r for r, _ in ranked]),
-            )
-            .fetchall()
-        )
-        by_rowid = {r[0]: _row_to_memory(r[1:]) for r in rows}
+        by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked])
         return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
-
-    @staticmethod
-    def _keyword_leg(
-        conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
-    ) -> list[tuple[int, float]]:
-        expression = fts_match_expression(user_id, query)
-        if expression is None:
-            return []
-        clause, params = filter_sql(filters)
-        rows = conn.execute(
-            "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
-            f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
-            "ORDER BY f.rank, f.rowid LIMIT ?",
-            (expression, user_id, *params, limit),
-        ).fetchall()
-        return [(r[0], float(r[1])) for r in rows]
-
-    def _dense_leg(
-        self,
-        conn: sqlite3.Connection,
-        user_id: str,
-        query_vector: np.ndarray,
-        filters: SearchFilters,
-        limit: int,
-    ) -> list[tuple[int, float]]:
-        row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
-        if row is None:
-            return []
-        vectors = self._vectors.get(user_id, row[0])
-        if vectors is None:
-            rows = conn.execute(
-                "SELECT v.rowid, v.vec FROM memory_vectors v JOIN memories m ON m.rowid = v.rowid "
-                "WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
-                (user_id,),
-            ).fetchall()
-            dim = self.embedder.dim
-            matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
-            vectors = UserVectors(
-                gen=row[0],
-                rowids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
-                matrix=matrix,
-            )
-            self._vectors.put(user_id, vectors)
-        allowed = None
-        if not filters.is_empty:
-            clause, params = filter_sql(filters)
-            allowed = np.fromiter(
-                (
-                    r[0]
-                    for r in conn.execute(
-                        f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.state = 'active'{clause}",
-                        (user_id, *params),
-                    )
-                ),
-                dtype=np.int64,
-            )
-        return top_k_by_dot(vectors, query_vector, limit, allowed)
 
     # ----------------------------------------------------------------- export and import
 
@@ -820,23 +410,7 @@ class MemoryStore:
         """Writes live memories (one user's, or all) as JSON lines with history and vectors; returns how many."""
         if user_id is not None:
             check_user_id(user_id)
-        if isinstance(fp_or_path, (str, os.PathLike)):
-            with open(fp_or_path, "w", encoding="utf-8") as fp:
-                return self.export_jsonl(fp, user_id)
-        where, params = (f"{_LIVE} AND m.user_id = ?", [user_id]) if user_id is not None else (_LIVE, [])
-        count = 0
-        with self._snapshot() as conn:
-            cursor = conn.execute(
-                f"SELECT m.rowid, {_COLUMNS}, v.vec FROM memories m LEFT JOIN memory_vectors v "
-                f"ON v.rowid = m.rowid WHERE {where} ORDER BY m.rowid",
-                params,
-            )
-            for row in cursor:
-                memory = _row_to_memory(row[1:14])
-                history = self._versions(conn, row[0]) if memory.version > 1 else []
-                fp_or_path.write(encode_line(memory, history, self.embedder.name, row[14]) + "\n")
-                count += 1
-        return count
+        return export_jsonl(self._db, self.embedder.name, fp_or_path, user_id)
 
     def import_jsonl(
         self, fp_or_path: str | os.PathLike | IO[str], progress: bool = False, on_conflict: str = "error"
@@ -846,93 +420,14 @@ class MemoryStore:
         Vectors of the same embedder are reused, others recomputed. An id already in the file is an
         InvalidMemoryInput (on_conflict='error') or left alone (on_conflict='skip').
         """
-        if on_conflict not in ("error", "skip"):
+        if on_conflict not in ON_CONFLICT:
             raise InvalidMemoryInput(f"on_conflict must be 'error' or 'skip', got {on_conflict!r}")
-        if isinstance(fp_or_path, (str, os.PathLike)):
-            with open(fp_or_path, encoding="utf-8") as fp:
-                return self.import_jsonl(fp, progress=progress, on_conflict=on_conflict)
-        from tqdm import tqdm
-
-        records: list[DumpRecord] = []
-        seen: set[str] = set()
-        lines = tqdm(fp_or_path, desc="read", unit=" lines", disable=not progress)
-        for line_no, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            record = decode_line(line, line_no)
-            if record.memory.id in seen:
-                raise InvalidMemoryInput(f"line {line_no}: id {record.memory.id!r} appears twice in the dump")
-            seen.add(record.memory.id)
-            records.append(record)
-        vectors = self._import_vectors(records, progress)
-        with self._write() as tx:
-            existing = set()
-            ids = [r.memory.id for r in records]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                existing.update(
-                    r[0]
-                    for r in tx.conn.execute(
-                        f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
-                    )
-                )
-            if existing and on_conflict == "error":
-                raise InvalidMemoryInput(
-                    f"{len(existing)} id(s) already in the store, e.g. {min(existing)!r}"
-                )
-            users: set[str] = set()
-            for record, vector in tqdm(
-                list(zip(records, vectors, strict=False)),
-                desc="import",
-                unit=" memories",
-                disable=not progress,
-            ):
-                memory = record.memory
-                if memory.id in existing:
-                    continue
-                rowid = self._insert(tx.conn, memory, vector.tobytes())
-                tx.conn.executemany(
-                    "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (rowid, v.version, v.text, _dumps(list(v.tags)), _dumps(v.metadata), v.updated_at)
-                        for v in record.history
-                    ],
-                )
-                users.add(memory.user_id)
-                tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))
-            for user in sorted(users):
-                self._bump_generation(tx.conn, user)
-            tx.after_commit.extend((lambda u=user: self._vectors.invalidate(u)) for user in users)
-        return len(tx.events)
-
-    def _import_vectors(self, records: list[DumpRecord], progress: bool) -> list[np.ndarray]:
-        """Each record's vector: its own if it came from this embedder, else embedded now in batches."""
-        from tqdm import tqdm
-
-        out: list[np.ndarray | None] = [
-            r.vector
-            if r.embedder_name == self.embedder.name
-            and r.vector is not None
-            and r.vector.shape == (self.embedder.dim,)
-            else None
-            for r in records
-        ]
-        todo = [i for i, v in enumerate(out) if v is None]
-        batch = self.config.embed_batch_size
-        for start in tqdm(
-            range(0, len(todo), batch), desc="embed", unit=" batches", disable=not progress or not todo
-        ):
-            chunk = todo[start : start + batch]
-            for i, vector in zip(
-                chunk, self.embedder.embed([records[i].memory.text for i in chunk]), strict=False
-            ):
-                out[i] = np.asarray(vector, dtype=np.float32)
-        return out  # type: ignore[return-value]
-
-
-def dumps_jsonl(store: MemoryStore, user_id: str | None = None) -> str:
-    """A dump as one string (small stores, tests)."""
-    buffer = io.StringIO()
-    store.export_jsonl(buffer, user_id)
-    return buffer.getvalue()
+        return import_jsonl(
+            self._db,
+            self.embedder,
+            self._vectors,
+            fp_or_path,
+            embed_batch_size=self.config.embed_batch_size,
+            progress=progress,
+            on_conflict=on_conflict,
+        )

@@ -1,0 +1,141 @@
+"""SQLite plumbing of the plaintext store: per-thread connections, write transactions, read snapshots.
+
+Owns the connections to one file, the lock that serializes writers, and the change-event subscribers that
+hear a write once it is committed (DESIGN invariant 5). Knows nothing of the tables beyond what callers
+execute, nor of search or embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvmem.text.config import TextStoreConfig
+from kvmem.text.errors import SubscriberError, TextStoreError
+from kvmem.text.records import ChangeEvent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Tx:
+    """An open write transaction; `after_commit` runs while the write lock is still held."""
+
+    conn: sqlite3.Connection
+    events: list[ChangeEvent] = field(default_factory=list)
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Database:
+    """One store file. Thread-safe: a connection per thread, since a transaction belongs to a connection
+    and threads must not share one; writes serialized by a lock."""
+
+    def __init__(self, path: Path, config: TextStoreConfig) -> None:
+        self.path = path
+        self._config = config
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._write_lock = threading.RLock()
+        self._subscribers: list[Callable[[ChangeEvent], None]] = []
+        self._subscribers_lock = threading.Lock()
+        self._closed = False
+
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use; TextStoreError once the store is closed."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        with self._conns_lock:
+            if self._closed:
+                raise TextStoreError(f"store {self.path} is closed")
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._config.busy_timeout_ms / 1000,
+            )
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self._config.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA busy_timeout = {self._config.busy_timeout_ms}")
+            self._conns.append(conn)
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        """One write transaction; on any exception it rolls back and nothing is written or emitted.
+
+        After COMMIT the `after_commit` hooks run under the write lock (so in-process caches change in
+        commit order), then subscribers hear `events` before the caller's `with` block is left.
+        """
+        conn = self.conn()
+        with self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            tx = Tx(conn)
+            try:
+                yield tx
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            for hook in tx.after_commit:
+                hook()
+        self._emit(tx.events)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every query inside sees the same committed state."""
+        conn = self.conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Closes every connection opened here; later calls to `conn` raise TextStoreError."""
+        with self._conns_lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    # ----------------------------------------------------------------- events
+
+    def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
+        """Calls `callback(event)` for every change, synchronously after commit; returns an unsubscribe."""
+        with self._subscribers_lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._subscribers_lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _emit(self, events: list[ChangeEvent]) -> None:
+        if not events:
+            return
+        with self._subscribers_lock:
+            subscribers = list(self._subscribers)
+        errors: list[BaseException] = []
+        for event in events:
+            for callback in subscribers:
+                try:
+                    callback(event)
+                except Exception as exc:  # every subscriber still hears every event; reported below
+                    logger.exception("change-event subscriber %r failed on %s", callback, event)
+                    errors.append(exc)
+        if errors:
+            raise SubscriberError(
+                f"{len(errors)} subscriber call(s) failed after the write was committed: {errors[0]!r}"
+            ) from errors[0]

@@ -1,0 +1,111 @@
+"""The store's side of embeddings: shape-checked vectors for texts, and which embedder made a file's vectors.
+
+Owns the one-text LRU (a chat turn is often searched, then stored), the `meta` rows 'embedder' and 'dim',
+and re-embedding a file opened with another embedder. The models themselves are embed.py's; knows nothing
+of search, locks or events.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from kvmem.text.embed import Embedder
+from kvmem.text.errors import EmbedderMismatch, TextStoreError
+from kvmem.text.rows import LIVE
+
+logger = logging.getLogger(__name__)
+
+_QUERY_CACHE_SIZE = 256
+
+
+class TextVectorCache:
+    """LRU of single texts' vectors, bounded in entries. Thread-safe."""
+
+    def __init__(self, max_entries: int = _QUERY_CACHE_SIZE) -> None:
+        self._max_entries = max_entries
+        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> np.ndarray | None:
+        with self._lock:
+            vector = self._entries.get(text)
+            if vector is not None:
+                self._entries.move_to_end(text)
+            return vector
+
+    def put(self, text: str, vector: np.ndarray) -> None:
+        with self._lock:
+            self._entries[text] = vector
+            if len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+
+def embed_texts(embedder: Embedder, texts: list[str], cache: TextVectorCache) -> np.ndarray:
+    """Vectors for texts, [n, dim] float32; TextStoreError if the embedder returns another shape.
+
+    Single texts go through `cache` (a turn is often searched, then stored); batches do not.
+    """
+    if len(texts) == 1:
+        cached = cache.get(texts[0])
+        if cached is not None:
+            return cached[None, :]
+    vectors = np.asarray(embedder.embed(list(texts)), dtype=np.float32)  # [n, dim]
+    if vectors.shape != (len(texts), embedder.dim):
+        raise TextStoreError(
+            f"embedder {embedder.name!r} returned shape {vectors.shape}, expected ({len(texts)}, {embedder.dim})"
+        )
+    if len(texts) == 1:
+        cache.put(texts[0], vectors[0])
+    return vectors
+
+
+def reconcile_embedder(
+    conn: sqlite3.Connection,
+    path: Path,
+    name: str,
+    dim: int,
+    embed: Callable[[list[str]], np.ndarray],
+    reembed_on_mismatch: bool,
+) -> None:
+    """Records embedder `name` (dim `dim`) in a new file, or checks it against the file's record.
+
+    Vectors of two embedders never mix: on a mismatch with vectors present this raises EmbedderMismatch,
+    unless `reembed_on_mismatch`, where every live memory is embedded again with `embed` and every user's
+    generation bumped (so no cached matrix of the old space survives). Runs in the caller's write
+    transaction.
+    """
+    rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')"))
+    if not rows:
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)", [("embedder", name), ("dim", str(dim))]
+        )
+        return
+    if rows.get("embedder") == name and rows.get("dim") == str(dim):
+        return
+    has_vectors = conn.execute("SELECT 1 FROM memory_vectors LIMIT 1").fetchone() is not None
+    if has_vectors and not reembed_on_mismatch:
+        raise EmbedderMismatch(
+            f"{path} holds vectors of embedder {rows.get('embedder')!r} (dim {rows.get('dim')}), "
+            f"opened with {name!r} (dim {dim}); open it with that embedder or pass "
+            "TextStoreConfig(reembed_on_mismatch=True) to re-embed every memory"
+        )
+    conn.executemany("UPDATE meta SET value = ? WHERE key = ?", [(name, "embedder"), (str(dim), "dim")])
+    if has_vectors:
+        logger.warning("re-embedding %s with %s", path, name)
+        rows_to_embed = conn.execute(
+            "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + LIVE
+        ).fetchall()
+        vectors = embed([r[2] for r in rows_to_embed])
+        conn.execute("DELETE FROM memory_vectors")
+        conn.executemany(
+            "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
+            [(r[0], r[1], v.tobytes()) for r, v in zip(rows_to_embed, vectors, strict=False)],
+        )
+        conn.execute("UPDATE user_generation SET gen = gen + 1")

@@ -1,0 +1,236 @@
+"""How a Memory maps onto the store's tables, and the multi-table statements that keep them in step.
+
+Owns the column list, row -> Memory, and the writes that must touch `memories`, `memories_fts`,
+`memory_vectors`, `memory_versions` and `user_generation` together. Every function runs on a connection
+its caller holds inside a transaction; knows nothing of locks, events, caches or validation.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kvmem.text.records import Memory, MemoryVersion
+from kvmem.text.search import owner_token
+
+# The memories columns in Memory's field order, over the table aliased `m`.
+COLUMNS = (
+    "m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
+    "m.updated_at, m.tags, m.metadata, m.state, m.version"
+)
+# Deleted memories keep a tombstone row (see `tombstone`); every read of live memories adds this condition.
+LIVE = "m.state != 'deleted'"
+_ID_CHUNK = 500  # ids per `IN (...)`, well under SQLite's default limit of bound parameters
+
+
+def row_to_memory(row: tuple) -> Memory:
+    """A Memory from the 13 values of COLUMNS, in order."""
+    return Memory(
+        id=row[0],
+        user_id=row[1],
+        session_id=row[2],
+        agent_id=row[3],
+        role=row[4],
+        text=row[5],
+        created_at=row[6],
+        chat_time=row[7],
+        updated_at=row[8],
+        tags=tuple(json.loads(row[9])),
+        metadata=json.loads(row[10]),
+        state=row[11],
+        version=row[12],
+    )
+
+
+class StoredMemory(NamedTuple):
+    """A memory with its rowid, the key of its FTS, vector and history rows."""
+
+    rowid: int
+    memory: Memory
+
+
+def find_live(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
+    """The live memory `memory_id` of `user_id`, or None if absent, deleted or another user's."""
+    row = conn.execute(
+        f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
+        (memory_id, user_id),
+    ).fetchone()
+    return None if row is None else StoredMemory(row[0], row_to_memory(row[1:]))
+
+
+def to_json(value: Any) -> str:
+    """Tags and metadata as stored: compact JSON, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None) -> int:
+    """Inserts the memory with its FTS row (tagged with the owner token) and its vector; returns its rowid."""
+    rowid = conn.execute(
+        "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
+        "updated_at, tags, metadata, state, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            memory.id,
+            memory.user_id,
+            memory.session_id,
+            memory.agent_id,
+            memory.role,
+            memory.text,
+            memory.created_at,
+            memory.chat_time,
+            memory.updated_at,
+            to_json(list(memory.tags)),
+            to_json(memory.metadata),
+            memory.state,
+            memory.version,
+        ),
+    ).lastrowid
+    conn.execute(
+        "INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
+        (rowid, memory.text, owner_token(memory.user_id)),
+    )
+    if vector is not None:
+        conn.execute(
+            "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
+            (rowid, memory.user_id, vector),
+        )
+    return rowid
+
+
+def insert_history(conn: sqlite3.Connection, rowid: int, history: Iterable[MemoryVersion]) -> None:
+    """Stores previous versions of the memory at `rowid` (a dump's history, loaded as it was)."""
+    conn.executemany(
+        "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (rowid, v.version, v.text, to_json(list(v.tags)), to_json(v.metadata), v.updated_at)
+            for v in history
+        ],
+    )
+
+
+def read_versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
+    """Previous versions of the memory at `rowid`, oldest first."""
+    rows = conn.execute(
+        "SELECT version, text, tags, metadata, updated_at FROM memory_versions "
+        "WHERE memory_rowid = ? ORDER BY version",
+        (rowid,),
+    ).fetchall()
+    return [
+        MemoryVersion(
+            version=r[0],
+            text=r[1],
+            tags=tuple(json.loads(r[2])),
+            metadata=json.loads(r[3]),
+            updated_at=r[4],
+        )
+        for r in rows
+    ]
+
+
+def write_version(
+    conn: sqlite3.Connection, rowid: int, old: Memory, new: Memory, vector: np.ndarray | None
+) -> None:
+    """Moves `old`'s text, tags and metadata to history and writes `new` over the row; when the text
+    changed, the FTS row and the vector (`vector`, the new text's) follow."""
+    conn.execute(
+        "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (rowid, old.version, old.text, to_json(list(old.tags)), to_json(old.metadata), old.updated_at),
+    )
+    conn.execute(
+        "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ? "
+        "WHERE rowid = ?",
+        (
+            new.text,
+            to_json(list(new.tags)),
+            to_json(new.metadata),
+            new.state,
+            new.version,
+            new.updated_at,
+            rowid,
+        ),
+    )
+    if new.text != old.text:
+        assert vector is not None, "a new text needs its vector"
+        conn.execute("UPDATE memories_fts SET text = ? WHERE rowid = ?", (new.text, rowid))
+        conn.execute("UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid))
+
+
+def live_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any]) -> list[str]:
+    """Ids of this user's live memories matching `where` (a condition over `m`)."""
+    return [
+        r[0]
+        for r in conn.execute(
+            f"SELECT m.id FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where}", [user_id, *params]
+        )
+    ]
+
+
+def tombstone(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any], updated_at: str) -> None:
+    """Turns this user's live memories matching `where` into tombstones: state 'deleted', text, tags,
+    metadata, history, FTS rows and vectors erased, version bumped."""
+    selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where}"
+    args = [user_id, *params]
+    for table, column in (
+        ("memory_versions", "memory_rowid"),
+        ("memories_fts", "rowid"),
+        ("memory_vectors", "rowid"),
+    ):
+        conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
+    conn.execute(
+        f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', "
+        f"version = version + 1, updated_at = ? WHERE rowid IN ({selection})",
+        [updated_at, *args],
+    )
+
+
+def existing_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
+    """Which of these ids the file already holds, in any state and for any user (ids are global)."""
+    found: set[str] = set()
+    for start in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[start : start + _ID_CHUNK]
+        found.update(
+            r[0]
+            for r in conn.execute(
+                f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+        )
+    return found
+
+
+def live_by_ids(conn: sqlite3.Connection, user_id: str, ids: list[str]) -> dict[str, Memory]:
+    """This user's live memories among these (distinct) ids, by id."""
+    found: dict[str, Memory] = {}
+    for start in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[start : start + _ID_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(
+            f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND {LIVE} AND m.id IN ({marks})",
+            (user_id, *chunk),
+        ):
+            found[row[0]] = row_to_memory(row)
+    return found
+
+
+def active_by_rowids(conn: sqlite3.Connection, user_id: str, rowids: list[int]) -> dict[int, Memory]:
+    """This user's active memories among these rowids (search hits), by rowid."""
+    marks = ",".join("?" * len(rowids))
+    rows = conn.execute(
+        f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.user_id = ? AND "
+        f"m.state = 'active' AND m.rowid IN ({marks})",
+        (user_id, *rowids),
+    ).fetchall()
+    return {r[0]: row_to_memory(r[1:]) for r in rows}
+
+
+def bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
+    """Advances this user's generation, which retires every cached vector matrix of theirs; returns it."""
+    return conn.execute(
+        "INSERT INTO user_generation (user_id, gen) VALUES (?, 1) "
+        "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
+        (user_id,),
+    ).fetchone()[0]
