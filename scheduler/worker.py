@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -98,6 +98,9 @@ class Worker:
         self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
+        self._token_counts: dict[
+            str, dict[str, tuple[int, int]]
+        ] = {}  # user -> memory id -> (version, tokens)
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
 
@@ -179,6 +182,20 @@ class Worker:
                 return out
             page += 1
 
+    def _memory_tokens(self, user_id: str, memories: Iterable[Any]) -> dict[str, int]:
+        """Token count of each memory, counted once per (id, version): an access event refreshes the user's
+        block while the next request's forward runs, and re-tokenizing every memory then held the GIL for
+        ~40 ms at 500 memories. Keeps only the user's live memories."""
+        known = self._token_counts.get(user_id, {})
+        fresh = {}
+        for m in memories:
+            hit = known.get(m.id)
+            fresh[m.id] = (
+                hit if hit is not None and hit[0] == m.version else (m.version, self.count_tokens(m.text))
+            )
+        self._token_counts[user_id] = fresh
+        return {mid: n for mid, (_, n) in fresh.items()}
+
     def refresh(self, user_id: str) -> Plan:
         """Recompute the user's block; build it if it changed; publish unless a store change raced us."""
         if not self.builder.ready():
@@ -193,11 +210,10 @@ class Worker:
             if mid not in stats:
                 self.heat.seen(user_id, mid, _ts(m.created_at))
         stats = self.heat.stats(user_id)
+        counts = self._memory_tokens(user_id, memories.values())
         candidates = [
-            Candidate(
-                mid, self.policy.score(stats[mid], now, self.config.half_life_s), self.count_tokens(m.text)
-            )
-            for mid, m in memories.items()
+            Candidate(mid, self.policy.score(stats[mid], now, self.config.half_life_s), counts[mid])
+            for mid in memories
         ]
         self.distill[user_id] = distill_candidates(
             stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s

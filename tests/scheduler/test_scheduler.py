@@ -167,6 +167,32 @@ def test_update_or_delete_stops_serving_before_the_store_call_returns(env):
     assert builder.builds[-1] == ("alice", (a,))
 
 
+def test_each_memory_version_is_counted_once(env):
+    # access events refresh the block while the next request's forward runs: no re-tokenizing per event
+    clock, store, builder, _ = env
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return len(text.split())
+
+    sched = Scheduler(SchedulerConfig(user_block_tokens=5), store, builder, count, clock=clock)
+    sched._unsubscribe = store.subscribe(sched.on_change)
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.run_pending()
+    assert sorted(counted) == ["cat named Miso", "lives in Lisbon"]
+    for _ in range(3):
+        sched.record_access(AccessEvent("alice", (a, b), (b,), clock.t))
+        sched.run_pending()
+    assert len(counted) == 2
+    store.update("alice", a, text="dog")  # a new version is counted again, and its new size lets both fit
+    sched.run_pending()
+    assert counted[2:] == ["dog"] and set(sched.get("alice").block.memory_ids) == {a, b}
+    store.delete("alice", b)
+    sched.run_pending()
+    assert len(counted) == 3 and sched.worker._token_counts["alice"] == {a: (2, 1)}
+
+
 def test_memory_deleted_during_a_rebuild_is_never_published(env):
     clock, store, builder, make = env
     sched = make()
