@@ -182,18 +182,30 @@ def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, cl
     )
 
 
-def server_ttft_totals(base: str) -> tuple[float, int] | None:
-    """(sum of seconds, count) of the server's `kvmem_ttft_seconds` histogram, or None if it has none."""
+def server_totals(base: str) -> dict[str, tuple[float, int]]:
+    """(sum of seconds, count) of the server's histograms by name ("ttft": arrival -> first token; "prefill":
+    the backend's inject + prefill share of it); {} for a server without them."""
     try:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:  # noqa: S310 - loopback only
             text = r.read().decode()
     except OSError:
-        return None
+        return {}
     found: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("kvmem_ttft_seconds_sum", "kvmem_ttft_seconds_count"):
+        if name.startswith(("kvmem_ttft_seconds_", "kvmem_prefill_seconds_")):
             found[name] = float(value)
-    if len(found) != 2:
-        return None
-    return found["kvmem_ttft_seconds_sum"], int(found["kvmem_ttft_seconds_count"])
+    return {
+        key: (found[f"kvmem_{key}_seconds_sum"], int(found[f"kvmem_{key}_seconds_count"]))
+        for key in ("ttft", "prefill")
+        if f"kvmem_{key}_seconds_sum" in found and f"kvmem_{key}_seconds_count" in found
+    }
+
+
+def server_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean seconds per histogram over the requests between two server_totals snapshots."""
+    return {
+        key: (after[key][0] - before[key][0]) / (after[key][1] - before[key][1])
+        for key in after
+        if key in before and after[key][1] > before[key][1]
+    }

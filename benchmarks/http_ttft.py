@@ -30,7 +30,8 @@ from benchmarks.http_client import (
     memory_texts,
     one_request,
     seed,
-    server_ttft_totals,
+    server_means,
+    server_totals,
     spawned_server,
     texts_digest,
     wait_for_block,
@@ -52,6 +53,7 @@ class ArmResult:
     memories_sha256: str = ""  # of the memory texts seeded for the arm's user ("" for none)
     memory_tiers: dict | None = None  # tier -> memories the server reported using (last reply)
     server_ttft_mean_s: float | None = None  # the server's own TTFT (arrival -> first token), /metrics
+    server_prefill_mean_s: float | None = None  # the backend's share of it: inject + prefill, /metrics
 
 
 def run_arm(
@@ -59,7 +61,7 @@ def run_arm(
 ) -> ArmResult:
     """`concurrency` clients, each sending `per_client` requests in turn. The server-side mean TTFT is the
     /metrics delta over the arm (exact while nothing else talks to the server)."""
-    before = server_ttft_totals(base)
+    before = server_totals(base)
     ttfts: list[float] = []
     info: list[tuple[int, int, tuple]] = []
     errors = [0]
@@ -81,10 +83,7 @@ def run_arm(
         t.start()
     for t in threads:
         t.join()
-    after = server_ttft_totals(base)
-    server_mean = None
-    if before is not None and after is not None and after[1] > before[1]:
-        server_mean = (after[0] - before[0]) / (after[1] - before[1])
+    means = server_means(before, server_totals(base))
     cached, prompt, used = info[-1] if info else (0, 0, ())
     tiers: dict[str, int] = {}
     for _, tier in used:
@@ -102,7 +101,8 @@ def run_arm(
         QUERY,
         texts_digest(texts),
         tiers,
-        server_mean,
+        means.get("ttft"),
+        means.get("prefill"),
     )
 
 
@@ -133,19 +133,34 @@ def paired_in_process(
     client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
     http_s: list[float] = []
     local_s: list[float] = []
+    server_s: list[dict[str, float]] = []  # this request's server TTFT and backend prefill
     prompt_tokens = 0
     with tempfile.TemporaryDirectory() as tmp:
         store = TieredKVStore(KVStoreConfig(directory=tmp), handle.fingerprint)
         item = build_item(handle, layout.block_ids(texts), user_id=user)
         store.put(item, persist=False)
         for k in range(warmup + pairs):
+            before = server_totals(base)
             reply = one_request(base, user, max_tokens, client=client)
+            server = server_means(before, server_totals(base))
             local = first_token_s(handle.model, ids, item, store, "cpu")
             prompt_tokens = reply.prompt_tokens
             if k >= warmup:
                 http_s.append(reply.ttft_s)
                 local_s.append(local)
+                server_s.append(server)
     diffs_ms = [1000 * (a - b) for a, b in zip(http_s, local_s, strict=True)]
+    split = {}
+    if all("ttft" in s and "prefill" in s for s in server_s):
+        # where the difference goes, median of each pair's parts: HTTP + client, the server's own steps
+        # before the backend (queueing, plan, search, layout), and its prefill against the in-process one
+        split = {
+            "http_client_ms": median([1000 * (h - s["ttft"]) for h, s in zip(http_s, server_s, strict=True)]),
+            "server_before_backend_ms": median([1000 * (s["ttft"] - s["prefill"]) for s in server_s]),
+            "prefill_minus_inprocess_ms": median(
+                [1000 * (s["prefill"] - lo) for s, lo in zip(server_s, local_s, strict=True)]
+            ),
+        }
     return {
         "prompt_tokens": len(ids),
         "block_tokens": item.num_tokens,
@@ -155,6 +170,7 @@ def paired_in_process(
         "kv_ttft_p90_s": p90(local_s),
         "http_minus_inprocess_ms": median(diffs_ms),  # median of the paired differences
         "within_15ms": abs(median(diffs_ms)) <= 15.0,
+        **split,
         "same_prompt_tokens": len(ids) == prompt_tokens,
     }
 

@@ -274,6 +274,8 @@ class ChatService:
         self._metrics.observe_generation(
             result.prompt_tokens, result.cached_tokens, result.kv_fallback_reason
         )
+        if result.ttft_s > 0:  # 0: nothing was generated
+            self._metrics.observe_prefill(result.ttft_s)
         self._metrics.observe_tiers([u["tier"] for u in prepared.memory_dict(result)["used"]])
         event = AccessEvent(
             user_id=prepared.request.user_id,

@@ -1,7 +1,7 @@
 """Server metrics, rendered by hand in the Prometheus text exposition format (version 0.0.4).
 
-Counts requests by route and status, TTFT through HTTP, prompt/cached tokens, memory tier hits, KV fallbacks
-and the number of chat requests in flight. Thread-safe; knows nothing of what it measures.
+Counts requests by route and status, TTFT through HTTP and the backend's share of it (inject + prefill),
+prompt/cached tokens, memory tier hits, KV fallbacks and the number of chat requests in flight. Thread-safe; knows nothing of what it measures.
 """
 
 from __future__ import annotations
@@ -18,12 +18,40 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+class _Histogram:
+    """Seconds in TTFT_BUCKETS_S; the caller holds the lock."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help_text = name, help_text
+        self.counts = [0] * (len(TTFT_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(TTFT_BUCKETS_S, seconds)] += 1
+        self.sum_s += seconds
+
+    def lines(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        cumulative = 0
+        for bound, n in zip((*TTFT_BUCKETS_S, float("inf")), self.counts, strict=True):
+            cumulative += n
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            out.append(f'{self.name}_bucket{{le="{le}"}} {cumulative}')
+        return [*out, f"{self.name}_sum {self.sum_s!r}", f"{self.name}_count {cumulative}"]
+
+
 class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str, int], int] = defaultdict(int)
-        self._ttft_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
-        self._ttft_sum_s = 0.0
+        self._ttft = _Histogram(
+            "kvmem_ttft_seconds", "Time from request arrival to the first generated token, via HTTP."
+        )
+        self._prefill = _Histogram(
+            "kvmem_prefill_seconds",
+            "Inside the backend: KV injection and prefill up to the first token (TTFT minus it is the server's "
+            "own share: queueing, search, layout).",
+        )
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._tier_hits: dict[str, int] = defaultdict(int)
@@ -36,8 +64,11 @@ class Metrics:
 
     def observe_ttft(self, seconds: float) -> None:
         with self._lock:
-            self._ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, seconds)] += 1
-            self._ttft_sum_s += seconds
+            self._ttft.observe(seconds)
+
+    def observe_prefill(self, seconds: float) -> None:
+        with self._lock:
+            self._prefill.observe(seconds)
 
     def observe_generation(self, prompt_tokens: int, cached_tokens: int, fallback_reason: str | None) -> None:
         with self._lock:
@@ -66,17 +97,7 @@ class Metrics:
                     f'kvmem_requests_total{{method="{_label(method)}",route="{_label(route)}",'
                     f'status="{status}"}} {n}'
                 )
-            lines += [
-                "# HELP kvmem_ttft_seconds Time from request arrival to the first generated token, via HTTP.",
-                "# TYPE kvmem_ttft_seconds histogram",
-            ]
-            cumulative = 0
-            for bound, n in zip((*TTFT_BUCKETS_S, float("inf")), self._ttft_counts, strict=True):
-                cumulative += n
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                lines.append(f'kvmem_ttft_seconds_bucket{{le="{le}"}} {cumulative}')
-            lines.append(f"kvmem_ttft_seconds_sum {self._ttft_sum_s!r}")
-            lines.append(f"kvmem_ttft_seconds_count {cumulative}")
+            lines += self._ttft.lines() + self._prefill.lines()
             ratio = self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             lines += [
                 "# HELP kvmem_prompt_tokens_total Prompt tokens of completed generations.",

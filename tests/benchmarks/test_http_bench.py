@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import http_load, http_ttft
 
 
@@ -22,6 +24,7 @@ def test_http_ttft_arms(tmp_path, capsys):
         # --quick: max(1, 4 // c) requests per client, so at least 4 samples at every level
         assert kv["num_requests"] == text["num_requests"] == none["num_requests"] == c * max(1, 4 // c)
         assert all(isinstance(arm["server_ttft_mean_s"], float) for arm in (kv, text, none))
+        assert all(0 < arm["server_prefill_mean_s"] <= arm["server_ttft_mean_s"] for arm in (kv, text, none))
         assert kv["cached_tokens"] > 0 and text["cached_tokens"] == 0 and none["cached_tokens"] == 0
         # same memories and query: the text prompt holds them all, so it is at least as long as the block
         assert text["prompt_tokens"] >= kv["cached_tokens"] and none["prompt_tokens"] < kv["cached_tokens"]
@@ -36,7 +39,6 @@ def test_http_ttft_arms(tmp_path, capsys):
 
 
 def test_http_ttft_rejects_text_url_alone(tmp_path):
-    import pytest
 
     with pytest.raises(SystemExit) as exc:
         http_ttft.main(["--text-base-url", "http://127.0.0.1:1", "--out", str(tmp_path / "x.json")])
@@ -61,3 +63,17 @@ def test_http_load_runs_without_errors(tmp_path):
     )
     load = result["load"]
     assert load["num_errors"] == 0 and load["completed"] > 0 and load["output_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_http_ttft_in_process_baseline_splits_the_difference(default_model_dir, tmp_path):
+    # the real model behind the server: the in-process prompt is the server's, and the HTTP - in-process
+    # difference is split into its three parts (each a median over the same pairs)
+    args = ["--spawn", "--memories", "2", "--words", "20", "--levels", "1", "--pairs", "2"]
+    result = http_ttft.main([*args, "--requests", "1", "--out", str(tmp_path / "h.json")])
+    inproc = result["summary"]["in_process"]
+    assert inproc["same_prompt_tokens"] is True and inproc["pairs"] == 2
+    assert inproc["block_tokens"] == result["summary"]["block_tokens"] > 0
+    parts = ("http_client_ms", "server_before_backend_ms", "prefill_minus_inprocess_ms")
+    assert all(isinstance(inproc[p], float) for p in parts)
+    assert inproc["http_client_ms"] > 0 and inproc["server_before_backend_ms"] > 0

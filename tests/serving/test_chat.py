@@ -241,6 +241,13 @@ def test_metrics_text(stack: Stack, client: TestClient) -> None:
     assert 'kvmem_requests_total{method="POST",route="/v1/chat/completions",status="404"} 1' in text
     assert 'kvmem_ttft_seconds_bucket{le="+Inf"} 1' in text
     assert "kvmem_ttft_seconds_count 1" in text
+    assert 'kvmem_prefill_seconds_bucket{le="+Inf"} 1' in text and "kvmem_prefill_seconds_count 1" in text
+    sums = dict(
+        line.split(" ")
+        for line in text.splitlines()
+        if line.startswith(("kvmem_ttft_seconds_sum", "kvmem_prefill_seconds_sum"))
+    )
+    assert 0 < float(sums["kvmem_prefill_seconds_sum"]) <= float(sums["kvmem_ttft_seconds_sum"])
     assert "kvmem_queue_depth 0" in text
     assert "kvmem_cached_token_ratio 0.0" in text
     assert client.get("/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
