@@ -1,8 +1,9 @@
 """The transformers backend: the embedded default engine (CPU-capable), with KV-item injection.
 
-Owns the model, the tiered KV store and the generation threads. Requests run in worker threads and take a
-lock per forward step, so a new request's prefill waits for one decode step, not for whole generations.
-A bounded admission count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
+Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator of
+steps that the one model thread advances a token at a time, round-robin, with block builds in between, so a
+new request's prefill waits for one decode step, not for whole generations. A bounded admission count gives
+429s; a missing, corrupt or mismatched KV item means full prefill.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+from serving.backends.model_loop import ModelLoop
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,14 @@ class TransformersBackendConfig:
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     data_dir: str = ".kvmem"
     max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
-    max_workers: int = 8  # generation threads; forward steps are serialized by a lock
     device_kv_bytes: int | None = 2 << 30
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TransformersBackendConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 1:
+            raise ValueError(f"TransformersBackendConfig.max_queue must be >= 1, got {self.max_queue}")
 
 
 class _Detokenizer:
@@ -84,12 +83,9 @@ class TransformersBackend(Backend):
         self.max_context_tokens = 0
         self._ready = threading.Event()
         self._load_lock = threading.Lock()
-        self._step_lock = threading.Lock()
         self._admitted = 0
         self._admit_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.config.max_workers, thread_name_prefix="kvmem-gen"
-        )
+        self._loop = ModelLoop()
         self.handle = self.layout = self.store = self.builder = None
         self._eos: frozenset[int] = frozenset()
 
@@ -133,7 +129,7 @@ class TransformersBackend(Backend):
             raise NotReady("the model is still loading")
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._loop.close()
 
     # -- layout and blocks -----------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -160,10 +156,8 @@ class TransformersBackend(Backend):
     ) -> BlockInfo:
         self._require_ready()
         try:
-            with self._step_lock:
-                built = self.builder.build(
-                    user_id, list(block_texts), None if memory_ids is None else list(memory_ids)
-                )
+            ids = None if memory_ids is None else list(memory_ids)
+            built = self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
         return BlockInfo(
@@ -213,11 +207,16 @@ class TransformersBackend(Backend):
             return None, "item belongs to another user"
         return item, None
 
-    def _run(self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event) -> None:
-        """Worker thread: generate and emit TokenDelta / GenerationResult / BaseException."""
+    def _steps(
+        self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
+    ) -> Iterator[None]:
+        """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
+        BaseException. Releases the request's admission when done, however it ends."""
         from kvmem.kv import GenerationStats, Sampling, generate
 
         try:
+            if cancel.is_set():  # the client left while the request waited for its first turn
+                return
             item, fallback = self._resolve_item(req)
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
@@ -229,9 +228,8 @@ class TransformersBackend(Backend):
             detok = _Detokenizer(self.handle.tokenizer)
             stops = _StopMatcher(sp.stop)
             finish = None
-            model = _LockedModel(self.handle.model, self._step_lock)
             for token in generate(
-                model,
+                self.handle.model,
                 req.prompt.ids,
                 item=item,
                 sampling=sampling,
@@ -248,6 +246,7 @@ class TransformersBackend(Backend):
                 if hit:
                     finish = "stop"
                     break
+                yield  # the next request's turn
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
@@ -264,8 +263,12 @@ class TransformersBackend(Backend):
                     kv_fallback_reason=fallback,
                 )
             )
+        except GeneratorExit:  # the model loop closed
+            raise
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
             emit(exc)
+        finally:
+            self._release()
 
     async def stream(
         self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
@@ -280,7 +283,11 @@ class TransformersBackend(Backend):
             loop.call_soon_threadsafe(queue.put_nowait, obj)
 
         started = time.perf_counter()
-        future = self._executor.submit(self._run, req, emit, cancel)
+        try:
+            self._loop.start(self._steps(req, emit, cancel))
+        except BaseException:
+            self._release()
+            raise
         try:
             while True:
                 try:
@@ -300,7 +307,6 @@ class TransformersBackend(Backend):
                     return
         finally:
             cancel.set()
-            future.add_done_callback(lambda _f: self._release())
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
 
 
@@ -331,20 +337,3 @@ class _StopMatcher:
     def flush(self) -> str:
         out, self.pending = self.pending, ""
         return out
-
-
-class _LockedModel:
-    """Serializes forward passes across request threads; everything else passes through."""
-
-    def __init__(self, model, lock: threading.Lock):
-        self._model, self._lock = model, lock
-
-    def __call__(self, *args, **kwargs):
-        with self._lock:
-            return self._model(*args, **kwargs)
-
-    def parameters(self):
-        return self._model.parameters()
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)

@@ -1,8 +1,16 @@
-"""Pieces of the transformers backend that need no model: stop strings across token boundaries."""
+"""The transformers backend: stop strings across token boundaries (no model), and on a tiny random llama,
+concurrent requests taking turns on the one model thread with the same greedy tokens as alone."""
 
 from __future__ import annotations
 
-from serving.backends.transformers_backend import _StopMatcher
+import asyncio
+import threading
+import time
+
+import pytest
+
+from serving.backends.base import GenerationRequest, GenerationResult, SamplingParams, TokenDelta
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig, _StopMatcher
 
 
 def run(stops, deltas):
@@ -33,3 +41,78 @@ def test_held_back_prefix_is_released_when_it_does_not_become_a_stop():
 def test_earliest_of_several_stops_wins_and_no_stops_passes_through():
     assert run(["b", "a"], ["xxab"])[:2] == ("xx", True)
     assert run([], ["a", "b"])[:2] == ("ab", False)
+
+
+# -- the backend on a tiny random llama: requests interleaved on the model thread -----------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tmp_path_factory, tiny_handle):
+    model_dir = tmp_path_factory.mktemp("tiny-model")
+    tiny_handle.model.save_pretrained(model_dir)
+    tiny_handle.tokenizer.save_pretrained(model_dir)
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path_factory.mktemp("data")))
+    )
+    backend.load()
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
+    ids, result = [], None
+    async for item in backend.stream(req):
+        if isinstance(item, TokenDelta):
+            ids.extend(item.token_ids)
+        else:
+            result = item
+    return ids, result
+
+
+def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they_get_alone(tiny_backend):
+    backend = tiny_backend
+    block = backend.build_block("u", ["I live in Lisbon.", "My dog is called Miso."], ["m1", "m2"])
+    questions = ["Where do I live?", "What is my dog called and what does he like to eat?", "Hi"]
+    requests = []
+    for i, question in enumerate(questions):
+        with_block = i != 1
+        prompt = backend.layout_prompt(
+            ["I live in Lisbon.", "My dog is called Miso."] if with_block else [],
+            [],
+            [{"role": "user", "content": question}],
+            block.token_ids if with_block else None,
+        )
+        requests.append(
+            GenerationRequest(
+                f"r{i}",
+                "u",
+                prompt,
+                block.item_id if with_block else None,
+                SamplingParams(max_new_tokens=8, temperature=0.0),
+            )
+        )
+    alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    calls: list[tuple[int, threading.Thread]] = []  # (input length, thread) of every forward
+    hook = backend.handle.model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append((kw["input_ids"].shape[1], threading.current_thread())),
+        with_kwargs=True,
+    )
+    try:
+
+        async def together():
+            return await asyncio.gather(*(tokens_of(backend, r) for r in requests))
+
+        both = asyncio.run(together())
+    finally:
+        hook.remove()
+    assert [ids for ids, _ in both] == [ids for ids, _ in alone] and all(len(ids) == 8 for ids, _ in alone)
+    assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
+    assert {thread for _, thread in calls} == {backend._loop.thread}
+    prefills = [k for k, (n, _) in enumerate(calls) if n > 1]
+    assert len(prefills) == 3 and prefills[-1] < len(calls) - 8  # the last prefill came before most decodes
+    deadline = (
+        time.monotonic() + 5
+    )  # each request's admission is released on the model thread, after its result
+    while backend.queue_depth and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert backend.queue_depth == 0
