@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import os
+import sqlite3
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +19,7 @@ from kvmem.text.db import Database
 from kvmem.text.dump import DumpRecord, decode_line, encode_line
 from kvmem.text.embed import Embedder
 from kvmem.text.errors import InvalidMemoryInput
-from kvmem.text.records import ChangeEvent
+from kvmem.text.records import ChangeEvent, Memory
 from kvmem.text.rows import (
     COLUMNS,
     LIVE,
@@ -68,8 +70,10 @@ def import_jsonl(
     embed_batch_size: int,
     progress: bool = False,
     on_conflict: str = "error",
+    insert: Callable[[sqlite3.Connection, Memory, bytes], int] = insert_memory,
 ) -> int:
-    """Loads a dump in one transaction (all or nothing); returns how many memories were added.
+    """Loads a dump in one transaction (all or nothing); returns how many memories were added. Rows go
+    through `insert` (the store's, so a failing insert can be tested the same way for add and import).
 
     Every line is decoded and every missing vector computed before the write lock is taken, so embedding a
     large dump does not hold up other writers. An id already in the file is an InvalidMemoryInput
@@ -86,6 +90,7 @@ def import_jsonl(
                 embed_batch_size=embed_batch_size,
                 progress=progress,
                 on_conflict=on_conflict,
+                insert=insert,
             )
     from tqdm import tqdm
 
@@ -115,7 +120,7 @@ def import_jsonl(
             memory = record.memory
             if memory.id in existing:
                 continue
-            rowid = insert_memory(tx.conn, memory, vector.tobytes())
+            rowid = insert(tx.conn, memory, vector.tobytes())
             insert_history(tx.conn, rowid, record.history)
             users.add(memory.user_id)
             tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))

@@ -180,7 +180,7 @@ class MemoryStore:
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
 
-    # add's insert path (rows.insert_memory); a class attribute, so tests can make it fail mid-batch.
+    # add's and import's insert path (rows.insert_memory); a class attribute, so tests can make it fail mid-batch.
     _insert = staticmethod(insert_memory)
 
     # ----------------------------------------------------------------- read one
@@ -430,4 +430,5 @@ class MemoryStore:
             embed_batch_size=self.config.embed_batch_size,
             progress=progress,
             on_conflict=on_conflict,
+            insert=self._insert,
         )

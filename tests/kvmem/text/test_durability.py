@@ -37,6 +37,32 @@ def test_failure_mid_batch_writes_nothing(store, monkeypatch):
     assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone()[0] == 1
 
 
+def test_failure_mid_import_writes_nothing(store, tmp_path, monkeypatch):
+    store.add("alice", texts=["a", "b", "c"])
+    dump = tmp_path / "dump.jsonl"
+    assert store.export_jsonl(dump) == 3
+    other = MemoryStore(tmp_path / "other.sqlite", embedder=HashEmbedder())
+    other.add("bob", "before")
+    real_insert = MemoryStore._insert
+    calls = []
+
+    def flaky(conn, memory, vector):
+        calls.append(memory.text)
+        if len(calls) == 2:
+            raise OSError("disk went away")
+        return real_insert(conn, memory, vector)
+
+    monkeypatch.setattr(MemoryStore, "_insert", staticmethod(flaky))
+    with pytest.raises(OSError, match="disk went away"):
+        other.import_jsonl(dump)
+    monkeypatch.undo()
+    assert len(calls) == 2 and other.list("alice").items == []
+    assert [m.text for m in other.list("bob").items] == ["before"]
+    assert other._conn().execute("SELECT count(*) FROM memory_vectors").fetchone()[0] == 1
+    assert other.import_jsonl(dump) == 3  # and the same dump loads once the disk is back
+    other.close()
+
+
 _CHILD = """
 import os, signal, sys
 from kvmem.text import HashEmbedder, MemoryStore
