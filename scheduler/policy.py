@@ -80,7 +80,13 @@ class BlockDecision:
 
     memory_ids: tuple[str, ...]
     action: str
-    value: float  # summed score of the chosen memories
+    value: float  # tokens the chosen memories are expected to serve: sum of score x num_tokens
+
+
+def _value(chosen: Sequence[Candidate]) -> float:
+    """What a block is worth: a memory served from KV saves its tokens on every hit, so its score counts once
+    per token (a hot 100-token memory is worth more than an equally hot 10-token one)."""
+    return sum(c.score * c.num_tokens for c in chosen)
 
 
 def _fill(order: Sequence[Candidate], start: Sequence[Candidate], cap_tokens: int) -> list[Candidate]:
@@ -103,8 +109,9 @@ def choose_block(
     everything after the part that is kept, so: new hot memories are appended when they fit (the stored block
     stays a valid prefix: "append"); otherwise the block is cut after its longest prefix of still-ideal
     memories and refilled in heat order ("truncate", or "rebuild" when nothing is kept) -- but only when that
-    is worth more than `hysteresis` times the appended block, so plans do not thrash. A current block holding
-    a memory that is no longer a candidate (deleted) is cut before it.
+    is worth more than `hysteresis` times the appended block (worth: expected tokens served, `_value`), so
+    plans do not thrash. A current block holding a memory that is no longer a candidate (deleted) is cut
+    before it.
     """
     by_id = {c.memory_id: c for c in candidates}
     order = sorted(candidates, key=lambda c: (-c.score, c.memory_id))
@@ -116,14 +123,14 @@ def choose_block(
     kept = [by_id[m] for m in current[:valid]]
     if valid == len(current) and current and sum(c.num_tokens for c in kept) <= cap_tokens:
         appended = _fill(order, kept, cap_tokens)
-        value_appended = sum(c.score for c in appended)
+        value_appended = _value(appended)
     else:
         appended, value_appended = [], -1.0
     prefix = 0
     while prefix < len(kept) and kept[prefix].memory_id in ideal_ids:
         prefix += 1
     refilled = _fill(order, kept[:prefix], cap_tokens)
-    value_refilled = sum(c.score for c in refilled)
+    value_refilled = _value(refilled)
     if value_appended >= 0 and value_refilled <= hysteresis * value_appended:
         ids = tuple(c.memory_id for c in appended)
         return BlockDecision(ids, "keep" if ids == tuple(current) else "append", value_appended)

@@ -108,20 +108,28 @@ def test_heat_decays_exactly_and_persists(tmp_path):
 
 def test_choose_block_appends_keeps_prefix_and_rebuilds_only_past_hysteresis():
     c = [Candidate("a", 5.0, 10), Candidate("b", 4.0, 10), Candidate("c", 3.0, 10), Candidate("d", 0.5, 10)]
-    # current [a, d]: a stays as the prefix, the cold tail d gives way to b (9 > 1.05 x 5.5)
-    assert choose_block(c, ("a", "d"), 20, 1.05) == BlockDecision(("a", "b"), "truncate", 9.0)
+    # current [a, d]: a stays as the prefix, the cold tail d gives way to b (90 > 1.05 x 55 tokens served)
+    assert choose_block(c, ("a", "d"), 20, 1.05) == BlockDecision(("a", "b"), "truncate", 90.0)
     assert choose_block(c, (), 30, 1.5).memory_ids == ("a", "b", "c")
     assert choose_block(c, (), 30, 1.5).action == "rebuild"
     # current [c, d] keeps its prefix; a fills the room that is left; b does not fit
     d = choose_block(c, ("c", "d"), 30, 1.5)
     assert (d.memory_ids, d.action) == (("c", "d", "a"), "append")
-    # the ideal (a, b, c) = 12 vs appended (d, a) = 5.5 -> more than 1.5x: rebuild in heat order
+    # the ideal (a, b) = 90 vs appended (d, a) = 55 -> more than 1.5x: rebuild in heat order
     d = choose_block(c, ("d",), 20, 1.5)
     assert (d.memory_ids, d.action) == (("a", "b"), "rebuild")
     assert choose_block(c, ("a", "b", "c"), 30, 1.5).action == "keep"
     assert choose_block(c, ("gone",), 30, 1.5).action == "rebuild"  # a deleted memory forces a rebuild
     assert choose_block(c, ("a",), 5, 1.5) == choose_block(c, ("a",), 5, 1.5)
     assert choose_block(c, ("a",), 5, 1.5).action == "drop"  # cap too small for any memory
+
+
+def test_choose_block_values_a_block_by_the_tokens_it_serves():
+    # a warm 30-token memory fills the block and serves 2.5 x 30 = 75; the three short hot memories that would
+    # replace it serve 5 x 10 + 4 x 10 + 1 x 10 = 100: hotter per memory (10 vs 2.5), but not 1.5x more tokens
+    c = [Candidate("a", 5.0, 10), Candidate("b", 4.0, 10), Candidate("c", 1.0, 10), Candidate("x", 2.5, 30)]
+    assert choose_block(c, ("x",), 30, 1.5) == BlockDecision(("x",), "keep", 75.0)
+    assert choose_block(c, ("x",), 30, 1.2) == BlockDecision(("a", "b", "c"), "rebuild", 100.0)
 
 
 def test_new_user_gets_its_newest_memories_then_hot_ones_are_appended(env):
