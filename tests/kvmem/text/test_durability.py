@@ -15,10 +15,10 @@ from kvmem.text import HashEmbedder, MemoryStore, TextStoreError
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_failure_mid_batch_writes_nothing(store, monkeypatch):
-    store.add("alice", "before")
+def fail_second_insert(monkeypatch) -> list[str]:
+    """Makes the store's second row insert raise OSError; returns the texts it was asked to insert."""
     real_insert = MemoryStore._insert
-    calls = []
+    calls: list[str] = []
 
     def flaky(conn, memory, vector):
         calls.append(memory.text)
@@ -27,9 +27,16 @@ def test_failure_mid_batch_writes_nothing(store, monkeypatch):
         return real_insert(conn, memory, vector)
 
     monkeypatch.setattr(MemoryStore, "_insert", staticmethod(flaky))
+    return calls
+
+
+def test_failure_mid_batch_writes_nothing(store, monkeypatch):
+    store.add("alice", "before")
+    calls = fail_second_insert(monkeypatch)
     with pytest.raises(OSError, match="disk went away"):
         store.add("alice", texts=["a", "b", "c"])
     monkeypatch.undo()
+    assert calls == ["a", "b"]
     assert [m.text for m in store.list("alice").items] == ["before"]
     assert [h.memory.text for h in store.search("alice", "a b c before", mode="dense")] == ["before"]
     conn = store._conn()
@@ -43,16 +50,7 @@ def test_failure_mid_import_writes_nothing(store, tmp_path, monkeypatch):
     assert store.export_jsonl(dump) == 3
     other = MemoryStore(tmp_path / "other.sqlite", embedder=HashEmbedder())
     other.add("bob", "before")
-    real_insert = MemoryStore._insert
-    calls = []
-
-    def flaky(conn, memory, vector):
-        calls.append(memory.text)
-        if len(calls) == 2:
-            raise OSError("disk went away")
-        return real_insert(conn, memory, vector)
-
-    monkeypatch.setattr(MemoryStore, "_insert", staticmethod(flaky))
+    calls = fail_second_insert(monkeypatch)
     with pytest.raises(OSError, match="disk went away"):
         other.import_jsonl(dump)
     monkeypatch.undo()
