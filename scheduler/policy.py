@@ -146,7 +146,7 @@ def choose_block(
 class BlockUsage:
     user_id: str
     num_bytes: int
-    value: float  # current summed heat of the block
+    value: float  # tokens the block is expected to serve now: sum of heat x tokens
     last_access: float
 
 

@@ -301,15 +301,17 @@ class Worker:
         self.header_tokens = max(self.header_tokens, built.num_tokens - memory_tokens)
 
     def enforce_total_cap(self) -> list[str]:
-        """Drop whole blocks (least heat per byte first) until every user's blocks fit the overall cap."""
+        """Drop whole blocks until every user's blocks fit the overall cap: least valuable per byte first, a
+        block's value being the tokens it is expected to serve (heat x tokens, as choose_block weighs it)."""
         now = self.clock()
         usages = []
         for plan in self.plans.all():
             if plan.block is None:
                 continue
             stats = self.heat.stats(plan.user_id)
+            counts = self._token_counts.get(plan.user_id, {})  # set by the refresh that chose the block
             value = sum(
-                self.policy.score(stats[m], now, self.config.half_life_s)
+                self.policy.score(stats[m], now, self.config.half_life_s) * counts.get(m, (0, 1))[1]
                 for m in plan.block.memory_ids
                 if m in stats
             )

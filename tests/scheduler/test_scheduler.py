@@ -235,6 +235,19 @@ def test_overall_byte_cap_drops_the_coldest_block(env):
     assert sched.stats().block_bytes == 200 and builder.dropped == ["item-1", "item-2"]
 
 
+def test_overall_byte_cap_keeps_the_block_that_serves_more_tokens(env):
+    clock, store, builder, make = env
+    sched = make(total_block_bytes=150)
+    store.add("alice", words(10, "long"))
+    store.add("bob", words(2, "short"))
+    sched.get("alice")
+    sched.get("bob")
+    sched.run_pending()
+    # equal heat, recency and bytes (one memory each), but alice's block saves 10 tokens a hit and bob's 2
+    assert sched.get("alice").block.item_id == "item-1" and sched.get("bob").block is None
+    assert builder.dropped == ["item-2"]
+
+
 def test_blocks_to_evict_and_distill_candidates_are_exact():
     blocks = [BlockUsage("a", 100, 10.0, 5.0), BlockUsage("b", 100, 1.0, 9.0), BlockUsage("c", 100, 1.0, 1.0)]
     assert blocks_to_evict(blocks, 150) == ["c", "b"]
