@@ -211,9 +211,10 @@ class TransformersBackend(Backend):
         self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
     ) -> Iterator[None]:
         """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
-        BaseException. Releases the request's admission when done, however it ends."""
+        BaseException. Releases the request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling, generate
 
+        final: object = None  # the result or the error, sent once the admission is released
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -253,22 +254,22 @@ class TransformersBackend(Backend):
                     emit(TokenDelta(text=tail, token_ids=()))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
-            emit(
-                GenerationResult(
-                    finish_reason=finish,
-                    prompt_tokens=len(req.prompt.ids),
-                    cached_tokens=stats.reused_tokens,
-                    completion_tokens=len(stats.token_ids),
-                    ttft_s=stats.ttft_s or 0.0,
-                    kv_fallback_reason=fallback,
-                )
+            final = GenerationResult(
+                finish_reason=finish,
+                prompt_tokens=len(req.prompt.ids),
+                cached_tokens=stats.reused_tokens,
+                completion_tokens=len(stats.token_ids),
+                ttft_s=stats.ttft_s or 0.0,
+                kv_fallback_reason=fallback,
             )
         except GeneratorExit:  # the model loop closed
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
-            emit(exc)
+            final = exc
         finally:
             self._release()
+        if final is not None:  # after the release: a client may send its next request as soon as it sees this
+            emit(final)
 
     async def stream(
         self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None

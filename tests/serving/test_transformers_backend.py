@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from serving.backends.base import GenerationRequest, GenerationResult, SamplingParams, TokenDelta
+from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig, _StopMatcher
 
 
@@ -116,3 +116,57 @@ def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they
     while backend.queue_depth and time.monotonic() < deadline:
         time.sleep(0.001)
     assert backend.queue_depth == 0
+
+
+def wait_released(backend) -> None:
+    deadline = time.monotonic() + 5
+    while backend.queue_depth and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert backend.queue_depth == 0
+
+
+def test_a_client_leaving_mid_stream_frees_its_turn_and_the_queue(tiny_backend):
+    backend = tiny_backend
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
+    long = GenerationRequest("long", "u", prompt, None, SamplingParams(max_new_tokens=500, temperature=0.0))
+    calls: list[int] = []
+    hook = backend.handle.model.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    async def leave_after_first_token():
+        stream = backend.stream(long)
+        first = await anext(stream)
+        await stream.aclose()  # what the server does when the client disconnects
+        return first
+
+    try:
+        first = asyncio.run(leave_after_first_token())
+        wait_released(backend)
+    finally:
+        hook.remove()
+    assert isinstance(first, TokenDelta) and len(calls) < 500  # generation stopped, not run to the end
+    short = GenerationRequest("next", "u", prompt, None, SamplingParams(max_new_tokens=3, temperature=0.0))
+    ids, result = asyncio.run(tokens_of(backend, short))
+    assert len(ids) == 3 and result.completion_tokens == 3
+
+
+def test_admission_is_bounded_and_released(tiny_backend):
+    backend = tiny_backend
+    backend.config = TransformersBackendConfig(**{**backend.config.__dict__, "max_queue": 1})
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
+    req = GenerationRequest("a", "u", prompt, None, SamplingParams(max_new_tokens=4, temperature=0.0))
+
+    async def two_at_once():
+        first = backend.stream(req)
+        await anext(first)  # admitted and running
+        with pytest.raises(QueueFull):
+            await anext(backend.stream(req))
+        rest = [item async for item in first]
+        return rest[-1]
+
+    try:
+        result = asyncio.run(two_at_once())
+        wait_released(backend)
+        assert isinstance(result, GenerationResult) and result.completion_tokens == 4
+        assert len(asyncio.run(tokens_of(backend, req))[0]) == 4  # the slot is free again
+    finally:
+        backend.config = TransformersBackendConfig(**{**backend.config.__dict__, "max_queue": 16})
