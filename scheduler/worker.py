@@ -98,9 +98,8 @@ class Worker:
         self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
-        self._token_counts: dict[
-            str, dict[str, tuple[int, int]]
-        ] = {}  # user -> memory id -> (version, tokens)
+        # user -> memory id -> (version, tokens), for the user's live memories as of their last refresh
+        self._token_counts: dict[str, dict[str, tuple[int, int]]] = {}
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
 
