@@ -20,7 +20,7 @@ class PromotionPolicy:
         raise NotImplementedError
 
 
-class HeatPolicy(PromotionPolicy):
+class HeatPromotion(PromotionPolicy):
     """Exponentially decayed hits and uses (recent and frequent both count)."""
 
     name = "heat"
@@ -29,7 +29,7 @@ class HeatPolicy(PromotionPolicy):
         return stats.score_now(now, half_life_s)
 
 
-class LRUPolicy(PromotionPolicy):
+class LRUPromotion(PromotionPolicy):
     """Most recently accessed first (never-accessed memories by when they were added)."""
 
     name = "lru"
@@ -38,7 +38,7 @@ class LRUPolicy(PromotionPolicy):
         return stats.last_access if stats.last_access is not None else stats.first_seen - 1e12
 
 
-class LFUPolicy(PromotionPolicy):
+class LFUPromotion(PromotionPolicy):
     """Most accessed first, all time; ties by recency."""
 
     name = "lfu"
@@ -47,7 +47,7 @@ class LFUPolicy(PromotionPolicy):
         return stats.hits + stats.uses + 1e-12 * (stats.last_access or 0.0)
 
 
-_POLICIES: dict[str, type[PromotionPolicy]] = {p.name: p for p in (HeatPolicy, LRUPolicy, LFUPolicy)}
+_POLICIES: dict[str, type[PromotionPolicy]] = {p.name: p for p in (HeatPromotion, LRUPromotion, LFUPromotion)}
 
 
 def promotion_policy(name: str) -> PromotionPolicy:
