@@ -18,7 +18,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task, make_queue
-from scheduler.worker import BlockBuilder, MemorySource, TaskQueue, Worker
+from scheduler.worker import BlockMaker, MemorySource, TaskQueue, Worker
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         source: MemorySource,
-        builder: BlockBuilder,
+        builder: BlockMaker,
         count_tokens: Callable[[str], int],
         *,
         heat_path: str | Path | None = None,
@@ -74,11 +74,15 @@ class Scheduler:
         self._unsubscribe: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, *, thread: bool = True) -> None:
+        """Subscribe to the store's changes and start the worker thread. With `thread=False` tasks run only in
+        `run_pending`/`flush`, in the caller's thread: tests and the simulator drive the same worker that way."""
         self._unsubscribe = self.source.subscribe(self.on_change)
-        self._thread = threading.Thread(target=self.worker.run, args=(self._stop,), name="kvmem-scheduler")
-        self._thread.daemon = True
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(
+                target=self.worker.run, args=(self._stop,), name="kvmem-scheduler", daemon=True
+            )
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -119,12 +123,26 @@ class Scheduler:
 
     # -- offline use and tests -----------------------------------------------------------------------------
     def run_pending(self) -> int:
-        """Run every queued task now, in this thread (tests and offline use). Returns how many ran."""
+        """Run every queued task now, in this thread (tests and offline use), refreshes deferred until the
+        builder was ready included. Returns how many ran."""
+        self.worker.retry_deferred()
         n = 0
         while (task := self.queue.get(timeout_s=0)) is not None:
             self.worker.handle(task)
             n += 1
         return n
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Every task queued so far has run: in this thread when no worker thread was started (`run_pending`),
+        else once the worker is idle (polled; TimeoutError after `timeout_s`)."""
+        if self._thread is None:
+            self.run_pending()
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler was still busy after {timeout_s} s")
+            time.sleep(0.01)
 
     def idle(self) -> bool:
         """No task queued or running, and no refresh waiting for the builder."""

@@ -1,8 +1,9 @@
 """The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
 
 Owns the per-user generation counter that makes a build racing a store change discard its result, and the
-only writes to heat and plans. Blocks are built through an injected `BlockBuilder`; the queue and the thread
-that drains it belong to the facade in service.py.
+only writes to heat and plans. Blocks are built through an injected `BlockMaker` (serving's adapter over its
+backend; a fake in tests and the simulator); the queue and the thread that drains it belong to the facade in
+service.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.config import SchedulerConfig
 from scheduler.heat import AccessEvent, HeatTable
@@ -30,17 +31,15 @@ from scheduler.policy import (
 )
 from scheduler.queue import Task
 
+if TYPE_CHECKING:
+    from kvmem.kv.blocks import BuiltBlock
+
 log = logging.getLogger(__name__)
 
 
-class BuiltBlock(Protocol):
-    item_id: str
-    num_tokens: int
-    num_bytes: int
-    token_ids: tuple[int, ...]
+class BlockMaker(Protocol):
+    """What the worker builds blocks through (kvmem's `BlockBuilder` is one level below, behind a backend)."""
 
-
-class BlockBuilder(Protocol):
     def ready(self) -> bool: ...
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
@@ -81,7 +80,7 @@ class Worker:
         self,
         config: SchedulerConfig,
         source: MemorySource,
-        builder: BlockBuilder,
+        builder: BlockMaker,
         count_tokens: Callable[[str], int],
         heat: HeatTable,
         plans: PlanBook,

@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI routes, memory routes, health and metrics, and the one place errors become JSON.
 
-`create_app(config, backend=None, store=None, plans=None)` wires the pieces (tests pass fakes). Routes only
+`create_app(config, backend=None, store=None, scheduler=None)` wires the pieces (tests pass fakes and a
+scheduler they drive). Routes only
 authenticate, pick the user and delegate: the chat path lives in chat.py, storage in kvmem.text.
 """
 
@@ -21,13 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreError
+from scheduler import Scheduler
 from serving.auth import ANYONE, Caller, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
 from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.metrics import CONTENT_TYPE, Metrics
-from serving.plans import PlanProvider, StandInPlanProvider
+from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
     AddMemoriesRequest,
     ApiError,
@@ -151,7 +153,7 @@ def create_app(
     config: ServingConfig,
     backend: Backend | None = None,
     store: Any | None = None,
-    plans: PlanProvider | None = None,
+    scheduler: Scheduler | None = None,
 ) -> FastAPI:
     """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
     here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError)."""
@@ -164,22 +166,12 @@ def create_app(
         config.data_dir.mkdir(parents=True, exist_ok=True)
         store = MemoryStore(config.store_path)
         owned.append(store)
-    if plans is None:
-        if config.planner == "scheduler":
-            from serving.sched_plans import SchedulerPlanProvider
-
-            plans = SchedulerPlanProvider(
-                store,
-                backend,
-                token_budget=config.block_token_budget,
-                data_dir=config.data_dir,
-                redis_url=config.scheduler_redis_url,
-            )
-        else:
-            plans = StandInPlanProvider(store, backend, token_budget=config.block_token_budget)
-        owned.append(plans)
+    if scheduler is None:
+        scheduler = make_scheduler(config, store, backend)
+        scheduler.start()
+        owned.append(scheduler)
     metrics = Metrics()
-    chat = ChatService(config, backend, store, plans, metrics)
+    chat = ChatService(config, backend, store, scheduler, metrics)
     started = int(time.time())
 
     @asynccontextmanager
@@ -190,8 +182,8 @@ def create_app(
         finally:
             loader.cancel()
             await chat.drain()
-            if plans in owned:
-                plans.close()
+            if scheduler in owned:
+                scheduler.stop()
             if backend in owned:
                 await backend.aclose()
             if store in owned and hasattr(store, "close"):
@@ -199,10 +191,10 @@ def create_app(
 
     app = FastAPI(title="kvmem", version="0.1.0", lifespan=lifespan)
     app.state.keyring = keyring
-    app.state.backend, app.state.store, app.state.plans, app.state.chat, app.state.metrics = (
+    app.state.backend, app.state.store, app.state.scheduler, app.state.chat, app.state.metrics = (
         backend,
         store,
-        plans,
+        scheduler,
         chat,
         metrics,
     )
@@ -230,7 +222,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        return PlainTextResponse(metrics.render() + _scheduler_metrics(plans), media_type=CONTENT_TYPE)
+        return PlainTextResponse(metrics.render() + _scheduler_metrics(scheduler), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models(who: CallerDep) -> dict[str, Any]:
@@ -261,7 +253,7 @@ def create_app(
 
     # -- memory routes ----------------------------------------------------------------------------------------
     def tier_of(user_id: str) -> Any:
-        covered = plans.get(user_id).covered_ids
+        covered = scheduler.get(user_id).covered_ids
         return lambda memory_id: "kv" if memory_id in covered else "text"
 
     @app.post("/v1/memories", status_code=201)
@@ -325,11 +317,9 @@ def create_app(
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
-        body = plans.get(user_id).to_dict()
-        scheduler = getattr(plans, "scheduler", None)
-        if scheduler is not None:  # extension: the scheduler's tier sizes, hit rate, queue and task latency
-            st = scheduler.stats()
-            body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
+        body = plan_dict(scheduler.get(user_id))
+        st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
+        body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body
 
     @app.get("/v1/memories/{memory_id}")
@@ -366,11 +356,8 @@ async def _load(backend: Backend, store: Any, config: ServingConfig) -> None:
         logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))
 
 
-def _scheduler_metrics(plans: PlanProvider) -> str:
-    """Prometheus lines for the scheduler's tiers and work, when the scheduler is the plan provider."""
-    scheduler = getattr(plans, "scheduler", None)
-    if scheduler is None:
-        return ""
+def _scheduler_metrics(scheduler: Scheduler) -> str:
+    """Prometheus lines for the scheduler's tiers and work."""
     st = scheduler.stats()
     gauges = [
         ("kvmem_scheduler_blocks", "KV blocks published in plans.", st.num_blocks),

@@ -1,6 +1,6 @@
 """The chat path: plan + search -> prompt ids -> backend stream -> OpenAI JSON or SSE; then store the turn.
 
-Composes the plan provider, the plaintext store and the backend; computes nothing itself. Owns the order of
+Composes the scheduler (plans, access events), the plaintext store and the backend; computes nothing itself. Owns the order of
 a turn and what happens after it (turn stored, access event sent) without making the response wait for it.
 Knows nothing of auth or routing: it is handed a user id it may serve.
 """
@@ -17,6 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler import AccessEvent, Scheduler
 from serving.backends.base import (
     Backend,
     GenerationRequest,
@@ -27,7 +28,6 @@ from serving.backends.base import (
 )
 from serving.config import ServingConfig
 from serving.metrics import Metrics
-from serving.plans import AccessEvent, PlanProvider
 from serving.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -71,13 +71,13 @@ class PreparedChat:
 
 class ChatService:
     def __init__(
-        self, config: ServingConfig, backend: Backend, store: Any, plans: PlanProvider, metrics: Metrics
+        self, config: ServingConfig, backend: Backend, store: Any, scheduler: Scheduler, metrics: Metrics
     ) -> None:
-        self._config, self._backend, self._store, self._plans, self._metrics = (
+        self._config, self._backend, self._store, self._scheduler, self._metrics = (
             config,
             backend,
             store,
-            plans,
+            scheduler,
             metrics,
         )
         self._background: set[asyncio.Future[Any]] = set()
@@ -111,10 +111,9 @@ class ChatService:
         query = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         if session_id is not None and (user_id, session_id) not in self._sessions:
             self._sessions.add((user_id, session_id))  # a new session: prewarm (next-scene prediction)
-            start = getattr(self._plans, "session_start", None)
-            if start is not None:
-                start(user_id)
-        plan = self._plans.get(user_id)
+            self._scheduler.session_start(user_id)
+        plan = self._scheduler.get(user_id)
+        block = plan.block
         hits = []
         if query.strip():
             hits = await asyncio.to_thread(
@@ -124,10 +123,10 @@ class ChatService:
         text_hits = [h for h in hits if h.memory.id not in covered]
         prompt = await asyncio.to_thread(
             self._backend.layout_prompt,
-            plan.block_texts,
+            block.texts if block else (),
             [h.memory.text for h in text_hits],
             messages,
-            plan.block_token_ids or None,
+            (block.token_ids or None) if block else None,
         )
         room = self._backend.max_context_tokens - len(prompt.ids)
         wanted = body.max_completion_tokens or body.max_tokens or self._config.default_max_tokens
@@ -142,11 +141,11 @@ class ChatService:
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             user_id=user_id,
             prompt=prompt,
-            block_item_id=plan.block_item_id if prompt.block_len else None,
+            block_item_id=block.item_id if block and prompt.block_len else None,
             sampling=sampling,
             adapter_id=plan.adapter_id,
         )
-        used = tuple(UsedMemory(i, "kv") for i in plan.block_memory_ids) + tuple(
+        used = tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ())) + tuple(
             UsedMemory(h.memory.id, "text") for h in text_hits
         )
         return PreparedChat(
@@ -279,12 +278,12 @@ class ChatService:
         self._metrics.observe_tiers([u["tier"] for u in prepared.memory_dict(result)["used"]])
         event = AccessEvent(
             user_id=prepared.request.user_id,
-            query=prepared.query,
             retrieved_ids=prepared.retrieved_ids,
             used_ids=tuple(m.id for m in prepared.used),
+            at=self._scheduler.clock(),
             session_id=prepared.session_id,
         )
-        self._plans.record_access(event)
+        self._scheduler.record_access(event)
         if self._config.store_turns:
             future = asyncio.get_running_loop().run_in_executor(None, self._store_turn, prepared, reply)
             self._background.add(future)

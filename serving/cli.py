@@ -54,12 +54,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting or generating; more get 429")
     p.add_argument("--block-token-budget", type=int, default=2048, help="tokens of memories served as KV")
     p.add_argument(
-        "--planner",
-        choices=["scheduler", "standin"],
-        default="scheduler",
-        help="who decides which memories are KV blocks (default: the scheduler)",
-    )
-    p.add_argument(
         "--scheduler-redis-url",
         default=None,
         help="redis://host:port/db for scheduler tasks (Redis Streams); default: in-process",
@@ -98,7 +92,6 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             block_token_budget=args.block_token_budget,
             seed_demo=args.demo,
             retrieve_top_k=args.retrieve_top_k,
-            planner=args.planner,
             scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,
         )

@@ -36,14 +36,13 @@ class ServingConfig:
         None  # JSON {"keys": {"sk-...": ["alice", ...]}}; default data_dir/api_keys.json
     )
     queue_size: int = 16  # requests waiting or generating in the backend; more get 429
-    block_token_budget: int = 2048  # stand-in plan: most recent memories up to this many tokens go to KV
+    block_token_budget: int = 2048  # per-user cap on block memory tokens (SchedulerConfig.user_block_tokens)
     retrieve_top_k: int = 8  # memories retrieved by search per chat turn
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
     seed_demo: bool = False  # give default_user a few memories at start if it has none
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
-    planner: str = "scheduler"  # "scheduler" (heat-driven) or "standin" (most recent memories, built once)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -66,8 +65,6 @@ class ServingConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_token_budget < 0:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
-        if self.planner not in ("scheduler", "standin"):
-            raise ValueError(f"planner must be 'scheduler' or 'standin', got {self.planner!r}")
         if not self.default_user:
             raise ValueError("default_user must not be empty")
 

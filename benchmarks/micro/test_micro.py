@@ -30,30 +30,28 @@ def tiny(tokenizer):
 
 
 def test_plan_read(benchmark, tmp_path):
+    """The server's plan read: `Scheduler.get` of the scheduler `create_app` builds (fake backend), one user
+    with a published block."""
     from kvmem.text import HashEmbedder, MemoryStore
     from serving.backends.fake import FakeBackend
-    from serving.plans import StandInPlanProvider
+    from serving.config import ServingConfig
+    from serving.plans import make_scheduler
 
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
-    store.add("alice", texts=memory_texts(8, 20))
-    plans = StandInPlanProvider(store, FakeBackend(), token_budget=4096)
-    plans.get("alice")
-    plans.flush()
-    assert plans.get("alice").block_item_id is not None
-    benchmark(plans.get, "alice")
-    plans.close()
-
-
-def _planbook():
+    config = ServingConfig(data_dir=tmp_path, backend="fake", block_token_budget=4096)
+    scheduler = make_scheduler(config, store, FakeBackend())
+    scheduler.start(thread=False)
     try:
-        from scheduler import PlanBook  # noqa: F401
-    except ImportError:
-        pytest.skip("scheduler has no PlanBook on this branch")
+        store.add("alice", texts=memory_texts(8, 20))
+        scheduler.flush()
+        assert len(scheduler.get("alice").block.memory_ids) == 8
+        benchmark(scheduler.get, "alice")
+    finally:
+        scheduler.stop()
 
 
-def test_sched_planbook_read(benchmark):
-    """The scheduler's own plan read (a dict read of an immutable snapshot), 1,000 users published."""
-    _planbook()
+def test_planbook_read(benchmark):
+    """The PlanBook read under `Scheduler.get` (a dict read of an immutable snapshot), 1,000 users published."""
     from scheduler.plan import BlockPlan, Plan, PlanBook
 
     book = PlanBook()
@@ -62,25 +60,6 @@ def test_sched_planbook_read(benchmark):
         book.publish(Plan(user_id=f"user-{u}", block=block, version=1))
     plan = benchmark(book.get, "user-500")
     assert plan.block is not None and plan.block.item_id == "item-500"
-
-
-def test_sched_plan_provider_read(benchmark, tmp_path):
-    """The serving-side read through the scheduler (SchedulerPlanProvider.get: PlanBook read + reshaping)."""
-    _planbook()
-    from kvmem.text import HashEmbedder, MemoryStore
-    from serving.backends.fake import FakeBackend
-    from serving.sched_plans import SchedulerPlanProvider
-
-    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
-    plans = SchedulerPlanProvider(store, FakeBackend(), token_budget=4096, data_dir=tmp_path)
-    try:
-        store.add("alice", texts=memory_texts(8, 20))
-        plans.flush()
-        if plans.get("alice").block_item_id is None:
-            pytest.skip("the scheduler built no block for the seeded user")
-        benchmark(plans.get, "alice")
-    finally:
-        plans.close()
 
 
 @pytest.mark.parametrize("block_tokens", [500, 2000])

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from serving.backends.base import (
     Backend,
     BackendError,
-    BlockInfo,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
@@ -27,7 +26,6 @@ from serving.config import DEFAULT_MODEL, ServingConfig
 __all__ = [
     "Backend",
     "BackendError",
-    "BlockInfo",
     "GenerationRequest",
     "GenerationResult",
     "LaidOutPrompt",

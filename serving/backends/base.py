@@ -9,6 +9,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvmem.kv.blocks import BuiltBlock
 
 
 class BackendError(RuntimeError):
@@ -63,18 +67,6 @@ class LaidOutPrompt:
 
     def __post_init__(self) -> None:
         assert 0 <= self.block_len <= len(self.ids), (self.block_len, len(self.ids))
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """A built KV block: its content-addressed item id and its size."""
-
-    item_id: str
-    num_tokens: int
-    num_bytes: int
-    token_ids: tuple[
-        int, ...
-    ] = ()  # the block's prompt ids; plans carry them so requests need not re-tokenize
 
 
 @dataclass(frozen=True)
@@ -158,7 +150,7 @@ class Backend(ABC):
     @abstractmethod
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
-    ) -> BlockInfo:
+    ) -> BuiltBlock:
         """Prefill the block for `block_texts` and store it as a KV item. Blocking (seconds on CPU: call it off
         the request path). Idempotent: the item id is content-addressed, so the same user, texts and model
         give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are

@@ -14,10 +14,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from serving.backends.base import (
     Backend,
-    BlockInfo,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
@@ -27,6 +27,9 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+
+if TYPE_CHECKING:
+    from kvmem.kv.blocks import BuiltBlock
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +127,9 @@ class FakeBackend(Backend):
 
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
-    ) -> BlockInfo:
+    ) -> BuiltBlock:
+        from kvmem.kv.blocks import BuiltBlock  # here: kvmem.kv loads torch, which plumbing alone never needs
+
         if not self._ready:
             raise NotReady("fake backend is not ready")
         ids = tuple(ord(c) for c in self._block_text(block_texts))
@@ -133,7 +138,8 @@ class FakeBackend(Backend):
         with self._lock:
             self._blocks[item_id] = ids
             self.built.append((user_id, tuple(block_texts)))
-        return BlockInfo(item_id=item_id, num_tokens=len(ids), num_bytes=len(ids) * 4, token_ids=ids)
+        memory_ids = tuple(memory_ids) if memory_ids is not None else ()
+        return BuiltBlock(item_id, memory_ids, len(ids), len(ids) * 4, built=True, token_ids=ids)
 
     def drop_block(self, item_id: str) -> None:
         with self._lock:

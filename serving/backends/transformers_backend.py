@@ -15,13 +15,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
 from serving.backends.base import (
     Backend,
     BackendError,
-    BlockInfo,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
@@ -32,6 +32,9 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.model_loop import ModelLoop
+
+if TYPE_CHECKING:
+    from kvmem.kv.blocks import BuiltBlock
 
 log = logging.getLogger(__name__)
 
@@ -153,19 +156,13 @@ class TransformersBackend(Backend):
 
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
-    ) -> BlockInfo:
+    ) -> BuiltBlock:
         self._require_ready()
         try:
             ids = None if memory_ids is None else list(memory_ids)
-            built = self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+            return self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
-        return BlockInfo(
-            item_id=built.item_id,
-            num_tokens=built.num_tokens,
-            num_bytes=built.num_bytes,
-            token_ids=built.token_ids,
-        )
 
     def drop_block(self, item_id: str) -> None:
         if self.store is not None:

@@ -1,7 +1,9 @@
-"""Shared fixtures: an app over the fake backend, and a live uvicorn server on 127.0.0.1 for client tests."""
+"""Shared fixtures: an app over the fake backend and the server's own scheduler (no worker thread: a test runs
+its tasks with `stack.scheduler.flush()`), and a live uvicorn server on 127.0.0.1 for client tests."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -18,10 +20,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import kvmem.text
+from scheduler import Scheduler, SchedulerConfig
 from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
-from serving.plans import StandInPlanProvider
+from serving.plans import make_scheduler
 
 KEYS = {"sk-alice-0000": ["alice"], "sk-bob-00000": ["bob"], "sk-team-0000": ["alice", "bob"]}
 ALICE = {"Authorization": "Bearer sk-alice-0000"}
@@ -30,12 +33,24 @@ TEAM = {"Authorization": "Bearer sk-team-0000"}
 MODEL = "kvmem-fake"
 
 
+class TickClock:
+    """Seconds that advance by one at every read. Each store change is seen at its own instant, so with equal
+    heat otherwise the newest memory is the hottest: block order is exact, not a tie broken by random ids."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self._ticks = itertools.count()
+        self.start = start
+
+    def __call__(self) -> float:
+        return self.start + next(self._ticks)
+
+
 @dataclass
 class Stack:
     app: FastAPI
     backend: FakeBackend
     store: Any
-    plans: StandInPlanProvider
+    scheduler: Scheduler
     config: ServingConfig
 
 
@@ -45,8 +60,11 @@ def make_stack(
     auth: bool = True,
     backend: FakeBackend | None = None,
     budget: int = 2048,
+    scheduler_config: SchedulerConfig | None = None,
     **config_kw: Any,
 ) -> Stack:
+    """The server's app and scheduler (`make_scheduler`, as `create_app` builds it) over the fake backend;
+    the scheduler's clock is a TickClock and it runs no thread."""
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": KEYS}))
     config = ServingConfig(
@@ -59,16 +77,17 @@ def make_stack(
     )
     backend = backend or FakeBackend()
     store = kvmem.text.MemoryStore(tmp_path / "memories.sqlite")
-    plans = StandInPlanProvider(store, backend, token_budget=budget)
-    app = create_app(config, backend=backend, store=store, plans=plans)
-    return Stack(app, backend, store, plans, config)
+    scheduler = make_scheduler(config, store, backend, scheduler_config=scheduler_config, clock=TickClock())
+    scheduler.start(thread=False)
+    app = create_app(config, backend=backend, store=store, scheduler=scheduler)
+    return Stack(app, backend, store, scheduler, config)
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     s = make_stack(tmp_path)
     yield s
-    s.plans.close()
+    s.scheduler.stop()
 
 
 @pytest.fixture

@@ -18,9 +18,7 @@ BOB_SECRET = "bob's bank pin is 4321 and his pet is Rex"
 def seeded(stack: Stack) -> Stack:
     stack.store.add("alice", text="alice's pet is a cat named Tofu")
     stack.store.add("bob", text=BOB_SECRET)
-    for user in ("alice", "bob"):
-        stack.plans.get(user)
-    stack.plans.flush()
+    stack.scheduler.flush()
     return stack
 
 
@@ -92,9 +90,9 @@ def test_chat_never_answers_with_another_users_memories(seeded: Stack, client: T
     assert all(req.user_id == "alice" for req in seeded.backend.requests)
     assert all("4321" not in p and "Rex" not in p for p in prompts)
     assert all("Tofu" in p for p in prompts)
-    alice_block = seeded.plans.get("alice").block_item_id
+    alice_block = seeded.scheduler.get("alice").block.item_id
     assert {req.block_item_id for req in seeded.backend.requests} == {alice_block}
-    assert alice_block != seeded.plans.get("bob").block_item_id
+    assert alice_block != seeded.scheduler.get("bob").block.item_id
 
 
 def test_multi_user_key_must_name_the_user(seeded: Stack, client: TestClient) -> None:
@@ -119,7 +117,7 @@ def test_no_auth_accepts_any_user_and_defaults_to_demo(tmp_path: Path) -> None:
         assert client.post("/v1/chat/completions", json={**ask, "user": "zed"}).status_code == 200
         assert [r.user_id for r in s.backend.requests] == ["demo", "zed"]
         assert client.get("/v1/memories", params={"user_id": "anyone"}).status_code == 200
-    s.plans.close()
+    s.scheduler.stop()
 
 
 def test_keys_file_validation(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from scheduler import AccessEvent
 from serving.backends.base import SamplingParams
 from serving.backends.fake import SYSTEM_PROMPT, FakeBackend
 from tests.serving.conftest import ALICE, MODEL, Stack, make_stack
@@ -119,7 +120,7 @@ def test_max_tokens_clamped_to_context(tmp_path: Path) -> None:
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
         assert r.json()["error"]["type"] == "invalid_request_error"
-    s.plans.close()
+    s.scheduler.stop()
 
 
 def test_bad_requests(client: TestClient) -> None:
@@ -185,8 +186,7 @@ def test_n_one_is_fine_and_content_parts_are_joined(stack: Stack, client: TestCl
 
 def test_memories_laid_out_block_then_text(stack: Stack, client: TestClient) -> None:
     old = stack.store.add("alice", text="alice plays the cello")[0]
-    stack.plans.get("alice")
-    stack.plans.flush()
+    stack.scheduler.flush()
     new = stack.store.add("alice", text="alice plays chess on sundays")[0]
     r = chat(client, "what does alice play")
     prompt = stack.backend.decode(stack.backend.requests[-1].prompt.ids)
@@ -205,9 +205,8 @@ def test_memories_laid_out_block_then_text(stack: Stack, client: TestClient) -> 
 def test_corrupt_block_falls_back_to_text(stack: Stack, client: TestClient) -> None:
     """Plumbing only: the backend reports a fallback; the answer succeeds and tiers say text."""
     m = stack.store.add("alice", text="alice likes jazz")[0]
-    stack.plans.get("alice")
-    stack.plans.flush()
-    stack.backend.corrupt(stack.plans.get("alice").block_item_id)
+    stack.scheduler.flush()
+    stack.backend.corrupt(stack.scheduler.get("alice").block.item_id)
     r = chat(client, "music?")
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
@@ -229,8 +228,15 @@ def test_turn_is_stored_after_the_reply(stack: Stack, client: TestClient) -> Non
         ("assistant", "Hello from kvmem."),
         ("user", "remember me"),
     ]
-    (event,) = stack.plans.events
-    assert (event.user_id, event.query, event.session_id) == ("alice", "remember me", "s1")
+    # the scheduler's queue (no worker thread here): the new session's prewarm, the first plan read's
+    # refresh (the stored turn's own refresh coalesced into it), the turn's access event
+    tasks = list(iter(lambda: stack.scheduler.queue.get(timeout_s=0), None))
+    assert [(t.kind, t.user_id) for t in tasks] == [
+        ("prewarm", "alice"),
+        ("refresh", "alice"),
+        ("access", "alice"),
+    ]
+    assert tasks[2].payload == AccessEvent("alice", (), (), 1_000_000.0, "s1")
 
 
 def test_metrics_text(stack: Stack, client: TestClient) -> None:

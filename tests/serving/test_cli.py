@@ -24,6 +24,7 @@ from serving.config import ServingConfig
         (["serve", "--backend", "tensorrt"], "--backend"),
         (["serve", "--queue-size", "0"], "queue_size must be >= 1, got 0"),
         (["frobnicate"], "invalid choice"),
+        (["serve", "--planner", "standin"], "unrecognized arguments: --planner standin"),  # one plan pipeline
         ([], "command"),
     ],
 )

@@ -36,4 +36,4 @@ def test_disconnect_stops_generation(tmp_path: Path) -> None:
         assert "kvmem_queue_depth 0" in text
     # a turn that was not completed is not stored
     assert stack.store.count("alice") == 0
-    stack.plans.close()
+    stack.scheduler.stop()

@@ -89,4 +89,4 @@ def test_chat_bodies_fuzz(tmp_path_factory) -> None:
                 assert r.text.endswith("data: [DONE]\n\n")
 
         check()
-    stack.plans.close()
+    stack.scheduler.stop()

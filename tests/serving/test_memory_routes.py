@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from fastapi.testclient import TestClient
 
 from tests.serving.conftest import ALICE, Stack
@@ -87,29 +89,35 @@ def test_delete_one_session(stack: Stack, client: TestClient) -> None:
     assert [m.text for m in stack.store.list("alice").items] == ["a three"]
 
 
+def plan_route(client: TestClient) -> tuple[dict, dict]:
+    """The plan body and, apart, its `scheduler` extension."""
+    body = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE).json()
+    return body, body.pop("scheduler")
+
+
 def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
-    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
-    assert r.json() == {
+    body, _ = plan_route(client)
+    assert body == {
         "block": {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"},
         "adapter": None,
         "updated_at": None,
     }
     ids = [m.id for m in stack.store.add("alice", texts=["x likes y", "z likes w"])]
-    client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)  # schedules the build
-    stack.plans.flush()
-    plan = stack.plans.get("alice")
+    stack.scheduler.flush()  # the adds scheduled the build
+    plan = stack.scheduler.get("alice")
     n = stack.backend.layout_prompt(["z likes w", "x likes y"], [], []).block_len
-    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
-    assert r.json() == {
+    body, sched = plan_route(client)
+    assert (sched["num_blocks"], sched["block_memories"], sched["block_tokens"]) == (1, 2, n)
+    assert body == {
         "block": {
-            "item_id": plan.block_item_id,
+            "item_id": plan.block.item_id,
             "memory_ids": ids[::-1],
             "tokens": n,
             "bytes": 4 * n,
             "tier": "kv",
         },
         "adapter": None,
-        "updated_at": plan.updated_at.isoformat(),
+        "updated_at": datetime.fromtimestamp(plan.updated_at, timezone.utc).isoformat(),
     }
     r = client.post("/v1/memories/search", json={"user_id": "alice", "query": "likes"}, headers=ALICE)
     assert [h["tier"] for h in r.json()["results"]] == ["kv", "kv"]
@@ -117,9 +125,8 @@ def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
     assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}, headers=ALICE).json() == {
         "deleted": 1
     }
-    assert not stack.backend.has_block(plan.block_item_id)
-    r = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE)
-    assert r.json()["block"]["memory_ids"] == []
+    assert not stack.backend.has_block(plan.block.item_id)
+    assert plan_route(client)[0]["block"]["memory_ids"] == []
 
 
 def test_memory_route_errors(client: TestClient) -> None:

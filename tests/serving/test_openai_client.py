@@ -24,11 +24,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     stack = make_stack(tmp_path_factory.mktemp("live"), backend=FakeBackend(reply="Hi Alice!", queue_size=1))
     stack.store.add("alice", texts=MEMORIES)
     stack.store.add("bob", text="Bob's secret is 4321.")
-    stack.plans.get("alice")  # start the stand-in block build
-    stack.plans.flush()
+    stack.scheduler.flush()  # alice's block: her memories, newest first
     with live_server(stack.app) as url:
         yield stack, url
-    stack.plans.close()
+    stack.scheduler.stop()
 
 
 def client(url: str, key: str = "sk-alice-0000") -> OpenAI:
@@ -57,8 +56,8 @@ def test_chat(server) -> None:
     assert out.usage.prompt_tokens == len(stack.backend.requests[-1].prompt.ids)
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     assert out.usage.prompt_tokens_details.cached_tokens == block_len > 0
-    plan = stack.plans.get("alice")
-    assert out.model_extra["memory"] == {"used": [{"id": i, "tier": "kv"} for i in plan.block_memory_ids]}
+    block = stack.scheduler.get("alice").block
+    assert out.model_extra["memory"] == {"used": [{"id": i, "tier": "kv"} for i in block.memory_ids]}
 
 
 def test_streamed_chat_with_usage(server) -> None:
@@ -142,4 +141,4 @@ def test_not_ready_is_503(tmp_path: Path) -> None:
         assert e503.value.code == "model_not_ready"
         stack.backend.set_ready(True)
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "model": MODEL, "backend": "fake"}
-    stack.plans.close()
+    stack.scheduler.stop()

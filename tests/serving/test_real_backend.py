@@ -1,6 +1,6 @@
-"""The server over the real default model (transformers backend), through the official openai client:
-the block is served from KV (cached_tokens), and an item corrupted on disk while the server runs means a
-successful answer from a full prefill with the very same tokens (invariant 6, fallback)."""
+"""The server over the real default model (transformers backend) and its own scheduler, through the official
+openai client: the scheduler's block is served from KV (cached_tokens), and an item corrupted on disk while
+the server runs means a successful answer from a full prefill with the very same tokens (invariant 6)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from kvmem.kv.io import item_paths
 from serving.app import create_app
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
-from serving.plans import StandInPlanProvider
-from tests.serving.conftest import live_server, wait_for
+from serving.plans import make_scheduler
+from tests.serving.conftest import TickClock, live_server, wait_for
 
 MEMORIES = [
     "I live in Lisbon with my sister.",
@@ -37,22 +37,24 @@ def real_server(tmp_path_factory, default_model_dir):
         data_dir=data, backend="transformers", auth=False, model=str(default_model_dir), store_turns=False
     )
     store = kvmem.text.MemoryStore(data / "memories.sqlite")
-    plans = StandInPlanProvider(store, backend, token_budget=2048)
-    app = create_app(config, backend=backend, store=store, plans=plans)
+    scheduler = make_scheduler(config, store, backend, clock=TickClock())
+    scheduler.start(thread=False)  # its tasks run in the test's thread: scheduler.flush()
+    app = create_app(config, backend=backend, store=store, scheduler=scheduler)
     with live_server(app) as url:
         wait_for(backend.is_ready, "model load", tries=3000)
-        yield url, backend, store, plans
-    plans.close()
+        yield url, backend, store, scheduler
+    scheduler.stop()
 
 
 @pytest.mark.slow
 def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_server):
-    url, backend, store, plans = real_server
-    store.add("alice", texts=MEMORIES)
-    plans.get("alice")
-    plans.flush()
-    plan = plans.get("alice")
-    assert plan.block_item_id is not None and plan.block_tokens > 0
+    url, backend, store, scheduler = real_server
+    memories = store.add("alice", texts=MEMORIES)
+    scheduler.flush()
+    block = scheduler.get("alice").block
+    # the scheduler's first block: every memory (the cap is 2048 tokens), newest first (equal heat otherwise)
+    assert block.memory_ids == tuple(m.id for m in reversed(memories))
+    assert block.texts == tuple(reversed(MEMORIES))
     client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
     def ask():
@@ -61,11 +63,12 @@ def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_se
         )
 
     first = ask()
-    block_len = backend.layout_prompt(plan.block_texts, [], []).block_len
+    block_len = backend.layout_prompt(block.texts, [], []).block_len
+    assert block.num_tokens == block_len == len(block.token_ids)
     assert first.usage.prompt_tokens_details.cached_tokens == block_len
     assert {m["tier"] for m in first.model_extra["memory"]["used"]} == {"kv"}
 
-    tensor_path, _ = item_paths(backend.store.directory, plan.block_item_id)
+    tensor_path, _ = item_paths(backend.store.directory, block.item_id)
     raw = bytearray(tensor_path.read_bytes())
     raw[-64] ^= 0xFF
     tensor_path.write_bytes(bytes(raw))
@@ -82,7 +85,7 @@ def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_se
 
 @pytest.mark.slow
 def test_streaming_equals_non_streaming_and_limits_hold(real_server):
-    url, backend, store, plans = real_server
+    url, backend, store, scheduler = real_server
     client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     q = [{"role": "user", "content": "Tell me a short story about a dog."}]
     full = client.chat.completions.create(

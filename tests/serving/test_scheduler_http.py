@@ -1,5 +1,5 @@
-"""The scheduler as the server's plan provider (fake backend: plumbing): blocks built off the request path,
-served from KV, dropped before a DELETE returns, visible in the plan route and /metrics."""
+"""The scheduler as `create_app` runs it, worker thread included (fake backend: plumbing): blocks built off the
+request path, served from KV, dropped before a DELETE returns, visible in the plan route and /metrics."""
 
 from __future__ import annotations
 
@@ -9,23 +9,23 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.text import HashEmbedder, MemoryStore
+from scheduler import Scheduler, SchedulerConfig
 from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
-from serving.sched_plans import SchedulerPlanProvider
+from serving.plans import make_scheduler, plan_dict
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 
 
 def test_scheduler_plans_through_http(tmp_path):
     backend = FakeBackend(reply="ok")
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
-    plans = SchedulerPlanProvider(store, backend, token_budget=4096, data_dir=tmp_path)
-    app = create_app(
-        ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False),
-        backend=backend,
-        store=store,
-        plans=plans,
+    config = ServingConfig(
+        data_dir=tmp_path, backend="fake", auth=False, store_turns=False, block_token_budget=4096
     )
+    scheduler = make_scheduler(config, store, backend)
+    scheduler.start()
+    app = create_app(config, backend=backend, store=store, scheduler=scheduler)
     with TestClient(app) as client:
         ids = [
             m["id"]
@@ -40,7 +40,7 @@ def test_scheduler_plans_through_http(tmp_path):
                 },
             ).json()["memories"]
         ]
-        plans.flush()
+        scheduler.flush()
         plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert plan["block"]["tier"] == "kv" and sorted(plan["block"]["memory_ids"]) == sorted(ids)
         out = client.post(
@@ -52,7 +52,8 @@ def test_scheduler_plans_through_http(tmp_path):
         # the plan carried the block's ids, so the request did not tokenize the block again
         assert backend.block_ids_given == 1
         assert (
-            plans.get("alice").block_token_ids == backend.requests[-1].prompt.ids[: plan["block"]["tokens"]]
+            scheduler.get("alice").block.token_ids
+            == backend.requests[-1].prompt.ids[: plan["block"]["tokens"]]
         )
         assert client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"}).json() == {"deleted": 1}
         # stopped serving before the DELETE returned (no flush in between; the worker may already have rebuilt)
@@ -60,30 +61,34 @@ def test_scheduler_plans_through_http(tmp_path):
             ids[0]
             not in client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["block"]["memory_ids"]
         )
-        plans.flush()
+        scheduler.flush()
         plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert plan["block"]["memory_ids"] == [ids[1]]
         assert plan["scheduler"]["num_blocks"] == 1 and plan["scheduler"]["builds"] == 2
         metrics = client.get("/metrics").text
         assert "kvmem_scheduler_blocks 1" in metrics and "kvmem_scheduler_builds_total 2" in metrics
-        assert json.dumps(plans.get("bob").to_dict()["block"]) == json.dumps(
+        assert json.dumps(plan_dict(scheduler.get("bob"))["block"]) == json.dumps(
             {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
         )
-    plans.close()
+    scheduler.stop()
     store.close()
 
 
-def test_create_app_uses_the_scheduler_by_default_and_keeps_the_standin(tmp_path):
-    from serving.plans import StandInPlanProvider
-
+def test_create_app_runs_the_scheduler_and_stops_it_at_shutdown(tmp_path):
     backend = FakeBackend(reply="ok")
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
-    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False)
+    config = ServingConfig(
+        data_dir=tmp_path, backend="fake", auth=False, store_turns=False, block_token_budget=20
+    )
     with TestClient(create_app(config, backend=backend, store=store)) as client:
-        assert isinstance(client.app.state.plans, SchedulerPlanProvider)
-    standin = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, planner="standin")
-    with TestClient(create_app(standin, backend=backend, store=store)) as client:
-        assert isinstance(client.app.state.plans, StandInPlanProvider)
+        scheduler = client.app.state.scheduler
+        assert isinstance(scheduler, Scheduler) and scheduler.config == SchedulerConfig(user_block_tokens=20)
+        thread = scheduler._thread
+        assert thread is not None and thread.is_alive()
+        [memory] = store.add("alice", texts=["my cat is Tofu"])
+        scheduler.flush()
+        assert scheduler.get("alice").block.memory_ids == (memory.id,)
+    assert not thread.is_alive()  # stopped by the app that built it
     store.close()
 
 
@@ -98,12 +103,12 @@ def test_scheduler_redis_url_reaches_the_scheduler(request, tmp_path):
         data_dir=tmp_path, backend="fake", auth=False, store_turns=False, scheduler_redis_url=url
     )
     with TestClient(create_app(config, backend=backend, store=store)) as client:
-        plans = client.app.state.plans
-        assert isinstance(plans.scheduler.queue, RedisStreamsQueue)
+        scheduler = client.app.state.scheduler
+        assert isinstance(scheduler.queue, RedisStreamsQueue)
         [memory] = store.add("alice", texts=["my cat is Tofu"])
-        plans.flush()
+        scheduler.flush()
         assert client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["block"]["memory_ids"] == [
             memory.id
         ]
-        assert plans.scheduler.queue.pending() == 0
+        assert scheduler.queue.pending() == 0
     store.close()
