@@ -1,8 +1,10 @@
 """Trace-driven scheduler simulation (CPU only; token counts stand in for the model).
 
-Zipf retrievals per user within a topic that drifts half-way; ours (heat, append-first with hysteresis), LRU,
-LFU and a clairvoyant optimum at equal KV capacity; KV-served share, requests until the new topic is resident,
-rebuilds and prefill, and the real Scheduler's request-path overhead. `--out F.json` (see benchmarks/README).
+Zipf retrievals per user within a topic that drifts half-way; ours, LRU, LFU and a clairvoyant optimum at equal
+KV capacity; KV-served share, requests until the new topic is resident, rebuilds and prefill, and the real
+Scheduler's request-path overhead. "ours" is the server's own scheduler, not a model of it: the real
+`Scheduler` (heat table, worker, policy) over a trace-backed store and block maker, an injected clock, and the
+server's accounting of a turn (`scheduler.turn_access`). `--out F.json` (see benchmarks/README).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import argparse
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from benchmarks.common import median, print_table, write_outputs
-from scheduler.heat import HeatTable
-from scheduler.policy import Candidate, choose_block, promotion_policy
+from scheduler import Scheduler, SchedulerConfig, turn_access
 
 TOPICS = ("buying a home", "renovating", "work", "health", "travel")
 
@@ -86,20 +89,77 @@ class PolicyResult:
     )
 
 
+@dataclass(frozen=True)
+class TraceMemory:
+    """A trace memory as the scheduler reads one from the store: its text is its id (count_tokens maps it)."""
+
+    id: str
+    text: str
+    version: int = 1
+    created_at: float = 0.0
+
+
+class TracePage(NamedTuple):
+    items: list[TraceMemory]
+    total: int
+
+
+class TraceSource:
+    """The scheduler's MemorySource over one trace's memories (one user, nothing ever changes)."""
+
+    def __init__(self, sizes: dict[str, int]):
+        self.memories = [TraceMemory(m, m) for m in sizes]
+
+    def list(self, user_id: str, *, session_id: str | None = None, page: int = 1, page_size: int = 20):
+        return TracePage(self.memories[(page - 1) * page_size : page * page_size], len(self.memories))
+
+    def subscribe(self, callback):
+        return lambda: None
+
+
+class TraceBlockMaker:
+    """The scheduler's BlockMaker without a model: a block is its memories' token count; every build is kept
+    in `builds`, so each block the scheduler made is counted, not only the last of a request."""
+
+    def __init__(self, sizes: dict[str, int]):
+        from kvmem.kv.blocks import BuiltBlock  # the type every block maker returns
+
+        self.sizes, self._built_block = sizes, BuiltBlock
+        self.builds: list[tuple[str, ...]] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]):
+        ids = tuple(memory_ids)
+        self.builds.append(ids)
+        n = sum(self.sizes[m] for m in ids)
+        return self._built_block(f"block-{len(self.builds)}", ids, n, n, built=True)
+
+    def drop_block(self, item_id: str) -> None:
+        pass
+
+
 def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s: float, hysteresis: float):
     """Per request: (served tokens, retrieved tokens); plus rebuilds, appends and block tokens prefilled, counted
     the same way for every policy from how the block changed (a change that keeps the old block as a prefix
     is an append and prefills only the new tail; any other change prefills everything after the common
-    prefix)."""
+    prefix). "ours" serves each request from the plan the real Scheduler has published, then records the turn
+    as the server does and runs the worker's tasks before the next request."""
     sizes, out = trace.sizes, []
     block: tuple[str, ...] = ()
     last: dict[str, int] = {}
     count: Counter[str] = Counter()
-    heat = HeatTable(None, half_life_s=half_life_s, use_weight=2.0, recency_prior=0.25)
-    for m in sizes:
-        heat.seen("u", m, 0.0)
     rebuilds = appends = prefilled = 0
-    score = promotion_policy("heat")
+    now = 0.0
+    maker = TraceBlockMaker(sizes)
+    sched = Scheduler(
+        SchedulerConfig(user_block_tokens=cap, half_life_s=half_life_s, hysteresis=hysteresis),
+        TraceSource(sizes),
+        maker,
+        sizes.__getitem__,
+        clock=lambda: now,
+    )
 
     def change(new: tuple[str, ...]) -> tuple[str, ...]:
         nonlocal rebuilds, appends, prefilled
@@ -120,6 +180,9 @@ def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s:
         if policy == "optimum" and r % window == 0:
             future = Counter(m for q in trace.requests[r : r + window] for m in q)
             block = change(_stable(_fill(sorted(future, key=lambda m: (-future[m], m)), sizes, cap), block))
+        if policy == "ours":
+            plan = sched.get("u")  # the request path's plan read
+            assert (plan.block.memory_ids if plan.block else ()) == block
         members = set(block)
         total = sum(sizes[m] for m in req)
         out.append((sum(sizes[m] for m in req if m in members), total))
@@ -134,10 +197,14 @@ def replay(policy: str, trace: UserTrace, cap: int, *, window: int, half_life_s:
                 _stable(_fill(sorted(count, key=lambda m: (-count[m], -last[m], m)), sizes, cap), block)
             )
         elif policy == "ours":
-            heat.record("u", req, req, now)
-            stats = heat.stats("u")
-            cands = [Candidate(m, score.score(stats[m], now, half_life_s), sizes[m]) for m in sizes]
-            block = change(choose_block(cands, block, cap, hysteresis).memory_ids)
+            sched.record_access(turn_access("u", req, at=now))  # the server's accounting of a turn
+            built = len(maker.builds)
+            sched.run_pending()
+            for ids in maker.builds[built:]:
+                block = change(ids)
+            published = sched.plans.get("u").block  # what the next request will read
+            block = change(published.memory_ids if published else ())
+    sched.stop()
     return out, rebuilds, appends, prefilled
 
 
@@ -149,20 +216,12 @@ def shift_latency(served: list[tuple[int, int]], shift_at: int, threshold: float
 
 def request_path_overhead(iterations: int) -> dict:
     """p50/p99 of the real Scheduler's plan read + access event (enqueue), in microseconds."""
-    from types import SimpleNamespace
-
-    from scheduler import AccessEvent, Scheduler, SchedulerConfig
-
-    source = SimpleNamespace(
-        list=lambda *a, **k: SimpleNamespace(items=[], total=0), subscribe=lambda cb: lambda: None
-    )
-    builder = SimpleNamespace(ready=lambda: True, build_block=None, drop_block=lambda i: None)
-    sched = Scheduler(SchedulerConfig(), source, builder, len)
+    sched = Scheduler(SchedulerConfig(), TraceSource({}), TraceBlockMaker({}), len)
     times = []
     for i in range(iterations):
         t0 = time.perf_counter()
         sched.get(f"user{i % 100}")
-        sched.record_access(AccessEvent(f"user{i % 100}", ("a", "b"), ("a",), 0.0))
+        sched.record_access(turn_access(f"user{i % 100}", ("a", "b"), at=0.0))
         times.append(time.perf_counter() - t0)
         if len(sched.queue) > 10_000:
             while sched.queue.get(timeout_s=0) is not None:

@@ -1,12 +1,22 @@
 """scheduler: decides which memories live in which tier; imports kvmem, never serving.
 
-heat.py (statistics), policy.py (pure choices), plan.py (atomic snapshots), queue.py (tasks), worker.py
-(runs them), service.py (the Scheduler facade).
+heat.py (statistics), accounting.py (a served turn -> an access event), policy.py (pure choices), plan.py
+(atomic snapshots), queue.py (tasks), worker.py (runs them), service.py (the Scheduler facade).
 """
 
+from scheduler.accounting import turn_access
 from scheduler.config import SchedulerConfig
 from scheduler.heat import AccessEvent
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from scheduler.service import Scheduler, SchedulerStats
 
-__all__ = ["AccessEvent", "BlockPlan", "Plan", "PlanBook", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = [
+    "AccessEvent",
+    "BlockPlan",
+    "Plan",
+    "PlanBook",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStats",
+    "turn_access",
+]

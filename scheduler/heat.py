@@ -27,7 +27,8 @@ REPLAY_WINDOW_S = 24 * 3600.0  # an access event redelivered within this long (e
 
 @dataclass(frozen=True)
 class AccessEvent:
-    """One served turn: the memories retrieved for it and the ones the answer used, at time `at` (seconds)."""
+    """One served turn: the memories retrieved for it and the ones used, at time `at` (seconds). What counts
+    as retrieved and used is `scheduler.accounting.turn_access`'s rule (the search's hits, both)."""
 
     user_id: str
     retrieved_ids: tuple[str, ...]

@@ -17,7 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler import AccessEvent, Scheduler
+from scheduler import Scheduler, turn_access
 from serving.backends.base import (
     Backend,
     GenerationRequest,
@@ -58,8 +58,8 @@ class PreparedChat:
     request: GenerationRequest
     session_id: str | None
     query: str
-    used: tuple[UsedMemory, ...]
-    retrieved_ids: tuple[str, ...]
+    used: tuple[UsedMemory, ...]  # what the prompt carried (the response's `memory.used`): block + text hits
+    retrieved_ids: tuple[str, ...]  # search hits over all the user's memories, best first: heat counts these
     started_at: float  # perf_counter at request arrival, for TTFT through HTTP
 
     def memory_dict(self, result: GenerationResult | None) -> dict[str, Any]:
@@ -276,10 +276,10 @@ class ChatService:
         if result.ttft_s > 0:  # 0: nothing was generated
             self._metrics.observe_prefill(result.ttft_s)
         self._metrics.observe_tiers([u["tier"] for u in prepared.memory_dict(result)["used"]])
-        event = AccessEvent(
-            user_id=prepared.request.user_id,
-            retrieved_ids=prepared.retrieved_ids,
-            used_ids=tuple(m.id for m in prepared.used),
+        # heat counts what retrieval ranked for the query, not what the block injected (scheduler.accounting)
+        event = turn_access(
+            prepared.request.user_id,
+            prepared.retrieved_ids,
             at=self._scheduler.clock(),
             session_id=prepared.session_id,
         )

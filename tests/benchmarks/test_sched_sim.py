@@ -25,3 +25,33 @@ def test_trace_is_deterministic_and_shifts_topic():
     assert a == b and a.shift_at == 10
     assert all(m.startswith("buying a home:") for q in a.requests[:10] for m in q)
     assert all(m.startswith("renovating:") for q in a.requests[10:] for m in q)
+
+
+def test_ours_is_the_real_scheduler_fed_by_the_servers_accounting(monkeypatch):
+    """ "ours" is not a model of the scheduler: each request is recorded through the server's own accounting
+    (scheduler.turn_access) into a real Scheduler, whose published plan serves the next request."""
+    calls, reads = [], []
+    real_access, real_get = sched_sim.turn_access, sched_sim.Scheduler.get
+
+    def access(*args, **kw):
+        calls.append((args, kw))
+        return real_access(*args, **kw)
+
+    def get(self, user_id):
+        plan = real_get(self, user_id)
+        reads.append(plan.block.memory_ids if plan.block else ())
+        return plan
+
+    monkeypatch.setattr(sched_sim, "turn_access", access)
+    monkeypatch.setattr(sched_sim.Scheduler, "get", get)
+    trace = sched_sim.make_trace(3, num_requests=12, per_topic=8, k=3, zipf_s=1.1, p_topic=1.0)
+    out, rebuilds, appends, prefilled = sched_sim.replay(
+        "ours", trace, 150, window=6, half_life_s=600.0, hysteresis=1.02
+    )
+    assert calls == [(("u", req), {"at": 60.0 * (r + 1)}) for r, req in enumerate(trace.requests)]
+    served_by_plan = [
+        sum(trace.sizes[m] for m in req if m in set(block))
+        for req, block in zip(trace.requests, reads, strict=True)
+    ]
+    assert [s for s, _ in out] == served_by_plan and served_by_plan[0] == 0  # nothing built before request 0
+    assert (rebuilds, appends, prefilled) == (2, 1, 361)
