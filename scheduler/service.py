@@ -64,10 +64,9 @@ class Scheduler:
             use_weight=config.use_weight,
             recency_prior=config.recency_prior,
         )
-        self.plans = PlanBook()
+        self.plans = PlanBook(config.max_plans)
         self.queue: TaskQueue = queue if queue is not None else make_queue(redis_url)
         self.worker = Worker(config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock)
-        self._known: set[str] = set()
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,13 +98,15 @@ class Scheduler:
 
     # -- request path (never waits on the worker) ----------------------------------------------------------
     def get(self, user_id: str) -> Plan:
-        """The user's current plan (an empty one for an unknown user, whose first build is then enqueued)."""
+        """The user's current plan. A user the plan book does not hold (never seen, or dropped past
+        `config.max_plans`) gets an empty plan, and their plan is enqueued once: built, or for a returning user
+        restored (the stored KV item is found again by its content address). The book is also the bounded
+        record of which users were already asked for."""
         plan = self.plans.get(user_id)
         self._reads += 1
         if plan.block is not None:
             self._hits += 1
-        elif user_id not in self._known:
-            self._known.add(user_id)
+        elif self.plans.register(user_id):
             self.queue.put(Task("refresh", user_id))
         return plan
 
