@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -81,7 +82,10 @@ class ChatService:
             metrics,
         )
         self._background: set[asyncio.Future[Any]] = set()
-        self._sessions: set[tuple[str, str]] = set()  # sessions seen, for prewarm on the first turn
+        # (user, session) pairs seen, least recent first, for prewarm on a session's first turn: at most
+        # config.max_sessions (the header is the client's choice); a forgotten session that returns prewarms
+        # again. Touched only on the event loop, so no lock.
+        self._sessions: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     # -- before generation -----------------------------------------------------------------------------------
     def validate(self, body: ChatCompletionRequest) -> None:
@@ -109,9 +113,8 @@ class ChatService:
         """Plan + search + layout. Raises PromptTooLong (400) when the prompt leaves no room to answer."""
         messages = [m.to_plain() for m in body.messages]
         query = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-        if session_id is not None and (user_id, session_id) not in self._sessions:
-            self._sessions.add((user_id, session_id))  # a new session: prewarm (next-scene prediction)
-            self._scheduler.session_start(user_id)
+        if session_id is not None and self._first_turn(user_id, session_id):
+            self._scheduler.session_start(user_id)  # a new session: prewarm (next-scene prediction)
         plan = self._scheduler.get(user_id)
         block = plan.block
         hits = []
@@ -156,6 +159,22 @@ class ChatService:
             retrieved_ids=tuple(h.memory.id for h in hits),
             started_at=started_at,
         )
+
+    @property
+    def sessions(self) -> tuple[tuple[str, str], ...]:
+        """The (user, session) pairs remembered, least recently seen first."""
+        return tuple(self._sessions)
+
+    def _first_turn(self, user_id: str, session_id: str) -> bool:
+        """Remember the session (most recent now); True if it was not remembered (new, or forgotten)."""
+        key = (user_id, session_id)
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return False
+        self._sessions[key] = None
+        while len(self._sessions) > self._config.max_sessions:
+            self._sessions.popitem(last=False)
+        return True
 
     # -- generation -------------------------------------------------------------------------------------------
     async def _generate(

@@ -38,6 +38,7 @@ class ServingConfig:
     queue_size: int = 16  # requests waiting or generating in the backend; more get 429
     block_token_budget: int = 2048  # per-user cap on block memory tokens (SchedulerConfig.user_block_tokens)
     retrieve_top_k: int = 8  # memories retrieved by search per chat turn
+    max_sessions: int = 10_000  # (user, session) pairs remembered for prewarm; least recent forgotten
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
@@ -60,7 +61,7 @@ class ServingConfig:
             raise ValueError(
                 f"auth off (--no-auth) is only allowed on a loopback host, got host {self.host!r}"
             )
-        for name in ("queue_size", "retrieve_top_k", "default_max_tokens"):
+        for name in ("queue_size", "retrieve_top_k", "default_max_tokens", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_token_budget < 0:
