@@ -63,7 +63,7 @@ def env(tmp_path):
             **{"half_life_s": 100.0, "recency_prior": 1.0, "bytes_per_token": BYTES_PER_TOKEN, **cfg}
         )
         sched = Scheduler(config, store, builder, lambda text: len(text.split()), clock=lambda: t[0])
-        sched._unsubscribe = store.subscribe(sched.on_change)
+        sched.start(thread=False)
         return sched
 
     yield store, builder, ids, make

@@ -85,7 +85,7 @@ def env(tmp_path):
             lambda text: len(text.split()),
             clock=clock,
         )
-        sched._unsubscribe = store.subscribe(sched.on_change)  # events without the worker thread
+        sched.start(thread=False)  # store events, tasks run by run_pending
         return sched
 
     yield clock, store, builder, make
@@ -185,7 +185,7 @@ def test_each_memory_version_is_counted_once(env):
         return len(text.split())
 
     sched = Scheduler(SchedulerConfig(user_block_tokens=5), store, builder, count, clock=clock)
-    sched._unsubscribe = store.subscribe(sched.on_change)
+    sched.start(thread=False)
     a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
     sched.run_pending()
     assert sorted(counted) == ["cat named Miso", "lives in Lisbon"]
