@@ -17,10 +17,16 @@ class TextStoreConfig:
 
     max_text_tokens: longest memory or query accepted, counted as word and punctuation tokens (MemOS: 40k).
     synchronous: SQLite's fsync level in WAL mode; FULL survives power loss, NORMAL only process crashes.
-    rrf_k, keyword_weight, dense_weight: reciprocal rank fusion, score = sum(w / (rrf_k + rank)). Defaults
-        chosen on a development seed of benchmarks/memory_dataset.py (seed 1), reported on seed 0: a small k
-        trusts the top of each ranking, and BM25 over chat questions is the weaker leg, so it weighs half.
+    rrf_k, keyword_weight, dense_weight: reciprocal rank fusion, score = sum(w / (rrf_k + rank)).
+    neighbour_weight: hybrid only; a keyword hit's score adds this times the best keyword score of its
+        previous / next turn in the same session (so replies are found by the words of what they answer).
+    speaker_weight: hybrid only; lift of candidates whose speaker (role's first word) the query names.
+        The hybrid defaults were chosen on the 'tune' split of REALTALK (real multi-session dialogue,
+        benchmarks/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
+        leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
+        set, where the legs are the other way round, and lost to plain BM25 on real conversations.)
     num_candidates: how many hits each search leg hands to fusion (at least top_k).
+    num_keyword_candidates: hybrid only; how many BM25 hits are spread to their neighbours before fusion.
     vector_cache_bytes: bound on the in-process per-user vector matrices used by the dense scan.
     reembed_on_mismatch: re-embed every memory at open when the file was built with another embedder.
     """
@@ -31,16 +37,26 @@ class TextStoreConfig:
     synchronous: str = "FULL"
     busy_timeout_ms: int = 10_000
     fusion: str = "rrf"
-    rrf_k: int = 5
-    keyword_weight: float = 0.5
-    dense_weight: float = 1.0
+    rrf_k: int = 60
+    keyword_weight: float = 1.0
+    dense_weight: float = 0.5
+    neighbour_weight: float = 0.5
+    speaker_weight: float = 0.3
     num_candidates: int = 50
+    num_keyword_candidates: int = 200
     vector_cache_bytes: int = 512 * 1024 * 1024
     embed_batch_size: int = 64
     reembed_on_mismatch: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_text_tokens", "max_page_size", "max_top_k", "num_candidates", "embed_batch_size"):
+        for name in (
+            "max_text_tokens",
+            "max_page_size",
+            "max_top_k",
+            "num_candidates",
+            "num_keyword_candidates",
+            "embed_batch_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TextStoreConfig.{name} must be a positive int, got {value!r}")
@@ -54,7 +70,7 @@ class TextStoreConfig:
             )
         if self.fusion not in _FUSIONS:
             raise ValueError(f"TextStoreConfig.fusion must be one of {_FUSIONS}, got {self.fusion!r}")
-        for name in ("keyword_weight", "dense_weight"):
+        for name in ("keyword_weight", "dense_weight", "neighbour_weight", "speaker_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TextStoreConfig.{name} must be a number >= 0, got {value!r}")

@@ -10,6 +10,7 @@ Knows nothing of HTTP, KV items or scheduling.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import uuid
@@ -58,8 +59,8 @@ from kvmem.text.rows import (
     write_version,
 )
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, dense_leg, fuse_legs, keyword_leg
-from kvmem.text.vectors import VectorCache
+from kvmem.text.search import SEARCH_MODES, allowed_rowids, dense_leg, fuse_legs, keyword_leg, user_rows
+from kvmem.text.vectors import VectorCache, speaker_key
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
 
@@ -176,7 +177,11 @@ class MemoryStore:
             ]
             gen = bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
-            tx.after_commit.append(lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors))
+            sessions = [session_id] * len(memories)
+            speakers = [speaker_key(m.role) for m in memories]
+            tx.after_commit.append(
+                lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers)
+            )
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
 
@@ -374,8 +379,9 @@ class MemoryStore:
     ) -> list[SearchHit]:
         """This user's active memories best matching `query`, best first.
 
-        mode: keyword (FTS5 BM25), dense (cosine over embeddings) or hybrid (reciprocal rank fusion of the
-        two, score scaled to [0, 1]). min_score applies to that mode's score.
+        mode: keyword (FTS5 BM25), dense (cosine over embeddings) or hybrid (the two fused, with
+        conversational context: see search.fuse_legs; score in [0, 1]). min_score applies to that mode's
+        score.
         """
         check_user_id(user_id)
         check_text(query, self.config.max_text_tokens, "query")
@@ -385,17 +391,21 @@ class MemoryStore:
         check_min_score(min_score)
         parsed = parse_filters(filters)
         num_candidates = max(self.config.num_candidates, top_k)
+        num_keyword = (
+            max(self.config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
+        )
         query_vector = self._embed([query])[0] if mode != "keyword" else None
+        entry, allowed = None, None
         with self._db.snapshot() as conn:
-            keyword = keyword_leg(conn, user_id, query, parsed, num_candidates) if mode != "dense" else []
-            dense = (
-                dense_leg(
-                    conn, self._vectors, self.embedder.dim, user_id, query_vector, parsed, num_candidates
-                )
-                if mode != "keyword"
-                else []
-            )
-        ranked = fuse_legs(mode, keyword, dense, self.config)
+            keyword = keyword_leg(conn, user_id, query, parsed, num_keyword) if mode != "dense" else []
+            if mode != "keyword":
+                entry = user_rows(conn, self._vectors, self.embedder.dim, user_id)
+                allowed = allowed_rowids(conn, user_id, parsed)
+            dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
+        config = self.config
+        if num_candidates != config.num_candidates:
+            config = dataclasses.replace(config, num_candidates=num_candidates)
+        ranked = fuse_legs(mode, keyword, dense, config, entry, query, allowed)
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
         ranked = ranked[:top_k]

@@ -1,6 +1,8 @@
 """Exact dense search: per-user vector matrices cached in process, scanned with numpy.
 
-Owns the cache and its invalidation. Each user's write bumps `user_generation.gen` in the same transaction,
+Owns the cache and its invalidation, and the per-row facts search needs beside the vectors: each row's
+session and speaker, and its neighbours in the conversation (the previous and next active row of the same
+session), derived from live rows only, so a deleted memory is never anyone's neighbour. Each user's write bumps `user_generation.gen` in the same transaction,
 so a cached matrix is used only while its generation is the file's (other threads and processes included).
 sqlite-vec would need an extension-capable SQLite; an exact scan of one user's vectors is fast enough here.
 Knows nothing of filters or fusion.
@@ -8,6 +10,7 @@ Knows nothing of filters or fusion.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -15,17 +18,51 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def speaker_key(role: str | None) -> str:
+    """How a row's role is matched against the words of a query: its first word, lower-cased ('' if none)."""
+    words = (role or "").split()
+    return words[0].lower() if words else ""
+
+
 @dataclass(frozen=True)
 class UserVectors:
-    """One user's active vectors at one generation. rowids[i] is the memory row of matrix[i]."""
+    """One user's active vectors at one generation. rowids[i] (ascending) is the memory row of matrix[i];
+    sessions[i] its session id (None: none) and speakers[i] its `speaker_key`."""
 
     gen: int
-    rowids: np.ndarray  # [n] int64
+    rowids: np.ndarray  # [n] int64, ascending
     matrix: np.ndarray  # [n, dim] float32
+    sessions: np.ndarray  # [n] object (str | None)
+    speakers: np.ndarray  # [n] object (str)
 
     @property
     def num_bytes(self) -> int:
-        return self.rowids.nbytes + self.matrix.nbytes
+        return self.rowids.nbytes + self.matrix.nbytes + 64 * self.rowids.shape[0]
+
+    @functools.cached_property
+    def neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """(prev, next): index of the previous / next row of the same session in insertion (rowid) order,
+        -1 where there is none or the row has no session. Computed once per entry, on first use."""
+        n = self.rowids.shape[0]
+        prev = np.full(n, -1, dtype=np.int64)  # [n]
+        nxt = np.full(n, -1, dtype=np.int64)  # [n]
+        last: dict[str, int] = {}
+        for i, session in enumerate(self.sessions.tolist()):
+            if session is None:
+                continue
+            j = last.get(session)
+            if j is not None:
+                prev[i], nxt[j] = j, i
+            last[session] = i
+        return prev, nxt
+
+    def index_of(self, rowids: np.ndarray) -> np.ndarray:
+        """Positions of these rowids in this entry, -1 for rowids it does not hold."""
+        rowids = np.asarray(rowids, dtype=np.int64)
+        if self.rowids.shape[0] == 0:
+            return np.full(rowids.shape[0], -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.rowids, rowids), self.rowids.shape[0] - 1)
+        return np.where(self.rowids[pos] == rowids, pos, -1)
 
 
 class VectorCache:
@@ -56,9 +93,19 @@ class VectorCache:
                 self._drop(next(iter(self._entries)))
 
     def append(
-        self, user_id: str, old_gen: int, new_gen: int, rowids: np.ndarray, matrix: np.ndarray
+        self,
+        user_id: str,
+        old_gen: int,
+        new_gen: int,
+        rowids: np.ndarray,
+        matrix: np.ndarray,
+        sessions: list[str | None],
+        speakers: list[str],
     ) -> None:
-        """After this process's own add: extend the entry if it was current at `old_gen`, else drop it."""
+        """After this process's own add: extend the entry if it was current at `old_gen`, else drop it.
+
+        New rowids are larger than every cached one (SQLite rowids grow), so the order stays ascending.
+        """
         with self._lock:
             entry = self._entries.get(user_id)
         if entry is None:
@@ -72,6 +119,8 @@ class VectorCache:
                 gen=new_gen,
                 rowids=np.concatenate([entry.rowids, rowids.astype(np.int64)]),
                 matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
+                sessions=np.concatenate([entry.sessions, np.array(sessions, dtype=object)]),
+                speakers=np.concatenate([entry.speakers, np.array(speakers, dtype=object)]),
             ),
         )
 

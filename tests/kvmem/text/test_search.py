@@ -121,3 +121,109 @@ def test_vector_cache_sees_other_processes_writes(tmp_path, clock):
         assert {h.memory.id for h in two.search("alice", "pears", mode="dense")} == {a.id, b.id}
         one.delete("alice", a.id)
         assert [h.memory.id for h in two.search("alice", "pears", mode="dense")] == [b.id]
+
+
+# ----------------------------------------------------------------- conversational context in hybrid search
+
+
+def _rows(sessions, speakers=None):
+    import numpy as np
+
+    from kvmem.text.vectors import UserVectors
+
+    n = len(sessions)
+    return UserVectors(
+        gen=1,
+        rowids=np.arange(10, 10 + n, dtype=np.int64),
+        matrix=np.zeros((n, 4), dtype=np.float32),
+        sessions=np.array(sessions, dtype=object),
+        speakers=np.array(speakers or [""] * n, dtype=object),
+    )
+
+
+def test_neighbours_stay_inside_a_session():
+    rows = _rows(["a", "b", "a", None, "a"])
+    prev, nxt = rows.neighbours
+    assert prev.tolist() == [-1, -1, 0, -1, 2]
+    assert nxt.tolist() == [2, -1, 4, -1, -1]
+    assert rows.index_of([12, 99, 10]).tolist() == [2, -1, 0]
+
+
+def test_spread_to_neighbours_exact_scores():
+    import numpy as np
+
+    from kvmem.text.search import spread_to_neighbours
+
+    rows = _rows(["a", "a", "a", "b", "b"])  # rowids 10..14
+    spread = spread_to_neighbours([(11, 4.0), (13, 2.0)], rows, 0.5, None)
+    # 11 keeps 4; its neighbours 10 and 12 get 0.5 * 4; 13 keeps 2, its neighbour 14 gets 1; ties by rowid
+    assert spread == [(11, 4.0), (10, 2.0), (12, 2.0), (13, 2.0), (14, 1.0)]
+    # a neighbour outside the filters is not added; the hits themselves passed the filters in SQL
+    assert spread_to_neighbours([(11, 4.0)], rows, 0.5, np.array([11, 12])) == [(11, 4.0), (12, 2.0)]
+    assert spread_to_neighbours([(11, 4.0)], rows, 0.0, None) == [(11, 4.0)]
+
+
+def _keyword_only(tmp_path, clock, **overrides):
+    from kvmem.text import HashEmbedder, MemoryStore, TextStoreConfig
+
+    config = TextStoreConfig(dense_weight=0.0, **overrides)  # hybrid without the dense leg: exact ranks
+    return MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=clock)
+
+
+def test_hybrid_finds_the_reply_next_to_the_words(tmp_path, clock):
+    with _keyword_only(tmp_path, clock, speaker_weight=0.0) as store:
+        question, reply, other = store.add(
+            "alice",
+            messages=[
+                {"role": "Bo", "content": "Do you still go running every morning?"},
+                {"role": "Al", "content": "Yes, six miles before breakfast"},
+                {"role": "Bo", "content": "Cool"},
+            ],
+            session_id="s1",
+        )
+        [elsewhere] = store.add(
+            "alice", messages=[{"role": "Bo", "content": "Nice weather"}], session_id="s2"
+        )
+        assert [h.memory.id for h in store.search("alice", "running every morning", mode="keyword")] == [
+            question.id
+        ]
+        hits = store.search("alice", "running every morning", top_k=10)
+        # rrf(k=60): the question is keyword rank 1, the reply after it rank 2 with half its BM25 score;
+        # "Cool" follows the reply, not the question, and "Nice weather" is another session
+        assert [h.memory.id for h in hits] == [question.id, reply.id]
+        assert [round(h.score, 6) for h in hits] == [1.0, round(61 / 62, 6)]
+        assert other.id not in [h.memory.id for h in hits]
+        store.delete("alice", question.id)  # a deleted turn lends its words to no one
+        assert store.search("alice", "running every morning") == []
+        assert elsewhere.id not in [h.memory.id for h in hits]
+
+
+def test_hybrid_lifts_turns_of_the_named_speaker(tmp_path, clock):
+    with _keyword_only(tmp_path, clock, neighbour_weight=0.0) as store:
+        ana, ben = store.add(
+            "alice",
+            messages=[
+                {"role": "Ana", "content": "pizza"},
+                {"role": "Ben Stone", "content": "I could eat pizza every single day of the week"},
+            ],
+        )
+        assert [h.memory.id for h in store.search("alice", "pizza", mode="keyword")] == [ana.id, ben.id]
+        assert [h.memory.id for h in store.search("alice", "pizza")] == [ana.id, ben.id]  # nobody named
+        hits = store.search("alice", "What pizza does Ben like?")
+        assert [h.memory.id for h in hits] == [ben.id, ana.id]
+        assert [round(h.score, 6) for h in hits] == [
+            round((61 / 62 + 0.3) / 1.3, 6),
+            round(1 / 1.3, 6),
+        ]
+
+
+def test_neighbours_follow_appends_to_the_cached_rows(tmp_path, clock):
+    with _keyword_only(tmp_path, clock, speaker_weight=0.0) as store:
+        [question] = store.add(
+            "alice", messages=[{"role": "Bo", "content": "Any plans for Lisbon?"}], session_id="s"
+        )
+        assert [h.memory.id for h in store.search("alice", "Lisbon")] == [question.id]  # rows now cached
+        [reply] = store.add("alice", messages=[{"role": "Al", "content": "Yes, in May"}], session_id="s")
+        [other] = store.add("alice", messages=[{"role": "Al", "content": "Yes, in May"}], session_id="t")
+        assert [h.memory.id for h in store.search("alice", "Lisbon")] == [question.id, reply.id]
+        assert other.id != reply.id
