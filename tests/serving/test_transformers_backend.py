@@ -8,9 +8,11 @@ import threading
 import time
 
 import pytest
+import torch
 
 from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig, _StopMatcher
+from tests.conftest import ForwardLog
 
 
 def run(stops, deltas):
@@ -116,6 +118,49 @@ def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they
     while backend.queue_depth and time.monotonic() < deadline:
         time.sleep(0.001)
     assert backend.queue_depth == 0
+
+
+def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference_mode(tiny_backend):
+    """The first request ends while the others still decode: no forward of theirs may leave inference mode
+    (params require grad, so a forward outside it builds an autograd graph through the cache)."""
+    backend = tiny_backend
+    texts = ["I live in Lisbon.", "My dog is called Miso."]
+    block = backend.build_block("u", texts, ["m1", "m2"])
+    shapes = [  # (block?, question, max new tokens): the shortest is started first and ends first
+        (True, "Hi", 2),
+        (False, "Tell me everything you know about my dog and where I live, please.", 11),
+        (True, "Where do I live?", 6),
+    ]
+    requests = []
+    for i, (with_block, question, max_new) in enumerate(shapes):
+        prompt = backend.layout_prompt(
+            texts if with_block else [],
+            [],
+            [{"role": "user", "content": question}],
+            block.token_ids if with_block else None,
+        )
+        sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+        requests.append(
+            GenerationRequest(f"r{i}", "u", prompt, block.item_id if with_block else None, sampling)
+        )
+    alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    log = ForwardLog(backend.handle.model)
+    try:
+
+        async def together():
+            return await asyncio.gather(*(tokens_of(backend, r) for r in requests))
+
+        both = asyncio.run(together())
+        wait_released(backend)
+        mode_after = backend._loop.call(torch.is_inference_mode_enabled)
+    finally:
+        log.remove()
+    assert [ids for ids, _ in both] == [ids for ids, _ in alone]
+    assert [len(ids) for ids, _ in both] == [2, 11, 6]
+    assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
+    assert len(log.calls) == 2 + 11 + 6
+    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 19
+    assert mode_after is False  # the model thread is left as it was found
 
 
 def wait_released(backend) -> None:
