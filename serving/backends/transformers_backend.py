@@ -32,6 +32,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.model_loop import ModelLoop
+from serving.backends.stops import StopMatcher
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class TransformersBackend(Backend):
             )
             stats = GenerationStats()
             detok = _Detokenizer(self.handle.tokenizer)
-            stops = _StopMatcher(sp.stop)
+            stops = StopMatcher(sp.stop)
             finish = None
             for token in generate(
                 self.handle.model,
@@ -309,32 +310,3 @@ class TransformersBackend(Backend):
         finally:
             cancel.set()
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
-
-
-class _StopMatcher:
-    """Finds stop strings across token boundaries; holds back text that could still become a stop string."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = tuple(x for x in stops if x)
-        self.pending = ""
-        self.hit = False
-
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """Returns (text safe to emit now, whether a stop string was found)."""
-        if not self.stops:
-            return delta, False
-        self.pending += delta
-        found = [i for i in (self.pending.find(x) for x in self.stops) if i >= 0]
-        if found:
-            out, self.pending, self.hit = self.pending[: min(found)], "", True
-            return out, True
-        hold = max(
-            (k for x in self.stops for k in range(1, len(x)) if self.pending.endswith(x[:k])), default=0
-        )
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(out) :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out

@@ -1,5 +1,5 @@
-"""The transformers backend: stop strings across token boundaries (no model), and on a tiny random llama,
-concurrent requests taking turns on the one model thread with the same greedy tokens as alone."""
+"""The transformers backend on a tiny random llama: concurrent requests taking turns on the one model thread
+with the same greedy tokens as alone, every forward in inference mode, admission bounded and released."""
 
 from __future__ import annotations
 
@@ -11,41 +11,9 @@ import pytest
 import torch
 
 from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig, _StopMatcher
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.chat import MAX_STOP_CHARS
 from tests.conftest import ForwardLog
-
-
-def run(stops, deltas):
-    m = _StopMatcher(stops)
-    out, hit = [], False
-    for d in deltas:
-        ready, hit = m.feed(d)
-        out.append(ready)
-        if hit:
-            break
-    if not hit:
-        out.append(m.flush())
-    return "".join(out), hit, out
-
-
-def test_stop_split_across_tokens_is_never_emitted():
-    text, hit, pieces = run(["END"], ["Hello E", "N", "D and more"])
-    assert (text, hit) == ("Hello ", True)
-    assert pieces == ["Hello ", "", ""]
-
-
-def test_held_back_prefix_is_released_when_it_does_not_become_a_stop():
-    text, hit, pieces = run(["END"], ["Hello E", "N", "ough"])
-    assert (text, hit) == ("Hello ENough", False)
-    assert pieces == ["Hello ", "", "ENough", ""]
-
-
-def test_earliest_of_several_stops_wins_and_no_stops_passes_through():
-    assert run(["b", "a"], ["xxab"])[:2] == ("xx", True)
-    assert run([], ["a", "b"])[:2] == ("ab", False)
-
-
-# -- the backend on a tiny random llama: requests interleaved on the model thread -----------------------------
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +183,49 @@ def test_admission_is_bounded_and_released(tiny_backend):
         assert len(asyncio.run(tokens_of(backend, req))[0]) == 4  # the slot is free again
     finally:
         backend.config = TransformersBackendConfig(**{**backend.config.__dict__, "max_queue": 16})
+
+
+def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any_other(tiny_backend):
+    """A hostile request (the most and longest stop strings allowed, many tokens) is running; a second
+    request's prefill comes after the hostile step in progress when it arrives and at most one more."""
+    backend = tiny_backend
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
+    n = MAX_STOP_CHARS
+    stops = ("a" * (n - 1) + "b", " " * (n - 1) + "x", ("ab" * n)[:n], "e" * n)
+    hostile = GenerationRequest(
+        "hostile", "u", prompt, None, SamplingParams(max_new_tokens=300, temperature=0.0, stop=stops)
+    )
+    other_prompt = backend.layout_prompt(
+        [], [], [{"role": "user", "content": "Hi there, how are you today?"}]
+    )
+    other = GenerationRequest(
+        "other", "u", other_prompt, None, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    events: list[object] = []  # forward input lengths, and "queued" when the second request reaches the loop
+    hook = backend.handle.model.register_forward_pre_hook(
+        lambda _m, _a, kw: events.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    start = backend._loop.start
+
+    def start_and_mark(steps):
+        events.append("queued")
+        start(steps)
+
+    async def run_both():
+        stream = backend.stream(hostile)
+        await anext(stream)  # the hostile request is decoding
+        backend._loop.start = start_and_mark
+        other_ids, _ = await tokens_of(backend, other)
+        rest = [item async for item in stream]
+        return other_ids, rest[-1]
+
+    try:
+        other_ids, result = asyncio.run(run_both())
+        wait_released(backend)
+    finally:
+        hook.remove()
+        del backend._loop.start
+    assert len(other_ids) == 2 and result.completion_tokens == 300
+    after = events[events.index("queued") + 1 :]
+    other_prefill = after.index(len(other_prompt.ids))
+    assert after[:other_prefill] in ([], [1], [1, 1])  # hostile decode steps before the newcomer's prefill
