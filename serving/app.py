@@ -26,7 +26,7 @@ from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
 from serving.chat import ChatService
 from serving.config import ServingConfig
-from serving.metrics import CONTENT_TYPE, Metrics
+from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics
 from serving.plans import PlanProvider, StandInPlanProvider
 from serving.protocol import (
     AddMemoriesRequest,
@@ -133,7 +133,7 @@ class _CountRequests:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
-            self.metrics.observe_request(scope["method"], getattr(route, "path", "unmatched"), status)
+            self.metrics.observe_request(scope["method"], getattr(route, "path", UNMATCHED), status)
 
 
 def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
@@ -350,6 +350,7 @@ def create_app(
         check_user(who, user_id)
         return {"deleted": await asyncio.to_thread(store.delete, user_id, memory_id)}
 
+    metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     return app
 
 

@@ -150,11 +150,11 @@ class FakeBackend(Backend):
         with self._lock:
             stored = self._blocks.get(req.block_item_id)
         if stored is None:
-            reason = "missing"
+            reason = "not_found"
         elif req.block_item_id in self._corrupt:
             reason = "corrupt"
         elif stored != req.prompt.ids[: req.prompt.block_len]:
-            reason = "mismatch"
+            reason = "prefix_mismatch"
         else:
             return req.prompt.block_len, None
         logger.warning("KV item %s unusable (%s): full prefill", req.block_item_id, reason)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmem.datadir import DataDir
-from kvmem.errors import KVItemError, KvmemError
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
 from serving.backends.base import (
     Backend,
     BackendError,
@@ -196,16 +196,18 @@ class TransformersBackend(Backend):
         return self._admitted
 
     def _resolve_item(self, req: GenerationRequest):
+        """(the KV item to inject or None, the fallback kind or None). The detail goes to the log line only:
+        the kind is a metrics label."""
         if req.block_item_id is None or req.prompt.block_len == 0:
             return None, None
         try:
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, _fallback_kind(exc)
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
-            return None, "item belongs to another user"
+            return None, "wrong_user"
         return item, None
 
     def _steps(
@@ -310,3 +312,15 @@ class TransformersBackend(Backend):
         finally:
             cancel.set()
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
+
+
+def _fallback_kind(exc: KVItemError) -> str:
+    """The KV_FALLBACK_KINDS category of a store error."""
+    for kind, cls in (
+        ("not_found", KVItemNotFound),
+        ("corrupt", KVItemCorrupt),
+        ("fingerprint_mismatch", FingerprintMismatch),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "other"

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
 from serving.chat import MAX_STOP_CHARS
@@ -229,3 +230,42 @@ def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any
     after = events[events.index("queued") + 1 :]
     other_prefill = after.index(len(other_prompt.ids))
     assert after[:other_prefill] in ([], [1], [1, 1])  # hostile decode steps before the newcomer's prefill
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (KVItemNotFound("KV item kv-9f3a is not stored"), "not_found"),
+        (KVItemCorrupt("/data/kv/kv-9f3a.safetensors fails its checksum"), "corrupt"),
+        (FingerprintMismatch("item kv-9f3a: tokenizer differs"), "fingerprint_mismatch"),
+        (KVItemError("kv-9f3a: something else"), "other"),
+    ],
+)
+def test_a_kv_fallback_reports_its_kind_and_logs_the_detail(tiny_backend, monkeypatch, caplog, error, kind):
+    backend = tiny_backend
+    texts = ["I live in Lisbon."]
+    block = backend.build_block("u", texts, ["m1"])
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "u", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+
+    def fail(item_id):
+        raise error
+
+    monkeypatch.setattr(backend.store, "get", fail)
+    _, result = asyncio.run(tokens_of(backend, req))
+    assert (result.kv_fallback_reason, result.cached_tokens) == (kind, 0)
+    assert str(error) in caplog.text  # the detail stays in the log line
+
+
+def test_another_users_block_is_refused_as_wrong_user(tiny_backend):
+    backend = tiny_backend
+    texts = ["I live in Lisbon."]
+    block = backend.build_block("u", texts, ["m1"])
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "v", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    _, result = asyncio.run(tokens_of(backend, req))
+    assert (result.kv_fallback_reason, result.cached_tokens) == ("wrong_user", 0)
