@@ -16,6 +16,9 @@ class TextStoreConfig:
     """Settings of one MemoryStore.
 
     max_text_tokens: longest memory or query accepted, counted as word and punctuation tokens (MemOS: 40k).
+    max_text_chars: longest memory or query accepted, in characters; checked first, so a huge text is refused
+        before anything scans it. 100k characters is about 20k English words. The server builds its store
+        with its own memory-text limit (serving.config.Limits).
     synchronous: SQLite's fsync level in WAL mode; FULL survives power loss, NORMAL only process crashes.
     rrf_k, keyword_weight, dense_weight: reciprocal rank fusion, score = sum(w / (rrf_k + rank)). Defaults
         chosen on a development seed of benchmarks/memory_dataset.py (seed 1), reported on seed 0: a small k
@@ -26,6 +29,7 @@ class TextStoreConfig:
     """
 
     max_text_tokens: int = 40_000
+    max_text_chars: int = 100_000
     max_page_size: int = 1000
     max_top_k: int = 1000
     synchronous: str = "FULL"
@@ -40,7 +44,14 @@ class TextStoreConfig:
     reembed_on_mismatch: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_text_tokens", "max_page_size", "max_top_k", "num_candidates", "embed_batch_size"):
+        for name in (
+            "max_text_tokens",
+            "max_text_chars",
+            "max_page_size",
+            "max_top_k",
+            "num_candidates",
+            "embed_batch_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TextStoreConfig.{name} must be a positive int, got {value!r}")
