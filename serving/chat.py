@@ -26,6 +26,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.config import ServingConfig
+from serving.limits import check_chat
 from serving.metrics import Metrics
 from serving.plans import AccessEvent, PlanProvider
 from serving.protocol import (
@@ -113,6 +114,7 @@ class ChatService:
             raise bad_request(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", param="seed")
         if not any(m.role == "user" for m in body.messages):
             raise bad_request("messages must contain at least one user message", param="messages")
+        check_chat(body, self._config.limits)
 
     async def prepare(
         self, user_id: str, session_id: str | None, body: ChatCompletionRequest, started_at: float
