@@ -106,7 +106,8 @@ class ChatService:
         for i, stop in enumerate(stops):
             if len(stop) > MAX_STOP_CHARS:
                 raise bad_request(
-                    f"stop[{i}] has {len(stop)} characters, over the limit of {MAX_STOP_CHARS} per stop string",
+                    f"stop[{i}] has {len(stop)} characters, "
+                    f"over the limit of {MAX_STOP_CHARS} per stop string",
                     param="stop",
                     code="string_above_max_length",
                 )

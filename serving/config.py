@@ -34,9 +34,7 @@ class Limits:
     max_messages: int = 256  # messages in one chat completion request
     max_message_chars: int = 100_000  # characters of one chat message's content (its text parts joined)
     max_memories_per_add: int = 100  # messages in one POST /v1/memories
-    max_memory_text_chars: int = (
-        100_000  # characters of one memory's text (add, update; the store's own limit)
-    )
+    max_memory_text_chars: int = 100_000  # characters of one memory's text (add, update; the store's too)
     max_query_chars: int = 4_096  # characters of a POST /v1/memories/search query
     max_tags: int = 32  # tags on one memory (add, update) or in a search filter
     max_tag_chars: int = 128  # characters of one tag

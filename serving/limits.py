@@ -84,7 +84,7 @@ class LimitBody:
         await self.app(scope, replay, send)
 
 
-# -- parsed requests ------------------------------------------------------------------------------------------
+# -- parsed requests ---------------------------------------------------------------------------------------
 
 
 def _too_long(param: str, num_chars: int, limit: int, name: str) -> ApiError:

@@ -63,7 +63,7 @@ class ForwardLog:
     inference mode was on and whether the logits or any cache tensor carry autograd history."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        # one (input length, inference mode on, logits require grad, any cache tensor requires grad) per forward
+        # per forward: (input length, inference mode on, logits require grad, a cache tensor requires grad)
         self.calls: list[tuple[int, bool, bool, bool]] = []
         self._hook = model.register_forward_hook(self._record, with_kwargs=True)
 

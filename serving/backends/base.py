@@ -124,7 +124,8 @@ class GenerationResult:
     def __post_init__(self) -> None:
         if self.kv_fallback_reason is not None and self.kv_fallback_reason not in KV_FALLBACK_KINDS:
             raise ValueError(
-                f"kv_fallback_reason must be one of {KV_FALLBACK_KINDS} or None, got {self.kv_fallback_reason!r}"
+                f"kv_fallback_reason must be one of {KV_FALLBACK_KINDS} or None, "
+                f"got {self.kv_fallback_reason!r}"
             )
 
 
@@ -197,8 +198,9 @@ class Backend(ABC):
         full: 429), NotReady (503) or BackendError. It stops early, without raising, when `is_disconnected()`
         returns True or when the consumer closes the generator. Honours max_new_tokens, stop strings and the
         context length (finish_reason "length"). KV fallback is the backend's job: a missing, corrupt or
-        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind and a log line,
-        never an exception. `cached_tokens` is the number of prompt tokens served from the KV item.
+        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind
+        (KV_FALLBACK_KINDS) and a log line with the detail, never an exception. `cached_tokens` is the number
+        of prompt tokens served from the KV item.
         """
 
     @abstractmethod

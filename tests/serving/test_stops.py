@@ -52,7 +52,7 @@ def test_the_stop_that_ends_first_wins_however_the_text_is_split():
 
 
 def reference(stops: list[str], text: str) -> tuple[str, bool]:
-    """Naive: the first end position where some stop string is complete (the longest there), cut at its start."""
+    """Naive: the first position where some stop string is complete (the longest there), cut at its start."""
     for end in range(1, len(text) + 1):
         done = [s for s in stops if s and text[:end].endswith(s)]
         if done:
