@@ -21,14 +21,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreError
+from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
 from serving.auth import ANYONE, Caller, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
 from serving.chat import ChatService
 from serving.config import ServingConfig
-from serving.metrics import CONTENT_TYPE, Metrics
+from serving.limits import BodyTooLarge, LimitBody, check_add, check_search, check_update
+from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics
 from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
     AddMemoriesRequest,
@@ -74,6 +75,8 @@ def to_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
+    if isinstance(exc, BodyTooLarge):
+        return ApiError(413, str(exc), type="invalid_request_error", code="request_too_large")
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, QueueFull):
@@ -135,7 +138,7 @@ class _CountRequests:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
-            self.metrics.observe_request(scope["method"], getattr(route, "path", "unmatched"), status)
+            self.metrics.observe_request(scope["method"], getattr(route, "path", UNMATCHED), status)
 
 
 def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
@@ -164,7 +167,9 @@ def create_app(
         owned.append(backend)
     if store is None:
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        store = MemoryStore(config.store_path)
+        # the store's own text limit admits every memory text and every chat message (a turn is stored)
+        longest = max(config.limits.max_memory_text_chars, config.limits.max_message_chars)
+        store = MemoryStore(config.store_path, config=TextStoreConfig(max_text_chars=longest))
         owned.append(store)
     if scheduler is None:
         scheduler = make_scheduler(config, store, backend)
@@ -200,7 +205,12 @@ def create_app(
     )
     for exc_type in (*_MAPPED, Exception):  # Exception: answered by the outer middleware, then re-raised
         app.add_exception_handler(exc_type, _handle)
-    app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(
+        LimitBody,
+        max_body_bytes=config.limits.max_body_bytes,
+        respond=lambda exc: _error_response(to_api_error(exc)),
+    )
+    app.add_middleware(_CountRequests, metrics=metrics)  # added last: outermost, so it counts the 413s too
 
     def chat_user(who: Caller, body: ChatCompletionRequest, header_user: str | None) -> str:
         user_id = body.user or header_user
@@ -259,6 +269,7 @@ def create_app(
     @app.post("/v1/memories", status_code=201)
     async def add_memories(body: AddMemoriesRequest, who: CallerDep) -> dict[str, Any]:
         check_user(who, body.user_id)
+        check_add(body, config.limits)
         if (body.text is None) == (body.messages is None):
             raise bad_request("give exactly one of `text` or `messages`", param="text")
         messages = None if body.messages is None else [m.model_dump(exclude_none=True) for m in body.messages]
@@ -277,6 +288,7 @@ def create_app(
     @app.post("/v1/memories/search")
     async def search_memories(body: SearchMemoriesRequest, who: CallerDep) -> dict[str, Any]:
         check_user(who, body.user_id)
+        check_search(body, config.limits)
         filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
         hits = await asyncio.to_thread(
             store.search, body.user_id, body.query, top_k=body.top_k, filters=filters
@@ -330,6 +342,7 @@ def create_app(
     @app.patch("/v1/memories/{memory_id}")
     async def update_memory(memory_id: str, body: UpdateMemoryRequest, who: CallerDep) -> dict[str, Any]:
         check_user(who, body.user_id)
+        check_update(body, config.limits)
         memory = await asyncio.to_thread(
             store.update, body.user_id, memory_id, text=body.text, tags=body.tags, metadata=body.metadata
         )
@@ -340,6 +353,7 @@ def create_app(
         check_user(who, user_id)
         return {"deleted": await asyncio.to_thread(store.delete, user_id, memory_id)}
 
+    metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     return app
 
 

@@ -28,6 +28,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.config import ServingConfig
+from serving.limits import check_chat
 from serving.metrics import Metrics
 from serving.protocol import (
     ApiError,
@@ -40,7 +41,10 @@ from serving.protocol import (
 
 logger = logging.getLogger(__name__)
 
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 4  # as OpenAI
+# Characters per stop string: stop strings are short markers ("\n\n", "User:", "</answer>"); the cap bounds
+# the text a backend holds back and its matcher's work per token (serving/backends/stops.py).
+MAX_STOP_CHARS = 64
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 IsDisconnected = Callable[[], Awaitable[bool]]
@@ -100,12 +104,22 @@ class ChatService:
             )
         if body.n is not None and body.n != 1:
             raise bad_request(f"only n=1 is supported, got n={body.n}", param="n", code="unsupported_value")
-        if len(body.stop_strings()) > MAX_STOP_STRINGS:
+        stops = body.stop_strings()
+        if len(stops) > MAX_STOP_STRINGS:
             raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
+        for i, stop in enumerate(stops):
+            if len(stop) > MAX_STOP_CHARS:
+                raise bad_request(
+                    f"stop[{i}] has {len(stop)} characters, "
+                    f"over the limit of {MAX_STOP_CHARS} per stop string",
+                    param="stop",
+                    code="string_above_max_length",
+                )
         if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
             raise bad_request(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", param="seed")
         if not any(m.role == "user" for m in body.messages):
             raise bad_request("messages must contain at least one user message", param="messages")
+        check_chat(body, self._config.limits)
 
     async def prepare(
         self, user_id: str, session_id: str | None, body: ChatCompletionRequest, started_at: float

@@ -6,7 +6,7 @@ Knows the shape of the settings only; what the backend does with `model` is the 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 DEFAULT_MODEL = "default"  # the embedded default model; kvmem.models resolves the name
@@ -20,6 +20,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How big one request may be; each refusal names the limit (413 for the body, 400 for the rest).
+
+    The body limit is checked before anything parses the body; the others once it is parsed. Defaults leave
+    room for models with contexts far longer than the default one (8k tokens, about 32k characters).
+    """
+
+    max_body_bytes: int = 1 << 20  # any request body, as sent (1 MiB)
+    max_messages: int = 256  # messages in one chat completion request
+    max_message_chars: int = 100_000  # characters of one chat message's content (its text parts joined)
+    max_memories_per_add: int = 100  # messages in one POST /v1/memories
+    max_memory_text_chars: int = 100_000  # characters of one memory's text (add, update; the store's too)
+    max_query_chars: int = 4_096  # characters of a POST /v1/memories/search query
+    max_tags: int = 32  # tags on one memory (add, update) or in a search filter
+    max_tag_chars: int = 128  # characters of one tag
+    max_metadata_bytes: int = 8_192  # a memory's metadata as compact UTF-8 JSON
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Limits.{f.name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,7 @@ class ServingConfig:
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
     seed_demo: bool = False  # give default_user a few memories at start if it has none
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
+    limits: Limits = field(default_factory=Limits)  # request sizes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -68,6 +94,8 @@ class ServingConfig:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
         if not self.default_user:
             raise ValueError("default_user must not be empty")
+        if not isinstance(self.limits, Limits):
+            raise ValueError(f"limits must be a Limits, got {type(self.limits).__name__}")
 
     @property
     def keys_path(self) -> Path:

@@ -1,7 +1,9 @@
 """Server metrics, rendered by hand in the Prometheus text exposition format (version 0.0.4).
 
 Counts requests by route and status, TTFT through HTTP and the backend's share of it (inject + prefill),
-prompt/cached tokens, memory tier hits, KV fallbacks and the number of chat requests in flight. Thread-safe; knows nothing of what it measures.
+prompt/cached tokens, memory tier hits, KV fallbacks and the number of chat requests in flight. Thread-safe;
+knows nothing of what it measures. /metrics is unauthenticated, so every label takes values from a fixed set
+(methods, the app's route templates, status codes, fallback kinds): never an id, a path or an error's text.
 """
 
 from __future__ import annotations
@@ -9,9 +11,14 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
+from collections.abc import Iterable
+
+from serving.backends.base import KV_FALLBACK_KINDS
 
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})  # any other: "other"
+UNMATCHED = "unmatched"  # the route label of a request no route template matched
 
 
 def _label(value: str) -> str:
@@ -55,12 +62,21 @@ class Metrics:
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._tier_hits: dict[str, int] = defaultdict(int)
-        self._kv_fallbacks: dict[str, int] = defaultdict(int)
+        self._kv_fallbacks: dict[str, int] = dict.fromkeys(KV_FALLBACK_KINDS, 0)
+        self._routes: frozenset[str] = frozenset()
         self.in_flight = 0
+
+    def set_routes(self, templates: Iterable[str]) -> None:
+        """The route templates a request's route label may take (the app's, e.g. "/v1/memories/{memory_id}");
+        any other route is counted as "unmatched"."""
+        with self._lock:
+            self._routes = frozenset(templates)
 
     def observe_request(self, method: str, route: str, status: int) -> None:
         with self._lock:
-            self._requests[(method, route, status)] += 1
+            method = method if method in METHODS else "other"
+            route = route if route in self._routes else UNMATCHED
+            self._requests[(method, route, int(status))] += 1
 
     def observe_ttft(self, seconds: float) -> None:
         with self._lock:
@@ -75,7 +91,8 @@ class Metrics:
             self._prompt_tokens += prompt_tokens
             self._cached_tokens += cached_tokens
             if fallback_reason is not None:
-                self._kv_fallbacks[fallback_reason] += 1
+                kind = fallback_reason if fallback_reason in self._kv_fallbacks else "other"
+                self._kv_fallbacks[kind] += 1
 
     def observe_tiers(self, tiers: list[str]) -> None:
         with self._lock:
@@ -115,7 +132,7 @@ class Metrics:
             for tier in sorted({"kv", "text", "lora", *self._tier_hits}):
                 lines.append(f'kvmem_memory_tier_hits_total{{tier="{_label(tier)}"}} {self._tier_hits[tier]}')
             lines += [
-                "# HELP kvmem_kv_fallbacks_total Requests whose KV block was unusable, by reason.",
+                "# HELP kvmem_kv_fallbacks_total Requests whose KV block was unusable, by kind of reason.",
                 "# TYPE kvmem_kv_fallbacks_total counter",
             ]
             for reason, n in sorted(self._kv_fallbacks.items()):

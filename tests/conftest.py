@@ -1,4 +1,5 @@
-"""Shared fixtures: the real default model (provisioned once) and a tiny random llama on its tokenizer."""
+"""Shared fixtures: the real default model (provisioned once), a tiny random llama on its tokenizer, and a
+forward log that records the autograd state of every forward."""
 
 from __future__ import annotations
 
@@ -55,6 +56,31 @@ def default_handle(default_model_dir):
     from kvmem.models import load_model
 
     return load_model(str(default_model_dir), device="cpu", dtype="float32")
+
+
+class ForwardLog:
+    """A forward hook on a causal LM recording, for every forward (on whatever thread runs it), whether
+    inference mode was on and whether the logits or any cache tensor carry autograd history."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        # per forward: (input length, inference mode on, logits require grad, a cache tensor requires grad)
+        self.calls: list[tuple[int, bool, bool, bool]] = []
+        self._hook = model.register_forward_hook(self._record, with_kwargs=True)
+
+    def _record(self, _module, _args, kwargs, out) -> None:
+        cache = out.past_key_values
+        cache_grad = any(t.requires_grad for layer in cache.layers for t in (layer.keys, layer.values))
+        self.calls.append(
+            (
+                kwargs["input_ids"].shape[1],
+                torch.is_inference_mode_enabled(),
+                out.logits.requires_grad,
+                cache_grad,
+            )
+        )
+
+    def remove(self) -> None:
+        self._hook.remove()
 
 
 _WORDS = (

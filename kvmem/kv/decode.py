@@ -95,11 +95,15 @@ def generate(
         cache, reused = DynamicCache(), 0
     stats.reused_tokens, stats.prefilled_tokens = reused, len(prompt_ids) - reused
     position = reused
-    with torch.inference_mode():
-        # Every input is made under inference mode, so a compiled model sees one kind of tensor and does
-        # not recompile between the prefill and the decode steps.
-        next_input = torch.tensor([list(prompt_ids[reused:])], dtype=torch.long, device=device)
-        for step in range(sampling.max_new_tokens):
+    next_ids = list(prompt_ids[reused:])
+    for step in range(sampling.max_new_tokens):
+        # Inference mode is entered and left inside each step, never held across the `yield`: the model thread
+        # interleaves many of these generators, and a mode held across a yield is restored in whatever order
+        # the generators end, so one request finishing would switch it off for the others (and their forwards
+        # would build autograd graphs through the cache). Every input is made under inference mode, so a
+        # compiled model sees one kind of tensor and does not recompile between the prefill and decode steps.
+        with torch.inference_mode():
+            next_input = torch.tensor([next_ids], dtype=torch.long, device=device)
             n = next_input.shape[1]
             cache_position = torch.arange(position, position + n, device=device)
             out = model(
@@ -110,18 +114,19 @@ def generate(
                 logits_to_keep=1,
             )
             token = _pick(out.logits[0, -1].float(), sampling, generator)
-            if step == 0:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                stats.ttft_s = time.perf_counter() - start
-            position += n
-            stats.token_ids.append(token)
-            yield token
-            if token in stop_token_ids:
-                stats.finish_reason = "stop"
-                return
-            if should_stop is not None and should_stop():
-                stats.finish_reason = "cancelled"
-                return
-            next_input = torch.tensor([[token]], dtype=torch.long, device=device)
+            del out
+        if step == 0:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            stats.ttft_s = time.perf_counter() - start
+        position += n
+        stats.token_ids.append(token)
+        yield token
+        if token in stop_token_ids:
+            stats.finish_reason = "stop"
+            return
+        if should_stop is not None and should_stop():
+            stats.finish_reason = "cancelled"
+            return
+        next_ids = [token]
     stats.finish_reason = "length"

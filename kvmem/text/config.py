@@ -16,6 +16,9 @@ class TextStoreConfig:
     """Settings of one MemoryStore.
 
     max_text_tokens: longest memory or query accepted, counted as word and punctuation tokens (MemOS: 40k).
+    max_text_chars: longest memory or query accepted, in characters; checked first, so a huge text is refused
+        before anything scans it. 100k characters is about 20k English words. The server builds its store
+        with its own memory-text limit (serving.config.Limits).
     synchronous: SQLite's fsync level in WAL mode; FULL survives power loss, NORMAL only process crashes.
     rrf_k, keyword_weight, dense_weight: reciprocal rank fusion, score = sum(w / (rrf_k + rank)).
     neighbour_weight: hybrid only; a keyword hit's score adds this times the best keyword score of its
@@ -32,6 +35,7 @@ class TextStoreConfig:
     """
 
     max_text_tokens: int = 40_000
+    max_text_chars: int = 100_000
     max_page_size: int = 1000
     max_top_k: int = 1000
     synchronous: str = "FULL"
@@ -51,6 +55,7 @@ class TextStoreConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_text_tokens",
+            "max_text_chars",
             "max_page_size",
             "max_top_k",
             "num_candidates",

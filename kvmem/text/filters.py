@@ -85,9 +85,12 @@ def check_min_score(min_score: Any) -> float | None:
     return min_score
 
 
-def check_text(text: Any, max_tokens: int, field_name: str = "text") -> str:
+def check_text(text: Any, max_tokens: int, max_chars: int, field_name: str = "text") -> str:
+    """A non-empty string within both limits; characters are counted first (cheap), then tokens."""
     if not isinstance(text, str):
         raise InvalidMemoryInput(f"{field_name} must be a string, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise InvalidMemoryInput(f"{field_name} has {len(text)} characters, over the limit of {max_chars}")
     if not text.strip():
         raise InvalidMemoryInput(f"{field_name} is empty")
     num_tokens = count_tokens(text)
@@ -135,7 +138,9 @@ class AddItem(NamedTuple):
     chat_time: str | None
 
 
-def parse_add_items(text: Any, texts: Any, messages: Any, chat_time: Any, max_tokens: int) -> list[AddItem]:
+def parse_add_items(
+    text: Any, texts: Any, messages: Any, chat_time: Any, max_tokens: int, max_chars: int
+) -> list[AddItem]:
     """The memories of one add call, from exactly one of text, texts or chat messages.
 
     A message's own chat_time wins over the call's; both stay None when not given, so the store stamps them
@@ -146,12 +151,13 @@ def parse_add_items(text: Any, texts: Any, messages: Any, chat_time: Any, max_to
     call_time = parse_time(chat_time, "chat_time") if chat_time is not None else None
     items: list[AddItem] = []
     if text is not None:
-        items.append(AddItem(None, check_text(text, max_tokens), call_time))
+        items.append(AddItem(None, check_text(text, max_tokens, max_chars), call_time))
     elif texts is not None:
         if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
             raise InvalidMemoryInput("texts must be a non-empty list of strings")
         items.extend(
-            AddItem(None, check_text(t, max_tokens, f"texts[{i}]"), call_time) for i, t in enumerate(texts)
+            AddItem(None, check_text(t, max_tokens, max_chars, f"texts[{i}]"), call_time)
+            for i, t in enumerate(texts)
         )
     else:
         if not isinstance(messages, (list, tuple)) or not messages:
@@ -167,7 +173,7 @@ def parse_add_items(text: Any, texts: Any, messages: Any, chat_time: Any, max_to
             role = message.get("role")
             if not isinstance(role, str) or not role.strip():
                 raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
-            content = check_text(message.get("content"), max_tokens, f"messages[{i}].content")
+            content = check_text(message.get("content"), max_tokens, max_chars, f"messages[{i}].content")
             when = message.get("chat_time")
             items.append(
                 AddItem(role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)

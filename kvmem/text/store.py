@@ -147,7 +147,9 @@ class MemoryStore:
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
         check_optional_id(agent_id, "agent_id")
-        items = parse_add_items(text, texts, messages, chat_time, self.config.max_text_tokens)
+        items = parse_add_items(
+            text, texts, messages, chat_time, self.config.max_text_tokens, self.config.max_text_chars
+        )
         tag_tuple = check_tags(tags)
         metadata = check_metadata(metadata)
         vectors = self._embed([item.text for item in items])
@@ -241,7 +243,7 @@ class MemoryStore:
         if text is None and tags is None and metadata is None and state is None:
             raise InvalidMemoryInput("update needs at least one of text, tags, metadata or state")
         if text is not None:
-            check_text(text, self.config.max_text_tokens)
+            check_text(text, self.config.max_text_tokens, self.config.max_text_chars)
         if state is not None and state not in ("active", "archived"):
             raise InvalidMemoryInput(
                 f"state must be 'active' or 'archived' (use delete to delete), got {state!r}"
@@ -384,7 +386,7 @@ class MemoryStore:
         score.
         """
         check_user_id(user_id)
-        check_text(query, self.config.max_text_tokens, "query")
+        check_text(query, self.config.max_text_tokens, self.config.max_text_chars, "query")
         check_int(top_k, "top_k", 1, self.config.max_top_k)
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")

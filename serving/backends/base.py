@@ -89,9 +89,22 @@ class TokenDelta:
     token_ids: tuple[int, ...]
 
 
+# Why a request's KV block could not be used, as a fixed category: it is a metrics label on an unauthenticated
+# route, so it never carries an item id, a path or an exception's text (those go to the log line).
+KV_FALLBACK_KINDS = (
+    "not_found",  # no such item in any tier (never built, evicted and dropped, or removed)
+    "corrupt",  # its files are truncated or fail their checksum
+    "fingerprint_mismatch",  # made by another model, tokenizer, dtype, template, layout or RoPE config
+    "wrong_user",  # the item belongs to another user (refused: invariant 4)
+    "prefix_mismatch",  # its tokens are not the prompt's block
+    "other",  # any other reason
+)
+
+
 @dataclass(frozen=True)
 class GenerationResult:
-    """The last item of a stream. finish_reason is "stop" (EOS or a stop string) or "length"."""
+    """The last item of a stream. finish_reason is "stop" (EOS or a stop string) or "length".
+    kv_fallback_reason: None when the block (if any) was served from KV, else one of KV_FALLBACK_KINDS."""
 
     finish_reason: str
     prompt_tokens: int
@@ -99,6 +112,13 @@ class GenerationResult:
     completion_tokens: int
     ttft_s: float
     kv_fallback_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_fallback_reason is not None and self.kv_fallback_reason not in KV_FALLBACK_KINDS:
+            raise ValueError(
+                f"kv_fallback_reason must be one of {KV_FALLBACK_KINDS} or None, "
+                f"got {self.kv_fallback_reason!r}"
+            )
 
 
 StreamItem = TokenDelta | GenerationResult
@@ -170,8 +190,9 @@ class Backend(ABC):
         full: 429), NotReady (503) or BackendError. It stops early, without raising, when `is_disconnected()`
         returns True or when the consumer closes the generator. Honours max_new_tokens, stop strings and the
         context length (finish_reason "length"). KV fallback is the backend's job: a missing, corrupt or
-        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set and a log line,
-        never an exception. `cached_tokens` is the number of prompt tokens served from the KV item.
+        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind
+        (KV_FALLBACK_KINDS) and a log line with the detail, never an exception. `cached_tokens` is the number
+        of prompt tokens served from the KV item.
         """
 
     @abstractmethod

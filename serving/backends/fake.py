@@ -27,6 +27,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+from serving.backends.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -155,11 +156,11 @@ class FakeBackend(Backend):
         with self._lock:
             stored = self._blocks.get(req.block_item_id)
         if stored is None:
-            reason = "missing"
+            reason = "not_found"
         elif req.block_item_id in self._corrupt:
             reason = "corrupt"
         elif stored != req.prompt.ids[: req.prompt.block_len]:
-            reason = "mismatch"
+            reason = "prefix_mismatch"
         else:
             return req.prompt.block_len, None
         logger.warning("KV item %s unusable (%s): full prefill", req.block_item_id, reason)
@@ -182,7 +183,7 @@ class FakeBackend(Backend):
             reply = self.reply(req) if callable(self.reply) else self.reply
             room = self.max_context_tokens - len(req.prompt.ids)
             limit = min(req.sampling.max_new_tokens, room)
-            finish, ttft, pending = "stop", 0.0, ""
+            finish, ttft, stops = "stop", 0.0, StopMatcher(req.sampling.stop)
             for ch in reply:
                 if produced >= limit:
                     finish = "length"
@@ -196,17 +197,14 @@ class FakeBackend(Backend):
                     return
                 produced += 1
                 ttft = ttft or time.perf_counter() - start
-                pending += ch
-                cut = min((pending.find(s) for s in req.sampling.stop if s and s in pending), default=-1)
-                if cut >= 0:
-                    pending = pending[:cut]
+                ready, hit = stops.feed(ch)
+                if ready:
+                    yield TokenDelta(text=ready, token_ids=tuple(ord(c) for c in ready))
+                if hit:
                     break
-                emit = _longest_safe_prefix(pending, req.sampling.stop)
-                if emit:
-                    yield TokenDelta(text=emit, token_ids=tuple(ord(c) for c in emit))
-                    pending = pending[len(emit) :]
-            if pending:
-                yield TokenDelta(text=pending, token_ids=tuple(ord(c) for c in pending))
+            tail = "" if stops.hit else stops.flush()
+            if tail:
+                yield TokenDelta(text=tail, token_ids=tuple(ord(c) for c in tail))
             how = "completed"
             yield GenerationResult(
                 finish_reason=finish,
@@ -223,12 +221,3 @@ class FakeBackend(Backend):
 
     async def aclose(self) -> None:
         self.hold.clear()
-
-
-def _longest_safe_prefix(pending: str, stops: Sequence[str]) -> str:
-    """The part of `pending` that cannot become the start of a stop string, whatever comes next."""
-    for keep in range(len(pending), 0, -1):
-        tail = pending[-keep:]
-        if any(s.startswith(tail) for s in stops if s):
-            return pending[:-keep]
-    return pending

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
-from kvmem.errors import KVItemError, KvmemError
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
 from serving.backends.base import (
     Backend,
     BackendError,
@@ -32,6 +32,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.model_loop import ModelLoop
+from serving.backends.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -192,16 +193,18 @@ class TransformersBackend(Backend):
         return self._admitted
 
     def _resolve_item(self, req: GenerationRequest):
+        """(the KV item to inject or None, the fallback kind or None). The detail goes to the log line only:
+        the kind is a metrics label."""
         if req.block_item_id is None or req.prompt.block_len == 0:
             return None, None
         try:
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, _fallback_kind(exc)
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
-            return None, "item belongs to another user"
+            return None, "wrong_user"
         return item, None
 
     def _steps(
@@ -224,7 +227,7 @@ class TransformersBackend(Backend):
             )
             stats = GenerationStats()
             detok = _Detokenizer(self.handle.tokenizer)
-            stops = _StopMatcher(sp.stop)
+            stops = StopMatcher(sp.stop)
             finish = None
             for token in generate(
                 self.handle.model,
@@ -308,30 +311,13 @@ class TransformersBackend(Backend):
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
 
 
-class _StopMatcher:
-    """Finds stop strings across token boundaries; holds back text that could still become a stop string."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = tuple(x for x in stops if x)
-        self.pending = ""
-        self.hit = False
-
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """Returns (text safe to emit now, whether a stop string was found)."""
-        if not self.stops:
-            return delta, False
-        self.pending += delta
-        found = [i for i in (self.pending.find(x) for x in self.stops) if i >= 0]
-        if found:
-            out, self.pending, self.hit = self.pending[: min(found)], "", True
-            return out, True
-        hold = max(
-            (k for x in self.stops for k in range(1, len(x)) if self.pending.endswith(x[:k])), default=0
-        )
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(out) :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
+def _fallback_kind(exc: KVItemError) -> str:
+    """The KV_FALLBACK_KINDS category of a store error."""
+    for kind, cls in (
+        ("not_found", KVItemNotFound),
+        ("corrupt", KVItemCorrupt),
+        ("fingerprint_mismatch", FingerprintMismatch),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "other"

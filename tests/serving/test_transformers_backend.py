@@ -1,5 +1,5 @@
-"""The transformers backend: stop strings across token boundaries (no model), and on a tiny random llama,
-concurrent requests taking turns on the one model thread with the same greedy tokens as alone."""
+"""The transformers backend on a tiny random llama: concurrent requests taking turns on the one model thread
+with the same greedy tokens as alone, every forward in inference mode, admission bounded and released."""
 
 from __future__ import annotations
 
@@ -8,42 +8,13 @@ import threading
 import time
 
 import pytest
+import torch
 
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig, _StopMatcher
-
-
-def run(stops, deltas):
-    m = _StopMatcher(stops)
-    out, hit = [], False
-    for d in deltas:
-        ready, hit = m.feed(d)
-        out.append(ready)
-        if hit:
-            break
-    if not hit:
-        out.append(m.flush())
-    return "".join(out), hit, out
-
-
-def test_stop_split_across_tokens_is_never_emitted():
-    text, hit, pieces = run(["END"], ["Hello E", "N", "D and more"])
-    assert (text, hit) == ("Hello ", True)
-    assert pieces == ["Hello ", "", ""]
-
-
-def test_held_back_prefix_is_released_when_it_does_not_become_a_stop():
-    text, hit, pieces = run(["END"], ["Hello E", "N", "ough"])
-    assert (text, hit) == ("Hello ENough", False)
-    assert pieces == ["Hello ", "", "ENough", ""]
-
-
-def test_earliest_of_several_stops_wins_and_no_stops_passes_through():
-    assert run(["b", "a"], ["xxab"])[:2] == ("xx", True)
-    assert run([], ["a", "b"])[:2] == ("ab", False)
-
-
-# -- the backend on a tiny random llama: requests interleaved on the model thread -----------------------------
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.chat import MAX_STOP_CHARS
+from tests.conftest import ForwardLog
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +89,49 @@ def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they
     assert backend.queue_depth == 0
 
 
+def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference_mode(tiny_backend):
+    """The first request ends while the others still decode: no forward of theirs may leave inference mode
+    (params require grad, so a forward outside it builds an autograd graph through the cache)."""
+    backend = tiny_backend
+    texts = ["I live in Lisbon.", "My dog is called Miso."]
+    block = backend.build_block("u", texts, ["m1", "m2"])
+    shapes = [  # (block?, question, max new tokens): the shortest is started first and ends first
+        (True, "Hi", 2),
+        (False, "Tell me everything you know about my dog and where I live, please.", 11),
+        (True, "Where do I live?", 6),
+    ]
+    requests = []
+    for i, (with_block, question, max_new) in enumerate(shapes):
+        prompt = backend.layout_prompt(
+            texts if with_block else [],
+            [],
+            [{"role": "user", "content": question}],
+            block.token_ids if with_block else None,
+        )
+        sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+        requests.append(
+            GenerationRequest(f"r{i}", "u", prompt, block.item_id if with_block else None, sampling)
+        )
+    alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    log = ForwardLog(backend.handle.model)
+    try:
+
+        async def together():
+            return await asyncio.gather(*(tokens_of(backend, r) for r in requests))
+
+        both = asyncio.run(together())
+        wait_released(backend)
+        mode_after = backend._loop.call(torch.is_inference_mode_enabled)
+    finally:
+        log.remove()
+    assert [ids for ids, _ in both] == [ids for ids, _ in alone]
+    assert [len(ids) for ids, _ in both] == [2, 11, 6]
+    assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
+    assert len(log.calls) == 2 + 11 + 6
+    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 19
+    assert mode_after is False  # the model thread is left as it was found
+
+
 def wait_released(backend) -> None:
     deadline = time.monotonic() + 5
     while backend.queue_depth and time.monotonic() < deadline:
@@ -170,3 +184,88 @@ def test_admission_is_bounded_and_released(tiny_backend):
         assert len(asyncio.run(tokens_of(backend, req))[0]) == 4  # the slot is free again
     finally:
         backend.config = TransformersBackendConfig(**{**backend.config.__dict__, "max_queue": 16})
+
+
+def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any_other(tiny_backend):
+    """A hostile request (the most and longest stop strings allowed, many tokens) is running; a second
+    request's prefill comes after the hostile step in progress when it arrives and at most one more."""
+    backend = tiny_backend
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
+    n = MAX_STOP_CHARS
+    stops = ("a" * (n - 1) + "b", " " * (n - 1) + "x", ("ab" * n)[:n], "e" * n)
+    hostile = GenerationRequest(
+        "hostile", "u", prompt, None, SamplingParams(max_new_tokens=300, temperature=0.0, stop=stops)
+    )
+    other_prompt = backend.layout_prompt(
+        [], [], [{"role": "user", "content": "Hi there, how are you today?"}]
+    )
+    other = GenerationRequest(
+        "other", "u", other_prompt, None, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    events: list[object] = []  # forward input lengths, and "queued" when the second request reaches the loop
+    hook = backend.handle.model.register_forward_pre_hook(
+        lambda _m, _a, kw: events.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    start = backend._loop.start
+
+    def start_and_mark(steps):
+        events.append("queued")
+        start(steps)
+
+    async def run_both():
+        stream = backend.stream(hostile)
+        await anext(stream)  # the hostile request is decoding
+        backend._loop.start = start_and_mark
+        other_ids, _ = await tokens_of(backend, other)
+        rest = [item async for item in stream]
+        return other_ids, rest[-1]
+
+    try:
+        other_ids, result = asyncio.run(run_both())
+        wait_released(backend)
+    finally:
+        hook.remove()
+        del backend._loop.start
+    assert len(other_ids) == 2 and result.completion_tokens == 300
+    after = events[events.index("queued") + 1 :]
+    other_prefill = after.index(len(other_prompt.ids))
+    assert after[:other_prefill] in ([], [1], [1, 1])  # hostile decode steps before the newcomer's prefill
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (KVItemNotFound("KV item kv-9f3a is not stored"), "not_found"),
+        (KVItemCorrupt("/data/kv/kv-9f3a.safetensors fails its checksum"), "corrupt"),
+        (FingerprintMismatch("item kv-9f3a: tokenizer differs"), "fingerprint_mismatch"),
+        (KVItemError("kv-9f3a: something else"), "other"),
+    ],
+)
+def test_a_kv_fallback_reports_its_kind_and_logs_the_detail(tiny_backend, monkeypatch, caplog, error, kind):
+    backend = tiny_backend
+    texts = ["I live in Lisbon."]
+    block = backend.build_block("u", texts, ["m1"])
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "u", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+
+    def fail(item_id):
+        raise error
+
+    monkeypatch.setattr(backend.store, "get", fail)
+    _, result = asyncio.run(tokens_of(backend, req))
+    assert (result.kv_fallback_reason, result.cached_tokens) == (kind, 0)
+    assert str(error) in caplog.text  # the detail stays in the log line
+
+
+def test_another_users_block_is_refused_as_wrong_user(tiny_backend):
+    backend = tiny_backend
+    texts = ["I live in Lisbon."]
+    block = backend.build_block("u", texts, ["m1"])
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "v", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    _, result = asyncio.run(tokens_of(backend, req))
+    assert (result.kv_fallback_reason, result.cached_tokens) == ("wrong_user", 0)

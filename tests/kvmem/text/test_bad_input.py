@@ -11,6 +11,7 @@ from kvmem.text import (
     TextStoreConfig,
     TextStoreError,
 )
+from kvmem.text.store import dumps_jsonl
 
 
 def _rows(store) -> int:
@@ -71,6 +72,45 @@ def test_text_over_token_limit(tmp_path):
         with pytest.raises(InvalidMemoryInput, match="query has 6 tokens, over the limit of 5"):
             s.search("alice", "one two three four five six")
         assert s.count("alice") == 1
+
+
+def test_text_over_character_limit_is_refused_and_the_store_is_left_exactly_as_it_was(tmp_path):
+    with MemoryStore(
+        tmp_path / "m.db", embedder=HashEmbedder(), config=TextStoreConfig(max_text_chars=10)
+    ) as s:
+        (kept,) = s.add("alice", "0123456789", tags=["t"], metadata={"k": 1})
+        s.update("alice", kept.id, text="abcdefghij")
+        before = dumps_jsonl(s)
+        refusals = [
+            (lambda: s.add("alice", "x" * 11), "text has 11 characters, over the limit of 10"),
+            (
+                lambda: s.add("alice", texts=["ok", "y" * 12]),
+                "texts[1] has 12 characters, over the limit of 10",
+            ),
+            (
+                lambda: s.add("alice", messages=[{"role": "user", "content": "z" * 10**6}]),
+                "messages[0].content has 1000000 characters, over the limit of 10",
+            ),
+            (
+                lambda: s.update("alice", kept.id, text="w" * 11),
+                "text has 11 characters, over the limit of 10",
+            ),
+            (lambda: s.search("alice", "q" * 11), "query has 11 characters, over the limit of 10"),
+        ]
+        for call, message in refusals:
+            with pytest.raises(InvalidMemoryInput) as info:
+                call()
+            assert str(info.value) == message
+        assert dumps_jsonl(s) == before
+        assert [v.text for v in s.history("alice", kept.id)] == ["0123456789"]
+
+
+def test_default_character_limit_is_100k(store):
+    assert store.config.max_text_chars == 100_000
+    store.add("alice", "a" * 100_000)
+    with pytest.raises(InvalidMemoryInput, match="text has 100001 characters, over the limit of 100000"):
+        store.add("alice", "a" * 100_001)
+    assert store.count("alice") == 1
 
 
 def test_default_limit_is_40k_tokens(store):
@@ -172,6 +212,8 @@ def test_delete_session_needs_session(store):
 def test_config_names_the_bad_field():
     with pytest.raises(ValueError, match="TextStoreConfig.max_text_tokens must be a positive int, got 0"):
         TextStoreConfig(max_text_tokens=0)
+    with pytest.raises(ValueError, match="TextStoreConfig.max_text_chars must be a positive int, got -1"):
+        TextStoreConfig(max_text_chars=-1)
     with pytest.raises(ValueError, match="TextStoreConfig.synchronous must be one of"):
         TextStoreConfig(synchronous="OFF")
     with pytest.raises(ValueError, match="TextStoreConfig.keyword_weight must be a number >= 0"):
