@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable
 
@@ -57,13 +56,12 @@ def _transformers(config: ServingConfig) -> Backend:
 def _vllm(config: ServingConfig) -> Backend:
     if importlib.util.find_spec("vllm") is None:
         raise BackendError("the vllm backend needs the vllm package: pip install 'kvmem[vllm]'")
-    try:
-        module = importlib.import_module("serving.backends.vllm_backend")
-    except ModuleNotFoundError as e:
-        if e.name != "serving.backends.vllm_backend":
-            raise
-        raise BackendError("the vllm backend is not implemented yet; use --backend transformers") from None
-    return module.VllmBackend(config)
+    from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
+
+    model = None if config.model == DEFAULT_MODEL else config.model
+    return VllmBackend(
+        VllmBackendConfig(model=model, data_dir=str(config.data_dir), max_queue=config.queue_size)
+    )
 
 
 _REGISTRY: dict[str, Callable[[ServingConfig], Backend]] = {

@@ -1,0 +1,527 @@
+"""The vLLM backend: vLLM's engine in this process, fed token-id prompts laid out exactly as the transformers
+backend lays them out, with a user's block served from vLLM's prefix cache (resident) or loaded from its stored
+KV item by our connector (injected).
+
+Owns the request path onto vLLM: the cache salt (user + block item, so no user reaches another's cached blocks
+and a changed block is never served from an old one), the item hand-off to the connector (verified by the same
+tiered store the transformers backend uses), sampling, stop strings, 429 admission and aborts, and block builds
+(the KV item is prefilled by transformers, as `kvmem build` does, then made resident in vLLM). Engine stepping
+is vllm_engine.py's; the paged-cache write is vllm_connector.py's. vLLM is imported only here and there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvmem.datadir import DataDir
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
+from serving.backends.base import (
+    Backend,
+    BackendError,
+    GenerationRequest,
+    GenerationResult,
+    LaidOutPrompt,
+    NotReady,
+    PromptTooLong,
+    QueueFull,
+    StreamItem,
+    TokenDelta,
+)
+from serving.backends.stops import StopMatcher
+
+if TYPE_CHECKING:
+    from kvmem.kv.blocks import BuiltBlock
+    from kvmem.kv.item import KVItem
+    from serving.backends.vllm_engine import RequestSink
+
+log = logging.getLogger(__name__)
+
+# What the CPU build of vLLM needs to run in this process (see the module docstring of vllm_engine.py); the
+# reserved-CPU default leaves one of two cores idle.
+_CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+_CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+@dataclass(frozen=True)
+class VllmBackendConfig:
+    model: str | None = None  # local safetensors dir or HF id; None = the default model (provisioned)
+    data_dir: str = ".kvmem"
+    max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
+    kv_cache_bytes: int = 1 << 30  # vLLM's paged KV cache (on CPU: host memory)
+    block_size: int | None = None  # vLLM's KV block size; None = the platform default (128 on CPU)
+    max_model_len: int | None = None  # None = the model's context length
+    system_prompt: str | None = None
+    enable_lora: bool = False
+    max_lora_rank: int = 8
+    seed: int = 0
+    host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ValueError(f"VllmBackendConfig.max_queue must be >= 1, got {self.max_queue}")
+        if self.kv_cache_bytes < 1 << 20:
+            raise ValueError(f"VllmBackendConfig.kv_cache_bytes must be >= 1 MiB, got {self.kv_cache_bytes}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"VllmBackendConfig.block_size must be >= 1, got {self.block_size}")
+
+
+def cache_salt(user_id: str, block_item_id: str | None) -> str:
+    """vLLM's cache salt for a request: from the user the server serves and the plan's block item, never from
+    client input alone. Requests share cached blocks only when both match; a new item id starts cold."""
+    key = f"kvmem-salt-v1\x00{user_id}\x00{block_item_id or ''}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter as vLLM is given it: the name carries the version and the files' hash, so a new version
+    is a new adapter to vLLM (and to its per-adapter prefix cache)."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+def adapter_ref(adapters_dir: Path, adapter_id: str) -> AdapterRef | None:
+    """The adapter `adapter_id` under DATA_DIR/adapters, or None when it is not there.
+
+    STUB until the parametric tier exists: it expects `<adapters_dir>/<adapter_id>/kvmem_adapter.json` with
+    `{"version": int, "sha256": str}` beside the peft files; nothing writes that file yet."""
+    directory = adapters_dir / adapter_id
+    try:
+        manifest = json.loads((directory / "kvmem_adapter.json").read_text())
+        version, sha = int(manifest["version"]), str(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    name = f"{adapter_id}@v{version}-{sha[:16]}"
+    int_id = 1 + int(hashlib.sha256(name.encode()).hexdigest()[:7], 16)  # stable, > 0, fits int32
+    return AdapterRef(name=name, int_id=int_id, path=str(directory))
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, config: VllmBackendConfig | None = None):
+        from serving.backends.vllm_engine import EngineThread
+
+        self.config = config or VllmBackendConfig()
+        model = self.config.model
+        self.model_id = (
+            Path(model.rstrip("/")).name
+            if model and Path(model).exists()
+            else model or "SmolLM2-135M-Instruct"
+        )
+        self.max_context_tokens = 0
+        self._ready = threading.Event()
+        self._load_lock = threading.Lock()
+        self._admitted = 0
+        self._admit_lock = threading.Lock()
+        self._engine = EngineThread()
+        self.handle = self.layout = self.store = self.builder = None
+        self._eos: frozenset[int] = frozenset()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def load(self) -> None:
+        with self._load_lock:
+            if self._ready.is_set():
+                return
+            for key, value in _CPU_ENV.items():
+                if os.environ.get(key, value) != value:
+                    log.warning(
+                        "vllm backend: %s=%s overridden to %s (the engine runs in-process)",
+                        key,
+                        os.environ[key],
+                        value,
+                    )
+                os.environ[key] = value
+            for key, value in _CPU_ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+            from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
+            from kvmem.kv.blocks import BlockBuilder
+            from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+            from kvmem.models import load_model, resolve_model_path
+
+            try:
+                path = resolve_model_path(self.config.model)
+                if path.endswith(".gguf"):
+                    raise BackendError(
+                        f"vLLM cannot load a .gguf file ({path}); give a safetensors checkpoint"
+                    )
+                handle = self._engine.call(lambda: load_model(path, device="cpu", dtype="float32"))
+                store = TieredKVStore(
+                    KVStoreConfig(
+                        directory=str(DataDir.at(self.config.data_dir).kv_dir),
+                        device="cpu",
+                        device_bytes=0,
+                        host_bytes=self.config.host_kv_bytes,
+                    ),
+                    handle.fingerprint,
+                )
+            except KvmemError as exc:
+                raise BackendError(str(exc)) from exc
+            self.handle, self.store = handle, store
+            self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
+            self.builder = BlockBuilder(handle, self.layout, store)
+            self._eos = eos_token_ids(handle.model, handle.tokenizer)
+            max_len = min(self.config.max_model_len or handle.max_context_tokens, handle.max_context_tokens)
+            try:
+                self._engine.start(lambda: self._make_engine(path, max_len))
+            except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; all mean "cannot serve"
+                raise BackendError(f"vLLM could not start on {path}: {exc}") from exc
+            self.max_context_tokens = max_len
+            self._ready.set()
+            log.info(
+                "vllm backend ready: %s (fp32, eager, in-process, block size %s)",
+                self.model_id,
+                self._engine.engine.vllm_config.cache_config.block_size,
+            )
+
+    def _make_engine(self, path: str, max_len: int) -> Any:
+        from vllm.config import KVTransferConfig
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
+
+        from serving.backends import vllm_connector
+
+        extra: dict[str, Any] = {}
+        if self.config.block_size is not None:
+            extra["block_size"] = self.config.block_size
+        if self.config.enable_lora:
+            extra.update(enable_lora=True, max_lora_rank=self.config.max_lora_rank)
+        args = EngineArgs(
+            model=path,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=max_len,
+            kv_cache_memory_bytes=self.config.kv_cache_bytes,
+            enable_prefix_caching=True,
+            seed=self.config.seed,
+            disable_log_stats=True,
+            kv_transfer_config=KVTransferConfig(
+                kv_connector=vllm_connector.CONNECTOR_NAME,
+                kv_connector_module_path=vllm_connector.CONNECTOR_MODULE,
+                kv_role="kv_both",
+                kv_load_failure_policy="recompute",
+            ),
+            **extra,
+        )
+        vllm_config = args.create_engine_config()
+        return LLMEngine(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=False,
+            multiprocess_mode=False,
+        )
+
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def _require_ready(self) -> None:
+        if not self._ready.is_set():
+            raise NotReady("the model is still loading")
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._engine.close)
+
+    # -- layout and blocks ---------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        self._require_ready()
+        from kvmem.kv.layout import memory_line
+
+        return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
+
+    def layout_prompt(
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict[str, str]],
+        block_ids: Sequence[int] | None = None,
+    ) -> LaidOutPrompt:
+        self._require_ready()
+        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
+        if len(laid.ids) >= self.max_context_tokens:
+            raise PromptTooLong(len(laid.ids), self.max_context_tokens)
+        return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
+
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+    ) -> BuiltBlock:
+        """Build the KV item by transformers prefill (the same item `kvmem build` and the transformers backend
+        make), then make it resident in vLLM's prefix cache under the user's salt for it."""
+        self._require_ready()
+        try:
+            ids = None if memory_ids is None else list(memory_ids)
+            built = self._engine.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+        except (KvmemError, ValueError) as exc:
+            raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+        self.warm_block(built.item_id)
+        return built
+
+    def drop_block(self, item_id: str) -> None:
+        """Forget the item. What vLLM cached under its salt can no longer be reached: every salt that named it is
+        gone with the plan that carried it, and those cache blocks age out of vLLM's LRU."""
+        if self.store is not None:
+            self.store.remove(item_id)
+
+    def warm_block(self, item_id: str) -> int:
+        """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's
+        ids under its owner's salt, its KV loaded from the item. Blocking. Returns the prompt tokens vLLM
+        reused (0 when the item is unusable: logged, nothing else happens)."""
+        self._require_ready()
+        try:
+            item = self.store.get(item_id)
+        except KVItemError as exc:
+            log.warning("prewarm of KV item %s failed: %s", item_id, exc)
+            return 0
+        done: Future = Future()
+
+        def deliver(out: Any) -> None:
+            if isinstance(out, BaseException):
+                done.set_exception(out)
+            elif out.finished:
+                done.set_result(out.num_cached_tokens or 0)
+
+        def on_end() -> None:
+            if not done.done():
+                done.set_exception(BackendError(f"prewarm of KV item {item_id} was aborted"))
+
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        request_id = f"kvmem-warm-{uuid.uuid4().hex}"
+        self._submit(request_id, item.meta.user_id, item.token_ids, item, params, deliver, on_end=on_end)
+        cached = done.result()
+        log.info("KV item %s resident in vLLM (%d tokens, %d reused)", item_id, item.num_tokens, cached)
+        return cached
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop everything vLLM has cached (tests and benchmarks: a cold start without a restart)."""
+        self._require_ready()
+        return bool(self._engine.call(lambda: self._engine.engine.reset_prefix_cache()))
+
+    # -- generation ----------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._admit_lock:
+            if self._admitted >= self.config.max_queue:
+                raise QueueFull(f"the generation queue is full ({self.config.max_queue} requests)")
+            self._admitted += 1
+
+    def _release(self) -> None:
+        with self._admit_lock:
+            self._admitted -= 1
+
+    @property
+    def queue_depth(self) -> int:
+        return self._admitted
+
+    def _resolve_item(self, req: GenerationRequest) -> tuple[KVItem | None, str | None]:
+        """(the verified item to inject or None, the fallback kind or None); the detail goes to the log."""
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return None, None
+        try:
+            item = self.store.get(req.block_item_id)
+        except KVItemError as exc:
+            log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
+            return None, _fallback_kind(exc)
+        if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
+            log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
+            return None, "wrong_user"
+        if tuple(req.prompt.ids[: item.num_tokens]) != item.token_ids:
+            log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
+            return None, "prefix_mismatch"
+        return item, None
+
+    def _lora_request(self, adapter_id: str | None) -> Any:
+        if adapter_id is None:
+            return None
+        ref = adapter_ref(DataDir.at(self.config.data_dir).adapters_dir, adapter_id)
+        if ref is None or not self.config.enable_lora:
+            log.warning(
+                "adapter %s not served (%s)",
+                adapter_id,
+                "LoRA is off" if ref is not None else "no adapter files",
+            )
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=ref.name, lora_int_id=ref.int_id, lora_path=ref.path)
+
+    def _submit(
+        self,
+        request_id: str,
+        user_id: str,
+        prompt_ids: Sequence[int],
+        item: KVItem | None,
+        params: Any,
+        deliver: Callable[[Any], None],
+        *,
+        lora_request: Any = None,
+        on_end: Callable[[], None] = lambda: None,
+    ) -> RequestSink:
+        """Add a request to the engine under the user's salt for `item`; lend `item` to the connector until the
+        request ends (then `on_end` runs, on the engine thread). Blocking: waits for the current engine step."""
+        from vllm.inputs import TokensPrompt
+
+        from serving.backends import vllm_connector
+        from serving.backends.vllm_engine import RequestSink
+
+        ends = [on_end]
+        salt = cache_salt(user_id, item.item_id if item is not None else None)
+        if item is not None:
+            num_tokens = min(item.num_tokens, len(prompt_ids) - 1)
+            if num_tokens > 0:
+                params.extra_args = {
+                    "kv_transfer_params": vllm_connector.transfer_params(item.item_id, num_tokens)
+                }
+                vllm_connector.ITEM_SHELF.lend(item)
+                ends.append(lambda: vllm_connector.ITEM_SHELF.take_back(item.item_id))
+
+        def end() -> None:
+            for fn in ends:
+                fn()
+
+        sink = RequestSink(deliver, end)
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=salt)
+        try:
+            self._engine.add(request_id, prompt, params, sink, lora_request=lora_request)
+        except BaseException:
+            end()
+            raise
+        return sink
+
+    def _sampling_params(self, req: GenerationRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = req.sampling
+        room = self.max_context_tokens - len(req.prompt.ids)
+        return SamplingParams(
+            max_tokens=max(1, min(sp.max_new_tokens, room)),
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            seed=sp.seed,
+            stop_token_ids=sorted(self._eos),
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def stream(
+        self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[StreamItem]:
+        self._require_ready()
+        self._admit()
+        released = False
+        try:
+            item, fallback = await asyncio.to_thread(self._resolve_item, req)
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+
+            def deliver(out: Any) -> None:  # on the engine thread
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, out)
+                except RuntimeError:  # the consumer's event loop is gone
+                    self._engine.abort(req.request_id)
+
+            sink = await asyncio.to_thread(
+                self._submit,
+                req.request_id,
+                req.user_id,
+                req.prompt.ids,
+                item,
+                self._sampling_params(req),
+                deliver,
+                lora_request=self._lora_request(req.adapter_id),
+            )
+        except BaseException:
+            self._release()
+            raise
+        finished = False
+        try:
+            stops = StopMatcher(req.sampling.stop)
+            num_tokens, cached, finish = 0, 0, None
+            while finish is None:
+                try:
+                    out = await asyncio.wait_for(queue.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    if is_disconnected is not None and await is_disconnected():
+                        log.info("client disconnected; aborting request %s", req.request_id)
+                        return
+                    continue
+                if isinstance(out, BaseException):
+                    raise BackendError(f"generation failed: {out}") from out
+                cached = out.num_cached_tokens or 0
+                completion = out.outputs[0]
+                num_tokens += len(completion.token_ids)
+                ready, hit = stops.feed(completion.text)
+                if ready:
+                    yield TokenDelta(text=ready, token_ids=tuple(completion.token_ids))
+                if hit:
+                    finish = "stop"
+                elif out.finished:
+                    finished = True
+                    tail = stops.flush()
+                    if tail:
+                        yield TokenDelta(text=tail, token_ids=())
+                    finish = "length" if completion.finish_reason == "length" else "stop"
+                elif is_disconnected is not None and await is_disconnected():
+                    log.info("client disconnected; aborting request %s", req.request_id)
+                    return
+            fallback = self._fallback_after(req, item, fallback, cached)
+            released = True
+            self._release()  # before the last item: a client may send its next request as soon as it sees it
+            yield GenerationResult(
+                finish_reason=finish,
+                prompt_tokens=len(req.prompt.ids),
+                cached_tokens=cached,
+                completion_tokens=num_tokens,
+                ttft_s=(sink.first_output_at or sink.added_at) - sink.added_at,
+                kv_fallback_reason=fallback,
+            )
+        finally:
+            if not finished:
+                self._engine.abort(req.request_id)
+            if not released:
+                self._release()
+
+    @staticmethod
+    def _fallback_after(
+        req: GenerationRequest, item: KVItem | None, fallback: str | None, cached: int
+    ) -> str | None:
+        """The request's KV fallback kind, knowing what vLLM reused. A block vLLM held in its prefix cache
+        under this user's salt was served from activation memory even when its item was unusable; a lent item
+        that vLLM did not take in full (its connector could not load it) is a fallback."""
+        if fallback is not None:
+            return None if cached >= req.prompt.block_len else fallback
+        if item is not None and cached < min(item.num_tokens, len(req.prompt.ids) - 1):
+            log.warning(
+                "KV item %s was not loaded in full for request %s (%d tokens reused)",
+                item.item_id,
+                req.request_id,
+                cached,
+            )
+            return "other"
+        return None
+
+
+def _fallback_kind(exc: KVItemError) -> str:
+    """The KV_FALLBACK_KINDS category of a store error."""
+    for kind, cls in (
+        ("not_found", KVItemNotFound),
+        ("corrupt", KVItemCorrupt),
+        ("fingerprint_mismatch", FingerprintMismatch),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "other"

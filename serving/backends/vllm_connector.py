@@ -1,0 +1,216 @@
+"""Our vLLM KV connector: loads a user's stored KV block item into vLLM's paged cache, so vLLM prefills only
+the rest of the prompt.
+
+Owns the hand-off of verified items from the backend to vLLM's worker (`ITEM_SHELF`, one per process: the
+backend runs vLLM in-process) and the two halves vLLM asks of a connector: the scheduler half says how many
+prompt tokens an item covers beyond what the prefix cache already holds and where they go (slots); the
+worker half writes them with vLLM's own cache-write op for the CPU attention backend (the paged tensors'
+layout depends on the ISA, so writing them by index is wrong). Knows nothing of stores, fingerprints or
+users: the backend verifies an item (checksum, fingerprint, owner, tokens) before it lends it here.
+Imported by vLLM through `KVTransferConfig.kv_connector_module_path`; heavy imports are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+    from kvmem.kv.item import KVItem
+
+log = logging.getLogger(__name__)
+
+CONNECTOR_NAME = "KvmemConnector"
+CONNECTOR_MODULE = __name__
+# keys of a request's `kv_transfer_params` (SamplingParams.extra_args["kv_transfer_params"])
+ITEM_ID_KEY = "kvmem_item_id"
+NUM_TOKENS_KEY = "kvmem_num_tokens"  # how many leading prompt tokens the item covers (< prompt length)
+
+
+class ItemShelf:
+    """Verified KV items lent to the connector while requests that inject them run, counted per lender.
+
+    The backend lends an item before it adds the request and takes it back when the request ends; the worker
+    half reads it during the forward that loads it. Thread-safe (the backend's event loop and vLLM's engine
+    thread both touch it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[str, KVItem] = {}
+        self._lenders: Counter[str] = Counter()
+
+    def lend(self, item: KVItem) -> None:
+        with self._lock:
+            self._items[item.item_id] = item
+            self._lenders[item.item_id] += 1
+
+    def take_back(self, item_id: str) -> None:
+        with self._lock:
+            self._lenders[item_id] -= 1
+            if self._lenders[item_id] <= 0:
+                del self._lenders[item_id]
+                self._items.pop(item_id, None)
+
+    def get(self, item_id: str) -> KVItem | None:
+        with self._lock:
+            return self._items.get(item_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+ITEM_SHELF = ItemShelf()
+
+
+def transfer_params(item_id: str, num_tokens: int) -> dict[str, Any]:
+    """The `kv_transfer_params` that ask the connector to load `num_tokens` leading tokens from `item_id`."""
+    assert num_tokens > 0, num_tokens
+    return {ITEM_ID_KEY: item_id, NUM_TOKENS_KEY: int(num_tokens)}
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Load item tokens [start, end) of one request into these cache slots (block id * block size + offset)."""
+
+    request_id: str
+    item_id: str
+    start: int
+    end: int
+    slots: tuple[int, ...]
+    block_ids: tuple[int, ...]  # the blocks the slots are in (reported back if the load fails)
+
+
+@dataclass(frozen=True)
+class KvmemConnectorMetadata(KVConnectorMetadata):
+    loads: tuple[LoadSpec, ...]
+
+
+def _requested(request: Request) -> tuple[str, int] | None:
+    params = request.kv_transfer_params or {}
+    item_id, num_tokens = params.get(ITEM_ID_KEY), params.get(NUM_TOKENS_KEY)
+    if not isinstance(item_id, str) or not isinstance(num_tokens, int) or num_tokens <= 0:
+        return None
+    return item_id, min(num_tokens, request.num_prompt_tokens - 1)  # one token is always left to compute
+
+
+class KvmemConnector(KVConnectorBase_V1):
+    """Loads KV items lent on `ITEM_SHELF` into the paged cache; saves nothing (items are built by prefill
+    in kvmem, not taken from vLLM). Loads are synchronous: they are host-memory copies, done before the
+    forward that needs them."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._block_size = vllm_config.cache_config.block_size
+        self._pending: dict[str, LoadSpec] = {}  # scheduler half: loads for the next step
+        self._kv_caches: dict[str, tuple[int, torch.Tensor]] = {}  # worker half: layer -> (index, cache)
+        self._failed_blocks: set[int] = set()
+        self.num_loaded_tokens = 0  # worker half, for tests and logs
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # nothing is handed off when a request finishes
+
+    # -- scheduler half ------------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        requested = _requested(request)
+        if requested is None:
+            return 0, False
+        return max(0, requested[1] - num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        requested = _requested(request)
+        if num_external_tokens <= 0 or requested is None:
+            return
+        item_id, end = requested
+        start = end - num_external_tokens
+        block_ids = blocks.get_block_ids()[0]
+        size = self._block_size
+        slots = tuple(block_ids[p // size] * size + p % size for p in range(start, end))
+        used = tuple(sorted({block_ids[p // size] for p in range(start, end)}))
+        self._pending[request.request_id] = LoadSpec(request.request_id, item_id, start, end, slots, used)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KvmemConnectorMetadata(loads=tuple(self._pending.values()))
+        self._pending = {}
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._pending.pop(request.request_id, None)
+        return False, None
+
+    # -- worker half -----------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        self._kv_caches = {name: (extract_layer_index(name), cache) for name, cache in kv_caches.items()}
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        from vllm._custom_ops import cpu_attn_reshape_and_cache
+
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvmemConnectorMetadata), type(meta)
+        for spec in meta.loads:
+            item = ITEM_SHELF.get(spec.item_id)
+            if item is None or item.num_tokens < spec.end:
+                log.error(
+                    "KV item %s is not lent for request %s; vLLM recomputes", spec.item_id, spec.request_id
+                )
+                self._failed_blocks.update(spec.block_ids)
+                continue
+            slots = torch.tensor(spec.slots, dtype=torch.long)
+            for name, (index, cache) in self._kv_caches.items():
+                layer = forward_context.no_compile_layers[name]
+                kv = item.kv[index, :, :, spec.start : spec.end]  # [2, kv_heads, tokens, head_dim]
+                key = kv[0].transpose(0, 1).contiguous().to(cache.dtype)  # [tokens, kv_heads, head_dim]
+                value = kv[1].transpose(0, 1).contiguous().to(cache.dtype)
+                num_blocks, num_kv_heads, block_size, _ = cache.shape  # [blocks, kv_heads, block, 2*head_dim]
+                key_cache, value_cache = cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(
+                    2, dim=2
+                )
+                cpu_attn_reshape_and_cache(
+                    key,
+                    value,
+                    key_cache,
+                    value_cache,
+                    slots,
+                    layer.isa,
+                    k_scale=layer._k_scale_float,
+                    v_scale=layer._v_scale_float,
+                    kv_cache_dtype=self._vllm_config.cache_config.cache_dtype,
+                )
+            self.num_loaded_tokens += spec.end - spec.start
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are done in start_load_kv
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # nothing is saved from vLLM
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed

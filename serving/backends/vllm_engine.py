@@ -1,0 +1,144 @@
+"""The thread that owns vLLM's engine: requests are added, stepped as one batch and aborted only there.
+
+Why a thread of our own over vLLM's `LLMEngine` rather than `AsyncLLM`: `AsyncLLM` always runs the engine core
+in a second process, and our KV connector needs the engine in this process (the backend lends it verified KV
+items by reference, `vllm_connector.ITEM_SHELF`); on CPU, vLLM's worker must also run in this process for the
+same reason (VLLM_ENABLE_V1_MULTIPROCESSING=0). `LLMEngine` is not thread-safe, so one thread does every engine
+call: the backend's calls (add, reset, block builds) run between two engine steps on `ModelLoop`, and a driver
+steps the engine while it has work, handing each request's outputs to its sink. Knows nothing of prompts,
+memories or HTTP: it is given vLLM prompts and sampling parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.backends.model_loop import ModelLoop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestSink:
+    """Where one request's outputs go. `deliver` is called on the engine thread for every RequestOutput and
+    must not block; `on_end` once, on the engine thread, when the request finished or was aborted."""
+
+    deliver: Callable[[Any], None]
+    on_end: Callable[[], None] = lambda: None
+    added_at: float = 0.0
+    first_output_at: float | None = None
+    ended: bool = field(default=False)
+
+
+class EngineThread:
+    """One vLLM `LLMEngine` on one thread. Thread-safe: every public method may be called from any thread."""
+
+    def __init__(self, name: str = "kvmem-vllm") -> None:
+        self._loop = ModelLoop(name)
+        self._engine: Any = None
+        self._sinks: dict[str, RequestSink] = {}  # engine thread only
+        self._driving = False  # engine thread only
+        self._aborts: set[str] = set()
+        self._aborts_lock = threading.Lock()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn() on the engine thread between two steps; wait for it; return its result or raise."""
+        return self._loop.call(fn)
+
+    def start(self, make_engine: Callable[[], Any]) -> Any:
+        """Build the engine on the engine thread (vLLM's CPU worker sets up its threads where it is built)."""
+
+        def build() -> Any:
+            self._engine = make_engine()
+            return self._engine
+
+        return self.call(build)
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    def add(self, request_id: str, prompt: Any, params: Any, sink: RequestSink, **kwargs: Any) -> None:
+        """Add a request (waits for the current step to end). Raises what vLLM raises for a bad request."""
+
+        def add() -> None:
+            assert request_id not in self._sinks, request_id
+            sink.added_at = time.perf_counter()
+            self._engine.add_request(request_id, prompt, params, **kwargs)
+            self._sinks[request_id] = sink
+            if not self._driving:
+                self._driving = True
+                self._loop.start(self._drive())
+
+        self.call(add)
+
+    def abort(self, request_id: str) -> None:
+        """Ask for a request to be aborted before the next step. Never blocks; unknown ids are ignored."""
+        with self._aborts_lock:
+            self._aborts.add(request_id)
+
+    def close(self) -> None:
+        """Abort what runs, shut the engine down and stop the thread. Idempotent."""
+
+        def shutdown() -> None:
+            if self._engine is None:
+                return
+            self._apply_aborts(set(self._sinks))
+            self._engine.engine_core.shutdown()
+            self._engine = None
+
+        try:
+            self.call(shutdown)
+        except RuntimeError:  # the loop was closed already
+            pass
+        self._loop.close()
+
+    # -- engine thread -----------------------------------------------------------------------------------------
+    def _apply_aborts(self, extra: set[str] = frozenset()) -> None:
+        with self._aborts_lock:
+            ids, self._aborts = self._aborts | set(extra), set()
+        live = [i for i in ids if i in self._sinks]
+        if live:
+            self._engine.abort_request(live)
+            for request_id in live:
+                self._end(request_id)
+
+    def _end(self, request_id: str) -> None:
+        sink = self._sinks.pop(request_id)
+        sink.ended = True
+        try:
+            sink.on_end()
+        except Exception:  # noqa: BLE001 - one request's clean-up must not stop the engine
+            log.exception("clean-up of request %s failed", request_id)
+
+    def _drive(self) -> Iterator[None]:
+        """Step the engine while it has work, one step per turn of the loop; hand outputs to their sinks."""
+        try:
+            while True:
+                self._apply_aborts()
+                if not self._engine.has_unfinished_requests():
+                    return
+                outputs = self._engine.step()
+                now = time.perf_counter()
+                for out in outputs:
+                    sink = self._sinks.get(out.request_id)
+                    if sink is None:  # aborted meanwhile
+                        continue
+                    if sink.first_output_at is None:
+                        sink.first_output_at = now
+                    sink.deliver(out)
+                    if out.finished:
+                        self._end(out.request_id)
+                yield
+        except Exception as exc:  # noqa: BLE001 - every waiting request learns of it
+            log.exception("the vLLM engine step failed; failing %d requests", len(self._sinks))
+            for request_id, sink in list(self._sinks.items()):
+                sink.deliver(exc)
+                self._end(request_id)
+        finally:
+            self._driving = False
