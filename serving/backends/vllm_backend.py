@@ -465,7 +465,7 @@ class VllmBackend(Backend):
                 completion = out.outputs[0]
                 num_tokens += len(completion.token_ids)
                 ready, hit = stops.feed(completion.text)
-                if ready:
+                if ready or completion.token_ids:  # ids without text: a character still incomplete, or held
                     yield TokenDelta(text=ready, token_ids=tuple(completion.token_ids))
                 if hit:
                     finish = "stop"

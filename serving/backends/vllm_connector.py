@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +104,19 @@ class KvmemConnectorMetadata(KVConnectorMetadata):
     loads: tuple[LoadSpec, ...]
 
 
-def _requested(request: Request) -> tuple[str, int] | None:
+def plan_load(
+    request_id: str, item_id: str, start: int, end: int, block_ids: Sequence[int], block_size: int
+) -> LoadSpec:
+    """Where item tokens [start, end) of a request go: token p sits in the request's block p // block_size at
+    offset p % block_size (`block_ids` are all the request's blocks, in order)."""
+    assert 0 <= start < end <= len(block_ids) * block_size, (start, end, len(block_ids), block_size)
+    slots = tuple(block_ids[p // block_size] * block_size + p % block_size for p in range(start, end))
+    used = tuple(block_ids[b] for b in range(start // block_size, (end - 1) // block_size + 1))
+    return LoadSpec(request_id, item_id, start, end, slots, used)
+
+
+def requested_tokens(request: Request) -> tuple[str, int] | None:
+    """(item id, prompt tokens it covers) a request asks the connector for, or None."""
     params = request.kv_transfer_params or {}
     item_id, num_tokens = params.get(ITEM_ID_KEY), params.get(NUM_TOKENS_KEY)
     if not isinstance(item_id, str) or not isinstance(num_tokens, int) or num_tokens <= 0:
@@ -130,7 +143,7 @@ class KvmemConnector(KVConnectorBase_V1):
 
     # -- scheduler half ------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
-        requested = _requested(request)
+        requested = requested_tokens(request)
         if requested is None:
             return 0, False
         return max(0, requested[1] - num_computed_tokens), False
@@ -138,16 +151,15 @@ class KvmemConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        requested = _requested(request)
+        requested = requested_tokens(request)
         if num_external_tokens <= 0 or requested is None:
             return
         item_id, end = requested
-        start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
-        size = self._block_size
-        slots = tuple(block_ids[p // size] * size + p % size for p in range(start, end))
-        used = tuple(sorted({block_ids[p // size] for p in range(start, end)}))
-        self._pending[request.request_id] = LoadSpec(request.request_id, item_id, start, end, slots, used)
+        spec = plan_load(
+            request.request_id, item_id, end - num_external_tokens, end, block_ids, self._block_size
+        )
+        self._pending[request.request_id] = spec
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvmemConnectorMetadata(loads=tuple(self._pending.values()))
