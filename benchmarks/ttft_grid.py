@@ -304,11 +304,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "launch-bound); the warm-up compiles",
     )
     p.add_argument("--out", required=True, help="JSON output path (a PNG is written beside it)")
+    p.add_argument(
+        "--backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="vllm: the vLLM backend's arms instead (injected / resident / cold; benchmarks.vllm_ttft)",
+    )
     return p.parse_args(argv)
+
+
+def _vllm_argv(args: argparse.Namespace) -> list[str]:
+    """The same grid for benchmarks.vllm_ttft (CPU fp32 eager only, a safetensors model)."""
+    if args.device != "cpu" or args.compile or args.random_preset or args.dtype not in (None, "float32"):
+        raise SystemExit("ttft_grid --backend vllm: only --device cpu, fp32, no --compile or --random-preset")
+    argv = ["--out", args.out, "--warmup", str(args.warmup), "--new-tokens", str(args.new_tokens)]
+    argv += ["--quick"] if args.quick else []
+    argv += ["--model", args.model] if args.model else []
+    argv += ["--reps", str(args.reps)] if args.reps else []
+    argv += ["--ctx", *map(str, args.ctx)] if args.ctx else []
+    argv += ["--query", *map(str, args.query)] if args.query else []
+    return argv
 
 
 def main(argv: list[str] | None = None, handle=None) -> dict:
     args = parse_args(argv)
+    if args.backend == "vllm":
+        from benchmarks import vllm_ttft
+
+        return vllm_ttft.main(_vllm_argv(args))
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
     qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
     reps = args.reps or (1 if args.quick else 3)
