@@ -6,14 +6,13 @@ Owns the request path onto vLLM: the cache salt (user + block item, so no user r
 and a changed block is never served from an old one), the item hand-off to the connector (verified by the same
 tiered store the transformers backend uses), sampling, stop strings, 429 admission and aborts, and block builds
 (the KV item is prefilled by transformers, as `kvmem build` does, then made resident in vLLM). Engine stepping
-is vllm_engine.py's; the paged-cache write is vllm_connector.py's. vLLM is imported only here and there.
+is vllm_engine.py's, the paged-cache write vllm_connector.py's, what a request carries (salt, sampling, LoRA
+name, fallback kind) vllm_request.py's. vLLM is imported only in these modules.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import threading
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvmem.datadir import DataDir
-from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
+from kvmem.errors import KVItemError, KvmemError
 from serving.backends.base import (
     Backend,
     BackendError,
@@ -39,6 +38,13 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.stops import StopMatcher
+from serving.backends.vllm_request import (
+    cache_salt,
+    fallback_after,
+    fallback_kind,
+    lora_request_for,
+    sampling_params,
+)
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -74,39 +80,6 @@ class VllmBackendConfig:
             raise ValueError(f"VllmBackendConfig.kv_cache_bytes must be >= 1 MiB, got {self.kv_cache_bytes}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"VllmBackendConfig.block_size must be >= 1, got {self.block_size}")
-
-
-def cache_salt(user_id: str, block_item_id: str | None) -> str:
-    """vLLM's cache salt for a request: from the user the server serves and the plan's block item, never from
-    client input alone. Requests share cached blocks only when both match; a new item id starts cold."""
-    key = f"kvmem-salt-v1\x00{user_id}\x00{block_item_id or ''}"
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    """A LoRA adapter as vLLM is given it: the name carries the version and the files' hash, so a new version
-    is a new adapter to vLLM (and to its per-adapter prefix cache)."""
-
-    name: str
-    int_id: int
-    path: str
-
-
-def adapter_ref(adapters_dir: Path, adapter_id: str) -> AdapterRef | None:
-    """The adapter `adapter_id` under DATA_DIR/adapters, or None when it is not there.
-
-    STUB until the parametric tier exists: it expects `<adapters_dir>/<adapter_id>/kvmem_adapter.json` with
-    `{"version": int, "sha256": str}` beside the peft files; nothing writes that file yet."""
-    directory = adapters_dir / adapter_id
-    try:
-        manifest = json.loads((directory / "kvmem_adapter.json").read_text())
-        version, sha = int(manifest["version"]), str(manifest["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    name = f"{adapter_id}@v{version}-{sha[:16]}"
-    int_id = 1 + int(hashlib.sha256(name.encode()).hexdigest()[:7], 16)  # stable, > 0, fits int32
-    return AdapterRef(name=name, int_id=int_id, path=str(directory))
 
 
 class VllmBackend(Backend):
@@ -365,7 +338,7 @@ class VllmBackend(Backend):
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            kind = _fallback_kind(exc)
+            kind = fallback_kind(exc)
             if kind in ("corrupt", "fingerprint_mismatch"):  # the store dropped it
                 for callback in list(self._drop_listeners):
                     callback(req.block_item_id, req.user_id, kind)
@@ -377,21 +350,6 @@ class VllmBackend(Backend):
             log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
             return None, "prefix_mismatch"
         return item, None
-
-    def _lora_request(self, adapter_id: str | None) -> Any:
-        if adapter_id is None:
-            return None
-        ref = adapter_ref(DataDir.at(self.config.data_dir).adapters_dir, adapter_id)
-        if ref is None or not self.config.enable_lora:
-            log.warning(
-                "adapter %s not served (%s)",
-                adapter_id,
-                "LoRA is off" if ref is not None else "no adapter files",
-            )
-            return None
-        from vllm.lora.request import LoRARequest
-
-        return LoRARequest(lora_name=ref.name, lora_int_id=ref.int_id, lora_path=ref.path)
 
     def _submit(
         self,
@@ -436,22 +394,6 @@ class VllmBackend(Backend):
             raise
         return sink
 
-    def _sampling_params(self, req: GenerationRequest) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        sp = req.sampling
-        room = self.max_context_tokens - len(req.prompt.ids)
-        return SamplingParams(
-            max_tokens=max(1, min(sp.max_new_tokens, room)),
-            temperature=sp.temperature,
-            top_p=sp.top_p,
-            seed=sp.seed,
-            stop_token_ids=sorted(self._eos),
-            skip_special_tokens=True,
-            output_kind=RequestOutputKind.DELTA,
-        )
-
     async def stream(
         self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[StreamItem]:
@@ -475,10 +417,15 @@ class VllmBackend(Backend):
                 req.user_id,
                 req.prompt.ids,
                 item,
-                self._sampling_params(req),
+                sampling_params(req, self.max_context_tokens, self._eos),
                 deliver,
-                lora_request=self._lora_request(req.adapter_id),
+                lora_request=lora_request_for(
+                    DataDir.at(self.config.data_dir).adapters_dir, req.adapter_id, self.config.enable_lora
+                ),
             )
+        except (ValueError, TypeError) as exc:  # vLLM refused the request (its own validation)
+            self._release()
+            raise BackendError(f"vLLM refused request {req.request_id}: {exc}") from exc
         except BaseException:
             self._release()
             raise
@@ -513,7 +460,7 @@ class VllmBackend(Backend):
                 elif is_disconnected is not None and await is_disconnected():
                     log.info("client disconnected; aborting request %s", req.request_id)
                     return
-            fallback = self._fallback_after(req, item, fallback, cached)
+            fallback = fallback_after(req, item, fallback, cached)
             released = True
             self._release()  # before the last item: a client may send its next request as soon as it sees it
             yield GenerationResult(
@@ -529,34 +476,3 @@ class VllmBackend(Backend):
                 self._engine.abort(req.request_id)
             if not released:
                 self._release()
-
-    @staticmethod
-    def _fallback_after(
-        req: GenerationRequest, item: KVItem | None, fallback: str | None, cached: int
-    ) -> str | None:
-        """The request's KV fallback kind, knowing what vLLM reused. A block vLLM held in its prefix cache
-        under this user's salt was served from activation memory even when its item was unusable; a lent item
-        that vLLM did not take in full (its connector could not load it) is a fallback."""
-        if fallback is not None:
-            return None if cached >= req.prompt.block_len else fallback
-        if item is not None and cached < min(item.num_tokens, len(req.prompt.ids) - 1):
-            log.warning(
-                "KV item %s was not loaded in full for request %s (%d tokens reused)",
-                item.item_id,
-                req.request_id,
-                cached,
-            )
-            return "other"
-        return None
-
-
-def _fallback_kind(exc: KVItemError) -> str:
-    """The KV_FALLBACK_KINDS category of a store error."""
-    for kind, cls in (
-        ("not_found", KVItemNotFound),
-        ("corrupt", KVItemCorrupt),
-        ("fingerprint_mismatch", FingerprintMismatch),
-    ):
-        if isinstance(exc, cls):
-            return kind
-    return "other"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serving.backends.vllm_backend import AdapterRef, adapter_ref, cache_salt
+from serving.backends.vllm_request import AdapterRef, adapter_ref, cache_salt
 
 
 def test_the_salt_names_the_user_and_the_block_item_and_nothing_else():

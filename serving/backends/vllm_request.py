@@ -1,0 +1,122 @@
+"""What one request carries into vLLM and what its result says about the KV block.
+
+Owns the cache salt (isolation), the LoRA name of a plan's adapter, the vLLM sampling parameters of a request
+and the KV fallback kind once vLLM says how many prompt tokens it reused. Pure functions: no engine, no store;
+vLLM is imported only where its objects are built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
+from serving.backends.base import GenerationRequest
+
+if TYPE_CHECKING:
+    from kvmem.kv.item import KVItem
+
+log = logging.getLogger(__name__)
+
+
+def cache_salt(user_id: str, block_item_id: str | None) -> str:
+    """vLLM's cache salt for a request: from the user the server serves and the plan's block item, never from
+    client input alone. Requests share cached blocks only when both match; a new item id starts cold."""
+    key = f"kvmem-salt-v1\x00{user_id}\x00{block_item_id or ''}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter as vLLM is given it: the name carries the version and the files' hash, so a new version
+    is a new adapter to vLLM (and to its per-adapter prefix cache)."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+def adapter_ref(adapters_dir: Path, adapter_id: str) -> AdapterRef | None:
+    """The adapter `adapter_id` under DATA_DIR/adapters, or None when it is not there.
+
+    STUB until the parametric tier exists: it expects `<adapters_dir>/<adapter_id>/kvmem_adapter.json` with
+    `{"version": int, "sha256": str}` beside the peft files; nothing writes that file yet."""
+    directory = adapters_dir / adapter_id
+    try:
+        manifest = json.loads((directory / "kvmem_adapter.json").read_text())
+        version, sha = int(manifest["version"]), str(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    name = f"{adapter_id}@v{version}-{sha[:16]}"
+    int_id = 1 + int(hashlib.sha256(name.encode()).hexdigest()[:7], 16)  # stable, > 0, fits int32
+    return AdapterRef(name=name, int_id=int_id, path=str(directory))
+
+
+def lora_request_for(adapters_dir: Path, adapter_id: str | None, enabled: bool) -> Any:
+    """vLLM's LoRARequest for a plan's adapter, or None (no adapter, LoRA off, or no files: logged)."""
+    if adapter_id is None:
+        return None
+    ref = adapter_ref(adapters_dir, adapter_id)
+    if ref is None or not enabled:
+        log.warning(
+            "adapter %s not served (%s)", adapter_id, "no adapter files" if ref is None else "LoRA off"
+        )
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=ref.name, lora_int_id=ref.int_id, lora_path=ref.path)
+
+
+def sampling_params(req: GenerationRequest, max_context_tokens: int, eos_token_ids: Iterable[int]) -> Any:
+    """vLLM's SamplingParams: token deltas as they come, EOS as the transformers backend knows it, at most the
+    room the context leaves. Stop strings are not given to vLLM: the backend matches them (StopMatcher)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    sp = req.sampling
+    room = max_context_tokens - len(req.prompt.ids)
+    return SamplingParams(
+        max_tokens=max(1, min(sp.max_new_tokens, room)),
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        seed=sp.seed,
+        stop_token_ids=sorted(eos_token_ids),
+        skip_special_tokens=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def fallback_kind(exc: KVItemError) -> str:
+    """The KV_FALLBACK_KINDS category of a store error."""
+    for kind, cls in (
+        ("not_found", KVItemNotFound),
+        ("corrupt", KVItemCorrupt),
+        ("fingerprint_mismatch", FingerprintMismatch),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "other"
+
+
+def fallback_after(
+    req: GenerationRequest, item: KVItem | None, fallback: str | None, cached: int
+) -> str | None:
+    """The request's KV fallback kind, knowing how many prompt tokens vLLM reused. A block vLLM held in its
+    prefix cache under this user's salt was served from activation memory even when its item was unusable;
+    a lent item that vLLM did not take in full (the connector could not load it) is a fallback."""
+    if fallback is not None:
+        return None if cached >= req.prompt.block_len else fallback
+    if item is not None and cached < min(item.num_tokens, len(req.prompt.ids) - 1):
+        log.warning(
+            "KV item %s was not loaded in full for request %s (%d tokens reused)",
+            item.item_id,
+            req.request_id,
+            cached,
+        )
+        return "other"
+    return None
