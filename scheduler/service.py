@@ -1,8 +1,8 @@
 """The Scheduler facade: heat + plans + a queue + the worker thread that drains it.
 
-Request path: `get` (a dict read) and `record_access` / `session_start` (an enqueue). Store changes arrive
-through `on_change`, which stops serving an affected block *before it returns* (worker.invalidate) and
-enqueues the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
+Request path: `get` (a dict read, plus a check that the block is still stored) and `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
+`on_change`, which stops serving every affected block *before it returns* (worker.invalidate) and enqueues
+the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -72,10 +72,14 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe_drops: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
         self._unsubscribe = self.source.subscribe(self.on_change)
+        subscribe_dropped = getattr(self.builder, "subscribe_dropped", None)
+        if subscribe_dropped is not None:
+            self._unsubscribe_drops = subscribe_dropped(self.worker.guard.on_dropped)
         self._thread = threading.Thread(target=self.worker.run, args=(self._stop,), name="kvmem-scheduler")
         self._thread.daemon = True
         self._thread.start()
@@ -85,6 +89,9 @@ class Scheduler:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._unsubscribe_drops is not None:
+            self._unsubscribe_drops()
+            self._unsubscribe_drops = None
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -97,13 +104,28 @@ class Scheduler:
     def get(self, user_id: str) -> Plan:
         """The user's current plan (an empty one for an unknown user, whose first build is then enqueued)."""
         plan = self.plans.get(user_id)
+        if plan.block is not None and (why := self.worker.guard.unservable_reason(plan)) is not None:
+            plan = self._without_block(plan, why)
         self._reads += 1
         if plan.block is not None:
             self._hits += 1
+        elif user_id in self.worker.guard.evicted:  # its block was evicted: rebuild now that it is asked for
+            self.worker.guard.evicted.discard(user_id)
+            self.queue.put(Task("refresh", user_id))
         elif user_id not in self._known:
             self._known.add(user_id)
             self.queue.put(Task("refresh", user_id))
         return plan
+
+    def _without_block(self, plan: Plan, why: str) -> Plan:
+        """The plan to serve instead of one whose block must not be served: retracted for every reader."""
+        self.worker.guard.retract(plan.user_id, plan.block.item_id)
+        return Plan(plan.user_id, None, plan.adapter_id, plan.version, plan.updated_at)
+
+    def report_unservable(self, user_id: str, item_id: str) -> bool:
+        """A request meant to serve `item_id` fell back to prefill: if it is still the user's block, the plan
+        loses it, the item is dropped and a rebuild enqueued. Idempotent and cheap (a dict read when stale)."""
+        return self.worker.guard.report_unservable(user_id, item_id)
 
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))

@@ -1,8 +1,8 @@
 """The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
 
-Owns the per-user generation counter that makes a build racing a store change discard its result, and the
-only writes to heat and plans. Blocks are built through an injected `BlockBuilder`; the queue and the thread
-that drains it belong to the facade in service.py.
+Owns the per-user generation counter that makes a build racing a store change discard its result, the only
+writes to heat and plans. Blocks are built through an injected `BlockBuilder`; what keeps published blocks
+servable is guard.py; the queue and the thread that drains it belong to the facade in service.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from scheduler.config import SchedulerConfig
+from scheduler.guard import BlockGuard
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from scheduler.policy import (
@@ -45,7 +46,10 @@ class BlockBuilder(Protocol):
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
 
-    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start)
+    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
+    # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
+    # `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports blocks the store dropped
+    # on its own.
 
 
 class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
@@ -92,6 +96,7 @@ class Worker:
         self.heat, self.plans, self.queue, self.clock = heat, plans, queue, clock
         self.policy = promotion_policy(config.promotion)
         self._lock = threading.Lock()  # generations and every plan publish
+        self.guard = BlockGuard(self._lock, plans, queue, builder, clock)
         self._generation: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
@@ -261,6 +266,10 @@ class Worker:
                 stale = block.item_id if block else None
                 published = None
             else:
+                if block is not None and not self.guard.stored(block.item_id):
+                    # e.g. bigger than the store's disk budget: publish text, not a block that is gone
+                    log.info("user %r: block %s left the store before publishing", user_id, block.item_id)
+                    block = None
                 latest = self.plans.get(user_id)
                 published = Plan(user_id, block, latest.adapter_id, latest.version + 1, now)
                 self.plans.publish(published)

@@ -6,7 +6,7 @@ Also the adapter that lets the scheduler build blocks through the serving backen
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,12 @@ class BackendBlockBuilder:
         warm = getattr(self.backend, "warm_block", None)
         if warm is not None:
             warm(item_id)
+
+    def has_block(self, item_id: str) -> bool:
+        return self.backend.has_block(item_id)
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        return self.backend.subscribe_dropped(callback)
 
 
 class SchedulerPlanProvider(PlanProvider):
@@ -98,6 +104,9 @@ class SchedulerPlanProvider(PlanProvider):
 
     def session_start(self, user_id: str) -> None:
         self.scheduler.session_start(user_id)
+
+    def report_unservable(self, user_id: str, item_id: str) -> None:
+        self.scheduler.report_unservable(user_id, item_id)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the worker has drained its queue (tests)."""
