@@ -127,6 +127,12 @@ class Scheduler:
         loses it, the item is dropped and a rebuild enqueued. Idempotent and cheap (a dict read when stale)."""
         return self.worker.guard.report_unservable(user_id, item_id)
 
+    def forget_user(self, user_id: str) -> list[str]:
+        """A user's memories were all deleted: every stored block of theirs stops being served and is
+        deleted before this returns (the memory events already covered blocks naming live memory ids; this
+        also catches blocks built from raw texts). Returns the forgotten item ids."""
+        return self.worker.forget_user(user_id)
+
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))
 

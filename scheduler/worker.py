@@ -1,8 +1,9 @@
 """The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
 
 Owns the per-user generation counter that makes a build racing a store change discard its result, the only
-writes to heat and plans. Blocks are built through an injected `BlockBuilder`; what keeps published blocks
-servable is guard.py; the queue and the thread that drains it belong to the facade in service.py.
+writes to heat and plans, and the delete cascade beyond the current plan (every stored block built from a
+changed memory). Blocks are built through an injected `BlockBuilder`; what keeps published blocks servable is
+guard.py; the queue and the thread that drains it belong to the facade in service.py.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ class BlockBuilder(Protocol):
 
     # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
     # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
-    # `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports blocks the store dropped
-    # on its own.
+    # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
+    # (the delete cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
+    # blocks the store dropped on its own.
 
 
 class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
@@ -174,7 +176,28 @@ class Worker:
         if dropped is not None:
             self.builder.drop_block(dropped)
             log.info("user %r: block %s stopped serving (memory %s %s)", user_id, dropped, memory_id, kind)
+        self._cascade(user_id, [memory_id])
         return dropped
+
+    def forget_user(self, user_id: str) -> list[str]:
+        """Every stored block of the user stops being served, and is deleted, before this returns."""
+        with self._lock:
+            self._generation[user_id] = self._generation.get(user_id, 0) + 1
+            plan = self.plans.get(user_id)
+            if plan.block is not None:
+                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, self.clock()))
+        if plan.block is not None:
+            self.builder.drop_block(plan.block.item_id)
+        return self._cascade(user_id, None)
+
+    def _cascade(self, user_id: str, memory_ids: list[str] | None) -> list[str]:
+        """DESIGN invariant 5 beyond the current plan: every stored block built from these memories (blocks of
+        earlier plans, offline builds, blocks from before a restart) is deleted."""
+        forget = getattr(self.builder, "forget", None)
+        forgotten = forget(user_id, memory_ids) if forget is not None else []
+        if forgotten:
+            log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
+        return forgotten
 
     # -- rebuild -------------------------------------------------------------------------------------------
     def _memories(self, user_id: str) -> list[Any]:

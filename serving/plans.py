@@ -84,10 +84,14 @@ class PlanProvider(ABC):
     def close(self) -> None:
         """Stop background work. Idempotent."""
 
-    # Not abstract only while the stand-in lives (it builds no stored block to report).
+    # Not abstract only while the stand-in lives (it builds no stored block to report or forget).
     def report_unservable(self, user_id: str, item_id: str) -> None:  # noqa: B027
         """A request meant to serve block `item_id` fell back to prefill: stop planning it, rebuild. Cheap,
         idempotent, never raises for a stale report. (No-op here: a provider that plans blocks overrides.)"""
+
+    def forget_user(self, user_id: str) -> None:  # noqa: B027
+        """All the user's memories were deleted: no block of theirs may be served when this returns, and
+        their stored blocks are deleted. (No-op here: a provider that plans blocks overrides.)"""
 
 
 _KINDS = {"added": "add", "updated": "update", "deleted": "delete"}

@@ -40,6 +40,9 @@ class BackendBlockBuilder:
     def has_block(self, item_id: str) -> bool:
         return self.backend.has_block(item_id)
 
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None) -> list[str]:
+        return self.backend.forget(user_id, memory_ids)
+
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
         return self.backend.subscribe_dropped(callback)
 
@@ -107,6 +110,9 @@ class SchedulerPlanProvider(PlanProvider):
 
     def report_unservable(self, user_id: str, item_id: str) -> None:
         self.scheduler.report_unservable(user_id, item_id)
+
+    def forget_user(self, user_id: str) -> None:
+        self.scheduler.forget_user(user_id)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until the worker has drained its queue (tests)."""
