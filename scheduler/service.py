@@ -1,6 +1,7 @@
 """The Scheduler facade: heat + plans + a queue + the worker thread that drains it.
 
-Request path: `get` (a dict read, plus a check that the block is still stored) and `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
+Request path: `get` (a dict read, plus a check that the block is still stored and, with replicas, not fenced
+off) and `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
 `on_change`, which stops serving every affected block *before it returns* (worker.invalidate) and enqueues
 the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config import SchedulerConfig
+from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task, make_queue
@@ -56,6 +58,7 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         redis_url: str | None = None,
         queue: TaskQueue | None = None,
+        fence: Fence | None = None,
     ):
         self.config, self.source, self.builder, self.clock = config, source, builder, clock
         self.heat = HeatTable(
@@ -66,7 +69,14 @@ class Scheduler:
         )
         self.plans = PlanBook()
         self.queue: TaskQueue = queue if queue is not None else make_queue(redis_url)
-        self.worker = Worker(config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock)
+        if fence is None and redis_url:  # replicas share Redis: invalidation must reach them all (README)
+            from scheduler.fence import RedisFence
+
+            fence = RedisFence(redis_url)
+        self.fence = fence
+        self.worker = Worker(
+            config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock, fence
+        )
         self._known: set[str] = set()
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
@@ -95,9 +105,10 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        close = getattr(self.queue, "close", None)
-        if close is not None:
-            close()
+        for part in (self.queue, self.fence):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
         self.heat.close()
 
     # -- request path (never waits on the worker) ----------------------------------------------------------
@@ -118,8 +129,9 @@ class Scheduler:
         return plan
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
-        """The plan to serve instead of one whose block must not be served: retracted for every reader."""
-        self.worker.guard.retract(plan.user_id, plan.block.item_id)
+        """The plan to serve instead of one whose block must not be served."""
+        if why != "fence_unreadable":  # lasting: retract it for every reader and rebuild
+            self.worker.guard.retract(plan.user_id, plan.block.item_id)
         return Plan(plan.user_id, None, plan.adapter_id, plan.version, plan.updated_at)
 
     def report_unservable(self, user_id: str, item_id: str) -> bool:
@@ -142,8 +154,10 @@ class Scheduler:
 
     # -- store changes (synchronous, cheap) ----------------------------------------------------------------
     def on_change(self, event: Any) -> None:
-        self.worker.invalidate(event)
-        self.queue.put(Task("refresh", event.user_id))
+        try:
+            self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
+        finally:
+            self.queue.put(Task("refresh", event.user_id))
 
     # -- offline use and tests -----------------------------------------------------------------------------
     def run_pending(self) -> int:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from scheduler.config import SchedulerConfig
-from scheduler.guard import BlockGuard
+from scheduler.guard import BlockGuard, Fence
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from scheduler.policy import (
@@ -93,12 +93,14 @@ class Worker:
         plans: PlanBook,
         queue: TaskQueue,
         clock: Callable[[], float],
+        fence: Fence | None = None,
     ):
         self.config, self.source, self.builder, self.count_tokens = config, source, builder, count_tokens
+        self.fence = fence
         self.heat, self.plans, self.queue, self.clock = heat, plans, queue, clock
         self.policy = promotion_policy(config.promotion)
         self._lock = threading.Lock()  # generations and every plan publish
-        self.guard = BlockGuard(self._lock, plans, queue, builder, clock)
+        self.guard = BlockGuard(self._lock, plans, queue, builder, fence, clock)
         self._generation: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
@@ -116,6 +118,8 @@ class Worker:
             task = self.queue.get(timeout_s=0.5)
             if task is None:
                 self.retry_deferred()
+                if self.fence is not None:
+                    self.fence.retry_pending()
                 continue
             self.handle(task)
 
@@ -186,17 +190,21 @@ class Worker:
             plan = self.plans.get(user_id)
             if plan.block is not None:
                 self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, self.clock()))
+            self.guard.forget_stamp(user_id)
         if plan.block is not None:
             self.builder.drop_block(plan.block.item_id)
         return self._cascade(user_id, None)
 
     def _cascade(self, user_id: str, memory_ids: list[str] | None) -> list[str]:
         """DESIGN invariant 5 beyond the current plan: every stored block built from these memories (blocks of
-        earlier plans, offline builds, blocks from before a restart) is deleted."""
+        earlier plans, offline builds, blocks from before a restart or of another replica) is deleted, and
+        the shared fence (if any) moves, so other replicas stop serving too. Raises FenceUnavailable."""
         forget = getattr(self.builder, "forget", None)
         forgotten = forget(user_id, memory_ids) if forget is not None else []
         if forgotten:
             log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
+        if self.fence is not None:
+            self.fence.bump(user_id)
         return forgotten
 
     # -- rebuild -------------------------------------------------------------------------------------------
@@ -230,6 +238,7 @@ class Worker:
             return self.plans.get(user_id)
         with self._lock:
             generation = self._generation.get(user_id, 0)
+        fenced = self.fence.read(user_id) if self.fence is not None else None  # before reading memories
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
         stats = self.heat.stats(user_id)
@@ -296,6 +305,8 @@ class Worker:
                 latest = self.plans.get(user_id)
                 published = Plan(user_id, block, latest.adapter_id, latest.version + 1, now)
                 self.plans.publish(published)
+                if block is not None:
+                    self.guard.stamp(user_id, block.item_id, fenced)
                 stale = (
                     latest.block.item_id
                     if latest.block and (not block or latest.block.item_id != block.item_id)
