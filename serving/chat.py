@@ -317,6 +317,8 @@ class ChatService:
             session_id=prepared.session_id,
         )
         self._scheduler.record_access(event)
+        if result.kv_fallback_reason is not None and prepared.request.block_item_id is not None:
+            self._scheduler.report_unservable(prepared.request.user_id, prepared.request.block_item_id)
         if self._config.store_turns:
             future = asyncio.get_running_loop().run_in_executor(None, self._store_turn, prepared, reply)
             self._background.add(future)
