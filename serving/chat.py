@@ -133,8 +133,12 @@ class ChatService:
         block = plan.block
         hits = []
         if query.strip():
+            # a chat message may be far longer than a search query may be: search with its last
+            # max_query_chars characters (where a question usually is), so one huge message cannot make the
+            # full-text query, and every other user's search behind it, arbitrarily expensive
+            search_query = query[-self._config.limits.max_query_chars :]
             hits = await asyncio.to_thread(
-                self._store.search, user_id, query, top_k=self._config.retrieve_top_k
+                self._store.search, user_id, search_query, top_k=self._config.retrieve_top_k
             )
         covered = plan.covered_ids
         text_hits = [h for h in hits if h.memory.id not in covered]
