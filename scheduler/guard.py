@@ -60,6 +60,12 @@ class BlockGuard:
     def forget_stamp(self, user_id: str) -> None:
         self._stamps.pop(user_id, None)
 
+    def forget_user_state(self, user_id: str) -> None:
+        """The plan book dropped the user's plan: nothing of theirs is published, so nothing to guard."""
+        self._stamps.pop(user_id, None)
+        self._handled.pop(user_id, None)
+        self.evicted.discard(user_id)
+
     def unservable_reason(self, plan: Plan) -> str | None:
         """Why `plan`'s block must not be served now (None: it may be): "not_found" in the store, "stale"
         (another replica changed the user's memories since it was built), "fence_unreadable"."""

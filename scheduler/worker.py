@@ -100,6 +100,7 @@ class Worker:
         self.policy = promotion_policy(config.promotion)
         self._lock = threading.Lock()  # generations and every plan publish
         self.guard = BlockGuard(self._lock, plans, queue, builder, fence, clock)
+        plans.on_drop(self._forget_user_state)
         self._generation: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
@@ -110,6 +111,14 @@ class Worker:
         self._token_counts: dict[str, dict[str, tuple[int, int]]] = {}
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
+
+    def _forget_user_state(self, user_id: str) -> None:
+        """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their
+        token counts and distillation candidates are recomputed by the refresh their next read enqueues).
+        The generation counter stays: a build in flight for them must still see a store change."""
+        self._token_counts.pop(user_id, None)
+        self.distill.pop(user_id, None)
+        self.guard.forget_user_state(user_id)
 
     # -- the thread's loop ---------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
