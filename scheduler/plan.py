@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -51,6 +52,12 @@ class PlanBook:
         self._last_use: dict[str, int] = {}  # user -> tick of their last read or publish
         self._ticks = itertools.count()
         self._write = threading.Lock()  # writers only; readers never take it
+        self._drop_listeners: list[Callable[[str], None]] = []
+
+    def on_drop(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(user_id)` whenever the bound drops a user's plan (under the write lock: keep it to a few
+        dict pops), so per-user state kept beside the book (token counts, stamps) is bounded with it."""
+        self._drop_listeners.append(listener)
 
     def get(self, user_id: str) -> Plan:
         plan = self._plans.get(user_id)
@@ -87,6 +94,8 @@ class PlanBook:
             oldest = min(self._plans, key=lambda u: self._last_use.get(u, -1))
             del self._plans[oldest]
             self._last_use.pop(oldest, None)
+            for listener in self._drop_listeners:
+                listener(oldest)
         if len(self._last_use) > 2 * self.max_users:  # stamps a read left after its user was dropped
             for user in [u for u in list(self._last_use) if u not in self._plans]:
                 self._last_use.pop(user, None)

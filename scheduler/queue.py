@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
+import socket
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, is_dataclass
@@ -89,11 +92,13 @@ class RedisStreamsQueue:
         *,
         stream: str = "kvmem:scheduler",
         group: str = "workers",
-        consumer: str = "worker-1",
+        consumer: str | None = None,
         min_idle_ms: int = 30_000,
     ):
         import redis
 
+        if consumer is None:  # unique per process: two replicas must never read as one consumer
+            consumer = unique_consumer_name()
         self._redis_errors = (redis.ConnectionError, redis.TimeoutError)
         self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
         self.stream, self.group, self.consumer, self.min_idle_ms = stream, group, consumer, min_idle_ms
@@ -142,11 +147,20 @@ class RedisStreamsQueue:
             )
 
     def close(self) -> None:
-        """Send what is in the outbox, then stop the outbox thread."""
+        """Send what is in the outbox, stop the outbox thread, and leave the group if nothing of ours is
+        pending (a pending entry keeps the consumer, so XAUTOCLAIM can hand it to a live worker)."""
         with self._outbox_cond:
             self._closed = True
             self._outbox_cond.notify_all()
         self._sender.join(timeout=10)
+        try:
+            mine = self.client.xpending_range(
+                self.stream, self.group, "-", "+", 1, consumername=self.consumer
+            )
+            if not mine:
+                self.client.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        except self._redis_errors as exc:
+            log.warning("redis unreachable (%s); consumer %s stays in the group", exc, self.consumer)
 
     def get(self, timeout_s: float | None = None) -> Task | None:
         local = self._local.get(timeout_s=0)
@@ -198,6 +212,11 @@ class RedisStreamsQueue:
             return len(self._local) + len(self._outbox) + self._sending
 
 
+def unique_consumer_name() -> str:
+    """host-pid-random: distinct across machines, processes, and queues in one process."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def make_queue(redis_url: str | None, **kwargs: Any) -> InProcessQueue | RedisStreamsQueue:
     """Redis Streams when a URL is given and Redis answers; else (with a log line) the in-process queue."""
     if not redis_url:
@@ -211,4 +230,4 @@ def make_queue(redis_url: str | None, **kwargs: Any) -> InProcessQueue | RedisSt
         return InProcessQueue()
 
 
-__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue"]
+__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue", "unique_consumer_name"]

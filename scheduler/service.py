@@ -1,8 +1,9 @@
 """The Scheduler facade: heat + plans + a queue + the worker thread that drains it.
 
-Request path: `get` (a dict read) and `record_access` / `session_start` (an enqueue). Store changes arrive
-through `on_change`, which stops serving an affected block *before it returns* (worker.invalidate) and
-enqueues the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
+Request path: `get` (a dict read, plus a check that the block is still stored and, with replicas, not fenced
+off) and `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
+`on_change`, which stops serving every affected block *before it returns* (worker.invalidate) and enqueues
+the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config import SchedulerConfig
+from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task, make_queue
@@ -56,6 +58,7 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         redis_url: str | None = None,
         queue: TaskQueue | None = None,
+        fence: Fence | None = None,
     ):
         self.config, self.source, self.builder, self.clock = config, source, builder, clock
         self.heat = HeatTable(
@@ -66,17 +69,28 @@ class Scheduler:
         )
         self.plans = PlanBook(config.max_plans)
         self.queue: TaskQueue = queue if queue is not None else make_queue(redis_url)
-        self.worker = Worker(config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock)
+        if fence is None and redis_url:  # replicas share Redis: invalidation must reach them all (README)
+            from scheduler.fence import RedisFence
+
+            fence = RedisFence(redis_url)
+        self.fence = fence
+        self.worker = Worker(
+            config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock, fence
+        )
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe_drops: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self, *, thread: bool = True) -> None:
         """Subscribe to the store's changes and start the worker thread. With `thread=False` tasks run only in
         `run_pending`/`flush`, in the caller's thread: tests and the simulator drive the same worker that way."""
         self._unsubscribe = self.source.subscribe(self.on_change)
+        subscribe_dropped = getattr(self.builder, "subscribe_dropped", None)
+        if subscribe_dropped is not None:
+            self._unsubscribe_drops = subscribe_dropped(self.worker.guard.on_dropped)
         if thread:
             self._thread = threading.Thread(
                 target=self.worker.run, args=(self._stop,), name="kvmem-scheduler", daemon=True
@@ -88,12 +102,16 @@ class Scheduler:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._unsubscribe_drops is not None:
+            self._unsubscribe_drops()
+            self._unsubscribe_drops = None
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        close = getattr(self.queue, "close", None)
-        if close is not None:
-            close()
+        for part in (self.queue, self.fence):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
         self.heat.close()
 
     # -- request path (never waits on the worker) ----------------------------------------------------------
@@ -103,12 +121,34 @@ class Scheduler:
         restored (the stored KV item is found again by its content address). The book is also the bounded
         record of which users were already asked for."""
         plan = self.plans.get(user_id)
+        if plan.block is not None and (why := self.worker.guard.unservable_reason(plan)) is not None:
+            plan = self._without_block(plan, why)
         self._reads += 1
         if plan.block is not None:
             self._hits += 1
+        elif user_id in self.worker.guard.evicted:  # its block was evicted: rebuild now that it is asked for
+            self.worker.guard.evicted.discard(user_id)
+            self.queue.put(Task("refresh", user_id))
         elif self.plans.register(user_id):
             self.queue.put(Task("refresh", user_id))
         return plan
+
+    def _without_block(self, plan: Plan, why: str) -> Plan:
+        """The plan to serve instead of one whose block must not be served."""
+        if why != "fence_unreadable":  # lasting: retract it for every reader and rebuild
+            self.worker.guard.retract(plan.user_id, plan.block.item_id)
+        return Plan(plan.user_id, None, plan.adapter_id, plan.version, plan.updated_at)
+
+    def report_unservable(self, user_id: str, item_id: str) -> bool:
+        """A request meant to serve `item_id` fell back to prefill: if it is still the user's block, the plan
+        loses it, the item is dropped and a rebuild enqueued. Idempotent and cheap (a dict read when stale)."""
+        return self.worker.guard.report_unservable(user_id, item_id)
+
+    def forget_user(self, user_id: str) -> list[str]:
+        """A user's memories were all deleted: every stored block of theirs stops being served and is
+        deleted before this returns (the memory events already covered blocks naming live memory ids; this
+        also catches blocks built from raw texts). Returns the forgotten item ids."""
+        return self.worker.forget_user(user_id)
 
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))
@@ -119,8 +159,10 @@ class Scheduler:
 
     # -- store changes (synchronous, cheap) ----------------------------------------------------------------
     def on_change(self, event: Any) -> None:
-        self.worker.invalidate(event)
-        self.queue.put(Task("refresh", event.user_id))
+        try:
+            self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
+        finally:
+            self.queue.put(Task("refresh", event.user_id))
 
     # -- offline use and tests -----------------------------------------------------------------------------
     def run_pending(self) -> int:

@@ -1,9 +1,10 @@
 """The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
 
-Owns the per-user generation counter that makes a build racing a store change discard its result, and the
-only writes to heat and plans. Blocks are built through an injected `BlockMaker` (serving's adapter over its
-backend; a fake in tests and the simulator); the queue and the thread that drains it belong to the facade in
-service.py.
+Owns the per-user generation counter that makes a build racing a store change discard its result, the only
+writes to heat and plans, and the delete cascade beyond the current plan (every stored block built from a
+changed memory). Blocks are built through an injected `BlockMaker` (serving's adapter over its backend; a fake
+in tests and the simulator); what keeps published blocks servable is guard.py; the queue and the thread that
+drains it belong to the facade in service.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.config import SchedulerConfig
+from scheduler.guard import BlockGuard, Fence
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from scheduler.policy import (
@@ -44,7 +46,11 @@ class BlockMaker(Protocol):
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
 
-    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start)
+    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
+    # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
+    # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
+    # (the delete cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
+    # blocks the store dropped on its own.
 
 
 class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
@@ -86,11 +92,15 @@ class Worker:
         plans: PlanBook,
         queue: TaskQueue,
         clock: Callable[[], float],
+        fence: Fence | None = None,
     ):
         self.config, self.source, self.builder, self.count_tokens = config, source, builder, count_tokens
+        self.fence = fence
         self.heat, self.plans, self.queue, self.clock = heat, plans, queue, clock
         self.policy = promotion_policy(config.promotion)
         self._lock = threading.Lock()  # generations and every plan publish
+        self.guard = BlockGuard(self._lock, plans, queue, builder, fence, clock)
+        plans.on_drop(self._forget_user_state)
         self._generation: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
@@ -102,12 +112,22 @@ class Worker:
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
 
+    def _forget_user_state(self, user_id: str) -> None:
+        """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their
+        token counts and distillation candidates are recomputed by the refresh their next read enqueues).
+        The generation counter stays: a build in flight for them must still see a store change."""
+        self._token_counts.pop(user_id, None)
+        self.distill.pop(user_id, None)
+        self.guard.forget_user_state(user_id)
+
     # -- the thread's loop ---------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             task = self.queue.get(timeout_s=0.5)
             if task is None:
                 self.retry_deferred()
+                if self.fence is not None:
+                    self.fence.retry_pending()
                 continue
             self.handle(task)
 
@@ -168,7 +188,32 @@ class Worker:
         if dropped is not None:
             self.builder.drop_block(dropped)
             log.info("user %r: block %s stopped serving (memory %s %s)", user_id, dropped, memory_id, kind)
+        self._cascade(user_id, [memory_id])
         return dropped
+
+    def forget_user(self, user_id: str) -> list[str]:
+        """Every stored block of the user stops being served, and is deleted, before this returns."""
+        with self._lock:
+            self._generation[user_id] = self._generation.get(user_id, 0) + 1
+            plan = self.plans.get(user_id)
+            if plan.block is not None:
+                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, self.clock()))
+            self.guard.forget_stamp(user_id)
+        if plan.block is not None:
+            self.builder.drop_block(plan.block.item_id)
+        return self._cascade(user_id, None)
+
+    def _cascade(self, user_id: str, memory_ids: list[str] | None) -> list[str]:
+        """DESIGN invariant 5 beyond the current plan: every stored block built from these memories (blocks of
+        earlier plans, offline builds, blocks from before a restart or of another replica) is deleted, and
+        the shared fence (if any) moves, so other replicas stop serving too. Raises FenceUnavailable."""
+        forget = getattr(self.builder, "forget", None)
+        forgotten = forget(user_id, memory_ids) if forget is not None else []
+        if forgotten:
+            log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
+        if self.fence is not None:
+            self.fence.bump(user_id)
+        return forgotten
 
     # -- rebuild -------------------------------------------------------------------------------------------
     def _memories(self, user_id: str) -> list[Any]:
@@ -201,6 +246,7 @@ class Worker:
             return self.plans.get(user_id)
         with self._lock:
             generation = self._generation.get(user_id, 0)
+        fenced = self.fence.read(user_id) if self.fence is not None else None  # before reading memories
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
         stats = self.heat.stats(user_id)
@@ -260,9 +306,15 @@ class Worker:
                 stale = block.item_id if block else None
                 published = None
             else:
+                if block is not None and not self.guard.stored(block.item_id):
+                    # e.g. bigger than the store's disk budget: publish text, not a block that is gone
+                    log.info("user %r: block %s left the store before publishing", user_id, block.item_id)
+                    block = None
                 latest = self.plans.get(user_id)
                 published = Plan(user_id, block, latest.adapter_id, latest.version + 1, now)
                 self.plans.publish(published)
+                if block is not None:
+                    self.guard.stamp(user_id, block.item_id, fenced)
                 stale = (
                     latest.block.item_id
                     if latest.block and (not block or latest.block.item_id != block.item_id)

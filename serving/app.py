@@ -323,7 +323,9 @@ def create_app(
     ) -> dict[str, int]:
         check_user(who, user_id)
         if session_id is None:
-            return {"deleted": await asyncio.to_thread(store.delete_user, user_id)}
+            deleted = await asyncio.to_thread(store.delete_user, user_id)
+            await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
+            return {"deleted": deleted}
         return {"deleted": await asyncio.to_thread(store.delete_session, user_id, session_id)}
 
     @app.get("/v1/memories/plan")

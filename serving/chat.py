@@ -133,8 +133,12 @@ class ChatService:
         block = plan.block
         hits = []
         if query.strip():
+            # a chat message may be far longer than a search query may be: search with its last
+            # max_query_chars characters (where a question usually is), so one huge message cannot make the
+            # full-text query, and every other user's search behind it, arbitrarily expensive
+            search_query = query[-self._config.limits.max_query_chars :]
             hits = await asyncio.to_thread(
-                self._store.search, user_id, query, top_k=self._config.retrieve_top_k
+                self._store.search, user_id, search_query, top_k=self._config.retrieve_top_k
             )
         covered = plan.covered_ids
         text_hits = [h for h in hits if h.memory.id not in covered]
@@ -317,6 +321,8 @@ class ChatService:
             session_id=prepared.session_id,
         )
         self._scheduler.record_access(event)
+        if result.kv_fallback_reason is not None and prepared.request.block_item_id is not None:
+            self._scheduler.report_unservable(prepared.request.user_id, prepared.request.block_item_id)
         if self._config.store_turns:
             future = asyncio.get_running_loop().run_in_executor(None, self._store_turn, prepared, reply)
             self._background.add(future)

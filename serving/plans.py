@@ -40,6 +40,15 @@ class BackendBlockMaker:
         if warm is not None:
             warm(item_id)
 
+    def has_block(self, item_id: str) -> bool:
+        return self.backend.has_block(item_id)
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None) -> list[str]:
+        return self.backend.forget(user_id, memory_ids)
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        return self.backend.subscribe_dropped(callback)
+
 
 def make_scheduler(
     config: ServingConfig,

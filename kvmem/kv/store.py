@@ -2,9 +2,10 @@
 
 Owns where each item lives and moving items between tiers (write-through to disk on put; promotion to
 the device tier on get; demotion device -> host -> dropped-from-RAM; disk overflow deletes files). Which
-item leaves a tier is the pluggable eviction policy's call. Thread-safe: one lock guards the indexes, and
-disk loads run outside it. Items are immutable, so readers share them freely. Knows nothing of memories'
-text, plans or HTTP.
+item leaves a tier is the pluggable eviction policy's call. Items the store drops on its own (evicted,
+corrupt, mismatched, files gone) are reported to drop listeners; `forget` is the delete cascade. Thread-safe:
+one lock guards the indexes; disk loads and listener calls run outside it. Items are immutable, so readers
+share them freely. Knows nothing of memories' text, plans or HTTP.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from kvmem.errors import KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
+from kvmem.kv.cascade import disk_metas, matcher
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item
 from kvmem.kv.item import KVItem, KVItemMeta
@@ -66,6 +68,22 @@ class SizeInfo:
 
 
 @dataclass(frozen=True)
+class DroppedItem:
+    """An item the store dropped on its own. reason: "evicted" (over a budget), "corrupt",
+    "fingerprint_mismatch" or "not_found" (indexed, but its files are gone)."""
+
+    item_id: str
+    user_id: str
+    reason: str
+
+
+def _reason(exc: KVItemError) -> str:
+    if isinstance(exc, FingerprintMismatch):
+        return "fingerprint_mismatch"
+    return "not_found" if isinstance(exc, KVItemNotFound) else "corrupt"
+
+
+@dataclass(frozen=True)
 class IntegrityReport:
     ok: tuple[str, ...]
     corrupt: tuple[str, ...]
@@ -75,8 +93,10 @@ class TieredKVStore:
     """get / put / remove / contains / size_info / check_integrity over three tiers.
 
     `get` raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch (all KVItemError): callers fall back
-    to plaintext. A corrupt or mismatched file is removed from the index (and its files deleted) so the next
-    build replaces it.
+    to plaintext. A corrupt, mismatched or vanished item is removed from the index (and its files deleted) so
+    the next build replaces it. Every item the store drops on its own (that, and eviction over the disk
+    budget or of a RAM-only item) is reported to the callbacks given to `subscribe_drops`, after the lock is
+    released, on the thread whose call dropped it; `remove`/`forget` report nothing (their caller knows).
     """
 
     def __init__(self, config: KVStoreConfig, fingerprint: Fingerprint):
@@ -90,6 +110,8 @@ class TieredKVStore:
         self._on_disk: dict[str, KVItemMeta] = {}
         self._stats: dict[str, EntryStats] = {}
         self.num_hits = {"device": 0, "host": 0, "disk": 0, "miss": 0}
+        self._dropped: list[DroppedItem] = []  # dropped under the lock, reported once it is released
+        self._listeners: list[Callable[[DroppedItem], None]] = []
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -148,22 +170,60 @@ class TieredKVStore:
                     self._resident[lower][victim] = item.to("cpu")
                 elif victim not in self._on_disk:
                     self._stats.pop(victim, None)
+                    self._dropped.append(DroppedItem(victim, item.meta.user_id, "evicted"))
                 log.debug("evicted KV item %s from %s", victim, tier)
         budget = self._budget("disk")
         while budget is not None and self._tier_bytes("disk") > budget:
             victim = self._victim(self._on_disk, keep)
             if victim is None:
                 break
-            self._drop(victim)
+            self._drop(victim, reason="evicted")
 
-    def _drop(self, item_id: str) -> bool:
+    def _drop(self, item_id: str, *, reason: str | None = None) -> bool:
+        """Out of every tier and off disk. With a reason, the drop is reported to the listeners. Lock held."""
+        user_id = self._user_of(item_id)
         existed = False
         for tier in ("device", "host"):
             existed |= self._resident[tier].pop(item_id, None) is not None
         existed |= self._on_disk.pop(item_id, None) is not None
         self._stats.pop(item_id, None)
         existed |= delete_item_files(self.directory, item_id)
+        if reason is not None and user_id is not None:
+            self._dropped.append(DroppedItem(item_id, user_id, reason))
         return existed
+
+    def _user_of(self, item_id: str) -> str | None:
+        for tier in ("device", "host"):
+            if item_id in self._resident[tier]:
+                return self._resident[tier][item_id].meta.user_id
+        meta = self._on_disk.get(item_id)
+        return None if meta is None else meta.user_id
+
+    # -- drop listeners ----------------------------------------------------------------------------------
+    def subscribe_drops(self, callback: Callable[[DroppedItem], None]) -> Callable[[], None]:
+        """Call `callback(dropped)` for every item the store drops on its own; returns an unsubscribe."""
+        with self._lock:
+            self._listeners.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return unsubscribe
+
+    def _report_drops(self) -> None:
+        """Hand the drops recorded under the lock to the listeners. Called with the lock released."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+            listeners = list(self._listeners)
+        for d in dropped:
+            log.info("KV item %s of user %r dropped (%s)", d.item_id, d.user_id, d.reason)
+            for callback in listeners:
+                try:
+                    callback(d)
+                except Exception:  # noqa: BLE001 - a listener must not undo the store's work; logged
+                    log.exception("KV drop listener %r failed on %s", callback, d)
 
     # -- public API ------------------------------------------------------------------------------------
     def put(self, item: KVItem, *, persist: bool = True) -> str:
@@ -184,6 +244,7 @@ class TieredKVStore:
             self._resident["host"].pop(item.item_id, None)
             self._resident["device"][item.item_id] = device_item
             self._enforce(keep=item.item_id if self._fits("device", item) else None)
+        self._report_drops()
         return item.item_id
 
     def _fits(self, tier: str, item: KVItem) -> bool:
@@ -216,9 +277,10 @@ class TieredKVStore:
             except KVItemError as exc:
                 with self._lock:
                     self.num_hits["miss"] += 1
-                    if not isinstance(exc, KVItemNotFound):
+                    if item_id in self._stats:  # still indexed: its files are unusable or gone
                         log.warning("dropping unusable KV item %s: %s", item_id, exc)
-                        self._drop(item_id)
+                        self._drop(item_id, reason=_reason(exc))
+                self._report_drops()
                 raise
             source = "disk"
         with self._lock:
@@ -232,6 +294,7 @@ class TieredKVStore:
             self._touch(item_id)
             self.num_hits[source] += 1
             self._enforce(keep=item_id if self._fits("device", item) else None)
+        self._report_drops()
         return item
 
     def meta(self, item_id: str) -> KVItemMeta:
@@ -269,27 +332,48 @@ class TieredKVStore:
         with self._lock:
             return self._drop(item_id)
 
+    def _indexed_metas(self) -> dict[str, KVItemMeta]:
+        """Every indexed item's metadata, whatever its tier. Lock held."""
+        return {
+            **self._on_disk,
+            **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
+        }
+
+    def _unindexed_metas(self) -> dict[str, KVItemMeta]:
+        """Items on disk but not in the index: written after the start-up scan by another process (`kvmem
+        build`, a peer server). Lock held."""
+        return disk_metas(self.directory, skip=self._indexed_metas())
+
     def item_ids(self, user_id: str | None = None) -> list[str]:
+        """Indexed items (those `get` may serve), optionally of one user."""
         with self._lock:
-            metas = {
-                **self._on_disk,
-                **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
-            }
+            metas = self._indexed_metas()
         return sorted(i for i, m in metas.items() if user_id is None or m.user_id == user_id)
 
     def items_containing(self, user_id: str, memory_id: str) -> list[str]:
-        """Ids of this user's items built from `memory_id` (for the delete cascade)."""
+        """Ids of this user's items built from `memory_id`, indexed or only on disk (the delete cascade)."""
         with self._lock:
-            metas = {
-                **self._on_disk,
-                **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
-            }
+            metas = {**self._unindexed_metas(), **self._indexed_metas()}
         return sorted(i for i, m in metas.items() if m.user_id == user_id and memory_id in m.memory_ids)
 
-    def remove_user(self, user_id: str) -> int:
-        ids = self.item_ids(user_id)
+    def forget(self, user_id: str, memory_ids: Iterable[str] | None = None) -> list[str]:
+        """The delete cascade: every item of `user_id` built from any of `memory_ids` (None: all of the user's
+        items), indexed or only on disk, leaves the index and has its files deleted before this returns, so
+        `get` refuses it (a load already under way is refused too). Returns the ids, sorted. An item a request
+        already holds may finish serving that request (immutability). Reports nothing to drop listeners."""
+        match = matcher(user_id, memory_ids)
         with self._lock:
-            return sum(self._drop(i) for i in ids)
+            metas = {**self._unindexed_metas(), **self._indexed_metas()}
+            ids = sorted(i for i, m in metas.items() if match(m))
+            for item_id in ids:
+                self._drop(item_id)
+        if ids:
+            log.info("forgot %d KV item(s) of user %r", len(ids), user_id)
+        return ids
+
+    def remove_user(self, user_id: str) -> int:
+        """Forget every item of `user_id`; returns how many there were."""
+        return len(self.forget(user_id))
 
     def size_info(self) -> SizeInfo:
         with self._lock:
@@ -316,5 +400,7 @@ class TieredKVStore:
                 log.warning("KV item %s failed its integrity check: %s", item_id, exc)
                 corrupt.append(item_id)
                 if drop_corrupt:
-                    self.remove(item_id)
+                    with self._lock:
+                        self._drop(item_id, reason=_reason(exc))
+        self._report_drops()
         return IntegrityReport(ok=tuple(ok), corrupt=tuple(corrupt))

@@ -181,6 +181,23 @@ class Backend(ABC):
         """Stop serving `item_id` and free it. Requests already using it may finish. Unknown ids are ignored."""
 
     @abstractmethod
+    def has_block(self, item_id: str) -> bool:
+        """True while `item_id` is stored and may be served (for the KV store: in its index). Never blocks on
+        I/O; False before `load()`."""
+
+    @abstractmethod
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        """The delete cascade: every stored block of `user_id` built from any of `memory_ids` (None: all the
+        user's blocks), including blocks another process wrote to the data dir, stops being servable before
+        this returns; its files are deleted. Works before `load()` too. Returns the item ids, sorted."""
+
+    @abstractmethod
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        """Call `callback(item_id, user_id, reason)` whenever the backend drops a stored block on its own
+        (reason "evicted", or why it became unusable: "corrupt", "fingerprint_mismatch", "not_found"), on the
+        thread that dropped it. Explicit `drop_block`/`forget` calls are not reported. Returns an unsubscribe."""
+
+    @abstractmethod
     def stream(
         self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[StreamItem]:

@@ -71,7 +71,9 @@ class FakeBackend(Backend):
         self.ready_on_load = ready_on_load
         self._lock = threading.Lock()
         self._blocks: dict[str, tuple[int, ...]] = {}
+        self._owners: dict[str, tuple[str, tuple[str, ...]]] = {}  # item id -> (user id, memory ids)
         self._corrupt: set[str] = set()
+        self._drop_listeners: list[Callable[[str, str, str], None]] = []
         self.num_in_flight = 0
         self.requests: list[GenerationRequest] = []
         self.outcomes: list[FakeOutcome] = []
@@ -86,6 +88,15 @@ class FakeBackend(Backend):
     def corrupt(self, item_id: str) -> None:
         """Make `item_id` unusable, as a corrupt file would: requests using it fall back to full prefill."""
         self._corrupt.add(item_id)
+
+    def evict(self, item_id: str) -> None:
+        """Drop `item_id` as a store over its budget would, and report it to the drop listeners."""
+        with self._lock:
+            self._blocks.pop(item_id, None)
+            user_id, _ = self._owners.pop(item_id, ("", ()))
+            listeners = list(self._drop_listeners)
+        for callback in listeners:
+            callback(item_id, user_id, "evicted")
 
     @staticmethod
     def decode(ids: Sequence[int]) -> str:
@@ -138,6 +149,7 @@ class FakeBackend(Backend):
         item_id = f"kv-{digest}"
         with self._lock:
             self._blocks[item_id] = ids
+            self._owners[item_id] = (user_id, tuple(memory_ids or ()))
             self.built.append((user_id, tuple(block_texts)))
         memory_ids = tuple(memory_ids) if memory_ids is not None else ()
         return BuiltBlock(item_id, memory_ids, len(ids), len(ids) * 4, built=True, token_ids=ids)
@@ -145,10 +157,30 @@ class FakeBackend(Backend):
     def drop_block(self, item_id: str) -> None:
         with self._lock:
             self._blocks.pop(item_id, None)
+            self._owners.pop(item_id, None)
+            self._corrupt.discard(item_id)  # a rebuilt item under the same id is a fresh one
 
     def has_block(self, item_id: str) -> bool:
         with self._lock:
             return item_id in self._blocks
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        wanted = None if memory_ids is None else set(memory_ids)
+        with self._lock:
+            ids = sorted(
+                i
+                for i, (user, mids) in self._owners.items()
+                if user == user_id and (wanted is None or not wanted.isdisjoint(mids))
+            )
+            for item_id in ids:
+                self._blocks.pop(item_id, None)
+                self._owners.pop(item_id, None)
+        return ids
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        with self._lock:
+            self._drop_listeners.append(callback)
+        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
 
     def _cached(self, req: GenerationRequest) -> tuple[int, str | None]:
         if req.block_item_id is None or req.prompt.block_len == 0:

@@ -92,6 +92,7 @@ class TransformersBackend(Backend):
         self._loop = ModelLoop()
         self.handle = self.layout = self.store = self.builder = None
         self._eos: frozenset[int] = frozenset()
+        self._drop_listeners: list[Callable[[str, str, str], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -118,6 +119,7 @@ class TransformersBackend(Backend):
             except KvmemError as exc:
                 raise BackendError(str(exc)) from exc
             self.handle, self.store = handle, store
+            store.subscribe_drops(self._on_store_drop)
             self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
@@ -168,6 +170,24 @@ class TransformersBackend(Backend):
     def drop_block(self, item_id: str) -> None:
         if self.store is not None:
             self.store.remove(item_id)
+
+    def has_block(self, item_id: str) -> bool:
+        return self.store is not None and self.store.contains(item_id)
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        if self.store is not None:
+            return self.store.forget(user_id, memory_ids)
+        from kvmem.kv.cascade import forget_on_disk  # not loaded yet: no index, only files
+
+        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        self._drop_listeners.append(callback)
+        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
+
+    def _on_store_drop(self, dropped) -> None:
+        for callback in list(self._drop_listeners):
+            callback(dropped.item_id, dropped.user_id, dropped.reason)
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""

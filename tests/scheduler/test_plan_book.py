@@ -6,6 +6,7 @@ from __future__ import annotations
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.plan import BlockPlan, Plan, PlanBook
 from tests.scheduler.test_scheduler import FakeBuilder
+from tests.scheduler.test_scheduler import env as env  # noqa: F401 - a fixture
 
 
 def plan(user_id: str) -> Plan:
@@ -51,4 +52,23 @@ def test_the_users_asked_for_are_the_bounded_book_and_a_dropped_one_is_asked_for
     sched.get("u0")
     assert drain() == [("refresh", "u0")]  # forgotten, so asked for again
     assert sched.plans.users() == ["u2", "u0"]
+    sched.stop()
+
+
+def test_per_user_state_beside_the_book_is_dropped_with_the_users_plan(env) -> None:
+    clock, store, builder, make = env
+    sched = make(max_plans=2)
+    for user in ("u0", "u1", "u2"):  # N + 1 users, each with a memory and a built block
+        store.add(user, text=f"{user} keeps bees on the roof")
+        sched.get(user)
+        sched.run_pending()
+    assert sched.plans.users() == ["u1", "u2"]
+    worker = sched.worker
+    assert sorted(worker._token_counts) == ["u1", "u2"]  # u0's token counts went with its plan
+    assert sorted(worker.distill) == ["u1", "u2"]
+    assert sorted(worker.guard._stamps) == ["u1", "u2"]
+    sched.get("u0")  # asked for again: rebuilt (found by its content address), its state with it
+    sched.run_pending()
+    assert sched.plans.users() == ["u2", "u0"]
+    assert sorted(worker._token_counts) == ["u0", "u2"] and sorted(worker.distill) == ["u0", "u2"]
     sched.stop()

@@ -264,3 +264,23 @@ def test_unknown_route_and_method(client: TestClient) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
     r = client.put("/v1/chat/completions")
     assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
+
+
+def test_a_huge_message_is_searched_by_its_last_max_query_chars_characters(tmp_path: Path) -> None:
+    from serving.config import Limits
+
+    stack = make_stack(tmp_path, limits=Limits(max_query_chars=40))
+    searched: list[str] = []
+    search = stack.store.search
+
+    def spy(user_id: str, query: str, **kw):
+        searched.append(query)
+        return search(user_id, query, **kw)
+
+    stack.store.search = spy  # type: ignore[method-assign]
+    message = "lorem ipsum " * 100 + "where does my sister live in Lisbon?"
+    with TestClient(stack.app) as client:
+        assert chat(client, message).status_code == 200
+        assert chat(client, "short question?").status_code == 200
+    stack.scheduler.stop()
+    assert searched == [message[-40:], "short question?"]

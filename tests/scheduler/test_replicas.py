@@ -1,0 +1,207 @@
+"""Replicas over one data dir and one Redis: a memory changed through one replica stops being served by every
+replica before the call returns (the shared fence, scheduler/fence.py), fail-closed while the fence cannot be
+read, and each process is its own Redis consumer. Two schedulers / two apps in this process, a real
+redis-server on loopback (started by the fixture), fake backends (the fence is plumbing, not model math)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kvmem.text import HashEmbedder, MemoryStore
+from scheduler import Scheduler, SchedulerConfig
+from scheduler.queue import RedisStreamsQueue, Task
+from serving.app import create_app
+from serving.backends.fake import FakeBackend
+from serving.config import ServingConfig
+from serving.plans import make_scheduler
+from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
+from tests.scheduler.test_scheduler import FakeBuilder
+
+NO_BLOCK = {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
+
+
+class SharedFence:
+    """The Redis counter's semantics in memory (for the scheduler-level race test); `down` makes it unreadable."""
+
+    def __init__(self) -> None:
+        self.gen: dict[str, int] = {}
+        self.down = False
+
+    def bump(self, user_id: str) -> int:
+        self.gen[user_id] = self.gen.get(user_id, 0) + 1
+        return self.gen[user_id]
+
+    def read(self, user_id: str) -> int | None:
+        return None if self.down else self.gen.get(user_id, 0)
+
+    def retry_pending(self) -> None:
+        """Nothing is ever pending here."""
+
+
+def scheduler(store: MemoryStore, builder: FakeBuilder, fence: SharedFence) -> Scheduler:
+    sched = Scheduler(SchedulerConfig(), store, builder, lambda text: len(text.split()), fence=fence)
+    sched._unsubscribe = store.subscribe(sched.on_change)  # events without the worker thread
+    return sched
+
+
+def test_a_build_racing_a_change_on_another_replica_is_never_served(tmp_path):
+    """B read alice's memories, then A deleted one and returned; B's block, built from the old memories and
+    published after the delete, must not be served: its fence stamp predates A's bump."""
+    fence = SharedFence()
+    store_a = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    store_b = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())  # another process's connection
+    a, b = scheduler(store_a, FakeBuilder(), fence), scheduler(store_b, FakeBuilder(), fence)
+    ids = [m.id for m in store_a.add("alice", texts=["cat named Miso", "lives in Lisbon"])]
+    b.builder.gate = threading.Event()
+    building = threading.Thread(target=b.worker.refresh, args=("alice",))
+    building.start()
+    assert b.builder.entered.wait(10)  # B is building from both memories
+    assert store_a.delete("alice", ids[0]) == 1  # through A: B's store never hears of it
+    assert fence.gen == {"alice": 1}
+    b.builder.gate.set()
+    building.join(10)
+    assert set(b.plans.get("alice").block.memory_ids) == set(ids)  # published, stamped before the bump ...
+    assert b.get("alice").block is None  # ... so never served
+    assert b.plans.get("alice").block is None  # and retracted for every reader, a rebuild enqueued
+    assert b.run_pending() == 1
+    assert b.get("alice").block.memory_ids == (ids[1],)
+
+    fence.down = True  # unreadable: no block is served, and nothing is retracted (it is transient)
+    assert b.get("alice").block is None and b.plans.get("alice").block is not None
+    fence.down = False
+    assert b.get("alice").block.memory_ids == (ids[1],)
+    for sched in (a, b):
+        sched.stop()
+    store_a.close()
+    store_b.close()
+
+
+# -- two apps over one data dir and a real Redis ------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    client: TestClient
+    plans: Scheduler
+    backend: FakeBackend
+
+    def plan(self, user: str) -> dict:
+        r = self.client.get("/v1/memories/plan", params={"user_id": user})
+        assert r.status_code == 200, r.text
+        return r.json()["block"]
+
+    def chat(self, user: str) -> dict:
+        body = {"model": "default", "user": user, "messages": [{"role": "user", "content": "cat?"}]}
+        r = self.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@contextmanager
+def replica(data_dir, url: str) -> Iterator[Replica]:
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(data_dir / "memories.sqlite", embedder=HashEmbedder())
+    config = ServingConfig(
+        data_dir=data_dir,
+        backend="fake",
+        auth=False,
+        store_turns=False,
+        block_token_budget=4096,
+        scheduler_redis_url=url,
+    )
+    plans = make_scheduler(config, store, backend)
+    plans.start()
+    try:
+        with TestClient(create_app(config, backend=backend, store=store, scheduler=plans)) as client:
+            yield Replica(client, plans, backend)
+    finally:
+        plans.stop()
+        store.close()
+
+
+def add(r: Replica, user: str, text: str) -> str:
+    resp = r.client.post("/v1/memories", json={"user_id": user, "text": text})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["memories"][0]["id"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("how", ["delete", "patch"])
+def test_a_change_through_replica_a_stops_replica_b_serving_it_before_it_returns(request, tmp_path, how):
+    url, _ = request.getfixturevalue("redis_url")
+    with replica(tmp_path, url) as a, replica(tmp_path, url) as b:
+        ids = [add(a, "alice", "my cat is Tofu"), add(a, "alice", "I live in Porto")]
+        b.plans.worker.refresh("alice")  # alice is sticky to B: B holds her block
+        block = b.plan("alice")
+        assert block["tier"] == "kv" and sorted(block["memory_ids"]) == sorted(ids)
+        out = b.chat("alice")
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == block["tokens"]
+        assert b.backend.requests[-1].block_item_id == block["item_id"]
+        b.backend.set_ready(
+            False
+        )  # B's worker builds nothing now: B's plan can change only through the fence
+
+        if how == "delete":
+            r = a.client.delete(f"/v1/memories/{ids[0]}", params={"user_id": "alice"})
+        else:
+            r = a.client.patch(f"/v1/memories/{ids[0]}", json={"user_id": "alice", "text": "my cat is Rex"})
+        assert r.status_code == 200, r.text
+        assert b.plan("alice") == NO_BLOCK  # A's call has returned: B no longer serves the block
+
+        b.backend.set_ready(True)
+        out = b.chat("alice")  # served without the old block (B may have rebuilt one from the new memories)
+        assert b.backend.requests[-1].block_item_id != block["item_id"]
+        if how == "delete":
+            assert ids[0] not in [u["id"] for u in out["memory"]["used"]]
+
+
+@pytest.mark.redis
+def test_no_replica_serves_a_block_while_the_fence_is_unreadable(request, tmp_path):
+    url, proc = request.getfixturevalue("redis_url")
+    with replica(tmp_path, url) as a, replica(tmp_path, url) as b:
+        memory = add(a, "alice", "my cat is Tofu")
+        b.plans.worker.refresh("alice")
+        assert b.plan("alice")["memory_ids"] == [memory]
+        proc.terminate()
+        proc.wait(timeout=10)
+        assert b.plan("alice") == NO_BLOCK  # fail closed: B cannot know whether A changed alice's memories
+        out = b.chat("alice")
+        assert b.backend.requests[-1].block_item_id is None
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # A cannot tell its peers: the delete stands (SQLite) but the caller is told it was not confirmed
+        r = a.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        assert a.plans.fence.unbumped == frozenset({"alice"})  # A's worker retries once Redis is back
+
+
+@pytest.mark.redis
+def test_each_queue_is_its_own_consumer_and_leaves_the_group_when_done(request):
+    url, _ = request.getfixturevalue("redis_url")
+    q1, q2 = RedisStreamsQueue(url), RedisStreamsQueue(url)
+    pattern = rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{8}}"
+    assert q1.consumer != q2.consumer
+    assert re.fullmatch(pattern, q1.consumer) and re.fullmatch(pattern, q2.consumer)
+    q1.put(Task("refresh", "a"))
+    q1.put(Task("refresh", "b"))
+    assert q1.flush()
+    t1, t2 = q1.get(timeout_s=1), q2.get(timeout_s=1)
+    assert (t1.user_id, t2.user_id) == ("a", "b")
+
+    def consumers() -> dict[str, int]:
+        info = q1.client.xinfo_consumers(q1.stream, q1.group)
+        return {c["name"].decode(): c["pending"] for c in info}
+
+    assert consumers() == {q1.consumer: 1, q2.consumer: 1}
+    q1.ack(t1)
+    q1.close()
+    q2.close()  # q2's entry is still pending: q2 stays, so XAUTOCLAIM can hand the entry to a live worker
+    assert consumers() == {q2.consumer: 1}
