@@ -145,6 +145,7 @@ class VllmBackend(Backend):
             except KvmemError as exc:
                 raise BackendError(str(exc)) from exc
             self.handle, self.store = handle, store
+            store.subscribe_drops(self._on_store_drop)
             self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
@@ -260,24 +261,21 @@ class VllmBackend(Backend):
         return self.store is not None and self.store.contains(item_id)
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
-        """The delete cascade: remove every stored block of `user_id` built from any of `memory_ids` (None: all
-        the user's blocks); returns their ids, sorted. What vLLM cached under those items' salts is unreachable
-        as for `drop_block`. Before `load()` there is no index and nothing is removed."""
-        if self.store is None:
-            return []
-        if memory_ids is None:
-            ids = set(self.store.item_ids(user_id))
-        else:
-            ids = {i for m in memory_ids for i in self.store.items_containing(user_id, m)}
-        for item_id in ids:
-            self.store.remove(item_id)
-        return sorted(ids)
+        """The delete cascade (as the transformers backend's: the store's, or the files before `load()`). What
+        vLLM cached under those items' salts is unreachable, as for `drop_block`."""
+        if self.store is not None:
+            return self.store.forget(user_id, memory_ids)
+        from kvmem.kv.cascade import forget_on_disk  # not loaded yet: no index, only files
+
+        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
 
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
-        """Call `callback(item_id, user_id, reason)` when a request finds its block unusable and the store drops
-        it ("corrupt", "fingerprint_mismatch"). Returns an unsubscribe."""
         self._drop_listeners.append(callback)
         return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
+
+    def _on_store_drop(self, dropped) -> None:
+        for callback in list(self._drop_listeners):
+            callback(dropped.item_id, dropped.user_id, dropped.reason)
 
     def warm_block(self, item_id: str) -> int:
         """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's
@@ -338,11 +336,7 @@ class VllmBackend(Backend):
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            kind = fallback_kind(exc)
-            if kind in ("corrupt", "fingerprint_mismatch"):  # the store dropped it
-                for callback in list(self._drop_listeners):
-                    callback(req.block_item_id, req.user_id, kind)
-            return None, kind
+            return None, fallback_kind(exc)
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
             return None, "wrong_user"
