@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import sys
 import tempfile
 import time
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
             "reps": reps,
             "warmup": args.warmup,
             "ttft": "engine thread: request added -> first output",
+            "load_avg_1m_at_end": os.getloadavg()[0],
         },
         "cells": [asdict(c) for c in cells],
     }
