@@ -303,7 +303,8 @@ class VllmBackend(Backend):
 
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         request_id = f"kvmem-warm-{uuid.uuid4().hex}"
-        self._submit(request_id, item.meta.user_id, item.token_ids, item, params, deliver, on_end=on_end)
+        salt = cache_salt(item.meta.user_id, item.item_id)
+        self._submit(request_id, salt, item.token_ids, item, params, deliver, on_end=on_end)
         cached = done.result()
         log.info("KV item %s resident in vLLM (%d tokens, %d reused)", item_id, item.num_tokens, cached)
         return cached
@@ -348,7 +349,7 @@ class VllmBackend(Backend):
     def _submit(
         self,
         request_id: str,
-        user_id: str,
+        salt: str,
         prompt_ids: Sequence[int],
         item: KVItem | None,
         params: Any,
@@ -357,15 +358,14 @@ class VllmBackend(Backend):
         lora_request: Any = None,
         on_end: Callable[[], None] = lambda: None,
     ) -> RequestSink:
-        """Add a request to the engine under the user's salt for `item`; lend `item` to the connector until the
-        request ends (then `on_end` runs, on the engine thread). Blocking: waits for the current engine step."""
+        """Add a request to the engine under `salt`; lend `item` to the connector until the request ends (then
+        `on_end` runs, on the engine thread). Blocking: waits for the current engine step."""
         from vllm.inputs import TokensPrompt
 
         from serving.backends import vllm_connector
         from serving.backends.vllm_engine import RequestSink
 
         ends = [on_end]
-        salt = cache_salt(user_id, item.item_id if item is not None else None)
         if item is not None:
             num_tokens = min(item.num_tokens, len(prompt_ids) - 1)
             if num_tokens > 0:
@@ -396,6 +396,15 @@ class VllmBackend(Backend):
         released = False
         try:
             item, fallback = await asyncio.to_thread(self._resolve_item, req)
+            adapters_dir = DataDir.at(self.config.data_dir).adapters_dir
+            lora = lora_request_for(adapters_dir, req.adapter_id, self.config.enable_lora)
+            if lora is not None and item is not None:
+                # the item holds the base model's K/V; under an adapter the block's K/V differ, so only what
+                # vLLM computed under this adapter (its prefix cache is kept per adapter) may be reused
+                log.info(
+                    "request %s runs adapter %s: block item not injected", req.request_id, lora.lora_name
+                )
+                item, fallback = None, "other"
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
 
@@ -408,14 +417,12 @@ class VllmBackend(Backend):
             sink = await asyncio.to_thread(
                 self._submit,
                 req.request_id,
-                req.user_id,
+                cache_salt(req.user_id, req.block_item_id if req.prompt.block_len else None),
                 req.prompt.ids,
                 item,
                 sampling_params(req, self.max_context_tokens, self._eos),
                 deliver,
-                lora_request=lora_request_for(
-                    DataDir.at(self.config.data_dir).adapters_dir, req.adapter_id, self.config.enable_lora
-                ),
+                lora_request=lora,
             )
         except (ValueError, TypeError) as exc:  # vLLM refused the request (its own validation)
             self._release()
