@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.backends.model_loop import ModelLoop
+from serving.backends.model_loop import LoopClosed, ModelLoop
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,8 @@ class EngineThread:
 
         try:
             self.call(shutdown)
-        except RuntimeError:  # the loop was closed already
-            pass
+        except LoopClosed:
+            return  # closed already
         self._loop.close()
 
     # -- engine thread -----------------------------------------------------------------------------------------
