@@ -14,25 +14,22 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
 from serving.backends.base import (
-    Backend,
     BackendError,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
-    NotReady,
     PromptTooLong,
-    QueueFull,
     StreamItem,
     TokenDelta,
 )
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
+from serving.backends.stored import StoredBlocksBackend
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -72,27 +69,15 @@ class _Detokenizer:
         return delta
 
 
-class TransformersBackend(Backend):
+class TransformersBackend(StoredBlocksBackend):
     name = "transformers"
 
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
-        model = self.config.model
-        # a local path is served under its directory name; aliases and HF ids as given
-        self.model_id = (
-            Path(model.rstrip("/")).name
-            if model and Path(model).exists()
-            else model or "SmolLM2-135M-Instruct"
-        )
-        self.max_context_tokens = 0
-        self._ready = threading.Event()
-        self._load_lock = threading.Lock()
-        self._admitted = 0
-        self._admit_lock = threading.Lock()
+        self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop()
-        self.handle = self.layout = self.store = self.builder = None
+        self.handle = self.layout = self.builder = None
         self._eos: frozenset[int] = frozenset()
-        self._drop_listeners: list[Callable[[str, str, str], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -127,13 +112,6 @@ class TransformersBackend(Backend):
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
-    def is_ready(self) -> bool:
-        return self._ready.is_set()
-
-    def _require_ready(self) -> None:
-        if not self._ready.is_set():
-            raise NotReady("the model is still loading")
-
     async def aclose(self) -> None:
         self._loop.close()
 
@@ -167,28 +145,6 @@ class TransformersBackend(Backend):
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
 
-    def drop_block(self, item_id: str) -> None:
-        if self.store is not None:
-            self.store.remove(item_id)
-
-    def has_block(self, item_id: str) -> bool:
-        return self.store is not None and self.store.contains(item_id)
-
-    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
-        if self.store is not None:
-            return self.store.forget(user_id, memory_ids)
-        from kvmem.kv.cascade import forget_on_disk  # not loaded yet: no index, only files
-
-        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
-
-    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
-        self._drop_listeners.append(callback)
-        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
-
-    def _on_store_drop(self, dropped) -> None:
-        for callback in list(self._drop_listeners):
-            callback(dropped.item_id, dropped.user_id, dropped.reason)
-
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""
         if self.store is not None:
@@ -198,20 +154,6 @@ class TransformersBackend(Backend):
                 log.warning("prewarm of KV item %s failed: %s", item_id, exc)
 
     # -- generation --------------------------------------------------------------------------------------------
-    def _admit(self) -> None:
-        with self._admit_lock:
-            if self._admitted >= self.config.max_queue:
-                raise QueueFull(f"the generation queue is full ({self.config.max_queue} requests)")
-            self._admitted += 1
-
-    def _release(self) -> None:
-        with self._admit_lock:
-            self._admitted -= 1
-
-    @property
-    def queue_depth(self) -> int:
-        return self._admitted
-
     def _resolve_item(self, req: GenerationRequest):
         """(the KV item to inject or None, the fallback kind or None). The detail goes to the log line only:
         the kind is a metrics label."""

@@ -15,29 +15,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
 from serving.backends.base import (
-    Backend,
     BackendError,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
-    NotReady,
     PromptTooLong,
-    QueueFull,
     StreamItem,
     TokenDelta,
 )
 from serving.backends.stops import StopMatcher
+from serving.backends.stored import StoredBlocksBackend
 from serving.backends.vllm_request import (
     cache_salt,
     fallback_after,
@@ -82,28 +78,17 @@ class VllmBackendConfig:
             raise ValueError(f"VllmBackendConfig.block_size must be >= 1, got {self.block_size}")
 
 
-class VllmBackend(Backend):
+class VllmBackend(StoredBlocksBackend):
     name = "vllm"
 
     def __init__(self, config: VllmBackendConfig | None = None):
         from serving.backends.vllm_engine import EngineThread
 
         self.config = config or VllmBackendConfig()
-        model = self.config.model
-        self.model_id = (
-            Path(model.rstrip("/")).name
-            if model and Path(model).exists()
-            else model or "SmolLM2-135M-Instruct"
-        )
-        self.max_context_tokens = 0
-        self._ready = threading.Event()
-        self._load_lock = threading.Lock()
-        self._admitted = 0
-        self._admit_lock = threading.Lock()
+        self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._engine = EngineThread()
-        self.handle = self.layout = self.store = self.builder = None
+        self.handle = self.layout = self.builder = None
         self._eos: frozenset[int] = frozenset()
-        self._drop_listeners: list[Callable[[str, str, str], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -206,13 +191,6 @@ class VllmBackend(Backend):
             multiprocess_mode=False,
         )
 
-    def is_ready(self) -> bool:
-        return self._ready.is_set()
-
-    def _require_ready(self) -> None:
-        if not self._ready.is_set():
-            raise NotReady("the model is still loading")
-
     async def aclose(self) -> None:
         await asyncio.to_thread(self._engine.close)
 
@@ -249,33 +227,6 @@ class VllmBackend(Backend):
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
         self.warm_block(built.item_id)
         return built
-
-    def drop_block(self, item_id: str) -> None:
-        """Forget the item. What vLLM cached under its salt can no longer be reached: every salt that named it is
-        gone with the plan that carried it, and those cache blocks age out of vLLM's LRU."""
-        if self.store is not None:
-            self.store.remove(item_id)
-
-    def has_block(self, item_id: str) -> bool:
-        """True while `item_id` is stored (in the store's index). Never blocks on I/O; False before `load()`."""
-        return self.store is not None and self.store.contains(item_id)
-
-    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
-        """The delete cascade (as the transformers backend's: the store's, or the files before `load()`). What
-        vLLM cached under those items' salts is unreachable, as for `drop_block`."""
-        if self.store is not None:
-            return self.store.forget(user_id, memory_ids)
-        from kvmem.kv.cascade import forget_on_disk  # not loaded yet: no index, only files
-
-        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
-
-    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
-        self._drop_listeners.append(callback)
-        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
-
-    def _on_store_drop(self, dropped) -> None:
-        for callback in list(self._drop_listeners):
-            callback(dropped.item_id, dropped.user_id, dropped.reason)
 
     def warm_block(self, item_id: str) -> int:
         """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's
@@ -315,20 +266,6 @@ class VllmBackend(Backend):
         return bool(self._engine.call(lambda: self._engine.engine.reset_prefix_cache()))
 
     # -- generation ----------------------------------------------------------------------------------------
-    def _admit(self) -> None:
-        with self._admit_lock:
-            if self._admitted >= self.config.max_queue:
-                raise QueueFull(f"the generation queue is full ({self.config.max_queue} requests)")
-            self._admitted += 1
-
-    def _release(self) -> None:
-        with self._admit_lock:
-            self._admitted -= 1
-
-    @property
-    def queue_depth(self) -> int:
-        return self._admitted
-
     def _resolve_item(self, req: GenerationRequest) -> tuple[KVItem | None, str | None]:
         """(the verified item to inject or None, the fallback kind or None); the detail goes to the log."""
         if req.block_item_id is None or req.prompt.block_len == 0:

@@ -1,0 +1,88 @@
+"""What the in-process engines (transformers, vLLM) share: the model named as served, readiness, a bounded
+admission count (429), and the KV items of this process's tiered store (has, drop, forget, drop listeners).
+
+Knows nothing of how an engine generates. A subclass's config has `model`, `data_dir` and `max_queue`; its
+`load()` sets `self.store` and sets `self._ready` once the engine can serve.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvmem.datadir import DataDir
+from serving.backends.base import Backend, NotReady, QueueFull
+
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def served_model_id(model: str | None) -> str:
+    """A local path is served under its directory name; aliases and HF ids as given; None is the default model."""
+    if model and Path(model).exists():
+        return Path(model.rstrip("/")).name
+    return model or DEFAULT_MODEL_ID
+
+
+class StoredBlocksBackend(Backend):
+    config: Any
+
+    def _init_shared(self) -> None:
+        """Call first in the subclass's __init__, once `self.config` is set."""
+        self.model_id = served_model_id(self.config.model)
+        self.max_context_tokens = 0
+        self._ready = threading.Event()
+        self._load_lock = threading.Lock()
+        self._admitted = 0
+        self._admit_lock = threading.Lock()
+        self.store: Any = None
+        self._drop_listeners: list[Callable[[str, str, str], None]] = []
+
+    # -- readiness and admission ---------------------------------------------------------------------------
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def _require_ready(self) -> None:
+        if not self._ready.is_set():
+            raise NotReady("the model is still loading")
+
+    def _admit(self) -> None:
+        with self._admit_lock:
+            if self._admitted >= self.config.max_queue:
+                raise QueueFull(f"the generation queue is full ({self.config.max_queue} requests)")
+            self._admitted += 1
+
+    def _release(self) -> None:
+        with self._admit_lock:
+            self._admitted -= 1
+
+    @property
+    def queue_depth(self) -> int:
+        return self._admitted
+
+    # -- stored blocks -------------------------------------------------------------------------------------
+    def drop_block(self, item_id: str) -> None:
+        """Forget the item (an engine-side copy cached under it becomes unreachable with it)."""
+        if self.store is not None:
+            self.store.remove(item_id)
+
+    def has_block(self, item_id: str) -> bool:
+        """True while `item_id` is stored (in the store's index). Never blocks on I/O; False before `load()`."""
+        return self.store is not None and self.store.contains(item_id)
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        """The delete cascade: the store's, or, before `load()`, the item files on disk."""
+        if self.store is not None:
+            return self.store.forget(user_id, memory_ids)
+        from kvmem.kv.cascade import forget_on_disk  # not loaded yet: no index, only files
+
+        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
+
+    def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
+        self._drop_listeners.append(callback)
+        return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
+
+    def _on_store_drop(self, dropped: Any) -> None:
+        for callback in list(self._drop_listeners):
+            callback(dropped.item_id, dropped.user_id, dropped.reason)
