@@ -1,5 +1,5 @@
 """What the in-process engines (transformers, vLLM) share: the model named as served, readiness, a bounded
-admission count (429), and the KV items of this process's tiered store (has, drop, forget, drop listeners).
+admission count (429), the prompt layout, and the KV items of this process's tiered store (has, drop, forget, drop listeners).
 
 Knows nothing of how an engine generates. A subclass's config has `model`, `data_dir` and `max_queue`; its
 `load()` sets `self.store` and sets `self._ready` once the engine can serve.
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from kvmem.datadir import DataDir
-from serving.backends.base import Backend, NotReady, QueueFull
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
+from serving.backends.base import Backend, LaidOutPrompt, NotReady, PromptTooLong, QueueFull
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 
@@ -23,6 +24,18 @@ def served_model_id(model: str | None) -> str:
     if model and Path(model).exists():
         return Path(model.rstrip("/")).name
     return model or DEFAULT_MODEL_ID
+
+
+def fallback_kind(exc: KVItemError) -> str:
+    """The KV_FALLBACK_KINDS category of a store error (the detail goes to the log, never to a metric label)."""
+    for kind, cls in (
+        ("not_found", KVItemNotFound),
+        ("corrupt", KVItemCorrupt),
+        ("fingerprint_mismatch", FingerprintMismatch),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "other"
 
 
 class StoredBlocksBackend(Backend):
@@ -60,6 +73,26 @@ class StoredBlocksBackend(Backend):
     @property
     def queue_depth(self) -> int:
         return self._admitted
+
+    # -- layout (self.handle's tokenizer, self.layout: a kvmem PromptLayout, both set by load) -------------
+    def count_tokens(self, text: str) -> int:
+        self._require_ready()
+        from kvmem.kv.layout import memory_line
+
+        return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
+
+    def layout_prompt(
+        self,
+        block_texts: Sequence[str],
+        text_texts: Sequence[str],
+        messages: Sequence[dict[str, str]],
+        block_ids: Sequence[int] | None = None,
+    ) -> LaidOutPrompt:
+        self._require_ready()
+        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
+        if len(laid.ids) >= self.max_context_tokens:
+            raise PromptTooLong(len(laid.ids), self.max_context_tokens)
+        return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
 
     # -- stored blocks -------------------------------------------------------------------------------------
     def drop_block(self, item_id: str) -> None:

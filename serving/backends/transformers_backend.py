@@ -17,19 +17,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
-from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, KvmemError
+from kvmem.errors import KVItemError, KvmemError
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
-    LaidOutPrompt,
-    PromptTooLong,
     StreamItem,
     TokenDelta,
 )
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
-from serving.backends.stored import StoredBlocksBackend
+from serving.backends.stored import StoredBlocksBackend, fallback_kind
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -116,25 +114,6 @@ class TransformersBackend(StoredBlocksBackend):
         self._loop.close()
 
     # -- layout and blocks -----------------------------------------------------------------------------------
-    def count_tokens(self, text: str) -> int:
-        self._require_ready()
-        from kvmem.kv.layout import memory_line
-
-        return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
-
-    def layout_prompt(
-        self,
-        block_texts: Sequence[str],
-        text_texts: Sequence[str],
-        messages: Sequence[dict[str, str]],
-        block_ids: Sequence[int] | None = None,
-    ) -> LaidOutPrompt:
-        self._require_ready()
-        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
-        if len(laid.ids) >= self.max_context_tokens:
-            raise PromptTooLong(len(laid.ids), self.max_context_tokens)
-        return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
-
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
     ) -> BuiltBlock:
@@ -163,7 +142,7 @@ class TransformersBackend(StoredBlocksBackend):
             item = self.store.get(req.block_item_id)
         except KVItemError as exc:
             log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, _fallback_kind(exc)
+            return None, fallback_kind(exc)
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
             return None, "wrong_user"
@@ -271,15 +250,3 @@ class TransformersBackend(StoredBlocksBackend):
         finally:
             cancel.set()
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
-
-
-def _fallback_kind(exc: KVItemError) -> str:
-    """The KV_FALLBACK_KINDS category of a store error."""
-    for kind, cls in (
-        ("not_found", KVItemNotFound),
-        ("corrupt", KVItemCorrupt),
-        ("fingerprint_mismatch", FingerprintMismatch),
-    ):
-        if isinstance(exc, cls):
-            return kind
-    return "other"

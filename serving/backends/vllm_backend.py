@@ -27,17 +27,14 @@ from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
-    LaidOutPrompt,
-    PromptTooLong,
     StreamItem,
     TokenDelta,
 )
 from serving.backends.stops import StopMatcher
-from serving.backends.stored import StoredBlocksBackend
+from serving.backends.stored import StoredBlocksBackend, fallback_kind
 from serving.backends.vllm_request import (
     cache_salt,
     fallback_after,
-    fallback_kind,
     lora_request_for,
     sampling_params,
 )
@@ -195,25 +192,6 @@ class VllmBackend(StoredBlocksBackend):
         await asyncio.to_thread(self._engine.close)
 
     # -- layout and blocks ---------------------------------------------------------------------------------
-    def count_tokens(self, text: str) -> int:
-        self._require_ready()
-        from kvmem.kv.layout import memory_line
-
-        return len(self.handle.tokenizer(memory_line(text), add_special_tokens=False)["input_ids"])
-
-    def layout_prompt(
-        self,
-        block_texts: Sequence[str],
-        text_texts: Sequence[str],
-        messages: Sequence[dict[str, str]],
-        block_ids: Sequence[int] | None = None,
-    ) -> LaidOutPrompt:
-        self._require_ready()
-        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
-        if len(laid.ids) >= self.max_context_tokens:
-            raise PromptTooLong(len(laid.ids), self.max_context_tokens)
-        return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
-
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
     ) -> BuiltBlock:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import GenerationRequest
 
 if TYPE_CHECKING:
@@ -89,18 +88,6 @@ def sampling_params(req: GenerationRequest, max_context_tokens: int, eos_token_i
         skip_special_tokens=True,
         output_kind=RequestOutputKind.DELTA,
     )
-
-
-def fallback_kind(exc: KVItemError) -> str:
-    """The KV_FALLBACK_KINDS category of a store error."""
-    for kind, cls in (
-        ("not_found", KVItemNotFound),
-        ("corrupt", KVItemCorrupt),
-        ("fingerprint_mismatch", FingerprintMismatch),
-    ):
-        if isinstance(exc, cls):
-            return kind
-    return "other"
 
 
 def fallback_after(
