@@ -54,6 +54,9 @@ def env_info(device: str = "cpu") -> dict:
         "cpu": cpu_name(),
         "num_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # 1/5/15-minute load averages when the record is made: the machine is shared, and another job's
+        # load slows every arm
+        "loadavg": list(os.getloadavg()),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
