@@ -198,9 +198,13 @@ def run_grid(
                     first_token_s(model, ids, item, store, device)
                     ideal_first_token(model, item, remainder, device)
                     first_token_s(model, ids, None, store, device)
-                kv = [first_token_s(model, ids, item, store, device) for _ in range(reps)]
-                ideal = [ideal_first_token(model, item, remainder, device)[0] for _ in range(reps)]
-                direct = [first_token_s(model, ids, None, store, device) for _ in range(reps)]
+                kv: list[float] = []
+                ideal: list[float] = []
+                direct: list[float] = []
+                for _ in range(reps):  # the arms take turns, so another job's burst of load hits all three
+                    kv.append(first_token_s(model, ids, item, store, device))
+                    ideal.append(ideal_first_token(model, item, remainder, device)[0])
+                    direct.append(first_token_s(model, ids, None, store, device))
                 kv_s, direct_s, ideal_s = median(kv), median(direct), median(ideal)
                 cell = Cell(
                     model=model_name,
