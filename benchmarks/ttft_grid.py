@@ -22,7 +22,16 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from benchmarks.common import env_info, median, p90, print_table, sync, timed, write_outputs
+from benchmarks.common import (
+    env_info,
+    median,
+    p90,
+    print_table,
+    run_when_quiet,
+    sync,
+    timed,
+    write_outputs,
+)
 from kvmem.kv import (
     GenerationStats,
     KVStoreConfig,
@@ -83,6 +92,9 @@ class Cell:
     ctx_target: int
     query_target: int
     num_new_tokens: int
+    others_cpu_share: float | None  # other processes' share of the cores during the timed reps
+    attempts: int  # timed-rep rounds run (more than 1: others' load spoiled the earlier ones)
+    waited_quiet_s: float
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -165,10 +177,15 @@ def run_grid(
     device: str,
     model_name: str,
     compile_model: bool = False,
+    max_others_share: float | None = None,
+    attempts: int = 3,
+    quiet_wait_s: float = 600.0,
     log=print,
 ) -> list[Cell]:
     """With `compile_model`, every timed arm (ours, the ideal bound, full prefill) runs the compiled
-    model; 'identical' still compares against transformers' eager `generate` over the full prompt."""
+    model; 'identical' still compares against transformers' eager `generate` over the full prompt.
+    With `max_others_share`, a cell's timed reps wait for a quiet machine and run again (up to `attempts`)
+    while other processes took more than that share of the cores (see `common.run_when_quiet`)."""
     layout = PromptLayout(handle.tokenizer)
     model = compiled(handle.model) if compile_model else handle.model
     cells: list[Cell] = []
@@ -198,13 +215,22 @@ def run_grid(
                     first_token_s(model, ids, item, store, device)
                     ideal_first_token(model, item, remainder, device)
                     first_token_s(model, ids, None, store, device)
-                kv: list[float] = []
-                ideal: list[float] = []
-                direct: list[float] = []
-                for _ in range(reps):  # the arms take turns, so another job's burst of load hits all three
-                    kv.append(first_token_s(model, ids, item, store, device))
-                    ideal.append(ideal_first_token(model, item, remainder, device)[0])
-                    direct.append(first_token_s(model, ids, None, store, device))
+
+                def timed_reps(ids=ids, remainder=remainder, item=item):
+                    kv: list[float] = []
+                    ideal: list[float] = []
+                    direct: list[float] = []
+                    # the arms take turns, so another job's burst of load hits all three
+                    for _ in range(reps):
+                        kv.append(first_token_s(model, ids, item, store, device))
+                        ideal.append(ideal_first_token(model, item, remainder, device)[0])
+                        direct.append(first_token_s(model, ids, None, store, device))
+                    return kv, ideal, direct
+
+                run = run_when_quiet(
+                    timed_reps, max_share=max_others_share, attempts=attempts, max_wait_s=quiet_wait_s
+                )
+                kv, ideal, direct = run.result
                 kv_s, direct_s, ideal_s = median(kv), median(direct), median(ideal)
                 cell = Cell(
                     model=model_name,
@@ -223,11 +249,15 @@ def run_grid(
                     ctx_target=ctx,
                     query_target=qry,
                     num_new_tokens=new_tokens,
+                    others_cpu_share=run.others_share,
+                    attempts=run.attempts,
+                    waited_quiet_s=run.waited_s,
                 )
                 cells.append(cell)
                 log(
                     f"# ctx {cell.ctx_tokens} qry {cell.query_tokens}: kv {kv_s:.4f}s direct {direct_s:.4f}s "
-                    f"ideal {ideal_s:.4f}s speedup {cell.speedup_pct:.1f}% identical {cell.identical}"
+                    f"ideal {ideal_s:.4f}s speedup {cell.speedup_pct:.1f}% identical {cell.identical} "
+                    f"others' cpu {cell.others_cpu_share} attempts {cell.attempts}"
                 )
             store.remove(item.item_id)
             del item
@@ -327,6 +357,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="time every arm on the torch.compile'd model (for GPUs, where eager short prefills are "
         "launch-bound); the warm-up compiles",
     )
+    p.add_argument(
+        "--max-others-share",
+        type=float,
+        default=None,
+        help="on a shared machine: before each cell's timed reps wait for other processes to use less than "
+        "this share of the cores, and time the reps again (up to --attempts) when they took more",
+    )
+    p.add_argument("--attempts", type=int, default=3)
+    p.add_argument("--quiet-wait-s", type=float, default=600.0, help="longest wait for a quiet machine")
     p.add_argument("--out", required=True, help="JSON output path (a PNG is written beside it)")
     return p.parse_args(argv)
 
@@ -355,6 +394,9 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         device=args.device,
         model_name=name,
         compile_model=args.compile,
+        max_others_share=args.max_others_share,
+        attempts=args.attempts,
+        quiet_wait_s=args.quiet_wait_s,
         log=lambda s: print(s, file=sys.stderr),
     )
     print_table(
@@ -372,6 +414,8 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             "Overhead (%)",
             "Identical",
             "MemOS (%)",
+            "Others CPU (%)",
+            "Attempts",
         ],
         [
             [
@@ -388,6 +432,8 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
                 round(c.overhead_pct, 1),
                 c.identical,
                 c.memos_speedup_pct,
+                None if c.others_cpu_share is None else round(100 * c.others_cpu_share, 1),
+                c.attempts,
             ]
             for c in cells
         ],
@@ -402,6 +448,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             "warmup": args.warmup,
             "compiled": args.compile,
             "loadavg_start": loadavg_start,
+            "max_others_share": args.max_others_share,
             "png": png,
         },
         "cells": [asdict(c) for c in cells],
