@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import env_info
+from benchmarks.common import OthersCpu, env_info
 from benchmarks.memory_dataset import Dataset, filler_texts, generate
 from kvmem.text import Embedder, MemoryStore, TextStoreConfig, load_embedder
 from kvmem.text.dump import encode_line
@@ -211,6 +211,8 @@ def run(
     recall_only: bool = False,
 ) -> dict:
     """`recall_only` skips the add, import and search-latency figures (None in the result)."""
+    others = OthersCpu()
+    others.start()
     embedder = load_embedder(embedder_spec)
     embedder.embed(["warm-up"])  # load the model before anything is timed
     config = config or TextStoreConfig()
@@ -234,7 +236,8 @@ def run(
             "dense_weight": config.dense_weight,
             "num_candidates": config.num_candidates,
         },
-        "env": env_info("cpu"),
+        # other processes' share of the cores over the whole run: the machine is shared
+        "env": {**env_info("cpu"), "others_cpu_share": others.share()},
         "add_ms": add,
         "search_ms": search,
         "import": imported,

@@ -275,7 +275,7 @@ def plot(cells: list[Cell], path: str) -> str | None:
         return None
     ctxs = sorted({c.ctx_target for c in cells})
     qrys = sorted({c.query_target for c in cells})
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.4))
     width = 0.8 / len(qrys)
     for j, q in enumerate(qrys):
         vals = [
@@ -296,7 +296,7 @@ def plot(cells: list[Cell], path: str) -> str | None:
     ax.set_ylabel("TTFT reduction vs full prefill (%)")
     ax.set_ylim(0, 100)
     ax.set_title(f"KV injection speedup ({cells[0].model})")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, fontsize="small", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
