@@ -15,6 +15,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic, NamedTuple, TypeVar
+
+T = TypeVar("T")
 
 
 def git_sha() -> str | None:
@@ -54,11 +57,112 @@ def env_info(device: str = "cpu") -> dict:
         "cpu": cpu_name(),
         "num_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # 1/5/15-minute load averages when the record is made: the machine is shared, and another job's
+        # load slows every arm
+        "loadavg": list(os.getloadavg()),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all cores since boot, from /proc/stat (steal counts as busy: another VM
+    had the core); None where there is no /proc/stat."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    return total - idle - iowait, total
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process has used, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+class OthersCpu:
+    """The share of all cores' time that other processes used over a window: the machine's busy ticks minus
+    this process's own CPU time. The machine is shared; a share well above 0 means the timings are slowed by
+    another job. `share()` is None where /proc/stat is missing. Readers are injected for tests."""
+
+    def __init__(
+        self,
+        read_ticks: Callable[[], tuple[int, int] | None] = cpu_ticks,
+        read_own_s: Callable[[], float] = own_cpu_s,
+        ticks_per_s: int | None = None,
+    ) -> None:
+        self._read_ticks = read_ticks
+        self._read_own_s = read_own_s
+        self._hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+        self._start: tuple[tuple[int, int] | None, float] | None = None
+
+    def start(self) -> None:
+        self._start = (self._read_ticks(), self._read_own_s())
+
+    def share(self) -> float | None:
+        """Others' share of the cores since `start()`, in [0, 1]."""
+        assert self._start is not None, "start() first"
+        ticks0, own0 = self._start
+        ticks1, own1 = self._read_ticks(), self._read_own_s()
+        if ticks0 is None or ticks1 is None or ticks1[1] <= ticks0[1]:
+            return None
+        others = (ticks1[0] - ticks0[0]) - (own1 - own0) * self._hz
+        return min(1.0, max(0.0, others / (ticks1[1] - ticks0[1])))
+
+
+def wait_for_quiet(
+    max_share: float, max_wait_s: float, window_s: float = 2.0, meter: OthersCpu | None = None
+) -> float:
+    """Sleep until other processes used less than `max_share` of the cores over two windows in a row, or
+    `max_wait_s` passed; returns the seconds waited."""
+    meter = meter or OthersCpu()
+    start, quiet = time.perf_counter(), 0
+    while time.perf_counter() - start < max_wait_s:
+        meter.start()
+        time.sleep(window_s)
+        share = meter.share()
+        quiet = quiet + 1 if share is None or share < max_share else 0
+        if quiet >= 2:
+            break
+    return time.perf_counter() - start
+
+
+class QuietRun(NamedTuple, Generic[T]):
+    result: T
+    others_share: float | None  # other processes' share of the cores during the kept attempt
+    attempts: int
+    waited_s: float  # waiting for a quiet machine, all attempts
+
+
+def run_when_quiet(
+    fn: Callable[[], T],
+    *,
+    max_share: float | None,
+    attempts: int,
+    max_wait_s: float,
+    meter: OthersCpu | None = None,
+    wait: Callable[[float, float], float] = wait_for_quiet,
+) -> QuietRun[T]:
+    """Run `fn` while measuring other processes' share of the cores. With `max_share`, first wait for a quiet
+    machine, and run again (up to `attempts` runs in all) while others took more than `max_share`; the last
+    run is kept either way, and its share says how clean it was."""
+    assert attempts >= 1, attempts
+    meter = meter or OthersCpu()
+    waited, runs = 0.0, 0
+    while True:
+        runs += 1
+        if max_share is not None:
+            waited += wait(max_share, max_wait_s)
+        meter.start()
+        result = fn()
+        share = meter.share()
+        if max_share is None or share is None or share <= max_share or runs == attempts:
+            return QuietRun(result, share, runs, waited)
 
 
 def sync(device: str) -> None:

@@ -4,6 +4,8 @@ token ids (identical greedy output), no timing asserted."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,9 @@ def test_ttft_grid_runs_and_writes_contract_json(tmp_path, tiny_handle, capsys):
         assert cell["identical"] is True
         assert cell["ctx_tokens"] >= cell["ctx_target"] and cell["query_tokens"] >= cell["query_target"]
         assert all(cell[k] > 0 for k in ("build_s", "kv_ttft_s", "direct_ttft_s", "ideal_ttft_s"))
+        assert cell["memos_speedup_pct"] is None  # not a MemOS cell
+        assert cell["attempts"] == 1 and cell["waited_quiet_s"] == 0.0  # no --max-others-share
+        assert 0.0 <= cell["others_cpu_share"] <= 1.0
 
 
 @pytest.mark.slow
@@ -68,3 +73,59 @@ def test_kv_load_runs(tmp_path, tiny_handle):
     )
     (row,) = result["rows"]
     assert row["block_tokens"] >= 100 and row["num_bytes"] > 0 and row["load_verified_s"] > 0
+
+
+def _shared_anchor() -> Path | None:
+    """../shared/anchors/memos_kv_ttft.json beside this checkout, or beside the main checkout when this
+    is a git worktree; None when neither exists (a user's clone)."""
+    name = Path("shared", "anchors", "memos_kv_ttft.json")
+    root = Path(__file__).resolve().parents[2]
+    candidates = [root.parent / name]
+    common = subprocess.run(
+        ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if common.returncode == 0 and common.stdout.strip():
+        candidates.append(Path(common.stdout.strip()).parent.parent / name)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def test_memos_anchor_is_a_byte_identical_copy():
+    shared = _shared_anchor()
+    if shared is None:
+        pytest.skip("no ../shared/anchors/memos_kv_ttft.json beside this checkout (a user's clone)")
+    assert ttft_grid.MEMOS_ANCHOR.read_bytes() == shared.read_bytes()
+
+
+def test_memos_comparison_figures_are_the_anchor_cells():
+    cells = json.loads(ttft_grid.MEMOS_ANCHOR.read_text(encoding="utf-8"))["cells"]
+    qwen = [c for c in cells if c["model"] == "Qwen3-8B"]
+    assert sorted({c["query_tokens"] for c in qwen}) == [167.0, 302.7, 952.7]
+    # the grid's query sizes are the source's averages rounded: 167, 302.7 -> 303, 952.7 -> 953
+    to_grid = {167.0: 167, 302.7: 303, 952.7: 953}
+    expected = {(c["ctx_tokens"], to_grid[c["query_tokens"]]): c["speedup_pct"] for c in qwen}
+    assert len(expected) == len(qwen) == 9
+    assert ttft_grid.MEMOS_QWEN3_8B == expected
+    assert set(expected) == {(c, q) for c in ttft_grid.MEMOS_CTX for q in ttft_grid.MEMOS_QUERY}
+
+
+def test_grid_cell_carries_the_anchor_figure(tmp_path, tiny_handle):
+    result = ttft_grid.main(
+        ["--ctx", "583", "--query", "167", "--reps", "1", "--warmup", "0", "--new-tokens", "2"]
+        + ["--out", str(tmp_path / "grid.json")],
+        handle=tiny_handle,
+    )
+    (cell,) = result["cells"]
+    (anchor,) = [
+        c
+        for c in json.loads(ttft_grid.MEMOS_ANCHOR.read_text(encoding="utf-8"))["cells"]
+        if (c["model"], c["ctx_tokens"], c["query_tokens"]) == ("Qwen3-8B", 583, 167.0)
+    ]
+    assert cell["memos_speedup_pct"] == anchor["speedup_pct"]
+    assert (
+        json.loads((tmp_path / "grid.json").read_text())["cells"][0]["memos_speedup_pct"]
+        == anchor["speedup_pct"]
+    )
