@@ -74,9 +74,9 @@ def test_tiny_run_json_shape(tmp_path, capsys, monkeypatch):
             "time_filtered_recall@5": 0.6667,
             "time_filtered_recall@10": 0.8333,
         },
-        "hybrid": {
-            "recall@5": 0.5536,
-            "recall@10": 0.6607,
+        "hybrid": {  # the tuned hybrid of issue 13 (k=60, keyword 1.0 / dense 0.5, neighbouring turns)
+            "recall@5": 0.625,
+            "recall@10": 0.7679,
             "time_filtered_recall@5": 0.6667,
             "time_filtered_recall@10": 0.8333,
         },
@@ -96,8 +96,11 @@ def test_hybrid_beats_both_needs_every_leg_and_k():
 
 
 @pytest.mark.slow
-def test_hybrid_beats_both_on_the_full_recall_set(tmp_path):
-    """The README's recall table: seed 0, the full set (14,400 memories, 560 questions), default embedder."""
+def test_hybrid_beats_keyword_on_the_full_recall_set(tmp_path):
+    """The README's synthetic recall table: seed 0, the full set (14,400 memories, 560 questions), default
+    embedder. Since the hybrid was tuned on real dialogue (issue 13) it no longer beats dense here (0.886 vs 0.895
+    at @10, benchmarks/results/cpu/store_bench_recall.json), and the README says so; what holds is that it is far
+    above keyword search."""
     out = tmp_path / "recall.json"
     assert store_bench.main(["--recall-only", "--no-progress", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -107,7 +110,9 @@ def test_hybrid_beats_both_on_the_full_recall_set(tmp_path):
         560,
     )
     assert result["add_ms"] is None and result["import"] is None
-    assert result["hybrid_beats_both"] is True
+    recall = result["recall"]
+    for k in ("recall@5", "recall@10"):
+        assert recall["hybrid"][k] > recall["keyword"][k] + 0.25, (k, recall)
 
 
 def test_dataset_is_deterministic_and_planted():
