@@ -10,6 +10,7 @@ TTFT is the engine thread's time from adding the request to its first output (me
 
     python -m benchmarks.ttft_grid --backend vllm --quick --out out/vllm_ttft_quick.json
     python -m benchmarks.vllm_ttft --quick --out out/vllm_ttft_quick.json
+    python -m benchmarks.vllm_ttft --out benchmarks/results/cpu/vllm_ttft.json    # all 9 cells, vs MemOS
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from benchmarks.common import env_info, median, p90, print_table, write_outputs
-from benchmarks.ttft_grid import MEMOS_CTX, MEMOS_QUERY, QUICK_CTX, QUICK_QUERY, memories_for, query_for
+from benchmarks.common import OthersCpu, env_info, median, p90, print_table, write_outputs
+from benchmarks.ttft_grid import (
+    MEMOS_CTX,
+    MEMOS_QUERY,
+    MEMOS_QWEN3_8B,
+    QUICK_CTX,
+    QUICK_QUERY,
+    memories_for,
+    query_for,
+)
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
 
 ARMS = ("cold", "injected", "resident")
@@ -51,6 +60,8 @@ class VllmCell:
     resident_speedup_pct: float
     identical: bool
     num_new_tokens: int
+    memos_speedup_pct: float | None = None  # MemOS's figure for the cell (anchors/memos_kv_ttft.json)
+    others_cpu_share: float | None = None  # other processes' share of the cores during the timed reps
 
 
 async def _first(backend, req) -> tuple[list[int], object]:
@@ -99,6 +110,8 @@ def run_grid(
         }
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
         cached: dict[str, int] = {}
+        meter = OthersCpu()
+        meter.start()
         for rep in range(warmup + reps):
             for arm in ARMS:  # interleaved, so drift in machine load hits every arm alike
                 _, result = _request(backend, prompt, user, built.item_id, arm, 1, counter)
@@ -126,6 +139,8 @@ def run_grid(
             resident_speedup_pct=round(100 * (1 - med["resident"] / med["cold"]), 1),
             identical=tokens["injected"] == tokens["cold"] == tokens["resident"],
             num_new_tokens=new_tokens,
+            memos_speedup_pct=MEMOS_QWEN3_8B.get((ctx, qry)),
+            others_cpu_share=meter.share(),
         )
         log(f"cell ctx={ctx} query={qry}: {cell}")
         cells.append(cell)
@@ -149,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
 
     args = parse_args(argv)
+    load_at_start = os.getloadavg()[0]
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
     qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
     reps = args.reps or (1 if args.quick else 3)
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
             "Res (%)",
             "Cached inj/res",
             "Identical",
+            "MemOS (%)",
         ],
         [
             [
@@ -197,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
                 c.resident_speedup_pct,
                 f"{c.injected_cached_tokens}/{c.resident_cached_tokens}",
                 c.identical,
+                c.memos_speedup_pct,
             ]
             for c in cells
         ],
@@ -214,9 +232,18 @@ def main(argv: list[str] | None = None) -> dict:
             "reps": reps,
             "warmup": args.warmup,
             "ttft": "engine thread: request added -> first output",
+            "load_avg_1m_at_start": load_at_start,
             "load_avg_1m_at_end": os.getloadavg()[0],
         },
         "cells": [asdict(c) for c in cells],
+        "summary": {
+            "all_identical": all(c.identical for c in cells),
+            "cells_meeting_memos": sum(
+                c.memos_speedup_pct is not None and c.injected_speedup_pct >= c.memos_speedup_pct
+                for c in cells
+            ),
+            "cells_with_memos": sum(c.memos_speedup_pct is not None for c in cells),
+        },
     }
     write_outputs(result, args.out)
     return result
