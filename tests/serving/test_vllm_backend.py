@@ -215,6 +215,14 @@ def test_stop_strings_max_tokens_and_seeds(backend):
     first = run(backend, "dan", prompt, None, seeded)
     second = run(backend, "dan", prompt, None, seeded)
     assert first[0] == second[0] and len(first[0]) == 16
+    assert first[0] != full[0][:16]  # sampled, not greedy: the temperature is honoured
+    other = run(backend, "dan", prompt, None, SamplingParams(max_new_tokens=16, temperature=0.9, seed=4321))
+    assert other[0] != first[0]  # another seed, other tokens
+    # top_p so small that only the most likely token is left: greedy whatever the temperature and seed
+    nucleus = run(
+        backend, "dan", prompt, None, SamplingParams(max_new_tokens=16, temperature=0.9, top_p=1e-6)
+    )
+    assert nucleus[0] == full[0][:16]
     wait_idle(backend)
 
 
