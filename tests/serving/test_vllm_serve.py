@@ -33,7 +33,9 @@ def _call(url: str, method: str, body: dict | None = None) -> dict:
 
 
 def _ask(client: OpenAI, user: str, stream: bool):
-    kw = dict(model=client.models.list().data[0].id, user=user, messages=QUESTION, temperature=0, max_tokens=8)
+    kw = dict(
+        model=client.models.list().data[0].id, user=user, messages=QUESTION, temperature=0, max_tokens=8
+    )
     if not stream:
         out = client.chat.completions.create(**kw)
         used = {(m["id"], m["tier"]) for m in out.model_extra["memory"]["used"]}
