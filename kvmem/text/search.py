@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.filters import SearchFilters, filter_sql
 from kvmem.text.vectors import UserVectors, VectorCache, speaker_key, top_k_by_dot
@@ -88,20 +89,23 @@ def reciprocal_rank_fusion(
 
 
 def keyword_leg(
-    conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
+    conn: sqlite3.Connection,
+    entry: UserVectors | None,
+    user_id: str,
+    query: str,
+    allowed: np.ndarray | None,
+    limit: int,
 ) -> list[tuple[int, float]]:
-    """(rowid, BM25 score) of this user's active memories sharing a word with the query, best first."""
-    expression = fts_match_expression(user_id, query)
-    if expression is None:
+    """(rowid, BM25 score) of this user's active memories sharing a word with the query, best first.
+
+    BM25 with the user's own statistics (bm25.py), so another user's writes never change this ranking;
+    `allowed` (the filters) narrows the results, not the statistics.
+    """
+    terms = keyword_terms(query)
+    if entry is None or not terms:
         return []
-    clause, params = filter_sql(filters)
-    rows = conn.execute(
-        "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
-        f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
-        "ORDER BY f.rank, f.rowid LIMIT ?",
-        (expression, user_id, *params, limit),
-    ).fetchall()
-    return [(r[0], float(r[1])) for r in rows]
+    idx, scores = bm25.score_user(conn, user_id, owner_token(user_id), terms, entry)
+    return bm25.rank(idx, scores, entry, allowed, limit)
 
 
 def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id: str) -> UserVectors | None:
@@ -115,7 +119,7 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
     entry = vectors.get(user_id, row[0])
     if entry is None:
         rows = conn.execute(
-            "SELECT v.rowid, v.vec, m.session_id, m.role FROM memory_vectors v JOIN memories m "
+            "SELECT v.rowid, v.vec, m.session_id, m.role, m.text FROM memory_vectors v JOIN memories m "
             "ON m.rowid = v.rowid WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
             (user_id,),
         ).fetchall()
@@ -126,6 +130,7 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
             matrix=matrix,  # [n, dim]
             sessions=np.array([r[2] for r in rows], dtype=object),
             speakers=np.array([speaker_key(r[3]) for r in rows], dtype=object),
+            lengths=np.fromiter((bm25.num_tokens(r[4]) for r in rows), dtype=np.int64, count=len(rows)),
         )
         vectors.put(user_id, entry)
     return entry

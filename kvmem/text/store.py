@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.embed import Embedder, default_embedder
@@ -181,8 +182,11 @@ class MemoryStore:
             rowid_array = np.asarray(rowids, dtype=np.int64)
             sessions = [session_id] * len(memories)
             speakers = [speaker_key(m.role) for m in memories]
+            lengths = [num_tokens(m.text) for m in memories]
             tx.after_commit.append(
-                lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers)
+                lambda: self._vectors.append(
+                    user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths
+                )
             )
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
@@ -397,13 +401,13 @@ class MemoryStore:
             max(self.config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
         )
         query_vector = self._embed([query])[0] if mode != "keyword" else None
-        entry, allowed = None, None
         with self._db.snapshot() as conn:
-            keyword = keyword_leg(conn, user_id, query, parsed, num_keyword) if mode != "dense" else []
-            if mode != "keyword":
-                entry = user_rows(conn, self._vectors, self.embedder.dim, user_id)
-                allowed = allowed_rowids(conn, user_id, parsed)
-            dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
+            entry = user_rows(conn, self._vectors, self.embedder.dim, user_id)
+            allowed = allowed_rowids(conn, user_id, parsed)
+            keyword = (
+                keyword_leg(conn, entry, user_id, query, allowed, num_keyword) if mode != "dense" else []
+            )
+        dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
         config = self.config
         if num_candidates != config.num_candidates:
             config = dataclasses.replace(config, num_candidates=num_candidates)

@@ -27,13 +27,15 @@ def speaker_key(role: str | None) -> str:
 @dataclass(frozen=True)
 class UserVectors:
     """One user's active vectors at one generation. rowids[i] (ascending) is the memory row of matrix[i];
-    sessions[i] its session id (None: none) and speakers[i] its `speaker_key`."""
+    sessions[i] its session id (None: none), speakers[i] its `speaker_key` and lengths[i] its text's length in
+    words (bm25.num_tokens), from which keyword search takes the user's own average length."""
 
     gen: int
     rowids: np.ndarray  # [n] int64, ascending
     matrix: np.ndarray  # [n, dim] float32
     sessions: np.ndarray  # [n] object (str | None)
     speakers: np.ndarray  # [n] object (str)
+    lengths: np.ndarray  # [n] int64
 
     @property
     def num_bytes(self) -> int:
@@ -101,6 +103,7 @@ class VectorCache:
         matrix: np.ndarray,
         sessions: list[str | None],
         speakers: list[str],
+        lengths: list[int],
     ) -> None:
         """After this process's own add: extend the entry if it was current at `old_gen`, else drop it.
 
@@ -121,6 +124,7 @@ class VectorCache:
                 matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
                 sessions=np.concatenate([entry.sessions, np.array(sessions, dtype=object)]),
                 speakers=np.concatenate([entry.speakers, np.array(speakers, dtype=object)]),
+                lengths=np.concatenate([entry.lengths, np.array(lengths, dtype=np.int64)]),
             ),
         )
 
