@@ -28,6 +28,8 @@ class TextStoreConfig:
         benchmarks/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
         leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
         set, where the legs are the other way round, and lost to plain BM25 on real conversations.)
+    time_weight: hybrid only; lift of candidates whose chat_time lies in the time the query names ("last
+        week", "in May", "29 Dec 2023": kvmem/text/when.py); the time words are not searched as keywords.
     num_candidates: how many hits each search leg hands to fusion (at least top_k).
     num_keyword_candidates: hybrid only; how many BM25 hits are spread to their neighbours before fusion.
     vector_cache_bytes: bound on the in-process per-user vector matrices used by the dense scan.
@@ -46,6 +48,7 @@ class TextStoreConfig:
     dense_weight: float = 0.5
     neighbour_weight: float = 0.5
     speaker_weight: float = 0.3
+    time_weight: float = 0.3
     num_candidates: int = 50
     num_keyword_candidates: int = 200
     vector_cache_bytes: int = 512 * 1024 * 1024
@@ -75,7 +78,13 @@ class TextStoreConfig:
             )
         if self.fusion not in _FUSIONS:
             raise ValueError(f"TextStoreConfig.fusion must be one of {_FUSIONS}, got {self.fusion!r}")
-        for name in ("keyword_weight", "dense_weight", "neighbour_weight", "speaker_weight"):
+        for name in (
+            "keyword_weight",
+            "dense_weight",
+            "neighbour_weight",
+            "speaker_weight",
+            "time_weight",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TextStoreConfig.{name} must be a number >= 0, got {value!r}")

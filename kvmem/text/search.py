@@ -10,10 +10,13 @@ Memory objects.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.filters import SearchFilters, filter_sql
 from kvmem.text.vectors import UserVectors, VectorCache, speaker_key, top_k_by_dot
+from kvmem.text.when import parse_query_time
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 
@@ -136,6 +140,16 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
     return entry
 
 
+def rowids_in_time(conn: sqlite3.Connection, user_id: str, start: str, end: str) -> np.ndarray:
+    """The rowids of this user's active memories whose chat_time is in [start, end]."""
+    rows = conn.execute(
+        "SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.chat_time >= ? AND m.chat_time <= ? "
+        "AND m.state = 'active'",
+        (user_id, start, end),
+    )
+    return np.fromiter((r[0] for r in rows), dtype=np.int64)
+
+
 def allowed_rowids(conn: sqlite3.Connection, user_id: str, filters: SearchFilters) -> np.ndarray | None:
     """The rowids of this user's active memories that pass `filters`; None when there are no filters."""
     if filters.is_empty:
@@ -200,6 +214,16 @@ def named_speakers(query: str, entry: UserVectors, rowids: list[int]) -> np.ndar
     return np.array([p >= 0 and entry.speakers[p] in words for p in pos.tolist()], dtype=bool)
 
 
+def lift(ranked: list[tuple[int, float]], mask: np.ndarray, weight: float) -> list[tuple[int, float]]:
+    """Scores (s + weight * mask) / (1 + weight), re-sorted; ties keep their order. Stays in [0, 1]."""
+    if weight == 0 or not mask.any():
+        return ranked
+    order = {r: i for i, (r, _) in enumerate(ranked)}
+    lifted = [(r, (s + weight * bool(m)) / (1 + weight)) for (r, s), m in zip(ranked, mask, strict=True)]
+    lifted.sort(key=lambda x: (-x[1], order[x[0]]))
+    return lifted
+
+
 def fuse_legs(
     mode: str,
     keyword: list[tuple[int, float]],
@@ -208,12 +232,15 @@ def fuse_legs(
     entry: UserVectors | None = None,
     query: str = "",
     allowed: np.ndarray | None = None,
+    in_time: np.ndarray | None = None,
 ) -> list[tuple[int, float]]:
     """The ranking `mode` asks for: one leg as it came, or (hybrid) both fused, scores in [0, 1].
 
     Hybrid: keyword hits spread to their neighbours (`spread_to_neighbours`), the top `num_candidates` of
     each leg fused by weighted RRF (scaled so first in both legs is 1.0), then, when the query names the
-    speaker of some candidates, those are lifted: (rrf + speaker_weight * named) / (1 + speaker_weight).
+    speaker of some candidates, those are lifted: (rrf + speaker_weight * named) / (1 + speaker_weight);
+    then, when the query names a time (`in_time`: the rowids whose chat_time is in it), candidates of that
+    time are lifted the same way by time_weight.
     """
     assert mode in SEARCH_MODES, mode
     if mode == "keyword":
@@ -232,13 +259,43 @@ def fuse_legs(
         config.dense_weight,
     )
     ranked = [(h.rowid, h.score) for h in fused]
-    if entry is None or config.speaker_weight == 0 or not ranked:
+    if entry is None or not ranked:
         return ranked
-    named = named_speakers(query, entry, [r for r, _ in ranked])
-    if not named.any():
-        return ranked
-    lift = config.speaker_weight
-    order = {h.rowid: i for i, h in enumerate(fused)}
-    lifted = [(r, (s + lift * bool(n)) / (1 + lift)) for (r, s), n in zip(ranked, named, strict=True)]
-    lifted.sort(key=lambda x: (-x[1], order[x[0]]))
-    return lifted
+    if config.speaker_weight > 0:
+        ranked = lift(ranked, named_speakers(query, entry, [r for r, _ in ranked]), config.speaker_weight)
+    if in_time is not None and config.time_weight > 0:
+        ranked = lift(
+            ranked, np.isin(np.array([r for r, _ in ranked], dtype=np.int64), in_time), config.time_weight
+        )
+    return ranked
+
+
+def rank_rows(
+    conn: sqlite3.Connection,
+    vectors: VectorCache,
+    dim: int,
+    user_id: str,
+    query: str,
+    query_vector: np.ndarray | None,
+    filters: SearchFilters,
+    mode: str,
+    top_k: int,
+    config: TextStoreConfig,
+    clock: Callable[[], datetime],
+) -> list[tuple[int, float]]:
+    """(rowid, score) of this user's active memories for `query` in `mode`, best first, inside the caller's
+    read snapshot. Hybrid reads the time the query names relative to `clock` (when.py)."""
+    num_candidates = max(config.num_candidates, top_k)
+    num_keyword = max(config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
+    when = parse_query_time(query, clock) if mode == "hybrid" and config.time_weight > 0 else None
+    entry = user_rows(conn, vectors, dim, user_id)
+    allowed = allowed_rowids(conn, user_id, filters)
+    keyword: list[tuple[int, float]] = []
+    if mode != "dense":
+        words = when.strip(query) if when is not None else query  # "2023" is a time, not a keyword
+        keyword = keyword_leg(conn, entry, user_id, words, allowed, num_keyword)
+    in_time = rowids_in_time(conn, user_id, when.start, when.end) if when is not None else None
+    dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
+    if num_candidates != config.num_candidates:
+        config = dataclasses.replace(config, num_candidates=num_candidates)
+    return fuse_legs(mode, keyword, dense, config, entry, query, allowed, in_time)
