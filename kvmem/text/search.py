@@ -292,7 +292,7 @@ def rank_rows(
     allowed = allowed_rowids(conn, user_id, filters)
     keyword: list[tuple[int, float]] = []
     if mode != "dense":
-        words = when.strip(query) if when is not None else query  # "2023" is a time, not a keyword
+        words = when.blank(query) if when is not None else query  # "2023" is a time, not a keyword
         keyword = keyword_leg(conn, entry, user_id, words, allowed, num_keyword)
     in_time = rowids_in_time(conn, user_id, when.start, when.end) if when is not None else None
     dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []

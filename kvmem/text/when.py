@@ -85,7 +85,7 @@ class QueryTime:
     end: str
     spans: tuple[tuple[int, int], ...]
 
-    def strip(self, query: str) -> str:
+    def blank(self, query: str) -> str:
         """The query with its time words blanked out."""
         chars = list(query)
         for a, b in self.spans:
