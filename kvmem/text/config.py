@@ -23,6 +23,8 @@ class TextStoreConfig:
     rrf_k, keyword_weight, dense_weight: reciprocal rank fusion, score = sum(w / (rrf_k + rank)).
     neighbour_weight: hybrid only; a keyword hit's score adds this times the best keyword score of its
         previous / next turn in the same session (so replies are found by the words of what they answer).
+    dense_neighbour_weight: hybrid only; a dense candidate's cosine adds this times the mean cosine of its
+        previous and next turn in the same session.
     speaker_weight: hybrid only; lift of candidates whose speaker (role's first word) the query names.
         The hybrid defaults were chosen on the 'tune' split of REALTALK (real multi-session dialogue,
         benchmarks/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
@@ -47,6 +49,7 @@ class TextStoreConfig:
     keyword_weight: float = 1.0
     dense_weight: float = 0.5
     neighbour_weight: float = 0.5
+    dense_neighbour_weight: float = 0.0
     speaker_weight: float = 0.3
     time_weight: float = 0.3
     num_candidates: int = 50
@@ -82,6 +85,7 @@ class TextStoreConfig:
             "keyword_weight",
             "dense_weight",
             "neighbour_weight",
+            "dense_neighbour_weight",
             "speaker_weight",
             "time_weight",
         ):

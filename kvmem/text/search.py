@@ -168,15 +168,20 @@ def allowed_rowids(conn: sqlite3.Connection, user_id: str, filters: SearchFilter
 
 
 def dense_leg(
-    entry: UserVectors | None, query_vector: np.ndarray, allowed: np.ndarray | None, limit: int
+    entry: UserVectors | None,
+    query_vector: np.ndarray,
+    allowed: np.ndarray | None,
+    limit: int,
+    neighbour_weight: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """(rowid, cosine) of the user's active memories nearest the query vector, best first.
+    """(rowid, cosine) of the user's active memories nearest the query vector, best first (with
+    `neighbour_weight`, hybrid's dense candidates: cosine plus that share of their neighbours', vectors.py).
 
     Filters arrive as a set of allowed rowids, so the cache holds one matrix per user whatever the filters.
     """
     if entry is None:
         return []
-    return top_k_by_dot(entry, query_vector, limit, allowed)
+    return top_k_by_dot(entry, query_vector, limit, allowed, neighbour_weight)
 
 
 def spread_to_neighbours(
@@ -295,7 +300,10 @@ def rank_rows(
         words = when.blank(query) if when is not None else query  # "2023" is a time, not a keyword
         keyword = keyword_leg(conn, entry, user_id, words, allowed, num_keyword)
     in_time = rowids_in_time(conn, user_id, when.start, when.end) if when is not None else None
-    dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
+    dense: list[tuple[int, float]] = []
+    if mode != "keyword":
+        spread = config.dense_neighbour_weight if mode == "hybrid" else 0.0
+        dense = dense_leg(entry, query_vector, allowed, num_candidates, spread)
     if num_candidates != config.num_candidates:
         config = dataclasses.replace(config, num_candidates=num_candidates)
     return fuse_legs(mode, keyword, dense, config, entry, query, allowed, in_time)

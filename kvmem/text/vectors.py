@@ -144,12 +144,24 @@ class VectorCache:
 
 
 def top_k_by_dot(
-    vectors: UserVectors, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+    vectors: UserVectors,
+    query: np.ndarray,
+    k: int,
+    allowed: np.ndarray | None = None,
+    neighbour_weight: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """(rowid, cosine) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid."""
+    """(rowid, score) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid.
+
+    score = cosine, plus `neighbour_weight` times the mean cosine of the previous and next turn of the same
+    session (a missing neighbour counts 0): a reply is found by what it answers.
+    """
     if vectors.matrix.shape[0] == 0 or k <= 0:
         return []
     scores = vectors.matrix @ query.astype(np.float32)  # [n]
+    if neighbour_weight:
+        prev, nxt = vectors.neighbours
+        around = np.where(prev >= 0, scores[prev], 0.0) + np.where(nxt >= 0, scores[nxt], 0.0)  # [n]
+        scores = scores + np.float32(neighbour_weight / 2) * around.astype(np.float32)
     rowids = vectors.rowids
     if allowed is not None:
         keep = np.isin(rowids, allowed)

@@ -42,9 +42,12 @@ def test_tiny_run_json_shape(tmp_path, capsys, monkeypatch):
         "hybrid_beats_both",
     }
     assert result["embedder"] == "hash-bow-64" and result["sizes"]["bulk_total"] == 300
-    assert set(result["add_ms"]) == {"p50", "p90", "n"} and result["add_ms"]["n"] == 5
+    assert set(result["add_ms"]) == {"p50", "p90", "p99", "n"} and result["add_ms"]["n"] == 5
     for mode in ("keyword", "dense", "hybrid"):
-        assert set(result["search_ms"][mode]) == {"p50", "p90", "n"} and result["search_ms"][mode]["n"] == 3
+        assert (
+            set(result["search_ms"][mode]) == {"p50", "p90", "p99", "n"}
+            and result["search_ms"][mode]["n"] == 3
+        )
         assert set(result["recall"][mode]) == {
             "recall@5",
             "recall@10",
