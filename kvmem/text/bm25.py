@@ -32,22 +32,22 @@ def num_tokens(text: str) -> int:
     return len(_LENGTH_RE.findall(text))
 
 
-def term_frequencies(
-    conn: sqlite3.Connection, user_id: str, owner: str, term: str
-) -> tuple[list[int], list[int]]:
-    """(rowids, term frequencies) of this user's active memories holding `term` (stemmed as FTS5 does)."""
+def term_frequencies(conn: sqlite3.Connection, owner: str, term: str) -> tuple[list[int], list[int]]:
+    """(rowids, term frequencies) of the FTS rows tagged `owner` holding `term` (stemmed as FTS5 does).
+
+    Archived rows are among them; callers keep the rows of their user's active set (`UserVectors`). No
+    join: the MATCH alone drives the query (a join let SQLite run the MATCH once per memory row).
+    """
     expression = f'owner : "{owner}" AND text : "' + term.replace('"', '""') + '"'
     rows = conn.execute(
-        "SELECT f.rowid, highlight(memories_fts, 0, char(1), '') FROM memories_fts f "
-        "JOIN memories m ON m.rowid = f.rowid "
-        "WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'",
-        (expression, user_id),
+        "SELECT rowid, highlight(memories_fts, 0, char(1), '') FROM memories_fts WHERE memories_fts MATCH ?",
+        (expression,),
     ).fetchall()
     return [r[0] for r in rows], [max(1, r[1].count(_MARK)) for r in rows]
 
 
 def score_user(
-    conn: sqlite3.Connection, user_id: str, owner: str, terms: list[str], entry: UserVectors
+    conn: sqlite3.Connection, owner: str, terms: list[str], entry: UserVectors
 ) -> tuple[np.ndarray, np.ndarray]:
     """(positions in `entry`, BM25 scores) of the user's rows matching any term; rows unmatched are left out.
 
@@ -62,9 +62,9 @@ def score_user(
     scores = np.zeros(n, dtype=np.float64)  # [n]
     matched = np.zeros(n, dtype=bool)  # [n]
     for term in terms:
-        rowids, tfs = term_frequencies(conn, user_id, owner, term)
+        rowids, tfs = term_frequencies(conn, owner, term)
         pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
-        keep = pos >= 0  # a row not in the snapshot's rows cannot happen; skipped rather than trusted
+        keep = pos >= 0  # only the user's active rows (the entry) count
         pos, tf = pos[keep], np.asarray(tfs, dtype=np.float64)[keep]
         if pos.shape[0] == 0:
             continue

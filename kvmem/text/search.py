@@ -108,7 +108,7 @@ def keyword_leg(
     terms = keyword_terms(query)
     if entry is None or not terms:
         return []
-    idx, scores = bm25.score_user(conn, user_id, owner_token(user_id), terms, entry)
+    idx, scores = bm25.score_user(conn, owner_token(user_id), terms, entry)
     return bm25.rank(idx, scores, entry, allowed, limit)
 
 
