@@ -31,7 +31,8 @@ class TextStoreConfig:
         leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
         set, where the legs are the other way round, and lost to plain BM25 on real conversations.)
     time_weight: hybrid only; lift of candidates whose chat_time lies in the time the query names ("last
-        week", "in May", "29 Dec 2023": kvmem/text/when.py); the time words are not searched as keywords.
+        week", "in May", "29 Dec 2023": kvmem/text/when.py), its end extended by time_slack_days (what
+        happened on a day is often told the next).
     num_candidates: how many hits each search leg hands to fusion (at least top_k).
     num_keyword_candidates: hybrid only; how many BM25 hits are spread to their neighbours before fusion.
     vector_cache_bytes: bound on the in-process per-user vector matrices used by the dense scan.
@@ -49,9 +50,10 @@ class TextStoreConfig:
     keyword_weight: float = 1.0
     dense_weight: float = 0.5
     neighbour_weight: float = 0.5
-    dense_neighbour_weight: float = 0.0
+    dense_neighbour_weight: float = 0.3
     speaker_weight: float = 0.3
-    time_weight: float = 0.3
+    time_weight: float = 1.0
+    time_slack_days: int = 1
     num_candidates: int = 50
     num_keyword_candidates: int = 200
     vector_cache_bytes: int = 512 * 1024 * 1024
@@ -71,7 +73,7 @@ class TextStoreConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TextStoreConfig.{name} must be a positive int, got {value!r}")
-        for name in ("busy_timeout_ms", "vector_cache_bytes", "rrf_k"):
+        for name in ("busy_timeout_ms", "vector_cache_bytes", "rrf_k", "time_slack_days"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TextStoreConfig.{name} must be a non-negative int, got {value!r}")

@@ -297,9 +297,11 @@ def rank_rows(
     allowed = allowed_rowids(conn, user_id, filters)
     keyword: list[tuple[int, float]] = []
     if mode != "dense":
-        words = when.blank(query) if when is not None else query  # "2023" is a time, not a keyword
+        words = query  # time words stay keywords too: "New Year 2024" is also what was said
         keyword = keyword_leg(conn, entry, user_id, words, allowed, num_keyword)
-    in_time = rowids_in_time(conn, user_id, when.start, when.end) if when is not None else None
+    in_time = None
+    if when is not None:
+        in_time = rowids_in_time(conn, user_id, when.start, when.later_by(config.time_slack_days).end)
     dense: list[tuple[int, float]] = []
     if mode != "keyword":
         spread = config.dense_neighbour_weight if mode == "hybrid" else 0.0

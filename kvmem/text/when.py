@@ -1,8 +1,7 @@
 """Time expressions in a search query ("yesterday", "last week", "in May", "29 Dec 2023", "spring of 2024").
 
 Owns turning the English time words of a query into an inclusive chat_time range, relative to a reference
-moment (the store's clock when the query is asked), and saying which words of the query they were, so
-keyword search does not look for "2023" in the memories' text. A general parser: absolute dates in the
+moment (the store's clock when the query is asked), and saying which words of the query they were. A general parser: absolute dates in the
 common orders, months, years, seasons (northern hemisphere, winter = Dec-Feb), and relative days, weeks,
 months and years. Several expressions: the range spanning them all. Knows nothing of the store.
 """
@@ -74,23 +73,23 @@ _PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
 )
 
 
+_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _ABSOLUTE = ("iso", "week_of", "dmy", "mdy", "my", "season", "in_year")
 
 
 @dataclass(frozen=True)
 class QueryTime:
-    """Inclusive chat_time bounds in the store's UTC format, and the character spans of the time words."""
+    """Inclusive chat_time bounds in the store's UTC format, and the character spans of the time words
+    (they stay in the keyword query: "New Year 2024" is also what was said)."""
 
     start: str
     end: str
     spans: tuple[tuple[int, int], ...]
 
-    def blank(self, query: str) -> str:
-        """The query with its time words blanked out."""
-        chars = list(query)
-        for a, b in self.spans:
-            chars[a:b] = " " * (b - a)
-        return "".join(chars)
+    def later_by(self, days: int) -> QueryTime:
+        """The same range with its end `days` later (what happened on a day is often told the next)."""
+        end = datetime.strptime(self.end, _FORMAT).replace(tzinfo=timezone.utc) + timedelta(days=days)
+        return QueryTime(self.start, end.strftime(_FORMAT), self.spans)
 
 
 def _day(d: date) -> tuple[date, date]:
@@ -224,5 +223,4 @@ def parse_query_time(query: str, clock: Callable[[], datetime]) -> QueryTime | N
         return None
     start = datetime.combine(min(r[0] for r in ranges), time.min, timezone.utc)
     end = datetime.combine(max(r[1] for r in ranges), time.max, timezone.utc)
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
-    return QueryTime(start.strftime(fmt), end.strftime(fmt), tuple(sorted(taken)))
+    return QueryTime(start.strftime(_FORMAT), end.strftime(_FORMAT), tuple(sorted(taken)))

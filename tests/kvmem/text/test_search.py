@@ -267,3 +267,31 @@ def test_keyword_scores_are_bm25_over_the_users_rows(store):
     # the short turn wins: its one 'red' in 2 words outweighs two in 5
     assert [h.memory.id for h in hits] == [a.id, b.id]
     assert [h.score for h in hits] == [bm25(1, 2), bm25(2, 5)]
+
+
+def test_dense_candidates_lean_on_their_neighbours():
+    """cosine + w/2 * (cosine of the previous turn + of the next), within a session; exact scores."""
+    import numpy as np
+
+    from kvmem.text.vectors import UserVectors, top_k_by_dot
+
+    basis = np.eye(3, dtype=np.float32)
+    rows = UserVectors(
+        gen=1,
+        rowids=np.arange(10, 14, dtype=np.int64),
+        matrix=np.stack([basis[0], basis[1], basis[2], basis[1]]),  # [4, 3]
+        sessions=np.array(["a", "a", "a", "b"], dtype=object),
+        speakers=np.array([""] * 4, dtype=object),
+        lengths=np.ones(4, dtype=np.int64),
+    )
+    query = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    # plain: the two rows equal to the query tie, lower rowid first; the others score 0
+    assert top_k_by_dot(rows, query, 4) == [(11, 1.0), (13, 1.0), (10, 0.0), (12, 0.0)]
+    # row 11 is the neighbour of 10 and 12 (session a); 13 is alone in session b
+    assert top_k_by_dot(rows, query, 4, neighbour_weight=0.5) == [
+        (11, 1.0),
+        (13, 1.0),
+        (10, 0.25),
+        (12, 0.25),
+    ]
+    assert top_k_by_dot(rows, query, 2, np.array([10, 12]), neighbour_weight=0.5) == [(10, 0.25), (12, 0.25)]

@@ -67,7 +67,7 @@ def test_no_time_words(query):
     assert _days(query) is None
 
 
-def test_time_words_are_blanked_and_the_clock_is_read_only_when_needed():
+def test_time_word_spans_and_the_clock_is_read_only_when_needed():
     calls = []
 
     def clock():
@@ -76,14 +76,13 @@ def test_time_words_are_blanked_and_the_clock_is_read_only_when_needed():
 
     found = parse_query_time("pasta on 29 Dec 2023?", clock)
     assert found.spans == ((9, 20),)
-    assert found.blank("pasta on 29 Dec 2023?") == "pasta on            ?"
     assert calls == []  # an absolute date needs no "now"
     parse_query_time("pasta yesterday", clock)
     assert calls == [1]
 
 
 def test_hybrid_lifts_turns_of_the_named_time(tmp_path):
-    config = TextStoreConfig(dense_weight=0.0, speaker_weight=0.0, neighbour_weight=0.0)
+    config = TextStoreConfig(dense_weight=0.0, speaker_weight=0.0, neighbour_weight=0.0, time_weight=0.3)
     with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=_clock) as store:
         old, new = store.add(
             "alice",
@@ -96,7 +95,7 @@ def test_hybrid_lifts_turns_of_the_named_time(tmp_path):
         hits = store.search("alice", "What pasta did I cook yesterday?")
         assert [h.memory.id for h in hits] == [new.id, old.id]
         assert [round(h.score, 6) for h in hits] == [round((61 / 62 + 0.3) / 1.3, 6), round(1 / 1.3, 6)]
-        # the date words are not keywords: "2023" appears in no text, and the query still finds both
+        # a date: the turn of that day is lifted (its rank in the words is already first)
         hits = store.search("alice", "pasta on 29 Dec 2023")
         assert [h.memory.id for h in hits] == [old.id, new.id]
         assert [round(h.score, 6) for h in hits] == [1.0, round((61 / 62) / 1.3, 6)]
@@ -105,3 +104,25 @@ def test_hybrid_lifts_turns_of_the_named_time(tmp_path):
             old.id,
             new.id,
         ]
+
+
+@pytest.mark.parametrize(("slack", "lifted"), [(1, True), (0, False)])
+def test_a_day_is_also_told_the_next_day(tmp_path, slack, lifted):
+    config = TextStoreConfig(
+        dense_weight=0.0, speaker_weight=0.0, neighbour_weight=0.0, time_weight=0.3, time_slack_days=slack
+    )
+    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=_clock) as store:
+        later, next_day = store.add(
+            "alice",
+            messages=[
+                {"role": "Al", "content": "I cooked pasta", "chat_time": "2023-12-31T10:00:00Z"},
+                {"role": "Al", "content": "I cooked pasta", "chat_time": "2023-12-30T09:00:00Z"},
+            ],
+        )
+        hits = store.search("alice", "What pasta did I cook on 29 Dec 2023?")
+        if lifted:  # told the morning after: inside the range's one-day slack; two days after: outside
+            assert [h.memory.id for h in hits] == [next_day.id, later.id]
+            assert [round(h.score, 6) for h in hits] == [round((61 / 62 + 0.3) / 1.3, 6), round(1 / 1.3, 6)]
+        else:  # equal words: the earlier row first, nothing lifted
+            assert [h.memory.id for h in hits] == [later.id, next_day.id]
+            assert [round(h.score, 6) for h in hits] == [1.0, round(61 / 62, 6)]
