@@ -1,11 +1,12 @@
-"""Hybrid search: the keyword leg (FTS5 BM25), the dense leg (exact scan of cached vectors) and their fusion.
+"""Hybrid search: the keyword leg (BM25 over the user's own rows, bm25.py), the dense leg (exact scan of
+cached vectors) and their fusion.
 
-Owns how a chat message becomes an FTS5 MATCH expression, how each leg ranks one user's active memories
-inside the caller's read snapshot, and how two rankings become one: keyword scores spread to neighbouring
-turns of the same session (an answer often lacks the topic words of the turn before it), rank fusion that
-weighs keyword above dense (measured on real dialogue, benchmarks/recall_bench.py), and a lift for turns
-spoken by someone the query names. Knows nothing of transactions, embedders, or how ranked rows become
-Memory objects.
+Owns how a chat message becomes keyword terms, how each leg ranks one user's active memories inside the
+caller's read snapshot, and how two rankings become one: both legs lean on neighbouring turns of the same
+session (an answer often lacks the topic words of the turn before it), rank fusion that weighs keyword above
+dense (measured on real dialogue, benchmarks/recall_bench.py), and lifts for turns spoken by someone the
+query names and for turns of a time it names (when.py). Knows nothing of transactions, embedders, or how
+ranked rows become Memory objects.
 """
 
 from __future__ import annotations
