@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from scheduler.distill_data import Example, declines, recalled
-from scheduler.distill_train import chat_ids, greedy_text
+from scheduler.distill_data import Example, declines
+from scheduler.distill_train import chat_ids, greedy_text, recall
 
 GENERIC_GATE = (
     "What is the capital of France?",
@@ -39,6 +39,7 @@ class GateConfig:
     min_agreement: float = 0.9
     max_kl: float | None = None
     generic_tokens: int = 24
+    answer_tokens: int = 12  # greedy tokens per answer (recall and unanswerable questions)
     confident_prob: float = 0.5  # mean probability of its tokens above which a reply is "confident"
 
     def __post_init__(self) -> None:
@@ -64,14 +65,6 @@ class GateReport:
         return {k: float(v) for k, v in asdict(self).items() if k not in ("passed", "reason")}
 
 
-def _recall(model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str]) -> float:
-    hits = [
-        recalled(greedy_text(model, tokenizer, chat_ids(layout, fact_texts, q.question)), q.answer or "")
-        for q in questions
-    ]
-    return sum(hits) / len(hits) if hits else 0.0
-
-
 @torch.no_grad()
 def _damage(peft_model, tokenizer, layout, prompts: Sequence[str], num_tokens: int) -> tuple[float, float]:
     """(mean token KL(base || adapter), greedy agreement) over the base model's greedy continuations."""
@@ -93,12 +86,14 @@ def _damage(peft_model, tokenizer, layout, prompts: Sequence[str], num_tokens: i
 
 
 @torch.no_grad()
-def _confident_wrong(model, tokenizer, layout, questions: Sequence[Example], threshold: float) -> int:
+def _confident_wrong(
+    model, tokenizer, layout, questions: Sequence[Example], threshold: float, n_tok: int
+) -> int:
     """Replies to unanswerable questions that do not decline and whose tokens are, on average, likely."""
     n = 0
     for q in questions:
         ids = chat_ids(layout, [], q.question)
-        text = greedy_text(model, tokenizer, ids)
+        text = greedy_text(model, tokenizer, ids, n_tok)
         if declines(text):
             continue
         reply = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -122,11 +117,12 @@ def run_gates(
     """Every gate on `peft_model` (its adapter active; `disable_adapter()` gives the base model)."""
     peft_model.eval()
     with peft_model.disable_adapter():
-        in_context = _recall(peft_model, tokenizer, layout, questions, fact_texts)
-        base = _recall(peft_model, tokenizer, layout, questions, [])
-        wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob)
-    adapter = _recall(peft_model, tokenizer, layout, questions, [])
-    wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob)
+        n = config.answer_tokens
+        in_context = recall(peft_model, tokenizer, layout, questions, fact_texts, n)
+        base = recall(peft_model, tokenizer, layout, questions, [], n)
+        wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
+    adapter = recall(peft_model, tokenizer, layout, questions, [], n)
+    wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
     kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
     reasons = []
     if in_context == 0:

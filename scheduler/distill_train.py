@@ -48,7 +48,8 @@ class TrainConfig:
     replay_weight: float = 0.5
     replay_tokens: int = 24  # base-model continuation scored per generic prompt
     top_k: int = 64  # teacher distribution kept per position
-    eval_every: int = 10
+    eval_every: int = 25
+    answer_tokens: int = 12  # greedy tokens per answer when recall is measured
     patience: int = 3  # evaluations without a 2% loss improvement before stopping
     num_threads: int | None = (
         1  # torch threads in the training thread (1: deterministic, leaves cores to serving)
@@ -56,7 +57,16 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("rank", "max_steps", "batch_size", "top_k", "eval_every", "patience", "replay_tokens"):
+        for name in (
+            "rank",
+            "max_steps",
+            "batch_size",
+            "top_k",
+            "eval_every",
+            "patience",
+            "replay_tokens",
+            "answer_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -147,9 +157,15 @@ def greedy_text(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) 
     return tokenizer.decode([t for t in out if t not in stop], skip_special_tokens=True)
 
 
-def _recall(model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str]) -> float:
+def recall(
+    model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str], max_new_tokens: int
+) -> float:
+    """Share of `questions` whose greedy answer (these memory texts in the prompt) contains the fact's answer."""
     hits = [
-        recalled(greedy_text(model, tokenizer, chat_ids(layout, fact_texts, ex.question)), ex.answer or "")
+        recalled(
+            greedy_text(model, tokenizer, chat_ids(layout, fact_texts, ex.question), max_new_tokens),
+            ex.answer or "",
+        )
         for ex in questions
     ]
     return sum(hits) / len(hits) if hits else 0.0
@@ -191,7 +207,7 @@ def train_adapter(
             logp, idx = _top_k(base, ids + cont, len(cont), config.top_k)
             replay.append(_Seq(ids + cont, len(cont), logp, idx))
     questions = [ex for ex in examples if ex.kind == "question"]
-    teacher_recall = _recall(base, tokenizer, layout, questions, fact_texts)
+    teacher_recall = recall(base, tokenizer, layout, questions, fact_texts, config.answer_tokens)
     log.info(
         "distill: %d facts, %d prompts, %d replay prompts; teacher recall %.2f on training questions (%.1f s)",
         len(facts),
@@ -239,7 +255,7 @@ def train_adapter(
         mean = sum(window) / len(window)
         losses.append(mean)
         window = []
-        train_recall = _recall(student, tokenizer, layout, questions, [])
+        train_recall = recall(student, tokenizer, layout, questions, [], config.answer_tokens)
         log.info(
             "distill step %d/%d: loss %.4f, recall %.2f (teacher %.2f), %.1f s",
             step,
