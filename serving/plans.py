@@ -61,6 +61,13 @@ def make_scheduler(
     """The scheduler the server runs (not started: the caller starts it). Heat persists in
     DATA_DIR/scheduler/heat.sqlite; `scheduler_config` defaults to the per-user token cap
     `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set."""
+    from kvmem.adapters import ActiveAdapters, AdapterRegistry
+    from kvmem.datadir import DataDir
+
+    def base_fingerprint() -> str | None:  # adapters trained on another model are not served
+        handle = getattr(backend, "handle", None)
+        return None if handle is None else handle.fingerprint.digest
+
     return Scheduler(
         scheduler_config or SchedulerConfig(user_block_tokens=config.block_token_budget),
         store,
@@ -69,6 +76,7 @@ def make_scheduler(
         heat_path=config.data_dir / "scheduler" / "heat.sqlite",
         clock=clock,
         redis_url=config.scheduler_redis_url,
+        adapters=ActiveAdapters(AdapterRegistry(DataDir.at(config.data_dir).adapters_dir), base_fingerprint),
     )
 
 
@@ -83,7 +91,15 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "bytes": 0 if block is None else block.num_bytes,
             "tier": "none" if block is None else "kv",
         },
-        "adapter": None if plan.adapter_id is None else {"id": plan.adapter_id, "tier": "lora"},
+        "adapter": None
+        if plan.adapter is None
+        else {
+            "id": plan.adapter.adapter_id,
+            "version": plan.adapter.version,
+            "name": plan.adapter.name,
+            "memory_ids": list(plan.adapter.memory_ids),
+            "tier": "lora",
+        },
         "updated_at": (
             None
             if plan.updated_at is None

@@ -1,6 +1,7 @@
 """Parametric memory: a user's stable memories distilled into LoRA adapters (peft safetensors + JSON manifest),
 versioned per user, one active version served. Training and gates live in scheduler/distill*."""
 
+from kvmem.adapters.active import ActiveAdapters
 from kvmem.adapters.manifest import (
     AdapterCorrupt,
     AdapterError,
@@ -14,6 +15,7 @@ from kvmem.adapters.manifest import (
 from kvmem.adapters.registry import AdapterRegistry, LoadedAdapter
 
 __all__ = [
+    "ActiveAdapters",
     "AdapterCorrupt",
     "AdapterError",
     "AdapterManifest",
