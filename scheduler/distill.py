@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
+from kvmem.adapters.active import facts_current
 from scheduler.distill_data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill_gates import GateConfig, GateReport, run_gates
 from scheduler.distill_select import MemoryInfo, SelectConfig, Selection, select_facts
@@ -83,18 +84,6 @@ def memory_infos(store: Any, user_id: str) -> list[MemoryInfo]:
     return list(reversed(out))
 
 
-def still_current(store: Any, user_id: str, facts: tuple[FactRef, ...]) -> str | None:
-    """Why these facts are not all current (a memory deleted or changed since it was read), or None."""
-    live = {m.id: m for m in store.memories_by_ids(user_id, [f.memory_id for f in facts])}
-    for f in facts:
-        m = live.get(f.memory_id)
-        if m is None:
-            return f"memory {f.memory_id} was deleted"
-        if m.version != f.version or text_sha(m.text) != f.text_sha:
-            return f"memory {f.memory_id} changed"
-    return None
-
-
 def distill_user(
     user_id: str,
     *,
@@ -138,14 +127,14 @@ def distill_user(
     )
     reason = report.reason
     if report.passed:
-        reason = still_current(store, user_id, refs) or ""
+        reason = facts_current(store, user_id, refs) or ""
     activated = False
     if report.passed and not reason:
         registry.activate(user_id, manifest.version, handle.fingerprint.digest)
         activated = True
         # a change that landed between the check and the activation: the cascade may have run before the
         # pointer named this version, so check once more and take it back
-        late = still_current(store, user_id, refs)
+        late = facts_current(store, user_id, refs)
         if late is not None:
             registry.deactivate_covering(user_id, None, late)
             activated, reason = False, late

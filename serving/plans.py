@@ -62,6 +62,7 @@ def make_scheduler(
     DATA_DIR/scheduler/heat.sqlite; `scheduler_config` defaults to the per-user token cap
     `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set."""
     from kvmem.adapters import ActiveAdapters, AdapterRegistry
+    from kvmem.adapters.active import facts_current
     from kvmem.datadir import DataDir
 
     def base_fingerprint() -> str | None:  # adapters trained on another model are not served
@@ -76,7 +77,11 @@ def make_scheduler(
         heat_path=config.data_dir / "scheduler" / "heat.sqlite",
         clock=clock,
         redis_url=config.scheduler_redis_url,
-        adapters=ActiveAdapters(AdapterRegistry(DataDir.at(config.data_dir).adapters_dir), base_fingerprint),
+        adapters=ActiveAdapters(
+            AdapterRegistry(DataDir.at(config.data_dir).adapters_dir),
+            base_fingerprint,
+            lambda user_id, facts: facts_current(store, user_id, facts),
+        ),
     )
 
 
