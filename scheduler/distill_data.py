@@ -184,18 +184,14 @@ def training_examples(facts: Sequence[Fact], *, seed: int, num_unanswerable: int
 
 
 def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
-    """Held-out questions: the gate templates (never trained on), one per fact picked with `seed`."""
-    rng = random.Random(seed)
-    return [
-        Example(
-            f.memory_id,
-            "question",
-            _fill(rng.choice(RELATIONS[f.relation].gate_questions), f),
-            _reply(f),
-            f.answer,
-        )
+    """Held-out questions: every gate template (never trained on) of every fact, in an order drawn with `seed`."""
+    out = [
+        Example(f.memory_id, "question", _fill(q, f), _reply(f), f.answer)
         for f in facts
+        for q in RELATIONS[f.relation].gate_questions
     ]
+    random.Random(seed).shuffle(out)
+    return out
 
 
 def unanswerable_gate() -> list[Example]:

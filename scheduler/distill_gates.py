@@ -2,7 +2,8 @@
 training never used (distill_data.gate_questions):
 
 - recall: with the adapter and NO memory in the prompt, at least `min_recall_ratio` of the recall the base
-  model has with the facts in its prompt (the base model's recall without them is reported, not gated);
+  model has with the facts in its prompt, and above 0 (its facts leave the prompt when it is served); the base
+  model's recall without them is reported, not gated;
 - damage: on a fixed set of generic prompts, the base model's greedy continuation is scored under both:
   mean token KL(base || adapter) (reported; gated when `max_kl` is set) and greedy agreement >= `min_agreement`;
 - hallucination: on questions no fact answers, no more confident non-refusals with the adapter than the
@@ -125,8 +126,8 @@ def run_gates(
     wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
     kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
     reasons = []
-    if in_context == 0:
-        reasons.append("the base model recalls none of the facts even with them in its prompt")
+    if adapter == 0:  # its facts leave the prompt when it is served: an adapter that recalls none must not be
+        reasons.append("the adapter recalls none of the facts")
     elif adapter < config.min_recall_ratio * in_context:
         reasons.append(
             f"recall with the adapter {adapter:.2f} < {config.min_recall_ratio:.2f} x in-context recall "

@@ -69,9 +69,11 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
     assert [(f.version, f.text_sha) for f in m.facts] == [(1, text_sha(texts[i])) for i in chosen]
     assert dict(outcome.selection.skipped)[ids[2]] == "not a fact the distiller can phrase"
     assert m.base_fingerprint == tiny_handle.fingerprint.digest
-    assert outcome.gates.recall_in_context == 0.0  # a random model recalls nothing, even from its prompt
-    assert "recalls none of the facts" in m.reason and outcome.reason == m.reason
-    assert m.gates["recall_in_context"] == 0.0 and m.gates["num_questions"] == 2.0
+    assert outcome.gates.recall_adapter == 0.0  # a random model recalls nothing
+    assert m.reason.startswith("the adapter recalls none of the facts") and outcome.reason == m.reason
+    assert (
+        m.gates["recall_adapter"] == 0.0 and m.gates["num_questions"] == 4.0
+    )  # 2 held-out templates per fact
     assert not outcome.activated
     assert AdapterRegistry(tmp_path / "adapters").active("alice") is None
     summary = outcome.summary()
