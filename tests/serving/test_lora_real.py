@@ -27,7 +27,7 @@ def test_three_facts_are_learned_gated_and_served_as_lora(tmp_path, default_mode
     backend = load_backend(default_model_dir, tmp_path)
     with served(tmp_path, backend) as s:
         ids = [s.add("alice", t) for t in FACTS]
-        config = DistillConfig(train=TrainConfig(seed=0))
+        config = DistillConfig(train=TrainConfig(seed=0, eval_every=10))
         outcome = distill_user(
             "alice",
             store=s.store,
