@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
+from serving.backends.adapters import adapter_slots, with_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -74,7 +75,7 @@ class TransformersBackend(StoredBlocksBackend):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop()
-        self.handle = self.layout = self.builder = None
+        self.handle = self.layout = self.builder = self.adapters = None
         self._eos: frozenset[int] = frozenset()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -107,6 +108,7 @@ class TransformersBackend(StoredBlocksBackend):
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             self.max_context_tokens = handle.max_context_tokens
+            self.adapters = adapter_slots(self.config.data_dir, handle)
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
@@ -170,7 +172,8 @@ class TransformersBackend(StoredBlocksBackend):
             detok = _Detokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
-            for token in generate(
+            item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
+            tokens = generate(
                 self.handle.model,
                 req.prompt.ids,
                 item=item,
@@ -178,7 +181,8 @@ class TransformersBackend(StoredBlocksBackend):
                 stop_token_ids=self._eos,
                 should_stop=cancel.is_set,
                 stats=stats,
-            ):
+            )
+            for token in tokens if adapter is None else self.adapters.steps(tokens, adapter):
                 if token in self._eos:
                     finish = "stop"
                     break
