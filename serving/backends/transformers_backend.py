@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TransformersBackendConfig:
     model: str | None = None  # alias, local dir, .gguf file or HF id; None = the default model
-    device: str = "cpu"
-    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # cpu, cuda[:n] or auto (cuda when available, else cpu)
+    dtype: str | None = None  # None or auto: float32 on CPU, bfloat16 on a GPU that has it (else float32)
     data_dir: str = ".kvmem"
     max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
     device_kv_bytes: int | None = 2 << 30
@@ -92,7 +92,7 @@ class TransformersBackend(StoredBlocksBackend):
                 store = TieredKVStore(
                     KVStoreConfig(
                         directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                        device=self.config.device,
+                        device=str(handle.device),  # auto resolved
                         device_bytes=self.config.device_kv_bytes,
                         host_bytes=self.config.host_kv_bytes,
                         disk_bytes=self.config.disk_kv_bytes,
