@@ -25,6 +25,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+from serving.backends.detok import IncrementalDetokenizer
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
@@ -50,21 +51,6 @@ class TransformersBackendConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"TransformersBackendConfig.max_queue must be >= 1, got {self.max_queue}")
-
-
-class _Detokenizer:
-    """Incremental text from token ids; holds back an incomplete UTF-8 character at the end."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.emitted = text[len(self.emitted) :], text
-        return delta
 
 
 class TransformersBackend(StoredBlocksBackend):
@@ -167,7 +153,7 @@ class TransformersBackend(StoredBlocksBackend):
                 max_new_tokens=max(1, max_new), temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
             )
             stats = GenerationStats()
-            detok = _Detokenizer(self.handle.tokenizer)
+            detok = IncrementalDetokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
             for token in generate(
@@ -189,6 +175,11 @@ class TransformersBackend(StoredBlocksBackend):
                     finish = "stop"
                     break
                 yield  # the next request's turn
+            if not stops.hit:  # a character still incomplete at the end: as the full decode has it
+                ready, hit = stops.feed(detok.flush())
+                if ready:
+                    emit(TokenDelta(text=ready, token_ids=()))
+                finish = "stop" if hit else finish
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
