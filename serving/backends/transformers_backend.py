@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ from serving.backends.stored import StoredBlocksBackend, fallback_kind
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
+
+IO_THREADS = 2  # item loads and writes at once (each reads or writes one file; more would just contend)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class TransformersBackend(StoredBlocksBackend):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop()
+        # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
+        self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
         self.handle = self.layout = self.builder = None
         self._eos: frozenset[int] = frozenset()
 
@@ -98,6 +103,7 @@ class TransformersBackend(StoredBlocksBackend):
 
     async def aclose(self) -> None:
         self._loop.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
 
     # -- layout and blocks -----------------------------------------------------------------------------------
     def build_block(
@@ -106,7 +112,13 @@ class TransformersBackend(StoredBlocksBackend):
         self._require_ready()
         try:
             ids = None if memory_ids is None else list(memory_ids)
-            return self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+            from kvmem.kv.blocks import BuiltBlock
+
+            found = self._io.submit(self.builder.lookup, user_id, list(block_texts), ids).result()
+            if isinstance(found, BuiltBlock):  # a valid one is stored
+                return found
+            item = self._loop.call(lambda: self.builder.prefill(found))  # the model's part only
+            return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
 
@@ -134,8 +146,22 @@ class TransformersBackend(StoredBlocksBackend):
             return None, "wrong_user"
         return item, None
 
+    async def _resolve_off_model_thread(self, req: GenerationRequest):
+        """_resolve_item, on an I/O thread unless the item is already on the device (a dict lookup): a
+        request whose item is on disk (or in host RAM) is admitted to the model loop once it is loaded and
+        verified, and the other streams keep decoding meanwhile."""
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return None, None
+        if self.store.tier_of(req.block_item_id) == "device":
+            return self._resolve_item(req)
+        return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
+
     def _steps(
-        self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
+        self,
+        req: GenerationRequest,
+        emit: Callable[[object], None],
+        cancel: threading.Event,
+        resolved: tuple[object, str | None] = (None, None),
     ) -> Iterator[None]:
         """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
         BaseException. Releases the request's admission when done, however it ends, before the last item."""
@@ -145,7 +171,7 @@ class TransformersBackend(StoredBlocksBackend):
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
-            item, fallback = self._resolve_item(req)
+            item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
             sp = req.sampling
@@ -217,7 +243,8 @@ class TransformersBackend(StoredBlocksBackend):
 
         started = time.perf_counter()
         try:
-            self._loop.start(self._steps(req, emit, cancel))
+            resolved = await self._resolve_off_model_thread(req)
+            self._loop.start(self._steps(req, emit, cancel, resolved))
         except BaseException:
             self._release()
             raise
