@@ -21,17 +21,17 @@ import tempfile
 import time
 
 from benchmarks.common import OthersCpu, env_info, median, p90, print_table, write_outputs
-from benchmarks.http_client import spawned_server
+from benchmarks.http_client import _get, spawned_server
 
 QUESTION = "Tell me a short story about a lighthouse keeper and a cat."
 
 
-def http_gaps(base: str, max_tokens: int) -> tuple[list[float], str, int, int]:
+def http_gaps(base: str, model: str, max_tokens: int) -> tuple[list[float], str, int, int]:
     """(gaps between consecutive content chunks, the reply's text, content chunks, completion tokens)."""
     import httpx
 
     body = {
-        "model": "default",
+        "model": model,
         "user": "bench",
         "temperature": 0,
         "max_tokens": max_tokens,
@@ -102,11 +102,12 @@ def main(argv: list[str] | None = None) -> dict:
     with spawned_server(
         backend="transformers", model=args.model, block_budget=0, top_k=1, data_dir=f"{tmp}/server"
     ) as base:
-        http_gaps(base, 4)  # warm-up: first forward, allocator, connection handling
+        model = _get(f"{base}/v1/models")["data"][0]["id"]
+        http_gaps(base, model, 4)  # warm-up: first forward, allocator, connection handling
         in_process_steps(backend, 4)
         others.start()
         for rep in range(args.reps):
-            gaps, http_text, chunks, tokens = http_gaps(base, args.max_tokens)
+            gaps, http_text, chunks, tokens = http_gaps(base, model, args.max_tokens)
             steps, text = in_process_steps(backend, args.max_tokens)
             if http_text != text:
                 raise RuntimeError(f"rep {rep}: the server's reply differs from the in-process one")
