@@ -122,14 +122,14 @@ def tiny_backend(tmp_path_factory, tiny_handle):
     asyncio.run(backend.aclose())
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_the_backend_streams_the_full_decode_of_its_tokens(tiny_backend, seed):
     """The random tiny llama sampling at temperature 1 produces arbitrary ids (pieces of characters too): the
     streamed text is exactly the decode of the token ids it streamed."""
     backend = tiny_backend
     prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Say something"}], None)
     req = GenerationRequest(
-        f"r{seed}", "u", prompt, None, SamplingParams(max_new_tokens=48 + seed, seed=seed)
+        f"r{seed}", "u", prompt, None, SamplingParams(max_new_tokens=32 + seed, seed=seed)
     )
 
     async def run():
