@@ -46,7 +46,8 @@ class BlockMaker(Protocol):
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
 
-    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
+    # optional: `find_block(user_id, texts, memory_ids) -> BuiltBlock | None` the stored block, never built
+    # (restoring plans at start); `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
     # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
     # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
     # (the delete cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
@@ -104,7 +105,7 @@ class Worker:
         self._generation: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
-        self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
+        self.counts = {"tasks": 0, "builds": 0, "prefills": 0, "discarded": 0}
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
         # user -> memory id -> (version, tokens), for the user's live memories as of their last refresh
@@ -239,10 +240,13 @@ class Worker:
         self._token_counts[user_id] = fresh
         return {mid: n for mid, (_, n) in fresh.items()}
 
-    def refresh(self, user_id: str) -> Plan:
-        """Recompute the user's block; build it if it changed; publish unless a store change raced us."""
+    def refresh(self, user_id: str, *, build: bool = True) -> Plan:
+        """Recompute the user's block; build it if it changed; publish unless a store change raced us.
+        `build=False` (a restore: scheduler.restore): publish the chosen block only if it is already stored
+        (builder's `find_block`), else leave the plan as it is; nothing is prefilled."""
         if not self.builder.ready():
-            self.deferred.add(user_id)
+            if build:
+                self.deferred.add(user_id)
             return self.plans.get(user_id)
         with self._lock:
             generation = self._generation.get(user_id, 0)
@@ -277,8 +281,12 @@ class Worker:
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
-            built = self.builder.build_block(user_id, texts, decision.memory_ids)
-            self.counts["builds"] += 1
+            if build:
+                built = self.builder.build_block(user_id, texts, decision.memory_ids)
+                self.counts["builds"] += 1
+                self.counts["prefills"] += bool(built.built)
+            elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:
+                return current
             block = BlockPlan(
                 built.item_id,
                 decision.memory_ids,
@@ -295,7 +303,7 @@ class Worker:
             log.info(
                 "user %r: block of %d bytes over the per-user cap; header learned", user_id, built.num_bytes
             )
-            if not current.block or built.item_id != current.block.item_id:
+            if build and (not current.block or built.item_id != current.block.item_id):
                 self.builder.drop_block(built.item_id)
             block = None
             if attempt == 1:

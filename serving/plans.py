@@ -32,6 +32,10 @@ class BackendBlockMaker:
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock:
         return self.backend.build_block(user_id, list(texts), list(memory_ids))
 
+    def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock | None:
+        find = getattr(self.backend, "find_block", None)  # the fake backend has none: nothing to restore
+        return None if find is None else find(user_id, list(texts), list(memory_ids))
+
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
 
@@ -50,6 +54,11 @@ class BackendBlockMaker:
         return self.backend.subscribe_dropped(callback)
 
 
+def serving_scheduler_config(config: ServingConfig) -> SchedulerConfig:
+    """The scheduler settings the server runs with (`kvmem build` plans with the same)."""
+    return SchedulerConfig(user_block_tokens=config.block_token_budget)
+
+
 def make_scheduler(
     config: ServingConfig,
     store: Any,
@@ -62,7 +71,7 @@ def make_scheduler(
     DATA_DIR/scheduler/heat.sqlite; `scheduler_config` defaults to the per-user token cap
     `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set."""
     return Scheduler(
-        scheduler_config or SchedulerConfig(user_block_tokens=config.block_token_budget),
+        scheduler_config or serving_scheduler_config(config),
         store,
         BackendBlockMaker(backend),
         backend.count_tokens,

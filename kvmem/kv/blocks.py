@@ -70,6 +70,33 @@ class BlockBuilder:
             return None
         return item if tuple(ids[: item.num_tokens]) == item.token_ids else None
 
+    def find(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool = False
+    ) -> BuiltBlock | None:
+        """The stored block for these memories, or None; never prefills (needs the tokenizer and the
+        fingerprint only). `verify`: an item only on disk must pass its checksums (a bad one is removed)."""
+        if len(memory_ids) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
+        return self._find(user_id, texts, memory_ids, verify=verify)[0]
+
+    def _find(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool
+    ) -> tuple[BuiltBlock | None, str, list[int]]:
+        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
+        if not self.store.contains(item_id):
+            return None, item_id, ids
+        if not verify or self.store.tier_of(item_id) != "disk" or self.store.is_valid_on_disk(item_id):
+            try:
+                meta = self.store.meta(item_id)
+                block = BuiltBlock(
+                    item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, False, tuple(ids)
+                )
+                return block, item_id, ids
+            except KVItemError:
+                pass
+        self.store.remove(item_id)
+        return None, item_id, ids
+
     def build(
         self,
         user_id: str,
@@ -83,27 +110,9 @@ class BlockBuilder:
             memory_ids = [text_memory_id(t) for t in texts]
         if len(memory_ids) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
-        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
-        if self.store.contains(item_id):
-            valid = True
-            if verify_existing:
-                valid = (
-                    self.store.is_valid_on_disk(item_id) if self.store.tier_of(item_id) == "disk" else True
-                )
-            if valid:
-                try:
-                    meta = self.store.meta(item_id)
-                    return BuiltBlock(
-                        item_id,
-                        tuple(meta.memory_ids),
-                        meta.num_tokens,
-                        meta.num_bytes,
-                        built=False,
-                        token_ids=tuple(ids),
-                    )
-                except KVItemError:
-                    pass
-            self.store.remove(item_id)
+        found, item_id, ids = self._find(user_id, texts, memory_ids, verify=verify_existing)
+        if found is not None:
+            return found
         item = build_item(
             self.handle,
             ids,
