@@ -1,0 +1,152 @@
+"""`kvmem build --data-dir D` builds the blocks the server will serve, and a server started on D restores
+its plans from them: every user's first chat is served from KV, with nothing prefilled by the scheduler.
+
+The server here is the real one (`create_app`, the transformers backend, its scheduler and worker thread) on a
+tiny random llama saved to disk; the slow test does the same on the real default model, through the official
+openai client.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from kvmem.kv.build_cli import main as build_main
+from kvmem.kv.io import list_item_ids
+from kvmem.text import MemoryStore
+from scheduler import SchedulerConfig
+from scheduler.heat import HeatTable
+from serving.app import create_app
+from serving.config import ServingConfig
+
+ALICE = [
+    "Alice lives in Lisbon.",
+    "Alice has a cat named Miso.",
+    "Alice plays the cello on Sundays.",
+    "Alice is allergic to peanuts.",
+    "Alice works as a nurse at night.",
+    "Alice's sister is called Ines.",
+]
+BOB = ["Bob collects stamps.", "Bob's favourite colour is teal."]
+BUDGET = 24  # tokens: alice's memories do not all fit, so her heat decides which are served
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, tiny_handle):
+    d = tmp_path_factory.mktemp("tiny-model")
+    tiny_handle.model.save_pretrained(d)
+    tiny_handle.tokenizer.save_pretrained(d)
+    return d
+
+
+def seed(data: Path) -> dict[str, list[str]]:
+    """Memories, and heat as a past server left it: alice's last two memories were asked about."""
+    with MemoryStore(data / "memories.sqlite") as store:
+        alice = [m.id for m in store.add("alice", texts=ALICE)]
+        store.add("bob", texts=BOB)
+    cfg = SchedulerConfig()
+    heat = HeatTable(
+        data / "scheduler" / "heat.sqlite",
+        half_life_s=cfg.half_life_s,
+        use_weight=cfg.use_weight,
+        recency_prior=cfg.recency_prior,
+    )
+    heat.record("alice", alice[-2:], alice[-2:], time.time())
+    heat.close()
+    return {"alice": alice}
+
+
+def wait_ready(client: TestClient, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.get("/health").status_code != 200:
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.05)
+
+
+def serve_first_chats(data: Path, model: str, users: list[str]) -> dict[str, object]:
+    config = ServingConfig(
+        data_dir=data, model=model, auth=False, block_token_budget=BUDGET, store_turns=False
+    )
+    items_before = set(list_item_ids(data / "kv"))
+    app = create_app(config)
+    out: dict[str, object] = {}
+    with TestClient(app) as client:
+        wait_ready(client)
+        scheduler = app.state.scheduler
+        out["plans"] = {u: scheduler.plans.get(u).block for u in users}
+        for user in users:
+            r = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": app.state.backend.model_id,
+                    "user": user,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                },
+            )
+            assert r.status_code == 200, r.text
+            out[user] = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        scheduler.flush()
+        out["prefills"] = scheduler.stats().prefills
+    out["new_items"] = set(list_item_ids(data / "kv")) - items_before
+    return out
+
+
+def test_build_then_restart_serves_first_chat_from_kv(tmp_path, tiny_model_dir, capsys):
+    data = tmp_path / "data"
+    ids = seed(data)
+    argv = ["--data-dir", str(data), "--model", str(tiny_model_dir), "--no-progress"]
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 2, skipped 0 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
+    built = set(list_item_ids(data / "kv"))
+
+    got = serve_first_chats(data, str(tiny_model_dir), ["alice", "bob"])
+    plans = got["plans"]
+    assert {p.item_id for p in plans.values()} == built  # restored at start, before any request
+    assert plans["alice"].memory_ids[:2] == tuple(sorted(ids["alice"][-2:]))  # her hot ones lead
+    assert len(plans["alice"].memory_ids) < len(ALICE)  # the budget held: the policy chose
+    assert got["alice"] == plans["alice"].num_tokens > 0
+    assert got["bob"] == plans["bob"].num_tokens > 0
+    assert got["prefills"] == 0 and got["new_items"] == set()
+
+    # resume with nothing changed: everything verifies, the weights are not loaded
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 0, skipped 2 (already valid), failed 0 (model not loaded)" in capsys.readouterr().err
+
+
+def test_bad_users_are_reported_and_skipped(tmp_path, tiny_model_dir, capsys):
+    data = tmp_path / "data"
+    seed(data)
+    users = tmp_path / "users.txt"
+    users.write_text("nobody\nbob\n")
+    argv = ["--data-dir", str(data), "--model", str(tiny_model_dir), "--no-progress", "--users", str(users)]
+    assert build_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "user 'nobody': the user has no memories in this data dir" in err
+    assert "built 1, skipped 0 (already valid), failed 1 (model loaded)" in err
+    assert build_main(["--data-dir", str(data), "--user-id", "bob", "--model", str(tiny_model_dir)]) == 0
+    assert "built 0, skipped 1 (already valid), failed 0 (model not loaded)" in capsys.readouterr().err
+    assert build_main(["--users", str(tmp_path / "none.txt")]) == 2
+
+
+def test_build_for_another_model_is_picked_up_by_a_server_on_it(tmp_path, tiny_model_dir, tiny_handle):
+    """The upgrade case: items for model B are built beside model A's; each server serves its own."""
+    data = tmp_path / "data"
+    seed(data)
+    other = tmp_path / "model-b"
+    with torch.no_grad():
+        model_b = type(tiny_handle.model)(tiny_handle.model.config)
+        model_b.load_state_dict(tiny_handle.model.state_dict())
+        next(model_b.parameters()).add_(0.01)  # other weights: another fingerprint
+    model_b.save_pretrained(other)
+    tiny_handle.tokenizer.save_pretrained(other)
+    for model in (tiny_model_dir, other):
+        argv = ["--data-dir", str(data), "--model", str(model), "--no-progress"]
+        assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert len(list_item_ids(data / "kv")) == 4
+    got = serve_first_chats(data, str(other), ["alice", "bob"])
+    assert got["alice"] > 0 and got["bob"] > 0
+    assert got["prefills"] == 0 and got["new_items"] == set()
