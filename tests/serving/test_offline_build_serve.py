@@ -150,3 +150,42 @@ def test_build_for_another_model_is_picked_up_by_a_server_on_it(tmp_path, tiny_m
     got = serve_first_chats(data, str(other), ["alice", "bob"])
     assert got["alice"] > 0 and got["bob"] > 0
     assert got["prefills"] == 0 and got["new_items"] == set()
+
+
+@pytest.mark.slow
+def test_real_model_build_then_restart_through_the_openai_client(tmp_path, capsys):
+    """The real default model: `kvmem build` over a data dir, then a live server on it; each user's first
+    chat through the official client is served from KV and the scheduler prefilled nothing."""
+    import httpx
+    from openai import OpenAI
+
+    from tests.serving.conftest import live_server
+
+    data = tmp_path / "data"
+    seed(data)
+    argv = ["--data-dir", str(data), "--no-progress", "--block-token-budget", str(BUDGET)]
+    assert build_main(argv) == 0
+    assert "built 2, skipped 0 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
+    built = set(list_item_ids(data / "kv"))
+    config = ServingConfig(data_dir=data, auth=False, block_token_budget=BUDGET, store_turns=False)
+    app = create_app(config)
+    with live_server(app) as url:
+        deadline = time.monotonic() + 300
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.2)
+        scheduler = app.state.scheduler
+        assert {scheduler.plans.get(u).block.item_id for u in ("alice", "bob")} == built
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for user in ("alice", "bob"):
+            out = client.chat.completions.create(
+                model=app.state.backend.model_id,
+                messages=[{"role": "user", "content": "What do you know about me?"}],
+                user=user,
+                max_tokens=8,
+            )
+            block = scheduler.plans.get(user).block
+            assert out.usage.prompt_tokens_details.cached_tokens == block.num_tokens > 0
+        scheduler.flush()
+        assert scheduler.stats().prefills == 0
+    assert set(list_item_ids(data / "kv")) == built
