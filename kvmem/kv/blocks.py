@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import build_item, item_id_for
+from kvmem.kv.item import KVItem, build_item, item_id_for
 from kvmem.kv.layout import PromptLayout
 from kvmem.kv.store import TieredKVStore
 
@@ -38,8 +38,13 @@ def text_memory_id(text: str) -> str:
 class BlockBuilder:
     """Thread-safe if the model's forward is (callers serialize model use; see the serving backend)."""
 
-    def __init__(self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore):
+    def __init__(
+        self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore, *, share_knowledge: bool = True
+    ):
+        """With knowledge in `layout` and `share_knowledge`, blocks are stored as children of the knowledge
+        item (kvmem.kv.knowledge): their files hold the user's own tokens' K/V only."""
         self.handle, self.layout, self.store = handle, layout, store
+        self.share_knowledge = share_knowledge and bool(layout.knowledge_ids)
 
     def block_item_id(
         self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]
@@ -88,6 +93,8 @@ class BlockBuilder:
         if not verify or self.store.tier_of(item_id) != "disk" or self.store.is_valid_on_disk(item_id):
             try:
                 meta = self.store.meta(item_id)
+                if meta.parent_id is not None and not self.store.contains(meta.parent_id):
+                    return None, item_id, ids  # servable again once its parent is rebuilt (build)
                 block = BuiltBlock(
                     item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, False, tuple(ids)
                 )
@@ -113,13 +120,21 @@ class BlockBuilder:
         found, item_id, ids = self._find(user_id, texts, memory_ids, verify=verify_existing)
         if found is not None:
             return found
+        parent = None
+        if self.share_knowledge:
+            from kvmem.kv.knowledge import ensure_knowledge_item
+
+            parent = ensure_knowledge_item(self.handle, self.layout, self.store)
         item = build_item(
             self.handle,
             ids,
             user_id=user_id,
             memory_ids=tuple(memory_ids),
-            prefix=self._prefix_item(user_id, tuple(memory_ids), ids),
+            prefix=self._prefix_item(user_id, tuple(memory_ids), ids) or parent,
         )
+        if parent is not None:  # stored as the knowledge item's child: the user's own tokens only
+            meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=parent.num_tokens)
+            item = KVItem(meta, item.token_ids, item.kv)
         self.store.put(item)
         return BuiltBlock(
             item.item_id,

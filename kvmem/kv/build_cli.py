@@ -24,6 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--users", default=None, help="without --input: a file of user ids, one per line")
     who.add_argument("--user-id", default=None, help="without --input: this user only")
     p.add_argument(
+        "--knowledge",
+        default=None,
+        help="install these shared texts (one per line, or JSONL) as every block's head, build them once",
+    )
+    p.add_argument(
         "--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)"
     )
     p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
@@ -52,12 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.input is not None and (args.users or args.user_id):
         print("kvmem build: --users and --user-id go without --input", file=sys.stderr)
         return 2
+    if args.knowledge is not None and not Path(args.knowledge).is_file():
+        print(f"kvmem build: knowledge file {args.knowledge!r} does not exist", file=sys.stderr)
+        return 2
     if args.users is not None and not Path(args.users).is_file():
         print(f"kvmem build: users file {args.users!r} does not exist", file=sys.stderr)
         return 2
     if args.block_token_budget < 0:
         print("kvmem build: --block-token-budget must be >= 0", file=sys.stderr)
         return 2
+    from kvmem.kv import knowledge
     from kvmem.kv.blocks import BlockBuilder
     from kvmem.kv.build_job import run_build
     from kvmem.kv.layout import PromptLayout
@@ -68,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     planner = None
     try:
         data_dir = DataDir.at(args.data_dir)
+        if args.knowledge is not None:  # parsed before anything is installed: a bad file changes nothing
+            knowledge.install(data_dir.root, knowledge.parse_knowledge_file(args.knowledge))
         handle = LazyHandle(
             args.model,
             device=args.device,
@@ -78,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device, device_bytes=0, host_bytes=0),
             handle.fingerprint,
         )
-        builder = BlockBuilder(handle, PromptLayout(handle.tokenizer), store)
+        layout = PromptLayout(handle.tokenizer, knowledge=knowledge.installed(data_dir.root))
+        builder = BlockBuilder(handle, layout, store)
+        if args.knowledge is not None:
+            knowledge.ensure_knowledge_item(handle, layout, store)
         planner = OfflinePlanner(data_dir, builder, block_token_budget=args.block_token_budget)
         progress = not args.no_progress
         if args.input is not None:
