@@ -70,7 +70,7 @@ def test_knowledge_parent_children_exact_isolated(tmp_path, tiny_model_dir, tiny
     assert len(parents) == 1 and metas[parents[0]].num_tokens == k
     children = {m.user_id: i for i, m in metas.items() if m.user_id != KNOWLEDGE_OWNER}
     assert sorted(children) == ["alice", "bob"]
-    for user, item_id in children.items():
+    for item_id in children.values():
         meta = metas[item_id]
         assert (meta.parent_id, meta.parent_tokens) == (parents[0], k)
         # the child's file holds its own tokens only: smaller than the parent's, which holds K tokens
@@ -84,7 +84,7 @@ def test_knowledge_parent_children_exact_isolated(tmp_path, tiny_model_dir, tiny
     # full prefill of [knowledge][user memories][query]
     fresh = kv_store(data, tiny_handle)
     item = fresh.get(children["alice"])
-    texts = [t for t in layout_block_texts(data, "alice", item.meta.memory_ids)]
+    texts = layout_block_texts(data, "alice", item.meta.memory_ids)
     prompt = layout.prompt(texts, [], [{"role": "user", "content": "When does the shop open?"}])
     assert prompt.ids[: item.num_tokens] == item.token_ids
     assert item.token_ids[:k] == layout.knowledge_ids
