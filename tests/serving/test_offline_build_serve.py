@@ -189,3 +189,50 @@ def test_real_model_build_then_restart_through_the_openai_client(tmp_path, capsy
         scheduler.flush()
         assert scheduler.stats().prefills == 0
     assert set(list_item_ids(data / "kv")) == built
+
+
+def test_knowledge_block_served_and_changed_knowledge_never_serves_stale(tmp_path, tiny_model_dir, capsys):
+    """`kvmem build --knowledge`: the server serves [knowledge][memories] from KV on the first chat. Knowledge
+    changed afterwards (installed, children not built): no old block is restored or served; the scheduler
+    rebuilds in the background, under the new knowledge item."""
+    from kvmem.kv import knowledge
+    from kvmem.kv.io import read_manifest
+
+    data = tmp_path / "data"
+    seed(data)
+    kfile = tmp_path / "faq.txt"
+    kfile.write_text("The shop opens at 9am.\nReturns within 30 days.\n")
+    argv = ["--data-dir", str(data), "--model", str(tiny_model_dir), "--no-progress"]
+    assert build_main([*argv, "--knowledge", str(kfile), "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 2, skipped 0 (already valid), failed 0" in capsys.readouterr().err
+    got = serve_first_chats(data, str(tiny_model_dir), ["alice", "bob"])
+    parents = {
+        p.item_id: read_manifest(data / "kv", p.item_id)["meta"]["parent_id"] for p in got["plans"].values()
+    }
+    assert len(set(parents.values())) == 1 and None not in parents.values()  # one shared knowledge item
+    assert got["alice"] == got["plans"]["alice"].num_tokens and got["prefills"] == 0
+
+    knowledge.install(data, ["The shop now opens at 10am."])
+    config = ServingConfig(
+        data_dir=data, model=str(tiny_model_dir), auth=False, block_token_budget=BUDGET, store_turns=False
+    )
+    app = create_app(config)
+    with TestClient(app) as client:
+        wait_ready(client)
+        scheduler = app.state.scheduler
+        assert scheduler.plans.get("alice").block is None  # nothing restored: every old child is stale
+        r = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": app.state.backend.model_id,
+                "user": "alice",
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+        )
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        scheduler.flush()
+        block = scheduler.plans.get("alice").block
+        assert block is not None and block.item_id not in parents
+        new_parent = read_manifest(data / "kv", block.item_id)["meta"]["parent_id"]
+        assert new_parent not in set(parents.values())
+        assert scheduler.stats().prefills == 1
