@@ -180,6 +180,10 @@ def create_app(
     chat = ChatService(config, backend, store, scheduler, metrics)
     started = int(time.time())
     restored = threading.Event()  # set once the stored plans were restored (scheduler.restore)
+    if (
+        getattr(scheduler.builder, "find_block", None) is None
+    ):  # a backend that cannot (fake): nothing to wait for
+        restored.set()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -25,16 +25,15 @@ class BackendBlockMaker:
 
     def __init__(self, backend: Backend):
         self.backend = backend
+        find = getattr(backend, "find_block", None)  # the fake backend has none: nothing to restore
+        if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
+            self.find_block = find
 
     def ready(self) -> bool:
         return self.backend.is_ready()
 
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock:
         return self.backend.build_block(user_id, list(texts), list(memory_ids))
-
-    def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock | None:
-        find = getattr(self.backend, "find_block", None)  # the fake backend has none: nothing to restore
-        return None if find is None else find(user_id, list(texts), list(memory_ids))
 
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
