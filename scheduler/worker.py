@@ -284,7 +284,7 @@ class Worker:
             if build:
                 built = self.builder.build_block(user_id, texts, decision.memory_ids)
                 self.counts["builds"] += 1
-                self.counts["prefills"] += bool(built.built)
+                self.counts["prefills"] += bool(getattr(built, "built", True))  # fakes may not say
             elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:
                 return current
             block = BlockPlan(
