@@ -285,16 +285,15 @@ class Worker:
             stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s
         )
         current = self.plans.get(user_id)
+        held = current.block.memory_ids if current.block else ()
+        if not build and not held:  # a restore: the newest stored block of live memories is the one held
+            stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
+            held = next((ids for ids in stored if ids and all(m in memories for m in ids)), ())
         tokens = {c.memory_id: c.num_tokens for c in candidates}
         block = None
         for attempt in range(2):
-            decision = choose_block(
-                candidates,
-                current.block.memory_ids if current.block else (),
-                self._cap_tokens(),
-                self.config.hysteresis,
-            )
-            if decision.action == "keep":
+            decision = choose_block(candidates, held, self._cap_tokens(), self.config.hysteresis)
+            if decision.action == "keep" and (build or current.block):
                 return current
             if not decision.memory_ids:
                 break

@@ -28,6 +28,7 @@ class BackendBlockMaker:
         find = getattr(backend, "find_block", None)  # the fake backend has none: nothing to restore
         if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
             self.find_block = find
+            self.stored_memory_ids = backend.stored_memory_ids  # restore: the blocks a user has stored
 
     def ready(self) -> bool:
         return self.backend.is_ready()

@@ -101,6 +101,16 @@ class StoredBlocksBackend(Backend):
         self._require_ready()
         return self.builder.find(user_id, list(block_texts), list(memory_ids), verify=True)
 
+    def stored_memory_ids(self, user_id: str) -> list[tuple[str, ...]]:
+        """The memory ids of the user's stored blocks, newest first (restoring plans at start)."""
+        metas = []
+        for item_id in self.store.item_ids(user_id) if self.store is not None else []:
+            try:
+                metas.append(self.store.meta(item_id))
+            except KVItemError:
+                continue
+        return [m.memory_ids for m in sorted(metas, key=lambda m: -m.created_at)]
+
     def drop_block(self, item_id: str) -> None:
         """Forget the item (an engine-side copy cached under it becomes unreachable with it)."""
         if self.store is not None:

@@ -68,7 +68,7 @@ def history(tmp_path, tiny_model_dir):
         [[(ids["lisbon"], TEXTS["lisbon"])], [(ids["miso"], TEXTS["miso"])]],
     )
     with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
-        wait_for(lambda: s.client.get("/health").status_code == 200, "plans restored at start")
+        wait_for(lambda: s.client.get("/health").status_code == 200, "plans restored at start", tries=15000)
         assert s.plan("alice")["item_id"] == before_restart  # the restart restored the plan from disk
         ids["violin"] = s.add("alice", TEXTS["violin"], "s2")
         s.plans.flush()
