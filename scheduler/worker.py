@@ -286,9 +286,17 @@ class Worker:
         )
         current = self.plans.get(user_id)
         held = current.block.memory_ids if current.block else ()
-        if not build and not held:  # a restore: the newest stored block of live memories is the one held
+        if not build and not held:  # a restore: held is the newest stored block the policy keeps as it is
             stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
-            held = next((ids for ids in stored if ids and all(m in memories for m in ids)), ())
+            cap, hysteresis = self._cap_tokens(), self.config.hysteresis
+            held = next(
+                (
+                    ids
+                    for ids in stored
+                    if ids and choose_block(candidates, ids, cap, hysteresis).action == "keep"
+                ),
+                (),
+            )
         tokens = {c.memory_id: c.num_tokens for c in candidates}
         block = None
         for attempt in range(2):
