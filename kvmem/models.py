@@ -23,6 +23,7 @@ import torch
 
 from kvmem.errors import ModelLoadError, ProvisionError
 from kvmem.kv.fingerprint import Fingerprint, fingerprint_model
+from kvmem.kv.layout import LAYOUT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     cache_dir: str | os.PathLike | None = None,
-    layout_version: str = "1",
+    layout_version: str = LAYOUT_VERSION,
 ) -> ModelHandle:
     """Load a model by alias, local directory, GGUF file or HF id; raises ModelLoadError naming the problem."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -235,7 +236,7 @@ def handle_for(
     tokenizer,
     *,
     model_id: str,
-    layout_version: str = "1",
+    layout_version: str = LAYOUT_VERSION,
     weights_digest: str | None = None,
 ) -> ModelHandle:
     """Wrap an already-loaded model (tests build tiny ones from a config) into a ModelHandle."""

@@ -71,7 +71,10 @@ class LaidOutPrompt:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation. block_item_id names the KV item holding prompt.ids[:prompt.block_len], or None."""
+    """One generation. block_item_id names the KV item holding prompt.ids[:prompt.block_len], or None.
+    session_id: the conversation (X-Session-Id) whose KV cache an engine may keep and start the next turn from
+    (None: none kept); memory_ids: every memory whose text the prompt carries (block and retrieved), so a delete
+    can drop a kept cache that carries it."""
 
     request_id: str
     user_id: str
@@ -79,6 +82,8 @@ class GenerationRequest:
     block_item_id: str | None
     sampling: SamplingParams
     adapter_id: str | None = None
+    session_id: str | None = None
+    memory_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
