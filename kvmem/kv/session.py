@@ -37,6 +37,7 @@ class SessionEntry:
     nbytes: int
     block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
     memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
+    variant: str | None  # what else shaped the K/V (e.g. a LoRA adapter's id): reused only under the same
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Lease:
     memory_ids: frozenset[str]
     entry: SessionEntry | None
     number: int
+    variant: str | None = None
     stale: bool = field(default=False)  # a delete touched what the request carries: do not put it back
 
 
@@ -107,6 +109,11 @@ class SessionCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def peek(self, user_id: str, session_id: str) -> SessionEntry | None:
+        """The session's entry, if held (for inspection: a request takes it)."""
+        with self._lock:
+            return self._entries.get((user_id, session_id))
+
     def keys(self) -> list[tuple[str, str]]:
         """(user, session) of the entries held, least recently used first."""
         with self._lock:
@@ -114,17 +121,23 @@ class SessionCache:
 
     # -- a request's turn ----------------------------------------------------------------------------------
     def take(
-        self, user_id: str, session_id: str, block_item_id: str | None, memory_ids: Iterable[str]
+        self,
+        user_id: str,
+        session_id: str,
+        block_item_id: str | None,
+        memory_ids: Iterable[str],
+        variant: str | None = None,
     ) -> Lease:
-        """Take the session's entry out (None if there is none) for one request carrying `memory_ids`."""
+        """Take the session's entry out (None if there is none) for one request carrying `memory_ids` under
+        `variant` (an entry made under another variant is dropped: its K/V are not this request's)."""
         with self._lock:
             entry = self._entries.pop((user_id, session_id), None)
             if entry is not None:
                 self._bytes -= entry.nbytes
-                if entry.user_id != user_id:  # cannot happen through the key; never serve it if it does
+                if entry.user_id != user_id or entry.variant != variant:  # never serve K/V made otherwise
                     entry = None
             lease = Lease(
-                user_id, session_id, block_item_id, frozenset(memory_ids), entry, next(self._numbers)
+                user_id, session_id, block_item_id, frozenset(memory_ids), entry, next(self._numbers), variant
             )
             self._leases[lease.number] = lease
             return lease
@@ -171,6 +184,7 @@ class SessionCache:
                 nbytes,
                 lease.block_item_id,
                 lease.memory_ids,
+                lease.variant,
             )
             self._bytes += nbytes
             self._evict(lease.user_id)

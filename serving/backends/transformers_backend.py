@@ -182,7 +182,9 @@ class TransformersBackend(StoredBlocksBackend):
             if req.session_id is not None and self.sessions.enabled:  # a live session: start from its cache
                 from kvmem.kv import inject
 
-                lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
+                lease = self.sessions.take(
+                    req.user_id, req.session_id, req.block_item_id, req.memory_ids, req.adapter_id
+                )
                 block = inject(item, req.prompt.ids) if item is not None else None
                 prefix = self.sessions.start(lease, req.prompt.ids, block)
             room = self.max_context_tokens - len(req.prompt.ids)

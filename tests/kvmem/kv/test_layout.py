@@ -96,3 +96,31 @@ def test_template_without_system_role_is_a_clear_error(tokenizer):
     )
     with pytest.raises(LayoutError, match="system message"):
         PromptLayout(tok).block_ids(MEMS)
+
+
+def test_items_built_under_the_previous_layout_are_refused_and_rebuilt(tmp_path, tiny_handle, tokenizer):
+    """The layout version is in every item's fingerprint (binding): an item built under layout 1 is never
+    served by a layout-2 store; building the same block again makes a new item that is."""
+    from kvmem.errors import KVItemError
+    from kvmem.kv import LAYOUT_VERSION, KVStoreConfig, TieredKVStore
+    from kvmem.kv.blocks import BlockBuilder
+    from kvmem.models import handle_for
+
+    assert LAYOUT_VERSION == "2" and tiny_handle.fingerprint.layout_version == LAYOUT_VERSION
+    digest = tiny_handle.fingerprint.weights_sha
+    old = handle_for(tiny_handle.model, tokenizer, model_id="tiny", layout_version="1", weights_digest=digest)
+    assert old.fingerprint.mismatches(tiny_handle.fingerprint) == ["layout_version"]
+    layout = PromptLayout(tokenizer)
+
+    def store(handle):
+        return TieredKVStore(KVStoreConfig(directory=str(tmp_path)), handle.fingerprint)
+
+    stale = BlockBuilder(old, layout, store(old)).build("alice", MEMS, ["m1", "m2", "m3"]).item_id
+    current = store(tiny_handle)
+    with pytest.raises(KVItemError, match="layout_version"):
+        current.get(stale)
+    assert not current.contains(stale) and not list(tmp_path.glob(f"{stale}*"))  # dropped, files deleted
+    fresh = BlockBuilder(tiny_handle, layout, current).build("alice", MEMS, ["m1", "m2", "m3"]).item_id
+    assert fresh != stale
+    assert current.get(fresh).meta.fingerprint.layout_version == "2"
+    assert current.forget("alice", ["m2"]) == [fresh]

@@ -112,6 +112,9 @@ def test_another_user_never_gets_the_entry(tiny_handle):
     sessions.release(bob)
     alice = sessions.take("alice", "s1", None, [])
     assert alice.entry is not None and sessions.start(alice, ids + [7], None).reused_tokens == 50
+    sessions.put(alice, ids, alice.entry.cache)
+    adapted = sessions.take("alice", "s1", None, [], variant="adapter-1@v2")  # other K/V: not reused
+    assert adapted.entry is None and sessions.keys() == []
 
 
 def test_start_uses_the_longest_common_prefix_and_leaves_a_token_to_prefill(tiny_handle):
