@@ -81,11 +81,11 @@ def wait_for_stable_block(base: str, user: str, quiet_s: float = 8.0, timeout_s:
     raise RuntimeError(f"the block of {user} did not settle in {timeout_s} s")
 
 
-def one_turn(client: Any, user: str, session: str, messages: list[dict], max_tokens: int) -> dict:
+def one_turn(client: Any, model: str, user: str, session: str, messages: list[dict], max_tokens: int) -> dict:
     start = time.perf_counter()
     ttft, usage, used, parts = None, None, [], []
     stream = client.chat.completions.create(
-        model="default",
+        model=model,
         user=user,
         temperature=0,
         max_tokens=max_tokens,
@@ -117,6 +117,7 @@ def converse(bases: dict[str, str], user: str, turns: int, max_tokens: int, sess
     """One conversation sent to every arm's server, turn by turn; each arm keeps its own history."""
     from openai import OpenAI
 
+    models = {a: _get(f"{b}/v1/models")["data"][0]["id"] for a, b in bases.items()}
     clients = {
         a: OpenAI(base_url=f"{b}/v1", api_key="unused", max_retries=0, timeout=600) for a, b in bases.items()
     }
@@ -129,7 +130,7 @@ def converse(bases: dict[str, str], user: str, turns: int, max_tokens: int, sess
         for arm in order:
             history[arm].append({"role": "user", "content": question(k)})
             before = server_totals(bases[arm]).get("prefill")
-            got = one_turn(clients[arm], user, session, history[arm], max_tokens)
+            got = one_turn(clients[arm], models[arm], user, session, history[arm], max_tokens)
             after = server_totals(bases[arm]).get("prefill")
             prefill = after[0] - before[0] if before and after and after[1] == before[1] + 1 else None
             history[arm].append({"role": "assistant", "content": got["reply"]})

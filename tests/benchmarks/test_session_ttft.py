@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import session_ttft
 from tests.serving.kvstack import save_tiny_model
 
 
+@pytest.mark.slow  # two spawned model servers, a few minutes on a loaded 2-core machine
 def test_session_ttft_reuse_against_no_reuse(tmp_path, tiny_handle, capsys):
     model_dir = save_tiny_model(tmp_path / "tiny-model", tiny_handle)
     out = tmp_path / "s.json"
