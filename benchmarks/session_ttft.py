@@ -62,7 +62,8 @@ def wait_for_block(base: str, user: str, quiet_s: float = 5.0, timeout_s: float 
     deadline, last, since = time.monotonic() + timeout_s, None, time.monotonic()
     while time.monotonic() < deadline:
         plan = _get(f"{base}/v1/memories/plan?user_id={user}")
-        key = (plan["block"]["tier"], tuple(plan["block"]["memory_ids"]), plan["scheduler"]["queue_depth"])
+        block = plan["block"] or {"tier": "none", "memory_ids": []}  # null when there is none
+        key = (block["tier"], tuple(block["memory_ids"]), plan["scheduler"]["queue_depth"])
         if key != last:
             last, since = key, time.monotonic()
         elif key[0] != "none" and key[2] == 0 and time.monotonic() - since >= quiet_s:
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary["replies_identical"] = replies["reuse"] == replies["no_reuse"]
     summary["block_tokens"] = plans["reuse"]["block"]["tokens"]
     summary["block_unchanged"] = all(
-        end_plans[a]["block"]["memory_ids"] == plans[a]["block"]["memory_ids"] for a in ARMS
+        (end_plans[a]["block"] or {}).get("memory_ids") == plans[a]["block"]["memory_ids"] for a in ARMS
     )
     print_table(
         [
