@@ -67,9 +67,11 @@ def spawned_server(
     block_budget: int,
     top_k: int,
     data_dir: str,
+    queue_size: int | None = None,
     extra: tuple[str, ...] = (),
 ):
     """`kvmem serve --no-auth` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit.
+    `queue_size` None: the server's default admission bound.
 
     Its stderr goes to a file beside data_dir (an unread pipe could fill up and stall the server); the tail
     is shown if it exits early."""
@@ -95,6 +97,8 @@ def spawned_server(
     ]
     if model:
         cmd += ["--model", model]
+    if queue_size is not None:
+        cmd += ["--queue-size", str(queue_size)]
     cmd += list(extra)  # more `kvmem serve` flags
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)

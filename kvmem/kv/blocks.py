@@ -12,12 +12,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import build_item, item_id_for
+from kvmem.kv.item import KVItem, build_item, item_id_for
 from kvmem.kv.layout import PromptLayout
 from kvmem.kv.store import TieredKVStore
 
 if TYPE_CHECKING:
     from kvmem.models import ModelHandle
+
+
+@dataclass(frozen=True)
+class PendingBlock:
+    """A block to prefill: its ids, and the stored item of a prefix of its memories to prefill over."""
+
+    user_id: str
+    memory_ids: tuple[str, ...]
+    ids: list[int]
+    prefix: KVItem | None
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,23 @@ class BlockBuilder:
         verify_existing: bool = False,
     ) -> BuiltBlock:
         """Build the block for these memories unless a valid one is stored. Raises InvalidBlock, StorageError."""
+        found = self.lookup(user_id, texts, memory_ids, verify_existing=verify_existing)
+        if isinstance(found, BuiltBlock):
+            return found
+        return self.store_item(self.prefill(found))
+
+    # The three parts of build(), for callers that run them on different threads (the serving backend: the
+    # store's reads and writes on I/O threads, only the prefill on the model thread).
+    def lookup(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        memory_ids: Sequence[str] | None = None,
+        *,
+        verify_existing: bool = False,
+    ) -> BuiltBlock | PendingBlock:
+        """The stored block if a valid one is there, else what prefill() needs (with the user's stored item
+        for the longest prefix of these memories, loaded). Store reads only, no model."""
         if memory_ids is None:
             memory_ids = [text_memory_id(t) for t in texts]
         if len(memory_ids) != len(texts):
@@ -104,13 +131,21 @@ class BlockBuilder:
                 except KVItemError:
                     pass
             self.store.remove(item_id)
-        item = build_item(
+        memory_ids = tuple(memory_ids)
+        return PendingBlock(user_id, memory_ids, ids, self._prefix_item(user_id, memory_ids, ids))
+
+    def prefill(self, pending: PendingBlock) -> KVItem:
+        """The block's KV item (the model's part; nothing stored)."""
+        return build_item(
             self.handle,
-            ids,
-            user_id=user_id,
-            memory_ids=tuple(memory_ids),
-            prefix=self._prefix_item(user_id, tuple(memory_ids), ids),
+            pending.ids,
+            user_id=pending.user_id,
+            memory_ids=pending.memory_ids,
+            prefix=pending.prefix,
         )
+
+    def store_item(self, item: KVItem) -> BuiltBlock:
+        """Write the item (file, fsync, SHA-256) and index it: readers see it once it is fully written."""
         self.store.put(item)
         return BuiltBlock(
             item.item_id,

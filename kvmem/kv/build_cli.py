@@ -19,8 +19,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=None, help="model alias, local dir, .gguf file or HF id (default: SmolLM2)"
     )
     p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the model runs (default auto: cuda when a GPU is visible, else cpu)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="model dtype (default auto: bfloat16 on a GPU that supports it, else float32); the server "
+        "serves only items built at its own dtype",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -33,13 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     from kvmem.kv.blocks import BlockBuilder
     from kvmem.kv.layout import PromptLayout
     from kvmem.kv.store import KVStoreConfig, TieredKVStore
-    from kvmem.models import load_model
+    from kvmem.models import load_model, resolve_device
 
+    try:
+        resolve_device(args.device)
+    except KvmemError as exc:
+        print(f"kvmem build: --device {args.device}: {exc}", file=sys.stderr)
+        return 2
     try:
         data_dir = DataDir.at(args.data_dir)
         handle = load_model(args.model, device=args.device, dtype=args.dtype)
         store = TieredKVStore(
-            KVStoreConfig(directory=str(data_dir.kv_dir), device=args.device, device_bytes=0, host_bytes=0),
+            KVStoreConfig(
+                directory=str(data_dir.kv_dir), device=str(handle.device), device_bytes=0, host_bytes=0
+            ),
             handle.fingerprint,
         )
         builder = BlockBuilder(handle, PromptLayout(handle.tokenizer), store)

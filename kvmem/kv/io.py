@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -50,8 +51,9 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
     """Write an item atomically; returns bytes written. Raises StorageError and leaves old files intact."""
     directory = Path(directory)
     tensor_path, manifest_path = item_paths(directory, item.item_id)
-    tmp_tensor = tensor_path.with_name(f".{tensor_path.name}.tmp-{os.getpid()}")
-    tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{os.getpid()}")
+    writer = f"{os.getpid()}-{threading.get_ident()}"  # two threads may write the same item at once
+    tmp_tensor = tensor_path.with_name(f".{tensor_path.name}.tmp-{writer}")
+    tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{writer}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {

@@ -112,6 +112,8 @@ class TieredKVStore:
         self.num_hits = {"device": 0, "host": 0, "disk": 0, "miss": 0}
         self._dropped: list[DroppedItem] = []  # dropped under the lock, reported once it is released
         self._listeners: list[Callable[[DroppedItem], None]] = []
+        # a test seam: called with the item id on the reading thread just before an item's files are read
+        self.before_disk_read: Callable[[str], None] | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -266,6 +268,8 @@ class TieredKVStore:
         if host_item is not None:
             item, source = host_item.to(self.config.device), "host"
         else:
+            if self.before_disk_read is not None:
+                self.before_disk_read(item_id)
             try:
                 item = load_item(
                     self.directory,

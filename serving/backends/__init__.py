@@ -51,6 +51,8 @@ def _transformers(config: ServingConfig) -> Backend:
     return TransformersBackend(
         TransformersBackendConfig(
             model=model,
+            device=config.device,
+            dtype=config.dtype,
             data_dir=str(config.data_dir),
             max_queue=config.queue_size,
             session_kv_bytes=config.session_kv_bytes,

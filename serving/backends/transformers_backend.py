@@ -13,11 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
+from serving.backends.adapters import adapter_slots, with_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -25,6 +27,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+from serving.backends.detok import IncrementalDetokenizer
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
@@ -32,14 +35,16 @@ from serving.backends.stored import StoredBlocksBackend, fallback_kind
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
+IO_THREADS = 2  # item loads and writes at once (each reads or writes one file; more would just contend)
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TransformersBackendConfig:
     model: str | None = None  # alias, local dir, .gguf file or HF id; None = the default model
-    device: str = "cpu"
-    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # cpu, cuda[:n] or auto (cuda when available, else cpu)
+    dtype: str | None = None  # None or auto: float32 on CPU, bfloat16 on a GPU that has it (else float32)
     data_dir: str = ".kvmem"
     max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
     device_kv_bytes: int | None = 2 << 30
@@ -58,21 +63,6 @@ class TransformersBackendConfig:
             )
 
 
-class _Detokenizer:
-    """Incremental text from token ids; holds back an incomplete UTF-8 character at the end."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.emitted = text[len(self.emitted) :], text
-        return delta
-
-
 class TransformersBackend(StoredBlocksBackend):
     name = "transformers"
 
@@ -80,7 +70,9 @@ class TransformersBackend(StoredBlocksBackend):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop()
-        self.handle = self.layout = self.builder = None
+        # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
+        self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
+        self.handle = self.layout = self.builder = self.adapters = None
         self._eos: frozenset[int] = frozenset()
         from kvmem.kv.session import SessionCache
 
@@ -101,7 +93,7 @@ class TransformersBackend(StoredBlocksBackend):
                 store = TieredKVStore(
                     KVStoreConfig(
                         directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                        device=self.config.device,
+                        device=str(handle.device),  # auto resolved
                         device_bytes=self.config.device_kv_bytes,
                         host_bytes=self.config.host_kv_bytes,
                         disk_bytes=self.config.disk_kv_bytes,
@@ -116,11 +108,13 @@ class TransformersBackend(StoredBlocksBackend):
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             self.max_context_tokens = handle.max_context_tokens
+            self.adapters = adapter_slots(self.config.data_dir, handle)
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
     async def aclose(self) -> None:
         self._loop.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
 
     # -- layout and blocks -----------------------------------------------------------------------------------
     def build_block(
@@ -129,7 +123,13 @@ class TransformersBackend(StoredBlocksBackend):
         self._require_ready()
         try:
             ids = None if memory_ids is None else list(memory_ids)
-            return self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+            from kvmem.kv.blocks import BuiltBlock
+
+            found = self._io.submit(self.builder.lookup, user_id, list(block_texts), ids).result()
+            if isinstance(found, BuiltBlock):  # a valid one is stored
+                return found
+            item = self._loop.call(lambda: self.builder.prefill(found))  # the model's part only
+            return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
 
@@ -165,8 +165,22 @@ class TransformersBackend(StoredBlocksBackend):
             return None, "wrong_user"
         return item, None
 
+    async def _resolve_off_model_thread(self, req: GenerationRequest):
+        """_resolve_item, on an I/O thread unless the item is already on the device (a dict lookup): a
+        request whose item is on disk (or in host RAM) is admitted to the model loop once it is loaded and
+        verified, and the other streams keep decoding meanwhile."""
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return None, None
+        if self.store.tier_of(req.block_item_id) == "device":
+            return self._resolve_item(req)
+        return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
+
     def _steps(
-        self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
+        self,
+        req: GenerationRequest,
+        emit: Callable[[object], None],
+        cancel: threading.Event,
+        resolved: tuple[object, str | None] = (None, None),
     ) -> Iterator[None]:
         """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
         BaseException. Releases the request's admission when done, however it ends, before the last item."""
@@ -177,16 +191,7 @@ class TransformersBackend(StoredBlocksBackend):
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
-            item, fallback = self._resolve_item(req)
-            prefix = None
-            if req.session_id is not None and self.sessions.enabled:  # a live session: start from its cache
-                from kvmem.kv import inject
-
-                lease = self.sessions.take(
-                    req.user_id, req.session_id, req.block_item_id, req.memory_ids, req.adapter_id
-                )
-                block = inject(item, req.prompt.ids) if item is not None else None
-                prefix = self.sessions.start(lease, req.prompt.ids, block)
+            item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
             sp = req.sampling
@@ -194,10 +199,19 @@ class TransformersBackend(StoredBlocksBackend):
                 max_new_tokens=max(1, max_new), temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
             )
             stats = GenerationStats()
-            detok = _Detokenizer(self.handle.tokenizer)
+            detok = IncrementalDetokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
-            for token in generate(
+            item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
+            prefix = None
+            # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
+            if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
+                from kvmem.kv import inject
+
+                lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
+                block = inject(item, req.prompt.ids) if item is not None else None
+                prefix = self.sessions.start(lease, req.prompt.ids, block)
+            tokens = generate(
                 self.handle.model,
                 req.prompt.ids,
                 item=item,
@@ -206,7 +220,8 @@ class TransformersBackend(StoredBlocksBackend):
                 stop_token_ids=self._eos,
                 should_stop=cancel.is_set,
                 stats=stats,
-            ):
+            )
+            for token in tokens if adapter is None else self.adapters.steps(tokens, adapter):
                 if token in self._eos:
                     finish = "stop"
                     break
@@ -217,15 +232,18 @@ class TransformersBackend(StoredBlocksBackend):
                     finish = "stop"
                     break
                 yield  # the next request's turn
+            if not stops.hit:  # a character still incomplete at the end: as the full decode has it
+                ready, hit = stops.feed(detok.flush())
+                if ready:
+                    emit(TokenDelta(text=ready, token_ids=()))
+                finish = "stop" if hit else finish
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
                     emit(TokenDelta(text=tail, token_ids=()))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
-            if (
-                lease is not None
-            ):  # the cache holds every token fed: the prompt and all but the last reply token
+            if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
                 fed = (*req.prompt.ids, *stats.token_ids)[: prefix.cache.get_seq_length()]
                 self.sessions.put(lease, fed, prefix.cache)
                 lease = None
@@ -262,7 +280,8 @@ class TransformersBackend(StoredBlocksBackend):
 
         started = time.perf_counter()
         try:
-            self._loop.start(self._steps(req, emit, cancel))
+            resolved = await self._resolve_off_model_thread(req)
+            self._loop.start(self._steps(req, emit, cancel, resolved))
         except BaseException:
             self._release()
             raise
