@@ -68,6 +68,7 @@ def spawned_server(
     top_k: int,
     data_dir: str,
     queue_size: int | None = None,
+    extra: tuple[str, ...] = (),
 ):
     """`kvmem serve --no-auth` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit.
     `queue_size` None: the server's default admission bound.
@@ -98,6 +99,7 @@ def spawned_server(
         cmd += ["--model", model]
     if queue_size is not None:
         cmd += ["--queue-size", str(queue_size)]
+    cmd += list(extra)  # more `kvmem serve` flags
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
     log_path = Path(f"{data_dir.rstrip('/')}.stderr.log")

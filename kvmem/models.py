@@ -23,6 +23,7 @@ import torch
 
 from kvmem.errors import ModelLoadError, ProvisionError
 from kvmem.kv.fingerprint import Fingerprint, fingerprint_model
+from kvmem.kv.layout import LAYOUT_VERSION
 from kvmem.weights_digest import CACHE_FILE as DIGEST_CACHE_FILE
 from kvmem.weights_digest import cached_weights_sha, weight_files, weights_identity
 
@@ -230,7 +231,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     cache_dir: str | os.PathLike | None = None,
-    layout_version: str = "1",
+    layout_version: str = LAYOUT_VERSION,
     digest_cache: str | os.PathLike | None = None,
 ) -> ModelHandle:
     """Load a model by alias, local directory, GGUF file or HF id; raises ModelLoadError naming the problem.
@@ -277,7 +278,7 @@ def handle_for(
     tokenizer,
     *,
     model_id: str,
-    layout_version: str = "1",
+    layout_version: str = LAYOUT_VERSION,
     weights_digest: str | None = None,
 ) -> ModelHandle:
     """Wrap an already-loaded model (tests build tiny ones from a config) into a ModelHandle."""

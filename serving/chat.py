@@ -168,6 +168,12 @@ class ChatService:
             stop=body.stop_strings(),
             seed=body.seed,
         )
+        used = (
+            tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ()))
+            + tuple(UsedMemory(i, "lora") for i in lora_ids)
+            + tuple(UsedMemory(i, "text") for i in block_ids)
+            + tuple(UsedMemory(h.memory.id, "text") for h in text_hits)
+        )
         request = GenerationRequest(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             user_id=user_id,
@@ -175,12 +181,8 @@ class ChatService:
             block_item_id=block.item_id if block and prompt.block_len else None,
             sampling=sampling,
             adapter_id=plan.adapter_id,
-        )
-        used = (
-            tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ()))
-            + tuple(UsedMemory(i, "lora") for i in lora_ids)
-            + tuple(UsedMemory(i, "text") for i in block_ids)
-            + tuple(UsedMemory(h.memory.id, "text") for h in text_hits)
+            session_id=session_id,  # the backend may keep this conversation's KV for its next turn
+            memory_ids=tuple(u.id for u in used),
         )
         return PreparedChat(
             request=request,

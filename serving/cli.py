@@ -72,6 +72,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--retrieve-top-k", type=int, default=8, help="memories retrieved by search per chat turn")
     p.add_argument(
+        "--session-kv-mb",
+        type=int,
+        default=1024,
+        help="MiB of live conversations' KV caches kept so a turn prefills only what is new; 0: off",
+    )
+    p.add_argument(
         "--no-store-turns", action="store_true", help="do not store chat turns as memories (benchmarks)"
     )
     p.add_argument(
@@ -92,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
     """Raises UsageError naming the bad value."""
+    if args.session_kv_mb < 0:
+        raise UsageError(f"kvmem serve: --session-kv-mb must be >= 0, got {args.session_kv_mb}")
     try:
         return ServingConfig(
             host=args.host,
@@ -109,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             retrieve_top_k=args.retrieve_top_k,
             scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,
+            session_kv_bytes=args.session_kv_mb * (1 << 20),
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None

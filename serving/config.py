@@ -70,6 +70,9 @@ class ServingConfig:
     block_token_budget: int = 2048  # per-user cap on block memory tokens (SchedulerConfig.user_block_tokens)
     retrieve_top_k: int = 8  # memories retrieved by search per chat turn
     max_sessions: int = 10_000  # (user, session) pairs remembered for prewarm; least recent forgotten
+    session_kv_bytes: int = (
+        1 << 30
+    )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     store_turns: bool = True  # store each chat turn in the plaintext store after the reply
@@ -104,6 +107,8 @@ class ServingConfig:
         for name in ("queue_size", "retrieve_top_k", "default_max_tokens", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.session_kv_bytes < 0:
+            raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
         if not self.default_user:

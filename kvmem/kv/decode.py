@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from kvmem.kv.inject import inject
+from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
 
 
@@ -75,12 +75,15 @@ def generate(
     prompt_ids: list[int] | tuple[int, ...],
     *,
     item: KVItem | None = None,
+    prefix: Injection | None = None,
     sampling: Sampling = Sampling(),
     stop_token_ids: frozenset[int] = frozenset(),
     should_stop: Callable[[], bool] | None = None,
     stats: GenerationStats | None = None,
 ) -> Iterator[int]:
-    """Yield generated token ids. With `item`, its K/V covers the prompt's common prefix (zero-copy)."""
+    """Yield generated token ids. With `item`, its K/V covers the prompt's common prefix (zero-copy). With
+    `prefix` instead (a cache the caller made, e.g. a live session's: kvmem/kv/session.py), its cache covers
+    the prompt's first `reused_tokens`; the caller keeps it, holding every token fed, after the last yield."""
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt_ids)
     device = next(model.parameters()).device
@@ -88,7 +91,9 @@ def generate(
     if sampling.temperature > 0 and sampling.seed is not None:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
     start = time.perf_counter()
-    if item is not None:
+    if prefix is not None:
+        cache, reused = prefix.cache, prefix.reused_tokens
+    elif item is not None:
         injection = inject(item, prompt_ids)
         cache, reused = injection.cache, injection.reused_tokens
     else:

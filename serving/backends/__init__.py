@@ -55,6 +55,7 @@ def _transformers(config: ServingConfig) -> Backend:
             dtype=config.dtype,
             data_dir=str(config.data_dir),
             max_queue=config.queue_size,
+            session_kv_bytes=config.session_kv_bytes,
         )
     )
 

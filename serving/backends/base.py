@@ -71,7 +71,10 @@ class LaidOutPrompt:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation. block_item_id names the KV item holding prompt.ids[:prompt.block_len], or None."""
+    """One generation. block_item_id names the KV item holding prompt.ids[:prompt.block_len], or None.
+    session_id: the conversation (X-Session-Id) whose KV cache an engine may keep and start the next turn from
+    (None: none kept); memory_ids: every memory whose text the prompt carries (block and retrieved), so a delete
+    can drop a kept cache that carries it."""
 
     request_id: str
     user_id: str
@@ -79,6 +82,8 @@ class GenerationRequest:
     block_item_id: str | None
     sampling: SamplingParams
     adapter_id: str | None = None
+    session_id: str | None = None
+    memory_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,11 +161,13 @@ class Backend(ABC):
         messages: Sequence[dict[str, str]],
         block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
-        """Lay out `[block: system prompt + block_texts] [text_texts] [messages] [assistant turn start]` as ids.
+        """Lay out `[block: system prompt + block_texts] [client system] [history] [text_texts + last user
+        message] [assistant turn start]` as ids (kvmem/kv/layout.py).
 
         `messages` are OpenAI messages `{"role": "system"|"user"|"assistant", "content": str}` in order. Each
         segment is tokenized separately, so for the same block_texts the block ids are always identical and
-        `block_len` is their count (0 when block_texts is empty). Deterministic, pure.
+        `block_len` is their count (0 when block_texts is empty), and block, client system and history are an
+        exact prefix of the next turn's prompt. Deterministic, pure.
         Raises PromptTooLong when `len(ids) >= max_context_tokens` (no room for one new token); serving then
         answers 400. Room for max_tokens is not checked here: serving clamps max_new_tokens to what is left.
         `block_ids`, when given, are the ids `build_block` returned for these block_texts (a plan carries

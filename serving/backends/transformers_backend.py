@@ -51,10 +51,16 @@ class TransformersBackendConfig:
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
+    session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
+    sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"TransformersBackendConfig.max_queue must be >= 1, got {self.max_queue}")
+        if self.session_kv_bytes < 0 or self.sessions_per_user < 1:
+            raise ValueError(
+                "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
+            )
 
 
 class TransformersBackend(StoredBlocksBackend):
@@ -68,6 +74,9 @@ class TransformersBackend(StoredBlocksBackend):
         self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
         self.handle = self.layout = self.builder = self.adapters = None
         self._eos: frozenset[int] = frozenset()
+        from kvmem.kv.session import SessionCache
+
+        self.sessions = SessionCache(self.config.session_kv_bytes, self.config.sessions_per_user)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -138,6 +147,14 @@ class TransformersBackend(StoredBlocksBackend):
             except KVItemError as exc:
                 log.warning("prewarm of KV item %s failed: %s", item_id, exc)
 
+    def drop_block(self, item_id: str) -> None:
+        self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
+        super().drop_block(item_id)
+
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        self.sessions.forget(user_id, memory_ids)  # the delete cascade reaches live sessions' caches too
+        return super().forget(user_id, memory_ids)
+
     # -- generation --------------------------------------------------------------------------------------------
     def _resolve_item(self, req: GenerationRequest):
         """(the KV item to inject or None, the fallback kind or None). The detail goes to the log line only:
@@ -176,6 +193,7 @@ class TransformersBackend(StoredBlocksBackend):
         from kvmem.kv import GenerationStats, Sampling, generate
 
         final: object = None  # the result or the error, sent once the admission is released
+        lease = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -191,10 +209,19 @@ class TransformersBackend(StoredBlocksBackend):
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
+            prefix = None
+            # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
+            if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
+                from kvmem.kv import inject
+
+                lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
+                block = inject(item, req.prompt.ids) if item is not None else None
+                prefix = self.sessions.start(lease, req.prompt.ids, block)
             tokens = generate(
                 self.handle.model,
                 req.prompt.ids,
                 item=item,
+                prefix=prefix,
                 sampling=sampling,
                 stop_token_ids=self._eos,
                 should_stop=cancel.is_set,
@@ -222,6 +249,10 @@ class TransformersBackend(StoredBlocksBackend):
                     emit(TokenDelta(text=tail, token_ids=()))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
+            if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
+                fed = (*req.prompt.ids, *stats.token_ids)[: prefix.cache.get_seq_length()]
+                self.sessions.put(lease, fed, prefix.cache)
+                lease = None
             final = GenerationResult(
                 finish_reason=finish,
                 prompt_tokens=len(req.prompt.ids),
@@ -235,6 +266,8 @@ class TransformersBackend(StoredBlocksBackend):
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
             final = exc
         finally:
+            if lease is not None:
+                self.sessions.release(lease)
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)

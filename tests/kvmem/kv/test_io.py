@@ -99,28 +99,29 @@ def test_fingerprint_mismatch_is_refused(tmp_path, item, tiny_handle, field):
 
 
 def test_fingerprint_tracks_weights_dtype_template_and_layout(tiny_handle, tokenizer):
+    from kvmem.kv import LAYOUT_VERSION
     from kvmem.kv.fingerprint import fingerprint_model
     from tests.conftest import make_tiny_llama
 
-    base = fingerprint_model(tiny_handle.model, tokenizer, layout_version="1")
+    base = fingerprint_model(tiny_handle.model, tokenizer, layout_version=LAYOUT_VERSION)
     assert base == tiny_handle.fingerprint
     assert fingerprint_model(
-        make_tiny_llama(len(tokenizer), seed=1), tokenizer, layout_version="1"
+        make_tiny_llama(len(tokenizer), seed=1), tokenizer, layout_version=LAYOUT_VERSION
     ).mismatches(base) == ["weights_sha"]
-    assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="2").mismatches(base) == [
+    assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="1").mismatches(base) == [
         "layout_version"
     ]
     half = make_tiny_llama(len(tokenizer)).to(torch.bfloat16)
-    assert set(fingerprint_model(half, tokenizer, layout_version="1").mismatches(base)) == {
+    assert set(fingerprint_model(half, tokenizer, layout_version=LAYOUT_VERSION).mismatches(base)) == {
         "weights_sha",
         "dtype",
     }
     original = tokenizer.chat_template
     try:
         tokenizer.chat_template = original + "{# changed #}"
-        assert fingerprint_model(tiny_handle.model, tokenizer, layout_version="1").mismatches(base) == [
-            "chat_template_sha"
-        ]
+        assert fingerprint_model(tiny_handle.model, tokenizer, layout_version=LAYOUT_VERSION).mismatches(
+            base
+        ) == ["chat_template_sha"]
     finally:
         tokenizer.chat_template = original
 

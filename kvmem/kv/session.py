@@ -1,0 +1,237 @@
+"""Live sessions' KV caches: a turn of a conversation prefills only what the last turn's cache does not cover.
+
+The prompt layout keeps `[block][client system][history]` an exact token prefix of the next turn's prompt
+(kvmem/kv/layout.py), so the cache a turn leaves behind covers most of the next turn. An entry is that cache
+and the ids it holds, keyed by (user, session): never looked up across users. A request *takes* its entry
+(nobody else can use it while the request runs) and starts from views of its tensors up to the longest
+common token prefix with its own prompt; the forward passes concatenate into new tensors, so neither the
+entry nor a stored block item it began from is ever written. When the turn ends the request *puts* its cache
+back as the session's entry.
+
+Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
+(memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
+requests running with them so their caches are not put back. Thread-safe. Knows nothing of HTTP or tiers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from kvmem.kv.inject import Injection, SharedPrefixCache, _shared_layer, common_prefix_tokens
+
+
+@dataclass(frozen=True)
+class SessionEntry:
+    user_id: str
+    session_id: str
+    ids: tuple[int, ...]  # the tokens the cache holds, in order
+    cache: DynamicCache
+    nbytes: int
+    block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
+    memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
+    variant: str | None  # what else shaped the K/V (e.g. a LoRA adapter's id): reused only under the same
+
+
+@dataclass
+class Lease:
+    """One request's hold on its session: the entry it took (or None) and what its own prompt carries."""
+
+    user_id: str
+    session_id: str
+    block_item_id: str | None
+    memory_ids: frozenset[str]
+    entry: SessionEntry | None
+    number: int
+    variant: str | None = None
+    stale: bool = field(default=False)  # a delete touched what the request carries: do not put it back
+
+
+@dataclass
+class SessionStats:
+    hits: int = 0  # requests that started from their session's cache
+    misses: int = 0  # requests with a session but no usable entry
+    dropped: int = 0  # entries dropped (LRU, bounds, delete cascade)
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    """Bytes the cache's tensors hold (their whole storage: a view keeps its base alive)."""
+    total = 0
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            if isinstance(t, torch.Tensor):
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+def _croppable(cache: DynamicCache) -> bool:
+    """Only full-attention layers can be cut at any length (a sliding-window layer has dropped its past)."""
+    return bool(cache.layers) and all(
+        type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) for layer in cache.layers
+    )
+
+
+def view_prefix(cache: DynamicCache, n: int) -> DynamicCache:
+    """A new cache whose layers are views of `cache`'s first `n` positions; updates never write into them."""
+    layers = [_shared_layer(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache.layers]
+    return SharedPrefixCache(layers)
+
+
+class SessionCache:
+    def __init__(self, max_bytes: int, max_per_user: int = 4):
+        if max_bytes < 0 or max_per_user < 1:
+            raise ValueError(
+                f"SessionCache needs max_bytes >= 0 and max_per_user >= 1, got {max_bytes}, {max_per_user}"
+            )
+        self.max_bytes, self.max_per_user = max_bytes, max_per_user
+        self._entries: OrderedDict[tuple[str, str], SessionEntry] = OrderedDict()  # least recent first
+        self._bytes = 0
+        self._leases: dict[int, Lease] = {}
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+        self.stats = SessionStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def peek(self, user_id: str, session_id: str) -> SessionEntry | None:
+        """The session's entry, if held (for inspection: a request takes it)."""
+        with self._lock:
+            return self._entries.get((user_id, session_id))
+
+    def keys(self) -> list[tuple[str, str]]:
+        """(user, session) of the entries held, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    # -- a request's turn ----------------------------------------------------------------------------------
+    def take(
+        self,
+        user_id: str,
+        session_id: str,
+        block_item_id: str | None,
+        memory_ids: Iterable[str],
+        variant: str | None = None,
+    ) -> Lease:
+        """Take the session's entry out (None if there is none) for one request carrying `memory_ids` under
+        `variant` (an entry made under another variant is dropped: its K/V are not this request's)."""
+        with self._lock:
+            entry = self._entries.pop((user_id, session_id), None)
+            if entry is not None:
+                self._bytes -= entry.nbytes
+                if entry.user_id != user_id or entry.variant != variant:  # never serve K/V made otherwise
+                    entry = None
+            lease = Lease(
+                user_id, session_id, block_item_id, frozenset(memory_ids), entry, next(self._numbers), variant
+            )
+            self._leases[lease.number] = lease
+            return lease
+
+    def start(self, lease: Lease, prompt_ids: Sequence[int], block: Injection | None) -> Injection:
+        """The cache the request starts from: its session entry's views up to the common prefix with the
+        prompt (at least one token left to prefill) when that covers more than `block` (the block item's
+        injection, or None), else `block`, else an empty cache."""
+        reused = block.reused_tokens if block is not None else 0
+        entry = lease.entry
+        if entry is not None:
+            n = min(common_prefix_tokens(entry.ids, prompt_ids), len(prompt_ids) - 1)
+            if n > 0 and n >= reused:
+                with self._lock:
+                    self.stats.hits += 1
+                return Injection(cache=view_prefix(entry.cache, n), reused_tokens=n)
+        with self._lock:
+            self.stats.misses += 1
+        return block if block is not None else Injection(cache=DynamicCache(), reused_tokens=0)
+
+    def put(self, lease: Lease, ids: Sequence[int], cache: DynamicCache) -> bool:
+        """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
+        request carried, the cache cannot be cut, or it is over the bounds. Returns whether it was kept."""
+        with self._lock:
+            self._leases.pop(lease.number, None)
+            if lease.stale or not self.enabled or not _croppable(cache):
+                return False
+            if cache.get_seq_length() != len(ids):
+                return False
+            nbytes = cache_nbytes(cache)
+            if nbytes > self.max_bytes:
+                return False
+            key = (lease.user_id, lease.session_id)
+            old = self._entries.pop(
+                key, None
+            )  # a concurrent request of the same session put one: newest wins
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[key] = SessionEntry(
+                lease.user_id,
+                lease.session_id,
+                tuple(ids),
+                cache,
+                nbytes,
+                lease.block_item_id,
+                lease.memory_ids,
+                lease.variant,
+            )
+            self._bytes += nbytes
+            self._evict(lease.user_id)
+            return key in self._entries
+
+    def release(self, lease: Lease) -> None:
+        """The request ended without a cache to keep (failed, or nothing to store)."""
+        with self._lock:
+            self._leases.pop(lease.number, None)
+
+    # -- bounds and the delete cascade -----------------------------------------------------------------------
+    def _evict(self, user_id: str) -> None:
+        """Least recently used first: the user's oldest over max_per_user, then anyone's over max_bytes."""
+        mine = [k for k in self._entries if k[0] == user_id]
+        for key in mine[: max(0, len(mine) - self.max_per_user)]:
+            self._remove(key)
+        while self._bytes > self.max_bytes and self._entries:
+            self._remove(next(iter(self._entries)))
+
+    def _remove(self, key: tuple[str, str]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        self.stats.dropped += 1
+
+    def forget(self, user_id: str, memory_ids: Iterable[str] | None = None) -> list[tuple[str, str]]:
+        """Drop the user's entries whose ids carry any of `memory_ids` (None: all the user's), and mark the
+        user's running requests that carry them. Returns the (user, session) keys dropped."""
+        wanted = None if memory_ids is None else frozenset(memory_ids)
+
+        def hit(user: str, carried: frozenset[str]) -> bool:
+            return user == user_id and (wanted is None or not wanted.isdisjoint(carried))
+
+        return self._drop_where(lambda user, _block, carried: hit(user, carried))
+
+    def drop_block(self, item_id: str) -> list[tuple[str, str]]:
+        """Drop the entries (and mark the running requests) that began with block item `item_id`."""
+        return self._drop_where(lambda _user, block, _carried: block == item_id)
+
+    def drop_user(self, user_id: str) -> list[tuple[str, str]]:
+        return self.forget(user_id, None)
+
+    def _drop_where(self, match) -> list[tuple[str, str]]:
+        with self._lock:
+            for lease in self._leases.values():
+                if match(lease.user_id, lease.block_item_id, lease.memory_ids):
+                    lease.stale = True
+            keys = [k for k, e in self._entries.items() if match(e.user_id, e.block_item_id, e.memory_ids)]
+            for key in keys:
+                self._remove(key)
+            return keys
