@@ -1,9 +1,9 @@
 """The transformers backend: the embedded default engine (CPU-capable), with KV-item injection.
 
-Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator of
-steps that the one model thread advances a token at a time, round-robin, with block builds in between, so a
-new request's prefill waits for one decode step, not for whole generations. A bounded admission count gives
-429s; a missing, corrupt or mismatched KV item means full prefill.
+Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator that
+hands its sequence to the model thread, which decodes all running sequences in one batched forward per step
+and prefills new ones in chunks in between (batcher.py), with block builds between steps. A bounded admission
+count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,10 +46,15 @@ class TransformersBackendConfig:
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
+    prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"TransformersBackendConfig.max_queue must be >= 1, got {self.max_queue}")
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(
+                f"TransformersBackendConfig.prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}"
+            )
 
 
 class _Detokenizer:
@@ -73,7 +78,7 @@ class TransformersBackend(StoredBlocksBackend):
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
-        self._loop = ModelLoop()
+        self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
         self.handle = self.layout = self.builder = None
         self._eos: frozenset[int] = frozenset()
 
@@ -150,10 +155,12 @@ class TransformersBackend(StoredBlocksBackend):
 
     def _steps(
         self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
-    ) -> Iterator[None]:
-        """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
-        BaseException. Releases the request's admission when done, however it ends, before the last item."""
-        from kvmem.kv import GenerationStats, Sampling, generate
+    ) -> Generator[object, int | None, None]:
+        """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
+        (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
+        request's admission when done, however it ends, before the last item."""
+        from kvmem.kv import GenerationStats, Sampling
+        from kvmem.kv.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
         try:
@@ -170,7 +177,7 @@ class TransformersBackend(StoredBlocksBackend):
             detok = _Detokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
-            for token in generate(
+            seq = Sequence(
                 self.handle.model,
                 req.prompt.ids,
                 item=item,
@@ -178,7 +185,10 @@ class TransformersBackend(StoredBlocksBackend):
                 stop_token_ids=self._eos,
                 should_stop=cancel.is_set,
                 stats=stats,
-            ):
+                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            )
+            token = yield seq  # the batcher sends each token, then None once the sequence has ended
+            while token is not None:
                 if token in self._eos:
                     finish = "stop"
                     break
@@ -188,7 +198,7 @@ class TransformersBackend(StoredBlocksBackend):
                 if hit:
                     finish = "stop"
                     break
-                yield  # the next request's turn
+                token = yield  # the next token (one batched step later), or None
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
