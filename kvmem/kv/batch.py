@@ -86,6 +86,13 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def batchable(self) -> bool:
+        """A seeded sampled sequence decodes alone: a batch computes its logits with other matrix kernels
+        (the same values to within rounding), and a draw near a boundary of the distribution can flip on the
+        last bit; alone, its tokens are bit for bit those of the same request run alone, whatever else runs."""
+        return not (self.sampling.temperature > 0 and self.sampling.seed is not None)
+
     def next_chunk_tokens(self) -> int:
         """How many prompt tokens the next `prefill_step` runs."""
         return len(self._prefill) if self.chunk is None else min(self.chunk, len(self._prefill))
@@ -217,28 +224,30 @@ def _forward_ragged(model: torch.nn.Module, seqs: list[Sequence]) -> torch.Tenso
 def decode_step(model: torch.nn.Module, seqs: list[Sequence]) -> list[int | SequenceError]:
     """The next token of every sequence (all decoding), from one forward; each is accepted into its sequence.
 
-    With one sequence (or a model `can_batch` refuses) each runs alone. If the batched forward raises, every
+    With one sequence (or a model `can_batch` refuses) each runs alone, as does a seeded sampled one. If the batched forward raises, every
     cache is put back as it was and each sequence runs alone, so an error stays with the sequence it belongs
     to: its entry is a `SequenceError` (the sequence is finished, reason "error"); the others go on."""
     assert seqs and all(s.decoding for s in seqs), "decode_step needs decoding sequences"
     results: list[int | SequenceError] = []
     with torch.inference_mode():  # per step, never held across a yield (see decode.generate)
-        logits = None
-        if len(seqs) > 1 and can_batch(model):
-            saved = [[(layer.keys, layer.values) for layer in s.cache.layers] for s in seqs]
+        logits: dict[int, torch.Tensor] = {}  # index in seqs -> logits of its batched row
+        batch = [i for i, s in enumerate(seqs) if s.batchable]
+        if len(batch) > 1 and can_batch(model):
+            saved = [[(layer.keys, layer.values) for layer in seqs[i].cache.layers] for i in batch]
             try:
-                logits = list(_forward_ragged(model, seqs))
+                logits = dict(zip(batch, _forward_ragged(model, [seqs[i] for i in batch]), strict=True))
             except Exception:  # noqa: BLE001 - isolated below: each sequence is retried alone
                 log.warning(
-                    "a batched decode step failed; running its %d sequences alone", len(seqs), exc_info=True
+                    "a batched decode step failed; running its %d sequences alone", len(batch), exc_info=True
                 )
-                for s, layers in zip(seqs, saved, strict=True):
-                    for layer, (k, v) in zip(s.cache.layers, layers, strict=False):
+                for i, layers in zip(batch, saved, strict=True):
+                    cache = seqs[i].cache
+                    for layer, (k, v) in zip(cache.layers, layers, strict=False):
                         layer.keys, layer.values = k, v
-                    del s.cache.layers[len(layers) :]
+                    del cache.layers[len(layers) :]
         for i, s in enumerate(seqs):
             try:
-                row = logits[i] if logits is not None else _forward_one(s)
+                row = logits[i] if i in logits else _forward_one(s)
                 results.append(_pick(row, s.sampling, s.generator))
             except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
                 s._finish("error")
