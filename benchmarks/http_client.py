@@ -126,14 +126,14 @@ def seed(base: str, user: str, texts: list[str]) -> None:
 
 
 def wait_for_block(base: str, user: str, expected: int, timeout_s: float = 300) -> dict:
-    """Poll the plan route until the user's block is built (tier not "none") and holds all `expected` memories.
+    """Poll the plan route until the user's block is built (not null) and holds all `expected` memories.
 
     Only polls: every memory added through the API makes the server refresh the user's plan, so the block is
     built (and grows a memory at a time while seeding) without any chat traffic that would add heat."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         plan = _get(f"{base}/v1/memories/plan?user_id={user}")
-        if plan["block"]["tier"] != "none" and len(plan["block"]["memory_ids"]) >= expected:
+        if plan["block"] is not None and len(plan["block"]["memory_ids"]) >= expected:
             return plan
         time.sleep(0.25)
     raise RuntimeError(f"no KV block of {expected} memories for {user} after {timeout_s} s")

@@ -101,7 +101,9 @@ class Worker:
         self._lock = threading.Lock()  # generations and every plan publish
         self.guard = BlockGuard(self._lock, plans, queue, builder, fence, clock)
         plans.on_drop(self._forget_user_state)
-        self._generation: dict[str, int] = {}
+        # store changes per user, counted only while a refresh of theirs is in flight (bounded by those)
+        self._changes: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
         self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
@@ -115,7 +117,7 @@ class Worker:
     def _forget_user_state(self, user_id: str) -> None:
         """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their
         token counts and distillation candidates are recomputed by the refresh their next read enqueues).
-        The generation counter stays: a build in flight for them must still see a store change."""
+        The change counter stays while a refresh is in flight: that build must still see a store change."""
         self._token_counts.pop(user_id, None)
         self.distill.pop(user_id, None)
         self.guard.forget_user_state(user_id)
@@ -176,7 +178,7 @@ class Worker:
             if kind == "added":
                 self.heat.seen(user_id, memory_id, now)
                 return None
-            self._generation[user_id] = self._generation.get(user_id, 0) + 1
+            self._changed(user_id)
             if kind == "deleted":
                 self.heat.forget(user_id, memory_id)
             else:
@@ -194,7 +196,7 @@ class Worker:
     def forget_user(self, user_id: str) -> list[str]:
         """Every stored block of the user stops being served, and is deleted, before this returns."""
         with self._lock:
-            self._generation[user_id] = self._generation.get(user_id, 0) + 1
+            self._changed(user_id)
             plan = self.plans.get(user_id)
             if plan.block is not None:
                 self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, self.clock()))
@@ -239,13 +241,29 @@ class Worker:
         self._token_counts[user_id] = fresh
         return {mid: n for mid, (_, n) in fresh.items()}
 
+    def _changed(self, user_id: str) -> None:
+        """A store change for the user (under self._lock): a refresh in flight for them must not publish."""
+        if user_id in self._in_flight:
+            self._changes[user_id] = self._changes.get(user_id, 0) + 1
+
     def refresh(self, user_id: str) -> Plan:
         """Recompute the user's block; build it if it changed; publish unless a store change raced us."""
         if not self.builder.ready():
             self.deferred.add(user_id)
             return self.plans.get(user_id)
         with self._lock:
-            generation = self._generation.get(user_id, 0)
+            self._in_flight[user_id] = self._in_flight.get(user_id, 0) + 1
+            generation = self._changes.get(user_id, 0)
+        try:
+            return self._refresh(user_id, generation)
+        finally:
+            with self._lock:
+                self._in_flight[user_id] -= 1
+                if not self._in_flight[user_id]:
+                    del self._in_flight[user_id]
+                    self._changes.pop(user_id, None)
+
+    def _refresh(self, user_id: str, generation: int) -> Plan:
         fenced = self.fence.read(user_id) if self.fence is not None else None  # before reading memories
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
@@ -301,7 +319,7 @@ class Worker:
             if attempt == 1:
                 decision = BlockDecision((), "drop", 0.0)
         with self._lock:
-            if self._generation.get(user_id, 0) != generation:
+            if self._changes.get(user_id, 0) != generation:
                 self.counts["discarded"] += 1
                 stale = block.item_id if block else None
                 published = None

@@ -76,12 +76,14 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     """The `GET /v1/memories/plan` body for one plan."""
     block = plan.block
     return {
-        "block": {
-            "item_id": None if block is None else block.item_id,
-            "memory_ids": [] if block is None else list(block.memory_ids),
-            "tokens": 0 if block is None else block.num_tokens,
-            "bytes": 0 if block is None else block.num_bytes,
-            "tier": "none" if block is None else "kv",
+        "block": None
+        if block is None
+        else {
+            "item_id": block.item_id,
+            "memory_ids": list(block.memory_ids),
+            "tokens": block.num_tokens,
+            "bytes": block.num_bytes,
+            "tier": "kv",
         },
         "adapter": None if plan.adapter_id is None else {"id": plan.adapter_id, "tier": "lora"},
         "updated_at": (

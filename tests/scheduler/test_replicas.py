@@ -26,7 +26,7 @@ from serving.plans import make_scheduler
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 from tests.scheduler.test_scheduler import FakeBuilder
 
-NO_BLOCK = {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
+NO_BLOCK = None  # the plan route's block when there is none (API.md)
 
 
 class SharedFence:

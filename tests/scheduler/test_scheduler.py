@@ -217,6 +217,22 @@ def test_memory_deleted_during_a_rebuild_is_never_published(env):
     published = sched.get("alice").block
     assert published.memory_ids == (a,)
     assert sched.stats().discarded_builds == 1 and "item-1" in builder.dropped
+    # the race's bookkeeping is gone with the refreshes: it is kept only while one is in flight
+    assert sched.worker._changes == {} and sched.worker._in_flight == {}
+
+
+def test_store_changes_keep_no_per_user_state_once_refreshed(env):
+    clock, store, builder, make = env
+    sched = make()
+    for n in range(5):
+        user = f"user-{n}"
+        [m] = store.add(user, texts=[f"fact {n}"])
+        sched.get(user)
+        sched.run_pending()
+        store.update(user, m.id, text=f"fact {n} changed")
+        store.delete(user, m.id)
+        sched.run_pending()
+    assert sched.worker._changes == {} and sched.worker._in_flight == {}
 
 
 def test_overall_byte_cap_drops_the_coldest_block(env):

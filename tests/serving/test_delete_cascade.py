@@ -107,7 +107,7 @@ def test_changing_a_memory_stops_every_item_holding_it_before_the_call_returns(h
     assert {k: refused(s.backend.store, v) for k, v in holding.items()} == dict.fromkeys(holding, True)
     assert set(manifests(data_dir)) & set(holding.values()) == set()
     assert items["offline_miso"] in manifests(data_dir)
-    assert lisbon not in s.plan("alice")["memory_ids"]
+    assert lisbon not in (s.plan("alice") or {"memory_ids": []})["memory_ids"]  # null: no block at all
     s.plans.flush()
     rebuilt = s.plan("alice")
     assert rebuilt["tier"] == "kv"
@@ -141,7 +141,7 @@ def test_deleting_a_user_removes_every_item_of_theirs_and_no_one_elses(history, 
     r = s.client.delete("/v1/memories", params={"user_id": "bob"})
     assert r.status_code == 200 and r.json() == {"deleted": 1}
     assert [refused(s.backend.store, i) for i in bob_items] == [True, True, True]
-    assert s.plan("bob")["tier"] == "none"
+    assert s.plan("bob") is None
     s.plans.flush()
     assert naming(data_dir, '"bob"') == []  # not even the block built from raw texts
     assert manifests(data_dir) == alice_before

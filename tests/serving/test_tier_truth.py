@@ -16,7 +16,7 @@ from serving.config import ServingConfig
 from serving.plans import make_scheduler
 from tests.serving.kvstack import load_backend, save_tiny_model, served
 
-NO_BLOCK = {"item_id": None, "memory_ids": [], "tokens": 0, "bytes": 0, "tier": "none"}
+NO_BLOCK = None  # the plan route's block when there is none (API.md)
 
 
 @pytest.fixture(scope="module")
