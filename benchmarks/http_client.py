@@ -60,8 +60,17 @@ KVMEM_SERVE = (sys.executable, "-c", "import sys; from serving.cli import main; 
 
 
 @contextmanager
-def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k: int, data_dir: str):
+def spawned_server(
+    *,
+    backend: str,
+    model: str | None,
+    block_budget: int,
+    top_k: int,
+    data_dir: str,
+    queue_size: int | None = None,
+):
     """`kvmem serve --no-auth` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit.
+    `queue_size` None: the server's default admission bound.
 
     Its stderr goes to a file beside data_dir (an unread pipe could fill up and stall the server); the tail
     is shown if it exits early."""
@@ -87,6 +96,8 @@ def spawned_server(*, backend: str, model: str | None, block_budget: int, top_k:
     ]
     if model:
         cmd += ["--model", model]
+    if queue_size is not None:
+        cmd += ["--queue-size", str(queue_size)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO_ROOT), env.get("PYTHONPATH")) if x)
     log_path = Path(f"{data_dir.rstrip('/')}.stderr.log")

@@ -10,6 +10,7 @@ TTFT is the engine thread's time from adding the request to its first output (me
 
     python -m benchmarks.ttft_grid --backend vllm --quick --out out/vllm_ttft_quick.json
     python -m benchmarks.vllm_ttft --quick --out out/vllm_ttft_quick.json
+    python -m benchmarks.vllm_ttft --out benchmarks/results/cpu/vllm_ttft.json    # all 9 cells, vs MemOS
 """
 
 from __future__ import annotations
@@ -17,14 +18,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from benchmarks.common import env_info, median, p90, print_table, write_outputs
-from benchmarks.ttft_grid import MEMOS_CTX, MEMOS_QUERY, QUICK_CTX, QUICK_QUERY, memories_for, query_for
+from benchmarks.common import OthersCpu, env_info, median, p90, print_table, write_outputs
+from benchmarks.ttft_grid import (
+    MEMOS_CTX,
+    MEMOS_QUERY,
+    MEMOS_QWEN3_8B,
+    QUICK_CTX,
+    QUICK_QUERY,
+    memories_for,
+    query_for,
+)
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
 
 ARMS = ("cold", "injected", "resident")
@@ -51,6 +62,8 @@ class VllmCell:
     resident_speedup_pct: float
     identical: bool
     num_new_tokens: int
+    memos_speedup_pct: float | None = None  # MemOS's figure for the cell (anchors/memos_kv_ttft.json)
+    others_cpu_share: float | None = None  # other processes' share of the cores during the timed reps
 
 
 async def _first(backend, req) -> tuple[list[int], object]:
@@ -81,8 +94,9 @@ def _request(backend, prompt, user: str, item_id: str, arm: str, n: int, counter
 
 
 def run_grid(
-    backend, ctx_sizes, query_sizes, *, reps: int, warmup: int, new_tokens: int, log
+    backend, ctx_sizes, query_sizes, *, reps: int, warmup: int, new_tokens: int, log, on_cell=None
 ) -> list[VllmCell]:
+    """`on_cell(cells so far)` after each cell (main saves them, so a long run interrupted keeps its cells)."""
     counter = itertools.count()
     cells = []
     for ctx, qry in itertools.product(ctx_sizes, query_sizes):
@@ -99,6 +113,8 @@ def run_grid(
         }
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
         cached: dict[str, int] = {}
+        meter = OthersCpu()
+        meter.start()
         for rep in range(warmup + reps):
             for arm in ARMS:  # interleaved, so drift in machine load hits every arm alike
                 _, result = _request(backend, prompt, user, built.item_id, arm, 1, counter)
@@ -126,9 +142,13 @@ def run_grid(
             resident_speedup_pct=round(100 * (1 - med["resident"] / med["cold"]), 1),
             identical=tokens["injected"] == tokens["cold"] == tokens["resident"],
             num_new_tokens=new_tokens,
+            memos_speedup_pct=MEMOS_QWEN3_8B.get((ctx, qry)),
+            others_cpu_share=meter.share(),
         )
         log(f"cell ctx={ctx} query={qry}: {cell}")
         cells.append(cell)
+        if on_cell is not None:
+            on_cell(cells)
     return cells
 
 
@@ -145,16 +165,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _result(env: dict, cells: list[VllmCell], complete: bool) -> dict:
+    return {
+        "env": {**env, "load_avg_1m_at_end": os.getloadavg()[0]},
+        "cells": [asdict(c) for c in cells],
+        "complete": complete,  # False: saved after a cell, the run still going (or cut short)
+        "summary": {
+            "all_identical": all(c.identical for c in cells),
+            "cells_meeting_memos": sum(
+                c.memos_speedup_pct is not None and c.injected_speedup_pct >= c.memos_speedup_pct
+                for c in cells
+            ),
+            "cells_with_memos": sum(c.memos_speedup_pct is not None for c in cells),
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
+    import vllm
+
     from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
 
     args = parse_args(argv)
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
     qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
     reps = args.reps or (1 if args.quick else 3)
+    env = {
+        **env_info("cpu"),
+        "backend": "vllm",
+        "vllm": vllm.__version__,
+        "dtype": "float32",
+        "reps": reps,
+        "warmup": args.warmup,
+        "ttft": "engine thread: request added -> first output",
+        "load_avg_1m_at_start": os.getloadavg()[0],
+    }
     with tempfile.TemporaryDirectory() as data_dir:
         backend = VllmBackend(VllmBackendConfig(model=args.model, data_dir=data_dir))
         backend.load()
+        env["model"] = backend.model_id
+        env["block_size"] = backend._engine.engine.vllm_config.cache_config.block_size
         try:
             cells = run_grid(
                 backend,
@@ -164,8 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
                 warmup=args.warmup,
                 new_tokens=args.new_tokens,
                 log=lambda s: print(s, file=sys.stderr),
+                on_cell=lambda done: Path(args.out).write_text(
+                    json.dumps(_result(env, done, False), indent=1)
+                ),
             )
-            block_size = backend._engine.engine.vllm_config.cache_config.block_size
         finally:
             asyncio.run(backend.aclose())
     print_table(
@@ -182,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
             "Res (%)",
             "Cached inj/res",
             "Identical",
+            "MemOS (%)",
         ],
         [
             [
@@ -197,27 +250,12 @@ def main(argv: list[str] | None = None) -> dict:
                 c.resident_speedup_pct,
                 f"{c.injected_cached_tokens}/{c.resident_cached_tokens}",
                 c.identical,
+                c.memos_speedup_pct,
             ]
             for c in cells
         ],
     )
-    import vllm
-
-    result = {
-        "env": {
-            **env_info("cpu"),
-            "backend": "vllm",
-            "vllm": vllm.__version__,
-            "model": backend.model_id,
-            "dtype": "float32",
-            "block_size": block_size,
-            "reps": reps,
-            "warmup": args.warmup,
-            "ttft": "engine thread: request added -> first output",
-            "load_avg_1m_at_end": os.getloadavg()[0],
-        },
-        "cells": [asdict(c) for c in cells],
-    }
+    result = _result(env, cells, True)
     write_outputs(result, args.out)
     return result
 

@@ -34,10 +34,23 @@ class Plan:
     adapter_id: str | None = None
     version: int = 0
     updated_at: float | None = None
+    adapter: AdapterPlan | None = None  # the served LoRA adapter (adapter_id is its id), or None
 
     @property
     def covered_ids(self) -> frozenset[str]:
-        return frozenset(self.block.memory_ids) if self.block else frozenset()
+        """Memories the plan serves without text: the block's and the adapter's."""
+        block = frozenset(self.block.memory_ids) if self.block else frozenset()
+        return block | frozenset(self.adapter.memory_ids if self.adapter else ())
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    """A user's served LoRA adapter as a plan carries it: registry id, version, served name, memories held."""
+
+    adapter_id: str
+    version: int
+    name: str  # `<adapter_id>@v<version>-<sha16>`: a new version or new weights is a new name
+    memory_ids: tuple[str, ...]
 
 
 class PlanBook:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
-from scheduler.plan import Plan, PlanBook
+from scheduler.plan import AdapterPlan, Plan, PlanBook
 from scheduler.queue import Task, make_queue
 from scheduler.worker import BlockMaker, MemorySource, TaskQueue, Worker
 
@@ -59,6 +59,7 @@ class Scheduler:
         redis_url: str | None = None,
         queue: TaskQueue | None = None,
         fence: Fence | None = None,
+        adapters: Any = None,
     ):
         self.config, self.source, self.builder, self.clock = config, source, builder, clock
         self.heat = HeatTable(
@@ -77,6 +78,7 @@ class Scheduler:
         self.worker = Worker(
             config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock, fence
         )
+        self.adapters = adapters  # kvmem.adapters.ActiveAdapters, or None: no parametric tier
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,7 +133,15 @@ class Scheduler:
             self.queue.put(Task("refresh", user_id))
         elif self.plans.register(user_id):
             self.queue.put(Task("refresh", user_id))
-        return plan
+        return self._with_adapter(plan)
+
+    def _with_adapter(self, plan: Plan) -> Plan:
+        """The plan with the user's served adapter (a pointer stat when unchanged; see ActiveAdapters)."""
+        manifest = self.adapters.get(plan.user_id) if self.adapters is not None else None
+        if manifest is None:
+            return plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
+        adapter = AdapterPlan(manifest.adapter_id, manifest.version, manifest.name, manifest.memory_ids)
+        return replace(plan, adapter=adapter, adapter_id=manifest.adapter_id)
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
@@ -148,6 +158,8 @@ class Scheduler:
         """A user's memories were all deleted: every stored block of theirs stops being served and is
         deleted before this returns (the memory events already covered blocks naming live memory ids; this
         also catches blocks built from raw texts). Returns the forgotten item ids."""
+        if self.adapters is not None:
+            self.adapters.drop_covering(user_id, None, "all the user's memories were deleted")
         return self.worker.forget_user(user_id)
 
     def record_access(self, event: AccessEvent) -> None:
@@ -160,6 +172,10 @@ class Scheduler:
     # -- store changes (synchronous, cheap) ----------------------------------------------------------------
     def on_change(self, event: Any) -> None:
         try:
+            if self.adapters is not None and event.kind != "added":  # before the store call returns
+                self.adapters.drop_covering(
+                    event.user_id, [event.memory_id], f"memory {event.memory_id} {event.kind}"
+                )
             self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
         finally:
             self.queue.put(Task("refresh", event.user_id))

@@ -141,11 +141,21 @@ class ChatService:
                 self._store.search, user_id, search_query, top_k=self._config.retrieve_top_k
             )
         covered = plan.covered_ids
+        lora_ids = plan.adapter.memory_ids if plan.adapter else ()
         text_hits = [h for h in hits if h.memory.id not in covered]
+        block_texts: list[str] = []
+        if block is not None and plan.adapter is not None:
+            # the block's K/V were computed by the base model, not under the adapter: not injected; what it
+            # holds beyond the adapter's facts goes in as text (serving/backends/adapters.py)
+            block_texts = [t for i, t in zip(block.memory_ids, block.texts, strict=True) if i not in lora_ids]
+            block_ids = [i for i in block.memory_ids if i not in lora_ids]
+            block = None
+        else:
+            block_ids = []
         prompt = await asyncio.to_thread(
             self._backend.layout_prompt,
             block.texts if block else (),
-            [h.memory.text for h in text_hits],
+            block_texts + [h.memory.text for h in text_hits],
             messages,
             (block.token_ids or None) if block else None,
         )
@@ -166,8 +176,11 @@ class ChatService:
             sampling=sampling,
             adapter_id=plan.adapter_id,
         )
-        used = tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ())) + tuple(
-            UsedMemory(h.memory.id, "text") for h in text_hits
+        used = (
+            tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ()))
+            + tuple(UsedMemory(i, "lora") for i in lora_ids)
+            + tuple(UsedMemory(i, "text") for i in block_ids)
+            + tuple(UsedMemory(h.memory.id, "text") for h in text_hits)
         )
         return PreparedChat(
             request=request,

@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
     sub.add_parser("build", help="offline KV cache build job (resumable); `kvmem build -h` for its flags")
     sub.add_parser("provision", help="fetch/convert the default model into the local cache (idempotent)")
+    sub.add_parser("distill", help="distil a user's stable memories into a LoRA adapter; `kvmem distill -h`")
     return parser
 
 
@@ -166,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kvmem.kv import build_cli
 
             return int(build_cli.main(argv[1:]) or 0)
+        if argv[:1] == ["distill"]:  # scheduler.distill_cli owns its flags (exit 3: not activated)
+            from scheduler import distill_cli
+
+            return distill_cli.main(argv[1:])
         args = build_parser().parse_args(argv)
         return _run(args)
     except UsageError as e:

@@ -61,6 +61,14 @@ def make_scheduler(
     """The scheduler the server runs (not started: the caller starts it). Heat persists in
     DATA_DIR/scheduler/heat.sqlite; `scheduler_config` defaults to the per-user token cap
     `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set."""
+    from kvmem.adapters import ActiveAdapters, AdapterRegistry
+    from kvmem.adapters.active import facts_current
+    from kvmem.datadir import DataDir
+
+    def base_fingerprint() -> str | None:  # adapters trained on another model are not served
+        handle = getattr(backend, "handle", None)
+        return None if handle is None else handle.fingerprint.digest
+
     return Scheduler(
         scheduler_config or SchedulerConfig(user_block_tokens=config.block_token_budget),
         store,
@@ -69,6 +77,11 @@ def make_scheduler(
         heat_path=config.data_dir / "scheduler" / "heat.sqlite",
         clock=clock,
         redis_url=config.scheduler_redis_url,
+        adapters=ActiveAdapters(
+            AdapterRegistry(DataDir.at(config.data_dir).adapters_dir),
+            base_fingerprint,
+            lambda user_id, facts: facts_current(store, user_id, facts),
+        ),
     )
 
 
@@ -85,7 +98,15 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "bytes": block.num_bytes,
             "tier": "kv",
         },
-        "adapter": None if plan.adapter_id is None else {"id": plan.adapter_id, "tier": "lora"},
+        "adapter": None
+        if plan.adapter is None
+        else {
+            "id": plan.adapter.adapter_id,
+            "version": plan.adapter.version,
+            "name": plan.adapter.name,
+            "memory_ids": list(plan.adapter.memory_ids),
+            "tier": "lora",
+        },
         "updated_at": (
             None
             if plan.updated_at is None

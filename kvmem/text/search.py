@@ -1,25 +1,31 @@
-"""Hybrid search: the keyword leg (FTS5 BM25), the dense leg (exact scan of cached vectors) and their fusion.
+"""Hybrid search: the keyword leg (BM25 over the user's own rows, bm25.py), the dense leg (exact scan of
+cached vectors) and their fusion.
 
-Owns how a chat message becomes an FTS5 MATCH expression, how each leg ranks one user's active memories
-inside the caller's read snapshot, and how two rankings become one: keyword scores spread to neighbouring
-turns of the same session (an answer often lacks the topic words of the turn before it), rank fusion that
-weighs keyword above dense (measured on real dialogue, benchmarks/recall_bench.py), and a lift for turns
-spoken by someone the query names. Knows nothing of transactions, embedders, or how ranked rows become
-Memory objects.
+Owns how a chat message becomes keyword terms, how each leg ranks one user's active memories inside the
+caller's read snapshot, and how two rankings become one: both legs lean on neighbouring turns of the same
+session (an answer often lacks the topic words of the turn before it), rank fusion that weighs keyword above
+dense (measured on real dialogue, benchmarks/recall_bench.py), and lifts for turns spoken by someone the
+query names and for turns of a time it names (when.py). Knows nothing of transactions, embedders, or how
+ranked rows become Memory objects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
+from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.filters import SearchFilters, filter_sql
 from kvmem.text.vectors import UserVectors, VectorCache, speaker_key, top_k_by_dot
+from kvmem.text.when import parse_query_time
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 
@@ -88,20 +94,23 @@ def reciprocal_rank_fusion(
 
 
 def keyword_leg(
-    conn: sqlite3.Connection, user_id: str, query: str, filters: SearchFilters, limit: int
+    conn: sqlite3.Connection,
+    entry: UserVectors | None,
+    user_id: str,
+    query: str,
+    allowed: np.ndarray | None,
+    limit: int,
 ) -> list[tuple[int, float]]:
-    """(rowid, BM25 score) of this user's active memories sharing a word with the query, best first."""
-    expression = fts_match_expression(user_id, query)
-    if expression is None:
+    """(rowid, BM25 score) of this user's active memories sharing a word with the query, best first.
+
+    BM25 with the user's own statistics (bm25.py), so another user's writes never change this ranking;
+    `allowed` (the filters) narrows the results, not the statistics.
+    """
+    terms = keyword_terms(query)
+    if entry is None or not terms:
         return []
-    clause, params = filter_sql(filters)
-    rows = conn.execute(
-        "SELECT f.rowid, -f.rank FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
-        f"WHERE memories_fts MATCH ? AND m.user_id = ? AND m.state = 'active'{clause} "
-        "ORDER BY f.rank, f.rowid LIMIT ?",
-        (expression, user_id, *params, limit),
-    ).fetchall()
-    return [(r[0], float(r[1])) for r in rows]
+    idx, scores = bm25.score_user(conn, owner_token(user_id), terms, entry)
+    return bm25.rank(idx, scores, entry, allowed, limit)
 
 
 def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id: str) -> UserVectors | None:
@@ -115,7 +124,7 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
     entry = vectors.get(user_id, row[0])
     if entry is None:
         rows = conn.execute(
-            "SELECT v.rowid, v.vec, m.session_id, m.role FROM memory_vectors v JOIN memories m "
+            "SELECT v.rowid, v.vec, m.session_id, m.role, m.text FROM memory_vectors v JOIN memories m "
             "ON m.rowid = v.rowid WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
             (user_id,),
         ).fetchall()
@@ -126,9 +135,20 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
             matrix=matrix,  # [n, dim]
             sessions=np.array([r[2] for r in rows], dtype=object),
             speakers=np.array([speaker_key(r[3]) for r in rows], dtype=object),
+            lengths=np.fromiter((bm25.num_tokens(r[4]) for r in rows), dtype=np.int64, count=len(rows)),
         )
         vectors.put(user_id, entry)
     return entry
+
+
+def rowids_in_time(conn: sqlite3.Connection, user_id: str, start: str, end: str) -> np.ndarray:
+    """The rowids of this user's active memories whose chat_time is in [start, end]."""
+    rows = conn.execute(
+        "SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.chat_time >= ? AND m.chat_time <= ? "
+        "AND m.state = 'active'",
+        (user_id, start, end),
+    )
+    return np.fromiter((r[0] for r in rows), dtype=np.int64)
 
 
 def allowed_rowids(conn: sqlite3.Connection, user_id: str, filters: SearchFilters) -> np.ndarray | None:
@@ -149,15 +169,20 @@ def allowed_rowids(conn: sqlite3.Connection, user_id: str, filters: SearchFilter
 
 
 def dense_leg(
-    entry: UserVectors | None, query_vector: np.ndarray, allowed: np.ndarray | None, limit: int
+    entry: UserVectors | None,
+    query_vector: np.ndarray,
+    allowed: np.ndarray | None,
+    limit: int,
+    neighbour_weight: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """(rowid, cosine) of the user's active memories nearest the query vector, best first.
+    """(rowid, cosine) of the user's active memories nearest the query vector, best first (with
+    `neighbour_weight`, hybrid's dense candidates: cosine plus that share of their neighbours', vectors.py).
 
     Filters arrive as a set of allowed rowids, so the cache holds one matrix per user whatever the filters.
     """
     if entry is None:
         return []
-    return top_k_by_dot(entry, query_vector, limit, allowed)
+    return top_k_by_dot(entry, query_vector, limit, allowed, neighbour_weight)
 
 
 def spread_to_neighbours(
@@ -195,6 +220,16 @@ def named_speakers(query: str, entry: UserVectors, rowids: list[int]) -> np.ndar
     return np.array([p >= 0 and entry.speakers[p] in words for p in pos.tolist()], dtype=bool)
 
 
+def lift(ranked: list[tuple[int, float]], mask: np.ndarray, weight: float) -> list[tuple[int, float]]:
+    """Scores (s + weight * mask) / (1 + weight), re-sorted; ties keep their order. Stays in [0, 1]."""
+    if weight == 0 or not mask.any():
+        return ranked
+    order = {r: i for i, (r, _) in enumerate(ranked)}
+    lifted = [(r, (s + weight * bool(m)) / (1 + weight)) for (r, s), m in zip(ranked, mask, strict=True)]
+    lifted.sort(key=lambda x: (-x[1], order[x[0]]))
+    return lifted
+
+
 def fuse_legs(
     mode: str,
     keyword: list[tuple[int, float]],
@@ -203,12 +238,15 @@ def fuse_legs(
     entry: UserVectors | None = None,
     query: str = "",
     allowed: np.ndarray | None = None,
+    in_time: np.ndarray | None = None,
 ) -> list[tuple[int, float]]:
     """The ranking `mode` asks for: one leg as it came, or (hybrid) both fused, scores in [0, 1].
 
     Hybrid: keyword hits spread to their neighbours (`spread_to_neighbours`), the top `num_candidates` of
     each leg fused by weighted RRF (scaled so first in both legs is 1.0), then, when the query names the
-    speaker of some candidates, those are lifted: (rrf + speaker_weight * named) / (1 + speaker_weight).
+    speaker of some candidates, those are lifted: (rrf + speaker_weight * named) / (1 + speaker_weight);
+    then, when the query names a time (`in_time`: the rowids whose chat_time is in it), candidates of that
+    time are lifted the same way by time_weight.
     """
     assert mode in SEARCH_MODES, mode
     if mode == "keyword":
@@ -227,13 +265,48 @@ def fuse_legs(
         config.dense_weight,
     )
     ranked = [(h.rowid, h.score) for h in fused]
-    if entry is None or config.speaker_weight == 0 or not ranked:
+    if entry is None or not ranked:
         return ranked
-    named = named_speakers(query, entry, [r for r, _ in ranked])
-    if not named.any():
-        return ranked
-    lift = config.speaker_weight
-    order = {h.rowid: i for i, h in enumerate(fused)}
-    lifted = [(r, (s + lift * bool(n)) / (1 + lift)) for (r, s), n in zip(ranked, named, strict=True)]
-    lifted.sort(key=lambda x: (-x[1], order[x[0]]))
-    return lifted
+    if config.speaker_weight > 0:
+        ranked = lift(ranked, named_speakers(query, entry, [r for r, _ in ranked]), config.speaker_weight)
+    if in_time is not None and config.time_weight > 0:
+        ranked = lift(
+            ranked, np.isin(np.array([r for r, _ in ranked], dtype=np.int64), in_time), config.time_weight
+        )
+    return ranked
+
+
+def rank_rows(
+    conn: sqlite3.Connection,
+    vectors: VectorCache,
+    dim: int,
+    user_id: str,
+    query: str,
+    query_vector: np.ndarray | None,
+    filters: SearchFilters,
+    mode: str,
+    top_k: int,
+    config: TextStoreConfig,
+    clock: Callable[[], datetime],
+) -> list[tuple[int, float]]:
+    """(rowid, score) of this user's active memories for `query` in `mode`, best first, inside the caller's
+    read snapshot. Hybrid reads the time the query names relative to `clock` (when.py)."""
+    num_candidates = max(config.num_candidates, top_k)
+    num_keyword = max(config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
+    when = parse_query_time(query, clock) if mode == "hybrid" and config.time_weight > 0 else None
+    entry = user_rows(conn, vectors, dim, user_id)
+    allowed = allowed_rowids(conn, user_id, filters)
+    keyword: list[tuple[int, float]] = []
+    if mode != "dense":
+        words = query  # time words stay keywords too: "New Year 2024" is also what was said
+        keyword = keyword_leg(conn, entry, user_id, words, allowed, num_keyword)
+    in_time = None
+    if when is not None:
+        in_time = rowids_in_time(conn, user_id, when.start, when.later_by(config.time_slack_days).end)
+    dense: list[tuple[int, float]] = []
+    if mode != "keyword":
+        spread = config.dense_neighbour_weight if mode == "hybrid" else 0.0
+        dense = dense_leg(entry, query_vector, allowed, num_candidates, spread)
+    if num_candidates != config.num_candidates:
+        config = dataclasses.replace(config, num_candidates=num_candidates)
+    return fuse_legs(mode, keyword, dense, config, entry, query, allowed, in_time)

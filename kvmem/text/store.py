@@ -10,7 +10,6 @@ Knows nothing of HTTP, KV items or scheduling.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 import uuid
@@ -21,6 +20,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.embed import Embedder, default_embedder
@@ -59,7 +59,7 @@ from kvmem.text.rows import (
     write_version,
 )
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, allowed_rowids, dense_leg, fuse_legs, keyword_leg, user_rows
+from kvmem.text.search import SEARCH_MODES, rank_rows
 from kvmem.text.vectors import VectorCache, speaker_key
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
@@ -181,8 +181,11 @@ class MemoryStore:
             rowid_array = np.asarray(rowids, dtype=np.int64)
             sessions = [session_id] * len(memories)
             speakers = [speaker_key(m.role) for m in memories]
+            lengths = [num_tokens(m.text) for m in memories]
             tx.after_commit.append(
-                lambda: self._vectors.append(user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers)
+                lambda: self._vectors.append(
+                    user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths
+                )
             )
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)
         return memories
@@ -391,23 +394,21 @@ class MemoryStore:
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
         check_min_score(min_score)
-        parsed = parse_filters(filters)
-        num_candidates = max(self.config.num_candidates, top_k)
-        num_keyword = (
-            max(self.config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
-        )
         query_vector = self._embed([query])[0] if mode != "keyword" else None
-        entry, allowed = None, None
         with self._db.snapshot() as conn:
-            keyword = keyword_leg(conn, user_id, query, parsed, num_keyword) if mode != "dense" else []
-            if mode != "keyword":
-                entry = user_rows(conn, self._vectors, self.embedder.dim, user_id)
-                allowed = allowed_rowids(conn, user_id, parsed)
-            dense = dense_leg(entry, query_vector, allowed, num_candidates) if mode != "keyword" else []
-        config = self.config
-        if num_candidates != config.num_candidates:
-            config = dataclasses.replace(config, num_candidates=num_candidates)
-        ranked = fuse_legs(mode, keyword, dense, config, entry, query, allowed)
+            ranked = rank_rows(
+                conn,
+                self._vectors,
+                self.embedder.dim,
+                user_id,
+                query,
+                query_vector,
+                parse_filters(filters),
+                mode,
+                top_k,
+                self.config,
+                self._clock,
+            )
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
         ranked = ranked[:top_k]

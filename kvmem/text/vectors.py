@@ -27,13 +27,15 @@ def speaker_key(role: str | None) -> str:
 @dataclass(frozen=True)
 class UserVectors:
     """One user's active vectors at one generation. rowids[i] (ascending) is the memory row of matrix[i];
-    sessions[i] its session id (None: none) and speakers[i] its `speaker_key`."""
+    sessions[i] its session id (None: none), speakers[i] its `speaker_key` and lengths[i] its text's length in
+    words (bm25.num_tokens), from which keyword search takes the user's own average length."""
 
     gen: int
     rowids: np.ndarray  # [n] int64, ascending
     matrix: np.ndarray  # [n, dim] float32
     sessions: np.ndarray  # [n] object (str | None)
     speakers: np.ndarray  # [n] object (str)
+    lengths: np.ndarray  # [n] int64
 
     @property
     def num_bytes(self) -> int:
@@ -101,6 +103,7 @@ class VectorCache:
         matrix: np.ndarray,
         sessions: list[str | None],
         speakers: list[str],
+        lengths: list[int],
     ) -> None:
         """After this process's own add: extend the entry if it was current at `old_gen`, else drop it.
 
@@ -121,6 +124,7 @@ class VectorCache:
                 matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
                 sessions=np.concatenate([entry.sessions, np.array(sessions, dtype=object)]),
                 speakers=np.concatenate([entry.speakers, np.array(speakers, dtype=object)]),
+                lengths=np.concatenate([entry.lengths, np.array(lengths, dtype=np.int64)]),
             ),
         )
 
@@ -140,12 +144,24 @@ class VectorCache:
 
 
 def top_k_by_dot(
-    vectors: UserVectors, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+    vectors: UserVectors,
+    query: np.ndarray,
+    k: int,
+    allowed: np.ndarray | None = None,
+    neighbour_weight: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """(rowid, cosine) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid."""
+    """(rowid, score) of the k best rows, best first; `allowed` restricts to those rowids. Ties: lower rowid.
+
+    score = cosine, plus `neighbour_weight` times the mean cosine of the previous and next turn of the same
+    session (a missing neighbour counts 0): a reply is found by what it answers.
+    """
     if vectors.matrix.shape[0] == 0 or k <= 0:
         return []
     scores = vectors.matrix @ query.astype(np.float32)  # [n]
+    if neighbour_weight:
+        prev, nxt = vectors.neighbours
+        around = np.where(prev >= 0, scores[prev], 0.0) + np.where(nxt >= 0, scores[nxt], 0.0)  # [n]
+        scores = scores + np.float32(neighbour_weight / 2) * around.astype(np.float32)
     rowids = vectors.rowids
     if allowed is not None:
         keep = np.isin(rowids, allowed)

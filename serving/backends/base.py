@@ -209,7 +209,7 @@ class Backend(ABC):
         context length (finish_reason "length"). KV fallback is the backend's job: a missing, corrupt or
         mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind
         (KV_FALLBACK_KINDS) and a log line with the detail, never an exception. `cached_tokens` is the number
-        of prompt tokens served from the KV item.
+        of prompt tokens served from the KV item: at most the block's length, whatever else an engine reused.
         """
 
     @abstractmethod

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
+from serving.backends.adapters import adapter_slots, with_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -79,7 +80,7 @@ class TransformersBackend(StoredBlocksBackend):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
-        self.handle = self.layout = self.builder = None
+        self.handle = self.layout = self.builder = self.adapters = None
         self._eos: frozenset[int] = frozenset()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -112,6 +113,7 @@ class TransformersBackend(StoredBlocksBackend):
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             self.max_context_tokens = handle.max_context_tokens
+            self.adapters = adapter_slots(self.config.data_dir, handle)
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
@@ -159,7 +161,7 @@ class TransformersBackend(StoredBlocksBackend):
         """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
-        from kvmem.kv import GenerationStats, Sampling
+        from kvmem.kv import GenerationStats, Sampling, generate
         from kvmem.kv.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
@@ -177,17 +179,22 @@ class TransformersBackend(StoredBlocksBackend):
             detok = _Detokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
-            seq = Sequence(
-                self.handle.model,
-                req.prompt.ids,
-                item=item,
-                sampling=sampling,
-                stop_token_ids=self._eos,
-                should_stop=cancel.is_set,
-                stats=stats,
-                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
+            args = dict(
+                item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
             )
-            token = yield seq  # the batcher sends each token, then None once the sequence has ended
+            tokens = None  # batched: the batcher sends the tokens
+            if adapter is None:
+                seq = Sequence(
+                    self.handle.model,
+                    req.prompt.ids,
+                    **args,
+                    prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                )
+                token = yield seq  # the batcher sends each token, then None once the sequence has ended
+            else:  # an adapter's steps run alone, its layers on only during them (adapters.py): not batched
+                tokens = self.adapters.steps(generate(self.handle.model, req.prompt.ids, **args), adapter)
+                token = next(tokens, None)
             while token is not None:
                 if token in self._eos:
                     finish = "stop"
@@ -198,7 +205,8 @@ class TransformersBackend(StoredBlocksBackend):
                 if hit:
                     finish = "stop"
                     break
-                token = yield  # the next token (one batched step later), or None
+                sent = yield  # the next token (one batched step later) or None; None from a plain turn
+                token = sent if tokens is None else next(tokens, None)
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:

@@ -382,7 +382,10 @@ class VllmBackend(StoredBlocksBackend):
             yield GenerationResult(
                 finish_reason=finish,
                 prompt_tokens=len(req.prompt.ids),
-                cached_tokens=cached,
+                # API.md: prompt tokens served from activation memory, i.e. from the user's block (as the
+                # transformers backend counts them); vLLM's own count also takes prefix-cache hits past the
+                # block (the conversation so far), which are not memory
+                cached_tokens=min(cached, req.prompt.block_len),
                 completion_tokens=num_tokens,
                 ttft_s=(sink.first_output_at or sink.added_at) - sink.added_at,
                 kv_fallback_reason=fallback,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,20 +41,75 @@ class AdapterRef:
     path: str
 
 
-def adapter_ref(adapters_dir: Path, adapter_id: str) -> AdapterRef | None:
-    """The adapter `adapter_id` under DATA_DIR/adapters, or None when it is not there.
+ADAPTER_MANIFEST = "kvmem_adapter.json"  # beside the peft files; the parametric tier's registry writes it
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 
-    STUB until the parametric tier exists: it expects `<adapters_dir>/<adapter_id>/kvmem_adapter.json` with
-    `{"version": int, "sha256": str}` beside the peft files; nothing writes that file yet."""
+
+class LoraIds:
+    """vLLM's `lora_int_id` per adapter name: vLLM keeps loaded adapters by this id, so two names must never
+    share one (a hash of the name could collide); ids are handed out in order, one per name, never reused
+    while this process (and so its engine) lives. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def of(self, name: str) -> int:
+        with self._lock:
+            return self._ids.setdefault(name, len(self._ids) + 1)
+
+
+LORA_IDS = LoraIds()
+_hashes: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime_ns), sha256)
+_hashes_lock = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256 hex, hashed again only when its inode, size or mtime changed. Raises OSError."""
+    st = path.stat()
+    key = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _hashes_lock:
+        known = _hashes.get(str(path))
+    if known is not None and known[0] == key:
+        return known[1]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    with _hashes_lock:
+        _hashes[str(path)] = (key, h.hexdigest())
+    return h.hexdigest()
+
+
+def adapter_ref(adapters_dir: Path, adapter_id: str, ids: LoraIds = LORA_IDS) -> AdapterRef | None:
+    """The adapter `adapter_id` under DATA_DIR/adapters, or None (logged) when it is not there or its files
+    are not the ones its manifest names.
+
+    Expects `<adapters_dir>/<adapter_id>/kvmem_adapter.json` with `{"version": int, "sha256": str}` (the
+    weights file's sha256; `config_sha256` too when given) beside the peft files. The hashes are checked
+    against the files, so a name (`<adapter_id>@v<version>-<sha256[:16]>`, as the registry names a version)
+    is never served with weights other than the ones it was made for."""
     directory = adapters_dir / adapter_id
     try:
-        manifest = json.loads((directory / "kvmem_adapter.json").read_text())
+        manifest = json.loads((directory / ADAPTER_MANIFEST).read_text())
         version, sha = int(manifest["version"]), str(manifest["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config_sha = manifest.get("config_sha256")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    try:
+        found = file_sha256(directory / ADAPTER_WEIGHTS)
+        found_config = None if config_sha is None else file_sha256(directory / ADAPTER_CONFIG)
+    except OSError as exc:
+        log.warning("adapter %s: unreadable files (%s)", adapter_id, exc)
+        return None
+    if found != sha or found_config != config_sha:
+        log.warning(
+            "adapter %s: its files do not match its manifest (version %d); not served", adapter_id, version
+        )
         return None
     name = f"{adapter_id}@v{version}-{sha[:16]}"
-    int_id = 1 + int(hashlib.sha256(name.encode()).hexdigest()[:7], 16)  # stable, > 0, fits int32
-    return AdapterRef(name=name, int_id=int_id, path=str(directory))
+    return AdapterRef(name=name, int_id=ids.of(name), path=str(directory))
 
 
 def lora_request_for(adapters_dir: Path, adapter_id: str | None, enabled: bool) -> Any:

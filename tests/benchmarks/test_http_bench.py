@@ -34,6 +34,13 @@ def test_http_ttft_arms(tmp_path, capsys):
         assert kv["memory_tiers"] == {"kv": 3} and text["memory_tiers"] == {"text": 3}
         assert not none["memory_tiers"]
     assert set(result["summary"]["kv_vs_text_x"]) == {"1", "4", "8"}
+    assert all(a["backend"] == "fake" and a["ttft_p50_s"] <= a["ttft_p99_s"] for a in result["arms"])
+    assert all(a["tokens_per_s"] > 0 for a in result["arms"])
+    cut = result["summary"]["kv_cut_vs_text_pct"]
+    assert cut == {
+        str(c): 100 * (1 - arms[("kv", c)]["ttft_p50_s"] / arms[("text", c)]["ttft_p50_s"]) for c in (1, 4, 8)
+    }
+    assert result["summary"]["by_backend"]["fake"]["kv_cut_vs_text_pct"] == cut
     assert "in_process" not in result["summary"]  # fake backend: no in-process baseline
     assert isinstance(result["summary"]["http_client_overhead_ms"], float)
 
@@ -63,6 +70,57 @@ def test_http_load_runs_without_errors(tmp_path):
     )
     load = result["load"]
     assert load["num_errors"] == 0 and load["completed"] > 0 and load["output_tokens"] > 0
+    assert result["runs"] == [load] and load["backend"] == "fake" and load["clients"] == 3
+
+
+def test_http_load_runs_every_level_against_one_server_per_backend(tmp_path):
+    out = tmp_path / "l.json"
+    args = ["--spawn", "--backends", "fake", "--levels", "1", "2", "5", "--duration-s", "1"]
+    result = http_load.main([*args, "--words", "10", "--max-tokens", "3", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and "load" not in result  # several runs: no single row
+    assert [(r["backend"], r["clients"]) for r in result["runs"]] == [("fake", 1), ("fake", 2), ("fake", 5)]
+    for row in result["runs"]:
+        assert row["num_errors"] == 0 and row["completed"] > 0
+        # every request streams --max-tokens tokens (the fake backend never stops early)
+        assert row["output_tokens"] == 3 * row["completed"]
+        assert row["tokens_per_s"] == row["output_tokens"] / row["duration_s"]
+        assert row["ttft_p50_s"] <= row["ttft_p99_s"] and row["kv_ttft_p50_s"] <= row["kv_ttft_p99_s"]
+        assert 0.0 <= row["others_cpu_share"] <= 1.0 and len(row["load_avg_1m"]) == 2
+    one = result["runs"][0]  # one client: the KV user's, so both medians are the same requests'
+    assert one["kv_ttft_p50_s"] == one["ttft_p50_s"]
+    summary = result["summary"]["fake"]
+    assert set(summary["tokens_per_s"]) == {"1", "2", "5"}
+    assert "kv_ttft_p50_8_over_1_x" not in summary  # no level 8 measured
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--backends", "fake", "fake"],  # twice
+        ["--backends", "fake", "transformers", "--base-url", "http://127.0.0.1:1"],  # several need --spawn
+        ["--backends", "tgi"],  # unknown
+        ["--spawn", "--levels", "0"],
+    ],
+)
+def test_http_load_rejects_bad_backends_and_levels(tmp_path, bad):
+    with pytest.raises(SystemExit) as exc:
+        http_load.main([*bad, "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--backends", "fake", "fake"],
+        ["--backends", "fake", "transformers", "--base-url", "http://127.0.0.1:1"],
+        ["--levels", "4", "0"],
+    ],
+)
+def test_http_ttft_rejects_bad_backends_and_levels(tmp_path, bad):
+    with pytest.raises(SystemExit) as exc:
+        http_ttft.main([*bad, "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
 
 
 @pytest.mark.slow

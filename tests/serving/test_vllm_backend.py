@@ -215,6 +215,14 @@ def test_stop_strings_max_tokens_and_seeds(backend):
     first = run(backend, "dan", prompt, None, seeded)
     second = run(backend, "dan", prompt, None, seeded)
     assert first[0] == second[0] and len(first[0]) == 16
+    assert first[0] != full[0][:16]  # sampled, not greedy: the temperature is honoured
+    other = run(backend, "dan", prompt, None, SamplingParams(max_new_tokens=16, temperature=0.9, seed=4321))
+    assert other[0] != first[0]  # another seed, other tokens
+    # top_p so small that only the most likely token is left: greedy whatever the temperature and seed
+    nucleus = run(
+        backend, "dan", prompt, None, SamplingParams(max_new_tokens=16, temperature=0.9, top_p=1e-6)
+    )
+    assert nucleus[0] == full[0][:16]
     wait_idle(backend)
 
 
@@ -303,4 +311,34 @@ def test_the_openai_client_against_the_app_on_the_vllm_backend(backend, tmp_path
             assert httpx.get(f"{url}/health").json()["backend"] == "vllm"
     finally:
         scheduler.stop()
+    wait_idle(backend)
+
+
+def test_cached_tokens_count_the_block_only_not_vllms_hits_past_it(backend, memories, default_model_dir):
+    # API.md: cached_tokens counts prompt tokens served from activation memory. vLLM's own count also takes
+    # the whole blocks of the rest of the prompt it has cached (a conversation, a repeated question): those
+    # are not memory, and the transformers backend does not count them either.
+    texts = memories[:10]
+    built = backend.build_block("ivan", texts)
+    question = [{"role": "user", "content": " ".join(["Tell me about the harbour and its boats."] * 60)}]
+    prompt = backend.layout_prompt(texts, [], question, built.token_ids)
+    size = backend._engine.engine.vllm_config.cache_config.block_size
+    # the second request's prefix-cache hit in vLLM's count: every whole block before the last token,
+    # at least two blocks past the memory block
+    assert (len(prompt.ids) - 1) // size * size >= prompt.block_len + 2 * size
+    short = SamplingParams(max_new_tokens=4, temperature=0.0)
+    first = run(backend, "ivan", prompt, built.item_id, short)
+    second = run(backend, "ivan", prompt, built.item_id, short)
+    assert (first[2].cached_tokens, second[2].cached_tokens) == (prompt.block_len, prompt.block_len)
+    assert (first[2].kv_fallback_reason, second[2].kv_fallback_reason) == (None, None)
+    assert first[0] == second[0] and len(first[0]) == 4
+    tb = TransformersBackend(
+        TransformersBackendConfig(model=str(default_model_dir), data_dir=backend.config.data_dir)
+    )
+    tb.load()
+    try:
+        tf = run(tb, "ivan", prompt, built.item_id, short)
+    finally:
+        asyncio.run(tb.aclose())
+    assert (tf[2].cached_tokens, tf[0]) == (prompt.block_len, first[0])
     wait_idle(backend)

@@ -3,13 +3,15 @@ and its hand-off shelf."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from serving.backends.vllm_request import AdapterRef, adapter_ref, cache_salt
+from serving.backends.vllm_request import AdapterRef, LoraIds, adapter_ref, cache_salt
 
 
 def test_the_salt_names_the_user_and_the_block_item_and_nothing_else():
@@ -26,18 +28,56 @@ def test_the_salt_names_the_user_and_the_block_item_and_nothing_else():
     assert all(len(s) == 32 and int(s, 16) >= 0 for s in salts)
 
 
+def _adapter(directory, version, weights=b"weights-1", config=b'{"r": 8}', with_config=True):
+    """peft-like files and the manifest the parametric tier's registry writes beside them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_model.safetensors").write_bytes(weights)
+    (directory / "adapter_config.json").write_bytes(config)
+    manifest = {"version": version, "sha256": hashlib.sha256(weights).hexdigest()}
+    if with_config:
+        manifest["config_sha256"] = hashlib.sha256(config).hexdigest()
+    (directory / "kvmem_adapter.json").write_text(json.dumps(manifest))
+    return manifest["sha256"]
+
+
 def test_an_adapter_is_named_by_its_version_and_hash(tmp_path):
-    directory = tmp_path / "ad-1"
-    directory.mkdir()
-    (directory / "kvmem_adapter.json").write_text(json.dumps({"version": 3, "sha256": "ab" * 32}))
-    ref = adapter_ref(tmp_path, "ad-1")
-    assert ref == AdapterRef(name="ad-1@v3-" + "ab" * 8, int_id=ref.int_id, path=str(directory))
-    assert 0 < ref.int_id < 2**31
-    (directory / "kvmem_adapter.json").write_text(json.dumps({"version": 4, "sha256": "ab" * 32}))
-    assert adapter_ref(tmp_path, "ad-1").name == "ad-1@v4-" + "ab" * 8  # a new version is a new adapter
-    assert adapter_ref(tmp_path, "missing") is None
-    (directory / "kvmem_adapter.json").write_text("{not json")
-    assert adapter_ref(tmp_path, "ad-1") is None
+    ids = LoraIds()
+    sha = _adapter(tmp_path / "ad-1", 3)
+    ref = adapter_ref(tmp_path, "ad-1", ids)
+    assert ref == AdapterRef(name=f"ad-1@v3-{sha[:16]}", int_id=1, path=str(tmp_path / "ad-1"))
+    assert adapter_ref(tmp_path, "ad-1", ids) == ref  # the same adapter: the same name and id
+    sha2 = _adapter(tmp_path / "ad-1", 4, weights=b"weights-2")
+    assert sha2 != sha
+    # a new version with new weights is a new adapter to vLLM: a new name and a new id
+    assert adapter_ref(tmp_path, "ad-1", ids) == AdapterRef(f"ad-1@v4-{sha2[:16]}", 2, str(tmp_path / "ad-1"))
+    _adapter(tmp_path / "ad-2", 1, with_config=False)  # config_sha256 is optional
+    assert adapter_ref(tmp_path, "ad-2", ids).int_id == 3
+    assert adapter_ref(tmp_path, "missing", ids) is None
+    (tmp_path / "ad-1" / "kvmem_adapter.json").write_text("{not json")
+    assert adapter_ref(tmp_path, "ad-1", ids) is None
+
+
+@pytest.mark.parametrize("part", ["adapter_model.safetensors", "adapter_config.json"])
+def test_an_adapter_whose_files_are_not_its_manifests_is_not_served(tmp_path, part, caplog):
+    # weights (or config) replaced under an old manifest would be served under the old name: refused instead
+    ids = LoraIds()
+    _adapter(tmp_path / "ad-1", 1)
+    good = adapter_ref(tmp_path, "ad-1", ids)
+    path = tmp_path / "ad-1" / part
+    path.write_bytes(path.read_bytes() + b" ")
+    with caplog.at_level(logging.WARNING, logger="serving.backends.vllm_request"):
+        assert adapter_ref(tmp_path, "ad-1", ids) is None
+    assert any("do not match its manifest" in r.getMessage() for r in caplog.records)
+    path.unlink()
+    assert adapter_ref(tmp_path, "ad-1", ids) is None
+    assert good is not None and good.int_id == 1
+
+
+def test_lora_ids_are_one_per_name_and_never_shared():
+    ids = LoraIds()
+    names = [f"u{k}/v0001@v1-{k:016x}" for k in range(2000)]
+    got = [ids.of(n) for n in names]
+    assert got == list(range(1, 2001)) and [ids.of(n) for n in names] == got
 
 
 def test_the_load_plan_puts_each_token_in_its_block_and_offset():

@@ -41,3 +41,24 @@ def test_embedder_mismatch(tmp_path):
     config = TextStoreConfig(reembed_on_mismatch=True)
     with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(32), config=config) as s:
         assert [h.memory.text for h in s.search("alice", "pears", mode="dense")] == ["apples and pears"]
+
+
+def test_a_file_written_by_the_previous_code_opens_as_is(tmp_path):
+    """data/v1_main_119c6d6.db was written by main at 119c6d6 (FTS5's file-wide bm25): alice has 4 turns,
+    bob 30 'apple' turns. It opens at schema 1 with nothing re-indexed, and alice's ranking is her own."""
+    import shutil
+    from pathlib import Path
+
+    path = tmp_path / "memories.db"
+    shutil.copy(Path(__file__).parent / "data" / "v1_main_119c6d6.db", path)
+    with MemoryStore(path, embedder=HashEmbedder()) as s:
+        assert s._conn().execute("PRAGMA user_version").fetchone()[0] == 1
+        assert s.count_by_user() == {"alice": 4, "bob": 30}
+        texts = [h.memory.text for h in s.search("alice", "apple banana", mode="keyword")]
+        # the old code ranked the bananas first (bob made 'apple' common in the whole file); within
+        # alice's rows 'apple' is as rare as 'banana', and the shorter apple turn leads
+        assert texts == ["apple tart", "banana bread", "banana plum jam", "we baked an apple pie"]
+        hits = s.search("alice", "what did we bake on 5 Jan 2024")
+        assert hits[0].memory.text == "we baked an apple pie"
+        [new] = s.add("alice", "apple crumble", session_id="s1")
+        assert s.search("alice", "crumble", mode="keyword")[0].memory.id == new.id

@@ -138,6 +138,7 @@ def _rows(sessions, speakers=None):
         matrix=np.zeros((n, 4), dtype=np.float32),
         sessions=np.array(sessions, dtype=object),
         speakers=np.array(speakers or [""] * n, dtype=object),
+        lengths=np.ones(n, dtype=np.int64),
     )
 
 
@@ -227,3 +228,70 @@ def test_neighbours_follow_appends_to_the_cached_rows(tmp_path, clock):
         [other] = store.add("alice", messages=[{"role": "Al", "content": "Yes, in May"}], session_id="t")
         assert [h.memory.id for h in store.search("alice", "Lisbon")] == [question.id, reply.id]
         assert other.id != reply.id
+
+
+def test_keyword_ranking_ignores_other_users_rows(store):
+    """BM25 statistics are the user's own: another user's writes change neither order nor scores."""
+    apple, banana, plum = store.add("alice", texts=["apple tart", "banana bread", "banana plum jam"])
+    store.add("alice", texts=["quiet evening", "long walk home"])
+
+    def ranking(mode):
+        return [(h.memory.id, h.score) for h in store.search("alice", "apple banana", top_k=10, mode=mode)]
+
+    before = {mode: ranking(mode) for mode in ("keyword", "hybrid")}
+    # within alice, apple is the rarer word, so the apple turn leads; bananas tie on idf, the shorter first
+    assert [i for i, _ in before["keyword"]] == [apple.id, banana.id, plum.id]
+    # bob makes apple the commoner word of the whole file (a file-wide idf would now put bananas first)
+    bob = store.add("bob", texts=[f"apple number {i}" for i in range(30)])
+    assert {mode: ranking(mode) for mode in before} == before
+    store.delete("bob", bob[0].id)
+    store.add("carol", texts=["banana"] * 3)
+    assert {mode: ranking(mode) for mode in before} == before
+
+
+def test_keyword_scores_are_bm25_over_the_users_rows(store):
+    """The score by hand: N, df and the average length are alice's (5 rows, 13 words)."""
+    import math
+
+    a, b, _, _, _ = store.add(
+        "alice", texts=["red fox", "red red fox jumps high", "blue whale", "green tree", "small cat"]
+    )
+    store.add("bob", texts=["red"] * 7)
+    hits = store.search("alice", "red", mode="keyword")
+    n, df, avgdl = 5, 2, 13 / 5
+    idf = math.log((n - df + 0.5) / (df + 0.5))
+
+    def bm25(tf, dl):
+        return idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avgdl))
+
+    # the short turn wins: its one 'red' in 2 words outweighs two in 5
+    assert [h.memory.id for h in hits] == [a.id, b.id]
+    assert [h.score for h in hits] == [bm25(1, 2), bm25(2, 5)]
+
+
+def test_dense_candidates_lean_on_their_neighbours():
+    """cosine + w/2 * (cosine of the previous turn + of the next), within a session; exact scores."""
+    import numpy as np
+
+    from kvmem.text.vectors import UserVectors, top_k_by_dot
+
+    basis = np.eye(3, dtype=np.float32)
+    rows = UserVectors(
+        gen=1,
+        rowids=np.arange(10, 14, dtype=np.int64),
+        matrix=np.stack([basis[0], basis[1], basis[2], basis[1]]),  # [4, 3]
+        sessions=np.array(["a", "a", "a", "b"], dtype=object),
+        speakers=np.array([""] * 4, dtype=object),
+        lengths=np.ones(4, dtype=np.int64),
+    )
+    query = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    # plain: the two rows equal to the query tie, lower rowid first; the others score 0
+    assert top_k_by_dot(rows, query, 4) == [(11, 1.0), (13, 1.0), (10, 0.0), (12, 0.0)]
+    # row 11 is the neighbour of 10 and 12 (session a); 13 is alone in session b
+    assert top_k_by_dot(rows, query, 4, neighbour_weight=0.5) == [
+        (11, 1.0),
+        (13, 1.0),
+        (10, 0.25),
+        (12, 0.25),
+    ]
+    assert top_k_by_dot(rows, query, 2, np.array([10, 12]), neighbour_weight=0.5) == [(10, 0.25), (12, 0.25)]

@@ -1,0 +1,96 @@
+"""Search latency for one user with 10k memories among 100k, through MemoryStore (the code the routes call).
+
+Run: python -m benchmarks.search_latency --out FILE.json [--searches 200]
+The bulk memories are store_bench's (same texts, users and times), but their vectors are random unit vectors
+filed under the real embedder's name, so nothing bulk is embedded (an exact scan costs the same whatever the
+values); every query is embedded by the real embedder, distinct queries so none comes from a cache. Per mode:
+wall time and this process's CPU time per search (all its threads: the embedder's pool too), p50 / p90 / p99, after 20 warm-up searches. CPU time is
+what the search itself costs; wall time also holds the waits of a shared machine, whose load is recorded
+(`others_cpu_share`: other processes' share of all cores over the run). The last stdout line is one JSON
+document (git sha included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import OthersCpu, env_info, write_outputs
+from benchmarks.memory_dataset import generate
+from benchmarks.store_bench import FULL, MODES, write_bulk_dump
+from kvmem.text import MemoryStore, load_embedder
+
+
+class RandomVectors:
+    """Unit vectors drawn from each text's hash, under another embedder's name and dim (bulk data only)."""
+
+    def __init__(self, name: str, dim: int) -> None:
+        self.name, self.dim = name, dim
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)  # [n, dim]
+        for i, text in enumerate(texts):
+            seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+            v = np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+            out[i] = v / np.linalg.norm(v)
+        return out
+
+
+def pct(values: list[float]) -> dict:
+    ms = np.array(values) * 1000
+    return {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)} | {"n": len(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--searches", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    others = OthersCpu()
+    others.start()
+    embedder = load_embedder("default")
+    embedder.embed(["warm-up"])
+    result: dict = {
+        "benchmark": "kvmem.text search latency",
+        "sizes": FULL.__dict__,
+        "embedder": embedder.name,
+    }
+    with tempfile.TemporaryDirectory(prefix="kvmem-search-latency-") as tmp:
+        dump = Path(tmp) / "bulk.jsonl"
+        write_bulk_dump(dump, RandomVectors(embedder.name, embedder.dim), FULL, args.seed)
+        with MemoryStore(Path(tmp) / "bulk.db", embedder=embedder) as store:
+            store.import_jsonl(dump)
+            questions = [q.text for q in generate(3, 6, 20, args.seed).questions]
+            rng = random.Random(args.seed)
+            for mode in MODES:
+                queries = [f"{rng.choice(questions)} ({mode} {i})" for i in range(args.searches + 20)]
+                wall, cpu = [], []
+                for i, query in enumerate(queries):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    store.search("big-user", query, top_k=10, mode=mode)
+                    if i >= 20:
+                        wall.append(time.perf_counter() - w0)
+                        cpu.append(time.process_time() - c0)
+                slowest = sorted(range(len(cpu)), key=lambda j: -cpu[j])[:3]
+                result[mode] = {
+                    "wall_ms": pct(wall),
+                    "cpu_ms": pct(cpu),
+                    "slowest_cpu": [[queries[20 + j], round(cpu[j] * 1000, 3)] for j in slowest],
+                }
+                print(mode, result[mode], flush=True)
+            result["big_user_memories"] = store.count("big-user")
+            result["file_memories"] = sum(store.count_by_user().values())
+    result["env"] = {**env_info("cpu"), "others_cpu_share": others.share()}
+    write_outputs(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

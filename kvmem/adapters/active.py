@@ -1,0 +1,87 @@
+"""Which adapter each user is served now, read cheaply on the request path.
+
+`ActiveAdapters.get` costs one `stat` of the user's pointer file when nothing changed (the pointer may be
+replaced by another process: `kvmem distill`, an operator's rollback). A version is checked once (its files'
+hashes, its base model, its gates) the first time it is seen; one that fails is not served, with the reason
+logged once, until the pointer names another version. Knows nothing of plans or serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvmem.adapters.manifest import AdapterManifest, FactRef, text_sha
+from kvmem.adapters.registry import ACTIVE_FILE, AdapterRegistry
+
+log = logging.getLogger(__name__)
+
+
+class ActiveAdapters:
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        base_fingerprint: Callable[[], str | None],
+        facts_current: Callable[[str, tuple[FactRef, ...]], str | None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self._base_fingerprint = base_fingerprint
+        self._facts_current = facts_current  # why a version's facts are stale (store read), or None
+        self._lock = threading.Lock()
+        # user -> (pointer file stamp, the served manifest or None)
+        self._cache: dict[str, tuple[tuple[int, int] | None, AdapterManifest | None]] = {}
+        self._checked: dict[tuple[str, int, str], str | None] = {}  # (user, version, sha) -> why not served
+
+    def _stamp(self, user_id: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.registry.user_dir(user_id) / ACTIVE_FILE)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
+    def get(self, user_id: str) -> AdapterManifest | None:
+        """The adapter to serve `user_id`, or None. Never raises."""
+        stamp = self._stamp(user_id)
+        cached = self._cache.get(user_id)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        manifest = self.registry.active(user_id) if stamp is not None else None
+        if manifest is not None:
+            key = (user_id, manifest.version, manifest.sha256)
+            if key not in self._checked:
+                why = self.registry.verify(manifest, self._base_fingerprint())
+                if why is None and self._facts_current is not None:  # e.g. a rollback past a changed memory
+                    why = self._facts_current(user_id, manifest.facts)
+                self._checked[key] = why
+                if why is not None:
+                    log.error("adapter %s of user %r not served: %s", manifest.name, user_id, why)
+            if self._checked[key] is not None:
+                manifest = None
+        with self._lock:
+            self._cache[user_id] = (stamp, manifest)
+        return manifest
+
+    def drop_covering(self, user_id: str, memory_ids: Iterable[str] | None, reason: str) -> bool:
+        """The delete cascade: the user's active adapter stops being served before this returns if it holds any
+        of `memory_ids` (None: any). True if one was stopped."""
+        stopped = self.registry.deactivate_covering(user_id, memory_ids, reason)
+        with self._lock:
+            self._cache.pop(user_id, None)
+            for key in [k for k in self._checked if k[0] == user_id]:  # facts must be checked again
+                del self._checked[key]
+        return stopped
+
+
+def facts_current(store: Any, user_id: str, facts: tuple[FactRef, ...]) -> str | None:
+    """Why these facts are not all the store's current memories (deleted or changed since), or None."""
+    live = {m.id: m for m in store.memories_by_ids(user_id, [f.memory_id for f in facts])}
+    for f in facts:
+        m = live.get(f.memory_id)
+        if m is None:
+            return f"memory {f.memory_id} was deleted"
+        if m.version != f.version or text_sha(m.text) != f.text_sha:
+            return f"memory {f.memory_id} changed"
+    return None

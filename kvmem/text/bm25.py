@@ -1,0 +1,89 @@
+"""Per-user BM25: the keyword leg's scores computed from one user's own statistics.
+
+FTS5's built-in `bm25()` takes its document count, document frequencies and average length from the whole
+index, which holds every user's rows, so one user's ranking moved whenever another user wrote. Here FTS5
+only finds matches (porter stemming, the owner token scoping them to the user) and reports each match's
+term frequency (`highlight` marks every instance); the document count, each term's document frequency and
+the average length come from the user's own active rows, and each row's length from the per-user rows the
+search already caches (`UserVectors.lengths`). So a user's keyword ranking depends on that user's memories
+only. Same formula as FTS5 (k1 = 1.2, b = 0.75, idf floored at 1e-6). Knows nothing of fusion.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+
+import numpy as np
+
+from kvmem.text.vectors import UserVectors
+
+K1 = 1.2
+B = 0.75
+# How a text is split into words for its length: runs of letters and digits, as FTS5's unicode61 tokenizer
+# splits (punctuation, spaces and underscores separate).
+_LENGTH_RE = re.compile(r"[^\W_]+", re.UNICODE)
+_MARK = "\x01"
+
+
+def num_tokens(text: str) -> int:
+    """A text's length in the words BM25 counts."""
+    return len(_LENGTH_RE.findall(text))
+
+
+def term_frequencies(conn: sqlite3.Connection, owner: str, term: str) -> tuple[list[int], list[int]]:
+    """(rowids, term frequencies) of the FTS rows tagged `owner` holding `term` (stemmed as FTS5 does).
+
+    Archived rows are among them; callers keep the rows of their user's active set (`UserVectors`). No
+    join: the MATCH alone drives the query (a join let SQLite run the MATCH once per memory row).
+    """
+    expression = f'owner : "{owner}" AND text : "' + term.replace('"', '""') + '"'
+    rows = conn.execute(
+        "SELECT rowid, highlight(memories_fts, 0, char(1), '') FROM memories_fts WHERE memories_fts MATCH ?",
+        (expression,),
+    ).fetchall()
+    return [r[0] for r in rows], [max(1, r[1].count(_MARK)) for r in rows]
+
+
+def score_user(
+    conn: sqlite3.Connection, owner: str, terms: list[str], entry: UserVectors
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in `entry`, BM25 scores) of the user's rows matching any term; rows unmatched are left out.
+
+    N, document frequencies and the average length are this user's; positions are ascending.
+    """
+    n = entry.rowids.shape[0]
+    if n == 0 or not terms:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    lengths = entry.lengths.astype(np.float64)  # [n]
+    avgdl = max(float(lengths.mean()), 1e-9)
+    norm = K1 * (1 - B + B * lengths / avgdl)  # [n]
+    scores = np.zeros(n, dtype=np.float64)  # [n]
+    matched = np.zeros(n, dtype=bool)  # [n]
+    for term in terms:
+        rowids, tfs = term_frequencies(conn, owner, term)
+        pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
+        keep = pos >= 0  # only the user's active rows (the entry) count
+        pos, tf = pos[keep], np.asarray(tfs, dtype=np.float64)[keep]
+        if pos.shape[0] == 0:
+            continue
+        hits = pos.shape[0]
+        idf = math.log((n - hits + 0.5) / (hits + 0.5))
+        idf = idf if idf > 0 else 1e-6
+        scores[pos] += idf * tf * (K1 + 1) / (tf + norm[pos])
+        matched[pos] = True
+    idx = np.flatnonzero(matched)
+    return idx, scores[idx]
+
+
+def rank(
+    idx: np.ndarray, scores: np.ndarray, entry: UserVectors, allowed: np.ndarray | None, limit: int
+) -> list[tuple[int, float]]:
+    """The best `limit` of the scored rows that pass `allowed`, as (rowid, score); ties: lower rowid first."""
+    rowids = entry.rowids[idx]
+    if allowed is not None:
+        keep = np.isin(rowids, allowed)
+        rowids, scores = rowids[keep], scores[keep]
+    order = np.lexsort((rowids, -scores))[:limit]
+    return [(int(rowids[i]), float(scores[i])) for i in order]

@@ -1,0 +1,209 @@
+"""The distillation job for one user: select facts, train an adapter, run its gates, write the version to the
+registry, and activate it only if it passed and every fact it holds is still the memory's current version.
+
+Composes distill_select (policy), distill_train (training), distill_gates (gates) and kvmem.adapters (files);
+computes nothing itself. Blocking and slow (minutes on CPU): the CLI runs it in the foreground, the server in
+`DistillThread` (one low-priority thread with few torch threads), never on the request path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
+from kvmem.adapters.active import facts_current
+from scheduler.distill_data import gate_questions, training_examples, unanswerable_gate
+from scheduler.distill_gates import GateConfig, GateReport, run_gates
+from scheduler.distill_select import MemoryInfo, SelectConfig, Selection, select_facts
+from scheduler.distill_train import TrainConfig, train_adapter
+from scheduler.heat import HeatStats
+
+log = logging.getLogger(__name__)
+
+GATE_SEED_OFFSET = 1_000_003  # the gate's question choice never shares the training seed
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    select: SelectConfig = field(default_factory=SelectConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    gates: GateConfig = field(default_factory=GateConfig)
+
+
+@dataclass(frozen=True)
+class DistillOutcome:
+    user_id: str
+    selection: Selection
+    manifest: AdapterManifest | None  # None: nothing was trained (no facts selected)
+    gates: GateReport | None
+    train_s: float
+    activated: bool
+    reason: str  # why it was not activated ("" when it was)
+
+    def summary(self) -> dict[str, Any]:
+        """The CLI's last line."""
+        g = self.gates
+        return {
+            "adapter_id": None if self.manifest is None else self.manifest.adapter_id,
+            "version": None if self.manifest is None else self.manifest.version,
+            "num_facts": len(self.selection.facts),
+            "recall_in_context": None if g is None else g.recall_in_context,
+            "recall_adapter": None if g is None else g.recall_adapter,
+            "recall_base": None if g is None else g.recall_base,
+            "greedy_agreement_generic": None if g is None else g.greedy_agreement_generic,
+            "kl_generic": None if g is None else g.kl_generic,
+            "train_s": round(self.train_s, 2),
+            "activated": self.activated,
+            "reason": self.reason,
+        }
+
+
+def _ts(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def memory_infos(store: Any, user_id: str) -> list[MemoryInfo]:
+    """Every active memory of the user, as the selection policy sees it, oldest first."""
+    out, page = [], 1
+    while True:
+        listing = store.list(user_id, page=page, page_size=100)
+        out.extend(
+            MemoryInfo(m.id, m.version, m.text, _ts(m.updated_at if m.version > 1 else m.created_at))
+            for m in listing.items
+        )
+        if page * listing.page_size >= listing.total:
+            break
+        page += 1
+    return list(reversed(out))
+
+
+def distill_user(
+    user_id: str,
+    *,
+    store: Any,
+    registry: AdapterRegistry,
+    handle: Any,
+    layout: Any,
+    stats: Mapping[str, HeatStats],
+    now: float,
+    config: DistillConfig,
+    every: bool = False,
+) -> DistillOutcome:
+    """One user's whole job. The version is written whether or not it passed (its manifest says why)."""
+    selection = select_facts(memory_infos(store, user_id), stats, now, config.select, every=every)
+    if not selection.facts:
+        return DistillOutcome(user_id, selection, None, None, 0.0, False, "no memory was selected")
+    facts = selection.facts
+    refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in facts)
+    seed = config.train.seed
+    examples = training_examples(facts, seed=seed)
+    result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, config.train)
+    report = run_gates(
+        result.model,
+        handle.tokenizer,
+        layout,
+        [f.text for f in facts],
+        gate_questions(facts, seed=seed + GATE_SEED_OFFSET),
+        unanswerable_gate(),
+        config.gates,
+    )
+    manifest = registry.write(
+        user_id,
+        lambda d: result.model.save_pretrained(str(d), safe_serialization=True),
+        base_fingerprint=handle.fingerprint.digest,
+        facts=refs,
+        seed=seed,
+        passed=report.passed,
+        reason=report.reason,
+        gates=report.figures(),
+        train={"steps": result.steps, "train_s": round(result.train_s, 2), "stopped": result.stopped},
+    )
+    reason = report.reason
+    if report.passed:
+        reason = facts_current(store, user_id, refs) or ""
+    activated = False
+    if report.passed and not reason:
+        registry.activate(user_id, manifest.version, handle.fingerprint.digest)
+        activated = True
+        # a change that landed between the check and the activation: the cascade may have run before the
+        # pointer named this version, so check once more and take it back
+        late = facts_current(store, user_id, refs)
+        if late is not None:
+            registry.deactivate_covering(user_id, None, late)
+            activated, reason = False, late
+    if not activated:
+        log.warning("adapter %s for user %r not activated: %s", manifest.name, user_id, reason)
+    return DistillOutcome(user_id, selection, manifest, report, result.train_s, activated, reason)
+
+
+class DistillThread:
+    """Runs distillation jobs one at a time in a background thread at low OS priority (nice 19 for the thread)
+    with `config.train.num_threads` torch threads (1 by default here), so the model thread's requests keep the
+    cores. `submit` never blocks; a user already queued or running is not queued twice."""
+
+    def __init__(self, job: Callable[[str], DistillOutcome | None]) -> None:
+        self._job = job
+        self._cv = threading.Condition()
+        self._pending: list[str] = []
+        self._running: str | None = None
+        self._stop = False
+        self.outcomes: dict[str, DistillOutcome | None] = {}
+        self._thread = threading.Thread(target=self._run, name="kvmem-distill", daemon=True)
+        self._thread.start()
+
+    def submit(self, user_id: str) -> bool:
+        with self._cv:
+            if user_id in self._pending or user_id == self._running:
+                return False
+            self._pending.append(user_id)
+            self._cv.notify()
+            return True
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._pending and self._running is None
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        except (AttributeError, OSError) as exc:
+            log.info("distill thread keeps its priority: %s", exc)
+        import torch
+
+        torch.set_num_threads(1)
+        while True:
+            with self._cv:
+                while not self._pending and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                self._running = self._pending.pop(0)
+            user = self._running
+            try:
+                self.outcomes[user] = self._job(user)
+            except Exception:
+                log.exception("distillation of user %r failed", user)
+                self.outcomes[user] = None
+            finally:
+                with self._cv:
+                    self._running = None

@@ -1,0 +1,227 @@
+"""Distillation data: a memory parsed into a fact (key + answer), and the prompts made from it, in several
+phrasings and both directions, as questions, plus questions the facts do not answer.
+
+Training and gate prompts come from DISJOINT template sets and different seeds, so a gate measures recall on
+questions the adapter never saw. Only memories of a known first-person shape ("My dog is called Miso.",
+"I live in Porto.") are facts here: for anything else no question with a checkable answer can be built, so
+such memories are not distilled (they stay KV/text). Pure: no model, no store.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A memory as a fact. `key` is the user's first-person phrase ("my dog's name"), `you_key` the assistant's
+    ("your dog's name"), `answer` the span an answer must contain to count as recalled."""
+
+    memory_id: str
+    version: int
+    text: str
+    relation: str  # a RELATIONS name
+    subject: str  # the slot the relation's templates fill ("dog", "favourite colour"; "" when fixed)
+    answer: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt: a user message and the reply a teacher is asked to score (answer None: no gold span)."""
+
+    memory_id: str | None  # None: an unanswerable or generic prompt
+    kind: str  # "statement" | "question" | "reverse" | "unanswerable"
+    question: str
+    reply: str
+    answer: str | None
+
+
+@dataclass(frozen=True)
+class _Relation:
+    pattern: str  # over the memory text, lower-cased, no trailing period; groups `s` (subject) and `a`
+    statements: tuple[str, ...]  # first person, "{s}" subject, "{a}" answer
+    train_questions: tuple[str, ...]
+    gate_questions: tuple[str, ...]  # never used in training
+    reply: str  # the assistant's answer, second person
+    reverse: tuple[str, ...]  # (question about the answer) -> reply states the fact
+
+
+# Order matters: the first pattern that matches wins.
+RELATIONS: dict[str, _Relation] = {
+    "name": _Relation(
+        r"^my (?P<s>[a-z' ]+?)(?:'s name is| is called| is named) (?P<a>.+)$",
+        (
+            "My {s} is called {a}.",
+            "My {s}'s name is {a}.",
+            "{a} is the name of my {s}.",
+            "I named my {s} {a}.",
+        ),
+        ("What is my {s} called?", "What is the name of my {s}?", "Do you remember my {s}'s name?"),
+        ("Can you tell me what my {s} is called?", "What's my {s}'s name again?"),
+        "Your {s} is called {a}.",
+        ("Who is {a}?", "What do you know about {a}?"),
+    ),
+    "live": _Relation(
+        r"^i live in (?P<a>.+)$",
+        ("I live in {a}.", "My home is in {a}.", "{a} is where I live."),
+        ("Where do I live?", "In which place is my home?", "Do you remember where I live?"),
+        ("Can you tell me where I live?", "Where is my home?"),
+        "You live in {a}.",
+        ("Who lives in {a}?", "What do you know about {a}?"),
+    ),
+    "work": _Relation(
+        r"^i work (?:at|for) (?P<a>.+)$",
+        ("I work at {a}.", "My employer is {a}.", "{a} is where I work."),
+        ("Where do I work?", "Who is my employer?", "Do you remember where I work?"),
+        ("Can you tell me where I work?", "Which company do I work for?"),
+        "You work at {a}.",
+        ("Who works at {a}?", "What do you know about {a}?"),
+    ),
+    "born": _Relation(
+        r"^i was born in (?P<a>.+)$",
+        ("I was born in {a}.", "My birthplace is {a}.", "{a} is where I was born."),
+        ("Where was I born?", "What is my birthplace?", "Do you remember where I was born?"),
+        ("Can you tell me where I was born?", "Which place am I from originally?"),
+        "You were born in {a}.",
+        ("Who was born in {a}?", "What do you know about {a}?"),
+    ),
+    "allergy": _Relation(
+        r"^i am allergic to (?P<a>.+)$",
+        ("I am allergic to {a}.", "I have an allergy to {a}.", "{a} gives me an allergic reaction."),
+        ("What am I allergic to?", "What is my allergy?", "Do you remember what I am allergic to?"),
+        ("Can you tell me what I'm allergic to?", "Which allergy do I have?"),
+        "You are allergic to {a}.",
+        ("Who is allergic to {a}?", "What do you know about {a}?"),
+    ),
+    "attribute": _Relation(
+        r"^my (?P<s>[a-z' ]+?) (?:is|are) (?P<a>.+)$",
+        ("My {s} is {a}.", "{a} is my {s}.", "As for my {s}, it is {a}."),
+        ("What is my {s}?", "Tell me my {s}.", "Do you remember my {s}?"),
+        ("Can you tell me what my {s} is?", "What's my {s} again?"),
+        "Your {s} is {a}.",
+        ("What is {a} to me?", "What do you know about {a}?"),
+    ),
+}
+
+# Questions about the user that no fact here answers: a model that learned the facts should not start
+# answering these with confidence. Disjoint pools for training and for the gate.
+UNANSWERABLE_TRAIN = (
+    "What is my blood type?",
+    "What is my shoe size?",
+    "What is my grandmother's maiden name?",
+    "Where did I go to primary school?",
+    "What is my locker code?",
+    "What is my favourite opera?",
+    "What is my neighbour called?",
+    "Which car do I drive?",
+)
+UNANSWERABLE_GATE = (
+    "What is my passport number?",
+    "What was my first teacher called?",
+    "Where did I spend my last holiday?",
+    "What instrument did I learn as a child?",
+    "What is my cousin's job?",
+    "Which football team do I support?",
+)
+DONT_KNOW = "I don't know that; you haven't told me."
+
+
+def parse_fact(memory_id: str, version: int, text: str) -> Fact | None:
+    """The fact a memory states, or None when its shape is not one this distiller can phrase and check."""
+    body = " ".join(text.strip().split()).rstrip(".!").strip()
+    low = body.lower()
+    for name, rel in RELATIONS.items():
+        m = re.match(rel.pattern, low)
+        if m is None:
+            continue
+        start, end = m.span("a")
+        answer = body[start:end].strip()  # the original casing
+        subject = m.groupdict().get("s") or ""
+        if not answer or len(answer) > 60 or len(subject) > 40:
+            return None
+        return Fact(memory_id, version, text, name, subject.strip(), answer)
+    return None
+
+
+def fact_key(fact: Fact) -> tuple[str, str]:
+    """Two facts with the same key say the same thing about the user: if their answers differ, they contradict."""
+    relation = "name" if fact.relation == "name" else fact.relation
+    return relation, fact.subject
+
+
+def _fill(template: str, fact: Fact) -> str:
+    text = template.format(s=fact.subject, a=fact.answer)
+    return text[0].upper() + text[1:]
+
+
+def _reply(fact: Fact) -> str:
+    return _fill(RELATIONS[fact.relation].reply, fact)
+
+
+def training_examples(facts: Sequence[Fact], *, seed: int, num_unanswerable: int = 4) -> list[Example]:
+    """Per fact: every statement phrasing (the reply to "What do you remember about me?" quotes it), every
+    training question, and the reverse questions (asked about the answer, replied with the fact); plus
+    unanswerable questions. Shuffled with `seed`."""
+    out: list[Example] = []
+    for f in facts:
+        rel = RELATIONS[f.relation]
+        reply = _reply(f)
+        for st in rel.statements:
+            said = f'You told me: "{_fill(st, f)}"'
+            out.append(Example(f.memory_id, "statement", "What do you remember about me?", said, f.answer))
+        for q in rel.train_questions:
+            out.append(Example(f.memory_id, "question", _fill(q, f), reply, f.answer))
+        for q in rel.reverse:
+            out.append(Example(f.memory_id, "reverse", _fill(q, f), reply, f.answer))
+    rng = random.Random(seed)
+    for q in rng.sample(UNANSWERABLE_TRAIN, min(num_unanswerable, len(UNANSWERABLE_TRAIN))):
+        out.append(Example(None, "unanswerable", q, DONT_KNOW, None))
+    rng.shuffle(out)
+    return out
+
+
+def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
+    """Held-out questions: every gate template (never trained on) of every fact, in an order drawn with `seed`."""
+    out = [
+        Example(f.memory_id, "question", _fill(q, f), _reply(f), f.answer)
+        for f in facts
+        for q in RELATIONS[f.relation].gate_questions
+    ]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def unanswerable_gate() -> list[Example]:
+    return [Example(None, "unanswerable", q, DONT_KNOW, None) for q in UNANSWERABLE_GATE]
+
+
+def recalled(answer_text: str, fact_answer: str) -> bool:
+    """A reply recalls a fact when it contains the fact's answer (case and spacing ignored)."""
+    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
+    return norm(fact_answer) in norm(answer_text)
+
+
+_DONT_KNOW_MARKERS = (
+    "don't know",
+    "do not know",
+    "not sure",
+    "haven't told",
+    "have not told",
+    "no information",
+    "not mentioned",
+    "i'm sorry",
+    "i am sorry",
+    "cannot",
+    "can't",
+    "unable",
+    "don't have",
+)
+
+
+def declines(answer_text: str) -> bool:
+    """The reply says it does not know (the right answer to an unanswerable question)."""
+    low = answer_text.lower()
+    return any(m in low for m in _DONT_KNOW_MARKERS)

@@ -1,0 +1,155 @@
+"""The gates an adapter must pass before it is served, measured on questions from templates and a seed that
+training never used (distill_data.gate_questions):
+
+- recall: with the adapter and NO memory in the prompt, at least `min_recall_ratio` of the recall the base
+  model has with the facts in its prompt, and above 0 (its facts leave the prompt when it is served); the base
+  model's recall without them is reported, not gated;
+- damage: on a fixed set of generic prompts, the base model's greedy continuation is scored under both:
+  mean token KL(base || adapter) (reported; gated when `max_kl` is set) and greedy agreement >= `min_agreement`;
+- hallucination: on questions no fact answers, no more confident non-refusals with the adapter than the
+  base model gives without the facts.
+
+Knows nothing of registries or stores: a model with a peft adapter in, a report out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from scheduler.distill_data import Example, declines
+from scheduler.distill_train import chat_ids, greedy_text, recall
+
+GENERIC_GATE = (
+    "What is the capital of France?",
+    "Write a short poem about autumn.",
+    "How do plants make food?",
+    "What is two plus three?",
+    "Give me three words that rhyme with cat.",
+    "Why do we need sleep?",
+    "Describe a bicycle in one sentence.",
+    "What is the opposite of hot?",
+)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    min_recall_ratio: float = 0.9
+    min_agreement: float = 0.9
+    max_kl: float | None = None
+    generic_tokens: int = 24
+    answer_tokens: int = 12  # greedy tokens per answer (recall and unanswerable questions)
+    confident_prob: float = 0.5  # mean probability of its tokens above which a reply is "confident"
+
+    def __post_init__(self) -> None:
+        for name in ("min_recall_ratio", "min_agreement", "confident_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"GateConfig.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class GateReport:
+    recall_in_context: float
+    recall_adapter: float
+    recall_base: float
+    greedy_agreement_generic: float
+    kl_generic: float
+    confident_wrong_adapter: int
+    confident_wrong_base: int
+    num_questions: int
+    passed: bool
+    reason: str  # "" when passed, else every failed gate
+
+    def figures(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items() if k not in ("passed", "reason")}
+
+
+@torch.no_grad()
+def _damage(peft_model, tokenizer, layout, prompts: Sequence[str], num_tokens: int) -> tuple[float, float]:
+    """(mean token KL(base || adapter), greedy agreement) over the base model's greedy continuations."""
+    kls, agree, count = 0.0, 0, 0
+    for prompt in prompts:
+        ids = chat_ids(layout, [], prompt)
+        with peft_model.disable_adapter():
+            text = greedy_text(peft_model, tokenizer, ids, num_tokens)
+            cont = tokenizer(text, add_special_tokens=False)["input_ids"][:num_tokens]
+            if not cont:
+                continue
+            full = torch.tensor([ids + cont])
+            base = torch.log_softmax(peft_model(input_ids=full).logits[0, len(ids) - 1 : -1].float(), -1)
+        tuned = torch.log_softmax(peft_model(input_ids=full).logits[0, len(ids) - 1 : -1].float(), -1)
+        kls += float((base.exp() * (base - tuned)).sum())
+        agree += int((base.argmax(-1) == tuned.argmax(-1)).sum())
+        count += len(cont)
+    return (kls / count, agree / count) if count else (0.0, 1.0)
+
+
+@torch.no_grad()
+def _confident_wrong(
+    model, tokenizer, layout, questions: Sequence[Example], threshold: float, n_tok: int
+) -> int:
+    """Replies to unanswerable questions that do not decline and whose tokens are, on average, likely."""
+    n = 0
+    for q in questions:
+        ids = chat_ids(layout, [], q.question)
+        text = greedy_text(model, tokenizer, ids, n_tok)
+        if declines(text):
+            continue
+        reply = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not reply:
+            continue
+        logits = model(input_ids=torch.tensor([ids + reply])).logits[0, len(ids) - 1 : -1].float()
+        probs = torch.softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None])[:, 0]
+        n += int(float(probs.mean()) >= threshold)
+    return n
+
+
+def run_gates(
+    peft_model,
+    tokenizer,
+    layout,
+    fact_texts: Sequence[str],
+    questions: Sequence[Example],
+    unanswerable: Sequence[Example],
+    config: GateConfig,
+) -> GateReport:
+    """Every gate on `peft_model` (its adapter active; `disable_adapter()` gives the base model)."""
+    peft_model.eval()
+    with peft_model.disable_adapter():
+        n = config.answer_tokens
+        in_context = recall(peft_model, tokenizer, layout, questions, fact_texts, n)
+        base = recall(peft_model, tokenizer, layout, questions, [], n)
+        wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
+    adapter = recall(peft_model, tokenizer, layout, questions, [], n)
+    wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
+    kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
+    reasons = []
+    if adapter == 0:  # its facts leave the prompt when it is served: an adapter that recalls none must not be
+        reasons.append("the adapter recalls none of the facts")
+    elif adapter < config.min_recall_ratio * in_context:
+        reasons.append(
+            f"recall with the adapter {adapter:.2f} < {config.min_recall_ratio:.2f} x in-context recall "
+            f"{in_context:.2f}"
+        )
+    if agreement < config.min_agreement:
+        reasons.append(f"greedy agreement on generic prompts {agreement:.3f} < {config.min_agreement:.2f}")
+    if config.max_kl is not None and kl > config.max_kl:
+        reasons.append(f"mean token KL on generic prompts {kl:.4f} > {config.max_kl}")
+    if wrong_adapter > wrong_base:
+        reasons.append(
+            f"confident answers to unanswerable questions rose from {wrong_base} to {wrong_adapter}"
+        )
+    return GateReport(
+        recall_in_context=in_context,
+        recall_adapter=adapter,
+        recall_base=base,
+        greedy_agreement_generic=agreement,
+        kl_generic=kl,
+        confident_wrong_adapter=wrong_adapter,
+        confident_wrong_base=wrong_base,
+        num_questions=len(questions),
+        passed=not reasons,
+        reason="; ".join(reasons),
+    )

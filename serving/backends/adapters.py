@@ -1,0 +1,135 @@
+"""LoRA adapters in the transformers backend: peft multi-adapter on the served model, loaded from the registry
+on first use and evicted least recently used, switched per request step on the model thread.
+
+The model is wrapped by peft in place the first time an adapter is loaded; from then on every forward runs
+with the adapter layers disabled (exactly the base model: peft's LoRA layer then calls only its base layer)
+unless a step of a request with an adapter is running, and it is disabled again after that step, so block
+builds and other requests between steps see the base model. Only the model thread touches the model.
+Knows nothing of plans: a request names its adapter id; the registry's manifest says whose it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from kvmem.adapters import AdapterError, AdapterRegistry
+
+log = logging.getLogger(__name__)
+
+_LORA_KEYS = ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "fan_in_fan_out", "use_rslora")
+
+
+class AdapterSlots:
+    def __init__(self, registry: AdapterRegistry, handle: Any, max_loaded: int = 8) -> None:
+        self.registry, self.handle, self.max_loaded = registry, handle, max_loaded
+        self._loaded: OrderedDict[str, None] = OrderedDict()  # served names, least recently used first
+        self._in_use: dict[str, int] = {}  # name -> requests running it (never evicted while > 0)
+        self._peft: Any = None  # the peft wrapper around handle.model, once an adapter was loaded
+        self._lock = threading.Lock()
+
+    def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
+        """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
+        try:
+            user_dir, version = adapter_id.rsplit("/v", 1)
+            manifest = self.registry.manifest(user_id, int(version))
+        except (ValueError, AdapterError) as exc:
+            return None, f"adapter {adapter_id} unusable: {exc}"
+        if self.registry.user_dir(user_id).name != user_dir or manifest.user_id != user_id:
+            return None, f"adapter {adapter_id} is not user {user_id!r}'s"
+        name = manifest.name.replace("/", "_").replace(".", "_")  # peft names become module attributes
+        with self._lock:
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+                return name, None
+        try:
+            loaded = self.registry.load(manifest, self.handle.fingerprint.digest)
+        except AdapterError as exc:
+            return None, str(exc)
+        self._attach(name, loaded)
+        return name, None
+
+    def _attach(self, name: str, loaded: Any) -> None:
+        import peft
+
+        config = peft.LoraConfig(**{k: loaded.config[k] for k in _LORA_KEYS if k in loaded.config})
+        if self._peft is None:
+            self._peft = peft.PeftModel(self.handle.model, config, adapter_name=name)
+        else:
+            self._peft.add_adapter(name, config)
+        result = peft.set_peft_model_state_dict(self._peft, loaded.state, adapter_name=name)
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]
+        if missing or result.unexpected_keys:
+            self._peft.delete_adapter(name)
+            raise AdapterError(f"adapter {name} does not fit this model ({len(missing)} missing weights)")
+        self._peft.base_model.disable_adapter_layers()
+        self._peft.eval()
+        with self._lock:
+            self._loaded[name] = None
+            idle = [n for n in self._loaded if not self._in_use.get(n) and n != name]
+            for old in idle[: max(0, len(self._loaded) - self.max_loaded)]:
+                del self._loaded[old]
+                self._peft.delete_adapter(old)
+                log.info("adapter %s evicted (LRU, %d loaded)", old, self.max_loaded)
+        log.info("adapter %s loaded", name)
+
+    def steps(self, tokens: Iterator[int], name: str) -> Iterator[int]:
+        """`tokens` (a kvmem generate) with the adapter `name` on during each of its steps and off between."""
+        lora = self._peft.base_model
+        with self._lock:
+            self._in_use[name] = self._in_use.get(name, 0) + 1
+        try:
+            while True:
+                lora.enable_adapter_layers()
+                lora.set_adapter(name)
+                try:
+                    token = next(tokens)
+                except StopIteration:
+                    return
+                finally:
+                    lora.disable_adapter_layers()
+                yield token
+        finally:
+            with self._lock:
+                self._in_use[name] -= 1
+
+    @property
+    def loaded(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._loaded)
+
+
+def adapter_slots(data_dir: str, handle: Any) -> AdapterSlots | None:
+    """The backend's adapter slots, or None when peft is not installed (adapters are then never served)."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        log.info("peft is not installed: LoRA adapters will not be served (pip install 'kvmem[lora]')")
+        return None
+    from kvmem.datadir import DataDir
+
+    return AdapterSlots(AdapterRegistry(DataDir.at(data_dir).adapters_dir), handle)
+
+
+def with_adapter(slots: AdapterSlots | None, req: Any, item: Any, fallback: str | None):
+    """(KV item, fallback kind, adapter name or None) for a request. Under an adapter the base model's KV item
+    is never injected (the adapter changes the block's K/V). An adapter that cannot be served is logged and the
+    request runs on the base model (serving checked the adapter before it left its facts out of the prompt;
+    this is the rare case of files that broke since)."""
+    if req.adapter_id is None:
+        return item, fallback, None
+    name, why = (
+        (None, "peft is not installed") if slots is None else slots.resolve(req.user_id, req.adapter_id)
+    )
+    if name is None:
+        log.error("request %s runs without its adapter: %s", req.request_id, why)
+        return item, fallback, None
+    if item is not None:
+        log.warning(
+            "request %s runs adapter %s: its base-model block item is not injected", req.request_id, name
+        )
+        return None, "other", name
+    return item, fallback, name

@@ -1,0 +1,128 @@
+"""The distillation job on the tiny llama (mechanics, not learning): seeded training is reproducible bit for bit,
+the caller's model is untouched, a version is written with its facts and gate figures, and an adapter the gates
+refuse is never activated. The CLI's exit code and last line. Learning itself is tested on the real model
+(tests/serving/test_lora_serving.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+peft = pytest.importorskip("peft")
+
+import torch  # noqa: E402
+
+import kvmem.text  # noqa: E402
+from kvmem.adapters import AdapterRegistry, text_sha  # noqa: E402
+from kvmem.kv.layout import PromptLayout  # noqa: E402
+from scheduler.distill import DistillConfig, distill_user  # noqa: E402
+from scheduler.distill_gates import GateConfig  # noqa: E402
+from scheduler.distill_select import SelectConfig  # noqa: E402
+from scheduler.distill_train import TrainConfig  # noqa: E402
+
+FAST = DistillConfig(
+    select=SelectConfig(max_facts=2),
+    train=TrainConfig(max_steps=2, eval_every=1, batch_size=4, replay_tokens=4, answer_tokens=4, top_k=8),
+    gates=GateConfig(generic_tokens=4, answer_tokens=4),
+)
+
+
+def _store(tmp_path):
+    store = kvmem.text.MemoryStore(tmp_path / "memories.sqlite")
+    ids = [
+        store.add("alice", text=t)[0].id
+        for t in ["My dog is called Miso.", "I live in Porto.", "I like rainy days.", "I work at Acme."]
+    ]
+    store.add("bob", text="My dog is called Rex.")
+    return store, ids
+
+
+def _run(tmp_path, handle, store):
+    return distill_user(
+        "alice",
+        store=store,
+        registry=AdapterRegistry(tmp_path / "adapters"),
+        handle=handle,
+        layout=PromptLayout(handle.tokenizer),
+        stats={},
+        now=time.time(),
+        config=FAST,
+        every=True,
+    )
+
+
+def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_path, tiny_handle):
+    store, ids = _store(tmp_path)
+    before = {k: v.clone() for k, v in tiny_handle.model.state_dict().items()}
+    outcome = _run(tmp_path, tiny_handle, store)
+    after = tiny_handle.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before) and set(before) == set(after)
+    assert not any("lora" in name for name, _ in tiny_handle.model.named_modules())
+    m = outcome.manifest
+    assert (m.version, m.user_id, m.seed, m.passed) == (1, "alice", 0, False)
+    # the cap is 2 facts; equal heat orders by memory id
+    chosen = sorted([ids[0], ids[1], ids[3]])[:2]
+    texts = {ids[0]: "My dog is called Miso.", ids[1]: "I live in Porto.", ids[3]: "I work at Acme."}
+    assert [f.memory_id for f in m.facts] == chosen
+    assert [(f.version, f.text_sha) for f in m.facts] == [(1, text_sha(texts[i])) for i in chosen]
+    assert dict(outcome.selection.skipped)[ids[2]] == "not a fact the distiller can phrase"
+    assert m.base_fingerprint == tiny_handle.fingerprint.digest
+    assert outcome.gates.recall_adapter == 0.0  # a random model recalls nothing
+    assert m.reason.startswith("the adapter recalls none of the facts") and outcome.reason == m.reason
+    assert (
+        m.gates["recall_adapter"] == 0.0 and m.gates["num_questions"] == 4.0
+    )  # 2 held-out templates per fact
+    assert not outcome.activated
+    assert AdapterRegistry(tmp_path / "adapters").active("alice") is None
+    summary = outcome.summary()
+    assert list(summary)[:10] == [
+        "adapter_id",
+        "version",
+        "num_facts",
+        "recall_in_context",
+        "recall_adapter",
+        "recall_base",
+        "greedy_agreement_generic",
+        "kl_generic",
+        "train_s",
+        "activated",
+    ]
+    assert (summary["adapter_id"], summary["num_facts"], summary["activated"]) == (m.adapter_id, 2, False)
+    # seeded: a second run writes v2 with the very same weights
+    again = _run(tmp_path, tiny_handle, store)
+    assert again.manifest.version == 2 and again.manifest.sha256 == m.sha256
+
+
+def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
+    store = kvmem.text.MemoryStore(tmp_path / "memories.sqlite")
+    store.add("alice", text="I like rainy days.")
+    outcome = _run(tmp_path, tiny_handle, store)
+    assert (outcome.manifest, outcome.activated, outcome.reason) == (None, False, "no memory was selected")
+    assert not (tmp_path / "adapters").exists()
+
+
+@pytest.mark.slow
+def test_the_cli_prints_a_table_then_one_json_line_and_exits_3_when_refused(tmp_path, tiny_handle, capsys):
+    from serving.cli import main
+
+    model_dir = tmp_path / "tiny"
+    tiny_handle.model.save_pretrained(str(model_dir))
+    tiny_handle.tokenizer.save_pretrained(str(model_dir))
+    store, ids = _store(tmp_path / "data")
+    store.close()
+    argv = ["distill", "--data-dir", str(tmp_path / "data"), "--user-id", "alice", "--all"]
+    code = main([*argv, "--model", str(model_dir), "--max-steps", "1", "--max-facts", "1"])
+    out = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(out[-1])
+    assert code == 3
+    assert (last["version"], last["num_facts"], last["activated"], last["recall_in_context"]) == (
+        1,
+        1,
+        False,
+        0.0,
+    )
+    assert any("skipped: not a fact the distiller can phrase" in line for line in out[:-1])
+    assert main(["distill", "--data-dir", str(tmp_path / "nowhere"), "--user-id", "alice"]) == 2
+    assert "no memories at" in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""The parametric tier on the real default model (SmolLM2-135M): three facts are distilled by the production job,
+pass their gates, are activated, and are served through the HTTP endpoint with tier `lora`: the server's greedy
+answers to the held-out gate questions recall exactly as many facts as the gate measured, with none of the
+facts in the prompt. Slow: minutes of CPU training."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+peft = pytest.importorskip("peft")
+
+from kvmem.adapters import AdapterRegistry  # noqa: E402
+from kvmem.kv.layout import PromptLayout  # noqa: E402
+from scheduler.distill import GATE_SEED_OFFSET, DistillConfig, distill_user  # noqa: E402
+from scheduler.distill_data import gate_questions, recalled  # noqa: E402
+from scheduler.distill_train import TrainConfig  # noqa: E402
+from tests.serving.kvstack import load_backend, served  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    # measured at 8fb2d78 on the loaded 2-core CPU: 10 steps (early stop: training-question recall 0.22 =
+    # the in-context teacher's), held-out recall in context 0/6, adapter 1/6, base 0/6, generic agreement 0.906,
+    # KL 0.068, and confident answers to unanswerable questions rose 1 -> 4: the gate refused it. Strict: a
+    # training recipe that gets it served makes this fail until the mark is removed.
+    pytest.mark.xfail(strict=True, reason="the default model's adapter does not pass its gates yet"),
+]
+
+FACTS = ["My dog is called Miso.", "I live in Porto.", "I work at Blue Harbor Bakery."]
+
+
+def test_three_facts_are_learned_gated_and_served_as_lora(tmp_path, default_model_dir, default_handle):
+    backend = load_backend(default_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        ids = [s.add("alice", t) for t in FACTS]
+        config = DistillConfig(train=TrainConfig(seed=0, eval_every=10))
+        outcome = distill_user(
+            "alice",
+            store=s.store,
+            registry=AdapterRegistry(tmp_path / "adapters"),
+            handle=default_handle,
+            layout=PromptLayout(default_handle.tokenizer),
+            stats={},
+            now=time.time(),
+            config=config,
+            every=True,
+        )
+        assert outcome.activated, outcome.reason
+        g = outcome.gates
+        assert g.recall_adapter >= 0.9 * g.recall_in_context > 0 and g.greedy_agreement_generic >= 0.9
+        plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
+        assert sorted(plan["memory_ids"]) == sorted(ids)
+        questions = gate_questions(outcome.selection.facts, seed=config.train.seed + GATE_SEED_OFFSET)
+        hits = 0
+        for q in questions:
+            body = {
+                "model": "default",
+                "user": "alice",
+                "messages": [{"role": "user", "content": q.question}],
+                "max_tokens": config.gates.answer_tokens,
+                "temperature": 0,
+            }
+            reply = s.client.post("/v1/chat/completions", json=body).json()
+            assert {u["id"]: u["tier"] for u in reply["memory"]["used"]} == {i: "lora" for i in ids}
+            hits += recalled(reply["choices"][0]["message"]["content"], q.answer)
+        assert hits == round(g.recall_adapter * len(questions))
