@@ -23,6 +23,8 @@ import torch
 
 from kvmem.errors import ModelLoadError, ProvisionError
 from kvmem.kv.fingerprint import Fingerprint, fingerprint_model
+from kvmem.weights_digest import CACHE_FILE as DIGEST_CACHE_FILE
+from kvmem.weights_digest import cached_weights_sha, weight_files, weights_identity
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +66,38 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("KVMEM_CACHE_DIR") or Path.home() / ".cache" / "kvmem")
 
 
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`auto` (or None): cuda when torch sees a GPU, else cpu. Asking for cuda without one is an error that
+    says so (rather than torch's deep one at the first tensor)."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"unknown device {device!r}; supported: {', '.join(DEVICE_CHOICES)}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(
+            f"device {str(device)!r} asked for, but CUDA is not available here "
+            f"(torch {torch.__version__}, {'built without CUDA' if torch.version.cuda is None else 'no GPU'})"
+        )
+    return resolved
+
+
 def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
-    """fp32 on CPU by default (exactness), bf16 on CUDA; explicit names win."""
+    """`auto` (or None): float32 on CPU (exactness), bfloat16 on a GPU that supports it, else float32.
+    Explicit names win."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        if torch.device(device).type == "cuda" and (
+            not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+        ):
+            return torch.bfloat16
+        return torch.float32
     if dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; supported: {sorted(_DTYPES)}")
     return _DTYPES[dtype]
@@ -203,11 +231,17 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     cache_dir: str | os.PathLike | None = None,
     layout_version: str = "1",
+    digest_cache: str | os.PathLike | None = None,
 ) -> ModelHandle:
-    """Load a model by alias, local directory, GGUF file or HF id; raises ModelLoadError naming the problem."""
+    """Load a model by alias, local directory, GGUF file or HF id; raises ModelLoadError naming the problem.
+
+    `device`: cpu, cuda[:n] or auto; `dtype`: a name, a torch.dtype or auto (see parse_dtype). The weights
+    digest comes from `digest_cache` (default: weights_digests.json in the cache dir) when the weight files
+    are unchanged since it was computed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(model, cache_dir)
+    device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device)
     kwargs: dict = {}
     src = path
@@ -219,14 +253,22 @@ def load_model(
         path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]
     ):
         raise ModelLoadError(f"model path {path!r} does not exist")
+    files = weight_files(src, kwargs.get("gguf_file"))
+    identity = weights_identity(files, torch_dtype)  # before reading them (see weights_digest)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
         hf_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load model {path!r}: {str(exc).splitlines()[0]}") from exc
     hf_model.to(device).eval()
+    cache = Path(digest_cache) if digest_cache is not None else default_cache_dir() / DIGEST_CACHE_FILE
+    digest = cached_weights_sha(hf_model, files, identity, cache)
     return handle_for(
-        hf_model, tokenizer, model_id=model or DEFAULT_MODEL_NAME, layout_version=layout_version
+        hf_model,
+        tokenizer,
+        model_id=model or DEFAULT_MODEL_NAME,
+        layout_version=layout_version,
+        weights_digest=digest,
     )
 
 

@@ -72,22 +72,40 @@ class HeatTable:
     """Thread-safe; writes go through to SQLite when a path is given (else memory only)."""
 
     def __init__(
-        self, path: str | Path | None, *, half_life_s: float, use_weight: float, recency_prior: float
+        self,
+        path: str | Path | None,
+        *,
+        half_life_s: float,
+        use_weight: float,
+        recency_prior: float,
+        read_only: bool = False,
     ):
+        """`read_only`: load the table at `path` (if it exists) and keep every change in memory only (the
+        offline build reads a live server's heat without writing it)."""
         self.half_life_s, self.use_weight, self.recency_prior = half_life_s, use_weight, recency_prior
         self._lock = threading.RLock()  # re-entered by apply -> record
         self._stats: dict[str, dict[str, HeatStats]] = {}
         self._applied: dict[str, dict[str, float]] = {}  # user -> event key -> event time
         self._db = None
-        if path is not None:
+        if path is not None and read_only:
+            if Path(path).is_file():
+                db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+                try:
+                    self._load(db)
+                finally:
+                    db.close()
+        elif path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
-            for row in self._db.execute("SELECT * FROM heat"):
-                self._stats.setdefault(row[0], {})[row[1]] = HeatStats(*row[2:])
-            for user_id, key, at in self._db.execute("SELECT user_id, event_key, at FROM applied"):
-                self._applied.setdefault(user_id, {})[key] = at
+            self._load(self._db)
+
+    def _load(self, db: sqlite3.Connection) -> None:
+        for row in db.execute("SELECT * FROM heat"):
+            self._stats.setdefault(row[0], {})[row[1]] = HeatStats(*row[2:])
+        for user_id, key, at in db.execute("SELECT user_id, event_key, at FROM applied"):
+            self._applied.setdefault(user_id, {})[key] = at
 
     def _put(self, user_id: str, memory_id: str, stats: HeatStats) -> None:
         self._stats.setdefault(user_id, {})[memory_id] = stats

@@ -8,6 +8,7 @@ the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +38,8 @@ class SchedulerStats:
     task_p50_s: float
     task_p99_s: float
     task_max_s: float
-    builds: int
+    builds: int  # blocks the worker asked for (a stored one found again counts too) ...
+    prefills: int  # ... and those of them that were prefilled
     discarded_builds: int
     distill_candidates: int
 
@@ -60,6 +62,7 @@ class Scheduler:
         queue: TaskQueue | None = None,
         fence: Fence | None = None,
         adapters: Any = None,
+        heat_read_only: bool = False,
     ):
         self.config, self.source, self.builder, self.clock = config, source, builder, clock
         self.heat = HeatTable(
@@ -67,6 +70,7 @@ class Scheduler:
             half_life_s=config.half_life_s,
             use_weight=config.use_weight,
             recency_prior=config.recency_prior,
+            read_only=heat_read_only,
         )
         self.plans = PlanBook(config.max_plans)
         self.queue: TaskQueue = queue if queue is not None else make_queue(redis_url)
@@ -207,6 +211,32 @@ class Scheduler:
         """No task queued or running, and no refresh waiting for the builder."""
         return not len(self.queue) and not self.worker.in_task and not self.worker.deferred
 
+    def restore(self, users: list[str] | None = None) -> int:
+        """Restore plans at start (DESIGN: plans survive restarts): publish, for each user, the block the
+        policy chooses from the store and the persisted heat if that block is already stored and valid (built
+        before a restart or by `kvmem build`); nothing is prefilled, users without one get theirs on demand as
+        before. `users` default: the source's users (`count_by_user`) or the heat table's, the most recently
+        active first, at most `config.max_plans`. Call once the builder is ready. Returns plans restored."""
+        if getattr(self.builder, "find_block", None) is None or not self.builder.ready():
+            return 0
+        if users is None:
+            by_count = getattr(self.source, "count_by_user", None)
+            users = sorted(set(by_count()) if by_count is not None else set(self.heat.users()))
+            users = sorted(users, key=self._last_active, reverse=True)[: self.config.max_plans]
+        restored = 0
+        for user_id in reversed(users):  # the most recently active last: the plan book keeps them longest
+            if user_id in self.plans and self.plans.get(user_id).block is not None:
+                continue
+            try:
+                restored += self.worker.refresh(user_id, build=False).block is not None
+            except Exception:  # noqa: BLE001 - one bad user must not stop the others; traffic rebuilds it
+                logging.getLogger(__name__).exception("restoring the plan of user %r failed", user_id)
+        return restored
+
+    def _last_active(self, user_id: str) -> float:
+        stats = self.heat.stats(user_id).values()
+        return max((s.last_access or s.first_seen for s in stats), default=0.0)
+
     def enforce_total_cap(self) -> list[str]:
         return self.worker.enforce_total_cap()
 
@@ -231,6 +261,7 @@ class Scheduler:
             task_p99_s=lat[min(len(lat) - 1, (len(lat) * 99) // 100)] if lat else 0.0,
             task_max_s=lat[-1] if lat else 0.0,
             builds=counts["builds"],
+            prefills=counts["prefills"],
             discarded_builds=counts["discarded"],
             distill_candidates=sum(len(v) for v in self.worker.distill.values()),
         )

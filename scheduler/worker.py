@@ -46,7 +46,8 @@ class BlockMaker(Protocol):
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
     def drop_block(self, item_id: str) -> None: ...
 
-    # optional: `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
+    # optional: `find_block(user_id, texts, memory_ids) -> BuiltBlock | None` the stored block, never built
+    # (restoring plans at start); `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
     # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
     # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
     # (the delete cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
@@ -106,7 +107,7 @@ class Worker:
         self._in_flight: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
-        self.counts = {"tasks": 0, "builds": 0, "discarded": 0}
+        self.counts = {"tasks": 0, "builds": 0, "prefills": 0, "discarded": 0}
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
         # user -> memory id -> (version, tokens), for the user's live memories as of their last refresh
@@ -246,16 +247,19 @@ class Worker:
         if user_id in self._in_flight:
             self._changes[user_id] = self._changes.get(user_id, 0) + 1
 
-    def refresh(self, user_id: str) -> Plan:
-        """Recompute the user's block; build it if it changed; publish unless a store change raced us."""
+    def refresh(self, user_id: str, *, build: bool = True) -> Plan:
+        """Recompute the user's block; build it if it changed; publish unless a store change raced us.
+        `build=False` (a restore: scheduler.restore): publish the chosen block only if it is already stored
+        (builder's `find_block`), else leave the plan as it is; nothing is prefilled."""
         if not self.builder.ready():
-            self.deferred.add(user_id)
+            if build:
+                self.deferred.add(user_id)
             return self.plans.get(user_id)
         with self._lock:
             self._in_flight[user_id] = self._in_flight.get(user_id, 0) + 1
             generation = self._changes.get(user_id, 0)
         try:
-            return self._refresh(user_id, generation)
+            return self._refresh(user_id, generation, build)
         finally:
             with self._lock:
                 self._in_flight[user_id] -= 1
@@ -263,7 +267,7 @@ class Worker:
                     del self._in_flight[user_id]
                     self._changes.pop(user_id, None)
 
-    def _refresh(self, user_id: str, generation: int) -> Plan:
+    def _refresh(self, user_id: str, generation: int, build: bool) -> Plan:
         fenced = self.fence.read(user_id) if self.fence is not None else None  # before reading memories
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
@@ -281,22 +285,33 @@ class Worker:
             stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s
         )
         current = self.plans.get(user_id)
+        held = current.block.memory_ids if current.block else ()
+        if not build and not held:  # a restore: held is the newest stored block the policy keeps as it is
+            stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
+            cap, hysteresis = self._cap_tokens(), self.config.hysteresis
+            held = next(
+                (
+                    ids
+                    for ids in stored
+                    if ids and choose_block(candidates, ids, cap, hysteresis).action == "keep"
+                ),
+                (),
+            )
         tokens = {c.memory_id: c.num_tokens for c in candidates}
         block = None
         for attempt in range(2):
-            decision = choose_block(
-                candidates,
-                current.block.memory_ids if current.block else (),
-                self._cap_tokens(),
-                self.config.hysteresis,
-            )
-            if decision.action == "keep":
+            decision = choose_block(candidates, held, self._cap_tokens(), self.config.hysteresis)
+            if decision.action == "keep" and (build or current.block):
                 return current
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
-            built = self.builder.build_block(user_id, texts, decision.memory_ids)
-            self.counts["builds"] += 1
+            if build:
+                built = self.builder.build_block(user_id, texts, decision.memory_ids)
+                self.counts["builds"] += 1
+                self.counts["prefills"] += bool(getattr(built, "built", True))  # fakes may not say
+            elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:
+                return current
             block = BlockPlan(
                 built.item_id,
                 decision.memory_ids,
@@ -313,7 +328,7 @@ class Worker:
             log.info(
                 "user %r: block of %d bytes over the per-user cap; header learned", user_id, built.num_bytes
             )
-            if not current.block or built.item_id != current.block.item_id:
+            if build and (not current.block or built.item_id != current.block.item_id):
                 self.builder.drop_block(built.item_id)
             block = None
             if attempt == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -178,10 +179,15 @@ def create_app(
     metrics = Metrics()
     chat = ChatService(config, backend, store, scheduler, metrics)
     started = int(time.time())
+    restored = threading.Event()  # set once the stored plans were restored (scheduler.restore)
+    if (
+        getattr(scheduler.builder, "find_block", None) is None
+    ):  # a backend that cannot (fake): nothing to wait for
+        restored.set()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loader = asyncio.create_task(_load(backend, store, config))
+        loader = asyncio.create_task(_load(backend, store, config, scheduler, restored))
         try:
             yield
         finally:
@@ -226,7 +232,7 @@ def create_app(
     # -- OpenAI routes ----------------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = backend.is_ready()
+        ready = backend.is_ready() and restored.is_set()
         body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -359,14 +365,23 @@ def create_app(
     return app
 
 
-async def _load(backend: Backend, store: Any, config: ServingConfig) -> None:
-    """Load the model off the event loop; seed the demo user. Failures leave /health at 503, with a log line."""
+async def _load(
+    backend: Backend, store: Any, config: ServingConfig, scheduler: Scheduler, restored: threading.Event
+) -> None:
+    """Load the model off the event loop, restore the stored plans, seed the demo user. /health says ok once
+    the plans are restored; failures leave it at 503, with a log line."""
     try:
         if not backend.is_ready():
             await asyncio.to_thread(backend.load)
         logger.info("backend %s ready: model %s", backend.name, backend.model_id)
     except Exception:
         logger.exception("loading the %s backend failed; /health stays 503", backend.name)
+    else:
+        try:
+            n = await asyncio.to_thread(scheduler.restore)  # plans survive restarts; builds nothing
+            logger.info("restored %d users' plans from stored KV items", n)
+        finally:
+            restored.set()
     if config.seed_demo and await asyncio.to_thread(store.count, config.default_user) == 0:
         await asyncio.to_thread(store.add, config.default_user, texts=list(DEMO_MEMORIES), session_id="demo")
         logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from serving.config import DEFAULT_MODEL, ServingConfig
+from serving.config import DEFAULT_MODEL, DEVICE_NAMES, DTYPE_NAMES, ServingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=["transformers", "vllm", "fake"],
         default="transformers",
         help="model backend (fake: scripted replies, for plumbing demos only)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICE_NAMES,
+        default="auto",
+        help="where the model runs (default auto: cuda when a GPU is visible, else cpu)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default="auto",
+        help="model dtype (default auto: bfloat16 on a GPU that supports it, else float32)",
     )
     p.add_argument("--no-auth", action="store_true", help="accept any user id without a key (loopback only)")
     p.add_argument(
@@ -87,6 +99,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             model=args.model,
             data_dir=args.data_dir,
             backend=args.backend,
+            device=args.device,
+            dtype=args.dtype,
             auth=not args.no_auth,
             api_keys_file=args.api_keys,
             queue_size=args.queue_size,
@@ -98,6 +112,17 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None
+
+
+def check_device(device: str, flag: str = "--device", prog: str = "kvmem serve") -> None:
+    """`cuda` without a GPU is a usage error naming the flag, before anything loads."""
+    if device.split(":")[0] != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UsageError(f"{prog}: {flag} {device}: CUDA is not available here ({why})")
 
 
 def how_to_call(config: ServingConfig, model: str) -> str:
@@ -149,7 +174,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        return serve(config_from_args(args), args.log_level)
+        config = config_from_args(args)
+        if config.backend != "fake":
+            check_device(config.device)
+        return serve(config, args.log_level)
     if args.command == "provision":
         from kvmem import models
 

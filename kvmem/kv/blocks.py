@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import build_item, item_id_for
+from kvmem.kv.item import KVItem, build_item, item_id_for
 from kvmem.kv.layout import PromptLayout
 from kvmem.kv.store import TieredKVStore
 
 if TYPE_CHECKING:
     from kvmem.models import ModelHandle
+
+
+@dataclass(frozen=True)
+class PendingBlock:
+    """A block to prefill: its ids, and the stored item of a prefix of its memories to prefill over."""
+
+    user_id: str
+    memory_ids: tuple[str, ...]
+    ids: list[int]
+    prefix: KVItem | None
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,13 @@ def text_memory_id(text: str) -> str:
 class BlockBuilder:
     """Thread-safe if the model's forward is (callers serialize model use; see the serving backend)."""
 
-    def __init__(self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore):
+    def __init__(
+        self, handle: ModelHandle, layout: PromptLayout, store: TieredKVStore, *, share_knowledge: bool = True
+    ):
+        """With knowledge in `layout` and `share_knowledge`, blocks are stored as children of the knowledge
+        item (kvmem.kv.knowledge): their files hold the user's own tokens' K/V only."""
         self.handle, self.layout, self.store = handle, layout, store
+        self.share_knowledge = share_knowledge and bool(layout.knowledge_ids)
 
     def block_item_id(
         self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]
@@ -70,6 +85,35 @@ class BlockBuilder:
             return None
         return item if tuple(ids[: item.num_tokens]) == item.token_ids else None
 
+    def find(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool = False
+    ) -> BuiltBlock | None:
+        """The stored block for these memories, or None; never prefills (needs the tokenizer and the
+        fingerprint only). `verify`: an item only on disk must pass its checksums (a bad one is removed)."""
+        if len(memory_ids) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
+        return self._find(user_id, texts, memory_ids, verify=verify)[0]
+
+    def _find(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool
+    ) -> tuple[BuiltBlock | None, str, list[int]]:
+        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
+        if not self.store.contains(item_id):
+            return None, item_id, ids
+        if not verify or self.store.tier_of(item_id) != "disk" or self.store.is_valid_on_disk(item_id):
+            try:
+                meta = self.store.meta(item_id)
+                if meta.parent_id is not None and not self.store.contains(meta.parent_id):
+                    return None, item_id, ids  # servable again once its parent is rebuilt (build)
+                block = BuiltBlock(
+                    item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, False, tuple(ids)
+                )
+                return block, item_id, ids
+            except KVItemError:
+                pass
+        self.store.remove(item_id)
+        return None, item_id, ids
+
     def build(
         self,
         user_id: str,
@@ -79,38 +123,56 @@ class BlockBuilder:
         verify_existing: bool = False,
     ) -> BuiltBlock:
         """Build the block for these memories unless a valid one is stored. Raises InvalidBlock, StorageError."""
+        found = self.lookup(user_id, texts, memory_ids, verify_existing=verify_existing)
+        if isinstance(found, BuiltBlock):
+            return found
+        return self.store_item(self.prefill(found))
+
+    # The three parts of build(), for callers that run them on different threads (the serving backend: the
+    # store's reads and writes on I/O threads, only the prefill on the model thread).
+    def lookup(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        memory_ids: Sequence[str] | None = None,
+        *,
+        verify_existing: bool = False,
+    ) -> BuiltBlock | PendingBlock:
+        """The stored block if a valid one is there, else what prefill() needs (with the user's stored item
+        for the longest prefix of these memories, loaded). Store reads only, no model."""
         if memory_ids is None:
             memory_ids = [text_memory_id(t) for t in texts]
         if len(memory_ids) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
-        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
-        if self.store.contains(item_id):
-            valid = True
-            if verify_existing:
-                valid = (
-                    self.store.is_valid_on_disk(item_id) if self.store.tier_of(item_id) == "disk" else True
-                )
-            if valid:
-                try:
-                    meta = self.store.meta(item_id)
-                    return BuiltBlock(
-                        item_id,
-                        tuple(meta.memory_ids),
-                        meta.num_tokens,
-                        meta.num_bytes,
-                        built=False,
-                        token_ids=tuple(ids),
-                    )
-                except KVItemError:
-                    pass
-            self.store.remove(item_id)
+        found, item_id, ids = self._find(user_id, texts, memory_ids, verify=verify_existing)
+        if found is not None:
+            return found
+        memory_ids = tuple(memory_ids)
+        return PendingBlock(user_id, memory_ids, ids, self._prefix_item(user_id, memory_ids, ids))
+
+    def prefill(self, pending: PendingBlock) -> KVItem:
+        """The block's KV item (the model's part; nothing stored). Under shared knowledge it is the knowledge
+        item's child (its file will hold the user's own tokens' K/V only); the knowledge item is built here
+        if it is not stored yet (model work)."""
+        parent = None
+        if self.share_knowledge:
+            from kvmem.kv.knowledge import ensure_knowledge_item
+
+            parent = ensure_knowledge_item(self.handle, self.layout, self.store)
         item = build_item(
             self.handle,
-            ids,
-            user_id=user_id,
-            memory_ids=tuple(memory_ids),
-            prefix=self._prefix_item(user_id, tuple(memory_ids), ids),
+            pending.ids,
+            user_id=pending.user_id,
+            memory_ids=pending.memory_ids,
+            prefix=pending.prefix or parent,
         )
+        if parent is not None:
+            meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=parent.num_tokens)
+            item = KVItem(meta, item.token_ids, item.kv)
+        return item
+
+    def store_item(self, item: KVItem) -> BuiltBlock:
+        """Write the item (file, fsync, SHA-256) and index it: readers see it once it is fully written."""
         self.store.put(item)
         return BuiltBlock(
             item.item_id,

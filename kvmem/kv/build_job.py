@@ -1,8 +1,11 @@
 """`kvmem build`: the offline KV cache build job over a JSON-lines file.
 
-Each line is `{"user_id": str, "memories": [str, ...]}` or `{"user_id": str, "memory_ids": [str, ...]}`
-(ids resolved in the data dir's plaintext store). Resumable: valid items are skipped, corrupt ones rebuilt.
-A bad line is reported with its line number and the job carries on; the exit code is 1 if any line failed.
+Each line is `{"user_id": str, "memories": [str, ...]}` or `{"user_id": str, "memory_ids": [str, ...]}`.
+A line of texts adds them to the user's plaintext store (a text the user already has is not added again)
+and builds the block the server will serve for the user (the `planner`: serving.offline_build). A line of
+ids builds exactly those memories (resolved in the data dir's store), in that order. Resumable: valid items
+are skipped, corrupt ones rebuilt. A bad line is reported with its line number and the job carries on; the
+exit code is 1 if any line failed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvmem.datadir import DataDir
-from kvmem.errors import InvalidBlock, StorageError
+from kvmem.errors import InvalidBlock, KVItemError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ class BuildReport:
     skipped: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)
     item_ids: list[str] = field(default_factory=list)
+    added: int = 0  # memories the texts lines added to the store
 
     @property
     def ok(self) -> bool:
@@ -81,17 +85,15 @@ def _resolve(obj: dict, line_no: int, store_factory) -> BuildTask:
     return BuildTask(line_no, obj["user_id"], tuple(found[i].text for i in ids), ids)
 
 
-def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: bool = True) -> BuildReport:
-    """Build every line's block with `builder` (a kvmem.kv.blocks.BlockBuilder)."""
+def run_build(
+    input_path: str | Path, builder, *, data_dir: DataDir, planner=None, progress: bool = True
+) -> BuildReport:
+    """Build every line's block with `builder` (a kvmem.kv.blocks.BlockBuilder); lines of texts go through
+    `planner` (`add_missing(user, texts)`, `plan(user)` -> `.item_id`, `.built`; its `.store`)."""
     report = BuildReport()
-    store_holder: list = []
 
     def store_factory():
-        if not store_holder:
-            from kvmem.text import MemoryStore  # lazily: only lines that name memory ids need the store
-
-            store_holder.append(MemoryStore(data_dir.text_db))
-        return store_holder[0]
+        return planner.store
 
     lines = Path(input_path).read_text().splitlines()
     bar = tqdm(total=len(lines), desc="kvmem build", unit="block", disable=not progress, file=sys.stderr)
@@ -101,8 +103,14 @@ def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: b
             continue
         try:
             task = _resolve(parse_line(line_no, raw), line_no, store_factory)
-            block = builder.build(task.user_id, task.texts, task.memory_ids, verify_existing=True)
-        except (BadLine, InvalidBlock, ValueError) as exc:
+            if task.memory_ids is None:
+                report.added += planner.add_missing(task.user_id, task.texts)
+                block = planner.plan(task.user_id)
+                if block.item_id is None:
+                    raise BadLine(f"the scheduler's policy serves no block for user {task.user_id!r}")
+            else:
+                block = builder.build(task.user_id, task.texts, task.memory_ids, verify_existing=True)
+        except (BadLine, InvalidBlock, KVItemError, ValueError) as exc:
             report.failed.append((line_no, str(exc)))
             tqdm.write(f"line {line_no}: {exc}", file=sys.stderr)
             continue
@@ -117,6 +125,4 @@ def run_build(input_path: str | Path, builder, *, data_dir: DataDir, progress: b
             report.skipped += 1
         bar.set_postfix(built=report.built, skipped=report.skipped, failed=len(report.failed))
     bar.close()
-    for store in store_holder:
-        store.close()
     return report

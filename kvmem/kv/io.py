@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -50,12 +51,14 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
     """Write an item atomically; returns bytes written. Raises StorageError and leaves old files intact."""
     directory = Path(directory)
     tensor_path, manifest_path = item_paths(directory, item.item_id)
-    tmp_tensor = tensor_path.with_name(f".{tensor_path.name}.tmp-{os.getpid()}")
-    tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{os.getpid()}")
+    writer = f"{os.getpid()}-{threading.get_ident()}"  # two threads may write the same item at once
+    tmp_tensor = tensor_path.with_name(f".{tensor_path.name}.tmp-{writer}")
+    tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{writer}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        own = item.kv[:, :, :, item.meta.parent_tokens :]  # a child stores its own tokens' K/V only
         tensors = {
-            "kv": item.kv.detach().to("cpu").contiguous(),
+            "kv": own.detach().to("cpu").contiguous(),
             "token_ids": torch.tensor(item.token_ids, dtype=torch.int32),
         }
         save_file(tensors, str(tmp_tensor), metadata={"format": str(FORMAT_VERSION), "item_id": item.item_id})
@@ -123,7 +126,8 @@ def load_item(
     device: torch.device | str = "cpu",
     verify_checksum: bool = True,
 ) -> KVItem:
-    """Load and verify an item. Raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch."""
+    """Load and verify an item. Raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch. A child item
+    (`meta.parent_id`) comes back with its own K/V only; the store joins it to its parent (store.get)."""
     directory = Path(directory)
     manifest = read_manifest(directory, item_id)
     meta = KVItemMeta.from_dict(manifest["meta"])
@@ -155,7 +159,8 @@ def load_item(
         raise KVItemCorrupt(f"KV item {item_id}: tensor file unreadable ({exc})") from exc
     del data
     kv, token_tensor = tensors.get("kv"), tensors.get("token_ids")
-    expected_shape = (meta.num_layers, 2, meta.num_kv_heads, meta.num_tokens, meta.head_dim)
+    own_tokens = meta.num_tokens - meta.parent_tokens  # a child's file holds its own tokens' K/V only
+    expected_shape = (meta.num_layers, 2, meta.num_kv_heads, own_tokens, meta.head_dim)
     if kv is None or token_tensor is None or tuple(kv.shape) != expected_shape:
         raise KVItemCorrupt(
             f"KV item {item_id}: tensors missing or shaped {None if kv is None else tuple(kv.shape)}, "

@@ -52,11 +52,17 @@ class KVItemMeta:
     num_kv_heads: int
     head_dim: int
     dtype: str
+    # A child of a shared parent item (the deployment's knowledge, kvmem.kv.knowledge): its first
+    # `parent_tokens` tokens are the parent's, whose K/V are stored once, in the parent only.
+    parent_id: str | None = None
+    parent_tokens: int = 0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["memory_ids"] = list(self.memory_ids)
         d["fingerprint"] = self.fingerprint.to_dict()
+        if self.parent_id is None:  # manifests of items without a parent stay as they were
+            del d["parent_id"], d["parent_tokens"]
         return d
 
     @classmethod
@@ -74,6 +80,8 @@ class KVItemMeta:
             num_kv_heads=int(data["num_kv_heads"]),
             head_dim=int(data["head_dim"]),
             dtype=str(data["dtype"]),
+            parent_id=None if data.get("parent_id") is None else str(data["parent_id"]),
+            parent_tokens=int(data.get("parent_tokens", 0)),
         )
 
 

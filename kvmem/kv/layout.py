@@ -18,6 +18,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
 )
 MEMORY_HEADER = "\n\nWhat you remember about the user:\n"
+KNOWLEDGE_HEADER = "\n\nWhat you know (shared by every user):\n"
 _SENTINEL = "\u2063KVMEM\u2063"
 
 
@@ -40,12 +41,23 @@ def memory_line(text: str) -> str:
 class PromptLayout:
     """Lays out prompts for one tokenizer + system prompt. Thread-safe after construction (read-only)."""
 
-    def __init__(self, tokenizer, system_prompt: str = DEFAULT_SYSTEM_PROMPT, version: str = LAYOUT_VERSION):
+    def __init__(
+        self,
+        tokenizer,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        version: str = LAYOUT_VERSION,
+        knowledge: Sequence[str] = (),
+    ):
+        """`knowledge`: the deployment's shared texts (kvmem.kv.knowledge), laid out after the system prompt,
+        before the memory header, as one segment: `knowledge_ids` is a prefix of every block."""
         if not getattr(tokenizer, "chat_template", None):
             raise LayoutError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.version = version
+        self.knowledge_text = (
+            KNOWLEDGE_HEADER + "".join(memory_line(t) for t in knowledge) if knowledge else ""
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -66,7 +78,16 @@ class PromptLayout:
         return rendered[: rendered.index(_SENTINEL)]
 
     @cached_property
+    def knowledge_ids(self) -> tuple[int, ...]:
+        """The shared prefix of every block (system opening, prompt, knowledge); () without knowledge."""
+        if not self.knowledge_text:
+            return ()
+        return tuple(self._encode(self.system_open + self.system_prompt + self.knowledge_text))
+
+    @cached_property
     def _head_ids(self) -> tuple[int, ...]:
+        if self.knowledge_text:
+            return self.knowledge_ids + tuple(self._encode(MEMORY_HEADER))
         return tuple(self._encode(self.system_open + self.system_prompt + MEMORY_HEADER))
 
     def block_ids(self, block_texts: Sequence[str]) -> list[int]:
@@ -99,7 +120,8 @@ class PromptLayout:
         text_part = "".join(memory_line(t) for t in text_texts)
         for text in text_texts:
             ids.extend(self._encode(memory_line(text)))
-        system_content = self.system_prompt + MEMORY_HEADER + "".join(memory_line(t) for t in block_texts)
+        system_content = self.system_prompt + self.knowledge_text + MEMORY_HEADER
+        system_content += "".join(memory_line(t) for t in block_texts)
         system_content += text_part
         if client_system:
             system_content += "\n" + client_system

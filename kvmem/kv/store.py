@@ -112,6 +112,8 @@ class TieredKVStore:
         self.num_hits = {"device": 0, "host": 0, "disk": 0, "miss": 0}
         self._dropped: list[DroppedItem] = []  # dropped under the lock, reported once it is released
         self._listeners: list[Callable[[DroppedItem], None]] = []
+        # a test seam: called with the item id on the reading thread just before an item's files are read
+        self.before_disk_read: Callable[[str], None] | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -266,6 +268,8 @@ class TieredKVStore:
         if host_item is not None:
             item, source = host_item.to(self.config.device), "host"
         else:
+            if self.before_disk_read is not None:
+                self.before_disk_read(item_id)
             try:
                 item = load_item(
                     self.directory,
@@ -283,6 +287,8 @@ class TieredKVStore:
                 self._report_drops()
                 raise
             source = "disk"
+            if item.meta.parent_id is not None:  # a child's file holds its own K/V: join its parent's
+                item = self._join_parent(item)
         with self._lock:
             current = self._resident["device"].get(item_id)
             if current is not None:  # another reader promoted it meanwhile
@@ -296,6 +302,15 @@ class TieredKVStore:
             self._enforce(keep=item_id if self._fits("device", item) else None)
         self._report_drops()
         return item
+
+    def _join_parent(self, own: KVItem) -> KVItem:
+        """The whole item: the parent's K/V for the first `parent_tokens` tokens, then the child's own (one
+        copy, when the child is loaded from disk; the joined item then stays resident like any other)."""
+        k = own.meta.parent_tokens
+        parent = self.get(own.meta.parent_id)  # KVItemNotFound etc.: the child is unusable until it is back
+        if parent.token_ids != own.token_ids[:k]:
+            raise KVItemCorrupt(f"KV item {own.item_id}: its parent {parent.item_id} holds other tokens")
+        return KVItem(own.meta, own.token_ids, torch.cat([parent.kv[:, :, :, :k], own.kv], dim=3))
 
     def meta(self, item_id: str) -> KVItemMeta:
         with self._lock:

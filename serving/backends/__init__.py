@@ -49,7 +49,13 @@ def _transformers(config: ServingConfig) -> Backend:
 
     model = None if config.model == DEFAULT_MODEL else config.model
     return TransformersBackend(
-        TransformersBackendConfig(model=model, data_dir=str(config.data_dir), max_queue=config.queue_size)
+        TransformersBackendConfig(
+            model=model,
+            device=config.device,
+            dtype=config.dtype,
+            data_dir=str(config.data_dir),
+            max_queue=config.queue_size,
+        )
     )
 
 

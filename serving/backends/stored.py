@@ -95,6 +95,22 @@ class StoredBlocksBackend(Backend):
         return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
 
     # -- stored blocks -------------------------------------------------------------------------------------
+    def find_block(self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str]) -> Any:
+        """The stored, valid block for these memories (a kvmem BuiltBlock) or None; never prefills (restoring
+        plans at start). `self.builder` is the kvmem BlockBuilder `load()` set. Raises NotReady before it."""
+        self._require_ready()
+        return self.builder.find(user_id, list(block_texts), list(memory_ids), verify=True)
+
+    def stored_memory_ids(self, user_id: str) -> list[tuple[str, ...]]:
+        """The memory ids of the user's stored blocks, newest first (restoring plans at start)."""
+        metas = []
+        for item_id in self.store.item_ids(user_id) if self.store is not None else []:
+            try:
+                metas.append(self.store.meta(item_id))
+            except KVItemError:
+                continue
+        return [m.memory_ids for m in sorted(metas, key=lambda m: -m.created_at)]
+
     def drop_block(self, item_id: str) -> None:
         """Forget the item (an engine-side copy cached under it becomes unreachable with it)."""
         if self.store is not None:

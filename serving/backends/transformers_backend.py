@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
+from serving.backends.detok import IncrementalDetokenizer
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
@@ -33,14 +35,16 @@ from serving.backends.stored import StoredBlocksBackend, fallback_kind
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
+IO_THREADS = 2  # item loads and writes at once (each reads or writes one file; more would just contend)
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TransformersBackendConfig:
     model: str | None = None  # alias, local dir, .gguf file or HF id; None = the default model
-    device: str = "cpu"
-    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # cpu, cuda[:n] or auto (cuda when available, else cpu)
+    dtype: str | None = None  # None or auto: float32 on CPU, bfloat16 on a GPU that has it (else float32)
     data_dir: str = ".kvmem"
     max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
     device_kv_bytes: int | None = 2 << 30
@@ -58,21 +62,6 @@ class TransformersBackendConfig:
             )
 
 
-class _Detokenizer:
-    """Incremental text from token ids; holds back an incomplete UTF-8 character at the end."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.emitted = text[len(self.emitted) :], text
-        return delta
-
-
 class TransformersBackend(StoredBlocksBackend):
     name = "transformers"
 
@@ -80,6 +69,8 @@ class TransformersBackend(StoredBlocksBackend):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
+        # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
+        self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
         self.handle = self.layout = self.builder = self.adapters = None
         self._eos: frozenset[int] = frozenset()
 
@@ -98,7 +89,7 @@ class TransformersBackend(StoredBlocksBackend):
                 store = TieredKVStore(
                     KVStoreConfig(
                         directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                        device=self.config.device,
+                        device=str(handle.device),  # auto resolved
                         device_bytes=self.config.device_kv_bytes,
                         host_bytes=self.config.host_kv_bytes,
                         disk_bytes=self.config.disk_kv_bytes,
@@ -109,7 +100,13 @@ class TransformersBackend(StoredBlocksBackend):
                 raise BackendError(str(exc)) from exc
             self.handle, self.store = handle, store
             store.subscribe_drops(self._on_store_drop)
-            self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
+            from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
+
+            self.layout = PromptLayout(
+                handle.tokenizer,
+                self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+                knowledge=installed(DataDir.at(self.config.data_dir).root),
+            )
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             self.max_context_tokens = handle.max_context_tokens
@@ -119,6 +116,7 @@ class TransformersBackend(StoredBlocksBackend):
 
     async def aclose(self) -> None:
         self._loop.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
 
     # -- layout and blocks -----------------------------------------------------------------------------------
     def build_block(
@@ -127,7 +125,13 @@ class TransformersBackend(StoredBlocksBackend):
         self._require_ready()
         try:
             ids = None if memory_ids is None else list(memory_ids)
-            return self._loop.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+            from kvmem.kv.blocks import BuiltBlock
+
+            found = self._io.submit(self.builder.lookup, user_id, list(block_texts), ids).result()
+            if isinstance(found, BuiltBlock):  # a valid one is stored
+                return found
+            item = self._loop.call(lambda: self.builder.prefill(found))  # the model's part only
+            return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
 
@@ -155,8 +159,22 @@ class TransformersBackend(StoredBlocksBackend):
             return None, "wrong_user"
         return item, None
 
+    async def _resolve_off_model_thread(self, req: GenerationRequest):
+        """_resolve_item, on an I/O thread unless the item is already on the device (a dict lookup): a
+        request whose item is on disk (or in host RAM) is admitted to the model loop once it is loaded and
+        verified, and the other streams keep decoding meanwhile."""
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return None, None
+        if self.store.tier_of(req.block_item_id) == "device":
+            return self._resolve_item(req)
+        return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
+
     def _steps(
-        self, req: GenerationRequest, emit: Callable[[object], None], cancel: threading.Event
+        self,
+        req: GenerationRequest,
+        emit: Callable[[object], None],
+        cancel: threading.Event,
+        resolved: tuple[object, str | None] = (None, None),
     ) -> Generator[object, int | None, None]:
         """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
@@ -168,7 +186,7 @@ class TransformersBackend(StoredBlocksBackend):
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
-            item, fallback = self._resolve_item(req)
+            item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
             sp = req.sampling
@@ -176,7 +194,7 @@ class TransformersBackend(StoredBlocksBackend):
                 max_new_tokens=max(1, max_new), temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
             )
             stats = GenerationStats()
-            detok = _Detokenizer(self.handle.tokenizer)
+            detok = IncrementalDetokenizer(self.handle.tokenizer)
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
@@ -207,6 +225,11 @@ class TransformersBackend(StoredBlocksBackend):
                     break
                 sent = yield  # the next token (one batched step later) or None; None from a plain turn
                 token = sent if tokens is None else next(tokens, None)
+            if not stops.hit:  # a character still incomplete at the end: as the full decode has it
+                ready, hit = stops.feed(detok.flush())
+                if ready:
+                    emit(TokenDelta(text=ready, token_ids=()))
+                finish = "stop" if hit else finish
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
@@ -244,7 +267,8 @@ class TransformersBackend(StoredBlocksBackend):
 
         started = time.perf_counter()
         try:
-            self._loop.start(self._steps(req, emit, cancel))
+            resolved = await self._resolve_off_model_thread(req)
+            self._loop.start(self._steps(req, emit, cancel, resolved))
         except BaseException:
             self._release()
             raise

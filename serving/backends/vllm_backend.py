@@ -128,7 +128,14 @@ class VllmBackend(StoredBlocksBackend):
                 raise BackendError(str(exc)) from exc
             self.handle, self.store = handle, store
             store.subscribe_drops(self._on_store_drop)
-            self.layout = PromptLayout(handle.tokenizer, self.config.system_prompt or DEFAULT_SYSTEM_PROMPT)
+            from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
+
+            self.layout = PromptLayout(
+                handle.tokenizer,
+                self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+                knowledge=installed(DataDir.at(self.config.data_dir).root),
+            )
+            # a block is the knowledge item's child on disk; store.get joins them, so the connector loads both
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             max_len = min(self.config.max_model_len or handle.max_context_tokens, handle.max_context_tokens)

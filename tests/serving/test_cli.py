@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from serving.backends import BackendError, create_backend, supported_backends
 from serving.backends.fake import FakeBackend
@@ -23,6 +24,9 @@ from serving.config import ServingConfig
         (["serve", "--no-auth", "--host", "0.0.0.0"], "only allowed on a loopback host"),
         (["serve", "--backend", "tensorrt"], "--backend"),
         (["serve", "--queue-size", "0"], "queue_size must be >= 1, got 0"),
+        (["serve", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["serve", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+        (["serve", "--backend", "vllm", "--dtype", "bfloat16"], "the vllm backend runs on cpu in float32"),
         (["frobnicate"], "invalid choice"),
         (["serve", "--planner", "standin"], "unrecognized arguments: --planner standin"),  # one plan pipeline
         ([], "command"),
@@ -118,3 +122,42 @@ def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
+@pytest.mark.parametrize("command", ["serve", "build"])
+def test_cuda_without_a_gpu_exits_2_naming_the_flag(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "in.jsonl").write_text("")
+    argv = {
+        "serve": ["serve", "--no-auth", "--data-dir", str(tmp_path), "--device", "cuda"],
+        "build": ["build", "--input", str(tmp_path / "in.jsonl"), "--device", "cuda"],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda" in err and "CUDA is not available" in err
+
+
+def test_device_and_dtype_reach_the_transformers_backend(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--data-dir", str(tmp_path), "--device", "cpu", "--dtype", "bfloat16"]
+    )
+    config = config_from_args(args)
+    assert (config.device, config.dtype) == ("cpu", "bfloat16")
+    backend = create_backend(config)  # not loaded: no weights read
+    assert (backend.config.device, backend.config.dtype) == ("cpu", "bfloat16")
+    defaults = config_from_args(build_parser().parse_args(["serve"]))
+    assert (defaults.device, defaults.dtype) == ("auto", "auto")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [(["--device", "gpu"], "argument --device: invalid choice: 'gpu'"), (["--dtype", "half"], "--dtype")],
+)
+def test_build_takes_the_same_device_and_dtype_choices(
+    flags: list[str], needle: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exc:  # kvmem build's own parser: usage and exit 2
+        main(["build", "--input", "x", *flags])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err

@@ -11,6 +11,7 @@ from kvmem.errors import KVItemError
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.blocks import BlockBuilder
 from kvmem.models import load_model
+from tests.serving.conftest import wait_for
 from tests.serving.kvstack import json_texts, load_backend, manifests, save_tiny_model, served
 
 TEXTS = {"lisbon": "I live in Lisbon.", "miso": "My dog is called Miso.", "violin": "I play the violin."}
@@ -50,7 +51,8 @@ def naming(data_dir, text: str) -> list[str]:
 @pytest.fixture()
 def history(tmp_path, tiny_model_dir):
     """Alice's memories (lisbon in session s1, miso and violin in s2) and KV items holding them from every
-    source: a first server run (then stopped), an offline build before the second run; the second run is
+    source: a first server run (then stopped; the second run restores its plan, then supersedes and frees that
+    block when a memory is added), an offline build before the second run; the second run is
     served to the test, which adds one more offline build while it runs."""
     with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as first:
         ids = {
@@ -66,9 +68,12 @@ def history(tmp_path, tiny_model_dir):
         [[(ids["lisbon"], TEXTS["lisbon"])], [(ids["miso"], TEXTS["miso"])]],
     )
     with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
+        wait_for(lambda: s.client.get("/health").status_code == 200, "plans restored at start", tries=15000)
+        assert s.plan("alice")["item_id"] == before_restart  # the restart restored the plan from disk
         ids["violin"] = s.add("alice", TEXTS["violin"], "s2")
         s.plans.flush()
         current = s.plan("alice")
+        assert before_restart not in manifests(tmp_path)  # superseded by the new block: freed
         assert current["tier"] == "kv" and sorted(current["memory_ids"]) == sorted(ids.values())
         offline_during = offline_build(
             tiny_model_dir,
@@ -77,13 +82,12 @@ def history(tmp_path, tiny_model_dir):
             [[(ids["violin"], TEXTS["violin"]), (ids["lisbon"], TEXTS["lisbon"])]],
         )
         items = {
-            "before_restart": before_restart,
             "offline_lisbon": offline_before[0],
             "offline_miso": offline_before[1],
             "current": current["item_id"],
             "offline_during": offline_during[0],
         }
-        assert len(set(items.values())) == 5
+        assert len(set(items.values())) == 4
         assert set(manifests(tmp_path)) == set(items.values())
         assert s.backend.store.item_ids("alice") == sorted(set(items.values()) - {items["offline_during"]})
         yield s, ids, items, tmp_path
@@ -94,7 +98,7 @@ def test_changing_a_memory_stops_every_item_holding_it_before_the_call_returns(h
     s, ids, items, data_dir = history
     lisbon = ids["lisbon"]
     holding = {k: v for k, v in items.items() if lisbon in manifests(data_dir)[v][1]}
-    assert set(holding) == {"before_restart", "offline_lisbon", "current", "offline_during"}
+    assert set(holding) == {"offline_lisbon", "current", "offline_during"}
     if how == "delete":
         r = s.client.delete(f"/v1/memories/{lisbon}", params={"user_id": "alice"})
     elif how == "delete_session":

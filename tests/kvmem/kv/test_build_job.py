@@ -9,7 +9,6 @@ import pytest
 
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
-from kvmem.kv.blocks import text_memory_id
 from kvmem.kv.build_cli import main
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
@@ -27,9 +26,19 @@ def write_lines(path, lines):
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
 
 
-def expected_id(handle, user, texts):
-    ids = PromptLayout(handle.tokenizer).block_ids(texts)
-    return item_id_for(user, handle.fingerprint, tuple(ids), tuple(text_memory_id(t) for t in texts))
+def stored_memories(data, user):
+    from kvmem.text import MemoryStore
+
+    with MemoryStore(data / "memories.sqlite") as store:
+        return store.list(user, page_size=100).items
+
+
+def expected_id(handle, data, user):
+    """The block the server's policy serves for memories added together (equal heat): all of them, ordered
+    by memory id (choose_block's tie-break), addressed by the user's store ids."""
+    mems = sorted(stored_memories(data, user), key=lambda m: m.id)
+    ids = PromptLayout(handle.tokenizer).block_ids([m.text for m in mems])
+    return item_id_for(user, handle.fingerprint, tuple(ids), tuple(m.id for m in mems))
 
 
 def test_build_reports_bad_lines_and_resumes(tmp_path, tiny_model_dir, tiny_handle, capsys):
@@ -64,8 +73,8 @@ def test_build_reports_bad_lines_and_resumes(tmp_path, tiny_model_dir, tiny_hand
         (6, "exactly one of"),
     ]:
         assert f"line {line_no}: {text}" in err
-    assert "built 2, skipped 0 (already valid), failed 4" in err
-    ids = [expected_id(handle, g["user_id"], g["memories"]) for g in good]
+    assert "built 2, skipped 0 (already valid), failed 4; added 3 memories to the store (model loaded)" in err
+    ids = [expected_id(handle, data, g["user_id"]) for g in good]
     kv_dir = data / "kv"
     store = TieredKVStore(KVStoreConfig(directory=str(kv_dir)), handle.fingerprint)
     assert store.item_ids() == sorted(ids)
@@ -77,9 +86,16 @@ def test_build_reports_bad_lines_and_resumes(tmp_path, tiny_model_dir, tiny_hand
     tensor_path.write_bytes(bytes(raw))
     write_lines(src, good)
     assert main(argv) == 0
-    assert "built 1, skipped 1 (already valid), failed 0" in capsys.readouterr().err
+    assert "built 1, skipped 1 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
     rebuilt = load_item(kv_dir, ids[1], handle.fingerprint)
-    assert rebuilt.meta.memory_ids == (text_memory_id("I play the violin."),)
+    assert rebuilt.meta.memory_ids == tuple(m.id for m in stored_memories(data, "bob"))
+    # idempotent: the texts were not added again
+    assert sorted(m.text for m in stored_memories(data, "alice")) == sorted(good[0]["memories"])
+    assert [m.text for m in stored_memories(data, "bob")] == ["I play the violin."]
+
+    # nothing to build: the weights are not loaded (the fingerprint comes from the cache)
+    assert main(argv) == 0
+    assert "built 0, skipped 2 (already valid), failed 0 (model not loaded)" in capsys.readouterr().err
 
 
 def test_missing_input_file_is_exit_2(tmp_path, capsys):
@@ -124,7 +140,9 @@ def test_built_item_serves_exact_generation(tmp_path, tiny_model_dir, tiny_handl
         )
         == 0
     )
-    item = load_item(tmp_path / "kv", expected_id(tiny_handle, "alice", texts), tiny_handle.fingerprint)
-    prompt = PromptLayout(tiny_handle.tokenizer).prompt(texts, [], [{"role": "user", "content": "Pet name?"}])
+    item = load_item(tmp_path / "kv", expected_id(tiny_handle, tmp_path, "alice"), tiny_handle.fingerprint)
+    block_texts = [m.text for m in sorted(stored_memories(tmp_path, "alice"), key=lambda m: m.id)]
+    messages = [{"role": "user", "content": "Pet name?"}]
+    prompt = PromptLayout(tiny_handle.tokenizer).prompt(block_texts, [], messages)
     ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6)))
     assert ours == reference_tokens(tiny_handle.model, list(prompt.ids), 6, "cpu")
