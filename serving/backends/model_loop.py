@@ -3,9 +3,11 @@
 Why one thread: each thread that runs torch CPU kernels gets its own OpenMP team, and teams of threads that
 ran a moment ago still spin on the cores the next forward needs. With a generation thread per request, a
 1.7k-token KV prefill ran ~45 ms slower in the server after a burst of 8 concurrent requests than in a
-one-thread process; on one thread it runs as fast. Requests are generators advanced one step (one token)
-per turn, round-robin, so a new request's prefill waits for one decode step of each running request, not
-for whole generations. Builds are plain calls, run between steps, whose caller waits for the result.
+one-thread process; on one thread it runs as fast. Requests are generators; each turn advances every one of
+them a step, in order, then the batcher once. A generator that yields a `Sequence` (kvmem/kv/batch.py) joins
+the batcher (batcher.py): its sequences advance together, one batched decode forward per turn, with prefill
+chunks of new ones before it, so a new request's prefill waits for one decode step, not for generations.
+Builds are plain calls, run between turns, whose caller waits for the result.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+from kvmem.kv.batch import Sequence
+from serving.backends.batcher import Batcher
+
 log = logging.getLogger(__name__)
 
 
@@ -25,7 +30,8 @@ class LoopClosed(RuntimeError):
 
 
 class ModelLoop:
-    def __init__(self, name: str = "kvmem-model") -> None:
+    def __init__(self, name: str = "kvmem-model", prefill_budget_tokens: int = 512) -> None:
+        self._batcher = Batcher(prefill_budget_tokens)
         self._cv = threading.Condition()
         self._incoming: deque[Iterator[Any] | tuple[Future, Callable[[], Any]]] = deque()
         self._closed = False
@@ -33,8 +39,9 @@ class ModelLoop:
         self._thread.start()
 
     def start(self, steps: Iterator[Any]) -> None:
-        """Advance `steps` one `next` per turn on the model thread until it is exhausted. It must handle its
-        own errors (an exception out of it is logged and the generator dropped)."""
+        """Advance `steps` one `next` per turn on the model thread until it is exhausted, or until it yields a
+        `Sequence`: from then on the batcher resumes it with that sequence's tokens (batcher.py). It must handle
+        its own errors (an exception out of it is logged and the generator dropped)."""
         self._put(steps)
 
     def call(self, fn: Callable[[], Any]) -> Any:
@@ -64,7 +71,7 @@ class ModelLoop:
         active: deque[Iterator[Any]] = deque()
         while True:
             with self._cv:
-                while not self._incoming and not active and not self._closed:
+                while not self._incoming and not active and not self._batcher and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     break
@@ -75,12 +82,18 @@ class ModelLoop:
                     self._call(*job)
                 else:
                     active.append(job)
-            if active:
+            for _ in range(len(active)):  # one turn each, in order
                 steps = active.popleft()
-                if self._step(steps):
+                yielded = self._step(steps)
+                if isinstance(yielded, Sequence):
+                    self._batcher.add(yielded, steps)
+                elif yielded:
                     active.append(steps)
+            if self._batcher:
+                self._batcher.step()
         for steps in active:
             steps.close()
+        self._batcher.close()
         with self._cv:
             for job in self._incoming:
                 if isinstance(job, tuple):
@@ -99,11 +112,11 @@ class ModelLoop:
             future.set_exception(exc)
 
     @staticmethod
-    def _step(steps: Iterator[Any]) -> bool:
-        """One step; False once the generator is done (or failed, which it should not)."""
+    def _step(steps: Iterator[Any]) -> Sequence | bool:
+        """One step: the Sequence it yielded, else True; False once it is done (or failed, which it should not)."""
         try:
-            next(steps)
-            return True
+            yielded = next(steps)
+            return yielded if isinstance(yielded, Sequence) else True
         except StopIteration:
             return False
         except Exception:  # noqa: BLE001 - the loop must outlive any one request

@@ -1,9 +1,9 @@
 """The transformers backend: the embedded default engine (CPU-capable), with KV-item injection.
 
-Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator of
-steps that the one model thread advances a token at a time, round-robin, with block builds in between, so a
-new request's prefill waits for one decode step, not for whole generations. A bounded admission count gives
-429s; a missing, corrupt or mismatched KV item means full prefill.
+Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator that
+hands its sequence to the model thread, which decodes all running sequences in one batched forward per step
+and prefills new ones in chunks in between (batcher.py), with block builds between steps. A bounded admission
+count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,6 +53,7 @@ class TransformersBackendConfig:
     system_prompt: str | None = None
     session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
+    prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -60,6 +61,10 @@ class TransformersBackendConfig:
         if self.session_kv_bytes < 0 or self.sessions_per_user < 1:
             raise ValueError(
                 "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
+            )
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(
+                f"TransformersBackendConfig.prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}"
             )
 
 
@@ -69,7 +74,7 @@ class TransformersBackend(StoredBlocksBackend):
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
-        self._loop = ModelLoop()
+        self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
         # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
         self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
         self.handle = self.layout = self.builder = self.adapters = None
@@ -187,10 +192,12 @@ class TransformersBackend(StoredBlocksBackend):
         emit: Callable[[object], None],
         cancel: threading.Event,
         resolved: tuple[object, str | None] = (None, None),
-    ) -> Iterator[None]:
-        """On the model thread, one token per step: generate and emit TokenDelta / GenerationResult /
-        BaseException. Releases the request's admission when done, however it ends, before the last item."""
+    ) -> Generator[object, int | None, None]:
+        """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
+        (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
+        request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling, generate
+        from kvmem.kv.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
         lease = None
@@ -217,17 +224,23 @@ class TransformersBackend(StoredBlocksBackend):
                 lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
                 block = inject(item, req.prompt.ids) if item is not None else None
                 prefix = self.sessions.start(lease, req.prompt.ids, block)
-            tokens = generate(
-                self.handle.model,
-                req.prompt.ids,
-                item=item,
-                prefix=prefix,
-                sampling=sampling,
-                stop_token_ids=self._eos,
-                should_stop=cancel.is_set,
-                stats=stats,
+            args = dict(
+                item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
             )
-            for token in tokens if adapter is None else self.adapters.steps(tokens, adapter):
+            tokens = None  # batched: the batcher sends the tokens
+            if adapter is None:
+                seq = Sequence(
+                    self.handle.model,
+                    req.prompt.ids,
+                    **args,
+                    injection=prefix,
+                    prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                )
+                token = yield seq  # the batcher sends each token, then None once the sequence has ended
+            else:  # an adapter's steps run alone, its layers on only during them (adapters.py): not batched
+                tokens = self.adapters.steps(generate(self.handle.model, req.prompt.ids, **args), adapter)
+                token = next(tokens, None)
+            while token is not None:
                 if token in self._eos:
                     finish = "stop"
                     break
@@ -237,7 +250,8 @@ class TransformersBackend(StoredBlocksBackend):
                 if hit:
                     finish = "stop"
                     break
-                yield  # the next request's turn
+                sent = yield  # the next token (one batched step later) or None; None from a plain turn
+                token = sent if tokens is None else next(tokens, None)
             if not stops.hit:  # a character still incomplete at the end: as the full decode has it
                 ready, hit = stops.feed(detok.flush())
                 if ready:

@@ -40,7 +40,34 @@ async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
     return ids, result
 
 
-def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they_get_alone(tiny_backend):
+def arrive_together(backend, requests) -> list[tuple[list[int], GenerationResult]]:
+    """Stream every request concurrently, all of them reaching the model loop before its next turn (the loop
+    is held in a call until they are queued), so the batch they form does not depend on timing."""
+    release, entered = threading.Event(), threading.Event()
+
+    def hold():
+        entered.set()
+        assert release.wait(10)
+
+    holder = threading.Thread(target=backend._loop.call, args=(hold,))
+    holder.start()
+    assert entered.wait(10)
+
+    async def together():
+        tasks = [asyncio.create_task(tokens_of(backend, r)) for r in requests]
+        while len(backend._loop._incoming) < len(requests):
+            await asyncio.sleep(0.001)
+        release.set()
+        return await asyncio.gather(*tasks)
+
+    try:
+        return asyncio.run(together())
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(tiny_backend):
     backend = tiny_backend
     block = backend.build_block("u", ["I live in Lisbon.", "My dog is called Miso."], ["m1", "m2"])
     questions = ["Where do I live?", "What is my dog called and what does he like to eat?", "Hi"]
@@ -63,24 +90,21 @@ def test_concurrent_requests_interleave_on_the_model_thread_with_the_tokens_they
             )
         )
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
-    calls: list[tuple[int, threading.Thread]] = []  # (input length, thread) of every forward
+    calls: list[tuple[tuple[int, int], threading.Thread]] = []  # (input shape, thread) of every forward
     hook = backend.handle.model.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append((kw["input_ids"].shape[1], threading.current_thread())),
+        lambda _m, _a, kw: calls.append((tuple(kw["input_ids"].shape), threading.current_thread())),
         with_kwargs=True,
     )
     try:
-
-        async def together():
-            return await asyncio.gather(*(tokens_of(backend, r) for r in requests))
-
-        both = asyncio.run(together())
+        both = arrive_together(backend, requests)
     finally:
         hook.remove()
     assert [ids for ids, _ in both] == [ids for ids, _ in alone] and all(len(ids) == 8 for ids, _ in alone)
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
     assert {thread for _, thread in calls} == {backend._loop.thread}
-    prefills = [k for k, (n, _) in enumerate(calls) if n > 1]
-    assert len(prefills) == 3 and prefills[-1] < len(calls) - 8  # the last prefill came before most decodes
+    # three prefills alone (what the block does not cover), then 7 decode steps of all three in one forward
+    rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
+    assert [shape for shape, _ in calls] == [(1, n) for n in rest] + [(3, 1)] * 7
     deadline = (
         time.monotonic() + 5
     )  # each request's admission is released on the model thread, after its result
@@ -114,21 +138,24 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
         )
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
     log = ForwardLog(backend.handle.model)
+    rows: list[int] = []  # batch size of every forward
+    hook = backend.handle.model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     try:
-
-        async def together():
-            return await asyncio.gather(*(tokens_of(backend, r) for r in requests))
-
-        both = asyncio.run(together())
+        both = arrive_together(backend, requests)
         wait_released(backend)
         mode_after = backend._loop.call(torch.is_inference_mode_enabled)
     finally:
         log.remove()
+        hook.remove()
     assert [ids for ids, _ in both] == [ids for ids, _ in alone]
     assert [len(ids) for ids, _ in both] == [2, 11, 6]
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
-    assert len(log.calls) == 2 + 11 + 6
-    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 19
+    # 3 prefills (a first token each), then decode steps: all 3 (the first ends), 2 x4 (the third ends), 1 x5
+    assert rows == [1, 1, 1, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
+    assert [n > 1 for n, *_ in log.calls] == [True] * 3 + [False] * 10
+    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 13
     assert mode_after is False  # the model thread is left as it was found
 
 

@@ -1,0 +1,127 @@
+"""How far a batched decode step's logits are from the same step run alone (real model, CPU fp32).
+
+A batch computes the linear layers with other matrix kernels than one row alone (MKL picks them by the
+number of rows), so logits agree to within rounding, not bit for bit; attention is ragged and runs the call
+it runs alone. For N requests (blocks of different lengths, none, prompts of different lengths) decoding
+together, each step compares every row's batched logits with that row's step alone on the same cache, and
+the whole greedy outputs batched with those alone. Last line of stdout: the JSON written to --out.
+
+    python -m benchmarks.batch_agreement --requests 8 --tokens 32 --out benchmarks/results/cpu/batch_agreement.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from benchmarks.common import env_info, print_table, write_outputs
+from benchmarks.http_client import memory_texts
+from kvmem.kv import PromptLayout, Sampling, build_item
+from kvmem.kv.batch import Sequence, _forward_one, _forward_ragged
+from kvmem.kv.decode import _pick
+from kvmem.models import load_model
+
+QUESTIONS = (
+    "Hi",
+    "Which city did I mention, and what did I cook on Tuesday?",
+    "Summarize what you know about me in one sentence.",
+    "What should I do this weekend? Give me three ideas based on my plans.",
+)
+
+
+def shallow_copy(cache: DynamicCache) -> DynamicCache:
+    """A cache over the same tensors: an update concatenates into new ones, so the original is untouched."""
+    layers = []
+    for src in cache.layers:
+        layer = DynamicLayer()
+        layer.dtype, layer.device, layer.is_initialized = src.dtype, src.device, True
+        layer.keys, layer.values = src.keys, src.values
+        layers.append(layer)
+    copy = DynamicCache()
+    copy.layers = layers
+    return copy
+
+
+def main(argv: list[str] | None = None, handle=None) -> dict:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.batch_agreement", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    handle = handle or load_model(args.model, device="cpu", dtype="float32")
+    model, layout = handle.model, PromptLayout(handle.tokenizer)
+    blocks = [None] + [memory_texts(n, 40, seed=n) for n in (2, 8, 24)]  # blocks of ~100 to ~1.3k tokens
+    items = [None] + [build_item(handle, layout.block_ids(m), user_id="u") for m in blocks[1:]]
+    requests = []
+    for k in range(args.requests):
+        mems, item = blocks[k % len(blocks)], items[k % len(items)]
+        text = QUESTIONS[k % len(QUESTIONS)] * (1 + k // len(QUESTIONS))
+        requests.append((layout.prompt(mems or [], [], [{"role": "user", "content": text}]).ids, item))
+    sampling = Sampling(max_new_tokens=args.tokens)
+
+    alone = []
+    for ids, item in requests:
+        seq = Sequence(model, ids, item=item, sampling=sampling)
+        seq.prefill_step()
+        with torch.inference_mode():
+            while seq.decoding:
+                row = _forward_one(seq)
+                seq.position += 1
+                seq._accept(_pick(row, sampling, None))
+        alone.append(seq.stats.token_ids)
+
+    seqs = [Sequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
+    for seq in seqs:
+        seq.prefill_step()
+    max_abs, same_top1, rows = 0.0, 0, 0
+    with torch.inference_mode():
+        while any(s.decoding for s in seqs):
+            live = [s for s in seqs if s.decoding]
+            ref = []
+            for s in live:
+                copy = Sequence.__new__(Sequence)
+                copy.__dict__.update(s.__dict__)
+                copy.cache = shallow_copy(s.cache)
+                ref.append(_forward_one(copy))
+            batched = _forward_ragged(model, live) if len(live) > 1 else torch.stack([_forward_one(live[0])])
+            for s, a, b in zip(live, ref, batched, strict=True):
+                max_abs = max(max_abs, float((a - b).abs().max()))
+                same_top1 += int(a.argmax() == b.argmax())
+                rows += 1
+                s.position += 1
+                s._accept(_pick(b, sampling, None))
+    identical = sum(s.stats.token_ids == a for s, a in zip(seqs, alone, strict=True))
+    row = {
+        "requests": len(requests),
+        "tokens_each": args.tokens,
+        "prompt_tokens": [len(ids) for ids, _ in requests],
+        "block_tokens": [item.num_tokens if item else 0 for _, item in requests],
+        "outputs_identical": identical,
+        "steps_compared": rows,
+        "top1_agreement": same_top1 / rows,
+        "max_abs_logit_diff": max_abs,
+    }
+    print_table(
+        [
+            "Requests",
+            "Tokens each",
+            "Outputs identical",
+            "Steps compared",
+            "Top-1 agreement",
+            "Max |logit diff|",
+        ],
+        [[len(requests), args.tokens, identical, rows, row["top1_agreement"], max_abs]],
+    )
+    result = {"env": {**env_info("cpu"), "model": handle.model_id}, "agreement": row}
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

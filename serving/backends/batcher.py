@@ -1,0 +1,109 @@
+"""The sequences the model loop decodes together, and the step that advances them all (on the model thread).
+
+A request's generator hands its `Sequence` (kvmem/kv/batch.py) to the model loop by yielding it; from then on
+the batcher resumes it with `send(token)` for each token the sequence produces and `send(None)` once the
+sequence has ended (length, stop token, cancelled). The request returns when it is done with the stream (a stop
+string, an end token, the None); an exception thrown into it is a failure of its own sequence.
+
+One step: cancellations are taken at the boundary; then prefill chunks of waiting sequences, oldest first,
+up to `prefill_budget_tokens` (at least one chunk, so a long prompt goes in pieces and others keep streaming);
+then one batched decode step of every decoding sequence. Knows nothing of HTTP or the KV store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+from typing import Any
+
+from kvmem.kv.batch import Sequence, SequenceError, decode_step
+
+log = logging.getLogger(__name__)
+
+RequestSteps = Generator[Any, int | None, None]
+
+
+class Batcher:
+    def __init__(self, prefill_budget_tokens: int = 512) -> None:
+        if prefill_budget_tokens < 1:
+            raise ValueError(f"prefill_budget_tokens must be >= 1, got {prefill_budget_tokens}")
+        self.prefill_budget_tokens = prefill_budget_tokens
+        self._members: dict[Sequence, RequestSteps] = {}  # insertion order: the prefill queue's order
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, seq: Sequence, steps: RequestSteps) -> None:
+        """`steps` yielded `seq` and waits for its first token (or None)."""
+        assert seq not in self._members
+        self._members[seq] = steps
+
+    def step(self) -> None:
+        """Advance every member by at most one model step (see the module docstring)."""
+        for seq in list(self._members):
+            if seq.check_cancel():
+                self._deliver(seq, None)
+        budget = self.prefill_budget_tokens
+        for seq in list(self._members):
+            if budget <= 0:
+                break
+            if seq not in self._members or not seq.prefilling:
+                continue
+            budget -= seq.next_chunk_tokens()
+            try:
+                token = seq.prefill_step()
+            except Exception as exc:  # noqa: BLE001 - this request's failure, handed to it
+                seq.finish_reason = "error"
+                self._fail(seq, exc)
+                continue
+            if token is not None:
+                self._deliver(seq, token)
+        decoding = [s for s in self._members if s.decoding]
+        for model in {id(s.model): s.model for s in decoding}.values():
+            group = [s for s in decoding if s.model is model]
+            for seq, token in zip(group, decode_step(model, group), strict=True):
+                if isinstance(token, SequenceError):
+                    self._fail(seq, token.cause)
+                else:
+                    self._deliver(seq, token)
+
+    def close(self) -> None:
+        """Drop every member (the model loop closed): their generators are closed."""
+        members, self._members = self._members, {}
+        for steps in members.values():
+            steps.close()
+
+    def _deliver(self, seq: Sequence, token: int | None) -> None:
+        """Resume the request with `token`; once the sequence has ended, with None; drop it when it returns."""
+        steps = self._members[seq]
+        try:
+            steps.send(token)
+            if token is not None and seq.finished:
+                steps.send(None)
+            if seq.finished:
+                raise RuntimeError("a request went on after its sequence ended")
+        except StopIteration:
+            del self._members[seq]
+        except Exception:  # noqa: BLE001 - the loop must outlive any one request
+            log.exception("a request's steps raised out of the batcher; request dropped")
+            self._drop(seq)
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        """The sequence's own step failed: the request gets the exception (it reports it and returns)."""
+        steps = self._members[seq]
+        try:
+            steps.throw(exc)
+        except StopIteration:
+            del self._members[seq]
+            return
+        except BaseException as again:  # noqa: BLE001 - it did not handle its error: logged, dropped
+            if again is not exc:
+                log.exception("a request failed while handling its error; request dropped")
+            else:
+                log.error("a request's sequence failed: %s", exc)
+        self._drop(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        steps = self._members.pop(seq, None)
+        if steps is not None:
+            steps.close()

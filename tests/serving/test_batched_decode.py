@@ -1,0 +1,177 @@
+"""Batched decode in the transformers backend (tiny llama, prefill chunks of 16 tokens): a long prefill goes
+in chunks between a running stream's steps; a client that leaves, or a request whose step fails, leaves the
+batch while the others keep exactly the tokens they get alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from serving.backends.base import (
+    BackendError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenDelta,
+)
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from tests.serving.test_transformers_backend import tokens_of, wait_released
+
+CHUNK = 16
+
+
+@pytest.fixture(scope="module")
+def chunked_backend(tmp_path_factory, tiny_handle):
+    model_dir = tmp_path_factory.mktemp("tiny-model")
+    tiny_handle.model.save_pretrained(model_dir)
+    tiny_handle.tokenizer.save_pretrained(model_dir)
+    backend = TransformersBackend(
+        TransformersBackendConfig(
+            model=str(model_dir), data_dir=str(tmp_path_factory.mktemp("data")), prefill_chunk_tokens=CHUNK
+        )
+    )
+    backend.load()
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+def request(backend, name: str, question: str, max_new: int, block=None, texts=()) -> GenerationRequest:
+    prompt = backend.layout_prompt(
+        list(texts), [], [{"role": "user", "content": question}], block.token_ids if block else None
+    )
+    sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    return GenerationRequest(name, "u", prompt, block.item_id if block else None, sampling)
+
+
+def record_shapes(model) -> tuple[list, object]:
+    shapes: list = []  # (batch, input length) of every forward, and markers
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    return shapes, hook
+
+
+def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_backend):
+    backend = chunked_backend
+    running = request(backend, "running", "Hi", 30)
+    long_question = "Tell me about " + ", ".join(f"item number {i}" for i in range(25)) + "."
+    newcomer = request(backend, "newcomer", long_question, 3)
+    n = len(newcomer.prompt.ids)
+    chunks = [CHUNK] * (n // CHUNK) + ([n % CHUNK] if n % CHUNK else [])
+    assert len(chunks) >= 5
+    alone = [asyncio.run(tokens_of(backend, r))[0] for r in (running, newcomer)]
+    shapes, hook = record_shapes(backend.handle.model)
+    start = backend._loop.start
+
+    def start_and_mark(steps):
+        shapes.append("queued")
+        start(steps)
+
+    async def both():
+        stream = backend.stream(running)
+        ids = [(await anext(stream)).token_ids[0]]  # running is decoding
+        backend._loop.start = start_and_mark
+        task = asyncio.create_task(tokens_of(backend, newcomer))
+        async for item in stream:
+            if isinstance(item, TokenDelta):
+                ids.extend(item.token_ids)
+        return ids, (await task)[0]
+
+    try:
+        got = asyncio.run(both())
+        wait_released(backend)
+    finally:
+        hook.remove()
+        del backend._loop.start
+    assert list(got) == alone
+    after = shapes[shapes.index("queued") + 1 :]
+    first = after.index((1, chunks[0]))
+    assert after[:first] in ([], [(1, 1)])  # the running stream's step in progress when the newcomer came
+    # each chunk alone, then the running stream's decode step; after the last chunk, both decode together
+    expected = [s for c in chunks[:-1] for s in ((1, c), (1, 1))] + [(1, chunks[-1]), (2, 1), (2, 1)]
+    assert after[first : first + len(expected)] == expected
+    assert all(s == (1, 1) for s in after[first + len(expected) :])
+
+
+def arrive_together(backend, consumers) -> list:
+    """Run the coroutines concurrently, all their requests reaching the model loop before its next turn."""
+    release, entered = threading.Event(), threading.Event()
+
+    def hold():
+        entered.set()
+        assert release.wait(10)
+
+    holder = threading.Thread(target=backend._loop.call, args=(hold,))
+    holder.start()
+    assert entered.wait(10)
+
+    async def together():
+        tasks = [asyncio.create_task(c) for c in consumers]
+        while len(backend._loop._incoming) < len(tasks):
+            await asyncio.sleep(0.001)
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        return asyncio.run(together())
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(chunked_backend):
+    backend = chunked_backend
+    texts = ["I live in Lisbon.", "My dog is called Miso."]
+    block = backend.build_block("u", texts, ["m1", "m2"])
+    stay_a = request(backend, "a", "Where do I live?", 9, block, texts)
+    leaver = request(backend, "leaver", "Tell me a long story about my dog.", 40, block, texts)
+    failing = request(backend, "failing", "What is the capital of Portugal, and of Spain?", 9)
+    stay_b = request(backend, "b", "Hi", 6)
+    alone = {r.request_id: asyncio.run(tokens_of(backend, r))[0] for r in (stay_a, leaver, stay_b)}
+    fail_at = len(failing.prompt.ids) % CHUNK or CHUNK  # its last prefill chunk: unique among the four
+
+    def fail(_m, _a, kw):
+        if tuple(kw["input_ids"].shape) == (1, fail_at):
+            raise RuntimeError("forward failed")
+
+    def chunk_sizes(r, reused=0):
+        n = len(r.prompt.ids) - reused
+        return {CHUNK if n >= CHUNK else n, n % CHUNK or CHUNK}
+
+    others = (
+        chunk_sizes(stay_a, block.num_tokens) | chunk_sizes(leaver, block.num_tokens) | chunk_sizes(stay_b)
+    )
+    assert fail_at > 1 and fail_at not in others  # only the failing request's forward matches
+
+    async def leave_after_two():
+        ids, stream = [], backend.stream(leaver)
+        async for item in stream:
+            ids.extend(item.token_ids)
+            if len(ids) == 2:
+                await stream.aclose()  # what the server does when the client disconnects
+                return ids
+
+    hook = backend.handle.model.register_forward_pre_hook(fail, with_kwargs=True)
+    try:
+        a, left, failed, b = arrive_together(
+            backend,
+            [
+                tokens_of(backend, stay_a),
+                leave_after_two(),
+                tokens_of(backend, failing),
+                tokens_of(backend, stay_b),
+            ],
+        )
+        wait_released(backend)
+    finally:
+        hook.remove()
+    assert a[0] == alone["a"] and b[0] == alone["b"] and left == alone["leaver"][:2]
+    assert isinstance(a[1], GenerationResult) and (a[1].completion_tokens, b[1].completion_tokens) == (9, 6)
+    assert isinstance(failed, BackendError) and "forward failed" in str(failed)
+    deadline = time.monotonic() + 5  # a request is released just before it returns and leaves the batcher
+    while len(backend._loop._batcher) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(backend._loop._batcher) == 0
