@@ -51,6 +51,15 @@ def tiny_handle(tokenizer):
     return handle_for(make_tiny_llama(len(tokenizer)), tokenizer, model_id="tiny-llama")
 
 
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, tiny_handle):
+    """The tiny llama saved as a model dir (per module: a test may touch its files)."""
+    d = tmp_path_factory.mktemp("tiny-model")
+    tiny_handle.model.save_pretrained(d)
+    tiny_handle.tokenizer.save_pretrained(d)
+    return d
+
+
 @pytest.fixture(scope="session")
 def default_handle(default_model_dir):
     from kvmem.models import load_model

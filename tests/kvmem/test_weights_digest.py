@@ -16,14 +16,6 @@ from kvmem.kv.item import build_item
 from kvmem.models import load_model, parse_dtype, resolve_device
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    d = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(d)
-    tiny_handle.tokenizer.save_pretrained(d)
-    return d
-
-
 @pytest.fixture
 def hashes(monkeypatch):
     """Every full pass over the weights, by the dtype hashed."""

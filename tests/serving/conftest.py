@@ -126,3 +126,18 @@ def wait_for(predicate: Any, what: str, tries: int = 500) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_model_dir, tmp_path_factory):
+    """The transformers backend over the tiny llama, loaded (per module)."""
+    import asyncio
+
+    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path_factory.mktemp("data")))
+    )
+    backend.load()
+    yield backend
+    asyncio.run(backend.aclose())

@@ -5,7 +5,6 @@ batch while the others keep exactly the tokens they get alone."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -18,19 +17,18 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
-from tests.serving.test_transformers_backend import tokens_of, wait_released
+from tests.serving.test_transformers_backend import run_together, tokens_of, wait_released
 
 CHUNK = 16
 
 
 @pytest.fixture(scope="module")
-def chunked_backend(tmp_path_factory, tiny_handle):
-    model_dir = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(model_dir)
-    tiny_handle.tokenizer.save_pretrained(model_dir)
+def chunked_backend(tmp_path_factory, tiny_model_dir):
     backend = TransformersBackend(
         TransformersBackendConfig(
-            model=str(model_dir), data_dir=str(tmp_path_factory.mktemp("data")), prefill_chunk_tokens=CHUNK
+            model=str(tiny_model_dir),
+            data_dir=str(tmp_path_factory.mktemp("data")),
+            prefill_chunk_tokens=CHUNK,
         )
     )
     backend.load()
@@ -96,32 +94,6 @@ def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_b
     assert all(s == (1, 1) for s in after[first + len(expected) :])
 
 
-def arrive_together(backend, consumers) -> list:
-    """Run the coroutines concurrently, all their requests reaching the model loop before its next turn."""
-    release, entered = threading.Event(), threading.Event()
-
-    def hold():
-        entered.set()
-        assert release.wait(10)
-
-    holder = threading.Thread(target=backend._loop.call, args=(hold,))
-    holder.start()
-    assert entered.wait(10)
-
-    async def together():
-        tasks = [asyncio.create_task(c) for c in consumers]
-        while len(backend._loop._incoming) < len(tasks):
-            await asyncio.sleep(0.001)
-        release.set()
-        return await asyncio.gather(*tasks, return_exceptions=True)
-
-    try:
-        return asyncio.run(together())
-    finally:
-        release.set()
-        holder.join(10)
-
-
 def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(chunked_backend):
     backend = chunked_backend
     texts = ["I live in Lisbon.", "My dog is called Miso."]
@@ -156,7 +128,7 @@ def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(ch
 
     hook = backend.handle.model.register_forward_pre_hook(fail, with_kwargs=True)
     try:
-        a, left, failed, b = arrive_together(
+        a, left, failed, b = run_together(
             backend,
             [
                 tokens_of(backend, stay_a),

@@ -12,14 +12,9 @@ from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.blocks import BlockBuilder
 from kvmem.models import load_model
 from tests.serving.conftest import wait_for
-from tests.serving.kvstack import json_texts, load_backend, manifests, save_tiny_model, served
+from tests.serving.kvstack import json_texts, load_backend, manifests, served
 
 TEXTS = {"lisbon": "I live in Lisbon.", "miso": "My dog is called Miso.", "violin": "I play the violin."}
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), tiny_handle)
 
 
 def offline_build(model_dir, data_dir, user: str, blocks: list[list[tuple[str, str]]]) -> list[str]:

@@ -107,21 +107,6 @@ def test_stop_strings_work_on_the_streamed_text(tokenizer, stop):
     assert stops.hit and "".join(out) == text[: text.index(stop)]
 
 
-@pytest.fixture(scope="module")
-def tiny_backend(tmp_path_factory, tiny_handle):
-    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
-
-    model_dir = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(model_dir)
-    tiny_handle.tokenizer.save_pretrained(model_dir)
-    backend = TransformersBackend(
-        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path_factory.mktemp("data")))
-    )
-    backend.load()
-    yield backend
-    asyncio.run(backend.aclose())
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_backend_streams_the_full_decode_of_its_tokens(tiny_backend, seed):
     """The random tiny llama sampling at temperature 1 produces arbitrary ids (pieces of characters too): the

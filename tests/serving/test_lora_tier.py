@@ -19,14 +19,9 @@ from kvmem.adapters import AdapterRegistry, FactRef, text_sha  # noqa: E402
 from kvmem.adapters.manifest import WEIGHTS_FILE  # noqa: E402
 from kvmem.kv import Sampling, generate  # noqa: E402
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta  # noqa: E402
-from tests.serving.kvstack import load_backend, save_tiny_model, served  # noqa: E402
+from tests.serving.kvstack import load_backend, served  # noqa: E402
 
 DOG, PORTO, TEA = "My dog is called Miso.", "I live in Porto.", "I like green tea."
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), tiny_handle)
 
 
 @pytest.fixture(scope="module")

@@ -35,14 +35,6 @@ BOB = ["Bob collects stamps.", "Bob's favourite colour is teal."]
 BUDGET = 24  # tokens: alice's memories do not all fit, so her heat decides which are served
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    d = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(d)
-    tiny_handle.tokenizer.save_pretrained(d)
-    return d
-
-
 def seed(data: Path) -> dict[str, list[str]]:
     """Memories, and heat as a past server left it: alice's last two memories were asked about."""
     with MemoryStore(data / "memories.sqlite") as store:

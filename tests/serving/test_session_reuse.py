@@ -5,17 +5,10 @@ the cache carries drops it before the call returns (invariant 5); `session_kv_by
 
 from __future__ import annotations
 
-import pytest
-
 from kvmem.kv.inject import common_prefix_tokens
-from tests.serving.kvstack import load_backend, save_tiny_model, served
+from tests.serving.kvstack import load_backend, served
 
 MEMORIES = ["I live in Lisbon.", "My dog is called Miso.", "I play the violin on Tuesdays."]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), tiny_handle)
 
 
 def chat(s, user: str, messages: list[dict], session: str | None) -> dict:

@@ -14,14 +14,9 @@ from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 from serving.plans import make_scheduler
-from tests.serving.kvstack import load_backend, save_tiny_model, served
+from tests.serving.kvstack import load_backend, served
 
 NO_BLOCK = None  # the plan route's block when there is none (API.md)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), tiny_handle)
 
 
 def cached(out: dict) -> int:

@@ -12,22 +12,9 @@ import torch
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.backends.transformers_backend import TransformersBackendConfig
 from serving.chat import MAX_STOP_CHARS
 from tests.conftest import ForwardLog
-
-
-@pytest.fixture(scope="module")
-def tiny_backend(tmp_path_factory, tiny_handle):
-    model_dir = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(model_dir)
-    tiny_handle.tokenizer.save_pretrained(model_dir)
-    backend = TransformersBackend(
-        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path_factory.mktemp("data")))
-    )
-    backend.load()
-    yield backend
-    asyncio.run(backend.aclose())
 
 
 async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
@@ -40,9 +27,10 @@ async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
     return ids, result
 
 
-def arrive_together(backend, requests) -> list[tuple[list[int], GenerationResult]]:
-    """Stream every request concurrently, all of them reaching the model loop before its next turn (the loop
-    is held in a call until they are queued), so the batch they form does not depend on timing."""
+def run_together(backend, consumers) -> list:
+    """Run the coroutines concurrently, all their requests reaching the model loop before its next turn (the
+    loop is held in a call until they are queued), so the batch they form does not depend on timing. An
+    exception a coroutine raises is its result."""
     release, entered = threading.Event(), threading.Event()
 
     def hold():
@@ -54,17 +42,26 @@ def arrive_together(backend, requests) -> list[tuple[list[int], GenerationResult
     assert entered.wait(10)
 
     async def together():
-        tasks = [asyncio.create_task(tokens_of(backend, r)) for r in requests]
-        while len(backend._loop._incoming) < len(requests):
+        tasks = [asyncio.create_task(c) for c in consumers]
+        while len(backend._loop._incoming) < len(tasks):
             await asyncio.sleep(0.001)
         release.set()
-        return await asyncio.gather(*tasks)
+        return await asyncio.gather(*tasks, return_exceptions=True)
 
     try:
         return asyncio.run(together())
     finally:
         release.set()
         holder.join(10)
+
+
+def arrive_together(backend, requests) -> list[tuple[list[int], GenerationResult]]:
+    """Stream every request concurrently (run_together); every one must succeed."""
+    results = run_together(backend, [tokens_of(backend, r) for r in requests])
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(tiny_backend):

@@ -14,14 +14,6 @@ from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    d = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(d)
-    tiny_handle.tokenizer.save_pretrained(d)
-    return d
-
-
 def write_lines(path, lines):
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
 

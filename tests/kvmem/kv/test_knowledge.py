@@ -22,14 +22,6 @@ KNOWLEDGE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_handle):
-    d = tmp_path_factory.mktemp("tiny-model")
-    tiny_handle.model.save_pretrained(d)
-    tiny_handle.tokenizer.save_pretrained(d)
-    return d
-
-
 def seed(data):
     with MemoryStore(data / "memories.sqlite") as store:
         store.add("alice", texts=["Alice lives in Lisbon.", "Alice has a cat named Miso."])
