@@ -389,10 +389,11 @@ class VllmBackend(StoredBlocksBackend):
             yield GenerationResult(
                 finish_reason=finish,
                 prompt_tokens=len(req.prompt.ids),
-                # API.md: prompt tokens served from activation memory, i.e. from the user's block (as the
-                # transformers backend counts them); vLLM's own count also takes prefix-cache hits past the
-                # block (the conversation so far), which are not memory
-                cached_tokens=min(cached, req.prompt.block_len),
+                # as the transformers backend counts them: the user's block, and with a session
+                # (X-Session-Id) the conversation's KV kept from its earlier turns too. Without a session
+                # vLLM's own count may also take prefix-cache hits past the block (a repeated question),
+                # which the transformers backend would prefill: not counted
+                cached_tokens=cached if req.session_id is not None else min(cached, req.prompt.block_len),
                 completion_tokens=num_tokens,
                 ttft_s=(sink.first_output_at or sink.added_at) - sink.added_at,
                 kv_fallback_reason=fallback,

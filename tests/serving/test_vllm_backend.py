@@ -71,8 +71,10 @@ async def _run(backend, req, is_disconnected=None):
     return ids, "".join(text), result
 
 
-def run(backend, user, prompt, item_id, sampling=GREEDY, request_id=None):
-    req = GenerationRequest(request_id or f"req-{time.monotonic_ns()}", user, prompt, item_id, sampling)
+def run(backend, user, prompt, item_id, sampling=GREEDY, request_id=None, session_id=None):
+    req = GenerationRequest(
+        request_id or f"req-{time.monotonic_ns()}", user, prompt, item_id, sampling, session_id=session_id
+    )
     return asyncio.run(_run(backend, req))
 
 
@@ -332,6 +334,9 @@ def test_cached_tokens_count_the_block_only_not_vllms_hits_past_it(backend, memo
     assert (first[2].cached_tokens, second[2].cached_tokens) == (prompt.block_len, prompt.block_len)
     assert (first[2].kv_fallback_reason, second[2].kv_fallback_reason) == (None, None)
     assert first[0] == second[0] and len(first[0]) == 4
+    # in a session (X-Session-Id) the conversation's kept KV counts, as on the transformers backend: vLLM's count
+    third = run(backend, "ivan", prompt, built.item_id, short, session_id="s1")
+    assert third[2].cached_tokens == (len(prompt.ids) - 1) // size * size and third[0] == first[0]
     tb = TransformersBackend(
         TransformersBackendConfig(model=str(default_model_dir), data_dir=backend.config.data_dir)
     )
