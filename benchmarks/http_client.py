@@ -161,8 +161,11 @@ class Reply:
     memory_used: tuple[tuple[str, str], ...] = ()  # (id, tier) from the response's `memory` field
 
 
-def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, client=None) -> Reply:
-    """One streaming chat through the official openai client, timed to the first content chunk."""
+def one_request(
+    base: str, user: str, max_tokens: int, question: str = QUERY, client=None, system: str | None = None
+) -> Reply:
+    """One streaming chat through the official openai client, timed to the first content chunk. `system`: a
+    client system message first (it sits right after the memory block in the prompt)."""
     if client is None:
         from openai import OpenAI
 
@@ -176,7 +179,8 @@ def one_request(base: str, user: str, max_tokens: int, question: str = QUERY, cl
         max_tokens=max_tokens,
         stream=True,
         stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": question}],
+        messages=([{"role": "system", "content": system}] if system else [])
+        + [{"role": "user", "content": question}],
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and ttft is None:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -71,6 +72,7 @@ def run_arm(
     max_tokens: int,
     texts: list[str],
     backend: str = "",
+    fresh_system: bool = False,
 ) -> ArmResult:
     """`concurrency` clients, each sending `per_client` requests in turn. The server-side mean TTFT is the
     /metrics delta over the arm (exact while nothing else talks to the server)."""
@@ -85,7 +87,10 @@ def run_arm(
     def client_loop() -> None:
         for _ in range(per_client):
             try:
-                reply = one_request(base, user, max_tokens)
+                # a system message no earlier request had: nothing after the block can come from an engine's
+                # prefix cache (vLLM's caches a repeated text prompt), so the text arm is a cold prefill
+                system = f"Request {uuid.uuid4().hex}." if fresh_system else None
+                reply = one_request(base, user, max_tokens, system=system)
                 with lock:
                     ttfts.append(reply.ttft_s)
                     tokens[0] += reply.completion_tokens
@@ -235,7 +240,17 @@ def run_backend(args: argparse.Namespace, backend: str, texts: list[str], per_cl
             for c in levels:
                 for arm, user, arm_texts in (("kv", kv_user, texts), ("none", none_user, [])):
                     results.append(
-                        run_arm(base, arm, user, c, per_client(c), args.max_tokens, arm_texts, backend)
+                        run_arm(
+                            base,
+                            arm,
+                            user,
+                            c,
+                            per_client(c),
+                            args.max_tokens,
+                            arm_texts,
+                            backend,
+                            args.fresh_system,
+                        )
                     )
             if backend == "transformers" and not args.no_in_process:
                 print(f"# in-process baseline: {args.pairs} pairs", file=sys.stderr)
@@ -246,12 +261,23 @@ def run_backend(args: argparse.Namespace, backend: str, texts: list[str], per_cl
                 one_request(base, text_user, args.max_tokens)  # warm-up
                 for c in levels:
                     results.append(
-                        run_arm(base, "text", text_user, c, per_client(c), args.max_tokens, texts, backend)
+                        run_arm(
+                            base,
+                            "text",
+                            text_user,
+                            c,
+                            per_client(c),
+                            args.max_tokens,
+                            texts,
+                            backend,
+                            args.fresh_system,
+                        )
                     )
     order = {"kv": 0, "text": 1, "none": 2}
     results.sort(key=lambda r: (r.concurrency, order[r.arm]))
     by = {(r.arm, r.concurrency): r for r in results}
     summary: dict = {
+        "fresh_system": args.fresh_system,
         "block_tokens": plan.get("block", {}).get("tokens"),
         "kv_vs_text_x": {
             str(c): by[("text", c)].ttft_p50_s / by[("kv", c)].ttft_p50_s for c in levels if ("text", c) in by
@@ -296,6 +322,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--pairs", type=int, default=8, help="HTTP / in-process pairs for the baseline")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process baseline")
+    p.add_argument(
+        "--fresh-system",
+        action="store_true",
+        help="every request opens with a system message no other had: no prefix-cache hit past the block",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.text_base_url and not args.base_url:
