@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from benchmarks.common import median, print_table, write_outputs
+from benchmarks.common import env_info, median, print_table, write_outputs
 from scheduler import Scheduler, SchedulerConfig, turn_access
 
 TOPICS = ("buying a home", "renovating", "work", "health", "travel")
@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"request path (plan read + access event): p50 {overhead['p50_us']:.1f} us, p99 {overhead['p99_us']:.1f} us"
     )
     result = {
+        "env": env_info(),
         "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "window": window},
         "policies": [asdict(r) for r in results.values()],
         "request_path": overhead,
