@@ -200,8 +200,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["build"]:  # kvmem.kv.build_job owns its flags (and their exit code 2)
-            from kvmem.kv import build_cli
+        if argv[:1] == ["build"]:  # serving.build_cli owns its flags (and their exit code 2)
+            from serving import build_cli
 
             return int(build_cli.main(argv[1:]) or 0)
         if argv[:1] == ["distill"]:  # scheduler.distill_cli owns its flags (exit 3: not activated)

@@ -15,12 +15,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from kvmem.kv.build_cli import main as build_main
 from kvmem.kv.io import list_item_ids
 from kvmem.text import MemoryStore
 from scheduler import SchedulerConfig
 from scheduler.heat import HeatTable
 from serving.app import create_app
+from serving.build_cli import main as build_main
 from serving.config import ServingConfig
 
 ALICE = [

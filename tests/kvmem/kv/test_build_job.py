@@ -9,9 +9,9 @@ import pytest
 
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
-from kvmem.kv.build_cli import main
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
+from serving.build_cli import main
 
 
 def write_lines(path, lines):
