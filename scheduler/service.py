@@ -205,6 +205,8 @@ class Scheduler:
 
     # -- store changes (synchronous, cheap) ----------------------------------------------------------------
     def on_change(self, event: Any) -> None:
+        if event.kind == "updated" and not getattr(event, "text_changed", True):
+            return  # tags or metadata only: the block's text and the adapter's facts are what they were
         try:
             if self.adapters is not None and event.kind != "added":  # before the store call returns
                 if self.adapters.drop_covering(

@@ -201,3 +201,29 @@ def test_a_new_adapter_version_gets_its_own_block(tmp_path, tiny_model_dir, lora
         assert not backend.has_block(first["item_id"])
         assert _item_fingerprint(tmp_path, second["item_id"])["adapter"] == v2.name
         assert v1.name != v2.name
+
+
+def test_a_tags_only_change_keeps_the_block_and_the_adapter(tmp_path, tiny_model_dir, lora_model):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        reg, m = _write(
+            tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
+        )
+        s.plans.get("alice")
+        s.plans.flush()
+        block = s.plan("alice")
+        assert (sorted(block["memory_ids"]), block["adapter"]) == (sorted([porto, tea]), m.name)
+        for memory_id in (porto, dog):  # one in the block, one the adapter holds
+            r = s.client.patch(f"/v1/memories/{memory_id}", json={"user_id": "alice", "tags": ["kept"]})
+            assert (r.status_code, r.json()["version"], r.json()["tags"]) == (200, 2, ["kept"])
+            assert s.plan("alice")["item_id"] == block["item_id"] and backend.has_block(block["item_id"])
+            assert reg.active("alice").version == 1
+        s.plans.flush()
+        body = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        assert (body["block"]["item_id"], body["adapter"]["name"]) == (block["item_id"], m.name)
+
+        # a text change is a change: the block stops being served before the call returns (the test can fail)
+        r = s.client.patch(f"/v1/memories/{porto}", json={"user_id": "alice", "text": "I live in Braga."})
+        assert r.status_code == 200 and not backend.has_block(block["item_id"])
+        assert reg.active("alice").version == 1  # the adapter does not hold that memory
