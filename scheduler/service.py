@@ -139,9 +139,13 @@ class Scheduler:
         restored (the stored KV item is found again by its content address). The book is also the bounded
         record of which users were already asked for."""
         plan = self._with_adapter(self.plans.get(user_id))
-        if plan.block is not None and plan.block.adapter != (plan.adapter.name if plan.adapter else None):
+        if plan.block is not None and (
+            plan.block.adapter != self.worker.block_adapter(plan.adapter)
+            or (plan.adapter is not None and set(plan.adapter.memory_ids) & set(plan.block.memory_ids))
+        ):
             # built under another adapter version (or the base model): its K/V are not what this request
-            # computes; the refresh builds the block under the served adapter (coalesced in process)
+            # computes; or it holds facts the adapter now holds. The refresh builds the block under the served
+            # adapter, without its facts (coalesced in process)
             plan = replace(plan, block=None)
             self.queue.put(Task("refresh", user_id))
         if plan.block is not None and (why := self.worker.guard.unservable_reason(plan)) is not None:

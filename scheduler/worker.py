@@ -278,10 +278,8 @@ class Worker:
         stats = self.heat.stats(user_id)
         counts = self._memory_tokens(user_id, memories.values())
         adapter = self.adapter_for(user_id) if self.adapter_for is not None else None
-        under = adapter.name if adapter is not None else None
-        # the adapter's facts are not in the block; with no way to build under it (vLLM), there is no block
-        held_by_adapter = set(memories) if under and not self._builds_under_adapter() else set()
-        held_by_adapter |= set(adapter.memory_ids) if adapter is not None else set()
+        under = self.block_adapter(adapter)
+        held_by_adapter = set(adapter.memory_ids) if adapter is not None else set()  # not in the block
         candidates = [
             Candidate(mid, self.policy.score(stats[mid], now, self.config.half_life_s), counts[mid])
             for mid in memories
@@ -316,7 +314,7 @@ class Worker:
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
-            if build and adapter is not None:
+            if build and under is not None:
                 built = self.builder.build_block(
                     user_id, texts, decision.memory_ids, adapter_id=adapter.adapter_id
                 )
@@ -385,8 +383,13 @@ class Worker:
             self.enforce_total_cap()
         return published
 
-    def _builds_under_adapter(self) -> bool:
-        return bool(getattr(self.builder, "builds_under_adapter", False))
+    def block_adapter(self, adapter: AdapterPlan | None) -> str | None:
+        """The adapter a user's block is built under: their served adapter's name, if the builder can build
+        under it (the transformers backend); else None: a base-model block, which serving then sends as text
+        under the adapter (vLLM: its prefix cache, kept per adapter name, reuses what it computed)."""
+        if adapter is None or not getattr(self.builder, "builds_under_adapter", False):
+            return None
+        return adapter.name
 
     def _cap_tokens(self) -> int:
         return user_cap_tokens(
