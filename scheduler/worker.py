@@ -314,12 +314,9 @@ class Worker:
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
-            if build and under is not None:
-                built = self.builder.build_block(
-                    user_id, texts, decision.memory_ids, adapter_id=adapter.adapter_id
-                )
-            elif build:
-                built = self.builder.build_block(user_id, texts, decision.memory_ids)
+            if build:
+                under_adapter = {"adapter_id": adapter.adapter_id} if under is not None else {}
+                built = self.builder.build_block(user_id, texts, decision.memory_ids, **under_adapter)
                 self.counts["builds"] += 1
                 self.counts["prefills"] += bool(getattr(built, "built", True))  # fakes may not say
             elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:

@@ -82,6 +82,7 @@ class AdapterSlots:
             idle = [n for n in self._loaded if not self._in_use.get(n) and n != name]
             for old in idle[: max(0, len(self._loaded) - self.max_loaded)]:
                 del self._loaded[old]
+                self.served.pop(old, None)
                 self._peft.delete_adapter(old)
                 log.info("adapter %s evicted (LRU, %d loaded)", old, self.max_loaded)
         log.info("adapter %s loaded", name)
