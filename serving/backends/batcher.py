@@ -7,7 +7,9 @@ string, an end token, the None); an exception thrown into it is a failure of its
 
 One step: cancellations are taken at the boundary; then prefill chunks of waiting sequences, oldest first,
 up to `prefill_budget_tokens` (at least one chunk, so a long prompt goes in pieces and others keep streaming);
-then one batched decode step of every decoding sequence. Knows nothing of HTTP or the KV store.
+then one batched decode step of every decoding sequence. With `packed` (the default) the chunks and the decode
+steps of a model's sequences run as one forward (kvmem/kv/packed.py); a sequence whose prompt completes in a
+step then decodes from the next one. Knows nothing of HTTP or the KV store.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import logging
 from collections.abc import Generator
 from typing import Any
 
-from kvmem.kv.batch import Sequence, SequenceError, decode_step
+from kvmem.kv import packed as packing
+from kvmem.kv.batch import Sequence, SequenceError, can_batch, decode_step
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +27,11 @@ RequestSteps = Generator[Any, int | None, None]
 
 
 class Batcher:
-    def __init__(self, prefill_budget_tokens: int = 512) -> None:
+    def __init__(self, prefill_budget_tokens: int = 512, packed: bool = True) -> None:
         if prefill_budget_tokens < 1:
             raise ValueError(f"prefill_budget_tokens must be >= 1, got {prefill_budget_tokens}")
         self.prefill_budget_tokens = prefill_budget_tokens
+        self.packed = packed
         self._members: dict[Sequence, RequestSteps] = {}  # insertion order: the prefill queue's order
 
     def __len__(self) -> int:
@@ -43,13 +47,26 @@ class Batcher:
         for seq in list(self._members):
             if seq.check_cancel():
                 self._deliver(seq, None)
-        budget = self.prefill_budget_tokens
-        for seq in list(self._members):
+        budget, chunks = self.prefill_budget_tokens, []
+        for seq in self._members:
             if budget <= 0:
                 break
-            if seq not in self._members or not seq.prefilling:
+            if seq.prefilling:
+                budget -= seq.next_chunk_tokens()
+                chunks.append(seq)
+        models = {id(s.model): s.model for s in self._members}
+        packed = {m for m, model in models.items() if self.packed and can_batch(model)}
+        decoding = [s for s in self._members if s.decoding and id(s.model) in packed]
+        for m in packed:
+            prefills = [s for s in chunks if id(s.model) == m]
+            decodes = [s for s in decoding if id(s.model) == m]
+            if prefills or decodes:
+                results = packing.step(models[m], prefills, decodes)
+                for seq, token in zip(prefills + decodes, results, strict=True):
+                    self._settle(seq, token)
+        for seq in chunks:
+            if id(seq.model) in packed or seq not in self._members:
                 continue
-            budget -= seq.next_chunk_tokens()
             try:
                 token = seq.prefill_step()
             except Exception as exc:  # noqa: BLE001 - this request's failure, handed to it
@@ -58,14 +75,17 @@ class Batcher:
                 continue
             if token is not None:
                 self._deliver(seq, token)
-        decoding = [s for s in self._members if s.decoding]
+        decoding = [s for s in self._members if s.decoding and id(s.model) not in packed]
         for model in {id(s.model): s.model for s in decoding}.values():
             group = [s for s in decoding if s.model is model]
             for seq, token in zip(group, decode_step(model, group), strict=True):
-                if isinstance(token, SequenceError):
-                    self._fail(seq, token.cause)
-                else:
-                    self._deliver(seq, token)
+                self._settle(seq, token)
+
+    def _settle(self, seq: Sequence, token: int | SequenceError | None) -> None:
+        if isinstance(token, SequenceError):
+            self._fail(seq, token.cause)
+        elif token is not None:
+            self._deliver(seq, token)
 
     def close(self) -> None:
         """Drop every member (the model loop closed): their generators are closed."""

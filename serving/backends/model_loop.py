@@ -30,8 +30,10 @@ class LoopClosed(RuntimeError):
 
 
 class ModelLoop:
-    def __init__(self, name: str = "kvmem-model", prefill_budget_tokens: int = 512) -> None:
-        self._batcher = Batcher(prefill_budget_tokens)
+    def __init__(
+        self, name: str = "kvmem-model", prefill_budget_tokens: int = 512, packed: bool = True
+    ) -> None:
+        self._batcher = Batcher(prefill_budget_tokens, packed=packed)
         self._cv = threading.Condition()
         self._incoming: deque[Iterator[Any] | tuple[Future, Callable[[], Any]]] = deque()
         self._closed = False

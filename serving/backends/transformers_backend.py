@@ -54,6 +54,7 @@ class TransformersBackendConfig:
     session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
+    packed_steps: bool = True  # a step's prefill chunks and decode steps in one forward (kvmem/kv/packed.py)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -74,7 +75,9 @@ class TransformersBackend(StoredBlocksBackend):
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
-        self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
+        self._loop = ModelLoop(
+            prefill_budget_tokens=self.config.prefill_chunk_tokens, packed=self.config.packed_steps
+        )
         # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
         self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
         self.handle = self.layout = self.builder = self.adapters = None

@@ -1,5 +1,5 @@
 """Batched decode in the transformers backend (tiny llama, prefill chunks of 16 tokens): a long prefill goes
-in chunks between a running stream's steps; a client that leaves, or a request whose step fails, leaves the
+in chunks, each packed into one forward with a running stream's decode step; a client that leaves, or a request whose step fails, leaves the
 batch while the others keep exactly the tokens they get alone."""
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_b
         del backend._loop.start
     assert list(got) == alone
     after = shapes[shapes.index("queued") + 1 :]
-    first = after.index((1, chunks[0]))
+    first = after.index((1, chunks[0] + 1))
     assert after[:first] in ([], [(1, 1)])  # the running stream's step in progress when the newcomer came
-    # each chunk alone, then the running stream's decode step; after the last chunk, both decode together
-    expected = [s for c in chunks[:-1] for s in ((1, c), (1, 1))] + [(1, chunks[-1]), (2, 1), (2, 1)]
+    # each chunk packed with the running stream's decode step; after the last chunk, both decode together
+    expected = [(1, c + 1) for c in chunks] + [(2, 1), (2, 1)]
     assert after[first : first + len(expected)] == expected
     assert all(s == (1, 1) for s in after[first + len(expected) :])
 
@@ -103,20 +103,16 @@ def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(ch
     failing = request(backend, "failing", "What is the capital of Portugal, and of Spain?", 9)
     stay_b = request(backend, "b", "Hi", 6)
     alone = {r.request_id: asyncio.run(tokens_of(backend, r))[0] for r in (stay_a, leaver, stay_b)}
-    fail_at = len(failing.prompt.ids) % CHUNK or CHUNK  # its last prefill chunk: unique among the four
+    # a token of its prompt in no other prompt nor output: any forward holding it fails (the packed one, then
+    # its chunk alone), whatever prefix its prefill starts after
+    others = {t for r in (stay_a, leaver, stay_b) for t in r.prompt.ids} | {
+        t for v in alone.values() for t in v
+    }
+    marker = next(t for t in failing.prompt.ids if t not in others)
 
     def fail(_m, _a, kw):
-        if tuple(kw["input_ids"].shape) == (1, fail_at):
+        if marker in kw["input_ids"][0].tolist():
             raise RuntimeError("forward failed")
-
-    def chunk_sizes(r, reused=0):
-        n = len(r.prompt.ids) - reused
-        return {CHUNK if n >= CHUNK else n, n % CHUNK or CHUNK}
-
-    others = (
-        chunk_sizes(stay_a, block.num_tokens) | chunk_sizes(leaver, block.num_tokens) | chunk_sizes(stay_b)
-    )
-    assert fail_at > 1 and fail_at not in others  # only the failing request's forward matches
 
     async def leave_after_two():
         ids, stream = [], backend.stream(leaver)

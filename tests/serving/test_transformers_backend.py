@@ -99,9 +99,9 @@ def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(
     assert [ids for ids, _ in both] == [ids for ids, _ in alone] and all(len(ids) == 8 for ids, _ in alone)
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
     assert {thread for _, thread in calls} == {backend._loop.thread}
-    # three prefills alone (what the block does not cover), then 7 decode steps of all three in one forward
+    # three prefills (what the block does not cover) packed in one forward, then 7 decode steps of all three
     rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
-    assert [shape for shape, _ in calls] == [(1, n) for n in rest] + [(3, 1)] * 7
+    assert [shape for shape, _ in calls] == [(1, sum(rest))] + [(3, 1)] * 7
     deadline = (
         time.monotonic() + 5
     )  # each request's admission is released on the model thread, after its result
@@ -149,10 +149,11 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
     assert [ids for ids, _ in both] == [ids for ids, _ in alone]
     assert [len(ids) for ids, _ in both] == [2, 11, 6]
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
-    # 3 prefills (a first token each), then decode steps: all 3 (the first ends), 2 x4 (the third ends), 1 x5
-    assert rows == [1, 1, 1, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
-    assert [n > 1 for n, *_ in log.calls] == [True] * 3 + [False] * 10
-    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 13
+    # 3 prefills packed in one forward (a first token each), then decode steps: all 3 (the first ends), 2 x4
+    # (the third ends), 1 x5
+    assert rows == [1, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
+    assert [n > 1 for n, *_ in log.calls] == [True] + [False] * 10
+    assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 11
     assert mode_after is False  # the model thread is left as it was found
 
 
@@ -228,7 +229,8 @@ def test_admission_is_bounded_and_released(tiny_backend):
 
 def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any_other(tiny_backend):
     """A hostile request (the most and longest stop strings allowed, many tokens) is running; a second
-    request's prefill comes after the hostile step in progress when it arrives and at most one more."""
+    request's prefill (packed with a hostile decode step) comes after the hostile step in progress when it
+    arrives and at most one more."""
     backend = tiny_backend
     prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
     n = MAX_STOP_CHARS
@@ -268,7 +270,7 @@ def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any
         del backend._loop.start
     assert len(other_ids) == 2 and result.completion_tokens == 300
     after = events[events.index("queued") + 1 :]
-    other_prefill = after.index(len(other_prompt.ids))
+    other_prefill = after.index(len(other_prompt.ids) + 1)
     assert after[:other_prefill] in ([], [1], [1, 1])  # hostile decode steps before the newcomer's prefill
 
 
