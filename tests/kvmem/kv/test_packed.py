@@ -51,7 +51,8 @@ def test_packed_steps_give_each_sequence_its_tokens_alone(tiny_handle, tokenizer
     samplings = [Sampling(max_new_tokens=n) for n in (5, 12, 9, 3)]
     samplings.append(Sampling(max_new_tokens=6, temperature=0.9, top_p=0.9, seed=5))
     alone = [
-        list(generate(model, ids, item=item, sampling=sp)) for (ids, item), sp in zip(requests, samplings)
+        list(generate(model, ids, item=item, sampling=sp))
+        for (ids, item), sp in zip(requests, samplings, strict=True)
     ]
     items = [item for _, item in requests if item is not None]
     before = [item.kv.clone() for item in items]
@@ -77,7 +78,8 @@ def test_a_failing_packed_forward_restores_every_cache_and_errors_stay_with_thei
     requests = prompts_and_blocks(tiny_handle, tokenizer)
     samplings = [Sampling(max_new_tokens=n) for n in (6, 4, 7, 5)]
     alone = [
-        list(generate(model, ids, item=item, sampling=sp)) for (ids, item), sp in zip(requests, samplings)
+        list(generate(model, ids, item=item, sampling=sp))
+        for (ids, item), sp in zip(requests, samplings, strict=True)
     ]
     broken = Sequence(model, requests[2][0], item=requests[2][1], prefill_chunk_tokens=CHUNK)._prefill
     assert len(broken) < CHUNK
