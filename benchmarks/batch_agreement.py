@@ -4,7 +4,11 @@ A batch computes the linear layers with other matrix kernels than one row alone 
 number of rows), so logits agree to within rounding, not bit for bit; attention is ragged and runs the call
 it runs alone. For N requests (blocks of different lengths, none, prompts of different lengths) decoding
 together, each step compares every row's batched logits with that row's step alone on the same cache, and
-the whole greedy outputs batched with those alone. Last line of stdout: the JSON written to --out.
+the whole greedy outputs batched with those alone. Then the same for packed steps (kvmem/kv/packed.py): the
+requests arrive two per step and prefill in chunks of --chunk tokens packed into one forward with the others'
+decode steps; every segment's logits at its last position are compared with that chunk or step alone on the
+same cache, and the greedy outputs with each request alone (same chunks). Last line of stdout: the JSON
+written to --out.
 
     python -m benchmarks.batch_agreement --requests 8 --tokens 32 --out benchmarks/results/cpu/batch_agreement.json
 """
@@ -22,6 +26,7 @@ from benchmarks.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item
 from kvmem.kv.batch import Sequence, _forward_one, _forward_ragged
 from kvmem.kv.decode import _pick
+from kvmem.kv.packed import _forward_packed, commit, segments_of
 from kvmem.models import load_model
 
 QUESTIONS = (
@@ -45,6 +50,66 @@ def shallow_copy(cache: DynamicCache) -> DynamicCache:
     return copy
 
 
+def logits_alone(seq: Sequence) -> torch.Tensor:
+    """The logits its next chunk or decode step gets alone, on a copy of its cache (the sequence unchanged)."""
+    copy = Sequence.__new__(Sequence)
+    copy.__dict__.update(seq.__dict__)
+    copy.cache = shallow_copy(seq.cache)
+    if not seq.prefilling:
+        return _forward_one(copy)
+    n = seq.next_chunk_tokens()
+    out = seq.model(
+        input_ids=torch.tensor([seq._prefill[:n]], dtype=torch.long, device=seq.device),
+        past_key_values=copy.cache,
+        use_cache=True,
+        cache_position=torch.arange(seq.position, seq.position + n, device=seq.device),
+        logits_to_keep=1,
+    )
+    return out.logits[0, -1].float()
+
+
+def packed_agreement(model, requests, sampling, chunk: int) -> dict:
+    """Requests arrive two per step; each step is one packed forward of every chunk and decode step."""
+    alone = []
+    for ids, item in requests:
+        seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
+        while seq.prefilling:
+            seq.prefill_step()
+        with torch.inference_mode():
+            while seq.decoding:
+                row = _forward_one(seq)
+                seq.position += 1
+                seq._accept(_pick(row, sampling, None))
+        alone.append(seq.stats.token_ids)
+    seqs: list[Sequence] = []
+    max_abs, same_top1, segments_compared, chunks_compared, mixed_steps = 0.0, 0, 0, 0, 0
+    with torch.inference_mode():
+        while len(seqs) < len(requests) or any(not s.finished for s in seqs):
+            for ids, item in requests[len(seqs) : len(seqs) + 2]:
+                seqs.append(Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk))
+            live = [s for s in seqs if s.prefilling] + [s for s in seqs if s.decoding]
+            ref = [logits_alone(s) for s in live]
+            segments = segments_of(live)
+            mixed_steps += int(any(g.prefill for g in segments) and not all(g.prefill for g in segments))
+            packed = _forward_packed(model, segments)
+            for g, a, b in zip(segments, ref, packed, strict=True):
+                max_abs = max(max_abs, float((a - b).abs().max()))
+                same_top1 += int(a.argmax() == b.argmax())
+                segments_compared += 1
+                chunks_compared += int(g.prefill)
+                commit(g, b)
+    identical = sum(s.stats.token_ids == a for s, a in zip(seqs, alone, strict=True))
+    return {
+        "chunk_tokens": chunk,
+        "outputs_identical": identical,
+        "segments_compared": segments_compared,
+        "prefill_chunks_compared": chunks_compared,
+        "steps_with_prefill_and_decode": mixed_steps,
+        "top1_agreement": same_top1 / segments_compared,
+        "max_abs_logit_diff": max_abs,
+    }
+
+
 def main(argv: list[str] | None = None, handle=None) -> dict:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.batch_agreement", description=__doc__.splitlines()[0]
@@ -52,6 +117,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--model", default=None)
+    p.add_argument("--chunk", type=int, default=16, help="prefill chunk tokens of the packed part")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     handle = handle or load_model(args.model, device="cpu", dtype="float32")
@@ -118,7 +184,21 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         ],
         [[len(requests), args.tokens, identical, rows, row["top1_agreement"], max_abs]],
     )
-    result = {"env": {**env_info("cpu"), "model": handle.model_id}, "agreement": row}
+    packed = packed_agreement(model, requests, sampling, args.chunk)
+    print_table(
+        ["Packed: chunk", "Outputs identical", "Segments", "Chunks", "Top-1 agreement", "Max |logit diff|"],
+        [
+            [
+                args.chunk,
+                packed["outputs_identical"],
+                packed["segments_compared"],
+                packed["prefill_chunks_compared"],
+                packed["top1_agreement"],
+                packed["max_abs_logit_diff"],
+            ]
+        ],
+    )
+    result = {"env": {**env_info("cpu"), "model": handle.model_id}, "agreement": row, "packed": packed}
     write_outputs(result, args.out)
     return result
 

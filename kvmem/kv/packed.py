@@ -135,6 +135,33 @@ def _alone(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Seque
     return results + (decode_step(model, decodes) if decodes else [])
 
 
+def segments_of(seqs: list[Sequence]) -> list[_Segment]:
+    """Each sequence's segment of a packed input: its next prefill chunk, or its last token."""
+    segments, start = [], 0
+    for s in seqs:
+        ids = s._prefill[: s.next_chunk_tokens()] if s.prefilling else [s.last_token]
+        segments.append(_Segment(s, ids, start))
+        start += len(ids)
+    return segments
+
+
+def commit(g: _Segment, row: torch.Tensor) -> Result:
+    """After the packed forward: the segment's tokens are in its cache; its token (if it yields one) from
+    `row`, its logits at its last position, accepted into its sequence."""
+    s = g.seq
+    try:
+        token = _pick(row, s.sampling, s.generator) if g.yields else None
+    except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
+        s._finish("error")
+        return SequenceError(s, exc)
+    if g.prefill:
+        s._prefill = s._prefill[g.length :]
+    s.position += g.length
+    if token is not None:
+        s._accept(token)
+    return token
+
+
 def step(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Sequence]) -> list[Result]:
     """One prefill chunk of each of `prefills` and one decode step of each of `decodes` (all of `model`),
     packed into one forward where they can be; results in the order prefills + decodes (see the docstring)."""
@@ -142,13 +169,7 @@ def step(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Sequenc
     packable = [s for s in prefills + decodes if s.batchable]
     if not prefills or len(packable) < 2 or not can_batch(model):
         return _alone(model, prefills, decodes)
-    results: dict[Sequence, Result] = {}
-    segments: list[_Segment] = []
-    start = 0
-    for s in packable:
-        ids = s._prefill[: s.next_chunk_tokens()] if s.prefilling else [s.last_token]
-        segments.append(_Segment(s, ids, start))
-        start += len(ids)
+    segments = segments_of(packable)
     saved = [[(layer.keys, layer.values) for layer in g.seq.cache.layers] for g in segments]
     try:
         with torch.inference_mode():  # per step, never held across a yield (see decode.generate)
@@ -161,20 +182,8 @@ def step(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Sequenc
                 layer.keys, layer.values = k, v
             del cache.layers[len(layers) :]
         return _alone(model, prefills, decodes)
-    for g, row in zip(segments, logits, strict=True):
-        s = g.seq
-        try:
-            token = _pick(row, s.sampling, s.generator) if g.yields else None
-        except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
-            s._finish("error")
-            results[s] = SequenceError(s, exc)
-            continue
-        if g.prefill:
-            s._prefill = s._prefill[g.length :]
-        s.position += g.length
-        if token is not None:
-            s._accept(token)
-        results[s] = token
+    with torch.inference_mode():  # the logits are inference tensors: sampling may work on them in place
+        results = {g.seq: commit(g, row) for g, row in zip(segments, logits, strict=True)}
     rest = _alone(model, [s for s in prefills if s not in results], [s for s in decodes if s not in results])
     rest_of = dict(zip([s for s in prefills + decodes if s not in results], rest, strict=True))
     return [results[s] if s in results else rest_of[s] for s in prefills + decodes]
