@@ -5,6 +5,7 @@ runs each sequence alone, an error staying with its own sequence; a seeded sampl
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvmem.kv import Sampling, generate
@@ -107,3 +108,17 @@ def test_a_failing_packed_forward_restores_every_cache_and_errors_stay_with_thei
     assert [s.finish_reason for s in seqs] == ["length", "length", "error", "length"]
     assert [s.stats.token_ids for i, s in enumerate(seqs) if i != 2] == [alone[0], alone[1], alone[3]]
     assert seqs[2].stats.token_ids == []
+
+
+@pytest.mark.slow
+def test_real_model_packed_steps_give_each_sequence_its_tokens_alone(default_handle, tokenizer):
+    model = default_handle.model
+    requests = prompts_and_blocks(default_handle, tokenizer)
+    samplings = [Sampling(max_new_tokens=n) for n in (6, 16, 10, 4)]
+    alone = [
+        list(generate(model, ids, item=item, sampling=sp))
+        for (ids, item), sp in zip(requests, samplings, strict=True)
+    ]
+    seqs, steps, _, errors = run_packed(model, requests, samplings, arrive_at=[0, 1, 1, 3])
+    assert errors == [] and [s.stats.token_ids for s in seqs] == alone
+    assert sum(1 for chunks, decodes in steps if chunks and decodes) >= 3
