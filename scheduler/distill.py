@@ -123,7 +123,13 @@ def distill_user(
         passed=report.passed,
         reason=report.reason,
         gates=report.figures(),
-        train={"steps": result.steps, "train_s": round(result.train_s, 2), "stopped": result.stopped},
+        train={
+            "steps": result.steps,
+            "train_s": round(result.train_s, 2),
+            "stopped": result.stopped,
+            "best_step": result.best_step,
+            "valid_recall": result.valid_recall,
+        },
     )
     reason = report.reason
     if report.passed:
