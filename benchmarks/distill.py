@@ -176,6 +176,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/cpu/distill.json")
     args = p.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from kvmem.models import load_model
 
     torch.set_num_threads(args.threads)

@@ -100,8 +100,10 @@ def distill_user(
     selection = select_facts(memory_infos(store, user_id), stats, now, config.select, every=every)
     if not selection.facts:
         return DistillOutcome(user_id, selection, None, None, 0.0, False, "no memory was selected")
-    facts = selection.facts
-    refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in facts)
+    refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in selection.facts)
+    # training and gates see the facts in an order of their texts, not of their (random) ids: the same facts
+    # and seed give the same adapter
+    facts = sorted(selection.facts, key=lambda f: (f.text, f.memory_id))
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
     result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, config.train)

@@ -48,7 +48,10 @@ def test_three_facts_are_learned_gated_and_served_as_lora(tmp_path, default_mode
         )
         assert outcome.activated, outcome.reason
         g = outcome.gates
-        assert g.recall_adapter >= 0.9 * g.recall_in_context > 0 and g.greedy_agreement_generic >= 0.9
+        # the gates it passed (recall in context may be 0: the small model often declines with the facts in
+        # its prompt; the adapter must then still recall some, since its facts leave the prompt)
+        assert g.recall_adapter > 0 and g.recall_adapter >= 0.9 * g.recall_in_context
+        assert g.greedy_agreement_generic >= 0.9 and g.confident_wrong_adapter <= g.confident_wrong_base
         plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
         assert sorted(plan["memory_ids"]) == sorted(ids)
         questions = gate_questions(outcome.selection.facts, seed=config.train.seed + GATE_SEED_OFFSET)
