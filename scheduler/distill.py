@@ -148,6 +148,7 @@ def distill_user(
             activated, reason = False, late
     if not activated:
         log.warning("adapter %s for user %r not activated: %s", manifest.name, user_id, reason)
+    log.info("adapter %s gates: %s", manifest.name, report.figures())
     return DistillOutcome(user_id, selection, manifest, report, result.train_s, activated, reason)
 
 
