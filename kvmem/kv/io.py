@@ -56,7 +56,8 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
     tmp_manifest = manifest_path.with_name(f".{manifest_path.name}.tmp-{writer}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        own = item.kv[:, :, :, item.meta.parent_tokens :]  # a child stores its own tokens' K/V only
+        # a child stores its own tokens' K/V only (its `kv` may hold them alone, or every token's)
+        own = item.kv[:, :, :, item.meta.parent_tokens - item.own_start :]
         tensors = {
             "kv": own.detach().to("cpu").contiguous(),
             "token_ids": torch.tensor(item.token_ids, dtype=torch.int32),
