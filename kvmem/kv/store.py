@@ -20,7 +20,7 @@ from pathlib import Path
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
 from kvmem.kv.cascade import disk_metas, matcher
 from kvmem.kv.fingerprint import Fingerprint
-from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item
+from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item, verify_item
 from kvmem.kv.item import KVItem, KVItemMeta
 from kvmem.kv.policy import EntryStats, eviction_policy
 from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
@@ -310,9 +310,10 @@ class TieredKVStore:
         return self.contains(item_id)
 
     def is_valid_on_disk(self, item_id: str) -> bool:
-        """True when the item's files load and verify (used by resumable builds)."""
+        """True when the item's files verify (resumable builds, restores): io.verify_item, which does not read
+        the K/V into memory; `get` verifies again when it loads the item."""
         try:
-            load_item(self.directory, item_id, self.fingerprint, device="cpu", verify_checksum=True)
+            verify_item(self.directory, item_id, self.fingerprint)
             return True
         except KVItemError:
             return False
