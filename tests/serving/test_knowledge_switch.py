@@ -168,3 +168,19 @@ def test_knowledge_switch_while_serving_never_serves_stale(server):
     assert all(s["ids"][: len(new_k)] == new_k for s in switched)
     # an unchanged install is a stat, not a switch
     assert backend.reload_knowledge() is False
+
+
+def test_an_unreadable_install_keeps_the_current_knowledge(tiny_backend, caplog):
+    root = tiny_backend.config.data_dir
+    layout, generation = tiny_backend.layout, tiny_backend.knowledge_generation
+    path = knowledge.knowledge_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"texts": "not a list"}')
+    with caplog.at_level("ERROR"):
+        assert tiny_backend.reload_knowledge() is False
+    assert "installed knowledge unreadable" in caplog.text and "must be a list of strings" in caplog.text
+    assert (tiny_backend.layout, tiny_backend.knowledge_generation) == (layout, generation)
+    assert tiny_backend.reload_knowledge() is False  # the same file: not read again
+    path.unlink()  # no knowledge installed, as before: no switch
+    assert tiny_backend.reload_knowledge() is False
+    assert (tiny_backend.layout, tiny_backend.knowledge_generation) == (layout, generation)
