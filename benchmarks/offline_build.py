@@ -7,11 +7,17 @@ Each arm runs the real command line (`python -m serving.build_cli`) in a subproc
 include Python start-up and imports. The data dir is seeded with the plaintext store only (no heat): every
 user's block is the policy's choice over equally hot memories. `--extrapolate-to` scales the measured
 per-user times linearly, labelled as such in the JSON.
+
+`--data-dir DIR` keeps the data dir (created and seeded when it does not exist) so the resume can be measured
+again later on its own, e.g. on a quiet machine: `--data-dir DIR --resume-only` runs only the resumed build
+(nothing changed) and reads the users, memories and bytes from DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -48,6 +54,13 @@ def run_build(data: Path, model: str | None) -> tuple[float, str]:
     return wall, proc.stderr.strip().splitlines()[-1]
 
 
+def count_users(data: Path) -> int:
+    from kvmem.text import MemoryStore
+
+    with MemoryStore(data / "memories.sqlite") as store:
+        return len(store.count_by_user())
+
+
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -58,11 +71,45 @@ def main() -> None:
     ap.add_argument("--memories", type=int, default=20)
     ap.add_argument("--model", default=None)
     ap.add_argument("--extrapolate-to", type=int, default=1000)
+    ap.add_argument("--data-dir", default=None, help="keep the data dir here (seeded when absent)")
+    ap.add_argument("--resume-only", action="store_true", help="only the resumed build over --data-dir")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.resume_only and (args.data_dir is None or not Path(args.data_dir).is_dir()):
+        raise SystemExit("--resume-only needs --data-dir naming a data dir a previous run built")
     env = env_info("cpu")
-    with tempfile.TemporaryDirectory(prefix="kvmem-offline-build-") as tmp:
-        data = Path(tmp) / "data"
+    with contextlib.ExitStack() as stack:
+        if args.data_dir is None:
+            data = (
+                Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvmem-offline-build-"))) / "data"
+            )
+        else:
+            data = Path(args.data_dir)
+        if args.resume_only:
+            resume_s, resume_line = run_build(data, args.model)
+            result = {
+                "env": env,
+                "loadavg_after": list(os.getloadavg()),
+                "resume_only": True,
+                "users": count_users(data),
+                "kv_bytes": dir_bytes(data / "kv"),
+                "resume_s": round(resume_s, 2),
+                "resume_line": resume_line,
+                "resume_loaded_model": "(model loaded)" in resume_line,
+            }
+            print_table(
+                ["users", "MB on disk", "resume s", "resume loads model"],
+                [
+                    [
+                        result["users"],
+                        round(result["kv_bytes"] / 1e6, 1),
+                        result["resume_s"],
+                        result["resume_loaded_model"],
+                    ]
+                ],
+            )
+            write_outputs(result, args.out)
+            return
         t0 = time.perf_counter()
         seed(data, args.users, args.memories)
         seed_s = time.perf_counter() - t0
@@ -72,7 +119,7 @@ def main() -> None:
     n, scale = args.users, args.extrapolate_to / args.users
     result = {
         "env": env,
-        "loadavg_after": list(__import__("os").getloadavg()),
+        "loadavg_after": list(os.getloadavg()),
         "users": n,
         "memories_per_user": args.memories,
         "model": args.model or "default",
