@@ -25,6 +25,9 @@ class BlockPlan:
     token_ids: tuple[
         int, ...
     ] = ()  # the block's ids (DESIGN: a plan holds them); () when the builder had none
+    # the served name of the LoRA adapter its K/V were computed under (None: the base model); it is served
+    # only while that adapter version is the user's served adapter (Scheduler.get)
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,22 @@ class Scheduler:
 
             fence = RedisFence(redis_url)
         self.fence = fence
-        self.worker = Worker(
-            config, source, builder, count_tokens, self.heat, self.plans, self.queue, clock, fence
-        )
         self.adapters = adapters  # kvmem.adapters.ActiveAdapters, or None: no parametric tier
+        # called with the user id when a store change stopped their adapter (serving's background distillation
+        # queues a new version); on the store's thread, before its call returns: they must only enqueue
+        self.adapter_stopped: list[Callable[[str], None]] = []
+        self.worker = Worker(
+            config,
+            source,
+            builder,
+            count_tokens,
+            self.heat,
+            self.plans,
+            self.queue,
+            clock,
+            fence,
+            adapter_for=self.served_adapter if adapters is not None else None,
+        )
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,7 +147,16 @@ class Scheduler:
         `config.max_plans`) gets an empty plan, and their plan is enqueued once: built, or for a returning user
         restored (the stored KV item is found again by its content address). The book is also the bounded
         record of which users were already asked for."""
-        plan = self.plans.get(user_id)
+        plan = self._with_adapter(self.plans.get(user_id))
+        if plan.block is not None and (
+            plan.block.adapter != self.worker.block_adapter(plan.adapter)
+            or (plan.adapter is not None and set(plan.adapter.memory_ids) & set(plan.block.memory_ids))
+        ):
+            # built under another adapter version (or the base model): its K/V are not what this request
+            # computes; or it holds facts the adapter now holds. The refresh builds the block under the served
+            # adapter, without its facts (coalesced in process)
+            plan = replace(plan, block=None)
+            self.queue.put(Task("refresh", user_id))
         if plan.block is not None and (why := self.worker.guard.unservable_reason(plan)) is not None:
             plan = self._without_block(plan, why)
         self._reads += 1
@@ -146,21 +167,26 @@ class Scheduler:
             self.queue.put(Task("refresh", user_id))
         elif self.plans.register(user_id):
             self.queue.put(Task("refresh", user_id))
-        return self._with_adapter(plan)
+        return plan
+
+    def served_adapter(self, user_id: str) -> AdapterPlan | None:
+        """The user's served adapter (a pointer stat when unchanged; see ActiveAdapters), or None."""
+        manifest = self.adapters.get(user_id) if self.adapters is not None else None
+        if manifest is None:
+            return None
+        return AdapterPlan(manifest.adapter_id, manifest.version, manifest.name, manifest.memory_ids)
 
     def _with_adapter(self, plan: Plan) -> Plan:
-        """The plan with the user's served adapter (a pointer stat when unchanged; see ActiveAdapters)."""
-        manifest = self.adapters.get(plan.user_id) if self.adapters is not None else None
-        if manifest is None:
+        adapter = self.served_adapter(plan.user_id)
+        if adapter is None:
             return plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
-        adapter = AdapterPlan(manifest.adapter_id, manifest.version, manifest.name, manifest.memory_ids)
-        return replace(plan, adapter=adapter, adapter_id=manifest.adapter_id)
+        return replace(plan, adapter=adapter, adapter_id=adapter.adapter_id)
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
         if why != "fence_unreadable":  # lasting: retract it for every reader and rebuild
             self.worker.guard.retract(plan.user_id, plan.block.item_id)
-        return Plan(plan.user_id, None, plan.adapter_id, plan.version, plan.updated_at)
+        return replace(plan, block=None)
 
     def report_unservable(self, user_id: str, item_id: str) -> bool:
         """A request meant to serve `item_id` fell back to prefill: if it is still the user's block, the plan
@@ -175,6 +201,14 @@ class Scheduler:
             self.adapters.drop_covering(user_id, None, "all the user's memories were deleted")
         return self.worker.forget_user(user_id)
 
+    def _drop_adapter_block(self, user_id: str) -> None:
+        """The user's adapter stopped: a block built under it (its K/V carry the adapter's facts) stops being
+        served and is deleted before the store call returns."""
+        block = self.plans.get(user_id).block
+        if block is not None and block.adapter is not None:
+            self.worker.guard.retract(user_id, block.item_id)
+            self.builder.drop_block(block.item_id)
+
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))
 
@@ -184,11 +218,16 @@ class Scheduler:
 
     # -- store changes (synchronous, cheap) ----------------------------------------------------------------
     def on_change(self, event: Any) -> None:
+        if event.kind == "updated" and not getattr(event, "text_changed", True):
+            return  # tags or metadata only: the block's text and the adapter's facts are what they were
         try:
             if self.adapters is not None and event.kind != "added":  # before the store call returns
-                self.adapters.drop_covering(
+                if self.adapters.drop_covering(
                     event.user_id, [event.memory_id], f"memory {event.memory_id} {event.kind}"
-                )
+                ):
+                    self._drop_adapter_block(event.user_id)
+                    for listener in list(self.adapter_stopped):
+                        listener(event.user_id)
             self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
         finally:
             self.queue.put(Task("refresh", event.user_id))

@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scheduler.config import SchedulerConfig
 from scheduler.guard import BlockGuard, Fence
 from scheduler.heat import AccessEvent, HeatTable
-from scheduler.plan import BlockPlan, Plan, PlanBook
+from scheduler.plan import AdapterPlan, BlockPlan, Plan, PlanBook
 from scheduler.policy import (
     BlockDecision,
-    BlockUsage,
     Candidate,
-    blocks_to_evict,
     choose_block,
     distill_candidates,
     promotion_policy,
@@ -94,9 +92,11 @@ class Worker:
         queue: TaskQueue,
         clock: Callable[[], float],
         fence: Fence | None = None,
+        adapter_for: Callable[[str], AdapterPlan | None] | None = None,
     ):
         self.config, self.source, self.builder, self.count_tokens = config, source, builder, count_tokens
         self.fence = fence
+        self.adapter_for = adapter_for  # the user's served LoRA adapter (the block is built under it)
         self.heat, self.plans, self.queue, self.clock = heat, plans, queue, clock
         self.policy = promotion_policy(config.promotion)
         self._lock = threading.Lock()  # generations and every plan publish
@@ -279,15 +279,23 @@ class Worker:
                 self.heat.seen(user_id, mid, _ts(m.created_at))
         stats = self.heat.stats(user_id)
         counts = self._memory_tokens(user_id, memories.values())
+        adapter = self.adapter_for(user_id) if self.adapter_for is not None else None
+        under = self.block_adapter(adapter)
+        held_by_adapter = set(adapter.memory_ids) if adapter is not None else set()  # not in the block
         candidates = [
             Candidate(mid, self.policy.score(stats[mid], now, self.config.half_life_s), counts[mid])
             for mid in memories
+            if mid not in held_by_adapter
         ]
         self.distill[user_id] = distill_candidates(
             stats, now, min_uses=self.config.distill_min_uses, min_stable_s=self.config.distill_min_stable_s
         )
         current = self.plans.get(user_id)
-        held = current.block.memory_ids if current.block else ()
+        # a block built under another adapter (or the base model) is not kept: its K/V are not this one's
+        other_adapter = current.block is not None and current.block.adapter != under
+        held = current.block.memory_ids if current.block and not other_adapter else ()
+        if not build and (under is not None or other_adapter):
+            return current  # a restore finds base-model blocks only; under an adapter it is built on demand
         if not build and not held:  # a restore: held is the newest stored block the policy keeps as it is
             stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
             cap, hysteresis = self._cap_tokens(), self.config.hysteresis
@@ -303,13 +311,14 @@ class Worker:
         block = None
         for attempt in range(2):
             decision = choose_block(candidates, held, self._cap_tokens(), self.config.hysteresis)
-            if decision.action == "keep" and (build or current.block):
+            if decision.action == "keep" and (build or current.block) and not other_adapter:
                 return current
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it
             if build:
-                built = self.builder.build_block(user_id, texts, decision.memory_ids)
+                under_adapter = {"adapter_id": adapter.adapter_id} if under is not None else {}
+                built = self.builder.build_block(user_id, texts, decision.memory_ids, **under_adapter)
                 self.counts["builds"] += 1
                 self.counts["prefills"] += bool(getattr(built, "built", True))  # fakes may not say
             elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:
@@ -321,6 +330,7 @@ class Worker:
                 built.num_tokens,
                 built.num_bytes,
                 tuple(built.token_ids),
+                under,
             )
             if self.config.user_block_bytes is None or built.num_bytes <= self.config.user_block_bytes:
                 break
@@ -372,6 +382,14 @@ class Worker:
             self.enforce_total_cap()
         return published
 
+    def block_adapter(self, adapter: AdapterPlan | None) -> str | None:
+        """The adapter a user's block is built under: their served adapter's name, if the builder can build
+        under it (the transformers backend); else None: a base-model block, which serving then sends as text
+        under the adapter (vLLM: its prefix cache, kept per adapter name, reuses what it computed)."""
+        if adapter is None or not getattr(self.builder, "builds_under_adapter", False):
+            return None
+        return adapter.name
+
     def _cap_tokens(self) -> int:
         return user_cap_tokens(
             self.config.user_block_tokens,
@@ -387,29 +405,7 @@ class Worker:
         self.header_tokens = max(self.header_tokens, own - memory_tokens)
 
     def enforce_total_cap(self) -> list[str]:
-        """Drop whole blocks until every user's blocks fit the overall cap: least valuable per byte first, a
-        block's value being the tokens it is expected to serve (heat x tokens, as choose_block weighs it)."""
-        now = self.clock()
-        usages = []
-        for plan in self.plans.all():
-            if plan.block is None:
-                continue
-            stats = self.heat.stats(plan.user_id)
-            counts = self._token_counts.get(plan.user_id, {})  # set by the refresh that chose the block
-            value = sum(
-                self.policy.score(stats[m], now, self.config.half_life_s) * counts.get(m, (0, 1))[1]
-                for m in plan.block.memory_ids
-                if m in stats
-            )
-            last = max(
-                (stats[m].last_access or 0.0 for m in plan.block.memory_ids if m in stats), default=0.0
-            )
-            usages.append(BlockUsage(plan.user_id, plan.block.num_bytes, value, last))
-        evicted = blocks_to_evict(usages, self.config.total_block_bytes)
-        for user_id in evicted:
-            with self._lock:
-                plan = self.plans.get(user_id)
-                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, now))
-            if plan.block is not None:
-                self.builder.drop_block(plan.block.item_id)
-        return evicted
+        """Drop whole blocks until every user's blocks fit the overall cap (scheduler/total_cap.py)."""
+        from scheduler.total_cap import enforce_total_cap
+
+        return enforce_total_cap(self)

@@ -158,9 +158,13 @@ def create_app(
     backend: Backend | None = None,
     store: Any | None = None,
     scheduler: Scheduler | None = None,
+    distill_config: Any = None,
 ) -> FastAPI:
     """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
-    here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError)."""
+    here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError).
+    With `config.distill`, background distillation runs (serving/distill_service.py) with `distill_config`
+    (a scheduler.distill.DistillConfig; default: the scheduler's selection thresholds, training and gate
+    defaults)."""
     keyring = KeyRing.from_file(config.keys_path) if config.auth else None
     owned: list[Any] = []
     if backend is None:
@@ -178,6 +182,11 @@ def create_app(
         owned.append(scheduler)
     metrics = Metrics()
     chat = ChatService(config, backend, store, scheduler, metrics)
+    distiller = None
+    if config.distill:
+        from serving.distill_service import BackgroundDistill
+
+        distiller = BackgroundDistill(config, store, scheduler, backend, distill_config)
     started = int(time.time())
     restored = threading.Event()  # set once the stored plans were restored (scheduler.restore)
     if (
@@ -188,10 +197,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load(backend, store, config, scheduler, restored))
+        if distiller is not None:
+            distiller.start()  # its sweeps wait for the backend to be loaded
         try:
             yield
         finally:
             loader.cancel()
+            if distiller is not None:
+                distiller.close()
             await chat.drain()
             if scheduler in owned:
                 scheduler.stop()
@@ -202,6 +215,7 @@ def create_app(
 
     app = FastAPI(title="kvmem", version="0.1.0", lifespan=lifespan)
     app.state.keyring = keyring
+    app.state.distiller = distiller
     app.state.backend, app.state.store, app.state.scheduler, app.state.chat, app.state.metrics = (
         backend,
         store,

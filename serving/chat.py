@@ -144,9 +144,9 @@ class ChatService:
         lora_ids = plan.adapter.memory_ids if plan.adapter else ()
         text_hits = [h for h in hits if h.memory.id not in covered]
         block_texts: list[str] = []
-        if block is not None and plan.adapter is not None:
-            # the block's K/V were computed by the base model, not under the adapter: not injected; what it
-            # holds beyond the adapter's facts goes in as text (serving/backends/adapters.py)
+        if block is not None and block.adapter != (plan.adapter.name if plan.adapter else None):
+            # the block's K/V were computed under another adapter (or none): not injected; what it holds
+            # beyond the adapter's facts goes in as text (the scheduler's get already leaves such blocks out)
             block_texts = [t for i, t in zip(block.memory_ids, block.texts, strict=True) if i not in lora_ids]
             block_ids = [i for i in block.memory_ids if i not in lora_ids]
             block = None

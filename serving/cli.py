@@ -83,6 +83,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--demo", action="store_true", help="seed the user 'demo' with a few memories if it has none"
     )
+    p.add_argument(
+        "--distill",
+        action="store_true",
+        help="train users' stable memories into LoRA adapters in the background (low priority; off by default)",
+    )
+    p.add_argument(
+        "--distill-interval-s",
+        type=float,
+        default=600.0,
+        help="seconds between the background distillation's looks for users to distil (default 600)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -118,6 +129,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,
             session_kv_bytes=args.session_kv_mb * (1 << 20),
+            distill=args.distill,
+            distill_interval_s=args.distill_interval_s,
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None

@@ -79,6 +79,8 @@ class ServingConfig:
     seed_demo: bool = False  # give default_user a few memories at start if it has none
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
     limits: Limits = field(default_factory=Limits)  # request sizes
+    distill: bool = False  # train users' LoRA adapters in the background (serving/distill_service.py)
+    distill_interval_s: float = 600.0  # how often the background distillation looks for users to distil
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -111,6 +113,10 @@ class ServingConfig:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
+        if not self.distill_interval_s > 0:
+            raise ValueError(f"distill_interval_s must be > 0, got {self.distill_interval_s}")
+        if self.distill and self.backend == "fake":
+            raise ValueError("distillation (--distill) needs a model: the transformers or vllm backend")
         if not self.default_user:
             raise ValueError("default_user must not be empty")
         if not isinstance(self.limits, Limits):

@@ -40,7 +40,17 @@ class BackendBlockMaker:
     def ready(self) -> bool:
         return self.backend.is_ready()
 
-    def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock:
+    @property
+    def builds_under_adapter(self) -> bool:
+        """Whether the backend builds a block under a user's LoRA adapter (the transformers backend does;
+        without it, a user served an adapter has no block: the rest of their memories go as text)."""
+        return bool(getattr(self.backend, "builds_under_adapter", False))
+
+    def build_block(
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], adapter_id: str | None = None
+    ) -> BuiltBlock:
+        if adapter_id is not None:
+            return self.backend.build_block(user_id, list(texts), list(memory_ids), adapter_id=adapter_id)
         return self.backend.build_block(user_id, list(texts), list(memory_ids))
 
     def drop_block(self, item_id: str) -> None:
@@ -113,6 +123,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "tokens": block.num_tokens,
             "bytes": block.num_bytes,
             "tier": "kv",
+            "adapter": block.adapter,  # the served adapter name its K/V were computed under, or None
         },
         "adapter": None
         if plan.adapter is None

@@ -76,12 +76,13 @@ class ActiveAdapters:
 
 
 def facts_current(store: Any, user_id: str, facts: tuple[FactRef, ...]) -> str | None:
-    """Why these facts are not all the store's current memories (deleted or changed since), or None."""
+    """Why these facts are not all the store's current memories (deleted or their text changed since), or
+    None. A newer version with the same text (its tags or metadata changed) still says the same fact."""
     live = {m.id: m for m in store.memories_by_ids(user_id, [f.memory_id for f in facts])}
     for f in facts:
         m = live.get(f.memory_id)
         if m is None:
             return f"memory {f.memory_id} was deleted"
-        if m.version != f.version or text_sha(m.text) != f.text_sha:
+        if text_sha(m.text) != f.text_sha or getattr(m, "state", "active") != "active":
             return f"memory {f.memory_id} changed"
     return None

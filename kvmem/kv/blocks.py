@@ -28,6 +28,7 @@ class PendingBlock:
     memory_ids: tuple[str, ...]
     ids: list[int]
     prefix: KVItem | None
+    adapter: str = ""  # the LoRA adapter (served name) the caller switches on for prefill(); "" = base
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,16 @@ class BlockBuilder:
         self.share_knowledge = share_knowledge and bool(layout.knowledge_ids)
 
     def block_item_id(
-        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]
+        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], adapter: str | None = None
     ) -> tuple[str, list[int]]:
+        """The content address of the block (under the LoRA adapter named `adapter`, if any) and its ids."""
         ids = self.layout.block_ids(texts)
-        return item_id_for(user_id, self.handle.fingerprint, tuple(ids), tuple(memory_ids)), ids
+        fingerprint = self.handle.fingerprint.under(adapter)
+        return item_id_for(user_id, fingerprint, tuple(ids), tuple(memory_ids)), ids
 
-    def _prefix_item(self, user_id: str, memory_ids: tuple[str, ...], ids: list[int]):
-        """The user's stored item for the longest proper prefix of these memories, if its tokens match."""
+    def _prefix_item(self, user_id: str, memory_ids: tuple[str, ...], ids: list[int], adapter: str = ""):
+        """The user's stored item (under the same adapter) for the longest proper prefix of these memories, if
+        its tokens match."""
         best = None
         for item_id in self.store.item_ids(user_id):
             try:
@@ -75,7 +79,8 @@ class BlockBuilder:
                 continue
             n = len(meta.memory_ids)
             if (
-                0 < n < len(memory_ids)
+                meta.fingerprint.adapter == adapter
+                and 0 < n < len(memory_ids)
                 and meta.memory_ids == memory_ids[:n]
                 and (best is None or n > best[0])
             ):
@@ -89,18 +94,30 @@ class BlockBuilder:
         return item if tuple(ids[: item.num_tokens]) == item.token_ids else None
 
     def find(
-        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool = False
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        memory_ids: Sequence[str],
+        *,
+        verify: bool = False,
+        adapter: str | None = None,
     ) -> BuiltBlock | None:
         """The stored block for these memories, or None; never prefills (needs the tokenizer and the
         fingerprint only). `verify`: an item only on disk must pass its checksums (a bad one is removed)."""
         if len(memory_ids) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
-        return self._find(user_id, texts, memory_ids, verify=verify)[0]
+        return self._find(user_id, texts, memory_ids, verify=verify, adapter=adapter)[0]
 
     def _find(
-        self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], *, verify: bool
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        memory_ids: Sequence[str],
+        *,
+        verify: bool,
+        adapter: str | None = None,
     ) -> tuple[BuiltBlock | None, str, list[int]]:
-        item_id, ids = self.block_item_id(user_id, texts, memory_ids)
+        item_id, ids = self.block_item_id(user_id, texts, memory_ids, adapter)
         if not self.store.contains(item_id):
             return None, item_id, ids
         if not verify or self.store.tier_of(item_id) != "disk" or self.store.is_valid_on_disk(item_id):
@@ -146,25 +163,29 @@ class BlockBuilder:
         memory_ids: Sequence[str] | None = None,
         *,
         verify_existing: bool = False,
+        adapter: str | None = None,
     ) -> BuiltBlock | PendingBlock:
         """The stored block if a valid one is there, else what prefill() needs (with the user's stored item
-        for the longest prefix of these memories, loaded). Store reads only, no model."""
+        for the longest prefix of these memories, loaded). Store reads only, no model. `adapter`: the block
+        as the model computes it with that LoRA adapter on (its own content address; see PendingBlock)."""
         if memory_ids is None:
             memory_ids = [text_memory_id(t) for t in texts]
         if len(memory_ids) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
-        found, item_id, ids = self._find(user_id, texts, memory_ids, verify=verify_existing)
+        found, item_id, ids = self._find(user_id, texts, memory_ids, verify=verify_existing, adapter=adapter)
         if found is not None:
             return found
-        memory_ids = tuple(memory_ids)
-        return PendingBlock(user_id, memory_ids, ids, self._prefix_item(user_id, memory_ids, ids))
+        memory_ids, adapter = tuple(memory_ids), adapter or ""
+        prefix = self._prefix_item(user_id, memory_ids, ids, adapter)
+        return PendingBlock(user_id, memory_ids, ids, prefix, adapter)
 
     def prefill(self, pending: PendingBlock) -> KVItem:
         """The block's KV item (the model's part; nothing stored). Under shared knowledge it is the knowledge
         item's child (its file will hold the user's own tokens' K/V only); the knowledge item is built here
-        if it is not stored yet (model work)."""
+        if it is not stored yet (model work). Under an adapter (`pending.adapter`, which the caller has
+        switched on) the whole block is prefilled: the shared knowledge item is the base model's."""
         parent = None
-        if self.share_knowledge:
+        if self.share_knowledge and not pending.adapter:
             from kvmem.kv.knowledge import ensure_knowledge_item
 
             parent = ensure_knowledge_item(self.handle, self.layout, self.store)
@@ -176,6 +197,7 @@ class BlockBuilder:
             user_id=pending.user_id,
             memory_ids=pending.memory_ids,
             prefix=pending.prefix or parent,
+            fingerprint=self.handle.fingerprint.under(pending.adapter),
         )
         if parent is not None:  # its own tokens' K/V (a tensor of their own), the parent's by reference
             k = parent.num_tokens

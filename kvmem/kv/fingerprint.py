@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -53,17 +53,35 @@ class Fingerprint:
     layout_version: str
     rope_sha: str
     arch_sha: str
+    # The LoRA adapter the K/V were computed under: its served name (`<id>@v<version>-<weights sha16>`), ""
+    # for the base model. An adapter on any layer changes K/V, so it is part of what produced an item.
+    adapter: str = ""
 
     @property
     def digest(self) -> str:
-        return _sha(_canonical(asdict(self)))[:32]
+        return _sha(_canonical(self.to_dict()))[:32]
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.adapter:  # the base model's fingerprints (and digests) stay as they were
+            del d["adapter"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> Fingerprint:
-        return cls(**{k: str(data[k]) for k in cls.__dataclass_fields__})
+        return cls(
+            **{k: str(data[k]) for k in cls.__dataclass_fields__ if k != "adapter"},
+            adapter=str(data.get("adapter", "")),
+        )
+
+    def under(self, adapter: str | None) -> Fingerprint:
+        """The fingerprint of K/V computed by this model with the adapter named `adapter` on (None: base)."""
+        return replace(self, adapter=adapter or "")
+
+    @property
+    def base(self) -> Fingerprint:
+        """The model without any adapter: what a KV store is keyed by (it holds items of both)."""
+        return replace(self, adapter="") if self.adapter else self
 
     def mismatches(self, other: Fingerprint) -> list[str]:
         """Names of the fields that differ (empty when they match)."""

@@ -165,11 +165,14 @@ def build_item(
     user_id: str,
     memory_ids: tuple[str, ...] | list[str] = (),
     prefix: KVItem | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> KVItem:
     """Prefill `token_ids` once and keep the K/V. Raises InvalidBlock for an empty or over-long block.
 
     With `prefix` (an item whose tokens start `token_ids`, e.g. the block before memories were appended), only
     the new tokens are prefilled, over the prefix's K/V, exactly as a request would; the prefix is not modified.
+    `fingerprint` (default: the model's) is what the caller runs the model as: `handle.fingerprint.under(name)`
+    while it has the LoRA adapter `name` switched on for this call.
     """
     ids = tuple(int(t) for t in token_ids)
     if not ids:
@@ -185,8 +188,9 @@ def build_item(
     if bad:
         raise InvalidBlock(f"block has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
     model = handle.model
+    fingerprint = fingerprint or handle.fingerprint
     cache, start = DynamicCache(config=model.config), 0
-    if prefix is not None and prefix.meta.fingerprint == handle.fingerprint:
+    if prefix is not None and prefix.meta.fingerprint == fingerprint:
         from kvmem.kv.inject import inject
 
         injection = inject(prefix, ids)
@@ -206,12 +210,12 @@ def build_item(
     num_layers, _, num_heads, num_tokens, head_dim = kv.shape
     assert num_tokens == len(ids), (num_tokens, len(ids))
     meta = KVItemMeta(
-        item_id=item_id_for(user_id, handle.fingerprint, ids, tuple(memory_ids)),
+        item_id=item_id_for(user_id, fingerprint, ids, tuple(memory_ids)),
         user_id=user_id,
         num_tokens=num_tokens,
         num_bytes=kv.numel() * kv.element_size(),
         memory_ids=tuple(memory_ids),
-        fingerprint=handle.fingerprint,
+        fingerprint=fingerprint,
         tokens_sha=tokens_sha(ids),
         created_at=time.time(),
         num_layers=num_layers,

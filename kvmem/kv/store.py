@@ -190,7 +190,7 @@ class TieredKVStore:
 
         Raises StorageError if the disk write fails; then nothing already stored has changed.
         """
-        diff = self.fingerprint.mismatches(item.meta.fingerprint)
+        diff = self.fingerprint.mismatches(item.meta.fingerprint.base)  # items under adapters too
         if diff:
             raise ValueError(f"item {item.item_id} does not match this store's model ({', '.join(diff)})")
         if item.meta.parent_id is not None:

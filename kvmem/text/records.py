@@ -89,8 +89,10 @@ class Page:
 
 @dataclass(frozen=True)
 class ChangeEvent:
-    """Emitted after a commit: memory `memory_id` of `user_id` was added, updated or deleted."""
+    """Emitted after a commit: memory `memory_id` of `user_id` was added, updated or deleted. An update with
+    `text_changed` False changed only tags or metadata: what the memory says (text, state) is as before."""
 
     memory_id: str
     user_id: str
     kind: str
+    text_changed: bool = True

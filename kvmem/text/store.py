@@ -278,10 +278,11 @@ class MemoryStore:
                 }
             )
             write_version(tx.conn, rowid, old, new, vector)
-            if new.text != old.text or new.state != old.state:
+            said = new.text != old.text or new.state != old.state
+            if said:
                 bump_generation(tx.conn, user_id)
                 tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
-            tx.events.append(ChangeEvent(memory_id, user_id, "updated"))
+            tx.events.append(ChangeEvent(memory_id, user_id, "updated", text_changed=said))
         return new
 
     # ----------------------------------------------------------------- delete

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from kvmem.adapters import AdapterError, AdapterRegistry
+from kvmem.adapters import AdapterError, AdapterManifest, AdapterRegistry
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _LORA_KEYS = ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "fan_in_fan_out", "use_rslora")
 
 
@@ -30,9 +31,10 @@ class AdapterSlots:
         self._in_use: dict[str, int] = {}  # name -> requests running it (never evicted while > 0)
         self._peft: Any = None  # the peft wrapper around handle.model, once an adapter was loaded
         self._lock = threading.Lock()
+        self.served: dict[str, str] = {}  # peft name -> the served name (what KV items built under it carry)
 
-    def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
-        """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
+    def manifest(self, user_id: str, adapter_id: str) -> tuple[AdapterManifest | None, str | None]:
+        """(the user's adapter version `adapter_id`, None) or (None, why not). A JSON read; any thread."""
         try:
             user_dir, version = adapter_id.rsplit("/v", 1)
             manifest = self.registry.manifest(user_id, int(version))
@@ -40,7 +42,15 @@ class AdapterSlots:
             return None, f"adapter {adapter_id} unusable: {exc}"
         if self.registry.user_dir(user_id).name != user_dir or manifest.user_id != user_id:
             return None, f"adapter {adapter_id} is not user {user_id!r}'s"
+        return manifest, None
+
+    def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
+        """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
+        manifest, why = self.manifest(user_id, adapter_id)
+        if manifest is None:
+            return None, why
         name = manifest.name.replace("/", "_").replace(".", "_")  # peft names become module attributes
+        self.served[name] = manifest.name
         with self._lock:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
@@ -72,6 +82,7 @@ class AdapterSlots:
             idle = [n for n in self._loaded if not self._in_use.get(n) and n != name]
             for old in idle[: max(0, len(self._loaded) - self.max_loaded)]:
                 del self._loaded[old]
+                self.served.pop(old, None)
                 self._peft.delete_adapter(old)
                 log.info("adapter %s evicted (LRU, %d loaded)", old, self.max_loaded)
         log.info("adapter %s loaded", name)
@@ -96,6 +107,22 @@ class AdapterSlots:
             with self._lock:
                 self._in_use[name] -= 1
 
+    def run(self, name: str, fn: Callable[[], T]) -> T:
+        """`fn()` (a block prefill) with the adapter `name` on, off again after. Model thread only."""
+        lora = self._peft.base_model
+        with self._lock:
+            self._in_use[name] = self._in_use.get(name, 0) + 1
+        try:
+            lora.enable_adapter_layers()
+            lora.set_adapter(name)
+            try:
+                return fn()
+            finally:
+                lora.disable_adapter_layers()
+        finally:
+            with self._lock:
+                self._in_use[name] -= 1
+
     @property
     def loaded(self) -> tuple[str, ...]:
         with self._lock:
@@ -114,22 +141,36 @@ def adapter_slots(data_dir: str, handle: Any) -> AdapterSlots | None:
     return AdapterSlots(AdapterRegistry(DataDir.at(data_dir).adapters_dir), handle)
 
 
-def with_adapter(slots: AdapterSlots | None, req: Any, item: Any, fallback: str | None):
-    """(KV item, fallback kind, adapter name or None) for a request. Under an adapter the base model's KV item
-    is never injected (the adapter changes the block's K/V). An adapter that cannot be served is logged and the
-    request runs on the base model (serving checked the adapter before it left its facts out of the prompt;
-    this is the rare case of files that broke since)."""
-    if req.adapter_id is None:
-        return item, fallback, None
-    name, why = (
-        (None, "peft is not installed") if slots is None else slots.resolve(req.user_id, req.adapter_id)
+def _item_fits(req: Any, item: Any, served: str) -> tuple[Any, str | None]:
+    """The item if its K/V were computed under the adapter the request runs (`served`: its served name, ""
+    for the base model), else (None, "fingerprint_mismatch"): a base-model block under an adapter, or the
+    reverse, or another adapter version's block, is never injected (the adapter changes the K/V)."""
+    built = item.meta.fingerprint.adapter
+    if built == served:
+        return item, None
+    log.warning(
+        "request %s runs %s: block item %s was built under %s; not injected",
+        req.request_id,
+        served or "the base model",
+        item.item_id,
+        built or "the base model",
     )
-    if name is None:
-        log.error("request %s runs without its adapter: %s", req.request_id, why)
-        return item, fallback, None
-    if item is not None:
-        log.warning(
-            "request %s runs adapter %s: its base-model block item is not injected", req.request_id, name
+    return None, "fingerprint_mismatch"
+
+
+def with_adapter(slots: AdapterSlots | None, req: Any, item: Any, fallback: str | None):
+    """(KV item, fallback kind, peft adapter name or None) for a request. The item is injected only if it was
+    built under the adapter the request runs (kvmem Fingerprint.adapter). An adapter that cannot be served is
+    logged and the request runs on the base model (serving checked the adapter before it left its facts out
+    of the prompt; this is the rare case of files that broke since)."""
+    name, why = None, None
+    if req.adapter_id is not None:
+        name, why = (
+            (None, "peft is not installed") if slots is None else slots.resolve(req.user_id, req.adapter_id)
         )
-        return None, "other", name
+        if name is None:
+            log.error("request %s runs without its adapter: %s", req.request_id, why)
+    if item is not None:
+        item, bad = _item_fits(req, item, slots.served[name] if name is not None else "")
+        fallback = bad or fallback
     return item, fallback, name

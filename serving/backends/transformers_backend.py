@@ -128,21 +128,53 @@ class TransformersBackend(StoredBlocksBackend):
         self._io.shutdown(wait=False, cancel_futures=True)
 
     # -- layout and blocks -----------------------------------------------------------------------------------
+    builds_under_adapter = True  # build_block(adapter_id=...): the block's K/V computed with the adapter on
+
     def build_block(
-        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+        self,
+        user_id: str,
+        block_texts: Sequence[str],
+        memory_ids: Sequence[str] | None = None,
+        adapter_id: str | None = None,
     ) -> BuiltBlock:
+        """The block as a request under the user's adapter `adapter_id` (if any) computes it: its content
+        address covers the adapter's served name (kvmem Fingerprint.adapter), so it is only injected under it."""
         self._require_ready()
         try:
             ids = None if memory_ids is None else list(memory_ids)
             from kvmem.kv.blocks import BuiltBlock
 
-            found = self._io.submit(self.builder.lookup, user_id, list(block_texts), ids).result()
+            prefill, served = self.builder.prefill, None
+            if adapter_id is not None:
+                manifest, why = (
+                    (None, "peft is not installed")
+                    if self.adapters is None
+                    else (self.adapters.manifest(user_id, adapter_id))
+                )
+                if manifest is None:
+                    raise BackendError(f"no block under adapter {adapter_id} for user {user_id!r}: {why}")
+                served = manifest.name
+                prefill = self._under_adapter(user_id, adapter_id)
+            found = self._io.submit(
+                self.builder.lookup, user_id, list(block_texts), ids, adapter=served
+            ).result()
             if isinstance(found, BuiltBlock):  # a valid one is stored
                 return found
-            item = self._loop.call(lambda: self.builder.prefill(found))  # the model's part only
+            item = self._loop.call(lambda: prefill(found))  # the model's part only
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+
+    def _under_adapter(self, user_id: str, adapter_id: str):
+        """builder.prefill with the adapter on (loaded first if needed); runs on the model thread."""
+
+        def prefill(pending):
+            name, why = self.adapters.resolve(user_id, adapter_id)
+            if name is None or self.adapters.served[name] != pending.adapter:
+                raise BackendError(f"adapter {adapter_id} of user {user_id!r} cannot be loaded: {why}")
+            return self.adapters.run(name, lambda: self.builder.prefill(pending))
+
+        return prefill
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""

@@ -108,6 +108,7 @@ def test_device_is_not_in_the_fingerprint():
         "layout_version",
         "rope_sha",
         "arch_sha",
+        "adapter",  # the LoRA adapter the K/V were computed under ("" for the base model)
     }
 
 
@@ -126,3 +127,13 @@ def test_auto_device_and_dtype():
 def test_cuda_without_a_gpu_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(ModelLoadError, match="CUDA is not available"):
         load_model(str(tiny_model_dir), device="cuda", digest_cache=tmp_path / "d.json")
+
+
+def test_an_adapter_changes_the_digest_and_the_base_fingerprint_is_as_before():
+    fp = Fingerprint(*(f"v{i}" for i in range(7)))
+    assert "adapter" not in fp.to_dict() and fp.base is fp
+    under = fp.under("u1/v0001@v1-0123456789abcdef")
+    assert under.digest != fp.digest and under.base == fp
+    assert under.mismatches(fp) == ["adapter"]
+    assert Fingerprint.from_dict(under.to_dict()) == under and Fingerprint.from_dict(fp.to_dict()) == fp
+    assert fp.under(None) == fp.under("") == fp

@@ -115,10 +115,13 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
             "tier": "lora",
         }
         assert s.client.get("/v1/memories/plan", params={"user_id": "bob"}).json()["adapter"] is None
+        s.plans.flush()  # the block of the rest is built under the adapter (tests/serving/test_lora_kv.py)
+        block = s.plan("alice")
+        assert (block["memory_ids"], block["adapter"]) == ([tea], m.name)
         reply = s.chat("alice", "What is my dog called and where do I live? Do I like tea?")
         used = _used(reply)
         assert (used[dog], used[porto]) == ("lora", "lora")
-        assert used.get(tea) == "text" and reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert used.get(tea) == "kv" and reply["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         [req] = seen[-1:]
         prompt = backend.handle.tokenizer.decode(req.prompt.ids)
         assert (
@@ -126,7 +129,7 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
             and "Miso" not in prompt
             and "Porto" not in prompt.split("<|im_start|>user")[0]
         )
-        assert (req.adapter_id, req.block_item_id) == (m.adapter_id, None)
+        assert (req.adapter_id, req.block_item_id) == (m.adapter_id, block["item_id"])
         assert _used(s.chat("bob", "What is my dog called?")).get(bob_dog) in ("kv", "text")
 
         r = s.client.patch(f"/v1/memories/{dog}", json={"user_id": "alice", "text": "My dog is called Rex."})

@@ -115,6 +115,7 @@ def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
             "tokens": n,
             "bytes": 4 * n,
             "tier": "kv",
+            "adapter": None,  # the base model's K/V
         },
         "adapter": None,
         "updated_at": datetime.fromtimestamp(plan.updated_at, timezone.utc).isoformat(),

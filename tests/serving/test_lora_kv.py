@@ -1,0 +1,236 @@
+"""The user's KV block under their LoRA adapter, on the tiny llama through the server: the block of the memories
+the adapter does not hold is built with the adapter on (its content address and fingerprint name the adapter),
+it is injected only under that adapter version, and the tokens equal the same request's full prefill under
+the adapter; a base-model block is never injected under the adapter, nor the reverse; a change of a memory
+the adapter holds stops the adapter and its block before the call returns."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import pytest
+
+peft = pytest.importorskip("peft")
+
+import torch  # noqa: E402
+
+from kvmem.adapters import AdapterRegistry, FactRef, text_sha  # noqa: E402
+from kvmem.kv import Sampling, generate  # noqa: E402
+from serving.backends.base import (  # noqa: E402
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenDelta,
+)
+from tests.serving.kvstack import load_backend, served  # noqa: E402
+
+DOG, PORTO, TEA = "My dog is called Miso.", "I live in Porto.", "I like green tea."
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def lora_model(tiny_handle):
+    torch.manual_seed(5)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return peft.get_peft_model(copy.deepcopy(tiny_handle.model), config).eval()
+
+
+def _write(data_dir, user, model, facts, fingerprint):
+    reg = AdapterRegistry(data_dir / "adapters")
+    m = reg.write(
+        user,
+        lambda d: model.save_pretrained(str(d), safe_serialization=True),
+        base_fingerprint=fingerprint,
+        facts=facts,
+        seed=0,
+        passed=True,
+    )
+    reg.activate(user, m.version, fingerprint)
+    return reg, m
+
+
+async def _run(backend, req):
+    ids, result = [], None
+    async for item in backend.stream(req):
+        if isinstance(item, TokenDelta):
+            ids.extend(item.token_ids)
+        elif isinstance(item, GenerationResult):
+            result = item
+    return ids, result
+
+
+def _item_fingerprint(data_dir, item_id) -> dict:
+    [path] = list((data_dir / "kv").rglob(f"{item_id}*.json"))
+    return json.loads(path.read_text())["meta"]["fingerprint"]
+
+
+def test_the_block_is_built_under_the_adapter_and_serves_its_exact_tokens(
+    tmp_path, tiny_model_dir, lora_model
+):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    seen: list[GenerationRequest] = []
+    stream = backend.stream
+
+    def recording(req, is_disconnected=None):
+        seen.append(req)
+        return stream(req, is_disconnected)
+
+    backend.stream = recording
+    with served(tmp_path, backend) as s:
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        s.plans.flush()
+        base_block = s.plan("alice")
+        assert set(base_block["memory_ids"]) == {dog, porto, tea} and base_block["adapter"] is None
+        fp = backend.handle.fingerprint
+        _, m = _write(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp.digest)
+        # the first read after activation does not serve the base block; the refresh builds it under the adapter
+        assert s.plans.get("alice").block is None
+        s.plans.flush()
+        body = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        block, adapter = body["block"], body["adapter"]
+        assert (adapter["name"], adapter["memory_ids"]) == (m.name, [dog])
+        assert sorted(block["memory_ids"]) == sorted([porto, tea]) and block["adapter"] == m.name
+        assert not backend.has_block(base_block["item_id"])  # the base block was replaced, not kept beside
+        assert _item_fingerprint(tmp_path, block["item_id"]) == fp.under(m.name).to_dict()
+        plan = s.plans.get("alice")
+        expected_id, _ = backend.builder.block_item_id(
+            "alice", plan.block.texts, plan.block.memory_ids, m.name
+        )
+        base_id, _ = backend.builder.block_item_id("alice", plan.block.texts, plan.block.memory_ids)
+        assert block["item_id"] == expected_id != base_id
+
+        reply = s.chat("alice", "What is my dog called?")
+        used = {u["id"]: u["tier"] for u in reply["memory"]["used"]}
+        assert used == {dog: "lora", porto: "kv", tea: "kv"}
+        [req] = seen[-1:]
+        assert (req.adapter_id, req.block_item_id) == (m.adapter_id, block["item_id"])
+        assert (
+            reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+            == req.prompt.block_len
+            == block["tokens"]
+        )
+
+        # exactness: the injected block under the adapter == full prefill of the same prompt under the adapter
+        greedy = GenerationRequest("i", "alice", req.prompt, req.block_item_id, GREEDY, m.adapter_id)
+        injected, r_inj = asyncio.run(_run(backend, greedy))
+        cold, r_cold = asyncio.run(
+            _run(backend, GenerationRequest("c", "alice", req.prompt, None, GREEDY, m.adapter_id))
+        )
+        assert (r_inj.cached_tokens, r_inj.kv_fallback_reason) == (req.prompt.block_len, None)
+        assert r_cold.cached_tokens == 0
+        assert injected == cold and len(injected) > 0
+        reference = list(generate(lora_model, req.prompt.ids, sampling=Sampling(max_new_tokens=8)))
+        assert injected == [t for t in reference if t not in backend._eos]
+
+        # a base-model item of the same texts is never injected under the adapter, nor the adapter's without it
+        base = backend.build_block("alice", list(plan.block.texts), list(plan.block.memory_ids))
+        assert base.item_id == base_id
+        crossed, r_crossed = asyncio.run(
+            _run(backend, GenerationRequest("x", "alice", req.prompt, base.item_id, GREEDY, m.adapter_id))
+        )
+        assert (crossed, r_crossed.kv_fallback_reason, r_crossed.cached_tokens) == (
+            cold,
+            "fingerprint_mismatch",
+            0,
+        )
+        plain, r_plain = asyncio.run(
+            _run(backend, GenerationRequest("p", "alice", req.prompt, block["item_id"], GREEDY))
+        )
+        base_cold, _ = asyncio.run(_run(backend, GenerationRequest("q", "alice", req.prompt, None, GREEDY)))
+        assert (plain, r_plain.kv_fallback_reason, r_plain.cached_tokens) == (
+            base_cold,
+            "fingerprint_mismatch",
+            0,
+        )
+        assert base_cold != cold  # the adapter changes the answer: the comparison above can fail
+
+
+@pytest.mark.parametrize("change", ["patch", "delete"])
+def test_a_change_of_a_held_memory_stops_the_adapter_and_its_block_before_it_returns(
+    tmp_path, tiny_model_dir, lora_model, change
+):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto = s.add("alice", DOG), s.add("alice", PORTO)
+        reg, m = _write(
+            tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
+        )
+        s.plans.get("alice")
+        s.plans.flush()
+        block = s.plan("alice")
+        assert (block["memory_ids"], block["adapter"]) == ([porto], m.name)
+
+        if change == "patch":
+            r = s.client.patch(
+                f"/v1/memories/{dog}", json={"user_id": "alice", "text": "My dog is called Rex."}
+            )
+        else:
+            r = s.client.delete(f"/v1/memories/{dog}", params={"user_id": "alice"})
+        assert r.status_code == 200
+        # before the call returned: the adapter is off and the block built under it is gone
+        assert reg.active("alice") is None
+        body = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        # (the worker thread may have rebuilt the base-model block already: never the adapter's)
+        assert body["adapter"] is None and (body["block"] is None or body["block"]["adapter"] is None)
+        assert not backend.has_block(block["item_id"])
+        s.plans.flush()
+        rebuilt = s.plan("alice")
+        live = [dog, porto] if change == "patch" else [porto]
+        assert sorted(rebuilt["memory_ids"]) == sorted(live) and rebuilt["adapter"] is None
+        assert _item_fingerprint(tmp_path, rebuilt["item_id"]) == backend.handle.fingerprint.to_dict()
+        used = {u["id"]: u["tier"] for u in s.chat("alice", "What is my dog called?")["memory"]["used"]}
+        assert used == dict.fromkeys(live, "kv")
+
+
+def test_a_new_adapter_version_gets_its_own_block(tmp_path, tiny_model_dir, lora_model):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        fp = backend.handle.fingerprint.digest
+        reg, v1 = _write(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
+        s.plans.get("alice")
+        s.plans.flush()
+        first = s.plan("alice")
+        assert (sorted(first["memory_ids"]), first["adapter"]) == (sorted([porto, tea]), v1.name)
+        _, v2 = _write(
+            tmp_path,
+            "alice",
+            lora_model,
+            [FactRef(dog, 1, text_sha(DOG)), FactRef(tea, 1, text_sha(TEA))],
+            fp,
+        )
+        assert s.plans.get("alice").block is None  # v1's block is not served under v2
+        s.plans.flush()
+        second = s.plan("alice")
+        assert (second["memory_ids"], second["adapter"]) == ([porto], v2.name)
+        assert not backend.has_block(first["item_id"])
+        assert _item_fingerprint(tmp_path, second["item_id"])["adapter"] == v2.name
+        assert v1.name != v2.name
+
+
+def test_a_tags_only_change_keeps_the_block_and_the_adapter(tmp_path, tiny_model_dir, lora_model):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        reg, m = _write(
+            tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
+        )
+        s.plans.get("alice")
+        s.plans.flush()
+        block = s.plan("alice")
+        assert (sorted(block["memory_ids"]), block["adapter"]) == (sorted([porto, tea]), m.name)
+        for memory_id in (porto, dog):  # one in the block, one the adapter holds
+            r = s.client.patch(f"/v1/memories/{memory_id}", json={"user_id": "alice", "tags": ["kept"]})
+            assert (r.status_code, r.json()["version"], r.json()["tags"]) == (200, 2, ["kept"])
+            assert s.plan("alice")["item_id"] == block["item_id"] and backend.has_block(block["item_id"])
+            assert reg.active("alice").version == 1
+        s.plans.flush()
+        body = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
+        assert (body["block"]["item_id"], body["adapter"]["name"]) == (block["item_id"], m.name)
+
+        # a text change is a change: the block stops being served before the call returns (the test can fail)
+        r = s.client.patch(f"/v1/memories/{porto}", json={"user_id": "alice", "text": "I live in Braga."})
+        assert r.status_code == 200 and not backend.has_block(block["item_id"])
+        assert reg.active("alice").version == 1  # the adapter does not hold that memory
