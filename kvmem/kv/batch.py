@@ -18,10 +18,11 @@ from collections.abc import Sequence as Seq
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 
 from kvmem.kv.decode import GenerationStats, Sampling, _pick
+from kvmem.kv.grow import append
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
 
@@ -139,6 +140,13 @@ class Sequence:
         self.finish_reason = self.stats.finish_reason = reason
 
 
+def _append(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor, layer_idx: int):
+    """cache.update(keys, values, layer_idx), into the layer's spare room when it has some (grow.py)."""
+    if layer_idx < len(cache.layers) and type(cache.layers[layer_idx]) is DynamicLayer:
+        return append(cache.layers[layer_idx], keys, values)
+    return cache.update(keys, values, layer_idx)
+
+
 class _RaggedCache(Cache):
     """The `past_key_values` of a batched decode forward: row i of each update goes into sequence i's own
     cache (the same concatenation it would do alone); the attention below reads each row's full K/V back."""
@@ -150,7 +158,7 @@ class _RaggedCache(Cache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         self.rows[layer_idx] = [
-            cache.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx)
+            _append(cache, key_states[i : i + 1], value_states[i : i + 1], layer_idx)
             for i, cache in enumerate(self.caches)
         ]
         return key_states, value_states  # unused: the ragged attention reads self.rows

@@ -193,16 +193,32 @@ def test_admission_is_bounded_and_released(tiny_backend):
     prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
     req = GenerationRequest("a", "u", prompt, None, SamplingParams(max_new_tokens=4, temperature=0.0))
 
+    # the first request's decode forwards wait until the second was refused: it holds its slot meanwhile,
+    # whatever the machine's load (without this the 4 tiny-model steps could end before the second arrives)
+    refused, forwards = threading.Event(), []
+
+    def hold(module, args):
+        forwards.append(1)
+        if len(forwards) > 1:
+            refused.wait(30)
+
     async def two_at_once():
         first = backend.stream(req)
         await anext(first)  # admitted and running
-        with pytest.raises(QueueFull):
-            await anext(backend.stream(req))
+        try:
+            with pytest.raises(QueueFull):
+                await anext(backend.stream(req))
+        finally:
+            refused.set()
         rest = [item async for item in first]
         return rest[-1]
 
+    hook = backend.handle.model.register_forward_pre_hook(hold)
     try:
-        result = asyncio.run(two_at_once())
+        try:
+            result = asyncio.run(two_at_once())
+        finally:
+            hook.remove()
         wait_released(backend)
         assert isinstance(result, GenerationResult) and result.completion_tokens == 4
         assert len(asyncio.run(tokens_of(backend, req))[0]) == 4  # the slot is free again
