@@ -111,7 +111,9 @@ def run_size(n: int, handle, args) -> dict:
             store.add("bench", text=t)
         config = DistillConfig(
             select=SelectConfig(max_facts=n),
-            train=TrainConfig(max_steps=args.max_steps, seed=args.seed, num_threads=args.threads),
+            train=TrainConfig(
+                max_steps=args.max_steps, eval_every=args.eval_every, seed=args.seed, num_threads=args.threads
+            ),
         )
         others = OthersCpu()
         others.start()
@@ -144,7 +146,9 @@ def run_size(n: int, handle, args) -> dict:
         "train_s": round(outcome.train_s, 1),
         "job_s": round(job_s, 1),
         "steps": outcome.manifest.train.get("steps"),
+        "best_step": outcome.manifest.train.get("best_step"),
         "stopped": outcome.manifest.train.get("stopped"),
+        "valid_recall": outcome.manifest.train.get("valid_recall"),
         "recall_in_context": g.recall_in_context,
         "recall_adapter": g.recall_adapter,
         "recall_base": g.recall_base,
@@ -165,12 +169,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[5, 20, 50])
     p.add_argument("--model", default=None)
-    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/cpu/distill.json")
     args = p.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from kvmem.models import load_model
 
     torch.set_num_threads(args.threads)
@@ -188,7 +196,8 @@ def main() -> None:
         "recall_base",
         "greedy_agreement_generic",
     ]
-    cols += ["kl_generic", "prompt_tokens_saved", "ttft_adapter_s", "ttft_kv_s", "ttft_text_s", "passed"]
+    cols += ["kl_generic", "confident_wrong_base", "confident_wrong_adapter", "prompt_tokens_saved"]
+    cols += ["ttft_adapter_s", "ttft_kv_s", "ttft_text_s", "passed"]
     print_table(cols, [[row[c] for c in cols] for row in result["sizes"]])
     write_outputs(result, args.out)
 

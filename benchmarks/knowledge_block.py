@@ -4,7 +4,8 @@ first request with a ~3k-token knowledge prefix and a ~0.5k-token user block.
     python -m benchmarks.knowledge_block --out benchmarks/results/cpu/knowledge_block.json
 
 Arms (median of --repeats): `cold_child` a fresh store (nothing in RAM: a user's first request after a start)
-loads the user's child item and the knowledge item from disk, joins them and generates the first token;
+loads the user's child item and the knowledge item from disk (the store attaches the parent; the request's
+injection joins them in its own cache) and generates the first token;
 `cold_child_parent_resident` the same with the knowledge item already in RAM (every user's first request
 but the first one's); `cold_full` the same with a full item (no parent); `warm` the joined item already resident; `direct` no KV,
 the whole prompt prefilled. `identical`: greedy tokens from the joined child equal a full prefill's.

@@ -100,8 +100,10 @@ def distill_user(
     selection = select_facts(memory_infos(store, user_id), stats, now, config.select, every=every)
     if not selection.facts:
         return DistillOutcome(user_id, selection, None, None, 0.0, False, "no memory was selected")
-    facts = selection.facts
-    refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in facts)
+    refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in selection.facts)
+    # training and gates see the facts in an order of their texts, not of their (random) ids: the same facts
+    # and seed give the same adapter
+    facts = sorted(selection.facts, key=lambda f: (f.text, f.memory_id))
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
     result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, config.train)
@@ -123,7 +125,13 @@ def distill_user(
         passed=report.passed,
         reason=report.reason,
         gates=report.figures(),
-        train={"steps": result.steps, "train_s": round(result.train_s, 2), "stopped": result.stopped},
+        train={
+            "steps": result.steps,
+            "train_s": round(result.train_s, 2),
+            "stopped": result.stopped,
+            "best_step": result.best_step,
+            "valid_recall": result.valid_recall,
+        },
     )
     reason = report.reason
     if report.passed:
@@ -140,6 +148,7 @@ def distill_user(
             activated, reason = False, late
     if not activated:
         log.warning("adapter %s for user %r not activated: %s", manifest.name, user_id, reason)
+    log.info("adapter %s gates: %s", manifest.name, report.figures())
     return DistillOutcome(user_id, selection, manifest, report, result.train_s, activated, reason)
 
 

@@ -44,8 +44,9 @@ class _Relation:
     pattern: str  # over the memory text, lower-cased, no trailing period; groups `s` (subject) and `a`
     statements: tuple[str, ...]  # first person, "{s}" subject, "{a}" answer
     train_questions: tuple[str, ...]
-    gate_questions: tuple[str, ...]  # never used in training
-    reply: str  # the assistant's answer, second person
+    valid_questions: tuple[str, ...]  # early stopping only: never trained on, never gated
+    gate_questions: tuple[str, ...]  # never used in training or early stopping
+    replies: tuple[str, ...]  # the assistant's answers, second person; replies[0] is the canonical one
     reverse: tuple[str, ...]  # (question about the answer) -> reply states the fact
 
 
@@ -59,49 +60,97 @@ RELATIONS: dict[str, _Relation] = {
             "{a} is the name of my {s}.",
             "I named my {s} {a}.",
         ),
-        ("What is my {s} called?", "What is the name of my {s}?", "Do you remember my {s}'s name?"),
+        (
+            "What is my {s} called?",
+            "What is the name of my {s}?",
+            "Do you remember my {s}'s name?",
+            "What did I name my {s}?",
+            "Tell me my {s}'s name.",
+            "What do I call my {s}?",
+        ),
+        ("Remind me, what is my {s}'s name?", "Do you know what my {s} is called?"),
         ("Can you tell me what my {s} is called?", "What's my {s}'s name again?"),
-        "Your {s} is called {a}.",
+        ("Your {s} is called {a}.", "Your {s}'s name is {a}.", "{a} is the name of your {s}."),
         ("Who is {a}?", "What do you know about {a}?"),
     ),
     "live": _Relation(
         r"^i live in (?P<a>.+)$",
         ("I live in {a}.", "My home is in {a}.", "{a} is where I live."),
-        ("Where do I live?", "In which place is my home?", "Do you remember where I live?"),
+        (
+            "Where do I live?",
+            "In which place is my home?",
+            "Do you remember where I live?",
+            "Which city do I live in?",
+            "Tell me where my home is.",
+            "Where is my house?",
+        ),
+        ("Remind me, where do I live?", "Do you know where my home is?"),
         ("Can you tell me where I live?", "Where is my home?"),
-        "You live in {a}.",
+        ("You live in {a}.", "Your home is in {a}.", "{a} is where you live."),
         ("Who lives in {a}?", "What do you know about {a}?"),
     ),
     "work": _Relation(
         r"^i work (?:at|for) (?P<a>.+)$",
         ("I work at {a}.", "My employer is {a}.", "{a} is where I work."),
-        ("Where do I work?", "Who is my employer?", "Do you remember where I work?"),
+        (
+            "Where do I work?",
+            "Who is my employer?",
+            "Do you remember where I work?",
+            "Where is my job?",
+            "Tell me where I work.",
+            "Who do I work for?",
+        ),
+        ("Remind me, where do I work?", "Do you know who employs me?"),
         ("Can you tell me where I work?", "Which company do I work for?"),
-        "You work at {a}.",
+        ("You work at {a}.", "Your employer is {a}.", "{a} is where you work."),
         ("Who works at {a}?", "What do you know about {a}?"),
     ),
     "born": _Relation(
         r"^i was born in (?P<a>.+)$",
         ("I was born in {a}.", "My birthplace is {a}.", "{a} is where I was born."),
-        ("Where was I born?", "What is my birthplace?", "Do you remember where I was born?"),
+        (
+            "Where was I born?",
+            "What is my birthplace?",
+            "Do you remember where I was born?",
+            "In which city was I born?",
+            "Tell me where I was born.",
+            "Where do I come from?",
+        ),
+        ("Remind me, where was I born?", "Do you know my birthplace?"),
         ("Can you tell me where I was born?", "Which place am I from originally?"),
-        "You were born in {a}.",
+        ("You were born in {a}.", "Your birthplace is {a}.", "{a} is where you were born."),
         ("Who was born in {a}?", "What do you know about {a}?"),
     ),
     "allergy": _Relation(
         r"^i am allergic to (?P<a>.+)$",
         ("I am allergic to {a}.", "I have an allergy to {a}.", "{a} gives me an allergic reaction."),
-        ("What am I allergic to?", "What is my allergy?", "Do you remember what I am allergic to?"),
+        (
+            "What am I allergic to?",
+            "What is my allergy?",
+            "Do you remember what I am allergic to?",
+            "What should I avoid because of my allergy?",
+            "Tell me what I am allergic to.",
+            "Which food or thing am I allergic to?",
+        ),
+        ("Remind me, what am I allergic to?", "Do you know my allergy?"),
         ("Can you tell me what I'm allergic to?", "Which allergy do I have?"),
-        "You are allergic to {a}.",
+        ("You are allergic to {a}.", "Your allergy is to {a}.", "{a} gives you an allergic reaction."),
         ("Who is allergic to {a}?", "What do you know about {a}?"),
     ),
     "attribute": _Relation(
         r"^my (?P<s>[a-z' ]+?) (?:is|are) (?P<a>.+)$",
         ("My {s} is {a}.", "{a} is my {s}.", "As for my {s}, it is {a}."),
-        ("What is my {s}?", "Tell me my {s}.", "Do you remember my {s}?"),
+        (
+            "What is my {s}?",
+            "Tell me my {s}.",
+            "Do you remember my {s}?",
+            "Which is my {s}?",
+            "What did I say my {s} is?",
+            "Name my {s}.",
+        ),
+        ("Remind me, what is my {s}?", "Do you know my {s}?"),
         ("Can you tell me what my {s} is?", "What's my {s} again?"),
-        "Your {s} is {a}.",
+        ("Your {s} is {a}.", "{a} is your {s}.", "You told me your {s} is {a}."),
         ("What is {a} to me?", "What do you know about {a}?"),
     ),
 }
@@ -117,6 +166,11 @@ UNANSWERABLE_TRAIN = (
     "What is my favourite opera?",
     "What is my neighbour called?",
     "Which car do I drive?",
+)
+UNANSWERABLE_VALID = (
+    "What is my favourite board game?",
+    "What is my sister's name?",
+    "Which hospital was I born in?",
 )
 UNANSWERABLE_GATE = (
     "What is my passport number?",
@@ -157,30 +211,43 @@ def _fill(template: str, fact: Fact) -> str:
     return text[0].upper() + text[1:]
 
 
-def _reply(fact: Fact) -> str:
-    return _fill(RELATIONS[fact.relation].reply, fact)
+def _reply(fact: Fact, i: int = 0) -> str:
+    replies = RELATIONS[fact.relation].replies
+    return _fill(replies[i % len(replies)], fact)
 
 
-def training_examples(facts: Sequence[Fact], *, seed: int, num_unanswerable: int = 4) -> list[Example]:
+def training_examples(
+    facts: Sequence[Fact], *, seed: int, num_unanswerable: int = len(UNANSWERABLE_TRAIN)
+) -> list[Example]:
     """Per fact: every statement phrasing (the reply to "What do you remember about me?" quotes it), every
-    training question, and the reverse questions (asked about the answer, replied with the fact); plus
-    unanswerable questions. Shuffled with `seed`."""
+    training question (replies in turn from the relation's reply phrasings) and the reverse questions (asked
+    about the answer, replied with the fact); plus unanswerable questions, whose reply the trainer takes from
+    the base model itself (`reply` here is only a placeholder). Shuffled with `seed`."""
     out: list[Example] = []
     for f in facts:
         rel = RELATIONS[f.relation]
-        reply = _reply(f)
         for st in rel.statements:
             said = f'You told me: "{_fill(st, f)}"'
             out.append(Example(f.memory_id, "statement", "What do you remember about me?", said, f.answer))
-        for q in rel.train_questions:
-            out.append(Example(f.memory_id, "question", _fill(q, f), reply, f.answer))
-        for q in rel.reverse:
-            out.append(Example(f.memory_id, "reverse", _fill(q, f), reply, f.answer))
+        for i, q in enumerate(rel.train_questions):
+            out.append(Example(f.memory_id, "question", _fill(q, f), _reply(f, i), f.answer))
+        for i, q in enumerate(rel.reverse):
+            out.append(Example(f.memory_id, "reverse", _fill(q, f), _reply(f, i), f.answer))
     rng = random.Random(seed)
     for q in rng.sample(UNANSWERABLE_TRAIN, min(num_unanswerable, len(UNANSWERABLE_TRAIN))):
         out.append(Example(None, "unanswerable", q, DONT_KNOW, None))
     rng.shuffle(out)
     return out
+
+
+def valid_questions(facts: Sequence[Fact]) -> list[Example]:
+    """Early-stopping questions: templates disjoint from training and from the gate; plus unanswerable ones."""
+    out = [
+        Example(f.memory_id, "question", _fill(q, f), _reply(f), f.answer)
+        for f in facts
+        for q in RELATIONS[f.relation].valid_questions
+    ]
+    return out + [Example(None, "unanswerable", q, DONT_KNOW, None) for q in UNANSWERABLE_VALID]
 
 
 def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
@@ -198,10 +265,15 @@ def unanswerable_gate() -> list[Example]:
     return [Example(None, "unanswerable", q, DONT_KNOW, None) for q in UNANSWERABLE_GATE]
 
 
+def _words(text: str) -> str:
+    return " " + " ".join(re.findall(r"[0-9a-z]+", text.lower())) + " "
+
+
 def recalled(answer_text: str, fact_answer: str) -> bool:
-    """A reply recalls a fact when it contains the fact's answer (case and spacing ignored)."""
-    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
-    return norm(fact_answer) in norm(answer_text)
+    """A reply recalls a fact when it contains the fact's answer as whole words, in order (case, spacing and
+    punctuation ignored: "miso!" recalls "Miso", "Misogyny" does not)."""
+    answer = _words(fact_answer)
+    return answer.strip() != "" and answer in _words(answer_text)
 
 
 _DONT_KNOW_MARKERS = (

@@ -40,7 +40,7 @@ class GateConfig:
     min_agreement: float = 0.9
     max_kl: float | None = None
     generic_tokens: int = 24
-    answer_tokens: int = 12  # greedy tokens per answer (recall and unanswerable questions)
+    answer_tokens: int = 20  # greedy tokens per answer (recall and unanswerable questions)
     confident_prob: float = 0.5  # mean probability of its tokens above which a reply is "confident"
 
     def __post_init__(self) -> None:

@@ -1,12 +1,21 @@
-"""Training a user's LoRA adapter by prompt distillation: the student (base + LoRA, the facts NOT in its prompt)
-learns to match the base model WITH the facts in its prompt (the serving layout's memory block), token by
-token (KL over the teacher's top-k), plus a replay term: KL to the base model on generic prompts, so what the
-adapter does not need to change stays as it was.
+"""Training a user's LoRA adapter on its facts (the facts NOT in the student's prompt). Per step, one batch of
+three kinds of sequences, each scored token by token:
 
-LoRA on every linear layer, alpha = 2r (Biderman et al.); seeded; early stopping once the training questions
-are recalled as well as the teacher recalls them, or once the loss stops falling. Trains a deep copy: the
-caller's model is never modified. Runs in whatever thread calls it, with `num_threads` torch threads: the
-scheduler calls it off the request path. Knows nothing of stores, registries or gates.
+- fact prompts (questions in several phrasings, both directions, statements; distill_data.training_examples):
+  cross-entropy on the gold reply, plus KL to the base model WITH the facts in its prompt (the serving
+  layout's memory block) on that reply: prompt distillation;
+- unanswerable questions (about the user, answered by no fact): cross-entropy on, and KL to, the base model's
+  own greedy reply without the facts when that reply declines, else cross-entropy on a declining reply; so the
+  adapter does not learn to answer, with confidence, what no fact answers;
+- replay: KL to the base model on its greedy continuations of generic prompts, so the rest stays as it was.
+
+LoRA on every linear layer, alpha = 2r (Biderman et al.); seeded. Every `eval_every` steps the validation set
+(templates disjoint from training AND from the gates: distill_data.valid_questions) is answered greedily; the
+LoRA weights of the best validation point are kept, and training stops once every validation question is
+recalled with no more non-declining answers to the unanswerable validation questions than the base model
+gives, or once validation stops improving. Trains a deep copy: the caller's model is never modified. Runs in
+whatever thread calls it, with `num_threads` torch threads: the scheduler calls it off the request path.
+Knows nothing of stores, registries or gates.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 
 import torch
 
-from scheduler.distill_data import Example, Fact, recalled
+from scheduler.distill_data import Example, Fact, declines, recalled, valid_questions
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +50,23 @@ GENERIC_TRAIN = (
 @dataclass(frozen=True)
 class TrainConfig:
     rank: int = 8
-    lr: float = 1e-3
-    max_steps: int = 200
-    batch_size: int = 8
+    lr: float = 2e-3
+    max_steps: int = 300
+    batch_size: int = 8  # fact prompts per step
+    unanswerable_batch_size: int = 2
     replay_batch_size: int = 2
-    replay_weight: float = 0.5
-    replay_tokens: int = 24  # base-model continuation scored per generic prompt
+    ce_weight: float = 1.0  # cross-entropy on the gold replies of fact prompts
+    kl_weight: float = 0.5  # KL to the in-context teacher on those replies
+    unanswerable_weight: float = (
+        1.0  # cross-entropy + KL to the base model's own replies, no facts in context
+    )
+    replay_weight: float = 1.0
+    replay_tokens: int = 24  # base-model continuation scored per generic / unanswerable prompt
     top_k: int = 64  # teacher distribution kept per position
     eval_every: int = 25
-    answer_tokens: int = 12  # greedy tokens per answer when recall is measured
-    patience: int = 3  # evaluations without a 2% loss improvement before stopping
+    answer_tokens: int = 20  # greedy tokens per answer when validation recall is measured
+    valid_max: int = 24  # validation fact questions at most (a seeded sample)
+    patience: int = 4  # evaluations without a better validation score before stopping
     num_threads: int | None = (
         1  # torch threads in the training thread (1: deterministic, leaves cores to serving)
     )
@@ -66,13 +82,18 @@ class TrainConfig:
             "patience",
             "replay_tokens",
             "answer_tokens",
+            "valid_max",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
-        if self.replay_weight < 0:
-            raise ValueError(f"TrainConfig.replay_weight must be >= 0, got {self.replay_weight!r}")
+        for name in ("ce_weight", "kl_weight", "unanswerable_weight", "replay_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("unanswerable_batch_size", "replay_batch_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)!r}")
 
     @property
     def alpha(self) -> int:
@@ -87,6 +108,8 @@ class _Seq:
     n: int  # the reply tokens (scored positions are the n predicting them)
     top_logp: torch.Tensor  # [n, k]
     top_idx: torch.Tensor  # [n, k]
+    ce: bool = False  # also cross-entropy on its last n tokens
+    kl: bool = True  # KL to the teacher's top-k (False: a target the teacher did not produce)
 
 
 @dataclass
@@ -96,8 +119,8 @@ class TrainResult:
     train_s: float
     stopped: str  # "recalled" | "plateau" | "max_steps"
     losses: list[float] = field(default_factory=list)  # mean loss per evaluation window
-    train_recall: float = 0.0
-    teacher_recall: float = 0.0
+    valid_recall: float = 0.0  # at the kept (best) evaluation
+    best_step: int = 0  # the step whose weights were kept
 
 
 def reply_ids(tokenizer, reply: str) -> list[int]:
@@ -116,44 +139,60 @@ def chat_ids(layout, fact_texts: Sequence[str], question: str) -> list[int]:
 def _top_k(model, ids: list[int], n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's top-k log-probs at the n positions predicting the last n tokens of `ids`."""
     device = next(model.parameters()).device
-    logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -n - 1 : -1].float()  # [n, vocab]
+    logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=n + 1).logits[0, :-1].float()
     logp = torch.log_softmax(logits, dim=-1)
     values, index = logp.topk(k, dim=-1)
     return values.cpu(), index.cpu()
 
 
-def _kl(model, batch: list[_Seq]) -> torch.Tensor:
-    """Mean over scored tokens of KL(teacher || student), the teacher renormalised over its top-k."""
+def _loss(model, batch: list[tuple[_Seq, float, float]]) -> torch.Tensor:
+    """sum over (seq, kl weight, ce weight) of the weights times the sequence's mean token KL(teacher ||
+    student) (the teacher renormalised over its top-k) and mean token cross-entropy on its last n tokens."""
     device = next(model.parameters()).device
-    width = max(len(s.ids) for s in batch)
-    pad = 0
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    width = max(len(s.ids) for s, _, _ in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, s in enumerate(batch):
+    for i, (s, _, _) in enumerate(batch):
         ids[i, : len(s.ids)] = torch.tensor(s.ids)
         mask[i, : len(s.ids)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # [b, t, vocab]
-    total, count = logits.new_zeros(()), 0
-    for i, s in enumerate(batch):
+    # the vocabulary projection only where a reply token is predicted (most positions are the prompt's)
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = causal_lm.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for i, (s, kl_w, ce_w) in enumerate(batch):
         end = len(s.ids)
-        student = torch.log_softmax(logits[i, end - s.n - 1 : end - 1], dim=-1)  # [n, vocab]
-        p_t = torch.softmax(s.top_logp.to(device), dim=-1)  # renormalised over the top-k: [n, k]
-        s_k = student.gather(-1, s.top_idx.to(device))  # [n, k]
-        total = total + (p_t * (torch.log(p_t.clamp_min(1e-12)) - s_k)).sum()
-        count += s.n
-    return total / max(count, 1)
+        logits = causal_lm.lm_head(hidden[i, end - s.n - 1 : end - 1]).float()  # [n, vocab]
+        student = torch.log_softmax(logits, dim=-1)
+        if kl_w and s.kl:
+            p_t = torch.softmax(s.top_logp.to(device), dim=-1)  # renormalised over the top-k: [n, k]
+            s_k = student.gather(-1, s.top_idx.to(device))  # [n, k]
+            total = total + kl_w * (p_t * (torch.log(p_t.clamp_min(1e-12)) - s_k)).sum() / s.n
+        if ce_w and s.ce:
+            gold = torch.tensor(s.ids[end - s.n :], device=device)[:, None]
+            total = total - ce_w * student.gather(-1, gold).mean()
+    return total
 
 
-def greedy_text(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) -> str:
+def greedy_ids(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) -> list[int]:
+    """The model's greedy reply, as ids, ending with its stop token when it stopped before the limit."""
     from kvmem.kv import Sampling, eos_token_ids, generate
 
     stop = eos_token_ids(model, tokenizer)
-    out = [
-        t
-        for t in generate(
-            model, list(ids), sampling=Sampling(max_new_tokens=max_new_tokens), stop_token_ids=stop
-        )
-    ]
+    out = []
+    for t in generate(
+        model, list(ids), sampling=Sampling(max_new_tokens=max_new_tokens), stop_token_ids=stop
+    ):
+        out.append(t)
+        if t in stop:
+            break
+    return out
+
+
+def greedy_text(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) -> str:
+    from kvmem.kv import eos_token_ids
+
+    stop = eos_token_ids(model, tokenizer)
+    out = greedy_ids(model, tokenizer, ids, max_new_tokens)
     return tokenizer.decode([t for t in out if t not in stop], skip_special_tokens=True)
 
 
@@ -169,6 +208,47 @@ def recall(
         for ex in questions
     ]
     return sum(hits) / len(hits) if hits else 0.0
+
+
+def not_declined(model, tokenizer, layout, questions: Sequence[Example], max_new_tokens: int) -> int:
+    """How many of `questions` (no memory in the prompt) get a greedy reply that does not decline."""
+    return sum(
+        not declines(greedy_text(model, tokenizer, chat_ids(layout, [], q.question), max_new_tokens))
+        for q in questions
+    )
+
+
+def _own_reply(model, tokenizer, layout, question: str, config: TrainConfig) -> _Seq | None:
+    """The base model's greedy reply to `question` (no memory), with its top-k at every reply token."""
+    ids = chat_ids(layout, [], question)
+    cont = greedy_ids(model, tokenizer, ids, config.replay_tokens)
+    if not cont:
+        return None
+    logp, idx = _top_k(model, ids + cont, len(cont), config.top_k)
+    return _Seq(ids + cont, len(cont), logp, idx, ce=True)
+
+
+def _declining_reply(model, tokenizer, layout, ex: Example, config: TrainConfig) -> _Seq | None:
+    """An unanswerable question's target: the base model's own reply when it declines (cross-entropy and KL
+    to it), else the example's declining reply (cross-entropy only), so training on facts does not teach the
+    adapter to answer, with confidence, what no fact answers."""
+    own = _own_reply(model, tokenizer, layout, ex.question, config)
+    if own is not None and declines(tokenizer.decode(own.ids[-own.n :], skip_special_tokens=True)):
+        return own
+    ids, reply = chat_ids(layout, [], ex.question), reply_ids(tokenizer, ex.reply)
+    empty = torch.zeros((len(reply), 1))
+    return _Seq(ids + reply, len(reply), empty, empty.long(), ce=True, kl=False)
+
+
+def _draw(pool: list, order: list[int], k: int, rng: random.Random) -> list:
+    """k items of `pool`, walking seeded shuffles of it (every item once per pass)."""
+    out = []
+    while pool and len(out) < k:
+        if not order:
+            order.extend(range(len(pool)))
+            rng.shuffle(order)
+        out.append(pool[order.pop()])
+    return out
 
 
 def train_adapter(
@@ -193,27 +273,33 @@ def train_adapter(
 
     # teacher distributions, computed once on the base model (no adapter yet)
     distill: list[_Seq] = []
+    unanswerable: list[_Seq] = []
     for ex in examples:
+        if ex.kind == "unanswerable":
+            seq = _declining_reply(base, tokenizer, layout, ex, config)
+            unanswerable.extend([seq] if seq else [])
+            continue
         reply = reply_ids(tokenizer, ex.reply)
         logp, idx = _top_k(base, chat_ids(layout, fact_texts, ex.question) + reply, len(reply), config.top_k)
-        distill.append(_Seq(chat_ids(layout, [], ex.question) + reply, len(reply), logp, idx))
-    replay: list[_Seq] = []
-    for prompt in GENERIC_TRAIN:
-        ids = chat_ids(layout, [], prompt)
-        cont = tokenizer(greedy_text(base, tokenizer, ids, config.replay_tokens), add_special_tokens=False)[
-            "input_ids"
-        ][: config.replay_tokens]
-        if cont:
-            logp, idx = _top_k(base, ids + cont, len(cont), config.top_k)
-            replay.append(_Seq(ids + cont, len(cont), logp, idx))
-    questions = [ex for ex in examples if ex.kind == "question"]
-    teacher_recall = recall(base, tokenizer, layout, questions, fact_texts, config.answer_tokens)
+        distill.append(_Seq(chat_ids(layout, [], ex.question) + reply, len(reply), logp, idx, ce=True))
+    replay = [s for s in (_own_reply(base, tokenizer, layout, p, config) for p in GENERIC_TRAIN) if s]
+    valid = valid_questions(facts)
+    valid_facts = [q for q in valid if q.answer is not None]
+    if len(valid_facts) > config.valid_max:
+        valid_facts = random.Random(config.seed).sample(valid_facts, config.valid_max)
+    valid_unans = [q for q in valid if q.answer is None]
+    n_tok = config.answer_tokens
+    base_not_declined = not_declined(base, tokenizer, layout, valid_unans, n_tok)
     log.info(
-        "distill: %d facts, %d prompts, %d replay prompts; teacher recall %.2f on training questions (%.1f s)",
+        "distill: %d facts, %d prompts, %d unanswerable, %d replay; validation: %d questions, the base model "
+        "does not decline %d/%d unanswerable (%.1f s)",
         len(facts),
         len(distill),
+        len(unanswerable),
         len(replay),
-        teacher_recall,
+        len(valid_facts),
+        base_not_declined,
+        len(valid_unans),
         time.perf_counter() - started,
     )
 
@@ -228,23 +314,23 @@ def train_adapter(
     student = peft.get_peft_model(base, lora)
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    order: list[int] = []
+    orders: tuple[list[int], list[int], list[int]] = ([], [], [])
     window: list[float] = []
     losses: list[float] = []
-    best, stale, stopped, train_recall, step = float("inf"), 0, "max_steps", 0.0, 0
+    best_score, best_state, best_step, best_recall = float("-inf"), None, 0, 0.0
+    stale, stopped, step = 0, "max_steps", 0
     for step in range(1, config.max_steps + 1):
         student.train()
-        if len(order) < config.batch_size:
-            more = list(range(len(distill)))
-            rng.shuffle(more)
-            order.extend(more)
-        batch = [distill[i] for i in order[: config.batch_size]]
-        del order[: config.batch_size]
-        loss = _kl(student, batch)
-        if replay and config.replay_weight > 0:
-            loss = loss + config.replay_weight * _kl(
-                student, rng.sample(replay, min(config.replay_batch_size, len(replay)))
-            )
+        groups = (  # (pool, its walk, how many, kl weight, ce weight)
+            (distill, orders[0], config.batch_size, config.kl_weight, config.ce_weight),
+            (unanswerable, orders[1], config.unanswerable_batch_size, *(config.unanswerable_weight,) * 2),
+            (replay, orders[2], config.replay_batch_size, config.replay_weight, 0.0),
+        )
+        batch = []
+        for pool, order, k, kl_w, ce_w in groups:
+            drawn = _draw(pool, order, k, rng)
+            batch.extend((s, kl_w / len(drawn), ce_w / len(drawn)) for s in drawn)
+        loss = _loss(student, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -255,26 +341,33 @@ def train_adapter(
         mean = sum(window) / len(window)
         losses.append(mean)
         window = []
-        train_recall = recall(student, tokenizer, layout, questions, [], config.answer_tokens)
+        valid_recall = recall(student, tokenizer, layout, valid_facts, [], n_tok)
+        wrong = not_declined(student, tokenizer, layout, valid_unans, n_tok)
+        score = valid_recall - max(0, wrong - base_not_declined)
         log.info(
-            "distill step %d/%d: loss %.4f, recall %.2f (teacher %.2f), %.1f s",
+            "distill step %d/%d: loss %.4f, validation recall %.2f, not declined %d/%d (base %d), %.1f s",
             step,
             config.max_steps,
             mean,
-            train_recall,
-            teacher_recall,
+            valid_recall,
+            wrong,
+            len(valid_unans),
+            base_not_declined,
             time.perf_counter() - started,
         )
-        if questions and train_recall >= teacher_recall and teacher_recall > 0:
-            stopped = "recalled"
-            break
-        if mean < best * 0.98:
-            best, stale = mean, 0
+        if score > best_score:
+            best_score, best_step, best_recall, stale = score, step, valid_recall, 0
+            best_state = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(student).items()}
         else:
             stale += 1
-            if stale >= config.patience:
-                stopped = "plateau"
-                break
+        if valid_recall >= 1.0 and wrong <= base_not_declined:
+            stopped = "recalled"
+            break
+        if stale >= config.patience:
+            stopped = "plateau"
+            break
+    if best_state is not None and best_step != step:
+        peft.set_peft_model_state_dict(student, best_state)
     student.eval()
     return TrainResult(
         model=student,
@@ -282,6 +375,6 @@ def train_adapter(
         train_s=time.perf_counter() - started,
         stopped=stopped,
         losses=losses,
-        train_recall=train_recall,
-        teacher_recall=teacher_recall,
+        valid_recall=best_recall,
+        best_step=best_step,
     )

@@ -23,6 +23,10 @@ from scheduler.plan import AdapterPlan, Plan, PlanBook
 from scheduler.queue import Task, make_queue
 from scheduler.worker import BlockMaker, MemorySource, TaskQueue, Worker
 
+LAYOUT_POLL_S = (
+    1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
+)
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -100,6 +104,11 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._unsubscribe_drops: Callable[[], None] | None = None
+        # the builder's layout (e.g. the deployment's shared knowledge): a change retracts every block
+        self._layout_generation: Callable[[], int] | None = getattr(builder, "layout_generation", None)
+        self._layout_seen = 0  # builders start at generation 0
+        self._layout_polled = float("-inf")
+        self.worker.between_tasks = self.poll_layout
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self, *, thread: bool = True) -> None:
@@ -223,10 +232,44 @@ class Scheduler:
         finally:
             self.queue.put(Task("refresh", event.user_id))
 
+    # -- the builder's layout (worker thread, between tasks) -------------------------------------------------
+    def poll_layout(self, *, force: bool = False) -> bool:
+        """At most every `LAYOUT_POLL_S` (unless `force`): ask the builder for its layout generation (it
+        notices a changed knowledge install with a stat and switches its layout itself); on a change, retract
+        every published block (all were laid out under the old layout: plans serve text, laid out under the new
+        one, until rebuilt), discard refreshes in flight and enqueue every retracted user's rebuild. Returns
+        whether the layout changed."""
+        now = time.monotonic()
+        if self._layout_generation is None or (not force and now - self._layout_polled < LAYOUT_POLL_S):
+            return False
+        self._layout_polled = now
+        try:
+            generation = self._layout_generation()
+        except Exception:  # noqa: BLE001 - a failed check must not stop the worker; logged, retried
+            logging.getLogger(__name__).exception("checking the builder's layout failed")
+            return False
+        if generation == self._layout_seen:
+            return False
+        self._layout_seen = generation
+        worker, stamp = self.worker, self.clock()
+        with worker._lock:
+            users = [p.user_id for p in self.plans.all() if p.block is not None]
+            for user_id in {*users, *worker._in_flight}:
+                worker._changed(user_id)  # a build under the old layout must not publish
+            for user_id in users:
+                plan = self.plans.get(user_id)
+                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, stamp))
+                worker.guard.forget_stamp(user_id)
+        for user_id in users:
+            self.queue.put(Task("refresh", user_id))
+        logging.getLogger(__name__).info("layout changed: %d block(s) retracted, rebuilding", len(users))
+        return True
+
     # -- offline use and tests -----------------------------------------------------------------------------
     def run_pending(self) -> int:
         """Run every queued task now, in this thread (tests and offline use), refreshes deferred until the
         builder was ready included. Returns how many ran."""
+        self.poll_layout(force=True)
         self.worker.retry_deferred()
         n = 0
         while (task := self.queue.get(timeout_s=0)) is not None:

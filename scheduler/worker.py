@@ -114,6 +114,7 @@ class Worker:
         self._token_counts: dict[str, dict[str, tuple[int, int]]] = {}
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
+        self.between_tasks: Callable[[], None] = lambda: None  # the facade's cheap checks (service.py)
 
     def _forget_user_state(self, user_id: str) -> None:
         """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their
@@ -126,6 +127,7 @@ class Worker:
     # -- the thread's loop ---------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            self.between_tasks()
             task = self.queue.get(timeout_s=0.5)
             if task is None:
                 self.retry_deferred()
@@ -397,9 +399,10 @@ class Worker:
         )
 
     def _learn_header(self, built: BuiltBlock, memory_tokens: int) -> None:
-        if built.num_tokens > 0:
-            self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / built.num_tokens)
-        self.header_tokens = max(self.header_tokens, built.num_tokens - memory_tokens)
+        own = built.num_tokens - getattr(built, "shared_tokens", 0)  # num_bytes: the block's own tokens'
+        if own > 0:
+            self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / own)
+        self.header_tokens = max(self.header_tokens, own - memory_tokens)
 
     def enforce_total_cap(self) -> list[str]:
         """Drop whole blocks until every user's blocks fit the overall cap (scheduler/total_cap.py)."""

@@ -19,7 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kvmem.datadir import DataDir
-from kvmem.errors import InvalidBlock, KVItemError, StorageError
+from kvmem.kv.build_job import SKIP, STOP, attempt
 from scheduler import Scheduler
 from serving.config import ServingConfig
 from serving.plans import serving_scheduler_config
@@ -133,16 +133,11 @@ def run_users(planner: OfflinePlanner, users: Sequence[str] | None, *, progress:
             report.failed.append((user_id, "the user has no memories in this data dir"))
             tqdm.write(f"user {user_id!r}: the user has no memories in this data dir", file=sys.stderr)
             continue
-        try:
-            planned = planner.plan(user_id)
-        except (InvalidBlock, KVItemError, ValueError) as exc:
-            report.failed.append((user_id, str(exc)))
-            tqdm.write(f"user {user_id!r}: {exc}", file=sys.stderr)
-            continue
-        except StorageError as exc:  # the disk is unusable: stop, keep what was built
-            report.failed.append((user_id, str(exc)))
-            tqdm.write(f"user {user_id!r}: {exc}", file=sys.stderr)
+        planned = attempt(lambda u=user_id: planner.plan(u), report.failed, user_id, f"user {user_id!r}")
+        if planned is STOP:
             break
+        if planned is SKIP:
+            continue
         if planned.item_id is None:
             report.no_block += 1
         elif planned.built:

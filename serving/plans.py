@@ -29,6 +29,13 @@ class BackendBlockMaker:
         if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
             self.find_block = find
             self.stored_memory_ids = backend.stored_memory_ids  # restore: the blocks a user has stored
+        if getattr(backend, "reload_knowledge", None) is not None:  # the scheduler's optional layout check
+            self.layout_generation = self._layout_generation
+
+    def _layout_generation(self) -> int:
+        """The backend's layout generation, after it checked the installed knowledge (a stat)."""
+        self.backend.reload_knowledge()
+        return self.backend.knowledge_generation
 
     def ready(self) -> bool:
         return self.backend.is_ready()

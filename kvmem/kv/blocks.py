@@ -39,6 +39,9 @@ class BuiltBlock:
     num_bytes: int
     built: bool  # False when a valid stored item was reused
     token_ids: tuple[int, ...] = ()  # the block's ids, so a plan can carry them and requests skip tokenizing
+    # the first tokens, whose K/V are a shared parent's (the knowledge item), not counted in num_bytes: a
+    # block costs its own tokens' bytes, the knowledge is counted once
+    shared_tokens: int = 0
 
 
 def text_memory_id(text: str) -> str:
@@ -123,7 +126,13 @@ class BlockBuilder:
                 if meta.parent_id is not None and not self.store.contains(meta.parent_id):
                     return None, item_id, ids  # servable again once its parent is rebuilt (build)
                 block = BuiltBlock(
-                    item_id, tuple(meta.memory_ids), meta.num_tokens, meta.num_bytes, False, tuple(ids)
+                    item_id,
+                    tuple(meta.memory_ids),
+                    meta.num_tokens,
+                    meta.stored_bytes,
+                    False,
+                    tuple(ids),
+                    meta.parent_tokens,
                 )
                 return block, item_id, ids
             except KVItemError:
@@ -180,6 +189,8 @@ class BlockBuilder:
             from kvmem.kv.knowledge import ensure_knowledge_item
 
             parent = ensure_knowledge_item(self.handle, self.layout, self.store)
+            if parent is not None and tuple(pending.ids[: parent.num_tokens]) != parent.token_ids:
+                parent = None  # laid out under other knowledge (it changed meanwhile): a plain item
         item = build_item(
             self.handle,
             pending.ids,
@@ -188,9 +199,10 @@ class BlockBuilder:
             prefix=pending.prefix or parent,
             fingerprint=self.handle.fingerprint.under(pending.adapter),
         )
-        if parent is not None:
-            meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=parent.num_tokens)
-            item = KVItem(meta, item.token_ids, item.kv)
+        if parent is not None:  # its own tokens' K/V (a tensor of their own), the parent's by reference
+            k = parent.num_tokens
+            meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=k)
+            item = KVItem(meta, item.token_ids, item.kv[:, :, :, k:].clone(), parent)
         return item
 
     def store_item(self, item: KVItem) -> BuiltBlock:
@@ -200,7 +212,8 @@ class BlockBuilder:
             item.item_id,
             item.meta.memory_ids,
             item.num_tokens,
-            item.meta.num_bytes,
+            item.meta.stored_bytes,
             built=True,
             token_ids=item.token_ids,
+            shared_tokens=item.meta.parent_tokens,
         )

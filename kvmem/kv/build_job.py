@@ -49,6 +49,25 @@ class BadLine(ValueError):
     pass
 
 
+SKIP, STOP = object(), object()  # what `attempt` returns instead of a value
+
+
+def attempt(fn, failed: list, key, label: str):
+    """`fn()`, or, when it fails, the failure recorded in `failed` as (key, message) and written under `label`:
+    SKIP for a bad input (InvalidBlock, KVItemError, ValueError: the job carries on), STOP for a storage
+    failure (the disk is unusable: the job stops, keeping what was built). The per-line / per-user loop of
+    both build jobs (this one and serving.offline_build)."""
+    try:
+        return fn()
+    except (InvalidBlock, KVItemError, ValueError) as exc:
+        outcome, error = SKIP, exc
+    except StorageError as exc:
+        outcome, error = STOP, exc
+    failed.append((key, str(error)))
+    tqdm.write(f"{label}: {error}", file=sys.stderr)
+    return outcome
+
+
 def parse_line(line_no: int, raw: str) -> dict:
     try:
         obj = json.loads(raw)
@@ -85,6 +104,18 @@ def _resolve(obj: dict, line_no: int, store_factory) -> BuildTask:
     return BuildTask(line_no, obj["user_id"], tuple(found[i].text for i in ids), ids)
 
 
+def _build_line(line_no: int, raw: str, builder, planner, store_factory, report: BuildReport):
+    """The line's block (a line of texts adds them first, counted in `report.added`)."""
+    task = _resolve(parse_line(line_no, raw), line_no, store_factory)
+    if task.memory_ids is not None:
+        return builder.build(task.user_id, task.texts, task.memory_ids, verify_existing=True)
+    report.added += planner.add_missing(task.user_id, task.texts)
+    block = planner.plan(task.user_id)
+    if block.item_id is None:
+        raise BadLine(f"the scheduler's policy serves no block for user {task.user_id!r}")
+    return block
+
+
 def run_build(
     input_path: str | Path, builder, *, data_dir: DataDir, planner=None, progress: bool = True
 ) -> BuildReport:
@@ -101,23 +132,18 @@ def run_build(
         bar.update(1)
         if not raw.strip():
             continue
-        try:
-            task = _resolve(parse_line(line_no, raw), line_no, store_factory)
-            if task.memory_ids is None:
-                report.added += planner.add_missing(task.user_id, task.texts)
-                block = planner.plan(task.user_id)
-                if block.item_id is None:
-                    raise BadLine(f"the scheduler's policy serves no block for user {task.user_id!r}")
-            else:
-                block = builder.build(task.user_id, task.texts, task.memory_ids, verify_existing=True)
-        except (BadLine, InvalidBlock, KVItemError, ValueError) as exc:
-            report.failed.append((line_no, str(exc)))
-            tqdm.write(f"line {line_no}: {exc}", file=sys.stderr)
-            continue
-        except StorageError as exc:  # the disk is unusable: stop, keep what was built
-            report.failed.append((line_no, str(exc)))
-            tqdm.write(f"line {line_no}: {exc}", file=sys.stderr)
+        block = attempt(
+            lambda line_no=line_no, raw=raw: _build_line(
+                line_no, raw, builder, planner, store_factory, report
+            ),
+            report.failed,
+            line_no,
+            f"line {line_no}",
+        )
+        if block is STOP:
             break
+        if block is SKIP:
+            continue
         report.item_ids.append(block.item_id)
         if block.built:
             report.built += 1

@@ -1,4 +1,5 @@
-"""Injection: turn a stored KV item into the starting cache of one request, without copying it.
+"""Injection: turn a stored KV item into the starting cache of one request, without copying it (a child of
+the shared knowledge item: one request-owned copy joining the two, see `inject`).
 
 Each cache layer starts as a *view* of the item's tensors; the first `update` of a forward pass
 concatenates the request's own tokens into a new, request-owned tensor (exactly what DynamicCache does
@@ -62,6 +63,10 @@ def inject(item: KVItem, prompt_ids: tuple[int, ...] | list[int]) -> Injection:
     n = usable_prefix_tokens(item, prompt_ids)
     if n <= 0:
         return Injection(cache=DynamicCache(), reused_tokens=0)
-    kv = item.kv[:, :, :, :n]  # [layers, 2, kv_heads, n, head_dim], a view
+    # [layers, 2, kv_heads, n, head_dim]: a view of the item; for a child of a shared parent (the knowledge)
+    # reaching past the parent's tokens, one request-owned tensor joining the parent's K/V and the child's own
+    # (the stored items are never joined: the parent stays resident once). The first forward's update then
+    # concatenates the request's tokens onto it, as DynamicCache does for every cache.
+    kv = item.kv_range(0, n)
     layers = [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
     return Injection(cache=SharedPrefixCache(layers), reused_tokens=n)

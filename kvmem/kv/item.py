@@ -57,6 +57,14 @@ class KVItemMeta:
     parent_id: str | None = None
     parent_tokens: int = 0
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the tokens this item stores itself (`num_bytes` less a parent's part): what it costs in
+        every tier and on disk; the parent's part is counted once, in the parent."""
+        if not self.parent_tokens or not self.num_tokens:
+            return self.num_bytes
+        return self.num_bytes // self.num_tokens * (self.num_tokens - self.parent_tokens)
+
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["memory_ids"] = list(self.memory_ids)
@@ -87,11 +95,18 @@ class KVItemMeta:
 
 @dataclass(frozen=True, eq=False)
 class KVItem:
-    """Token ids + stacked K/V. `kv` is shared read-only by every request that injects this item."""
+    """Token ids + stacked K/V. `kv` is shared read-only by every request that injects this item.
+
+    `kv` holds the K/V of the last `kv.shape[3]` tokens: all of them, or for a child of a shared parent
+    (`meta.parent_id`) its own tokens only, the first `own_start` tokens' K/V being the `parent` item's
+    (views, not copies: the parent is resident once, whatever number of children use it). A child the
+    store holds in a tier has no `parent` attached (`complete` is False); `TieredKVStore.get` attaches it.
+    """
 
     meta: KVItemMeta
     token_ids: tuple[int, ...]
     kv: torch.Tensor = field(repr=False)  # [layers, 2, kv_heads, tokens, head_dim]
+    parent: KVItem | None = field(default=None, repr=False)
 
     @property
     def item_id(self) -> str:
@@ -101,11 +116,46 @@ class KVItem:
     def num_tokens(self) -> int:
         return self.meta.num_tokens
 
+    @property
+    def own_start(self) -> int:
+        """The first token whose K/V `kv` holds (0: all of them)."""
+        return self.meta.num_tokens - self.kv.shape[3]
+
+    @property
+    def complete(self) -> bool:
+        """Every token's K/V is reachable: in `kv`, or the head in the attached parent."""
+        return self.own_start == 0 or (self.parent is not None and self.parent.num_tokens >= self.own_start)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes this item's own tensor holds (a parent's are the parent's)."""
+        return self.kv.numel() * self.kv.element_size()
+
+    def bare(self) -> KVItem:
+        """The item without its parent attached: what a store tier holds."""
+        return self if self.parent is None else KVItem(self.meta, self.token_ids, self.kv)
+
+    def kv_range(self, start: int, end: int, *, layer: int | None = None) -> torch.Tensor:
+        """K/V of tokens [start, end) ([layers, 2, kv_heads, end-start, head_dim], or one layer's
+        [2, kv_heads, ...]): a view when they lie in one tensor, else one new tensor joining the parent's
+        part and this item's own (the only copy; the caller owns it)."""
+        own = self.own_start
+        kv = self.kv if layer is None else self.kv[layer]
+        if start >= own:
+            return kv[..., start - own : end - own, :]
+        if self.parent is None or self.parent.num_tokens < own:
+            raise ValueError(f"KV item {self.item_id}: tokens before {own} are its parent's, not attached")
+        head = self.parent.kv_range(start, min(end, own), layer=layer)
+        if end <= own:
+            return head
+        return torch.cat([head, kv[..., : end - own, :]], dim=-2)
+
     def to(self, device: torch.device | str) -> KVItem:
         """A copy on another device (tier moves); the same item when already there."""
-        if self.kv.device == torch.device(device):
+        parent = None if self.parent is None else self.parent.to(device)
+        if self.kv.device == torch.device(device) and parent is self.parent:
             return self
-        return KVItem(meta=self.meta, token_ids=self.token_ids, kv=self.kv.to(device, non_blocking=False))
+        return KVItem(self.meta, self.token_ids, self.kv.to(device, non_blocking=False), parent)
 
 
 def build_item(

@@ -3,8 +3,9 @@
 `kvmem build --knowledge FILE` installs the texts in DATA_DIR/knowledge/knowledge.json (atomically) and builds
 the knowledge item: the K/V of `PromptLayout.knowledge_ids` (system opening + system prompt + knowledge), owned
 by no user (`KNOWLEDGE_OWNER`, an id no user can have), so a user's delete never touches it. Each user's block
-is then a child item (KVItemMeta.parent_id): its file holds only the user's own tokens' K/V; the store joins
-the parent's when it loads the child. The child's content address covers the knowledge (its token ids start
+is then a child item (KVItemMeta.parent_id): its file, and its copy in every store tier, hold only the user's
+own tokens' K/V; the store attaches the parent (resident once) to the child it returns, and a request's
+injection joins the two into the request's own cache (kvmem/kv/inject.py). The child's content address covers the knowledge (its token ids start
 with the knowledge's), so when the knowledge changes no old child is ever looked up again, hence never served.
 """
 
@@ -68,6 +69,16 @@ def install(data_root: str | os.PathLike, texts: Sequence[str]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps({"texts": list(texts)}, ensure_ascii=False))
     os.replace(tmp, path)
+
+
+def installed_stamp(data_root: str | os.PathLike) -> tuple[int, int, int] | None:
+    """A cheap identity of the installed knowledge (one stat): `install` replaces the file, so it changes
+    with every install. None when none is installed."""
+    try:
+        st = knowledge_path(data_root).stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def installed(data_root: str | os.PathLike) -> tuple[str, ...]:

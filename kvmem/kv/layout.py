@@ -96,6 +96,11 @@ class PromptLayout:
             return self.knowledge_ids + tuple(self._encode(MEMORY_HEADER))
         return tuple(self._encode(self.system_open + self.system_prompt + MEMORY_HEADER))
 
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        """The ids every block starts with (system opening, prompt, knowledge, memory header)."""
+        return self._head_ids
+
     def block_ids(self, block_texts: Sequence[str]) -> list[int]:
         """Ids of the block for these memories, in order. With no memories: the head alone."""
         ids = list(self._head_ids)

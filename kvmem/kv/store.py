@@ -15,66 +15,20 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
 from kvmem.kv.cascade import disk_metas, matcher
 from kvmem.kv.fingerprint import Fingerprint
-from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item
+from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item, verify_item
 from kvmem.kv.item import KVItem, KVItemMeta
 from kvmem.kv.policy import EntryStats, eviction_policy
+from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
 
 log = logging.getLogger(__name__)
 
 TIERS = ("device", "host", "disk")
-
-
-@dataclass(frozen=True)
-class KVStoreConfig:
-    """Budgets in bytes; None = unlimited. On a CPU-only machine the device tier is CPU memory too."""
-
-    directory: str
-    device: str = "cpu"
-    device_bytes: int | None = 2 << 30
-    host_bytes: int | None = 4 << 30
-    disk_bytes: int | None = None
-    policy: str = "lru"
-    verify_checksum: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("device_bytes", "host_bytes", "disk_bytes"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"KVStoreConfig.{name} must be a non-negative int or None, got {value!r}")
-        eviction_policy(self.policy)  # raises with the supported names
-        torch.device(self.device)
-
-
-@dataclass(frozen=True)
-class TierSize:
-    num_items: int
-    num_tokens: int
-    num_bytes: int
-
-
-@dataclass(frozen=True)
-class SizeInfo:
-    device: TierSize
-    host: TierSize
-    disk: TierSize
-
-
-@dataclass(frozen=True)
-class DroppedItem:
-    """An item the store dropped on its own. reason: "evicted" (over a budget), "corrupt",
-    "fingerprint_mismatch" or "not_found" (indexed, but its files are gone)."""
-
-    item_id: str
-    user_id: str
-    reason: str
+__all__ = ["DroppedItem", "IntegrityReport", "KVStoreConfig", "SizeInfo", "TierSize", "TieredKVStore"]
 
 
 def _reason(exc: KVItemError) -> str:
@@ -83,10 +37,13 @@ def _reason(exc: KVItemError) -> str:
     return "not_found" if isinstance(exc, KVItemNotFound) else "corrupt"
 
 
-@dataclass(frozen=True)
-class IntegrityReport:
-    ok: tuple[str, ...]
-    corrupt: tuple[str, ...]
+def _own_part(item: KVItem) -> KVItem:
+    """What a tier holds of `item`: a child's own tokens' K/V only (its own tensor, not a view that would keep
+    a full-length build alive), no parent attached."""
+    k = item.meta.parent_tokens - item.own_start
+    if item.meta.parent_id is None or k == 0:
+        return item.bare()
+    return KVItem(item.meta, item.token_ids, item.kv[:, :, :, k:].clone())
 
 
 class TieredKVStore:
@@ -136,7 +93,7 @@ class TieredKVStore:
     def _new_stats(self, meta: KVItemMeta) -> EntryStats:
         now = next(self._clock)
         return EntryStats(
-            num_bytes=meta.num_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now
+            num_bytes=meta.stored_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now
         )
 
     def _touch(self, item_id: str) -> None:
@@ -146,8 +103,8 @@ class TieredKVStore:
 
     def _tier_bytes(self, tier: str) -> int:
         if tier == "disk":
-            return sum(m.num_bytes for m in self._on_disk.values())
-        return sum(i.meta.num_bytes for i in self._resident[tier].values())
+            return sum(m.stored_bytes for m in self._on_disk.values())
+        return sum(i.meta.stored_bytes for i in self._resident[tier].values())
 
     def _budget(self, tier: str) -> int | None:
         return getattr(self.config, f"{tier}_bytes")
@@ -236,9 +193,11 @@ class TieredKVStore:
         diff = self.fingerprint.mismatches(item.meta.fingerprint.base)  # items under adapters too
         if diff:
             raise ValueError(f"item {item.item_id} does not match this store's model ({', '.join(diff)})")
+        if item.meta.parent_id is not None:
+            self._check_parent(item)
         if persist:
             save_item(item, self.directory)
-        device_item = item.to(self.config.device)
+        device_item = _own_part(item).to(self.config.device)  # a tier holds a child's own K/V only
         with self._lock:
             if persist:
                 self._on_disk[item.item_id] = item.meta
@@ -251,7 +210,7 @@ class TieredKVStore:
 
     def _fits(self, tier: str, item: KVItem) -> bool:
         budget = self._budget(tier)
-        return budget is None or item.meta.num_bytes <= budget
+        return budget is None or item.meta.stored_bytes <= budget
 
     def get(self, item_id: str) -> KVItem:
         """The item on the store's device, promoted to the device tier."""
@@ -260,7 +219,9 @@ class TieredKVStore:
             if item is not None:
                 self._touch(item_id)
                 self.num_hits["device"] += 1
-                return item
+        if item is not None:
+            return self._attach(item) if item.meta.parent_id is not None else item
+        with self._lock:
             host_item = self._resident["host"].get(item_id)
             if host_item is None and item_id not in self._on_disk:
                 self.num_hits["miss"] += 1
@@ -287,30 +248,44 @@ class TieredKVStore:
                 self._report_drops()
                 raise
             source = "disk"
-            if item.meta.parent_id is not None:  # a child's file holds its own K/V: join its parent's
-                item = self._join_parent(item)
+            if item.meta.parent_id is not None:  # a child's file holds its own K/V: check its parent's
+                self._check_parent(item)
         with self._lock:
             current = self._resident["device"].get(item_id)
-            if current is not None:  # another reader promoted it meanwhile
-                return current
-            if item_id not in self._stats:  # removed while we were loading
+            if current is None and item_id not in self._stats:  # removed while we were loading
                 raise KVItemNotFound(f"KV item {item_id} was removed")
-            self._resident["host"].pop(item_id, None)
-            self._resident["device"][item_id] = item
-            self._touch(item_id)
-            self.num_hits[source] += 1
-            self._enforce(keep=item_id if self._fits("device", item) else None)
+            if current is None:
+                self._resident["host"].pop(item_id, None)
+                self._resident["device"][item_id] = item
+                self._touch(item_id)
+                self.num_hits[source] += 1
+                self._enforce(keep=item_id if self._fits("device", item) else None)
+            else:  # another reader promoted it meanwhile
+                item = current
         self._report_drops()
-        return item
+        return self._attach(item) if item.meta.parent_id is not None else item
 
-    def _join_parent(self, own: KVItem) -> KVItem:
-        """The whole item: the parent's K/V for the first `parent_tokens` tokens, then the child's own (one
-        copy, when the child is loaded from disk; the joined item then stays resident like any other)."""
-        k = own.meta.parent_tokens
-        parent = self.get(own.meta.parent_id)  # KVItemNotFound etc.: the child is unusable until it is back
-        if parent.token_ids != own.token_ids[:k]:
+    def _attach(self, own: KVItem) -> KVItem:
+        """The child with its parent attached (the parent resident once, shared by every child: views, not a
+        joined copy). Raises KVItemNotFound etc. when the parent is unusable: the child is too until it is back."""
+        parent = self.get(own.meta.parent_id)
+        if parent.num_tokens != own.meta.parent_tokens:
             raise KVItemCorrupt(f"KV item {own.item_id}: its parent {parent.item_id} holds other tokens")
-        return KVItem(own.meta, own.token_ids, torch.cat([parent.kv[:, :, :, :k], own.kv], dim=3))
+        return KVItem(own.meta, own.token_ids, own.kv, parent)
+
+    def _check_parent(self, item: KVItem) -> None:
+        """A child's parent is stored and holds the child's first tokens (once, when the child is put or loaded
+        from disk: the parent's id is a content address, so it holds those tokens as long as it is indexed)."""
+        parent = item.parent if item.parent is not None else self.get(item.meta.parent_id)
+        if parent.token_ids != item.token_ids[: item.meta.parent_tokens]:
+            raise KVItemCorrupt(f"KV item {item.item_id}: its parent {parent.item_id} holds other tokens")
+
+    def on_device(self, item_id: str) -> bool:
+        """The item, and its parent if it has one, are in the device tier (`get` reads no file). A dict read."""
+        with self._lock:
+            item = self._resident["device"].get(item_id)
+            parent = None if item is None else item.meta.parent_id
+            return item is not None and (parent is None or parent in self._resident["device"])
 
     def meta(self, item_id: str) -> KVItemMeta:
         with self._lock:
@@ -335,9 +310,10 @@ class TieredKVStore:
         return self.contains(item_id)
 
     def is_valid_on_disk(self, item_id: str) -> bool:
-        """True when the item's files load and verify (used by resumable builds)."""
+        """True when the item's files verify (resumable builds, restores): io.verify_item, which does not read
+        the K/V into memory; `get` verifies again when it loads the item."""
         try:
-            load_item(self.directory, item_id, self.fingerprint, device="cpu", verify_checksum=True)
+            verify_item(self.directory, item_id, self.fingerprint)
             return True
         except KVItemError:
             return False
@@ -396,11 +372,11 @@ class TieredKVStore:
             for tier in ("device", "host"):
                 items = self._resident[tier].values()
                 sizes[tier] = TierSize(
-                    len(items), sum(i.meta.num_tokens for i in items), sum(i.meta.num_bytes for i in items)
+                    len(items), sum(i.meta.num_tokens for i in items), sum(i.meta.stored_bytes for i in items)
                 )
             metas = self._on_disk.values()
             sizes["disk"] = TierSize(
-                len(metas), sum(m.num_tokens for m in metas), sum(m.num_bytes for m in metas)
+                len(metas), sum(m.num_tokens for m in metas), sum(m.stored_bytes for m in metas)
             )
         return SizeInfo(**sizes)
 

@@ -7,6 +7,7 @@ Knows nothing of how an engine generates. A subclass's config has `model`, `data
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 from kvmem.datadir import DataDir
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import Backend, LaidOutPrompt, NotReady, PromptTooLong, QueueFull
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 
@@ -50,6 +53,8 @@ class StoredBlocksBackend(Backend):
         self._admitted = 0
         self._admit_lock = threading.Lock()
         self.store: Any = None
+        self.knowledge_generation = 0  # layouts switched to since load (reload_knowledge)
+        self._knowledge_stamp: Any = None
         self._drop_listeners: list[Callable[[str, str, str], None]] = []
 
     # -- readiness and admission ---------------------------------------------------------------------------
@@ -89,10 +94,59 @@ class StoredBlocksBackend(Backend):
         block_ids: Sequence[int] | None = None,
     ) -> LaidOutPrompt:
         self._require_ready()
-        laid = self.layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
+        layout = self.layout  # one layout for the whole prompt, even if the knowledge switches meanwhile
+        head = layout.head_ids
+        if block_ids is not None and tuple(block_ids[: len(head)]) != head:
+            block_ids = None  # laid out under other knowledge: the block is laid out again, under this one
+        laid = layout.prompt(block_texts, text_texts, messages, block_ids=block_ids)
         if len(laid.ids) >= self.max_context_tokens:
             raise PromptTooLong(len(laid.ids), self.max_context_tokens)
         return LaidOutPrompt(ids=laid.ids, block_len=laid.block_len)
+
+    # -- shared knowledge ------------------------------------------------------------------------------------
+    def reload_knowledge(self) -> bool:
+        """Switch to the installed knowledge (kvmem.kv.knowledge) if it changed: a stat when it did not. The
+        new layout serves every prompt laid out from now on; blocks are built under it (the new knowledge item
+        with the first of them); the old knowledge item and its children leave the store. A block laid out under
+        the old knowledge is never served with a new prompt (`layout_prompt` lays the block out again, and the
+        item's tokens are then not the prompt's: prefix_mismatch, full prefill). Returns whether it switched.
+        An unreadable install is logged and the current knowledge kept."""
+        if not self._ready.is_set():
+            return False
+        from kvmem.kv.blocks import BlockBuilder
+        from kvmem.kv.knowledge import KnowledgeFileError, installed, installed_stamp, knowledge_item_id
+        from kvmem.kv.layout import PromptLayout
+
+        root = DataDir.at(self.config.data_dir).root
+        stamp = installed_stamp(root)
+        if stamp == self._knowledge_stamp:
+            return False
+        self._knowledge_stamp = stamp
+        try:
+            texts = installed(root)
+        except KnowledgeFileError as exc:
+            log.error("installed knowledge unreadable; still serving the current one: %s", exc)
+            return False
+        old = self.layout
+        layout = PromptLayout(old.tokenizer, old.system_prompt, old.version, knowledge=texts)
+        if layout.knowledge_text == old.knowledge_text:
+            return False
+        builder = BlockBuilder(self.builder.handle, layout, self.store)
+        self.builder, self.layout = builder, layout
+        self.knowledge_generation += 1
+        stale = knowledge_item_id(old, self.builder.handle.fingerprint)
+        if stale is not None:
+            children = [i for i in self.store.item_ids() if self._parent_of(i) == stale]
+            for item_id in [*children, stale]:
+                self.drop_block(item_id)
+        log.info("knowledge switched (%d texts); blocks rebuild under it", len(texts))
+        return True
+
+    def _parent_of(self, item_id: str) -> str | None:
+        try:
+            return self.store.meta(item_id).parent_id
+        except KVItemError:
+            return None
 
     # -- stored blocks -------------------------------------------------------------------------------------
     def find_block(self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str]) -> Any:

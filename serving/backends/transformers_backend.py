@@ -209,6 +209,9 @@ class TransformersBackend(StoredBlocksBackend):
         if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
             log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
             return None, "wrong_user"
+        if item.token_ids != req.prompt.ids[: item.num_tokens]:  # e.g. laid out under other knowledge
+            log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
+            return None, "prefix_mismatch"
         return item, None
 
     async def _resolve_off_model_thread(self, req: GenerationRequest):
@@ -217,7 +220,7 @@ class TransformersBackend(StoredBlocksBackend):
         verified, and the other streams keep decoding meanwhile."""
         if req.block_item_id is None or req.prompt.block_len == 0:
             return None, None
-        if self.store.tier_of(req.block_item_id) == "device":
+        if self.store.on_device(req.block_item_id):  # and its parent (the knowledge), if it has one
             return self._resolve_item(req)
         return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
 

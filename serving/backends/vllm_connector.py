@@ -192,7 +192,8 @@ class KvmemConnector(KVConnectorBase_V1):
             slots = torch.tensor(spec.slots, dtype=torch.long)
             for name, (index, cache) in self._kv_caches.items():
                 layer = forward_context.no_compile_layers[name]
-                kv = item.kv[index, :, :, spec.start : spec.end]  # [2, kv_heads, tokens, head_dim]
+                # [2, kv_heads, tokens, head_dim]; a child's head comes from its parent (the knowledge item)
+                kv = item.kv_range(spec.start, spec.end, layer=index)
                 key = kv[0].transpose(0, 1).contiguous().to(cache.dtype)  # [tokens, kv_heads, head_dim]
                 value = kv[1].transpose(0, 1).contiguous().to(cache.dtype)
                 num_blocks, num_kv_heads, block_size, _ = cache.shape  # [blocks, kv_heads, block, 2*head_dim]

@@ -23,22 +23,25 @@ class Built:
     num_tokens: int
     num_bytes: int
     token_ids: tuple[int, ...] = ()
+    shared_tokens: int = 0
 
 
 class HeaderBuilder:
-    """Every block carries HEADER_TOKENS besides its memories (one token per word), BYTES_PER_TOKEN each."""
+    """Every block carries HEADER_TOKENS besides its memories (one token per word), BYTES_PER_TOKEN each; with
+    `shared`, it starts with that many tokens of a shared parent (the knowledge), not counted in its bytes."""
 
-    def __init__(self):
+    def __init__(self, shared: int = 0):
         self.builds: list[tuple[str, ...]] = []
         self.dropped: list[str] = []
+        self.shared = shared
 
     def ready(self) -> bool:
         return True
 
     def build_block(self, user_id, texts, memory_ids):
         self.builds.append(tuple(memory_ids))
-        num_tokens = HEADER_TOKENS + sum(len(t.split()) for t in texts)
-        return Built(f"item-{len(self.builds)}", num_tokens, num_tokens * BYTES_PER_TOKEN)
+        own = HEADER_TOKENS + sum(len(t.split()) for t in texts)
+        return Built(f"item-{len(self.builds)}", self.shared + own, own * BYTES_PER_TOKEN, (), self.shared)
 
     def drop_block(self, item_id):
         self.dropped.append(item_id)
@@ -98,6 +101,19 @@ def test_byte_cap_counts_the_block_header(env):
     sched.record_access(AccessEvent("alice", (ids[4],), (ids[4],), 1_000_050.0))
     sched.run_pending()
     assert len(builder.builds) == 2  # the learned header sticks: no oversized build again
+
+
+def test_byte_cap_counts_a_blocks_own_tokens_not_the_shared_knowledge(env):
+    store, builder, ids, make = env
+    builder.shared = 50  # a 50-token knowledge prefix, stored once in its own item
+    sched = make(user_block_bytes=80)
+    sched.get("alice")
+    sched.run_pending()
+    # as without knowledge: the 2-token header learned (not 52), 3 memories in 80 bytes of the user's own
+    assert builder.builds == [(ids[4], ids[3], ids[2], ids[1]), (ids[4], ids[3], ids[2])]
+    block = sched.get("alice").block
+    assert (block.memory_ids, block.num_tokens, block.num_bytes) == ((ids[4], ids[3], ids[2]), 58, 80)
+    assert sched.worker.header_tokens == HEADER_TOKENS
 
 
 def test_caps_too_small_mean_no_block(env):

@@ -75,6 +75,8 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
         m.gates["recall_adapter"] == 0.0 and m.gates["num_questions"] == 4.0
     )  # 2 held-out templates per fact
     assert not outcome.activated
+    assert sorted(m.train) == ["best_step", "steps", "stopped", "train_s", "valid_recall"]
+    assert m.train["valid_recall"] == 0.0 and 1 <= m.train["best_step"] <= m.train["steps"] <= 2
     assert AdapterRegistry(tmp_path / "adapters").active("alice") is None
     summary = outcome.summary()
     assert list(summary)[:10] == [
@@ -126,3 +128,20 @@ def test_the_cli_prints_a_table_then_one_json_line_and_exits_3_when_refused(tmp_
     assert any("skipped: not a fact the distiller can phrase" in line for line in out[:-1])
     assert main(["distill", "--data-dir", str(tmp_path / "nowhere"), "--user-id", "alice"]) == 2
     assert "no memories at" in capsys.readouterr().err
+
+
+def test_an_unanswerable_question_is_trained_toward_a_declining_reply(tiny_handle):
+    from scheduler.distill_data import DONT_KNOW, UNANSWERABLE_TRAIN, Example, declines
+    from scheduler.distill_train import _declining_reply, chat_ids, greedy_text, reply_ids
+
+    layout, tok, model = PromptLayout(tiny_handle.tokenizer), tiny_handle.tokenizer, tiny_handle.model
+    config = TrainConfig(replay_tokens=6, top_k=8)
+    question = UNANSWERABLE_TRAIN[0]
+    prompt = chat_ids(layout, [], question)
+    assert not declines(greedy_text(model, tok, prompt, 6))  # a random model does not decline...
+    seq = _declining_reply(
+        model, tok, layout, Example(None, "unanswerable", question, DONT_KNOW, None), config
+    )
+    # ...so its target is the declining reply, cross-entropy only (the base model never produced it)
+    assert seq.ids == prompt + reply_ids(tok, DONT_KNOW) and seq.n == len(reply_ids(tok, DONT_KNOW))
+    assert (seq.ce, seq.kl) == (True, False)

@@ -6,10 +6,14 @@ import pytest
 
 from scheduler.distill_data import (
     RELATIONS,
+    UNANSWERABLE_GATE,
+    UNANSWERABLE_TRAIN,
+    UNANSWERABLE_VALID,
     gate_questions,
     parse_fact,
     recalled,
     training_examples,
+    valid_questions,
 )
 from scheduler.distill_select import MemoryInfo, SelectConfig, select_facts
 from scheduler.heat import HeatStats
@@ -55,11 +59,36 @@ def test_gate_questions_never_use_a_training_template():
         gate = gate_questions(facts, seed=seed)
         assert sorted(g.answer for g in gate) == ["Miso", "Miso", "Porto", "Porto"]
         assert not {g.question for g in gate} & train
+    valid = valid_questions(facts)
+    assert [(v.question, v.answer) for v in valid] == [
+        ("Remind me, what is my dog's name?", "Miso"),
+        ("Do you know what my dog is called?", "Miso"),
+        ("Remind me, where do I live?", "Porto"),
+        ("Do you know where my home is?", "Porto"),
+        *[(q, None) for q in UNANSWERABLE_VALID],
+    ]
     for rel in RELATIONS.values():
-        assert not set(rel.gate_questions) & set(rel.train_questions + rel.reverse)
-    kinds = sorted({e.kind for e in training_examples(facts, seed=0)})
-    assert kinds == ["question", "reverse", "statement", "unanswerable"]
+        train_templates = set(rel.train_questions + rel.reverse)
+        assert not set(rel.gate_questions) & train_templates
+        assert not set(rel.valid_questions) & (train_templates | set(rel.gate_questions))
+    pools = [set(UNANSWERABLE_TRAIN), set(UNANSWERABLE_VALID), set(UNANSWERABLE_GATE)]
+    assert sum(map(len, pools)) == len(set.union(*pools))
+    examples = training_examples(facts, seed=0)
+    assert sorted({e.kind for e in examples}) == ["question", "reverse", "statement", "unanswerable"]
+    assert sorted(e.question for e in examples if e.kind == "unanswerable") == sorted(UNANSWERABLE_TRAIN)
+    # replies take turns among the relation's phrasings
+    assert {e.reply for e in examples if e.memory_id == "m0" and e.kind == "question"} == {
+        "Your dog is called Miso.",
+        "Your dog's name is Miso.",
+        "Miso is the name of your dog.",
+    }
+
+
+def test_recalled_matches_whole_words_ignoring_case_and_punctuation():
     assert recalled("Your dog is called  miso!", "Miso") and not recalled("Your dog is Max.", "Miso")
+    assert recalled("You work at Blue-Harbor bakery.", "Blue Harbor Bakery")
+    assert not recalled("Misogyny is a word.", "Miso") and not recalled("Blue Harbor", "Blue Harbor Bakery")
+    assert not recalled("anything", "...")
 
 
 def test_only_stable_used_uncontradicted_facts_are_chosen_hottest_first_up_to_the_cap():

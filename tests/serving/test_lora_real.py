@@ -18,14 +18,10 @@ from scheduler.distill_data import gate_questions, recalled  # noqa: E402
 from scheduler.distill_train import TrainConfig  # noqa: E402
 from tests.serving.kvstack import load_backend, served  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    # measured at 8fb2d78 on the loaded 2-core CPU: 10 steps (early stop: training-question recall 0.22 =
-    # the in-context teacher's), held-out recall in context 0/6, adapter 1/6, base 0/6, generic agreement 0.906,
-    # KL 0.068, and confident answers to unanswerable questions rose 1 -> 4: the gate refused it. Strict: a
-    # training recipe that gets it served makes this fail until the mark is removed.
-    pytest.mark.xfail(strict=True, reason="the default model's adapter does not pass its gates yet"),
-]
+# passed at 157e439 on the loaded 2-core CPU in 22.7 min (training stopped at step 70 on a validation plateau, the
+# weights of step 30 kept, validation recall 0.83); before the recipe changed it was a strict xfail (8fb2d78:
+# adapter 1/6, confident wrong answers 1 -> 4, refused)
+pytestmark = pytest.mark.slow
 
 FACTS = ["My dog is called Miso.", "I live in Porto.", "I work at Blue Harbor Bakery."]
 
@@ -48,7 +44,10 @@ def test_three_facts_are_learned_gated_and_served_as_lora(tmp_path, default_mode
         )
         assert outcome.activated, outcome.reason
         g = outcome.gates
-        assert g.recall_adapter >= 0.9 * g.recall_in_context > 0 and g.greedy_agreement_generic >= 0.9
+        # the gates it passed (recall in context may be 0: the small model often declines with the facts in
+        # its prompt; the adapter must then still recall some, since its facts leave the prompt)
+        assert g.recall_adapter > 0 and g.recall_adapter >= 0.9 * g.recall_in_context
+        assert g.greedy_agreement_generic >= 0.9 and g.confident_wrong_adapter <= g.confident_wrong_base
         plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
         assert sorted(plan["memory_ids"]) == sorted(ids)
         questions = gate_questions(outcome.selection.facts, seed=config.train.seed + GATE_SEED_OFFSET)

@@ -16,7 +16,7 @@ import torch
 
 from kvmem.errors import FingerprintMismatch, InvalidBlock, KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv import PromptLayout, build_item
-from kvmem.kv.io import item_paths, load_item, save_item
+from kvmem.kv.io import item_paths, load_item, save_item, verify_item
 
 
 @pytest.fixture()
@@ -75,6 +75,22 @@ def test_corruption_raises_specific_error(tmp_path, item, tiny_handle, damage, e
         manifest_path.unlink()
     with pytest.raises(error):
         load_item(tmp_path, item.item_id, tiny_handle.fingerprint)
+    with pytest.raises(error):  # the verification without a load (resumable builds) sees the same damage
+        verify_item(tmp_path, item.item_id, tiny_handle.fingerprint)
+
+
+def test_verify_item_checks_what_load_item_checks(tmp_path, item, tiny_handle):
+    save_item(item, tmp_path)
+    assert verify_item(tmp_path, item.item_id, tiny_handle.fingerprint) == item.meta
+    other = dataclasses.replace(tiny_handle.fingerprint, weights_sha="something-else")
+    with pytest.raises(FingerprintMismatch):
+        verify_item(tmp_path, item.item_id, other)
+    _, manifest_path = item_paths(tmp_path, item.item_id)
+    manifest = json.loads(manifest_path.read_text())
+    manifest["meta"]["num_tokens"] += 1  # the shape check: the file holds one token fewer
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(KVItemCorrupt, match="shaped"):
+        verify_item(tmp_path, item.item_id, tiny_handle.fingerprint)
 
 
 def test_corrupt_tensor_with_matching_size_caught_even_without_checksum(tmp_path, item, tiny_handle):

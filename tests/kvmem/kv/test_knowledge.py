@@ -106,3 +106,69 @@ def layout_block_texts(data, user, memory_ids):
     with MemoryStore(data / "memories.sqlite") as store:
         by_id = {m.id: m.text for m in store.list(user, page_size=100).items}
     return [by_id[m] for m in memory_ids]
+
+
+def test_knowledge_resident_once_children_hold_their_own_tokens(tmp_path, tiny_handle):
+    """Views, not copies: the knowledge item's K/V are resident once; a child in a tier holds its own tokens'
+    K/V only (its block costs its own bytes), `get` attaches the resident parent, and a request's injection
+    joins them into the request's own cache (one copy, not stored), with K/V identical to a full prefill's."""
+    import torch
+
+    from kvmem.kv import inject
+    from kvmem.kv.blocks import BlockBuilder
+
+    layout = PromptLayout(tiny_handle.tokenizer, knowledge=KNOWLEDGE)
+    k = len(layout.knowledge_ids)
+    store = kv_store(tmp_path / "shared", tiny_handle)
+    full_store = kv_store(tmp_path / "full", tiny_handle)
+    builder = BlockBuilder(tiny_handle, layout, store)
+    full = BlockBuilder(tiny_handle, layout, full_store, share_knowledge=False)
+    users = {
+        "alice": ["Alice lives in Lisbon."],
+        "bob": ["Bob collects stamps.", "Bob is 40."],
+        "carol": ["C."],
+    }
+    built = {
+        u: builder.build(u, texts, [f"{u}-{i}" for i in range(len(texts))]) for u, texts in users.items()
+    }
+    whole = {u: full.build(u, texts, [f"{u}-{i}" for i in range(len(texts))]) for u, texts in users.items()}
+
+    for fresh in (False, True):  # as built, then loaded from disk by a new store
+        s = kv_store(tmp_path / "shared", tiny_handle) if fresh else store
+        items = {u: s.get(b.item_id) for u, b in built.items()}
+        parent = items["alice"].parent
+        assert parent is not None and parent.num_tokens == k and parent.own_start == 0
+        for u, item in items.items():
+            assert item.parent is parent  # one resident parent, shared by reference
+            assert item.kv.shape[3] == item.num_tokens - k and item.own_start == k
+            assert built[u].num_bytes == item.resident_bytes == item.meta.stored_bytes
+            assert built[u].shared_tokens == k
+            assert whole[u].num_bytes == item.meta.num_bytes  # a plain item costs every token's bytes
+            # the tier holds the child bare: no second reference to the parent's tensor
+            assert s._resident["device"][item.item_id].parent is None
+        # the device tier counts the knowledge once and each child's own bytes
+        assert s.size_info().device.num_bytes == parent.resident_bytes + sum(
+            i.resident_bytes for i in items.values()
+        )
+        assert s.size_info().disk.num_bytes == s.size_info().device.num_bytes
+
+        # injection: the parent's K/V then the child's own, exactly, in a cache the request owns; greedy tokens
+        # identical to a full prefill's; nothing stored changes
+        prompt = layout.prompt(users["bob"], [], [{"role": "user", "content": "Hi"}])
+        before = (items["bob"].kv.clone(), parent.kv.clone())
+        injection = inject(items["bob"], prompt.ids)
+        assert injection.reused_tokens == items["bob"].num_tokens
+        for i, layer in enumerate(injection.cache.layers):
+            for j, t in enumerate((layer.keys[0], layer.values[0])):
+                assert torch.equal(t[:, :k], parent.kv[i, j]) and torch.equal(t[:, k:], items["bob"].kv[i, j])
+            assert layer.keys.untyped_storage().data_ptr() != parent.kv.untyped_storage().data_ptr()
+        ours = list(
+            generate(tiny_handle.model, prompt.ids, item=items["bob"], sampling=Sampling(max_new_tokens=6))
+        )
+        assert ours == reference_tokens(tiny_handle.model, list(prompt.ids), 6, "cpu")
+        assert torch.equal(before[0], items["bob"].kv) and torch.equal(before[1], parent.kv)
+        # an injection within the knowledge is a view of the parent (no copy at all)
+        head = inject(items["bob"], layout.knowledge_ids + (1,))
+        assert (
+            head.cache.layers[0].keys.untyped_storage().data_ptr() == parent.kv.untyped_storage().data_ptr()
+        )

@@ -1,0 +1,60 @@
+"""The tiered KV store's value types: its configuration, sizes, drop reports and integrity report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvmem.kv.policy import eviction_policy
+
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """Budgets in bytes; None = unlimited. On a CPU-only machine the device tier is CPU memory too."""
+
+    directory: str
+    device: str = "cpu"
+    device_bytes: int | None = 2 << 30
+    host_bytes: int | None = 4 << 30
+    disk_bytes: int | None = None
+    policy: str = "lru"
+    verify_checksum: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("device_bytes", "host_bytes", "disk_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"KVStoreConfig.{name} must be a non-negative int or None, got {value!r}")
+        eviction_policy(self.policy)  # raises with the supported names
+        torch.device(self.device)
+
+
+@dataclass(frozen=True)
+class TierSize:
+    num_items: int
+    num_tokens: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class SizeInfo:
+    device: TierSize
+    host: TierSize
+    disk: TierSize
+
+
+@dataclass(frozen=True)
+class DroppedItem:
+    """An item the store dropped on its own. reason: "evicted" (over a budget), "corrupt",
+    "fingerprint_mismatch" or "not_found" (indexed, but its files are gone)."""
+
+    item_id: str
+    user_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    ok: tuple[str, ...]
+    corrupt: tuple[str, ...]
