@@ -7,16 +7,14 @@ the adapter holds stops the adapter and its block before the call returns."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 
 import pytest
 
 peft = pytest.importorskip("peft")
 
-import torch  # noqa: E402
 
-from kvmem.adapters import AdapterRegistry, FactRef, text_sha  # noqa: E402
+from kvmem.adapters import FactRef, text_sha  # noqa: E402
 from kvmem.kv import Sampling, generate  # noqa: E402
 from serving.backends.base import (  # noqa: E402
     GenerationRequest,
@@ -25,30 +23,14 @@ from serving.backends.base import (  # noqa: E402
     TokenDelta,
 )
 from tests.serving.kvstack import load_backend, served  # noqa: E402
+from tests.serving.lora_helpers import DOG, PORTO, TEA, random_lora, write_active  # noqa: E402
 
-DOG, PORTO, TEA = "My dog is called Miso.", "I live in Porto.", "I like green tea."
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
 def lora_model(tiny_handle):
-    torch.manual_seed(5)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
-    return peft.get_peft_model(copy.deepcopy(tiny_handle.model), config).eval()
-
-
-def _write(data_dir, user, model, facts, fingerprint):
-    reg = AdapterRegistry(data_dir / "adapters")
-    m = reg.write(
-        user,
-        lambda d: model.save_pretrained(str(d), safe_serialization=True),
-        base_fingerprint=fingerprint,
-        facts=facts,
-        seed=0,
-        passed=True,
-    )
-    reg.activate(user, m.version, fingerprint)
-    return reg, m
+    return random_lora(tiny_handle, seed=5)
 
 
 async def _run(backend, req):
@@ -84,7 +66,7 @@ def test_the_block_is_built_under_the_adapter_and_serves_its_exact_tokens(
         base_block = s.plan("alice")
         assert set(base_block["memory_ids"]) == {dog, porto, tea} and base_block["adapter"] is None
         fp = backend.handle.fingerprint
-        _, m = _write(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp.digest)
+        _, m = write_active(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp.digest)
         # the first read after activation does not serve the base block; the refresh builds it under the adapter
         assert s.plans.get("alice").block is None
         s.plans.flush()
@@ -154,7 +136,7 @@ def test_a_change_of_a_held_memory_stops_the_adapter_and_its_block_before_it_ret
     backend = load_backend(tiny_model_dir, tmp_path)
     with served(tmp_path, backend) as s:
         dog, porto = s.add("alice", DOG), s.add("alice", PORTO)
-        reg, m = _write(
+        reg, m = write_active(
             tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
         )
         s.plans.get("alice")
@@ -189,12 +171,12 @@ def test_a_new_adapter_version_gets_its_own_block(tmp_path, tiny_model_dir, lora
     with served(tmp_path, backend) as s:
         dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
         fp = backend.handle.fingerprint.digest
-        reg, v1 = _write(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
+        reg, v1 = write_active(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
         s.plans.get("alice")
         s.plans.flush()
         first = s.plan("alice")
         assert (sorted(first["memory_ids"]), first["adapter"]) == (sorted([porto, tea]), v1.name)
-        _, v2 = _write(
+        _, v2 = write_active(
             tmp_path,
             "alice",
             lora_model,
@@ -214,7 +196,7 @@ def test_a_tags_only_change_keeps_the_block_and_the_adapter(tmp_path, tiny_model
     backend = load_backend(tiny_model_dir, tmp_path)
     with served(tmp_path, backend) as s:
         dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
-        reg, m = _write(
+        reg, m = write_active(
             tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
         )
         s.plans.get("alice")

@@ -7,42 +7,23 @@ versions are never served."""
 from __future__ import annotations
 
 import asyncio
-import copy
 
 import pytest
 
 peft = pytest.importorskip("peft")
 
-import torch  # noqa: E402
 
-from kvmem.adapters import AdapterRegistry, FactRef, text_sha  # noqa: E402
+from kvmem.adapters import FactRef, text_sha  # noqa: E402
 from kvmem.adapters.manifest import WEIGHTS_FILE  # noqa: E402
 from kvmem.kv import Sampling, generate  # noqa: E402
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta  # noqa: E402
 from tests.serving.kvstack import load_backend, served  # noqa: E402
-
-DOG, PORTO, TEA = "My dog is called Miso.", "I live in Porto.", "I like green tea."
+from tests.serving.lora_helpers import DOG, PORTO, TEA, random_lora, write_active  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lora_model(tiny_handle):
-    torch.manual_seed(3)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
-    return peft.get_peft_model(copy.deepcopy(tiny_handle.model), config).eval()
-
-
-def _write(data_dir, user, model, facts, fingerprint):
-    reg = AdapterRegistry(data_dir / "adapters")
-    m = reg.write(
-        user,
-        lambda d: model.save_pretrained(str(d), safe_serialization=True),
-        base_fingerprint=fingerprint,
-        facts=facts,
-        seed=0,
-        passed=True,
-    )
-    reg.activate(user, m.version, fingerprint)
-    return reg, m
+    return random_lora(tiny_handle, seed=3)
 
 
 async def _ids(backend, req):
@@ -58,7 +39,7 @@ def test_an_adapter_request_runs_as_peft_does_and_base_requests_stay_exact(
 ):
     backend = load_backend(tiny_model_dir, tmp_path)
     fp = backend.handle.fingerprint.digest
-    _, m = _write(tmp_path, "alice", lora_model, [FactRef("m1", 1, text_sha(DOG))], fp)
+    _, m = write_active(tmp_path, "alice", lora_model, [FactRef("m1", 1, text_sha(DOG))], fp)
     prompt = backend.layout_prompt([], [], [{"role": "user", "content": "What is my dog called?"}])
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     try:
@@ -104,7 +85,7 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
         dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
         bob_dog = s.add("bob", DOG)
         facts = [FactRef(dog, 1, text_sha(DOG)), FactRef(porto, 1, text_sha(PORTO))]
-        reg, m = _write(tmp_path, "alice", lora_model, facts, backend.handle.fingerprint.digest)
+        reg, m = write_active(tmp_path, "alice", lora_model, facts, backend.handle.fingerprint.digest)
         s.plans.flush()
         plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
         assert plan == {
@@ -148,7 +129,7 @@ def test_a_corrupt_adapter_is_not_served_and_its_facts_go_back_to_text(tmp_path,
     backend = load_backend(tiny_model_dir, tmp_path)
     with served(tmp_path, backend) as s:
         dog = s.add("alice", DOG)
-        reg, m = _write(
+        reg, m = write_active(
             tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
         )
         weights = reg.path_of(m) / WEIGHTS_FILE
