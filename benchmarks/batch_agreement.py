@@ -68,19 +68,22 @@ def logits_alone(seq: Sequence) -> torch.Tensor:
     return out.logits[0, -1].float()
 
 
+def run_alone(model, ids, item, sampling, chunk: int | None = None) -> list[int]:
+    """One request's greedy tokens, every prefill chunk and decode step alone (the reference)."""
+    seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
+    while seq.prefilling:
+        seq.prefill_step()
+    with torch.inference_mode():
+        while seq.decoding:
+            row = _forward_one(seq)
+            seq.position += 1
+            seq._accept(_pick(row, sampling, None))
+    return seq.stats.token_ids
+
+
 def packed_agreement(model, requests, sampling, chunk: int) -> dict:
     """Requests arrive two per step; each step is one packed forward of every chunk and decode step."""
-    alone = []
-    for ids, item in requests:
-        seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
-        while seq.prefilling:
-            seq.prefill_step()
-        with torch.inference_mode():
-            while seq.decoding:
-                row = _forward_one(seq)
-                seq.position += 1
-                seq._accept(_pick(row, sampling, None))
-        alone.append(seq.stats.token_ids)
+    alone = [run_alone(model, ids, item, sampling, chunk) for ids, item in requests]
     seqs: list[Sequence] = []
     max_abs, same_top1, segments_compared, chunks_compared, mixed_steps = 0.0, 0, 0, 0, 0
     with torch.inference_mode():
@@ -131,16 +134,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         requests.append((layout.prompt(mems or [], [], [{"role": "user", "content": text}]).ids, item))
     sampling = Sampling(max_new_tokens=args.tokens)
 
-    alone = []
-    for ids, item in requests:
-        seq = Sequence(model, ids, item=item, sampling=sampling)
-        seq.prefill_step()
-        with torch.inference_mode():
-            while seq.decoding:
-                row = _forward_one(seq)
-                seq.position += 1
-                seq._accept(_pick(row, sampling, None))
-        alone.append(seq.stats.token_ids)
+    alone = [run_alone(model, ids, item, sampling) for ids, item in requests]
 
     seqs = [Sequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
     for seq in seqs:
