@@ -113,7 +113,7 @@ def distill_user(
         layout,
         [f.text for f in facts],
         gate_questions(facts, seed=seed + GATE_SEED_OFFSET),
-        unanswerable_gate(),
+        unanswerable_gate(facts),
         config.gates,
     )
     manifest = registry.write(
@@ -133,19 +133,22 @@ def distill_user(
             "valid_recall": result.valid_recall,
         },
     )
-    reason = report.reason
-    if report.passed:
-        reason = facts_current(store, user_id, refs) or ""
+    # a memory deleted or changed while it trained: the cascade ran before this version existed, so the job
+    # erases it itself (no version holding a deleted memory stays on disk)
+    stale = facts_current(store, user_id, refs)
+    reason = stale or report.reason
     activated = False
-    if report.passed and not reason:
+    if report.passed and stale is None:
         registry.activate(user_id, manifest.version, handle.fingerprint.digest)
         activated = True
         # a change that landed between the check and the activation: the cascade may have run before the
         # pointer named this version, so check once more and take it back
-        late = facts_current(store, user_id, refs)
-        if late is not None:
-            registry.deactivate_covering(user_id, None, late)
-            activated, reason = False, late
+        stale = facts_current(store, user_id, refs)
+        if stale is not None:
+            registry.deactivate_covering(user_id, None, stale)
+            activated, reason = False, stale
+    if stale is not None:
+        registry.erase(user_id, [manifest.version], stale)
     if not activated:
         log.warning("adapter %s for user %r not activated: %s", manifest.name, user_id, reason)
     log.info("adapter %s gates: %s", manifest.name, report.figures())

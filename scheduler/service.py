@@ -170,8 +170,12 @@ class Scheduler:
         return plan
 
     def served_adapter(self, user_id: str) -> AdapterPlan | None:
-        """The user's served adapter (a pointer stat when unchanged; see ActiveAdapters), or None."""
-        manifest = self.adapters.get(user_id) if self.adapters is not None else None
+        """The user's served adapter (a pointer stat when unchanged; see ActiveAdapters), or None; None too
+        when the builder's backend applies no adapter (its optional `serves_adapters`): the adapter's facts
+        then stay in the user's block or go as text."""
+        if self.adapters is None or not getattr(self.builder, "serves_adapters", True):
+            return None
+        manifest = self.adapters.get(user_id)
         if manifest is None:
             return None
         return AdapterPlan(manifest.adapter_id, manifest.version, manifest.name, manifest.memory_ids)
@@ -199,7 +203,8 @@ class Scheduler:
         also catches blocks built from raw texts). Returns the forgotten item ids."""
         if self.adapters is not None:
             self.adapters.drop_covering(user_id, None, "all the user's memories were deleted")
-        return self.worker.forget_user(user_id)
+            self.adapters.erase_stale(user_id, None, "all the user's memories were deleted")
+        return self.worker.forget_user(user_id)  # every block of the user's, under an adapter or not
 
     def _drop_adapter_block(self, user_id: str) -> None:
         """The user's adapter stopped: a block built under it (its K/V carry the adapter's facts) stops being
@@ -222,12 +227,14 @@ class Scheduler:
             return  # tags or metadata only: the block's text and the adapter's facts are what they were
         try:
             if self.adapters is not None and event.kind != "added":  # before the store call returns
-                if self.adapters.drop_covering(
-                    event.user_id, [event.memory_id], f"memory {event.memory_id} {event.kind}"
-                ):
+                why = f"memory {event.memory_id} {event.kind}"
+                if self.adapters.drop_covering(event.user_id, [event.memory_id], why):
                     self._drop_adapter_block(event.user_id)
                     for listener in list(self.adapter_stopped):
                         listener(event.user_id)
+                # no version that holds it stays on disk (a rollback could serve it) and no block built under one
+                erased = self.adapters.erase_stale(event.user_id, [event.memory_id], why)
+                self.worker.forget_adapters(event.user_id, [m.name for m in erased])
             self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
         finally:
             self.queue.put(Task("refresh", event.user_id))

@@ -48,7 +48,8 @@ class BlockMaker(Protocol):
     # (restoring plans at start); `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
     # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
     # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
-    # (the delete cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
+    # (the delete cascade); `forget_adapters(user_id, names) -> list[str]` every stored block built under
+    # those LoRA adapter versions (erased by the cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
     # blocks the store dropped on its own.
 
 
@@ -218,6 +219,19 @@ class Worker:
             log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
         if self.fence is not None:
             self.fence.bump(user_id)
+        return forgotten
+
+    def forget_adapters(self, user_id: str, names: Sequence[str]) -> list[str]:
+        """The cascade for adapter versions erased from disk: every stored block built under one of them (their
+        K/V carry its facts) is deleted before this returns, and the fence moves. Raises FenceUnavailable."""
+        forget = getattr(self.builder, "forget_adapters", None)
+        forgotten = forget(user_id, list(names)) if forget is not None and names else []
+        if forgotten:
+            log.info(
+                "user %r: %d block(s) under erased adapters forgotten: %s", user_id, len(forgotten), forgotten
+            )
+            if self.fence is not None:
+                self.fence.bump(user_id)
         return forgotten
 
     # -- rebuild -------------------------------------------------------------------------------------------

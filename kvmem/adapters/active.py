@@ -74,6 +74,28 @@ class ActiveAdapters:
                 del self._checked[key]
         return stopped
 
+    def erase_stale(
+        self, user_id: str, memory_ids: Iterable[str] | None, reason: str
+    ) -> list[AdapterManifest]:
+        """The delete cascade on disk: every version of the user's that holds any of `memory_ids` and whose facts
+        are no longer all current (None: every version of the user) is erased (`AdapterRegistry.erase`), not
+        only unserved; a version trained on a memory's new text stays. Returns the erased manifests (their
+        names are what KV items built under them carry)."""
+        wanted = None if memory_ids is None else set(memory_ids)
+        doomed = [
+            m
+            for m in self.registry.versions(user_id)
+            if wanted is None
+            or (
+                not wanted.isdisjoint(m.memory_ids)
+                and (self._facts_current is None or self._facts_current(user_id, m.facts) is not None)
+            )
+        ]
+        erased = self.registry.erase(user_id, [m.version for m in doomed], reason)
+        with self._lock:
+            self._cache.pop(user_id, None)
+        return erased
+
 
 def facts_current(store: Any, user_id: str, facts: tuple[FactRef, ...]) -> str | None:
     """Why these facts are not all the store's current memories (deleted or their text changed since), or

@@ -103,7 +103,8 @@ class AdapterRegistry:
             for stray in tmp.iterdir():  # peft writes a README; anything pickled is refused outright
                 if stray.suffix in (".bin", ".pt", ".pth", ".pkl"):
                     raise AdapterCorrupt(f"the adapter save wrote a pickle file {stray.name}")
-            version = max((m.version for m in self.versions(user_id)), default=0) + 1
+            # never a number used before, by a version on disk or by one erased (a name is never reused)
+            version = max([m.version for m in self.versions(user_id)] + self._erased(user_id), default=0) + 1
             while True:
                 manifest = AdapterManifest(
                     user_id=user_id,
@@ -213,13 +214,24 @@ class AdapterRegistry:
             return {"version": None, "history": [], "reason": "pointer of another user"}
         return data
 
-    def _set_pointer(self, user_id: str, version: int | None, history: list[int], reason: str) -> None:
+    def _erased(self, user_id: str) -> list[int]:
+        return [int(v) for v in self._pointer(user_id).get("erased", [])]
+
+    def _set_pointer(
+        self,
+        user_id: str,
+        version: int | None,
+        history: list[int],
+        reason: str,
+        erased: list[int] | None = None,
+    ) -> None:
         self.user_dir(user_id).mkdir(parents=True, exist_ok=True)
         data = {
             "user_id": user_id,
             "version": version,
             "history": history,
             "reason": reason,
+            "erased": sorted(self._erased(user_id) if erased is None else erased),
             "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         _write_json_atomic(self.user_dir(user_id) / ACTIVE_FILE, data)
@@ -293,6 +305,49 @@ class AdapterRegistry:
                 return manifest
             self._set_pointer(user_id, None, history, "rollback: no earlier version")
             return None
+
+    def erase(self, user_id: str, versions: Iterable[int], reason: str) -> list[AdapterManifest]:
+        """Delete these versions of the user's from disk (the delete cascade: versions that hold a deleted or
+        changed memory). Before any file goes, the pointer stops naming them (nothing is served if it named
+        one) and they leave the history, so no rollback returns to them; their numbers are kept as erased, so a
+        later version never takes one. Each directory is renamed away first (atomic: a reader finds the version
+        whole or not at all), then removed. Returns the manifests of the erased versions that were readable."""
+        doomed = {int(v) for v in versions}
+        if not doomed:
+            return []
+        erased: list[AdapterManifest] = []
+        with self._lock:
+            pointer = self._pointer(user_id)
+            current = pointer.get("version")
+            current = None if current is None or int(current) in doomed else int(current)
+            history = [int(v) for v in pointer.get("history", []) if int(v) not in doomed]
+            self._set_pointer(
+                user_id,
+                current,
+                history,
+                reason
+                if current is None and pointer.get("version") is not None
+                else pointer.get("reason", ""),
+                sorted(set(self._erased(user_id)) | doomed),
+            )
+            for version in sorted(doomed):
+                directory = self.version_dir(user_id, version)
+                try:
+                    erased.append(self.manifest(user_id, version))
+                except (AdapterNotFound, AdapterCorrupt, AdapterMismatch):
+                    pass
+                if not directory.is_dir():
+                    continue
+                trash = directory.with_name(f".erased-{uuid.uuid4().hex}")
+                os.rename(directory, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        log.warning(
+            "adapter version(s) %s of user %r erased: %s",
+            ", ".join(f"v{v}" for v in sorted(doomed)),
+            user_id,
+            reason,
+        )
+        return erased
 
     def deactivate_covering(self, user_id: str, memory_ids: Iterable[str] | None, reason: str) -> bool:
         """The delete cascade: if the active adapter holds any of `memory_ids` (None: any memory at all), it

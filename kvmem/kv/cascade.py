@@ -30,18 +30,29 @@ def disk_metas(directory: Path, skip: Iterable[str] = ()) -> dict[str, KVItemMet
     return out
 
 
-def matcher(user_id: str, memory_ids: Iterable[str] | None) -> Callable[[KVItemMeta], bool]:
+def matcher(
+    user_id: str, memory_ids: Iterable[str] | None, adapters: Iterable[str] = ()
+) -> Callable[[KVItemMeta], bool]:
+    """The user's items built from any of `memory_ids` (None: all of them) or under any of the LoRA `adapters`
+    (served names: their K/V carry the adapter's facts)."""
     wanted = None if memory_ids is None else set(memory_ids)
-    return lambda m: m.user_id == user_id and (wanted is None or not wanted.isdisjoint(m.memory_ids))
+    under = set(adapters)
+    return lambda m: (
+        m.user_id == user_id
+        and (wanted is None or not wanted.isdisjoint(m.memory_ids) or m.fingerprint.adapter in under)
+    )
 
 
 def forget_on_disk(
-    directory: str | os.PathLike, user_id: str, memory_ids: Iterable[str] | None = None
+    directory: str | os.PathLike,
+    user_id: str,
+    memory_ids: Iterable[str] | None = None,
+    adapters: Iterable[str] = (),
 ) -> list[str]:
     """`TieredKVStore.forget` for a directory no store in this process has opened yet: deletes the files of
     every matching item. Returns the ids, sorted."""
     directory = Path(directory)
-    match = matcher(user_id, memory_ids)
+    match = matcher(user_id, memory_ids, adapters)
     ids = sorted(i for i, m in disk_metas(directory).items() if match(m))
     for item_id in ids:
         delete_item_files(directory, item_id)

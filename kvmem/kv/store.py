@@ -347,12 +347,15 @@ class TieredKVStore:
             metas = {**self._unindexed_metas(), **self._indexed_metas()}
         return sorted(i for i, m in metas.items() if m.user_id == user_id and memory_id in m.memory_ids)
 
-    def forget(self, user_id: str, memory_ids: Iterable[str] | None = None) -> list[str]:
+    def forget(
+        self, user_id: str, memory_ids: Iterable[str] | None = None, adapters: Iterable[str] = ()
+    ) -> list[str]:
         """The delete cascade: every item of `user_id` built from any of `memory_ids` (None: all of the user's
-        items), indexed or only on disk, leaves the index and has its files deleted before this returns, so
-        `get` refuses it (a load already under way is refused too). Returns the ids, sorted. An item a request
-        already holds may finish serving that request (immutability). Reports nothing to drop listeners."""
-        match = matcher(user_id, memory_ids)
+        items) or under any of the LoRA `adapters` (served names), indexed or only on disk, leaves the index and
+        has its files deleted before this returns, so `get` refuses it (a load already under way is refused
+        too). Returns the ids, sorted. An item a request already holds may finish serving that request
+        (immutability). Reports nothing to drop listeners."""
+        match = matcher(user_id, memory_ids, adapters)
         with self._lock:
             metas = {**self._unindexed_metas(), **self._indexed_metas()}
             ids = sorted(i for i, m in metas.items() if match(m))

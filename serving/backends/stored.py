@@ -182,6 +182,17 @@ class StoredBlocksBackend(Backend):
 
         return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, memory_ids)
 
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
+        """The delete cascade for erased LoRA adapter versions: every stored block of `user_id` built under one
+        of `adapters` (served names) is deleted before this returns. Returns the item ids, sorted."""
+        if not adapters:
+            return []
+        if self.store is not None:
+            return self.store.forget(user_id, [], adapters)
+        from kvmem.kv.cascade import forget_on_disk
+
+        return forget_on_disk(DataDir.at(self.config.data_dir).kv_dir, user_id, [], adapters)
+
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
         self._drop_listeners.append(callback)
         return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None

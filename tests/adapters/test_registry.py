@@ -123,6 +123,50 @@ def test_the_delete_cascade_only_stops_adapters_holding_the_memory(tmp_path, tun
     )  # an operator may bring it back; the cascade never deletes files
 
 
+def test_erase_deletes_the_files_leaves_no_rollback_to_them_and_never_reuses_their_numbers(tmp_path, tuned):
+    reg = AdapterRegistry(tmp_path)
+    other = (FactRef("m3", 1, "cccc"),)
+    for model, facts in ((tuned[0], FACTS), (tuned[1], other), (tuned[1], FACTS)):
+        reg.activate("alice", _write(reg, "alice", model, facts=facts).version, "fp-1")
+    _write(reg, "bob", tuned[0])
+    assert reg.active("alice").version == 3  # history [1, 2]
+    gone = reg.erase("alice", [1, 3], "memory m1 deleted")
+    assert sorted(m.version for m in gone) == [1, 3]
+    assert [m.version for m in reg.versions("alice")] == [2]
+    assert sorted(p.name for p in reg.user_dir("alice").iterdir()) == [
+        "active.json",
+        "v0002",
+    ]  # no trash left
+    assert reg.active("alice") is None  # it named an erased version
+    assert json.loads((reg.user_dir("alice") / "active.json").read_text())["reason"] == "memory m1 deleted"
+    assert reg.rollback("alice", "fp-1").version == 2  # v1 left the history with its files
+    assert reg.rollback("alice", "fp-1") is None
+    assert _write(reg, "alice", tuned[0]).version == 4  # v3's number is never given again
+    assert reg.erase("alice", [], "nothing") == []
+    assert [m.version for m in reg.versions("bob")] == [1]  # another user's versions are untouched
+
+
+def test_the_cascade_erases_versions_holding_a_stale_memory_and_keeps_one_on_its_new_text(tmp_path, tuned):
+    from kvmem.adapters.active import ActiveAdapters
+
+    reg = AdapterRegistry(tmp_path)
+    _write(reg, "alice", tuned[0], facts=(FactRef("m1", 1, "aaaa"), FactRef("m2", 1, "cccc")))
+    _write(reg, "alice", tuned[1], facts=(FactRef("m1", 2, "bbbb"),))  # trained after m1 changed
+    _write(reg, "alice", tuned[1], facts=(FactRef("m2", 1, "cccc"),))
+    texts = {"m1": "bbbb", "m2": "cccc"}  # the store now
+
+    def facts_current(user_id, facts):
+        stale = [f.memory_id for f in facts if texts[f.memory_id] != f.text_sha]
+        return f"memory {stale[0]} changed" if stale else None
+
+    active = ActiveAdapters(reg, lambda: "fp-1", facts_current)
+    assert [m.version for m in active.erase_stale("alice", ["m1"], "memory m1 updated")] == [1]
+    assert [m.version for m in reg.versions("alice")] == [2, 3]
+    assert active.erase_stale("alice", ["m9"], "memory m9 deleted") == []
+    assert [m.version for m in active.erase_stale("alice", None, "every memory deleted")] == [2, 3]
+    assert reg.versions("alice") == []
+
+
 def test_corrupt_or_mismatched_adapters_are_never_served(tmp_path, tuned):
     reg = AdapterRegistry(tmp_path)
     m = _write(reg, "alice", tuned[0])

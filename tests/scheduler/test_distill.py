@@ -97,6 +97,29 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
     assert again.manifest.version == 2 and again.manifest.sha256 == m.sha256
 
 
+def test_a_memory_deleted_while_its_adapter_trains_leaves_no_version_on_disk(
+    tmp_path, tiny_handle, monkeypatch
+):
+    import scheduler.distill as job
+
+    store, _ = _store(tmp_path)
+    train, deleted = job.train_adapter, []
+
+    def deleting_meanwhile(model, tokenizer, layout, facts, *args, **kwargs):
+        deleted.append(facts[0].memory_id)  # the cascade runs now, before the version it would erase exists
+        assert store.delete("alice", deleted[0]) == 1
+        return train(model, tokenizer, layout, facts, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_adapter", deleting_meanwhile)
+    outcome = _run(tmp_path, tiny_handle, store)
+    registry = AdapterRegistry(tmp_path / "adapters")
+    assert deleted[0] in outcome.manifest.memory_ids and not outcome.activated
+    assert outcome.reason == f"memory {deleted[0]} was deleted"
+    assert registry.versions("alice") == [] and not registry.path_of(outcome.manifest).exists()
+    monkeypatch.setattr(job, "train_adapter", train)
+    assert _run(tmp_path, tiny_handle, store).manifest.version == 2  # the erased number is not reused
+
+
 def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
     store = kvmem.text.MemoryStore(tmp_path / "memories.sqlite")
     store.add("alice", text="I like rainy days.")

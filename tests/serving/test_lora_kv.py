@@ -135,14 +135,32 @@ def test_a_change_of_a_held_memory_stops_the_adapter_and_its_block_before_it_ret
 ):
     backend = load_backend(tiny_model_dir, tmp_path)
     with served(tmp_path, backend) as s:
-        dog, porto = s.add("alice", DOG), s.add("alice", PORTO)
-        reg, m = write_active(
-            tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], backend.handle.fingerprint.digest
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        fp = backend.handle.fingerprint.digest
+        # v1: an earlier version holding the dog (a rollback could bring it back), with a block built under it;
+        # v2: tea only, never served; v3: the served one, holding the dog
+        reg, v1 = write_active(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
+        old_block = backend.build_block("alice", [PORTO, TEA], [porto, tea], adapter_id=v1.adapter_id)
+        v2 = reg.write(
+            "alice",
+            lambda d: lora_model.save_pretrained(str(d), safe_serialization=True),
+            base_fingerprint=fp,
+            facts=[FactRef(tea, 1, text_sha(TEA))],
+            seed=0,
+            passed=True,
+        )
+        _, m = write_active(
+            tmp_path,
+            "alice",
+            lora_model,
+            [FactRef(dog, 1, text_sha(DOG)), FactRef(tea, 1, text_sha(TEA))],
+            fp,
         )
         s.plans.get("alice")
         s.plans.flush()
         block = s.plan("alice")
         assert (block["memory_ids"], block["adapter"]) == ([porto], m.name)
+        assert backend.has_block(old_block.item_id) and m.version == 3
 
         if change == "patch":
             r = s.client.patch(
@@ -157,9 +175,15 @@ def test_a_change_of_a_held_memory_stops_the_adapter_and_its_block_before_it_ret
         # (the worker thread may have rebuilt the base-model block already: never the adapter's)
         assert body["adapter"] is None and (body["block"] is None or body["block"]["adapter"] is None)
         assert not backend.has_block(block["item_id"])
+        # and erased: every version holding the old text and every block built under one, files included
+        assert [v.version for v in reg.versions("alice")] == [v2.version]
+        assert not reg.path_of(v1).exists() and not reg.path_of(m).exists() and reg.path_of(v2).exists()
+        assert not backend.has_block(old_block.item_id)
+        assert not list((tmp_path / "kv").rglob(f"{old_block.item_id}*"))
+        assert reg.rollback("alice", fp) is None  # nothing holding the dog can be served again
         s.plans.flush()
         rebuilt = s.plan("alice")
-        live = [dog, porto] if change == "patch" else [porto]
+        live = [dog, porto, tea] if change == "patch" else [porto, tea]
         assert sorted(rebuilt["memory_ids"]) == sorted(live) and rebuilt["adapter"] is None
         assert _item_fingerprint(tmp_path, rebuilt["item_id"]) == backend.handle.fingerprint.to_dict()
         used = {u["id"]: u["tier"] for u in s.chat("alice", "What is my dog called?")["memory"]["used"]}
@@ -216,3 +240,24 @@ def test_a_tags_only_change_keeps_the_block_and_the_adapter(tmp_path, tiny_model
         r = s.client.patch(f"/v1/memories/{porto}", json={"user_id": "alice", "text": "I live in Braga."})
         assert r.status_code == 200 and not backend.has_block(block["item_id"])
         assert reg.active("alice").version == 1  # the adapter does not hold that memory
+
+
+def test_deleting_all_of_a_users_memories_erases_every_adapter_version_and_block_under_one(
+    tmp_path, tiny_model_dir, lora_model
+):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto, bob_dog = s.add("alice", DOG), s.add("alice", PORTO), s.add("bob", DOG)
+        fp = backend.handle.fingerprint.digest
+        reg, v1 = write_active(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
+        under_v1 = backend.build_block("alice", [PORTO], [porto], adapter_id=v1.adapter_id)
+        _, v2 = write_active(tmp_path, "alice", lora_model, [FactRef(porto, 1, text_sha(PORTO))], fp)
+        _, bobs = write_active(tmp_path, "bob", lora_model, [FactRef(bob_dog, 1, text_sha(DOG))], fp)
+        bob_block = backend.build_block("bob", [], [], adapter_id=bobs.adapter_id)
+        r = s.client.delete("/v1/memories", params={"user_id": "alice"})
+        assert r.json() == {"deleted": 2}
+        assert reg.versions("alice") == [] and reg.active("alice") is None
+        assert not reg.path_of(v1).exists() and not reg.path_of(v2).exists()
+        assert not backend.has_block(under_v1.item_id)
+        assert [m.version for m in reg.versions("bob")] == [1] and reg.active("bob").name == bobs.name
+        assert backend.has_block(bob_block.item_id)

@@ -7,6 +7,7 @@ versions are never served."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 
@@ -113,15 +114,18 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
         assert (req.adapter_id, req.block_item_id) == (m.adapter_id, block["item_id"])
         assert _used(s.chat("bob", "What is my dog called?")).get(bob_dog) in ("kv", "text")
 
+        backup = shutil.copytree(reg.path_of(m), tmp_path / "backup")
         r = s.client.patch(f"/v1/memories/{dog}", json={"user_id": "alice", "text": "My dog is called Rex."})
         assert r.status_code == 200
         assert reg.active("alice") is None  # before the call returned
+        assert not reg.path_of(m).exists() and reg.rollback("alice") is None  # erased, not only unserved
         assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
         used = _used(s.chat("alice", "What is my dog called and where do I live?"))
         assert "lora" not in used.values() and used[dog] in ("kv", "text")
 
-        # an operator's rollback to the version that holds the old text is not served
-        assert reg.rollback("alice").version == 1
+        # the version that holds the old text, restored from a backup and activated by hand, is not served
+        shutil.copytree(backup, reg.path_of(m))
+        assert reg.activate("alice", 1, backend.handle.fingerprint.digest).name == m.name
         assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
 
 
