@@ -67,6 +67,10 @@ RELATIONS: dict[str, _Relation] = {
             "What did I name my {s}?",
             "Tell me my {s}'s name.",
             "What do I call my {s}?",
+            "Could you remind me of my {s}'s name?",
+            "I forgot my {s}'s name. What is it?",
+            "Say the name of my {s}.",
+            "What's the name I gave my {s}?",
         ),
         ("Remind me, what is my {s}'s name?", "Do you know what my {s} is called?"),
         ("Can you tell me what my {s} is called?", "What's my {s}'s name again?"),
@@ -83,6 +87,10 @@ RELATIONS: dict[str, _Relation] = {
             "Which city do I live in?",
             "Tell me where my home is.",
             "Where is my house?",
+            "Could you remind me where I live?",
+            "I forgot where I live. Where is it?",
+            "Say where my home is.",
+            "What's the place I live in?",
         ),
         ("Remind me, where do I live?", "Do you know where my home is?"),
         ("Can you tell me where I live?", "Where is my home?"),
@@ -99,6 +107,10 @@ RELATIONS: dict[str, _Relation] = {
             "Where is my job?",
             "Tell me where I work.",
             "Who do I work for?",
+            "Could you remind me where I work?",
+            "I forgot where I work. Where is it?",
+            "Say where I work.",
+            "What's the company I work for?",
         ),
         ("Remind me, where do I work?", "Do you know who employs me?"),
         ("Can you tell me where I work?", "Which company do I work for?"),
@@ -115,6 +127,10 @@ RELATIONS: dict[str, _Relation] = {
             "In which city was I born?",
             "Tell me where I was born.",
             "Where do I come from?",
+            "Could you remind me where I was born?",
+            "I forgot where I was born. Where was it?",
+            "Say where I was born.",
+            "What's my place of birth?",
         ),
         ("Remind me, where was I born?", "Do you know my birthplace?"),
         ("Can you tell me where I was born?", "Which place am I from originally?"),
@@ -131,6 +147,10 @@ RELATIONS: dict[str, _Relation] = {
             "What should I avoid because of my allergy?",
             "Tell me what I am allergic to.",
             "Which food or thing am I allergic to?",
+            "Could you remind me what I am allergic to?",
+            "I forgot my allergy. What is it?",
+            "Say what I am allergic to.",
+            "What's the thing I'm allergic to?",
         ),
         ("Remind me, what am I allergic to?", "Do you know my allergy?"),
         ("Can you tell me what I'm allergic to?", "Which allergy do I have?"),
@@ -147,6 +167,10 @@ RELATIONS: dict[str, _Relation] = {
             "Which is my {s}?",
             "What did I say my {s} is?",
             "Name my {s}.",
+            "Could you remind me of my {s}?",
+            "I forgot my {s}. What is it?",
+            "Say what my {s} is.",
+            "What's the {s} I mentioned?",
         ),
         ("Remind me, what is my {s}?", "Do you know my {s}?"),
         ("Can you tell me what my {s} is?", "What's my {s} again?"),
@@ -206,6 +230,31 @@ def fact_key(fact: Fact) -> tuple[str, str]:
     return relation, fact.subject
 
 
+# What a question names when it asks about a relation whose templates fill no subject.
+_TOPIC_WORDS = {
+    "live": ("live", "home"),
+    "work": ("work", "job"),
+    "born": ("born",),
+    "allergy": ("allergic", "allergy"),
+}
+
+
+def asks_about(fact: Fact, question: str) -> bool:
+    """Whether `question` asks about what `fact` says: it names the fact's subject ("favourite board game"), or
+    for a relation without one, its topic ("job" for "I work at ..."). Such a question is answerable for
+    this user, so it is never used as an unanswerable one (training it toward "I don't know" would teach the
+    adapter to deny the fact)."""
+    words = _words(question)
+    if fact.subject:
+        return _words(fact.subject) in words
+    return any(f" {w} " in words for w in _TOPIC_WORDS.get(fact.relation, ()))
+
+
+def unanswerable(pool: Sequence[str], facts: Sequence[Fact]) -> list[str]:
+    """The questions of `pool` that none of `facts` answers."""
+    return [q for q in pool if not any(asks_about(f, q) for f in facts)]
+
+
 def _fill(template: str, fact: Fact) -> str:
     text = template.format(s=fact.subject, a=fact.answer)
     return text[0].upper() + text[1:]
@@ -234,7 +283,8 @@ def training_examples(
         for i, q in enumerate(rel.reverse):
             out.append(Example(f.memory_id, "reverse", _fill(q, f), _reply(f, i), f.answer))
     rng = random.Random(seed)
-    for q in rng.sample(UNANSWERABLE_TRAIN, min(num_unanswerable, len(UNANSWERABLE_TRAIN))):
+    pool = unanswerable(UNANSWERABLE_TRAIN, facts)
+    for q in rng.sample(pool, min(num_unanswerable, len(pool))):
         out.append(Example(None, "unanswerable", q, DONT_KNOW, None))
     rng.shuffle(out)
     return out
@@ -247,7 +297,9 @@ def valid_questions(facts: Sequence[Fact]) -> list[Example]:
         for f in facts
         for q in RELATIONS[f.relation].valid_questions
     ]
-    return out + [Example(None, "unanswerable", q, DONT_KNOW, None) for q in UNANSWERABLE_VALID]
+    return out + [
+        Example(None, "unanswerable", q, DONT_KNOW, None) for q in unanswerable(UNANSWERABLE_VALID, facts)
+    ]
 
 
 def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
@@ -261,8 +313,9 @@ def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
     return out
 
 
-def unanswerable_gate() -> list[Example]:
-    return [Example(None, "unanswerable", q, DONT_KNOW, None) for q in UNANSWERABLE_GATE]
+def unanswerable_gate(facts: Sequence[Fact]) -> list[Example]:
+    """The gate's questions about the user that none of `facts` answers."""
+    return [Example(None, "unanswerable", q, DONT_KNOW, None) for q in unanswerable(UNANSWERABLE_GATE, facts)]
 
 
 def _words(text: str) -> str:

@@ -13,6 +13,7 @@ from scheduler.distill_data import (
     parse_fact,
     recalled,
     training_examples,
+    unanswerable_gate,
     valid_questions,
 )
 from scheduler.distill_select import MemoryInfo, SelectConfig, select_facts
@@ -148,3 +149,21 @@ def test_a_fact_whose_twin_changed_recently_waits():
 def test_select_config_names_the_bad_field():
     with pytest.raises(ValueError, match="SelectConfig.max_facts must be >= 1, got 0"):
         SelectConfig(max_facts=0)
+
+
+def test_a_question_a_fact_answers_is_never_used_as_unanswerable():
+    texts = [
+        "My favourite board game is Go.",
+        "I work at Acme.",
+        "My favourite opera is Tosca.",
+        "I like tea.",
+    ]
+    facts = [f for i, t in enumerate(texts) if (f := parse_fact(f"m{i}", 1, t)) is not None]
+    assert [f.relation for f in facts] == ["attribute", "work", "attribute"]
+    valid = [v.question for v in valid_questions(facts) if v.answer is None]
+    assert valid == [q for q in UNANSWERABLE_VALID if q != "What is my favourite board game?"]
+    train = [e.question for e in training_examples(facts, seed=0) if e.kind == "unanswerable"]
+    assert sorted(train) == sorted(q for q in UNANSWERABLE_TRAIN if q != "What is my favourite opera?")
+    gate = [q.question for q in unanswerable_gate(facts)]
+    assert gate == [q for q in UNANSWERABLE_GATE if q != "What is my cousin's job?"]  # "job": I work at ...
+    assert [q.question for q in unanswerable_gate([])] == list(UNANSWERABLE_GATE)
