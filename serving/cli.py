@@ -94,6 +94,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds between the background distillation's looks for users to distil (default 600)",
     )
+    p.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="vllm backend: serve users' LoRA adapters (the parametric tier); the transformers backend serves "
+        "them whenever peft is installed",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -131,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
+            enable_lora=args.enable_lora,
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None

@@ -81,6 +81,9 @@ class ServingConfig:
     limits: Limits = field(default_factory=Limits)  # request sizes
     distill: bool = False  # train users' LoRA adapters in the background (serving/distill_service.py)
     distill_interval_s: float = 600.0  # how often the background distillation looks for users to distil
+    # vLLM backend: serve users' LoRA adapters (vLLM's LoRA layers on every forward); the transformers backend
+    # serves them whenever peft is installed. Off: an active adapter is not served, its facts go as KV/text
+    enable_lora: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -117,6 +120,11 @@ class ServingConfig:
             raise ValueError(f"distill_interval_s must be > 0, got {self.distill_interval_s}")
         if self.distill and self.backend == "fake":
             raise ValueError("distillation (--distill) needs a model: the transformers or vllm backend")
+        if self.distill and self.backend == "vllm" and not self.enable_lora:
+            raise ValueError(
+                "distillation (--distill) on the vllm backend needs --enable-lora: without it the adapters it "
+                "trains are never served"
+            )
         if not self.default_user:
             raise ValueError("default_user must not be empty")
         if not isinstance(self.limits, Limits):

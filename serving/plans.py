@@ -41,6 +41,11 @@ class BackendBlockMaker:
         return self.backend.is_ready()
 
     @property
+    def serves_adapters(self) -> bool:
+        """Whether the backend applies a request's LoRA adapter (else plans name none: see Backend)."""
+        return bool(getattr(self.backend, "serves_adapters", False))
+
+    @property
     def builds_under_adapter(self) -> bool:
         """Whether the backend builds a block under a user's LoRA adapter (the transformers backend does;
         without it, a user served an adapter has no block: the rest of their memories go as text)."""
@@ -66,6 +71,10 @@ class BackendBlockMaker:
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None) -> list[str]:
         return self.backend.forget(user_id, memory_ids)
+
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
+        forget = getattr(self.backend, "forget_adapters", None)  # the fake backend builds under no adapter
+        return forget(user_id, list(adapters)) if forget is not None else []
 
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
         return self.backend.subscribe_dropped(callback)

@@ -67,7 +67,12 @@ def _vllm(config: ServingConfig) -> Backend:
 
     model = None if config.model == DEFAULT_MODEL else config.model
     return VllmBackend(
-        VllmBackendConfig(model=model, data_dir=str(config.data_dir), max_queue=config.queue_size)
+        VllmBackendConfig(
+            model=model,
+            data_dir=str(config.data_dir),
+            max_queue=config.queue_size,
+            enable_lora=config.enable_lora,
+        )
     )
 
 

@@ -24,6 +24,21 @@ T = TypeVar("T")
 _LORA_KEYS = ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "fan_in_fan_out", "use_rslora")
 
 
+def user_adapter(
+    registry: AdapterRegistry, user_id: str, adapter_id: str
+) -> tuple[AdapterManifest | None, str | None]:
+    """(the user's adapter version `adapter_id`, None) or (None, why not): isolation, an adapter id of another
+    user's is refused. A JSON read; any thread; no peft needed."""
+    try:
+        user_dir, version = adapter_id.rsplit("/v", 1)
+        manifest = registry.manifest(user_id, int(version))
+    except (ValueError, AdapterError) as exc:
+        return None, f"adapter {adapter_id} unusable: {exc}"
+    if registry.user_dir(user_id).name != user_dir or manifest.user_id != user_id:
+        return None, f"adapter {adapter_id} is not user {user_id!r}'s"
+    return manifest, None
+
+
 class AdapterSlots:
     def __init__(self, registry: AdapterRegistry, handle: Any, max_loaded: int = 8) -> None:
         self.registry, self.handle, self.max_loaded = registry, handle, max_loaded
@@ -35,14 +50,7 @@ class AdapterSlots:
 
     def manifest(self, user_id: str, adapter_id: str) -> tuple[AdapterManifest | None, str | None]:
         """(the user's adapter version `adapter_id`, None) or (None, why not). A JSON read; any thread."""
-        try:
-            user_dir, version = adapter_id.rsplit("/v", 1)
-            manifest = self.registry.manifest(user_id, int(version))
-        except (ValueError, AdapterError) as exc:
-            return None, f"adapter {adapter_id} unusable: {exc}"
-        if self.registry.user_dir(user_id).name != user_dir or manifest.user_id != user_id:
-            return None, f"adapter {adapter_id} is not user {user_id!r}'s"
-        return manifest, None
+        return user_adapter(self.registry, user_id, adapter_id)
 
     def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
         """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
@@ -141,7 +149,29 @@ def adapter_slots(data_dir: str, handle: Any) -> AdapterSlots | None:
     return AdapterSlots(AdapterRegistry(DataDir.at(data_dir).adapters_dir), handle)
 
 
-def _item_fits(req: Any, item: Any, served: str) -> tuple[Any, str | None]:
+def under_adapter(
+    slots: AdapterSlots | None, builder: Any, user_id: str, adapter_id: str
+) -> tuple[str, Callable[[Any], Any]]:
+    """(the served name a block built under the user's adapter `adapter_id` carries, a `builder.prefill` that
+    runs with the adapter on: loaded first if needed; model thread only). The block's content address covers
+    the name (kvmem Fingerprint.adapter), so it is only injected under that adapter version. Raises
+    BackendError when the adapter is not the user's or cannot be served."""
+    from serving.backends.base import BackendError
+
+    manifest, why = (None, "peft is not installed") if slots is None else slots.manifest(user_id, adapter_id)
+    if manifest is None:
+        raise BackendError(f"no block under adapter {adapter_id} for user {user_id!r}: {why}")
+
+    def prefill(pending: Any) -> Any:
+        name, why = slots.resolve(user_id, adapter_id)
+        if name is None or slots.served[name] != pending.adapter:
+            raise BackendError(f"adapter {adapter_id} of user {user_id!r} cannot be loaded: {why}")
+        return slots.run(name, lambda: builder.prefill(pending))
+
+    return manifest.name, prefill
+
+
+def item_fits(req: Any, item: Any, served: str) -> tuple[Any, str | None]:
     """The item if its K/V were computed under the adapter the request runs (`served`: its served name, ""
     for the base model), else (None, "fingerprint_mismatch"): a base-model block under an adapter, or the
     reverse, or another adapter version's block, is never injected (the adapter changes the K/V)."""
@@ -171,6 +201,6 @@ def with_adapter(slots: AdapterSlots | None, req: Any, item: Any, fallback: str 
         if name is None:
             log.error("request %s runs without its adapter: %s", req.request_id, why)
     if item is not None:
-        item, bad = _item_fits(req, item, slots.served[name] if name is not None else "")
+        item, bad = item_fits(req, item, slots.served[name] if name is not None else "")
         fallback = bad or fallback
     return item, fallback, name

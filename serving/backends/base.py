@@ -140,6 +140,9 @@ class Backend(ABC):
     name: str
     model_id: str
     max_context_tokens: int
+    # whether a request's `adapter_id` is applied (LoRA); the scheduler's plans name no adapter otherwise, so
+    # an adapter's facts are never left out of a prompt that will not get them from the adapter
+    serves_adapters: bool = False
 
     @abstractmethod
     def load(self) -> None:

@@ -50,6 +50,7 @@ class FakeBackend(Backend):
     """Scripted replies over a character tokenizer. Not thread-safe beyond what the HTTP tests need."""
 
     name = "fake"
+    serves_adapters = True  # it stands in for a backend that serves adapters but builds no block under one
 
     def __init__(
         self,

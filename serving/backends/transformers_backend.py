@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.adapters import adapter_slots, with_adapter
+from serving.backends.adapters import adapter_slots, under_adapter, with_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -131,6 +131,10 @@ class TransformersBackend(StoredBlocksBackend):
         self._io.shutdown(wait=False, cancel_futures=True)
 
     # -- layout and blocks -----------------------------------------------------------------------------------
+    @property
+    def serves_adapters(self) -> bool:  # peft is installed (adapter_slots)
+        return self.adapters is not None
+
     builds_under_adapter = True  # build_block(adapter_id=...): the block's K/V computed with the adapter on
 
     def build_block(
@@ -149,15 +153,7 @@ class TransformersBackend(StoredBlocksBackend):
 
             prefill, served = self.builder.prefill, None
             if adapter_id is not None:
-                manifest, why = (
-                    (None, "peft is not installed")
-                    if self.adapters is None
-                    else (self.adapters.manifest(user_id, adapter_id))
-                )
-                if manifest is None:
-                    raise BackendError(f"no block under adapter {adapter_id} for user {user_id!r}: {why}")
-                served = manifest.name
-                prefill = self._under_adapter(user_id, adapter_id)
+                served, prefill = under_adapter(self.adapters, self.builder, user_id, adapter_id)
             found = self._io.submit(
                 self.builder.lookup, user_id, list(block_texts), ids, adapter=served
             ).result()
@@ -167,17 +163,6 @@ class TransformersBackend(StoredBlocksBackend):
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
-
-    def _under_adapter(self, user_id: str, adapter_id: str):
-        """builder.prefill with the adapter on (loaded first if needed); runs on the model thread."""
-
-        def prefill(pending):
-            name, why = self.adapters.resolve(user_id, adapter_id)
-            if name is None or self.adapters.served[name] != pending.adapter:
-                raise BackendError(f"adapter {adapter_id} of user {user_id!r} cannot be loaded: {why}")
-            return self.adapters.run(name, lambda: self.builder.prefill(pending))
-
-        return prefill
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""

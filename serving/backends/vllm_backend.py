@@ -13,6 +13,7 @@ name, fallback kind) vllm_request.py's. vLLM is imported only in these modules.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import uuid
@@ -21,8 +22,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvmem.adapters import AdapterRegistry
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
+from serving.backends.adapters import adapter_slots, item_fits, under_adapter, user_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -84,7 +87,8 @@ class VllmBackend(StoredBlocksBackend):
         self.config = config or VllmBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
         self._engine = EngineThread()
-        self.handle = self.layout = self.builder = None
+        self.handle = self.layout = self.builder = self.adapters = None
+        self._registry = AdapterRegistry(DataDir.at(self.config.data_dir).adapters_dir)
         self._eos: frozenset[int] = frozenset()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -137,6 +141,8 @@ class VllmBackend(StoredBlocksBackend):
             )
             # a block is the knowledge item's child on disk; store.get joins them, so the connector loads both
             self.builder = BlockBuilder(handle, self.layout, store)
+            # peft on the builder's transformers copy: a block under a user's adapter is prefilled there
+            self.adapters = adapter_slots(self.config.data_dir, handle) if self.config.enable_lora else None
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             max_len = min(self.config.max_model_len or handle.max_context_tokens, handle.max_context_tokens)
             try:
@@ -199,30 +205,81 @@ class VllmBackend(StoredBlocksBackend):
         await asyncio.to_thread(self._engine.close)
 
     # -- layout and blocks ---------------------------------------------------------------------------------
+    @property
+    def serves_adapters(self) -> bool:
+        return self.config.enable_lora
+
+    @property
+    def builds_under_adapter(self) -> bool:
+        """build_block(adapter_id=...) computes the block under the user's LoRA adapter (peft on the builder's
+        transformers copy), and a request under that adapter version gets it injected: with LoRA on and peft
+        installed. Otherwise a user served an adapter has no block (the rest of their memories go as text)."""
+        return self.config.enable_lora and importlib.util.find_spec("peft") is not None
+
     def build_block(
-        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str] | None = None
+        self,
+        user_id: str,
+        block_texts: Sequence[str],
+        memory_ids: Sequence[str] | None = None,
+        adapter_id: str | None = None,
     ) -> BuiltBlock:
         """Build the KV item by transformers prefill (the same item `kvmem build` and the transformers backend
-        make), then make it resident in vLLM's prefix cache under the user's salt for it."""
+        make), under the user's adapter `adapter_id` if any (peft, as the transformers backend computes it; its
+        content address names the adapter version), then make it resident in vLLM's prefix cache under the
+        user's salt for it (and under that adapter's LoRARequest)."""
         self._require_ready()
+        from kvmem.kv.blocks import BuiltBlock
+
         try:
             ids = None if memory_ids is None else list(memory_ids)
-            built = self._engine.call(lambda: self.builder.build(user_id, list(block_texts), ids))
+            prefill, served = self.builder.prefill, None
+            if adapter_id is not None:
+                served, prefill = under_adapter(self.adapters, self.builder, user_id, adapter_id)
+                lora = self._lora(user_id, adapter_id)
+                if lora is None or lora.lora_name != served:
+                    raise BackendError(f"adapter {adapter_id} of user {user_id!r} is not served by vLLM")
+
+            def build() -> BuiltBlock:
+                found = self.builder.lookup(user_id, list(block_texts), ids, adapter=served)
+                return found if isinstance(found, BuiltBlock) else self.builder.store_item(prefill(found))
+
+            built = self._engine.call(build)
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
         self.warm_block(built.item_id)
         return built
 
+    def _lora(self, user_id: str, adapter_id: str | None) -> Any:
+        """vLLM's LoRARequest for the user's adapter version `adapter_id`, or None: none asked, LoRA off, an
+        adapter of another user's (isolation), or files missing or not the manifest's (logged)."""
+        if adapter_id is None:
+            return None
+        manifest, why = user_adapter(self._registry, user_id, adapter_id)
+        if manifest is None:
+            log.error("adapter %s not served to user %r: %s", adapter_id, user_id, why)
+            return None
+        lora = lora_request_for(self._registry.root, adapter_id, self.config.enable_lora)
+        return lora if lora is not None and lora.lora_name == manifest.name else None
+
     def warm_block(self, item_id: str) -> int:
         """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's
-        ids under its owner's salt, its KV loaded from the item. Blocking. Returns the prompt tokens vLLM
-        reused (0 when the item is unusable: logged, nothing else happens)."""
+        ids under its owner's salt (and the LoRARequest of the adapter it was built under), its KV loaded from
+        the item. Blocking. Returns the prompt tokens vLLM reused (0 when the item is unusable, or its adapter
+        is not served: logged, nothing else happens)."""
         self._require_ready()
         try:
             item = self.store.get(item_id)
         except KVItemError as exc:
             log.warning("prewarm of KV item %s failed: %s", item_id, exc)
             return 0
+        built_under, lora = item.meta.fingerprint.adapter, None
+        if built_under:
+            lora = self._lora(item.meta.user_id, built_under.split("@", 1)[0])
+            if lora is None or lora.lora_name != built_under:
+                log.warning(
+                    "prewarm of KV item %s skipped: its adapter %s is not served", item_id, built_under
+                )
+                return 0
         done: Future = Future()
 
         def deliver(out: Any) -> None:
@@ -240,7 +297,9 @@ class VllmBackend(StoredBlocksBackend):
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         request_id = f"kvmem-warm-{uuid.uuid4().hex}"
         salt = cache_salt(item.meta.user_id, item.item_id)
-        self._submit(request_id, salt, item.token_ids, item, params, deliver, on_end=on_end)
+        self._submit(
+            request_id, salt, item.token_ids, item, params, deliver, lora_request=lora, on_end=on_end
+        )
         cached = done.result()
         log.info("KV item %s resident in vLLM (%d tokens, %d reused)", item_id, item.num_tokens, cached)
         return cached
@@ -318,15 +377,12 @@ class VllmBackend(StoredBlocksBackend):
         released = False
         try:
             item, fallback = await asyncio.to_thread(self._resolve_item, req)
-            adapters_dir = DataDir.at(self.config.data_dir).adapters_dir
-            lora = lora_request_for(adapters_dir, req.adapter_id, self.config.enable_lora)
-            if lora is not None and item is not None:
-                # the item holds the base model's K/V; under an adapter the block's K/V differ, so only what
-                # vLLM computed under this adapter (its prefix cache is kept per adapter) may be reused
-                log.info(
-                    "request %s runs adapter %s: block item not injected", req.request_id, lora.lora_name
-                )
-                item, fallback = None, "other"
+            lora = await asyncio.to_thread(self._lora, req.user_id, req.adapter_id)
+            if req.adapter_id is not None and lora is None:
+                log.error("request %s runs without its adapter %s", req.request_id, req.adapter_id)
+            if item is not None:  # injected only under the adapter its K/V were computed under (or none)
+                item, bad = item_fits(req, item, lora.lora_name if lora is not None else "")
+                fallback = bad or fallback
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue = asyncio.Queue()
 

@@ -135,7 +135,7 @@ def test_a_change_stops_the_adapter_and_a_version_without_the_memory_is_trained(
         assert v2.version == 2
         assert {f.memory_id for f in v2.facts} == {porto, acme}
         assert dict(outcome.selection.skipped)[dog] == "changed recently"
-        assert [m.version for m in s.registry.versions("alice")] == [1, 2]
+        assert [m.version for m in s.registry.versions("alice")] == [2]  # v1 held the old text: erased
         # the tiny model learns nothing in two steps: the gate refuses it, and it is not served
         assert (outcome.activated, v2.passed) == (False, False)
         assert "recalls none" in v2.reason
@@ -172,9 +172,12 @@ def test_serve_distill_flags_become_the_config(tmp_path):
     config = config_from_args(args)
     assert (config.distill, config.distill_interval_s) == (True, 30.0)
     default = config_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
-    assert (default.distill, default.distill_interval_s) == (False, 600.0)
+    assert (default.distill, default.distill_interval_s, default.enable_lora) == (False, 600.0, False)
+    vllm = ["serve", "--data-dir", str(tmp_path), "--backend", "vllm", "--distill", "--enable-lora"]
+    assert config_from_args(build_parser().parse_args(vllm)).enable_lora
     for argv, message in [
         (["--distill", "--backend", "fake"], "needs a model"),
+        (["--distill", "--backend", "vllm"], "needs --enable-lora"),
         (["--distill-interval-s", "0"], "distill_interval_s must be > 0"),
     ]:
         with pytest.raises(UsageError, match=message):
