@@ -127,7 +127,13 @@ def test_kvmem_serve_vllm_enable_lora_serves_the_adapter_and_its_block_and_delet
             time.sleep(0.25)
         assert plan["adapter"]["name"] == m.name and plan["adapter"]["memory_ids"] == [dog]
         assert plan["block"]["memory_ids"] == [lisbon]
-        body = {"model": "default", "user": "frank", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+        body = {
+            "model": str(default_model_dir),
+            "user": "frank",
+            "messages": QUESTION,
+            "max_tokens": 8,
+            "temperature": 0,
+        }
         reply = _post(f"{base}/v1/chat/completions", body)
         assert {u["id"]: u["tier"] for u in reply["memory"]["used"]} == {dog: "lora", lisbon: "kv"}
         assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == plan["block"]["tokens"] > 0
