@@ -165,7 +165,7 @@ def run_size(n: int, handle, args) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[5, 20, 50])
     p.add_argument("--model", default=None)
@@ -175,7 +175,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/cpu/distill.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -200,6 +200,7 @@ def main() -> None:
     cols += ["ttft_adapter_s", "ttft_kv_s", "ttft_text_s", "passed"]
     print_table(cols, [[row[c] for c in cols] for row in result["sizes"]])
     write_outputs(result, args.out)
+    return result
 
 
 if __name__ == "__main__":
