@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
@@ -48,11 +47,6 @@ if TYPE_CHECKING:
     from serving.backends.vllm_engine import RequestSink
 
 log = logging.getLogger(__name__)
-
-# What the CPU build of vLLM needs to run in this process (see the module docstring of vllm_engine.py); the
-# reserved-CPU default leaves one of two cores idle.
-_CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-_CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 @dataclass(frozen=True)
@@ -96,17 +90,9 @@ class VllmBackend(StoredBlocksBackend):
         with self._load_lock:
             if self._ready.is_set():
                 return
-            for key, value in _CPU_ENV.items():
-                if os.environ.get(key, value) != value:
-                    log.warning(
-                        "vllm backend: %s=%s overridden to %s (the engine runs in-process)",
-                        key,
-                        os.environ[key],
-                        value,
-                    )
-                os.environ[key] = value
-            for key, value in _CPU_ENV_DEFAULTS.items():
-                os.environ.setdefault(key, value)
+            from serving.backends.vllm_engine import make_engine, set_cpu_env
+
+            set_cpu_env()
             from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
             from kvmem.kv.blocks import BlockBuilder
             from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
@@ -146,7 +132,7 @@ class VllmBackend(StoredBlocksBackend):
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             max_len = min(self.config.max_model_len or handle.max_context_tokens, handle.max_context_tokens)
             try:
-                self._engine.start(lambda: self._make_engine(path, max_len))
+                self._engine.start(lambda: make_engine(path, max_len, self.config))
             except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; all mean "cannot serve"
                 raise BackendError(f"vLLM could not start on {path}: {exc}") from exc
             self.max_context_tokens = max_len
@@ -156,50 +142,6 @@ class VllmBackend(StoredBlocksBackend):
                 self.model_id,
                 self._engine.engine.vllm_config.cache_config.block_size,
             )
-
-    def _make_engine(self, path: str, max_len: int) -> Any:
-        from vllm.config import KVTransferConfig
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.llm_engine import LLMEngine
-        from vllm.v1.executor import Executor
-
-        from serving.backends import vllm_connector
-
-        # the connector writes the CPU attention backend's cache layout only
-        if not current_platform.is_cpu():
-            raise BackendError(
-                "the vllm backend runs on vllm-cpu only for now (its KV connector is CPU-only)"
-            )
-        extra: dict[str, Any] = {}
-        if self.config.block_size is not None:
-            extra["block_size"] = self.config.block_size
-        if self.config.enable_lora:
-            extra.update(enable_lora=True, max_lora_rank=self.config.max_lora_rank)
-        args = EngineArgs(
-            model=path,
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=max_len,
-            kv_cache_memory_bytes=self.config.kv_cache_bytes,
-            enable_prefix_caching=True,
-            seed=self.config.seed,
-            disable_log_stats=True,
-            kv_transfer_config=KVTransferConfig(
-                kv_connector=vllm_connector.CONNECTOR_NAME,
-                kv_connector_module_path=vllm_connector.CONNECTOR_MODULE,
-                kv_role="kv_both",
-                kv_load_failure_policy="recompute",
-            ),
-            **extra,
-        )
-        vllm_config = args.create_engine_config()
-        return LLMEngine(
-            vllm_config=vllm_config,
-            executor_class=Executor.get_class(vllm_config),
-            log_stats=False,
-            multiprocess_mode=False,
-        )
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._engine.close)
@@ -235,8 +177,7 @@ class VllmBackend(StoredBlocksBackend):
             prefill, served = self.builder.prefill, None
             if adapter_id is not None:
                 served, prefill = under_adapter(self.adapters, self.builder, user_id, adapter_id)
-                lora = self._lora(user_id, adapter_id)
-                if lora is None or lora.lora_name != served:
+                if self._lora(user_id, adapter_id) is None:  # its LoRARequest carries the manifest's name
                     raise BackendError(f"adapter {adapter_id} of user {user_id!r} is not served by vLLM")
 
             def build() -> BuiltBlock:

