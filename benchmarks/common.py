@@ -88,7 +88,8 @@ def own_cpu_s() -> float:
 class OthersCpu:
     """The share of all cores' time that other processes used over a window: the machine's busy ticks minus
     this process's own CPU time. The machine is shared; a share well above 0 means the timings are slowed by
-    another job. `share()` is None where /proc/stat is missing. Readers are injected for tests."""
+    another job. `share()` is None where /proc/stat is missing or the window was shorter than one clock tick.
+    Readers are injected for tests."""
 
     def __init__(
         self,

@@ -85,7 +85,8 @@ def test_http_load_runs_every_level_against_one_server_per_backend(tmp_path):
         assert row["output_tokens"] == 3 * row["completed"]
         assert row["tokens_per_s"] == row["output_tokens"] / row["duration_s"]
         assert row["ttft_p50_s"] <= row["ttft_p99_s"] and row["kv_ttft_p50_s"] <= row["kv_ttft_p99_s"]
-        assert 0.0 <= row["others_cpu_share"] <= 1.0 and len(row["load_avg_1m"]) == 2
+        share = row["others_cpu_share"]  # None: a run shorter than one clock tick of /proc/stat
+        assert (share is None or 0.0 <= share <= 1.0) and len(row["load_avg_1m"]) == 2
     one = result["runs"][0]  # one client: the KV user's, so both medians are the same requests'
     assert one["kv_ttft_p50_s"] == one["ttft_p50_s"]
     summary = result["summary"]["fake"]
