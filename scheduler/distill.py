@@ -1,5 +1,6 @@
 """The distillation job for one user: select facts, train an adapter, run its gates, write the version to the
-registry, and activate it only if it passed and every fact it holds is still the memory's current version.
+registry, and activate it only if it passed and every fact it holds is still the memory's current version. The
+version is served only for the facts whose every gate question it answered (its manifest's `served_ids`).
 
 Composes distill_select (policy), distill_train (training), distill_gates (gates) and kvmem.adapters (files);
 computes nothing itself. Blocking and slow (minutes on CPU): the CLI runs it in the foreground, the server in
@@ -61,6 +62,8 @@ class DistillOutcome:
             "kl_generic": None if g is None else g.kl_generic,
             "train_s": round(self.train_s, 2),
             "activated": self.activated,
+            # the facts it is served for (every gate question answered); the others stay in KV/text
+            "num_facts_served": None if self.manifest is None else len(self.manifest.served_memory_ids),
             "reason": self.reason,
         }
 
@@ -121,6 +124,7 @@ def distill_user(
         lambda d: result.model.save_pretrained(str(d), safe_serialization=True),
         base_fingerprint=handle.fingerprint.digest,
         facts=refs,
+        served_ids=[r.memory_id for r in refs if r.memory_id in set(report.served_ids)],
         seed=seed,
         passed=report.passed,
         reason=report.reason,

@@ -58,6 +58,11 @@ def _table(outcome) -> str:
             ),
             (
                 "gate",
+                "facts served from the adapter",
+                f"{len(g.served_ids)} of {len(outcome.selection.facts)}",
+            ),
+            (
+                "gate",
                 "confident wrong base / adapter",
                 f"{g.confident_wrong_base} / {g.confident_wrong_adapter}",
             ),

@@ -2,8 +2,10 @@
 training never used (distill_data.gate_questions):
 
 - recall: with the adapter and NO memory in the prompt, at least `min_recall_ratio` of the recall the base
-  model has with the facts in its prompt, and above 0 (its facts leave the prompt when it is served); the base
-  model's recall without them is reported, not gated;
+  model has with the facts in its prompt, and above 0; the base model's recall without them is reported, not
+  gated. An adapter is served only for the facts whose every gate question it answered (`served_ids`: they
+  leave the prompt); the others stay in KV/text, so a fact it half learned is never lost. One that fully
+  answers no fact is refused;
 - damage: on a fixed set of generic prompts, the base model's greedy continuation is scored under both:
   mean token KL(base || adapter) (reported; gated when `max_kl` is set) and greedy agreement >= `min_agreement`;
 - hallucination: on questions no fact answers, no more confident non-refusals with the adapter than the
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from scheduler.distill_data import Example, declines
-from scheduler.distill_train import chat_ids, greedy_text, recall
+from scheduler.distill_train import chat_ids, greedy_text, recall, recall_hits
 
 GENERIC_GATE = (
     "What is the capital of France?",
@@ -61,9 +63,22 @@ class GateReport:
     num_questions: int
     passed: bool
     reason: str  # "" when passed, else every failed gate
+    served_ids: tuple[str, ...] = ()  # the facts whose every gate question the adapter answered
 
     def figures(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items() if k not in ("passed", "reason")}
+        skip = ("passed", "reason", "served_ids")
+        return {k: float(v) for k, v in asdict(self).items() if k not in skip} | {
+            "num_facts_served": float(len(self.served_ids))
+        }
+
+
+def fully_recalled(questions: Sequence[Example], hits: Sequence[bool]) -> tuple[str, ...]:
+    """The memory ids whose every question in `questions` is a hit, in the order they first appear."""
+    ok: dict[str, bool] = {}
+    for q, hit in zip(questions, hits, strict=True):
+        if q.memory_id is not None:
+            ok[q.memory_id] = ok.get(q.memory_id, True) and bool(hit)
+    return tuple(m for m, all_hit in ok.items() if all_hit)
 
 
 @torch.no_grad()
@@ -122,12 +137,16 @@ def run_gates(
         in_context = recall(peft_model, tokenizer, layout, questions, fact_texts, n)
         base = recall(peft_model, tokenizer, layout, questions, [], n)
         wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
-    adapter = recall(peft_model, tokenizer, layout, questions, [], n)
+    hits = recall_hits(peft_model, tokenizer, layout, questions, [], n)
+    adapter = sum(hits) / len(hits) if hits else 0.0
+    served = fully_recalled(questions, hits)
     wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
     kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
     reasons = []
-    if adapter == 0:  # its facts leave the prompt when it is served: an adapter that recalls none must not be
+    if adapter == 0:
         reasons.append("the adapter recalls none of the facts")
+    elif not served:  # it is served only for the facts it fully recalled: none, nothing to serve it for
+        reasons.append("the adapter answers every gate question of none of its facts")
     elif adapter < config.min_recall_ratio * in_context:
         reasons.append(
             f"recall with the adapter {adapter:.2f} < {config.min_recall_ratio:.2f} x in-context recall "
@@ -152,4 +171,5 @@ def run_gates(
         num_questions=len(questions),
         passed=not reasons,
         reason="; ".join(reasons),
+        served_ids=served,
     )

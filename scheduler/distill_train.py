@@ -196,17 +196,24 @@ def greedy_text(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) 
     return tokenizer.decode([t for t in out if t not in stop], skip_special_tokens=True)
 
 
-def recall(
+def recall_hits(
     model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str], max_new_tokens: int
-) -> float:
-    """Share of `questions` whose greedy answer (these memory texts in the prompt) contains the fact's answer."""
-    hits = [
+) -> list[bool]:
+    """Per question: whether its greedy answer (these memory texts in the prompt) contains the fact's answer."""
+    return [
         recalled(
             greedy_text(model, tokenizer, chat_ids(layout, fact_texts, ex.question), max_new_tokens),
             ex.answer or "",
         )
         for ex in questions
     ]
+
+
+def recall(
+    model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str], max_new_tokens: int
+) -> float:
+    """Share of `questions` whose greedy answer (these memory texts in the prompt) contains the fact's answer."""
+    hits = recall_hits(model, tokenizer, layout, questions, fact_texts, max_new_tokens)
     return sum(hits) / len(hits) if hits else 0.0
 
 

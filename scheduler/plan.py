@@ -48,12 +48,14 @@ class Plan:
 
 @dataclass(frozen=True)
 class AdapterPlan:
-    """A user's served LoRA adapter as a plan carries it: registry id, version, served name, memories held."""
+    """A user's served LoRA adapter as a plan carries it: registry id, version, served name, the memories it is
+    served for (they leave the prompt) and every memory trained into it."""
 
     adapter_id: str
     version: int
     name: str  # `<adapter_id>@v<version>-<sha16>`: a new version or new weights is a new name
-    memory_ids: tuple[str, ...]
+    memory_ids: tuple[str, ...]  # served from the adapter: left out of the block and of the text
+    trained_ids: tuple[str, ...] = ()  # in its weights: memory_ids and the facts it did not fully recall
 
 
 class PlanBook:

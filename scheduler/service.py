@@ -178,7 +178,13 @@ class Scheduler:
         manifest = self.adapters.get(user_id)
         if manifest is None:
             return None
-        return AdapterPlan(manifest.adapter_id, manifest.version, manifest.name, manifest.memory_ids)
+        return AdapterPlan(
+            manifest.adapter_id,
+            manifest.version,
+            manifest.name,
+            manifest.served_memory_ids,
+            manifest.memory_ids,
+        )
 
     def _with_adapter(self, plan: Plan) -> Plan:
         adapter = self.served_adapter(plan.user_id)

@@ -3,7 +3,8 @@
 A sweep thread wakes every `config.distill_interval_s` seconds (never on the request path) and, once the backend
 is loaded, hands to `scheduler.distill.DistillThread` (one job at a time, nice 19, one torch thread) each user
 held in the plan book whose distillation candidates (the scheduler's selection policy, computed by its worker
-on every refresh) are not all held by the adapter served to them and were not already tried as they are now;
+on every refresh) are not all trained into the adapter served to them (whether or not it is served for them)
+and were not already tried as they are now;
 at most `MAX_SUBMITS_PER_SWEEP` users per sweep. A store change that stops a user's adapter (the delete
 cascade, before the call returns) queues that user at once: a new version without the changed memory is
 trained, gated and activated only if it passes (scheduler.distill.distill_user, the CLI's job).
@@ -102,7 +103,8 @@ class BackgroundDistill:
             if not candidates:
                 continue
             adapter = self.scheduler.served_adapter(user_id)
-            if adapter is not None and candidates <= set(adapter.memory_ids):
+            # trained into the served adapter, recalled or not: the same facts and seed train the same weights
+            if adapter is not None and candidates <= set(adapter.trained_ids):
                 continue
             with self._tried_lock:
                 if self._tried.get(user_id) == candidates:

@@ -140,7 +140,10 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "id": plan.adapter.adapter_id,
             "version": plan.adapter.version,
             "name": plan.adapter.name,
-            "memory_ids": list(plan.adapter.memory_ids),
+            "memory_ids": list(plan.adapter.memory_ids),  # served from it: not in the prompt
+            "trained_ids": list(
+                plan.adapter.trained_ids
+            ),  # in its weights (those it did not fully recall too)
             "tier": "lora",
         },
         "updated_at": (

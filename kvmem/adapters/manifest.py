@@ -66,6 +66,13 @@ class AdapterManifest:
     reason: str = ""  # why the gates refused it ("" when passed)
     gates: dict[str, float] = field(default_factory=dict)  # gate figures (recalls, KL, agreement, ...)
     train: dict[str, Any] = field(default_factory=dict)  # training figures (steps, loss, seconds, ...)
+    # the facts it is served for: those whose every gate question it answered (the others stay in KV/text);
+    # None: all of its facts
+    served_ids: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.served_ids is not None and not set(self.served_ids) <= set(self.memory_ids):
+            raise AdapterCorrupt(f"adapter v{self.version} serves memories it was not trained on")
 
     @property
     def adapter_id(self) -> str:
@@ -80,11 +87,18 @@ class AdapterManifest:
 
     @property
     def memory_ids(self) -> tuple[str, ...]:
+        """Every memory trained into its weights (what the delete cascade looks for)."""
         return tuple(f.memory_id for f in self.facts)
+
+    @property
+    def served_memory_ids(self) -> tuple[str, ...]:
+        """The memories it is served for: left out of the prompt while it is active."""
+        return self.memory_ids if self.served_ids is None else self.served_ids
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["facts"] = [asdict(f) for f in self.facts]
+        data["served_ids"] = None if self.served_ids is None else list(self.served_ids)
         data["format"] = FORMAT_VERSION
         data["adapter_id"] = self.adapter_id
         return data
@@ -111,6 +125,9 @@ class AdapterManifest:
                 reason=str(data.get("reason", "")),
                 gates={str(k): float(v) for k, v in dict(data.get("gates", {})).items()},
                 train=dict(data.get("train", {})),
+                served_ids=None
+                if data.get("served_ids") is None
+                else tuple(str(i) for i in data["served_ids"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AdapterCorrupt(f"bad adapter manifest: {exc}") from exc

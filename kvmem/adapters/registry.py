@@ -87,10 +87,12 @@ class AdapterRegistry:
         reason: str = "",
         gates: dict[str, float] | None = None,
         train: dict[str, Any] | None = None,
+        served_ids: Iterable[str] | None = None,
     ) -> AdapterManifest:
         """A new version: `save(dir)` writes the peft files (`save_pretrained(dir, safe_serialization=True)`)
         into a temporary directory; their hashes and the manifest go beside them and the directory is renamed
-        to the next free version. Not activated. Raises AdapterCorrupt if `save` wrote no safetensors."""
+        to the next free version. Not activated. `served_ids`: the facts it is served for (None: all of `facts`).
+        Raises AdapterCorrupt if `save` wrote no safetensors or `served_ids` names a memory not in `facts`."""
         udir = self.user_dir(user_id)
         udir.mkdir(parents=True, exist_ok=True)
         tmp = udir / f".tmp-{uuid.uuid4().hex}"
@@ -119,6 +121,7 @@ class AdapterRegistry:
                     reason=reason,
                     gates=dict(gates or {}),
                     train=dict(train or {}),
+                    served_ids=None if served_ids is None else tuple(served_ids),
                 )
                 _write_json_atomic(tmp / MANIFEST_FILE, manifest.to_dict())
                 try:

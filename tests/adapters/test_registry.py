@@ -205,3 +205,33 @@ def test_a_save_that_writes_pickle_is_refused_and_leaves_nothing(tmp_path, tuned
     with pytest.raises(AdapterCorrupt, match="pickle"):
         reg.write("alice", pickled, base_fingerprint="fp", facts=FACTS, seed=0, passed=True)
     assert reg.versions("alice") == [] and list(reg.user_dir("alice").iterdir()) == []
+
+
+def test_served_ids_round_trip_default_to_every_fact_and_must_be_trained_facts(tmp_path, tuned):
+    reg = AdapterRegistry(tmp_path)
+    save = lambda d: tuned[0].save_pretrained(str(d), safe_serialization=True)  # noqa: E731
+    part = reg.write(
+        "alice", save, base_fingerprint="fp", facts=FACTS, seed=0, passed=True, served_ids=["m2"]
+    )
+    assert (part.memory_ids, part.served_memory_ids) == (("m1", "m2"), ("m2",))
+    on_disk = json.loads((reg.path_of(part) / MANIFEST_FILE).read_text())
+    assert on_disk["served_ids"] == ["m2"] and reg.manifest("alice", 1) == part
+    every = _write(reg, "alice", tuned[1])  # no served_ids: served for all of its facts
+    assert every.served_ids is None and every.served_memory_ids == ("m1", "m2")
+    # a manifest written before served_ids existed reads as serving every fact
+    path = reg.path_of(every) / MANIFEST_FILE
+    old = json.loads(path.read_text())
+    del old["served_ids"]
+    path.write_text(json.dumps(old))
+    assert reg.manifest("alice", 2).served_memory_ids == ("m1", "m2")
+    with pytest.raises(AdapterCorrupt, match="serves memories it was not trained on"):
+        reg.write("alice", save, base_fingerprint="fp", facts=FACTS, seed=0, passed=True, served_ids=["m9"])
+    assert [m.version for m in reg.versions("alice")] == [1, 2]  # nothing left behind by the refused write
+    assert [p.name for p in reg.user_dir("alice").iterdir() if p.name.startswith(".tmp")] == []
+    # a manifest edited on disk to serve a memory it does not hold is corrupt: never read, never served
+    on_disk["served_ids"] = ["m1", "m9"]
+    (reg.path_of(part) / MANIFEST_FILE).write_text(json.dumps(on_disk))
+    with pytest.raises(AdapterCorrupt, match="serves memories it was not trained on"):
+        reg.manifest("alice", 1)
+    with pytest.raises(AdapterCorrupt):
+        reg.activate("alice", 1, "fp")

@@ -18,7 +18,8 @@ import kvmem.text  # noqa: E402
 from kvmem.adapters import AdapterRegistry, text_sha  # noqa: E402
 from kvmem.kv.layout import PromptLayout  # noqa: E402
 from scheduler.distill import DistillConfig, distill_user  # noqa: E402
-from scheduler.distill_gates import GateConfig  # noqa: E402
+from scheduler.distill_data import Example  # noqa: E402
+from scheduler.distill_gates import GateConfig, fully_recalled  # noqa: E402
 from scheduler.distill_select import SelectConfig  # noqa: E402
 from scheduler.distill_train import TrainConfig  # noqa: E402
 
@@ -92,6 +93,8 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
         "activated",
     ]
     assert (summary["adapter_id"], summary["num_facts"], summary["activated"]) == (m.adapter_id, 2, False)
+    # it fully recalled none of its facts: served for none (and refused)
+    assert (summary["num_facts_served"], m.served_ids, m.gates["num_facts_served"]) == (0, (), 0.0)
     # seeded: a second run writes v2 with the very same weights
     again = _run(tmp_path, tiny_handle, store)
     assert again.manifest.version == 2 and again.manifest.sha256 == m.sha256
@@ -168,3 +171,15 @@ def test_an_unanswerable_question_is_trained_toward_a_declining_reply(tiny_handl
     # ...so its target is the declining reply, cross-entropy only (the base model never produced it)
     assert seq.ids == prompt + reply_ids(tok, DONT_KNOW) and seq.n == len(reply_ids(tok, DONT_KNOW))
     assert (seq.ce, seq.kl) == (True, False)
+
+
+def test_an_adapter_is_served_only_for_the_facts_whose_every_gate_question_it_answered():
+    def q(memory_id):
+        return Example(memory_id, "question", "?", "", "x")
+
+    questions = [q("b"), q("a"), q("c"), q(None), q("a"), q("b"), q("c")]
+    hits = [True, True, False, False, True, True, True]
+    assert fully_recalled(questions, hits) == ("b", "a")  # c missed one of its two; None is no fact
+    assert fully_recalled(questions, [False] * 7) == ()
+    with pytest.raises(ValueError):
+        fully_recalled(questions, hits[:-1])

@@ -20,8 +20,9 @@ def random_lora(handle, seed: int):
     return peft.get_peft_model(copy.deepcopy(handle.model), config).eval()
 
 
-def write_active(data_dir, user, model, facts, fingerprint):
-    """Write `model`'s adapter as a passed version for `user` and activate it: (registry, manifest)."""
+def write_active(data_dir, user, model, facts, fingerprint, served_ids=None):
+    """Write `model`'s adapter as a passed version for `user` (served for `served_ids`, None: every fact) and
+    activate it: (registry, manifest)."""
     reg = AdapterRegistry(data_dir / "adapters")
     m = reg.write(
         user,
@@ -30,6 +31,7 @@ def write_active(data_dir, user, model, facts, fingerprint):
         facts=facts,
         seed=0,
         passed=True,
+        served_ids=served_ids,
     )
     reg.activate(user, m.version, fingerprint)
     return reg, m

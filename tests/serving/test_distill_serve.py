@@ -143,6 +143,39 @@ def test_a_change_stops_the_adapter_and_a_version_without_the_memory_is_trained(
         assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
 
 
+def test_the_sweep_does_not_retrain_an_adapter_for_the_facts_it_did_not_fully_recall(
+    tmp_path, tiny_model_dir, tiny_handle
+):
+    with serving(tmp_path, tiny_model_dir) as s:
+        dog, porto = s.add("alice", DOG), s.add("alice", PORTO)
+        s.clock.now += 2 * HOUR
+        s.app.state.scheduler.queue.put(Task("refresh", "alice"))
+        s.app.state.scheduler.flush()
+        assert sorted(s.app.state.scheduler.distill_candidates("alice")) == sorted([dog, porto])
+        torch.manual_seed(0)
+        lora = peft.get_peft_model(
+            copy.deepcopy(tiny_handle.model),
+            peft.LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False),
+        )
+        fp = s.app.state.backend.handle.fingerprint.digest
+        v1 = s.registry.write(
+            "alice",
+            lambda d: lora.save_pretrained(str(d), safe_serialization=True),
+            base_fingerprint=fp,
+            facts=(FactRef(dog, 1, text_sha(DOG)), FactRef(porto, 1, text_sha(PORTO))),
+            served_ids=[dog],
+            seed=0,
+            passed=True,
+        )
+        s.registry.activate("alice", v1.version, fp)
+        # both candidates are in its weights (the same facts and seed would train the same weights): not queued,
+        # though Porto is served from the block, not the adapter
+        assert s.app.state.distiller.sweep() == []
+        assert s.app.state.distiller.thread.idle()
+        plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
+        assert (plan["memory_ids"], plan["trained_ids"]) == ([dog], [dog, porto])
+
+
 @pytest.mark.slow
 def test_the_sweep_queues_users_whose_candidates_no_adapter_holds_once(tmp_path, tiny_model_dir):
     with serving(tmp_path, tiny_model_dir) as s:

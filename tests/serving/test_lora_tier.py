@@ -94,6 +94,7 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
             "version": 1,
             "name": m.name,
             "memory_ids": [dog, porto],
+            "trained_ids": [dog, porto],
             "tier": "lora",
         }
         assert s.client.get("/v1/memories/plan", params={"user_id": "bob"}).json()["adapter"] is None
@@ -127,6 +128,37 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
         shutil.copytree(backup, reg.path_of(m))
         assert reg.activate("alice", 1, backend.handle.fingerprint.digest).name == m.name
         assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
+
+
+def test_a_fact_the_adapter_did_not_fully_recall_stays_in_the_block_and_in_the_prompt(
+    tmp_path, tiny_model_dir, lora_model
+):
+    backend = load_backend(tiny_model_dir, tmp_path)
+    seen: list[GenerationRequest] = []
+    stream = backend.stream
+
+    def recording(req, is_disconnected=None):
+        seen.append(req)
+        return stream(req, is_disconnected)
+
+    backend.stream = recording
+    with served(tmp_path, backend) as s:
+        dog, porto, tea = s.add("alice", DOG), s.add("alice", PORTO), s.add("alice", TEA)
+        facts = [FactRef(dog, 1, text_sha(DOG)), FactRef(porto, 1, text_sha(PORTO))]
+        fp = backend.handle.fingerprint.digest
+        _, m = write_active(tmp_path, "alice", lora_model, facts, fp, served_ids=[dog])  # Porto not recalled
+        s.plans.flush()
+        plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]
+        assert (plan["memory_ids"], plan["trained_ids"]) == ([dog], [dog, porto])
+        s.plans.flush()
+        block = s.plan("alice")
+        assert (sorted(block["memory_ids"]), block["adapter"]) == (sorted([porto, tea]), m.name)
+        reply = s.chat("alice", "What is my dog called and where do I live?")
+        assert _used(reply) == {dog: "lora", porto: "kv", tea: "kv"}
+        [req] = seen[-1:]
+        prompt = backend.handle.tokenizer.decode(req.prompt.ids)
+        assert "Porto" in prompt and "green tea" in prompt and "Miso" not in prompt
+        assert (req.adapter_id, req.block_item_id) == (m.adapter_id, block["item_id"])
 
 
 def test_a_corrupt_adapter_is_not_served_and_its_facts_go_back_to_text(tmp_path, tiny_model_dir, lora_model):
