@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from kvmem.adapters import AdapterError, AdapterManifest, AdapterRegistry
@@ -47,6 +47,7 @@ class AdapterSlots:
         self._peft: Any = None  # the peft wrapper around handle.model, once an adapter was loaded
         self._lock = threading.Lock()
         self.served: dict[str, str] = {}  # peft name -> the served name (what KV items built under it carry)
+        self._doomed: set[str] = set()  # peft names of erased versions whose weights are still in the model
 
     def manifest(self, user_id: str, adapter_id: str) -> tuple[AdapterManifest | None, str | None]:
         """(the user's adapter version `adapter_id`, None) or (None, why not). A JSON read; any thread."""
@@ -54,6 +55,7 @@ class AdapterSlots:
 
     def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
         """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
+        self.purge()
         manifest, why = self.manifest(user_id, adapter_id)
         if manifest is None:
             return None, why
@@ -95,6 +97,31 @@ class AdapterSlots:
                 log.info("adapter %s evicted (LRU, %d loaded)", old, self.max_loaded)
         log.info("adapter %s loaded", name)
 
+    def forget(self, served_names: Iterable[str]) -> bool:
+        """The delete cascade erased these versions (served names; any thread): they leave `loaded` now, and
+        `purge` (model thread) deletes their weights from the model; a version a running request uses, once it
+        ends. (They could not be served again anyway: resolving reads the erased manifest.) True if one of them
+        was loaded, i.e. a purge is due."""
+        names = set(served_names)
+        with self._lock:
+            doomed = [n for n, s in self.served.items() if s in names and n in self._loaded]
+            for n in doomed:
+                del self._loaded[n]
+            self._doomed.update(doomed)
+        return bool(doomed)
+
+    def purge(self) -> list[str]:
+        """Model thread only: delete from the model the weights of forgotten versions no request runs."""
+        with self._lock:
+            gone = [n for n in self._doomed if not self._in_use.get(n)]
+            for n in gone:
+                self._doomed.discard(n)
+                self.served.pop(n, None)
+        for n in gone:
+            self._peft.delete_adapter(n)
+            log.info("adapter %s unloaded: its version was erased", n)
+        return gone
+
     def steps(self, tokens: Iterator[int], name: str) -> Iterator[int]:
         """`tokens` (a kvmem generate) with the adapter `name` on during each of its steps and off between."""
         lora = self._peft.base_model
@@ -114,6 +141,7 @@ class AdapterSlots:
         finally:
             with self._lock:
                 self._in_use[name] -= 1
+            self.purge()
 
     def run(self, name: str, fn: Callable[[], T]) -> T:
         """`fn()` (a block prefill) with the adapter `name` on, off again after. Model thread only."""
@@ -130,11 +158,26 @@ class AdapterSlots:
         finally:
             with self._lock:
                 self._in_use[name] -= 1
+            self.purge()
 
     @property
     def loaded(self) -> tuple[str, ...]:
         with self._lock:
             return tuple(self._loaded)
+
+
+def unload_erased(
+    slots: AdapterSlots | None, served_names: Iterable[str], call_soon: Callable[[Callable[[], Any]], Any]
+) -> None:
+    """The delete cascade in a backend: erased versions leave the slots, their weights deleted on the model
+    thread (`call_soon` runs a function there without waiting: the cascade never waits for a model step)."""
+    from serving.backends.model_loop import LoopClosed
+
+    if slots is not None and slots.forget(served_names):
+        try:
+            call_soon(slots.purge)
+        except LoopClosed:  # closing: the weights go with the model
+            pass
 
 
 def adapter_slots(data_dir: str, handle: Any) -> AdapterSlots | None:

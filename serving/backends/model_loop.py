@@ -48,9 +48,13 @@ class ModelLoop:
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn() on the model thread between two steps; wait for it and return its result (or raise)."""
+        return self.call_soon(fn).result()
+
+    def call_soon(self, fn: Callable[[], Any]) -> Future:
+        """Run fn() on the model thread between two steps, without waiting: its future. Raises LoopClosed."""
         future: Future = Future()
         self._put((future, fn))
-        return future.result()
+        return future
 
     def close(self) -> None:
         """Stop after the current step; requests still running are dropped, waiting calls get LoopClosed."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.adapters import adapter_slots, under_adapter, with_adapter
+from serving.backends.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -179,6 +179,11 @@ class TransformersBackend(StoredBlocksBackend):
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
         self.sessions.forget(user_id, memory_ids)  # the delete cascade reaches live sessions' caches too
         return super().forget(user_id, memory_ids)
+
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
+        forgotten = super().forget_adapters(user_id, adapters)
+        unload_erased(self.adapters, adapters, self._loop.call_soon)  # their weights leave the model too
+        return forgotten
 
     # -- generation --------------------------------------------------------------------------------------------
     def _resolve_item(self, req: GenerationRequest):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kvmem.adapters import AdapterRegistry
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.adapters import adapter_slots, item_fits, under_adapter, user_adapter
+from serving.backends.adapters import adapter_slots, item_fits, under_adapter, unload_erased, user_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -201,6 +201,13 @@ class VllmBackend(StoredBlocksBackend):
             return None
         lora = lora_request_for(self._registry.root, adapter_id, self.config.enable_lora)
         return lora if lora is not None and lora.lora_name == manifest.name else None
+
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
+        forgotten = super().forget_adapters(user_id, adapters)
+        # the builder's peft copy drops their weights; vLLM's own LoRA slots keep them until its LRU evicts them
+        # (a running request may use them; an erased version is never requested again: its files are gone)
+        unload_erased(self.adapters, adapters, self._engine.call_soon)
+        return forgotten
 
     def warm_block(self, item_id: str) -> int:
         """Make a stored block resident in vLLM's prefix cache (prewarm): a one-token request over the block's

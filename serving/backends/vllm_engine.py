@@ -54,6 +54,10 @@ class EngineThread:
         """Run fn() on the engine thread between two steps; wait for it; return its result or raise."""
         return self._loop.call(fn)
 
+    def call_soon(self, fn: Callable[[], Any]) -> Any:
+        """Run fn() on the engine thread between two steps, without waiting: its future."""
+        return self._loop.call_soon(fn)
+
     def start(self, make_engine: Callable[[], Any]) -> Any:
         """Build the engine on the engine thread (vLLM's CPU worker sets up its threads where it is built)."""
 

@@ -120,6 +120,9 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
         assert r.status_code == 200
         assert reg.active("alice") is None  # before the call returned
         assert not reg.path_of(m).exists() and reg.rollback("alice") is None  # erased, not only unserved
+        assert backend.adapters.loaded == ()  # and out of the backend's slots before the call returned
+        backend._loop.call(lambda: None)  # the model thread's next turn: its weights have left the model
+        assert sorted(backend.adapters._peft.peft_config) == []
         assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
         used = _used(s.chat("alice", "What is my dog called and where do I live?"))
         assert "lora" not in used.values() and used[dog] in ("kv", "text")

@@ -1,0 +1,54 @@
+"""The transformers backend's adapter slots (serving/backends/adapters.py) on the tiny llama: a version the delete
+cascade erased leaves the slots at once and its weights leave the model, but not under a request still
+running it: its weights go when that request ends. Through the server: tests/serving/test_lora_tier.py."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+peft = pytest.importorskip("peft")
+
+from kvmem.adapters import FactRef, text_sha  # noqa: E402
+from serving.backends.adapters import AdapterSlots  # noqa: E402
+from tests.serving.lora_helpers import DOG, random_lora, write_active  # noqa: E402
+
+
+def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_handle):
+    fp = tiny_handle.fingerprint.digest
+    reg, m = write_active(
+        tmp_path, "alice", random_lora(tiny_handle, 5), [FactRef("m1", 1, text_sha(DOG))], fp
+    )
+    _, other = write_active(
+        tmp_path, "bob", random_lora(tiny_handle, 6), [FactRef("m2", 1, text_sha(DOG))], fp
+    )
+    handle = SimpleNamespace(model=copy.deepcopy(tiny_handle.model), fingerprint=tiny_handle.fingerprint)
+    slots = AdapterSlots(reg, handle)
+    name, why = slots.resolve("alice", m.adapter_id)
+    bob, _ = slots.resolve("bob", other.adapter_id)
+    assert why is None and slots.loaded == (name, bob)
+
+    def running() -> list[str]:  # a request under alice's adapter is running when the cascade erases it
+        assert reg.erase("alice", [m.version], "memory m1 deleted") == [m]
+        assert slots.forget([m.name]) is True
+        assert slots.loaded == (bob,)  # at once: no longer a slot
+        assert slots.purge() == []  # its weights stay while the request runs them
+        return sorted(slots._peft.peft_config)
+
+    assert slots.run(name, running) == sorted([name, bob])
+    assert sorted(slots._peft.peft_config) == [bob]  # deleted when the request ended
+    assert slots.served == {bob: other.name}
+    assert slots.forget([m.name]) is False and slots.purge() == []  # idempotent
+    gone, why = slots.resolve("alice", m.adapter_id)
+    assert gone is None and "unusable" in why  # erased: never loaded again
+    # bob's version, not running anything, goes at the next purge: the model holds no adapter weights
+    assert slots.forget([other.name]) is True and slots.purge() == [bob]
+    assert slots.loaded == () and sorted(slots._peft.peft_config) == []
+    # and a new version loads into the emptied peft model
+    _, v2 = write_active(
+        tmp_path, "alice", random_lora(tiny_handle, 7), [FactRef("m3", 1, text_sha(DOG))], fp
+    )
+    fresh, why = slots.resolve("alice", v2.adapter_id)
+    assert why is None and slots.loaded == (fresh,) and sorted(slots._peft.peft_config) == [fresh]
