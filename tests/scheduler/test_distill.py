@@ -152,7 +152,9 @@ def test_the_cli_prints_a_table_then_one_json_line_and_exits_3_when_refused(tmp_
         0.0,
     )
     assert any("skipped: not a fact the distiller can phrase" in line for line in out[:-1])
-    assert any(line.split()[-3:] == ["0", "of", "1"] for line in out if "facts served from the adapter" in line)
+    assert any(
+        line.split()[-3:] == ["0", "of", "1"] for line in out if "facts served from the adapter" in line
+    )
     assert last["num_facts_served"] == 0
     assert main(["distill", "--data-dir", str(tmp_path / "nowhere"), "--user-id", "alice"]) == 2
     assert "no memories at" in capsys.readouterr().err
