@@ -228,7 +228,7 @@ class TransformersBackend(StoredBlocksBackend):
         from kvmem.kv.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
-        lease = None
+        lease = tokens = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -310,6 +310,10 @@ class TransformersBackend(StoredBlocksBackend):
         finally:
             if lease is not None:
                 self.sessions.release(lease)
+            if (
+                tokens is not None
+            ):  # an adapter's steps: its use ends now (an erased one is unloaded), not at GC
+                tokens.close()
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)
