@@ -16,7 +16,9 @@ from scheduler.distill_data import (
     unanswerable_gate,
     valid_questions,
 )
+from scheduler.distill_gates import GENERIC_GATE
 from scheduler.distill_select import MemoryInfo, SelectConfig, select_facts
+from scheduler.distill_train import GENERIC_TRAIN
 from scheduler.heat import HeatStats
 
 DAY = 24 * 3600.0
@@ -74,6 +76,9 @@ def test_gate_questions_never_use_a_training_template():
         assert not set(rel.valid_questions) & (train_templates | set(rel.gate_questions))
     pools = [set(UNANSWERABLE_TRAIN), set(UNANSWERABLE_VALID), set(UNANSWERABLE_GATE)]
     assert sum(map(len, pools)) == len(set.union(*pools))
+    # the damage gate's generic prompts are never replayed in training
+    assert len(set(GENERIC_TRAIN)) == len(GENERIC_TRAIN) == 24
+    assert not set(GENERIC_TRAIN) & set(GENERIC_GATE)
     examples = training_examples(facts, seed=0)
     assert sorted({e.kind for e in examples}) == ["question", "reverse", "statement", "unanswerable"]
     assert sorted(e.question for e in examples if e.kind == "unanswerable") == sorted(UNANSWERABLE_TRAIN)
