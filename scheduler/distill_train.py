@@ -44,22 +44,6 @@ GENERIC_TRAIN = (
     "What colour is the sky on a clear day?",
     "Name a fruit that is yellow.",
     "How do I boil an egg?",
-    "What is the largest planet in our solar system?",
-    "Suggest a name for a pet goldfish.",
-    "What does a thermometer measure?",
-    "Translate 'good morning' into Spanish.",
-    "How many legs does a spider have?",
-    "Tell me a fun fact about elephants.",
-    "How many minutes are in an hour?",
-    "What is a good name for a bakery?",
-    "What is the boiling point of water in Celsius?",
-    "Write a haiku about rain.",
-    "Why is the ocean salty?",
-    "List three primary colours.",
-    "What is a verb?",
-    "How can I stay focused while studying?",
-    "Which ocean is the largest?",
-    "What do bees make?",
 )
 
 
@@ -70,13 +54,13 @@ class TrainConfig:
     max_steps: int = 300
     batch_size: int = 8  # fact prompts per step
     unanswerable_batch_size: int = 2
-    replay_batch_size: int = 4  # 2 (of 8 prompts): 20 facts missed the damage gate (agreement 0.891)
+    replay_batch_size: int = 4  # 2 with weight 1.0: 20 facts missed the damage gate (agreement 0.891)
     ce_weight: float = 1.0  # cross-entropy on the gold replies of fact prompts
     kl_weight: float = 0.5  # KL to the in-context teacher on those replies
     unanswerable_weight: float = (
         1.0  # cross-entropy + KL to the base model's own replies, no facts in context
     )
-    replay_weight: float = 1.0
+    replay_weight: float = 2.0
     replay_tokens: int = 24  # base-model continuation scored per generic / unanswerable prompt
     top_k: int = 64  # teacher distribution kept per position
     eval_every: int = 25
