@@ -164,6 +164,9 @@ def run_size(n: int, handle, args) -> dict:
         "best_step": outcome.manifest.train.get("best_step"),
         "stopped": outcome.manifest.train.get("stopped"),
         "valid_recall": outcome.manifest.train.get("valid_recall"),
+        # 2: the first adapter failed only the damage gate and was trained again with a stronger replay
+        "attempts": outcome.manifest.train.get("attempts"),
+        "first_attempt": outcome.manifest.train.get("first_attempt"),
         "recall_in_context": g.recall_in_context,
         "recall_adapter": g.recall_adapter,
         "recall_base": g.recall_base,

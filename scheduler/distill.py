@@ -23,7 +23,7 @@ from kvmem.adapters.active import facts_current
 from scheduler.distill_data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill_gates import GateConfig, GateReport, run_gates
 from scheduler.distill_select import MemoryInfo, SelectConfig, Selection, select_facts
-from scheduler.distill_train import TrainConfig, train_adapter
+from scheduler.distill_train import TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ class DistillConfig:
     select: SelectConfig = field(default_factory=SelectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     gates: GateConfig = field(default_factory=GateConfig)
+    # an adapter refused by the damage gate alone is trained once more with a stronger replay term
+    # (TrainConfig.stronger_replay); only the attempt that is kept is written
+    damage_retry: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,16 +112,30 @@ def distill_user(
     facts = sorted(selection.facts, key=lambda f: (f.text, f.memory_id))
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
-    result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, config.train)
-    report = run_gates(
-        result.model,
-        handle.tokenizer,
-        layout,
-        [f.text for f in facts],
-        gate_questions(facts, seed=seed + GATE_SEED_OFFSET),
-        unanswerable_gate(facts),
-        config.gates,
-    )
+
+    def attempt(train: TrainConfig) -> tuple[TrainResult, GateReport]:
+        result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train)
+        report = run_gates(
+            result.model,
+            handle.tokenizer,
+            layout,
+            [f.text for f in facts],
+            gate_questions(facts, seed=seed + GATE_SEED_OFFSET),
+            unanswerable_gate(facts),
+            config.gates,
+        )
+        return result, report
+
+    result, report = attempt(config.train)
+    train_s, first = result.train_s, None
+    stronger = config.train.stronger_replay() if config.damage_retry else None
+    if report.only_damage_failed and stronger is not None:
+        log.warning(
+            "user %r: adapter refused (%s); training it again with a stronger replay", user_id, report.reason
+        )
+        first = {"reason": report.reason, "gates": report.figures(), "steps": result.steps}
+        result, report = attempt(stronger)
+        train_s += result.train_s
     manifest = registry.write(
         user_id,
         lambda d: result.model.save_pretrained(str(d), safe_serialization=True),
@@ -131,10 +148,12 @@ def distill_user(
         gates=report.figures(),
         train={
             "steps": result.steps,
-            "train_s": round(result.train_s, 2),
+            "train_s": round(train_s, 2),  # every attempt's
             "stopped": result.stopped,
             "best_step": result.best_step,
             "valid_recall": result.valid_recall,
+            "attempts": 1 if first is None else 2,
+            **({} if first is None else {"first_attempt": first}),
         },
     )
     # a memory deleted or changed while it trained: the cascade ran before this version existed, so the job
@@ -156,7 +175,7 @@ def distill_user(
     if not activated:
         log.warning("adapter %s for user %r not activated: %s", manifest.name, user_id, reason)
     log.info("adapter %s gates: %s", manifest.name, report.figures())
-    return DistillOutcome(user_id, selection, manifest, report, result.train_s, activated, reason)
+    return DistillOutcome(user_id, selection, manifest, report, train_s, activated, reason)
 
 
 class DistillThread:

@@ -64,9 +64,15 @@ class GateReport:
     passed: bool
     reason: str  # "" when passed, else every failed gate
     served_ids: tuple[str, ...] = ()  # the facts whose every gate question the adapter answered
+    failed: tuple[str, ...] = ()  # the gates that failed: "recall", "damage", "hallucination"
+
+    @property
+    def only_damage_failed(self) -> bool:
+        """It learned facts it can be served for and does not make things up; only the generic prompts moved."""
+        return self.failed == ("damage",)
 
     def figures(self) -> dict[str, float]:
-        skip = ("passed", "reason", "served_ids")
+        skip = ("passed", "reason", "served_ids", "failed")
         return {k: float(v) for k, v in asdict(self).items() if k not in skip} | {
             "num_facts_served": float(len(self.served_ids))
         }
@@ -142,7 +148,7 @@ def run_gates(
     served = fully_recalled(questions, hits)
     wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
     kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
-    reasons = []
+    reasons, failed = [], []
     if adapter == 0:
         reasons.append("the adapter recalls none of the facts")
     elif not served:  # it is served only for the facts it fully recalled: none, nothing to serve it for
@@ -152,14 +158,18 @@ def run_gates(
             f"recall with the adapter {adapter:.2f} < {config.min_recall_ratio:.2f} x in-context recall "
             f"{in_context:.2f}"
         )
+    failed += ["recall"] if reasons else []
+    damage = len(reasons)
     if agreement < config.min_agreement:
         reasons.append(f"greedy agreement on generic prompts {agreement:.3f} < {config.min_agreement:.2f}")
     if config.max_kl is not None and kl > config.max_kl:
         reasons.append(f"mean token KL on generic prompts {kl:.4f} > {config.max_kl}")
+    failed += ["damage"] if len(reasons) > damage else []
     if wrong_adapter > wrong_base:
         reasons.append(
             f"confident answers to unanswerable questions rose from {wrong_base} to {wrong_adapter}"
         )
+        failed.append("hallucination")
     return GateReport(
         recall_in_context=in_context,
         recall_adapter=adapter,
@@ -172,4 +182,5 @@ def run_gates(
         passed=not reasons,
         reason="; ".join(reasons),
         served_ids=served,
+        failed=tuple(failed),
     )

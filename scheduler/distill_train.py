@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -98,6 +98,16 @@ class TrainConfig:
     @property
     def alpha(self) -> int:
         return 2 * self.rank
+
+    def stronger_replay(self) -> TrainConfig | None:
+        """The recipe of a second attempt after only the damage gate failed: twice the replay prompts per step at
+        twice the weight (None: no replay term to strengthen). Not the first recipe: on 5 synthetic facts it cost
+        recall on the gate's templates (0.4 vs 1.0); on 20 it kept the generic prompts (agreement 0.891 -> 0.922)."""
+        if self.replay_batch_size == 0 or self.replay_weight == 0:
+            return None
+        return replace(
+            self, replay_batch_size=2 * self.replay_batch_size, replay_weight=2 * self.replay_weight
+        )
 
 
 @dataclass

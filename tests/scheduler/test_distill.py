@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -40,7 +41,7 @@ def _store(tmp_path):
     return store, ids
 
 
-def _run(tmp_path, handle, store):
+def _run(tmp_path, handle, store, config=FAST):
     return distill_user(
         "alice",
         store=store,
@@ -49,7 +50,7 @@ def _run(tmp_path, handle, store):
         layout=PromptLayout(handle.tokenizer),
         stats={},
         now=time.time(),
-        config=FAST,
+        config=config,
         every=True,
     )
 
@@ -76,7 +77,9 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
         m.gates["recall_adapter"] == 0.0 and m.gates["num_questions"] == 4.0
     )  # 2 held-out templates per fact
     assert not outcome.activated
-    assert sorted(m.train) == ["best_step", "steps", "stopped", "train_s", "valid_recall"]
+    assert sorted(m.train) == ["attempts", "best_step", "steps", "stopped", "train_s", "valid_recall"]
+    # refused by the recall gate: no second attempt (a stronger replay would not teach it the facts)
+    assert outcome.gates.failed[0] == "recall" and m.train["attempts"] == 1
     assert m.train["valid_recall"] == 0.0 and 1 <= m.train["best_step"] <= m.train["steps"] <= 2
     assert AdapterRegistry(tmp_path / "adapters").active("alice") is None
     summary = outcome.summary()
@@ -121,6 +124,72 @@ def test_a_memory_deleted_while_its_adapter_trains_leaves_no_version_on_disk(
     assert registry.versions("alice") == [] and not registry.path_of(outcome.manifest).exists()
     monkeypatch.setattr(job, "train_adapter", train)
     assert _run(tmp_path, tiny_handle, store).manifest.version == 2  # the erased number is not reused
+
+
+def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a_stronger_replay(
+    tmp_path, tiny_handle, monkeypatch
+):
+    """The job's retry policy. The tiny llama recalls nothing, so its first report is replaced by one where
+    only the damage gate failed; both trainings and the second gates are real."""
+    import scheduler.distill as job
+    from scheduler.distill_gates import GateReport
+
+    store, _ = _store(tmp_path)
+    train, gates, configs, reports = job.train_adapter, job.run_gates, [], []
+
+    def recording_train(model, tokenizer, layout, facts, examples, config):
+        configs.append(config)
+        return train(model, tokenizer, layout, facts, examples, config)
+
+    def damage_first(*args):
+        real = gates(*args)
+        if not reports:
+            served = tuple(q.memory_id for q in args[4] if q.memory_id)
+            real = GateReport(
+                0.0,
+                1.0,
+                0.0,
+                0.5,
+                0.3,
+                0,
+                0,
+                4,
+                False,
+                "greedy agreement on generic prompts 0.500 < 0.90",
+                served_ids=served,
+                failed=("damage",),
+            )
+        reports.append(real)
+        return real
+
+    monkeypatch.setattr(job, "train_adapter", recording_train)
+    monkeypatch.setattr(job, "run_gates", damage_first)
+    outcome = _run(tmp_path, tiny_handle, store)
+    assert [(c.replay_batch_size, c.replay_weight) for c in configs] == [(2, 1.0), (4, 2.0)]
+    assert configs[1] == FAST.train.stronger_replay()
+    m = outcome.manifest
+    assert outcome.gates is reports[1] and m.reason == reports[1].reason and m.train["attempts"] == 2
+    assert m.train["first_attempt"]["reason"] == "greedy agreement on generic prompts 0.500 < 0.90"
+    assert m.train["first_attempt"]["gates"]["greedy_agreement_generic"] == 0.5
+    # only the kept attempt is written
+    assert [v.version for v in AdapterRegistry(tmp_path / "adapters").versions("alice")] == [1]
+    # switched off: the damage-refused adapter is written as it is
+    reports.clear()
+    configs.clear()
+    off = _run(tmp_path, tiny_handle, store, replace(FAST, damage_retry=False))
+    assert (len(configs), off.manifest.train["attempts"], off.manifest.passed) == (1, 1, False)
+    assert off.reason == "greedy agreement on generic prompts 0.500 < 0.90" and not off.activated
+    # refused by the recall gate (the real gates): no second attempt
+    configs.clear()
+    monkeypatch.setattr(job, "run_gates", gates)
+    assert _run(tmp_path, tiny_handle, store).manifest.train["attempts"] == 1 and len(configs) == 1
+
+
+def test_the_stronger_replay_doubles_the_replay_prompts_and_their_weight():
+    base = TrainConfig(replay_batch_size=3, replay_weight=0.5, lr=1e-3)
+    assert base.stronger_replay() == TrainConfig(replay_batch_size=6, replay_weight=1.0, lr=1e-3)
+    assert TrainConfig(replay_batch_size=0).stronger_replay() is None
+    assert TrainConfig(replay_weight=0.0).stronger_replay() is None
 
 
 def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
