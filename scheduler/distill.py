@@ -1,6 +1,8 @@
 """The distillation job for one user: select facts, train an adapter, run its gates, write the version to the
 registry, and activate it only if it passed and every fact it holds is still the memory's current version. The
-version is served only for the facts whose every gate question it answered (its manifest's `served_ids`).
+version is served only for the facts whose every gate question it answered (its manifest's `served_ids`). An
+adapter refused by the damage gate alone is trained once more with a stronger replay term, and only the
+attempt that is kept is written.
 
 Composes distill_select (policy), distill_train (training), distill_gates (gates) and kvmem.adapters (files);
 computes nothing itself. Blocking and slow (minutes on CPU): the CLI runs it in the foreground, the server in
