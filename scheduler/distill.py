@@ -114,17 +114,14 @@ def distill_user(
     facts = sorted(selection.facts, key=lambda f: (f.text, f.memory_id))
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
+    fact_texts = [f.text for f in facts]
+    questions = gate_questions(facts, seed=seed + GATE_SEED_OFFSET)
+    unanswerable = unanswerable_gate(facts)
 
     def attempt(train: TrainConfig) -> tuple[TrainResult, GateReport]:
         result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train)
         report = run_gates(
-            result.model,
-            handle.tokenizer,
-            layout,
-            [f.text for f in facts],
-            gate_questions(facts, seed=seed + GATE_SEED_OFFSET),
-            unanswerable_gate(facts),
-            config.gates,
+            result.model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
         )
         return result, report
 

@@ -148,28 +148,28 @@ def run_gates(
     served = fully_recalled(questions, hits)
     wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
     kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
-    reasons, failed = [], []
+    # each gate's failures, in the order they are reported
+    gates: dict[str, list[str]] = {"recall": [], "damage": [], "hallucination": []}
     if adapter == 0:
-        reasons.append("the adapter recalls none of the facts")
+        gates["recall"].append("the adapter recalls none of the facts")
     elif not served:  # it is served only for the facts it fully recalled: none, nothing to serve it for
-        reasons.append("the adapter answers every gate question of none of its facts")
+        gates["recall"].append("the adapter answers every gate question of none of its facts")
     elif adapter < config.min_recall_ratio * in_context:
-        reasons.append(
+        gates["recall"].append(
             f"recall with the adapter {adapter:.2f} < {config.min_recall_ratio:.2f} x in-context recall "
             f"{in_context:.2f}"
         )
-    failed += ["recall"] if reasons else []
-    damage = len(reasons)
     if agreement < config.min_agreement:
-        reasons.append(f"greedy agreement on generic prompts {agreement:.3f} < {config.min_agreement:.2f}")
+        gates["damage"].append(
+            f"greedy agreement on generic prompts {agreement:.3f} < {config.min_agreement:.2f}"
+        )
     if config.max_kl is not None and kl > config.max_kl:
-        reasons.append(f"mean token KL on generic prompts {kl:.4f} > {config.max_kl}")
-    failed += ["damage"] if len(reasons) > damage else []
+        gates["damage"].append(f"mean token KL on generic prompts {kl:.4f} > {config.max_kl}")
     if wrong_adapter > wrong_base:
-        reasons.append(
+        gates["hallucination"].append(
             f"confident answers to unanswerable questions rose from {wrong_base} to {wrong_adapter}"
         )
-        failed.append("hallucination")
+    reasons = [r for rs in gates.values() for r in rs]
     return GateReport(
         recall_in_context=in_context,
         recall_adapter=adapter,
@@ -182,5 +182,5 @@ def run_gates(
         passed=not reasons,
         reason="; ".join(reasons),
         served_ids=served,
-        failed=tuple(failed),
+        failed=tuple(g for g, rs in gates.items() if rs),
     )
