@@ -25,7 +25,7 @@ from kvmem.adapters.active import facts_current
 from scheduler.distill_data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill_gates import GateConfig, GateReport, run_gates
 from scheduler.distill_select import MemoryInfo, SelectConfig, Selection, select_facts
-from scheduler.distill_train import TrainConfig, TrainResult, train_adapter
+from scheduler.distill_train import Targets, TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,8 @@ def distill_user(
     questions = gate_questions(facts, seed=seed + GATE_SEED_OFFSET)
     unanswerable = unanswerable_gate(facts)
 
-    def attempt(train: TrainConfig) -> tuple[TrainResult, GateReport]:
-        result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train)
+    def attempt(train: TrainConfig, targets: Targets | None = None) -> tuple[TrainResult, GateReport]:
+        result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train, targets)
         report = run_gates(
             result.model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
         )
@@ -133,7 +133,7 @@ def distill_user(
             "user %r: adapter refused (%s); training it again with a stronger replay", user_id, report.reason
         )
         first = {"reason": report.reason, "gates": report.figures(), "steps": result.steps}
-        result, report = attempt(stronger)
+        result, report = attempt(stronger, result.targets)  # the base model's targets are the same
         train_s += result.train_s
     manifest = registry.write(
         user_id,

@@ -99,6 +99,10 @@ class TrainConfig:
     def alpha(self) -> int:
         return 2 * self.rank
 
+    def targets_key(self) -> tuple:
+        """The fields the base model's targets (`Targets`) depend on; the rest only shape training."""
+        return (self.replay_tokens, self.top_k, self.answer_tokens, self.valid_max, self.seed)
+
     def stronger_replay(self) -> TrainConfig | None:
         """The recipe of a second attempt after only the damage gate failed: twice the replay prompts per step at
         twice the weight (None: no replay term to strengthen). Not the first recipe: on 5 synthetic facts it cost
@@ -122,6 +126,21 @@ class _Seq:
     kl: bool = True  # KL to the teacher's top-k (False: a target the teacher did not produce)
 
 
+@dataclass(frozen=True)
+class Targets:
+    """What training one fact set needs from the base model, computed once (greedy: no randomness) and reused by
+    a second attempt: the teacher's top-k on every fact prompt, the unanswerable and replay targets, and the
+    validation questions with the number of unanswerable ones the base model does not decline."""
+
+    key: tuple  # (TrainConfig.targets_key(), the fact texts, the examples) they were computed for
+    distill: list[_Seq]
+    unanswerable: list[_Seq]
+    replay: list[_Seq]
+    valid_facts: list[Example]
+    valid_unans: list[Example]
+    base_not_declined: int
+
+
 @dataclass
 class TrainResult:
     model: Any  # the trained peft model (a copy of the base with its LoRA); adapter name "default"
@@ -131,6 +150,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # mean loss per evaluation window
     valid_recall: float = 0.0  # at the kept (best) evaluation
     best_step: int = 0  # the step whose weights were kept
+    targets: Targets | None = None  # the base model's targets it trained on (pass them to a second attempt)
 
 
 def reply_ids(tokenizer, reply: str) -> list[int]:
@@ -268,27 +288,15 @@ def _draw(pool: list, order: list[int], k: int, rng: random.Random) -> list:
     return out
 
 
-def train_adapter(
-    model: torch.nn.Module,
-    tokenizer,
-    layout,
-    facts: Sequence[Fact],
-    examples: Sequence[Example],
-    config: TrainConfig,
-) -> TrainResult:
-    """Distil `facts` into a LoRA on a copy of `model`. `examples` are the training prompts
-    (distill_data.training_examples); the teacher sees every fact's text in its block."""
-    import peft
+def _targets_key(facts: Sequence[Fact], examples: Sequence[Example], config: TrainConfig) -> tuple:
+    return (config.targets_key(), tuple(f.text for f in facts), tuple(examples))
 
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    started = time.perf_counter()
-    torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
-    base = copy.deepcopy(model).eval()
+
+def _targets(
+    base, tokenizer, layout, facts: Sequence[Fact], examples: Sequence[Example], config: TrainConfig
+) -> Targets:
+    """The base model's targets for `facts` (its teacher sees every fact's text in its block)."""
     fact_texts = [f.text for f in facts]
-
-    # teacher distributions, computed once on the base model (no adapter yet)
     distill: list[_Seq] = []
     unanswerable: list[_Seq] = []
     for ex in examples:
@@ -305,11 +313,52 @@ def train_adapter(
     if len(valid_facts) > config.valid_max:
         valid_facts = random.Random(config.seed).sample(valid_facts, config.valid_max)
     valid_unans = [q for q in valid if q.answer is None]
+    return Targets(
+        key=_targets_key(facts, examples, config),
+        distill=distill,
+        unanswerable=unanswerable,
+        replay=replay,
+        valid_facts=valid_facts,
+        valid_unans=valid_unans,
+        base_not_declined=not_declined(base, tokenizer, layout, valid_unans, config.answer_tokens),
+    )
+
+
+def train_adapter(
+    model: torch.nn.Module,
+    tokenizer,
+    layout,
+    facts: Sequence[Fact],
+    examples: Sequence[Example],
+    config: TrainConfig,
+    targets: Targets | None = None,
+) -> TrainResult:
+    """Distil `facts` into a LoRA on a copy of `model`. `examples` are the training prompts
+    (distill_data.training_examples); the teacher sees every fact's text in its block. `targets`: those of an
+    earlier attempt on the same facts and examples (`TrainResult.targets`), not computed again."""
+    import peft
+
+    if targets is not None and targets.key != _targets_key(facts, examples, config):
+        raise ValueError(
+            "train_adapter: the targets were computed for other facts, examples or target settings "
+            "(TrainConfig.targets_key)"
+        )
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    base = copy.deepcopy(model).eval()
+    reused = targets is not None
+    if targets is None:  # computed once on the base model (no adapter yet)
+        targets = _targets(base, tokenizer, layout, facts, examples, config)
+    distill, unanswerable, replay = targets.distill, targets.unanswerable, targets.replay
+    valid_facts, valid_unans = targets.valid_facts, targets.valid_unans
+    base_not_declined = targets.base_not_declined
     n_tok = config.answer_tokens
-    base_not_declined = not_declined(base, tokenizer, layout, valid_unans, n_tok)
     log.info(
         "distill: %d facts, %d prompts, %d unanswerable, %d replay; validation: %d questions, the base model "
-        "does not decline %d/%d unanswerable (%.1f s)",
+        "does not decline %d/%d unanswerable (%.1f s%s)",
         len(facts),
         len(distill),
         len(unanswerable),
@@ -318,6 +367,7 @@ def train_adapter(
         base_not_declined,
         len(valid_unans),
         time.perf_counter() - started,
+        ", targets of the first attempt" if reused else "",
     )
 
     lora = peft.LoraConfig(
@@ -394,4 +444,5 @@ def train_adapter(
         losses=losses,
         valid_recall=best_recall,
         best_step=best_step,
+        targets=targets,
     )

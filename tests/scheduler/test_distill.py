@@ -135,11 +135,12 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
     from scheduler.distill_gates import GateReport
 
     store, _ = _store(tmp_path)
-    train, gates, configs, reports = job.train_adapter, job.run_gates, [], []
+    train, gates, configs, reports, given = job.train_adapter, job.run_gates, [], [], []
 
-    def recording_train(model, tokenizer, layout, facts, examples, config):
+    def recording_train(model, tokenizer, layout, facts, examples, config, targets=None):
         configs.append(config)
-        return train(model, tokenizer, layout, facts, examples, config)
+        given.append(targets)
+        return train(model, tokenizer, layout, facts, examples, config, targets)
 
     def damage_first(*args):
         real = gates(*args)
@@ -167,6 +168,8 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
     outcome = _run(tmp_path, tiny_handle, store)
     assert [(c.replay_batch_size, c.replay_weight) for c in configs] == [(2, 1.0), (4, 2.0)]
     assert configs[1] == FAST.train.stronger_replay()
+    # the second attempt trains on the first one's base-model targets, not computed again
+    assert given[0] is None and given[1] is not None and given[1].key[0] == FAST.train.targets_key()
     m = outcome.manifest
     assert outcome.gates is reports[1] and m.reason == reports[1].reason and m.train["attempts"] == 2
     assert m.train["first_attempt"]["reason"] == "greedy agreement on generic prompts 0.500 < 0.90"
@@ -190,6 +193,40 @@ def test_the_stronger_replay_doubles_the_replay_prompts_and_their_weight():
     assert base.stronger_replay() == TrainConfig(replay_batch_size=6, replay_weight=1.0, lr=1e-3)
     assert TrainConfig(replay_batch_size=0).stronger_replay() is None
     assert TrainConfig(replay_weight=0.0).stronger_replay() is None
+
+
+def test_a_second_attempt_on_the_first_ones_targets_trains_exactly_as_if_it_computed_them(tiny_handle):
+    import peft
+
+    from scheduler.distill_data import parse_fact, training_examples
+    from scheduler.distill_train import train_adapter
+
+    layout = PromptLayout(tiny_handle.tokenizer)
+    facts = [parse_fact("m1", 1, "My dog is called Miso."), parse_fact("m2", 1, "I live in Porto.")]
+    examples = training_examples(facts, seed=0)
+    stronger = FAST.train.stronger_replay()
+
+    def train(config, targets=None):
+        return train_adapter(
+            tiny_handle.model, tiny_handle.tokenizer, layout, facts, examples, config, targets
+        )
+
+    first = train(FAST.train)
+    fresh, reused = train(stronger), train(stronger, first.targets)
+    a, b = (peft.get_peft_model_state_dict(r.model) for r in (fresh, reused))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert (fresh.steps, fresh.losses, fresh.valid_recall) == (
+        reused.steps,
+        reused.losses,
+        reused.valid_recall,
+    )
+    # targets of other facts, or of other target settings, are refused
+    with pytest.raises(ValueError, match="targets were computed for other facts"):
+        train_adapter(
+            tiny_handle.model, tiny_handle.tokenizer, layout, facts[:1], examples, stronger, first.targets
+        )
+    with pytest.raises(ValueError, match="targets_key"):
+        train(replace(stronger, top_k=4), first.targets)
 
 
 def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
