@@ -1,7 +1,9 @@
 """The JSON-lines dump format of the plaintext store: one memory per line, with its history and vector.
 
 Owns encoding a stored row to a line and validating a line back into a row; a dump loads back identically
-(same ids, times, versions, history and vector bytes). Knows nothing of SQLite.
+(same ids, times, versions, history, supersession and provenance fields, and vector bytes). Dumps written
+before those fields existed load with their defaults (valid_from = chat_time, source 'api'). Knows nothing of
+SQLite.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_metadata, check_optional_id, check_tags, check_user_id, parse_time
-from kvmem.text.records import Memory, MemoryVersion
+from kvmem.text.records import SOURCES, Memory, MemoryVersion
 
 _FIELDS = (
     "id",
@@ -33,7 +35,9 @@ _FIELDS = (
     "version",
     "history",
 )
-_OPTIONAL = ("embedding",)
+# Fields added with supersession (schema V2); absent in older dumps.
+_LATER = ("valid_from", "valid_to", "superseded_by", "source", "source_turn_ids", "slot", "slot_value")
+_OPTIONAL = ("embedding", *_LATER)
 _VERSION_FIELDS = ("version", "text", "tags", "metadata", "updated_at")
 
 
@@ -51,6 +55,7 @@ def encode_line(
     memory: Memory, history: list[MemoryVersion], embedder_name: str | None, vector_bytes: bytes | None
 ) -> str:
     record: dict[str, Any] = memory.to_dict()
+    record["slot_value"] = memory.slot_value  # not in to_dict (the API's shape), but a dump loads back whole
     record["history"] = [v.to_dict() for v in history]
     if vector_bytes is not None and embedder_name is not None:
         record["embedding"] = {
@@ -71,6 +76,36 @@ def _int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidMemoryInput(f"{where} must be a positive int, got {value!r}")
     return value
+
+
+def _later_fields(record: dict, where: str) -> dict[str, Any]:
+    """The supersession and provenance fields of a line, defaults where an older dump lacks them."""
+    out: dict[str, Any] = {}
+    for name in ("valid_from", "valid_to"):
+        value = record.get(name)
+        out[name] = None if value is None else parse_time(value, f"{where}: {name}")
+    for name in ("superseded_by", "slot"):
+        out[name] = check_optional_id(record.get(name), f"{where}: {name}")
+    slot_value = record.get("slot_value")
+    if slot_value is not None and not isinstance(slot_value, str):
+        raise InvalidMemoryInput(f"{where}: slot_value must be a string or null, got {slot_value!r}")
+    out["slot_value"] = slot_value
+    source = record.get("source", "api")
+    if source not in SOURCES:
+        raise InvalidMemoryInput(f"{where}: source must be one of {list(SOURCES)}, got {source!r}")
+    out["source"] = source
+    turn_ids = record.get("source_turn_ids", [])
+    if not isinstance(turn_ids, list) or not all(isinstance(t, str) and t for t in turn_ids):
+        raise InvalidMemoryInput(
+            f"{where}: source_turn_ids must be a list of non-empty strings, got {turn_ids!r}"
+        )
+    out["source_turn_ids"] = tuple(turn_ids)
+    if (out["valid_to"] is None) != (out["superseded_by"] is None):
+        raise InvalidMemoryInput(
+            f"{where}: valid_to and superseded_by are set together, got {out['valid_to']!r} and "
+            f"{out['superseded_by']!r}"
+        )
+    return out
 
 
 def decode_line(line: str, line_no: int) -> DumpRecord:
@@ -104,6 +139,7 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
             metadata=check_metadata(record["metadata"]),
             state=state,
             version=_int(record["version"], f"{where}: version"),
+            **_later_fields(record, where),
         )
     except InvalidMemoryInput as exc:
         if str(exc).startswith(where):

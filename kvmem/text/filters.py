@@ -20,6 +20,7 @@ _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FILTER_KEYS = ("session_id", "agent_id", "role", "tags", "metadata", "time_range")
 _SCALARS = (str, int, float, bool, type(None))
 _MESSAGE_KEYS = ("role", "content", "chat_time")
+TURN_MESSAGE_KEYS = ("role", "content", "chat_time", "name")  # a log turn may name its speaker
 
 
 def count_tokens(text: str) -> int:
@@ -160,24 +161,48 @@ def parse_add_items(
             for i, t in enumerate(texts)
         )
     else:
-        if not isinstance(messages, (list, tuple)) or not messages:
-            raise InvalidMemoryInput("messages must be a non-empty list of {role, content, chat_time?}")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
-            unknown = sorted(set(message) - set(_MESSAGE_KEYS))
-            if unknown:
-                raise InvalidMemoryInput(
-                    f"messages[{i}] has unknown key(s) {unknown}; supported: {list(_MESSAGE_KEYS)}"
-                )
-            role = message.get("role")
-            if not isinstance(role, str) or not role.strip():
-                raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
-            content = check_text(message.get("content"), max_tokens, max_chars, f"messages[{i}].content")
-            when = message.get("chat_time")
-            items.append(
-                AddItem(role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time)
+        items.extend(
+            AddItem(m.role, m.text, m.chat_time)
+            for m in parse_messages(messages, call_time, max_tokens, max_chars, _MESSAGE_KEYS)
+        )
+    return items
+
+
+class MessageItem(NamedTuple):
+    """One chat message: role, text, chat_time (None: the store stamps it) and speaker name (None: none)."""
+
+    role: str
+    text: str
+    chat_time: str | None
+    name: str | None
+
+
+def parse_messages(
+    messages: Any, call_time: str | None, max_tokens: int, max_chars: int, keys: tuple[str, ...]
+) -> list[MessageItem]:
+    """Chat messages `[{role, content, chat_time?, name?}]` (only `keys` allowed); a message's own chat_time
+    wins over `call_time`."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        optional = "".join(f", {k}?" for k in keys[2:])
+        raise InvalidMemoryInput(f"messages must be a non-empty list of {{role, content{optional}}}")
+    items: list[MessageItem] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidMemoryInput(f"messages[{i}] must be an object, got {type(message).__name__}")
+        unknown = sorted(set(message) - set(keys))
+        if unknown:
+            raise InvalidMemoryInput(f"messages[{i}] has unknown key(s) {unknown}; supported: {list(keys)}")
+        role = message.get("role")
+        if not isinstance(role, str) or not role.strip():
+            raise InvalidMemoryInput(f"messages[{i}].role must be a non-empty string, got {role!r}")
+        content = check_text(message.get("content"), max_tokens, max_chars, f"messages[{i}].content")
+        when = message.get("chat_time")
+        name = check_optional_id(message.get("name"), f"messages[{i}].name")
+        items.append(
+            MessageItem(
+                role, content, parse_time(when, f"messages[{i}].chat_time") if when else call_time, name
             )
+        )
     return items
 
 
@@ -321,3 +346,27 @@ def filter_sql(filters: SearchFilters) -> tuple[str, list[Any]]:
             clauses.append("m.chat_time <= ?")
             params.append(filters.time_range.end)
     return "".join(" AND " + c for c in clauses), params
+
+
+def check_slots(slots: Any, num_items: int) -> list[tuple[str, str] | None]:
+    """add's slots: None (no slots), or one (slot, value) or None per memory added."""
+    if slots is None:
+        return [None] * num_items
+    if isinstance(slots, str) or not isinstance(slots, (list, tuple)) or len(slots) != num_items:
+        raise InvalidMemoryInput(
+            f"slots must be a list of {num_items} (slot, value) pairs or None, got {slots!r}"
+        )
+    for i, pair in enumerate(slots):
+        if pair is None:
+            continue
+        if (
+            not isinstance(pair, (list, tuple))
+            or len(pair) != 2
+            or not isinstance(pair[0], str)
+            or not pair[0].strip()
+            or not isinstance(pair[1], str)
+        ):
+            raise InvalidMemoryInput(
+                f"slots[{i}] must be None or a (slot, value) pair of strings, got {pair!r}"
+            )
+    return [None if pair is None else (pair[0], pair[1]) for pair in slots]

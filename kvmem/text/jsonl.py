@@ -1,7 +1,9 @@
 """Exporting a store to a JSON-lines dump and importing one back, each in one transaction.
 
 Owns reading a consistent snapshot out line by line, and loading a whole dump all or nothing (vectors reused
-when they came from the same embedder). The line format itself is dump.py's; argument checks are the
+when they came from the same embedder). Dumps hold memories (superseded ones and their supersession and
+provenance fields included), not the conversation log: a turn is not exported, so an imported memory's
+source_turn_ids may name turns the new file lacks. The line format is dump.py's; argument checks are the
 store's. Knows nothing of search.
 """
 
@@ -23,6 +25,7 @@ from kvmem.text.records import ChangeEvent, Memory
 from kvmem.text.rows import (
     COLUMNS,
     LIVE,
+    NUM_COLUMNS,
     bump_generation,
     existing_ids,
     insert_history,
@@ -54,9 +57,9 @@ def export_jsonl(
             params,
         )
         for row in cursor:
-            memory = row_to_memory(row[1:14])
+            memory = row_to_memory(row[1 : 1 + NUM_COLUMNS])
             history = read_versions(conn, row[0]) if memory.version > 1 else []
-            fp_or_path.write(encode_line(memory, history, embedder_name, row[14]) + "\n")
+            fp_or_path.write(encode_line(memory, history, embedder_name, row[1 + NUM_COLUMNS]) + "\n")
             count += 1
     return count
 

@@ -1,12 +1,14 @@
 """How a Memory maps onto the store's tables, and the multi-table statements that keep them in step.
 
 Owns the column list, row -> Memory, and the writes that must touch `memories`, `memories_fts`,
-`memory_vectors`, `memory_versions` and `user_generation` together. Every function runs on a connection
+`memory_vectors`, `memory_versions` and `user_generation` together (supersession included). The log's
+`turns` table is turns.py's. Every function runs on a connection
 its caller holds inside a transaction; knows nothing of locks, events, caches or validation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections.abc import Iterable
@@ -20,15 +22,20 @@ from kvmem.text.search import owner_token
 # The memories columns in Memory's field order, over the table aliased `m`.
 COLUMNS = (
     "m.id, m.user_id, m.session_id, m.agent_id, m.role, m.text, m.created_at, m.chat_time, "
-    "m.updated_at, m.tags, m.metadata, m.state, m.version"
+    "m.updated_at, m.tags, m.metadata, m.state, m.version, m.valid_from, m.valid_to, m.superseded_by, "
+    "m.source, m.source_turn_ids, m.slot, m.slot_value"
 )
+NUM_COLUMNS = 20
 # Deleted memories keep a tombstone row (see `tombstone`); every read of live memories adds this condition.
 LIVE = "m.state != 'deleted'"
+# A superseded memory keeps its row with valid_to set; reads of what is served add this condition.
+CURRENT = "m.valid_to IS NULL"
+SERVED = f"m.state = 'active' AND {CURRENT}"
 _ID_CHUNK = 500  # ids per `IN (...)`, well under SQLite's default limit of bound parameters
 
 
 def row_to_memory(row: tuple) -> Memory:
-    """A Memory from the 13 values of COLUMNS, in order."""
+    """A Memory from the NUM_COLUMNS values of COLUMNS, in order."""
     return Memory(
         id=row[0],
         user_id=row[1],
@@ -43,6 +50,13 @@ def row_to_memory(row: tuple) -> Memory:
         metadata=json.loads(row[10]),
         state=row[11],
         version=row[12],
+        valid_from=row[13],
+        valid_to=row[14],
+        superseded_by=row[15],
+        source=row[16],
+        source_turn_ids=tuple(json.loads(row[17])),
+        slot=row[18],
+        slot_value=row[19],
     )
 
 
@@ -68,10 +82,14 @@ def to_json(value: Any) -> str:
 
 
 def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None) -> int:
-    """Inserts the memory with its FTS row (tagged with the owner token) and its vector; returns its rowid."""
+    """Inserts the memory with its FTS row (tagged with the owner token) and its vector; returns its rowid.
+
+    A memory without valid_from is written with its chat_time as valid_from.
+    """
     rowid = conn.execute(
         "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
-        "updated_at, tags, metadata, state, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "updated_at, tags, metadata, state, version, valid_from, valid_to, superseded_by, source, "
+        "source_turn_ids, slot, slot_value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             memory.id,
             memory.user_id,
@@ -86,6 +104,13 @@ def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None
             to_json(memory.metadata),
             memory.state,
             memory.version,
+            memory.valid_from or memory.chat_time,
+            memory.valid_to,
+            memory.superseded_by,
+            memory.source,
+            to_json(list(memory.source_turn_ids)),
+            memory.slot,
+            memory.slot_value,
         ),
     ).lastrowid
     conn.execute(
@@ -170,9 +195,21 @@ def live_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[An
     ]
 
 
+def source_turn_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any]) -> list[str]:
+    """The log turns this user's live memories matching `where` were formed from (distinct, in order)."""
+    ids: dict[str, None] = {}
+    for (encoded,) in conn.execute(
+        f"SELECT m.source_turn_ids FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where} "
+        "AND m.source_turn_ids != '[]' ORDER BY m.rowid",
+        [user_id, *params],
+    ):
+        ids.update(dict.fromkeys(json.loads(encoded)))
+    return list(ids)
+
+
 def tombstone(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any], updated_at: str) -> None:
     """Turns this user's live memories matching `where` into tombstones: state 'deleted', text, tags,
-    metadata, history, FTS rows and vectors erased, version bumped."""
+    metadata, slot, slot value, provenance, history, FTS rows and vectors erased, version bumped."""
     selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where}"
     args = [user_id, *params]
     for table, column in (
@@ -182,8 +219,9 @@ def tombstone(conn: sqlite3.Connection, user_id: str, where: str, params: list[A
     ):
         conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
     conn.execute(
-        f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', "
-        f"version = version + 1, updated_at = ? WHERE rowid IN ({selection})",
+        f"UPDATE memories SET state = 'deleted', text = '', tags = '[]', metadata = '{{}}', slot = NULL, "
+        f"slot_value = NULL, source_turn_ids = '[]', version = version + 1, updated_at = ? "
+        f"WHERE rowid IN ({selection})",
         [updated_at, *args],
     )
 
@@ -202,26 +240,33 @@ def existing_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
     return found
 
 
-def live_by_ids(conn: sqlite3.Connection, user_id: str, ids: list[str]) -> dict[str, Memory]:
-    """This user's live memories among these (distinct) ids, by id."""
+def live_by_ids(
+    conn: sqlite3.Connection, user_id: str, ids: list[str], include_superseded: bool = True
+) -> dict[str, Memory]:
+    """This user's live memories among these (distinct) ids, by id; superseded ones only if asked."""
+    live = LIVE if include_superseded else f"{LIVE} AND {CURRENT}"
     found: dict[str, Memory] = {}
     for start in range(0, len(ids), _ID_CHUNK):
         chunk = ids[start : start + _ID_CHUNK]
         marks = ",".join("?" * len(chunk))
         for row in conn.execute(
-            f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND {LIVE} AND m.id IN ({marks})",
+            f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND {live} AND m.id IN ({marks})",
             (user_id, *chunk),
         ):
             found[row[0]] = row_to_memory(row)
     return found
 
 
-def active_by_rowids(conn: sqlite3.Connection, user_id: str, rowids: list[int]) -> dict[int, Memory]:
-    """This user's active memories among these rowids (search hits), by rowid."""
+def active_by_rowids(
+    conn: sqlite3.Connection, user_id: str, rowids: list[int], include_superseded: bool = False
+) -> dict[int, Memory]:
+    """This user's served memories among these rowids (search hits), by rowid; with `include_superseded`,
+    every active one."""
     marks = ",".join("?" * len(rowids))
+    active = "m.state = 'active'" if include_superseded else SERVED
     rows = conn.execute(
         f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.user_id = ? AND "
-        f"m.state = 'active' AND m.rowid IN ({marks})",
+        f"{active} AND m.rowid IN ({marks})",
         (user_id, *rowids),
     ).fetchall()
     return {r[0]: row_to_memory(r[1:]) for r in rows}
@@ -234,3 +279,51 @@ def bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
         "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
         (user_id,),
     ).fetchone()[0]
+
+
+def find_served(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
+    """The served (active, not superseded) memory `memory_id` of `user_id`, or None."""
+    found = find_live(conn, user_id, memory_id)
+    return found if found is not None and found.memory.is_served else None
+
+
+def supersede_row(
+    conn: sqlite3.Connection, old: StoredMemory, new_id: str, valid_to: str, now: str
+) -> Memory:
+    """Marks the served memory `old` superseded by `new_id` from `valid_to` on: a new version (the previous
+    one goes to history, as an update's does) with valid_to and superseded_by set; returns it. The caller
+    bumps the user's generation, so cached vector matrices drop the row."""
+    rowid, memory = old
+    assert memory.is_served, memory.id
+    conn.execute(
+        "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            rowid,
+            memory.version,
+            memory.text,
+            to_json(list(memory.tags)),
+            to_json(memory.metadata),
+            memory.updated_at,
+        ),
+    )
+    updated_at = max(now, memory.updated_at)
+    conn.execute(
+        "UPDATE memories SET valid_to = ?, superseded_by = ?, version = ?, updated_at = ? WHERE rowid = ?",
+        (valid_to, new_id, memory.version + 1, updated_at, rowid),
+    )
+    return dataclasses.replace(
+        memory, valid_to=valid_to, superseded_by=new_id, version=memory.version + 1, updated_at=updated_at
+    )
+
+
+def add_provenance(conn: sqlite3.Connection, old: StoredMemory, turn_ids: Iterable[str]) -> Memory:
+    """The memory `old` with these turn ids appended to its source_turn_ids (those it already cites kept
+    once); no new version: what it says is unchanged."""
+    rowid, memory = old
+    merged = tuple(dict.fromkeys([*memory.source_turn_ids, *turn_ids]))
+    if merged != memory.source_turn_ids:
+        conn.execute(
+            "UPDATE memories SET source_turn_ids = ? WHERE rowid = ?", (to_json(list(merged)), rowid)
+        )
+    return dataclasses.replace(memory, source_turn_ids=merged)

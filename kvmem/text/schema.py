@@ -54,8 +54,39 @@ CREATE VIRTUAL TABLE memories_fts USING fts5 (text, owner, tokenize = 'porter un
 INSERT INTO memories_fts (memories_fts, rank) VALUES ('rank', 'bm25(1.0, 0.0)');
 """
 
+# V2: supersession and provenance columns on memories (existing rows: valid_from = chat_time, source 'api'),
+# and the conversation log, kept apart from memories (`turns`; formation: kvmem/formation).
+_V2 = """
+ALTER TABLE memories ADD COLUMN valid_from TEXT;
+ALTER TABLE memories ADD COLUMN valid_to TEXT;
+ALTER TABLE memories ADD COLUMN superseded_by TEXT;
+ALTER TABLE memories ADD COLUMN source TEXT NOT NULL DEFAULT 'api';
+ALTER TABLE memories ADD COLUMN source_turn_ids TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE memories ADD COLUMN slot TEXT;
+ALTER TABLE memories ADD COLUMN slot_value TEXT;
+UPDATE memories SET valid_from = chat_time;
+CREATE INDEX memories_by_slot ON memories (user_id, slot);
+CREATE TABLE turns (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    user_id TEXT NOT NULL,
+    session_id TEXT,
+    role TEXT NOT NULL,
+    speaker TEXT,
+    text TEXT NOT NULL,
+    chat_time TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    formation TEXT NOT NULL CHECK (formation IN ('pending', 'formed', 'skipped', 'dead')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX turns_by_formation ON turns (user_id, formation);
+CREATE INDEX turns_by_session ON turns (user_id, session_id);
+"""
+
 # Migration i (1-based) brings a file from user_version i-1 to i. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -113,19 +113,25 @@ def keyword_leg(
     return bm25.rank(idx, scores, entry, allowed, limit)
 
 
-def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id: str) -> UserVectors | None:
-    """This user's active rows (vectors, sessions, speakers) at the file's generation; None: no rows ever.
+def user_rows(
+    conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id: str, include_superseded: bool = False
+) -> UserVectors | None:
+    """This user's served rows (vectors, sessions, speakers) at the file's generation; None: no rows ever.
 
     Comes from `vectors` while its generation is the file's; otherwise it is read in this snapshot and cached.
+    With `include_superseded`, every active row, superseded ones too: read in this snapshot and never cached
+    (the cache holds what is served; a supersession bumps the generation, so a cached matrix never holds a
+    superseded row).
     """
     row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
     if row is None:
         return None
-    entry = vectors.get(user_id, row[0])
+    entry = None if include_superseded else vectors.get(user_id, row[0])
     if entry is None:
+        served = "m.state = 'active'" + ("" if include_superseded else " AND m.valid_to IS NULL")
         rows = conn.execute(
             "SELECT v.rowid, v.vec, m.session_id, m.role, m.text FROM memory_vectors v JOIN memories m "
-            "ON m.rowid = v.rowid WHERE v.user_id = ? AND m.state = 'active' ORDER BY v.rowid",
+            f"ON m.rowid = v.rowid WHERE v.user_id = ? AND {served} ORDER BY v.rowid",
             (user_id,),
         ).fetchall()
         matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
@@ -137,7 +143,8 @@ def user_rows(conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id:
             speakers=np.array([speaker_key(r[3]) for r in rows], dtype=object),
             lengths=np.fromiter((bm25.num_tokens(r[4]) for r in rows), dtype=np.int64, count=len(rows)),
         )
-        vectors.put(user_id, entry)
+        if not include_superseded:
+            vectors.put(user_id, entry)
     return entry
 
 
@@ -288,13 +295,15 @@ def rank_rows(
     top_k: int,
     config: TextStoreConfig,
     clock: Callable[[], datetime],
+    include_superseded: bool = False,
 ) -> list[tuple[int, float]]:
-    """(rowid, score) of this user's active memories for `query` in `mode`, best first, inside the caller's
-    read snapshot. Hybrid reads the time the query names relative to `clock` (when.py)."""
+    """(rowid, score) of this user's served memories (with `include_superseded`, active ones) for `query` in
+    `mode`, best first, inside the caller's read snapshot. Hybrid reads the time the query names relative to
+    `clock` (when.py). Both legs, the BM25 statistics and the neighbours come from the same rows (`user_rows`)."""
     num_candidates = max(config.num_candidates, top_k)
     num_keyword = max(config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
     when = parse_query_time(query, clock) if mode == "hybrid" and config.time_weight > 0 else None
-    entry = user_rows(conn, vectors, dim, user_id)
+    entry = user_rows(conn, vectors, dim, user_id, include_superseded)
     allowed = allowed_rowids(conn, user_id, filters)
     keyword: list[tuple[int, float]] = []
     if mode != "dense":

@@ -4,8 +4,9 @@ Owns the public API and each call's shape: checks (filters.py), then one transac
 statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
 caches are brought in step. Every query carries the user id, so no call returns another user's memory.
 Subscribers hear (memory id, user, added/updated/deleted) after the commit and before the call returns
-(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py, embedding.py.
-Knows nothing of HTTP, KV items or scheduling.
+(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py, embedding.py; the
+conversation log's calls (log.py), formation's writes and supersession (formed.py) and deletes (deletes.py)
+are mixed in. Knows nothing of HTTP, KV items or scheduling.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
 from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
+from kvmem.text.deletes import MemoryDeletes
 from kvmem.text.embed import Embedder, default_embedder
 from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
@@ -33,6 +35,7 @@ from kvmem.text.filters import (
     check_metadata,
     check_min_score,
     check_optional_id,
+    check_slots,
     check_tags,
     check_text,
     check_user_id,
@@ -42,20 +45,21 @@ from kvmem.text.filters import (
     parse_add_items,
     parse_filters,
 )
+from kvmem.text.formed import FormationWrites
 from kvmem.text.jsonl import ON_CONFLICT, dumps_jsonl, export_jsonl, import_jsonl
+from kvmem.text.log import ConversationLog
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
 from kvmem.text.rows import (
     COLUMNS,
+    CURRENT,
     LIVE,
     active_by_rowids,
     bump_generation,
     find_live,
     insert_memory,
     live_by_ids,
-    live_ids,
     read_versions,
     row_to_memory,
-    tombstone,
     write_version,
 )
 from kvmem.text.schema import migrate
@@ -67,8 +71,13 @@ __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; impor
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 
 
-class MemoryStore:
+class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
     """The plaintext memory store. Thread-safe: a SQLite connection per thread, writes serialized by a lock.
+
+    Served memories (active, not superseded) are what search, list and memories_by_ids return by default;
+    `get` and `count` also see superseded ones. The conversation log (log_turns, ...) and formation's writes
+    (commit_formed, supersede, slot_candidates) and deletes with their cascade to the log (delete,
+    delete_session, delete_user) come from the mixins ConversationLog, FormationWrites and MemoryDeletes.
 
     Raises InvalidMemoryInput for bad arguments (nothing written), MemoryNotFound for an id that is not a
     live memory of this user, SubscriberError if a subscriber raised (the write stands).
@@ -139,10 +148,13 @@ class MemoryStore:
         chat_time: str | datetime | None = None,
         tags: list[str] | None = None,
         metadata: dict | None = None,
+        slots: list[tuple[str, str] | None] | None = None,
     ) -> list[Memory]:
         """Stores one text, a list of texts, or chat messages (one memory each, keeping role and chat_time).
 
-        chat_time defaults to now; a message's own chat_time wins over the call's. One transaction.
+        chat_time defaults to now; a message's own chat_time wins over the call's; valid_from is chat_time
+        and source 'api'. slots: one (slot, value) or None per memory added (what later memories about the
+        same slot may supersede). One transaction.
         """
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
@@ -152,6 +164,7 @@ class MemoryStore:
         )
         tag_tuple = check_tags(tags)
         metadata = check_metadata(metadata)
+        slot_pairs = check_slots(slots, len(items))
         vectors = self._embed([item.text for item in items])
         now = format_time(self._clock())
         memories = [
@@ -169,8 +182,11 @@ class MemoryStore:
                 metadata=metadata,
                 state="active",
                 version=1,
+                valid_from=when or now,
+                slot=slot[0] if slot else None,
+                slot_value=slot[1] if slot else None,
             )
-            for role, body, when in items
+            for (role, body, when), slot in zip(items, slot_pairs, strict=True)
         ]
         with self._db.write() as tx:
             rowids = [
@@ -196,7 +212,8 @@ class MemoryStore:
     # ----------------------------------------------------------------- read one
 
     def get(self, user_id: str, memory_id: str) -> Memory:
-        """The live memory `memory_id` of `user_id`; MemoryNotFound if absent, deleted or another user's."""
+        """The live memory `memory_id` of `user_id`, superseded or not (its valid_to and superseded_by say);
+        MemoryNotFound if absent, deleted or another user's."""
         check_user_id(user_id)
         check_memory_id(memory_id)
         found = find_live(self._conn(), user_id, memory_id)
@@ -214,14 +231,17 @@ class MemoryStore:
                 raise MemoryNotFound(memory_id, user_id)
             return read_versions(conn, found.rowid)
 
-    def memories_by_ids(self, user_id: str, ids: Iterable[str]) -> list[Memory]:
-        """This user's live memories with these ids, in the given order; missing ids are skipped."""
+    def memories_by_ids(
+        self, user_id: str, ids: Iterable[str], include_superseded: bool = False
+    ) -> list[Memory]:
+        """This user's live memories with these ids, in the given order; missing ids are skipped, and so are
+        superseded memories unless `include_superseded` (the KV tiers build only from what is served)."""
         check_user_id(user_id)
         ids = list(ids)
         for memory_id in ids:
             check_memory_id(memory_id)
         with self._db.snapshot() as conn:
-            found = live_by_ids(conn, user_id, list(dict.fromkeys(ids)))
+            found = live_by_ids(conn, user_id, list(dict.fromkeys(ids)), include_superseded)
         return [found[i] for i in ids if i in found]
 
     # ----------------------------------------------------------------- update
@@ -285,39 +305,6 @@ class MemoryStore:
             tx.events.append(ChangeEvent(memory_id, user_id, "updated", text_changed=said))
         return new
 
-    # ----------------------------------------------------------------- delete
-
-    def delete(self, user_id: str, memory_id: str) -> int:
-        """Deletes one memory; returns 1, or 0 if there was no such live memory of this user."""
-        check_user_id(user_id)
-        check_memory_id(memory_id)
-        return self._delete_where(user_id, "m.id = ?", [memory_id])
-
-    def delete_session(self, user_id: str, session_id: str) -> int:
-        """Deletes every memory of one session of this user; returns how many."""
-        check_user_id(user_id)
-        if check_optional_id(session_id, "session_id") is None:
-            raise InvalidMemoryInput("session_id must be a non-empty string, got None")
-        return self._delete_where(user_id, "m.session_id = ?", [session_id])
-
-    def delete_user(self, user_id: str) -> int:
-        """Deletes every memory of this user; returns how many."""
-        check_user_id(user_id)
-        return self._delete_where(user_id, "1", [])
-
-    def _delete_where(self, user_id: str, where: str, params: list[Any]) -> int:
-        """Tombstones matching live memories (see rows.tombstone). Subscribers hear 'deleted' before this
-        returns."""
-        with self._db.write() as tx:
-            ids = live_ids(tx.conn, user_id, where, params)
-            if not ids:
-                return 0
-            tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
-            bump_generation(tx.conn, user_id)
-            tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
-            tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
-        return len(ids)
-
     # ----------------------------------------------------------------- list and count
 
     def list(
@@ -329,8 +316,10 @@ class MemoryStore:
         page_size: int = 20,
         filters: dict | SearchFilters | None = None,
         state: str = "active",
+        include_superseded: bool = False,
     ) -> Page:
-        """This user's memories, newest first (created_at, then insertion order); state: active|archived|all."""
+        """This user's memories, newest first (created_at, then insertion order); state: active|archived|all.
+        Superseded memories are left out unless `include_superseded`."""
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
         check_int(page, "page", 1, 2**31)
@@ -338,7 +327,8 @@ class MemoryStore:
         if state not in _LIST_STATES:
             raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
         clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id))
-        where = f"m.user_id = ? AND {_LIST_STATES[state]}{clause}"
+        current = "" if include_superseded else f" AND {CURRENT}"
+        where = f"m.user_id = ? AND {_LIST_STATES[state]}{current}{clause}"
         with self._db.snapshot() as conn:
             total = conn.execute(
                 f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
@@ -351,7 +341,7 @@ class MemoryStore:
         return Page(items=[row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
 
     def count(self, user_id: str) -> int:
-        """How many live (active or archived) memories this user has."""
+        """How many live (active or archived) memories this user has, superseded ones included."""
         check_user_id(user_id)
         return (
             self._conn()
@@ -382,8 +372,10 @@ class MemoryStore:
         filters: dict | SearchFilters | None = None,
         min_score: float | None = None,
         mode: str = "hybrid",
+        include_superseded: bool = False,
     ) -> list[SearchHit]:
-        """This user's active memories best matching `query`, best first.
+        """This user's served memories best matching `query`, best first; with `include_superseded`, every
+        active one, superseded ones too (for questions about the past; not cached, so slower).
 
         mode: keyword (FTS5 BM25), dense (cosine over embeddings) or hybrid (the two fused, with
         conversational context: see search.fuse_legs; score in [0, 1]). min_score applies to that mode's
@@ -409,13 +401,14 @@ class MemoryStore:
                 top_k,
                 self.config,
                 self._clock,
+                include_superseded,
             )
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]
         ranked = ranked[:top_k]
         if not ranked:
             return []
-        by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked])
+        by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked], include_superseded)
         return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
 
     # ----------------------------------------------------------------- export and import

@@ -1,0 +1,81 @@
+"""Deleting memories, mixed into MemoryStore, and the cascade to the conversation log.
+
+Owns delete, delete_session and delete_user: live memories become tombstones (rows.tombstone) and the log
+turns they came from, or the session's, or the user's whole log, are hard-deleted in the same transaction.
+Deleting a memory that superseded another leaves the old one superseded (its valid_to is history, and
+un-superseding would need a judgement the store does not make). Knows nothing of search or formation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from kvmem.text.db import Database
+from kvmem.text.errors import InvalidMemoryInput
+from kvmem.text.filters import check_memory_id, check_optional_id, check_user_id, format_time
+from kvmem.text.records import ChangeEvent
+from kvmem.text.rows import bump_generation, live_ids, source_turn_ids, tombstone
+from kvmem.text.turns import delete_turn_ids, delete_turns_where
+from kvmem.text.vectors import VectorCache
+
+
+class MemoryDeletes:
+    """The deletes on MemoryStore; the store provides what is declared here."""
+
+    _db: Database
+    _clock: Callable[[], datetime]
+    _vectors: VectorCache
+
+    def delete(self, user_id: str, memory_id: str, *, delete_turns: bool = True) -> int:
+        """Deletes one memory; returns 1, or 0 if there was no such live memory of this user. With
+        `delete_turns`, the log turns it was formed from (its source_turn_ids, this user's only) are deleted
+        too, whatever other memories cite them. A memory this one superseded stays superseded."""
+        check_user_id(user_id)
+        check_memory_id(memory_id)
+        return self._delete_where(user_id, "m.id = ?", [memory_id], source_turns=delete_turns)
+
+    def delete_session(self, user_id: str, session_id: str) -> int:
+        """Deletes every memory of one session of this user, the session's log turns and the turns those
+        memories were formed from; returns how many memories."""
+        check_user_id(user_id)
+        if check_optional_id(session_id, "session_id") is None:
+            raise InvalidMemoryInput("session_id must be a non-empty string, got None")
+        return self._delete_where(
+            user_id, "m.session_id = ?", [session_id], source_turns=True, session=session_id
+        )
+
+    def delete_user(self, user_id: str) -> int:
+        """Deletes every memory of this user and their whole conversation log; returns how many memories."""
+        check_user_id(user_id)
+        return self._delete_where(user_id, "1", [], source_turns=True, whole_log=True)
+
+    def _delete_where(
+        self,
+        user_id: str,
+        where: str,
+        params: list[Any],
+        *,
+        source_turns: bool,
+        session: str | None = None,
+        whole_log: bool = False,
+    ) -> int:
+        """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: the memories'
+        source turns (`source_turns`), one session's (`session`) or all the user's (`whole_log`). Subscribers
+        hear 'deleted' before this returns."""
+        with self._db.write() as tx:
+            if whole_log:
+                delete_turns_where(tx.conn, user_id, None)
+            elif session is not None:
+                delete_turns_where(tx.conn, user_id, session)
+            ids = live_ids(tx.conn, user_id, where, params)
+            if not ids:
+                return 0
+            if source_turns and not whole_log:
+                delete_turn_ids(tx.conn, user_id, source_turn_ids(tx.conn, user_id, where, params))
+            tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
+            bump_generation(tx.conn, user_id)
+            tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
+            tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
+        return len(ids)

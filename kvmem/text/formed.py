@@ -1,0 +1,320 @@
+"""Formation's writes, mixed into MemoryStore: commit what was formed from log turns, and supersession.
+
+Owns commit_formed (new memories with provenance, duplicates' provenance, supersessions and the turns marked
+formed, in one transaction), supersede (one memory superseded by another) and slot_candidates (what a new
+fact about a slot is compared with). A superseded memory keeps its row with valid_to and superseded_by set:
+it is no longer served (search, list and memories_by_ids leave it out unless include_superseded) but stays
+readable for questions about the past. Knows nothing of how facts are extracted or compared (kvmem/formation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from kvmem.text import turns
+from kvmem.text.bm25 import num_tokens
+from kvmem.text.config import TextStoreConfig
+from kvmem.text.db import Database, Tx
+from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
+from kvmem.text.filters import (
+    check_int,
+    check_memory_id,
+    check_optional_id,
+    check_text,
+    check_user_id,
+    format_time,
+    parse_time,
+)
+from kvmem.text.log import check_id_list
+from kvmem.text.records import ChangeEvent, CommitResult, FormedMemory, Memory
+from kvmem.text.rows import (
+    COLUMNS,
+    SERVED,
+    add_provenance,
+    bump_generation,
+    find_live,
+    find_served,
+    row_to_memory,
+    supersede_row,
+)
+from kvmem.text.vectors import VectorCache, speaker_key
+
+FORMED_ROLE = "user"  # formed memories are what the user said
+
+
+def superseded_until(old_valid_from: str | None, new_valid_from: str, now: str) -> str:
+    """The valid_to a memory valid from `old_valid_from` gets when one valid from `new_valid_from` supersedes
+    it: that time, or `now` when the old one became true later than that (the new fact is older news, yet it
+    is the newer statement)."""
+    assert old_valid_from is not None, "a stored memory has a valid_from"
+    return now if old_valid_from > new_valid_from else new_valid_from
+
+
+def _check_formed(add: Any, i: int, max_tokens: int, max_chars: int) -> FormedMemory:
+    """adds[i] validated, its times in the store's UTC form."""
+    where = f"adds[{i}]"
+    if not isinstance(add, FormedMemory):
+        raise InvalidMemoryInput(f"{where} must be a FormedMemory, got {type(add).__name__}")
+    check_text(add.text, max_tokens, max_chars, f"{where}.text")
+    source = check_id_list(add.source_turn_ids, f"{where}.source_turn_ids")
+    if not source:
+        raise InvalidMemoryInput(f"{where}.source_turn_ids must name at least one turn, got []")
+    check_optional_id(add.session_id, f"{where}.session_id")
+    check_optional_id(add.slot, f"{where}.slot")
+    if add.slot_value is not None and not isinstance(add.slot_value, str):
+        raise InvalidMemoryInput(f"{where}.slot_value must be a string or None, got {add.slot_value!r}")
+    if not isinstance(add.kind, str) or not add.kind.strip():
+        raise InvalidMemoryInput(f"{where}.kind must be a non-empty string, got {add.kind!r}")
+    return dataclasses.replace(
+        add,
+        source_turn_ids=tuple(source),
+        valid_from=parse_time(add.valid_from, f"{where}.valid_from"),
+        chat_time=parse_time(add.chat_time, f"{where}.chat_time"),
+    )
+
+
+def _check_pairs(pairs: Any, field_name: str) -> list[tuple]:
+    if isinstance(pairs, str) or not isinstance(pairs, (list, tuple)):
+        raise InvalidMemoryInput(f"{field_name} must be a list of pairs, got {pairs!r}")
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise InvalidMemoryInput(f"{field_name}[{i}] must be a pair, got {pair!r}")
+    return [tuple(p) for p in pairs]
+
+
+def _check_old(old: Any, i: int, index: Any, num_adds: int) -> str | int:
+    """The old side of supersessions[i]: a memory id, or the index of another add of the same commit."""
+    if isinstance(old, int) and not isinstance(old, bool):
+        check_int(old, f"supersessions[{i}][0]", 0, num_adds - 1)
+        if old == index:
+            raise InvalidMemoryInput(f"supersessions[{i}]: add {old} cannot supersede itself")
+        return old
+    if not isinstance(old, str) or not old:
+        raise InvalidMemoryInput(f"supersessions[{i}][0] must be a memory id or an add index, got {old!r}")
+    return old
+
+
+class FormationWrites:
+    """commit_formed, supersede and slot_candidates on MemoryStore; the store provides what is declared here."""
+
+    _db: Database
+    _clock: Callable[[], datetime]
+    _vectors: VectorCache
+    config: TextStoreConfig
+    _embed: Callable[[list[str]], np.ndarray]
+    _insert: Callable[[sqlite3.Connection, Memory, bytes | None], int]
+
+    def commit_formed(
+        self,
+        user_id: str,
+        turn_ids: list[str],
+        adds: list[FormedMemory],
+        duplicates: list[tuple[str, tuple[str, ...]]],
+        supersessions: list[tuple[str | int, int]],
+        *,
+        extractor: str,
+    ) -> CommitResult:
+        """Commits one formation pass over this user's log turns `turn_ids`, in one transaction.
+
+        - adds: new memories (source 'conversation', role 'user', metadata {"kind", "extractor"}). An add
+          citing a turn that is not (or no longer) a turn of this user, e.g. deleted meanwhile, is dropped,
+          and so is every supersession by it.
+        - duplicates: (memory id, turn ids): an existing memory said again; its source_turn_ids gain those
+          of the turns that still exist (no new version, no event). A memory no longer live is skipped.
+        - supersessions: (old memory id, index into adds): if the old memory is still served, it gets
+          valid_to (the add's valid_from, or now if the old one's valid_from is later) and superseded_by,
+          as a new version; subscribers hear ChangeEvent(old id, "updated", text_changed=True). The old
+          side may instead be an index into adds (a later fact of the batch supersedes an earlier one): that
+          add is inserted already superseded (version 1, never served, no 'updated' event).
+        A memory is superseded once: the first pair naming it wins. The turns among `turn_ids` still pending
+        or dead become 'formed'. Events after the commit: 'added' per memory added, in order, then 'updated'
+        per existing memory superseded. superseded_ids lists both kinds, in the order of `supersessions`.
+        """
+        check_user_id(user_id)
+        ids = check_id_list(turn_ids, "turn_ids")
+        if not isinstance(extractor, str) or not extractor.strip():
+            raise InvalidMemoryInput(f"extractor must be a non-empty string, got {extractor!r}")
+        if isinstance(adds, str) or not isinstance(adds, (list, tuple)):
+            raise InvalidMemoryInput(f"adds must be a list of FormedMemory, got {adds!r}")
+        adds = [
+            _check_formed(a, i, self.config.max_text_tokens, self.config.max_text_chars)
+            for i, a in enumerate(adds)
+        ]
+        duplicates = [
+            (check_memory_id(memory_id), check_id_list(ids_, f"duplicates[{i}][1]"))
+            for i, (memory_id, ids_) in enumerate(_check_pairs(duplicates, "duplicates"))
+        ]
+        supersessions = [
+            (
+                _check_old(old, i, index, len(adds)),
+                check_int(index, f"supersessions[{i}][1]", 0, len(adds) - 1),
+            )
+            for i, (old, index) in enumerate(_check_pairs(supersessions, "supersessions"))
+        ]
+        vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
+        now = format_time(self._clock())
+        with self._db.write() as tx:
+            cited = [
+                *ids,
+                *(t for a in adds for t in a.source_turn_ids),
+                *(t for _, ts in duplicates for t in ts),
+            ]
+            existing = turns.existing_turn_ids(tx.conn, user_id, cited)
+            new_ids = {
+                i: uuid.uuid4().hex
+                for i, add in enumerate(adds)
+                if all(t in existing for t in add.source_turn_ids)
+            }
+            born_superseded: dict[int, tuple[str, str]] = {}  # add index -> (superseded_by, valid_to)
+            for old, index in supersessions:
+                if (
+                    isinstance(old, int)
+                    and old in new_ids
+                    and index in new_ids
+                    and old not in born_superseded
+                ):
+                    valid_to = superseded_until(adds[old].valid_from, adds[index].valid_from, now)
+                    born_superseded[old] = (new_ids[index], valid_to)
+            added: dict[int, Memory] = {}
+            rowids: list[int] = []
+            for i, memory_id in new_ids.items():
+                add = adds[i]
+                superseded_by, valid_to = born_superseded.get(i, (None, None))
+                memory = Memory(
+                    id=memory_id,
+                    user_id=user_id,
+                    session_id=add.session_id,
+                    agent_id=None,
+                    role=FORMED_ROLE,
+                    text=add.text,
+                    created_at=now,
+                    chat_time=add.chat_time,
+                    updated_at=now,
+                    tags=(),
+                    metadata={"kind": add.kind, "extractor": extractor},
+                    state="active",
+                    version=1,
+                    valid_from=add.valid_from,
+                    valid_to=valid_to,
+                    superseded_by=superseded_by,
+                    source="conversation",
+                    source_turn_ids=add.source_turn_ids,
+                    slot=add.slot,
+                    slot_value=add.slot_value,
+                )
+                rowids.append(self._insert(tx.conn, memory, vectors[i].tobytes()))
+                added[i] = memory
+            for memory_id, gained in duplicates:
+                found = find_live(tx.conn, user_id, memory_id)
+                gained = [t for t in gained if t in existing]
+                if found is not None and gained:
+                    add_provenance(tx.conn, found, gained)
+            superseded: list[str] = []  # every memory superseded here, in the order of `supersessions`
+            updated: list[str] = []  # the existing ones among them
+            for old, index in supersessions:
+                new = added.get(index)
+                if new is None:
+                    continue
+                if isinstance(old, int):
+                    if (
+                        old in added
+                        and added[old].superseded_by == new.id
+                        and added[old].id not in superseded
+                    ):
+                        superseded.append(added[old].id)
+                    continue
+                found = find_served(tx.conn, user_id, old)
+                if found is None:
+                    continue
+                valid_to = superseded_until(found.memory.valid_from, new.valid_from, now)
+                supersede_row(tx.conn, found, new.id, valid_to, now)
+                superseded.append(old)
+                updated.append(old)
+            turns.mark_formed(tx.conn, user_id, ids, now)
+            if added or superseded:
+                kept = vectors[list(added)] if vectors is not None else None  # [len(added), dim]
+                self._refresh_vectors(tx, user_id, rowids, list(added.values()), kept, bool(superseded))
+            tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in added.values())
+            tx.events.extend(ChangeEvent(old_id, user_id, "updated", text_changed=True) for old_id in updated)
+        return CommitResult(
+            added=list(added.values()), superseded_ids=superseded, dropped=len(adds) - len(added)
+        )
+
+    def _refresh_vectors(
+        self,
+        tx: Tx,
+        user_id: str,
+        rowids: list[int],
+        memories: list[Memory],
+        vectors: np.ndarray | None,
+        invalidate: bool,
+    ) -> None:
+        """Bumps the user's generation; after the commit the cached matrix grows by the new rows (`rowids`,
+        `vectors` [len(rowids), dim]) as add's does, or is dropped when a row left the served set."""
+        gen = bump_generation(tx.conn, user_id)
+        if invalidate or vectors is None or not rowids:
+            tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
+            return
+        rowid_array = np.asarray(rowids, dtype=np.int64)
+        sessions = [m.session_id for m in memories]
+        speakers = [speaker_key(m.role) for m in memories]
+        lengths = [num_tokens(m.text) for m in memories]
+        tx.after_commit.append(
+            lambda: self._vectors.append(
+                user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths
+            )
+        )
+
+    def supersede(self, user_id: str, old_id: str, new_id: str) -> Memory:
+        """Marks this user's served memory `old_id` superseded by their served memory `new_id` (valid_to: the
+        new one's valid_from, or now if the old one's is later); returns the old memory as it now is.
+
+        MemoryNotFound if either is not a served memory of this user; InvalidMemoryInput if they are the same.
+        Subscribers hear ChangeEvent(old_id, "updated", text_changed=True).
+        """
+        check_user_id(user_id)
+        check_memory_id(old_id)
+        check_memory_id(new_id)
+        if old_id == new_id:
+            raise InvalidMemoryInput(
+                f"a memory cannot supersede itself: old_id and new_id are both {old_id!r}"
+            )
+        with self._db.write() as tx:
+            old = find_served(tx.conn, user_id, old_id)
+            if old is None:
+                raise MemoryNotFound(old_id, user_id)
+            new = find_served(tx.conn, user_id, new_id)
+            if new is None:
+                raise MemoryNotFound(new_id, user_id)
+            now = format_time(self._clock())
+            assert new.memory.valid_from is not None, new_id
+            valid_to = superseded_until(old.memory.valid_from, new.memory.valid_from, now)
+            memory = supersede_row(tx.conn, old, new_id, valid_to, now)
+            bump_generation(tx.conn, user_id)
+            tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
+            tx.events.append(ChangeEvent(old_id, user_id, "updated", text_changed=True))
+        return memory
+
+    def slot_candidates(self, user_id: str, slot: str) -> list[Memory]:
+        """This user's served memories that set `slot`, oldest first (valid_from, then insertion): what a new
+        fact about the slot is consolidated against."""
+        check_user_id(user_id)
+        if not isinstance(slot, str) or not slot.strip():
+            raise InvalidMemoryInput(f"slot must be a non-empty string, got {slot!r}")
+        rows = (
+            self._db.conn()
+            .execute(
+                f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND m.slot = ? AND {SERVED} "
+                "ORDER BY m.valid_from, m.rowid",
+                (user_id, slot),
+            )
+            .fetchall()
+        )
+        return [row_to_memory(r) for r in rows]
