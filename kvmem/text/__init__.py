@@ -21,13 +21,27 @@ from kvmem.text.errors import (
     TextStoreError,
 )
 from kvmem.text.filters import SearchFilters, TimeRange
-from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
+from kvmem.text.records import (
+    ChangeEvent,
+    CommitResult,
+    FormationCounts,
+    FormedMemory,
+    Memory,
+    MemoryVersion,
+    Page,
+    SearchHit,
+    Turn,
+    TurnPage,
+)
 from kvmem.text.store import MemoryStore
 
 __all__ = [
     "ChangeEvent",
+    "CommitResult",
     "Embedder",
     "EmbedderMismatch",
+    "FormationCounts",
+    "FormedMemory",
     "HashEmbedder",
     "InvalidMemoryInput",
     "Memory",
@@ -43,6 +57,8 @@ __all__ = [
     "TextStoreConfig",
     "TextStoreError",
     "TimeRange",
+    "Turn",
+    "TurnPage",
     "default_embedder",
     "load_embedder",
 ]

@@ -101,6 +101,59 @@ def _check_old(old: Any, i: int, index: Any, num_adds: int) -> str | int:
     return old
 
 
+def _check_adds(adds: Any, max_tokens: int, max_chars: int) -> list[FormedMemory]:
+    if isinstance(adds, str) or not isinstance(adds, (list, tuple)):
+        raise InvalidMemoryInput(f"adds must be a list of FormedMemory, got {adds!r}")
+    return [_check_formed(a, i, max_tokens, max_chars) for i, a in enumerate(adds)]
+
+
+def _within_batch(
+    adds: list[FormedMemory], new_ids: dict[int, str], supersessions: list[tuple], now: str
+) -> dict[int, tuple[str, str]]:
+    """The adds superseded by a later add of the same commit, as {add index: (superseded_by, valid_to)}; only
+    adds that are kept (`new_ids`) count, and the first pair naming an add wins."""
+    out: dict[int, tuple[str, str]] = {}
+    for old, index in supersessions:
+        if isinstance(old, int) and old in new_ids and index in new_ids and old not in out:
+            out[old] = (new_ids[index], superseded_until(adds[old].valid_from, adds[index].valid_from, now))
+    return out
+
+
+def _formed_memory(
+    add: FormedMemory,
+    memory_id: str,
+    user_id: str,
+    extractor: str,
+    now: str,
+    superseded: tuple[str, str] | None,
+) -> Memory:
+    """The memory an add becomes: said by the user, from the conversation, superseded already if
+    `superseded` = (superseded_by, valid_to)."""
+    superseded_by, valid_to = superseded if superseded is not None else (None, None)
+    return Memory(
+        id=memory_id,
+        user_id=user_id,
+        session_id=add.session_id,
+        agent_id=None,
+        role=FORMED_ROLE,
+        text=add.text,
+        created_at=now,
+        chat_time=add.chat_time,
+        updated_at=now,
+        tags=(),
+        metadata={"kind": add.kind, "extractor": extractor},
+        state="active",
+        version=1,
+        valid_from=add.valid_from,
+        valid_to=valid_to,
+        superseded_by=superseded_by,
+        source="conversation",
+        source_turn_ids=add.source_turn_ids,
+        slot=add.slot,
+        slot_value=add.slot_value,
+    )
+
+
 class FormationWrites:
     """commit_formed, supersede and slot_candidates on MemoryStore; the store provides what is declared here."""
 
@@ -141,12 +194,7 @@ class FormationWrites:
         ids = check_id_list(turn_ids, "turn_ids")
         if not isinstance(extractor, str) or not extractor.strip():
             raise InvalidMemoryInput(f"extractor must be a non-empty string, got {extractor!r}")
-        if isinstance(adds, str) or not isinstance(adds, (list, tuple)):
-            raise InvalidMemoryInput(f"adds must be a list of FormedMemory, got {adds!r}")
-        adds = [
-            _check_formed(a, i, self.config.max_text_tokens, self.config.max_text_chars)
-            for i, a in enumerate(adds)
-        ]
+        adds = _check_adds(adds, self.config.max_text_tokens, self.config.max_text_chars)
         duplicates = [
             (check_memory_id(memory_id), check_id_list(ids_, f"duplicates[{i}][1]"))
             for i, (memory_id, ids_) in enumerate(_check_pairs(duplicates, "duplicates"))
@@ -172,45 +220,12 @@ class FormationWrites:
                 for i, add in enumerate(adds)
                 if all(t in existing for t in add.source_turn_ids)
             }
-            born_superseded: dict[int, tuple[str, str]] = {}  # add index -> (superseded_by, valid_to)
-            for old, index in supersessions:
-                if (
-                    isinstance(old, int)
-                    and old in new_ids
-                    and index in new_ids
-                    and old not in born_superseded
-                ):
-                    valid_to = superseded_until(adds[old].valid_from, adds[index].valid_from, now)
-                    born_superseded[old] = (new_ids[index], valid_to)
-            added: dict[int, Memory] = {}
-            rowids: list[int] = []
-            for i, memory_id in new_ids.items():
-                add = adds[i]
-                superseded_by, valid_to = born_superseded.get(i, (None, None))
-                memory = Memory(
-                    id=memory_id,
-                    user_id=user_id,
-                    session_id=add.session_id,
-                    agent_id=None,
-                    role=FORMED_ROLE,
-                    text=add.text,
-                    created_at=now,
-                    chat_time=add.chat_time,
-                    updated_at=now,
-                    tags=(),
-                    metadata={"kind": add.kind, "extractor": extractor},
-                    state="active",
-                    version=1,
-                    valid_from=add.valid_from,
-                    valid_to=valid_to,
-                    superseded_by=superseded_by,
-                    source="conversation",
-                    source_turn_ids=add.source_turn_ids,
-                    slot=add.slot,
-                    slot_value=add.slot_value,
-                )
-                rowids.append(self._insert(tx.conn, memory, vectors[i].tobytes()))
-                added[i] = memory
+            born_superseded = _within_batch(adds, new_ids, supersessions, now)
+            added = {
+                i: _formed_memory(adds[i], memory_id, user_id, extractor, now, born_superseded.get(i))
+                for i, memory_id in new_ids.items()
+            }
+            rowids = [self._insert(tx.conn, m, vectors[i].tobytes()) for i, m in added.items()]
             for memory_id, gained in duplicates:
                 found = find_live(tx.conn, user_id, memory_id)
                 gained = [t for t in gained if t in existing]
@@ -219,30 +234,25 @@ class FormationWrites:
             superseded: list[str] = []  # every memory superseded here, in the order of `supersessions`
             updated: list[str] = []  # the existing ones among them
             for old, index in supersessions:
-                new = added.get(index)
-                if new is None:
+                if index not in added:
                     continue
                 if isinstance(old, int):
-                    if (
-                        old in added
-                        and added[old].superseded_by == new.id
-                        and added[old].id not in superseded
-                    ):
+                    if old in added and added[old].superseded_by == added[index].id:
                         superseded.append(added[old].id)
                     continue
                 found = find_served(tx.conn, user_id, old)
-                if found is None:
-                    continue
-                valid_to = superseded_until(found.memory.valid_from, new.valid_from, now)
-                supersede_row(tx.conn, found, new.id, valid_to, now)
-                superseded.append(old)
-                updated.append(old)
+                if found is not None:
+                    valid_to = superseded_until(found.memory.valid_from, added[index].valid_from, now)
+                    supersede_row(tx.conn, found, added[index].id, valid_to, now)
+                    superseded.append(old)
+                    updated.append(old)
             turns.mark_formed(tx.conn, user_id, ids, now)
-            if added or superseded:
-                kept = vectors[list(added)] if vectors is not None else None  # [len(added), dim]
+            if added:
+                kept = vectors[list(added)]  # [len(added), dim]
                 self._refresh_vectors(tx, user_id, rowids, list(added.values()), kept, bool(superseded))
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in added.values())
             tx.events.extend(ChangeEvent(old_id, user_id, "updated", text_changed=True) for old_id in updated)
+        superseded = list(dict.fromkeys(superseded))
         return CommitResult(
             added=list(added.values()), superseded_ids=superseded, dropped=len(adds) - len(added)
         )

@@ -205,6 +205,13 @@ def test_supersession_hides_the_old_memory_except_when_asked(store):
         extractor="x",
     )
     assert again.superseded_ids == [] and store.get("alice", berlin.id).superseded_by == paris.id
+    # no supersession: the cached matrix was extended by the new row (as add does), not dropped
+    [rome] = again.added
+    assert store._vectors.get(
+        "alice",
+        store._conn().execute("SELECT gen FROM user_generation WHERE user_id = ?", ("alice",)).fetchone()[0],
+    )
+    assert _top1(store, "alice", "I live in Rome") == {mode: [rome.id] for mode in MODES}
 
 
 def test_superseded_valid_to_is_now_when_the_old_fact_is_newer(store, clock):
@@ -258,6 +265,8 @@ def test_a_turn_deleted_before_commit_drops_the_adds_citing_it(store):
 
 
 def test_within_batch_supersession(store):
+    [tea] = store.add("alice", "I like tea")
+    assert _top1(store, "alice", "tea") == {mode: [tea.id] for mode in MODES}  # the vector cache is filled
     t1, t2 = _log(store, "alice", "I live in Berlin", "no wait, I moved to Paris")
     result = store.commit_formed(
         "alice",
@@ -275,7 +284,11 @@ def test_within_batch_supersession(store):
         1,
     )
     assert store.get("alice", berlin.id) == berlin
-    assert {h.memory.id for h in store.search("alice", "live Berlin Paris", mode="dense")} == {paris.id}
+    assert {h.memory.id for h in store.search("alice", "live Berlin Paris", mode="dense")} == {
+        paris.id,
+        tea.id,
+    }
+    assert _top1(store, "alice", "I live in Berlin") == {mode: [paris.id] for mode in MODES}
     with pytest.raises(InvalidMemoryInput, match="supersessions\\[0\\]: add 1 cannot supersede itself"):
         store.commit_formed("alice", [], [_add("x", [t1]), _add("y", [t1])], [], [(1, 1)], extractor="x")
 
