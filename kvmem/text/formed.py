@@ -312,18 +312,30 @@ class FormationWrites:
             tx.events.append(ChangeEvent(old_id, user_id, "updated", text_changed=True))
         return memory
 
-    def slot_candidates(self, user_id: str, slot: str) -> list[Memory]:
+    def slot_candidates(self, user_id: str, slot: str, *, prefix: bool = False) -> list[Memory]:
         """This user's served memories that set `slot`, oldest first (valid_from, then insertion): what a new
-        fact about the slot is consolidated against."""
+        fact about the slot is consolidated against. With `prefix`, also every slot under it (`slot|...`:
+        "user|partner" finds "user|partner|name"), for a fact that clears a whole subject."""
         check_user_id(user_id)
         if not isinstance(slot, str) or not slot.strip():
             raise InvalidMemoryInput(f"slot must be a non-empty string, got {slot!r}")
+        if not isinstance(prefix, bool):
+            raise InvalidMemoryInput(f"prefix must be a bool, got {prefix!r}")
+        # '}' follows '|' in code point order, so [slot + '|', slot + '}') holds exactly the names under it
+        match, params = (
+            ("m.slot = ?", [slot])
+            if not prefix
+            else (
+                "(m.slot = ? OR (m.slot >= ? AND m.slot < ?))",
+                [slot, slot + "|", slot + "}"],
+            )
+        )
         rows = (
             self._db.conn()
             .execute(
-                f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND m.slot = ? AND {SERVED} "
+                f"SELECT {COLUMNS} FROM memories m WHERE m.user_id = ? AND {match} AND {SERVED} "
                 "ORDER BY m.valid_from, m.rowid",
-                (user_id, slot),
+                (user_id, *params),
             )
             .fetchall()
         )

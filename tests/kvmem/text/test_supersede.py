@@ -464,3 +464,20 @@ def test_an_old_dump_imports_with_defaults(store):
     half = {**line, "id": "old3", "superseded_by": "x"}
     with pytest.raises(InvalidMemoryInput, match="line 1: valid_to and superseded_by are set together"):
         store.import_jsonl(io.StringIO(json.dumps(half) + "\n"))
+
+
+def test_slot_candidates_by_prefix(store):
+    slots = [
+        ("user|partner", "anna"),
+        ("user|partner|name", "anna"),
+        ("user|partner_x", "1"),
+        ("user|partners", "2"),
+    ]
+    partner, name, *_ = store.add("alice", texts=[f"fact {i}" for i in range(4)], slots=slots)
+    store.add("bob", "bob's partner", slots=[("user|partner|name", "eve")])
+    assert store.slot_candidates("alice", "user|partner") == [partner]
+    assert store.slot_candidates("alice", "user|partner", prefix=True) == [partner, name]
+    assert store.slot_candidates("alice", "user|partner|name", prefix=True) == [name]
+    assert store.slot_candidates("alice", "user") == []
+    with pytest.raises(InvalidMemoryInput, match="slot must be a non-empty string, got ''"):
+        store.slot_candidates("alice", "")
