@@ -1,0 +1,55 @@
+"""The shapes memory formation hands across module boundaries: a log turn as an extractor reads it, a formed
+fact, and a consolidation decision.
+
+Knows nothing of SQLite, HTTP or how facts are extracted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DECISIONS = ("add", "duplicate", "supersede")
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """One conversation-log turn, as an extractor reads it."""
+
+    id: str
+    role: str  # "user" | "assistant" | "system" (a multi-party log: the speaker's name is in `speaker`)
+    text: str
+    chat_time: str  # ISO 8601 UTC, e.g. "2026-11-26T14:41:09.000000Z"
+    session_id: str | None = None
+    speaker: str | None = None  # a name when the log names one (imports); None: the user themselves
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One atomic memory formed from one or more turns.
+
+    `text` is self-contained and as the user said it (first person kept), with relative dates resolved
+    ("yesterday" -> "on 2026-11-25"). `slot` names the subject and attribute the fact sets
+    ("user|home_city", "user|dog.name", "user|likes:coffee"), `value` its normalized value ("berlin"); a fact
+    with no slot never supersedes anything. `valid_from` is when it became true as far as we know (the turn's
+    time, or the resolved date it names).
+    """
+
+    text: str
+    turn_ids: tuple[str, ...]
+    valid_from: str
+    kind: str = "fact"  # "fact" | "preference" | "plan" | "relation" | "event"
+    slot: str | None = None
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What consolidation does with a new fact: add it; drop it as a duplicate of `target_ids` (their
+    provenance gains its turns); or add it and supersede `target_ids` (they get valid_to and superseded_by)."""
+
+    kind: str  # one of DECISIONS
+    target_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.kind in DECISIONS, self.kind
+        assert (self.kind == "add") == (not self.target_ids), (self.kind, self.target_ids)
