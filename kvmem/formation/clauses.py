@@ -1,0 +1,247 @@
+"""A user's message cut into candidate statements: sentences, then clauses joined by "and"/"but" or a comma
+where each side is a full first-person statement; then the ones that are not memory are dropped (greetings,
+questions, requests, filler, hedged hypotheticals, statements about the assistant).
+
+Knows nothing of dates, slots or facts: it returns the kept clauses as said, minus discourse markers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvmem.formation.dates import RELATIVE_DATE
+from kvmem.formation.lexicon import DISCOURSE_MARKERS, FILLER_CLAUSES
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One kept statement: `text` as said (markers stripped, no end punctuation); `correction` when the
+    sentence opened with "actually", "correction", "sorry" or "no wait"."""
+
+    text: str
+    correction: bool = False
+
+
+_EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\ufe0f\u200d]+|(?<!\\w)[:;]-?[()dDpP3](?!\\w)")
+_SPACES = re.compile(r"\s+")
+_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2014": " - "})
+# Chat spellings of the first person: "im" -> "I'm", a lone lowercase "i" -> "I".
+_CHAT_I = (
+    (re.compile(r"\bim\b"), "I'm"),
+    (re.compile(r"\bive\b"), "I've"),
+    (re.compile(r"\bi(?=\b|')"), "I"),
+)
+
+_ABBREVIATIONS = re.compile(r"(?:\b(?:dr|mr|mrs|ms|st|prof|jr|sr|vs|etc|approx|no)|\b(?:e\.g|i\.e))\.$", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*\n+\s*|\s*;\s*|\s+-\s+|:\s+")
+
+_MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
+_LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
+_CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
+_TRAILING_FILLER = re.compile(
+    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way))+\s*[.!?]*$",
+    re.I,
+)
+
+# Leading adverbials allowed before the subject: resolved dates ("On 2026-11-25, I ..."), time adverbs.
+_DATE_PHRASE = (
+    r"(?:on|in|since|from|during|around|until) (?:the (?:morning|afternoon|evening|night|week|weekend) of )?"
+    r"(?:\d{4}-\d\d-\d\d|[A-Z][a-z]+ \d{4}|\d{4})"
+)
+# "After years in Lisbon, I ...", "When I was a kid, I ...": a leading phrase up to a comma (after a
+# preposition, one with no subject of its own, so "In 2019 I moved to Berlin," is not taken for one).
+_LEADING_PHRASE = (
+    r"(?:(?:after|before|since|when|while|as|because|although|though|once|until|ever since)\b[^,]{1,60}|"
+    r"(?:at|in|on|by|from|for|with|without|during|despite)\b(?:(?!\b(?:I|we)\b)[^,]){1,60}),"
+)
+_ADVERBIAL = re.compile(
+    rf"^(?:(?:{_DATE_PHRASE}|{RELATIVE_DATE.pattern}|earlier today|sadly|unfortunately|luckily|fortunately|"
+    r"happily|thankfully|surprisingly|obviously|apparently|recently|lately|now|currently|also|finally|just|"
+    r"then|still|so|and|but|these days|nowadays|at the moment|right now|as of now|for now|these past \w+ \w+|"
+    r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|"
+    r"in (?:january|february|march|april|may|june|july|august|september|october|november|december)"
+    rf"(?: \d{{4}})?)\b,?|{_LEADING_PHRASE})\s+",
+    re.I,
+)
+_SUBJECT = re.compile(
+    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine)\b(?!-)", re.I
+)
+# "Green is now my favourite colour", "call me Sam": first-person statements without a first-person subject.
+_ALSO_ABOUT_USER = re.compile(
+    r"^(?:[\w' -]{1,40} (?:is|are) (?:now |still |officially )?my (?:new )?favou?rite\b|"
+    r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b)",
+    re.I,
+)
+
+_QUESTION_START = re.compile(
+    r"^(?:what|who|whom|whose|where|when|why|how|which|is|are|am|was|were|do|does|did|can|could|would|will|"
+    r"should|shall|may|might|have|has|had|isn't|aren't|don't|doesn't|didn't|won't|wouldn't|can't|any|anything|"
+    r"any ideas|thoughts|ideas)\b",
+    re.I,
+)
+_HYPOTHETICAL = re.compile(
+    r"\b(?:if|unless|whether|suppose|supposing|imagine|hypothetically|in theory|let's say|wish|pretend)\b",
+    re.I,
+)
+_ABOUT_ASSISTANT = re.compile(r"\b(?:you|you're|you've|you'll|you'd|your|yours|yourself|u|ur)\b", re.I)
+_REQUEST = re.compile(
+    r"^(?:I|we) (?:(?:really |just |would |'d )?(?:need|want|would like|'d like|wanna) (?:you|to know|to ask|"
+    r"to learn about|to understand|help|some help|advice|some advice|a recipe|some ideas|ideas|suggestions|"
+    r"recommendations|a list|an example|more info|information|a summary)|(?:have|got) a (?:quick )?question|"
+    r"(?:was|am|'m) (?:wondering|curious|asking)|(?:need|want) (?:a|an|some) (?:recipe|idea|suggestion|tip|"
+    r"recommendation|plan|summary|list|explanation))",
+    re.I,
+)
+_HEDGE = re.compile(
+    r"^(?:I|we) (?:might|may|could|should|would|must|hope|wonder|doubt)\b|"
+    r"^(?:I|we)(?:'d| would) (?!love to|like to|prefer|rather)|"
+    r"^(?:I|we) (?:think|guess|suppose|believe|feel like|reckon|bet) (?:that )?(?:I|we|my|our|it|maybe)\b|"
+    r"^(?:I|we) (?:should|could|might) (?:probably|maybe|definitely|really)\b|"
+    r"^(?:I|we)(?:'m| am|'re| are) (?:probably|maybe|possibly)\b",
+    re.I,
+)
+# A short clause whose object is only a pronoun reacts to what was said: "I love it", "I'll try that".
+_PRONOUN_REACTION = re.compile(
+    r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$", re.I
+)
+# Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo".
+_META = re.compile(
+    r"^I (?:misspoke|mixed (?:that|it|them|things) up|got (?:that|it) wrong|made a (?:typo|mistake)|was wrong|"
+    r"meant to say|mis-?typed)\b",
+    re.I,
+)
+
+
+def normalize(text: str) -> str:
+    """Plain quotes and dashes, no emoji or emoticons, single spaces, chat spellings of "I" fixed."""
+    text = _EMOJI.sub(" ", text.translate(_QUOTES))
+    for pattern, replacement in _CHAT_I:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences and lines, end punctuation kept; a period after "Dr" or "e.g" does not end one."""
+    pieces = [p for p in _SENTENCE_END.split(text) if p and p.strip()]
+    sentences: list[str] = []
+    for piece in pieces:
+        piece = _SPACES.sub(" ", piece).strip()
+        if sentences and _ABBREVIATIONS.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        else:
+            sentences.append(piece)
+    return sentences
+
+
+def strip_markers(text: str) -> str:
+    return _LEADING_MARKER.sub("", text).strip()
+
+
+def strip_adverbials(text: str) -> str:
+    """The clause from its subject on: leading dates and time adverbs removed (at most three)."""
+    for _ in range(3):
+        stripped = _ADVERBIAL.sub("", text, count=1)
+        if stripped == text:
+            break
+        text = stripped
+    return text
+
+
+def is_first_person(clause: str) -> bool:
+    """Whether the clause (markers stripped) states something of the user: "I ...", "my ...", "we ...",
+    possibly after a date or time adverb, or one of the few statements shaped otherwise ("call me Sam")."""
+    core = strip_adverbials(clause)
+    return bool(_SUBJECT.match(core) or _ALSO_ABOUT_USER.match(core))
+
+
+# "My girlfriend" before "and I broke up" is a subject, not a statement: "my" and up to three words with no
+# verb among them (one of these, or a word ending in "ed").
+_VERBS = (
+    r"is|are|was|were|has|have|had|do|does|did|got|gets|will|can|could|would|lives|works|loves|likes|hates|"
+    r"goes|says|died|left|came|comes|plays|studies|teaches|makes|made|knows|thinks|wants|needs|runs|ran|"
+    r"broke|became|becomes|turned|turns|went|sent|told|bought|gave|took|won|lost|just|also|still|never"
+)
+_MY_NOUN_ONLY = re.compile(rf"^(?:my|our)(?: (?!(?:{_VERBS})\b)[\w'-]+(?<!ed)(?<!'s)){{1,3}}$", re.I)
+
+
+def is_statement(clause: str) -> bool:
+    """A first-person clause that is a whole statement, not just a subject ("my sister", "me")."""
+    core = strip_adverbials(strip_markers(clause))
+    return is_first_person(core) and not _MY_NOUN_ONLY.match(core)
+
+
+def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
+    """Split at each `joiner` whose both sides are first-person statements; other joins are kept."""
+    parts: list[str] = []
+    start = 0
+    for m in joiner.finditer(sentence):
+        left, right = sentence[start : m.start()], sentence[m.end() :]
+        if is_statement(right) and is_statement(left):
+            parts.append(left)
+            start = m.end()
+    parts.append(sentence[start:])
+    return [p.strip(" ,") for p in parts if p.strip(" ,")]
+
+
+_AND_BUT = re.compile(r",?\s+(?:and|but|and then|but now|and now|and also|plus)\s+(?=\S)", re.I)
+_COMMA = re.compile(r",\s+(?=\S)")
+
+
+def _comma_split(sentence: str) -> list[str]:
+    """Split at a comma followed by a first-person statement ("Loved it, I signed up ..."); the left part
+    is kept as its own clause unless it is only a date or adverb leading into the subject."""
+    parts: list[str] = []
+    start = 0
+    for m in _COMMA.finditer(sentence):
+        left, right = sentence[start : m.start()], sentence[m.end() :]
+        if not is_first_person(strip_markers(right)):
+            continue
+        if not strip_adverbials(f"{strip_markers(left)}, ").strip():
+            continue  # "On 2026-11-25, I ...", "After years in Lisbon, I ...": it belongs to the statement
+        parts.append(left)
+        start = m.end()
+    parts.append(sentence[start:])
+    return [p.strip(" ,") for p in parts if p.strip(" ,")]
+
+
+def _keep(clause: str) -> bool:
+    core = strip_adverbials(clause)
+    lowered = core.lower().rstrip(".!? ")
+    if not is_first_person(clause) or len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):
+        return False
+    if lowered in FILLER_CLAUSES or _PRONOUN_REACTION.match(lowered) or _META.match(core):
+        return False
+    if _REQUEST.match(core) or _HEDGE.match(core):
+        return False
+    if _ABOUT_ASSISTANT.search(core) and not _ALSO_ABOUT_USER.match(core):
+        return False
+    return True
+
+
+def statements(text: str) -> list[Clause]:
+    """The first-person statements in one user message, in order, as said (markers and end punctuation
+    stripped). Questions, requests, greetings, filler, hedged or hypothetical sentences and statements
+    about the assistant are dropped; "and"/"but"/comma joins of two full statements become two."""
+    kept: list[Clause] = []
+    for sentence in split_sentences(normalize(text)):
+        if _HYPOTHETICAL.search(sentence):
+            continue
+        correction = bool(_CORRECTION.match(sentence))
+        sentence = _TRAILING_FILLER.sub("", sentence)
+        question = sentence.rstrip().endswith("?")
+        body = strip_markers(sentence.rstrip(" .!?"))
+        if question:
+            # "I just adopted a cat, any name ideas?": the part after the last comma is the question
+            pieces = _comma_split(body.rsplit(",", 1)[0]) if "," in body else []
+        else:
+            pieces = _comma_split(body)
+        for piece in pieces:
+            piece = strip_markers(piece)
+            if _QUESTION_START.match(piece) and not is_first_person(piece):
+                continue  # "Do you ...", "How do I ..." (but "When I was a kid, I ..." is a statement)
+            for clause in _split_on(piece, _AND_BUT):
+                clause = strip_markers(clause).rstrip(" .!?,")
+                if clause and _keep(clause):
+                    kept.append(Clause(clause, correction))
+    return kept

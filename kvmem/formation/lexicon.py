@@ -1,0 +1,257 @@
+"""Word lists the rule extractor reads: occupations, pet species, relatives, demonyms, filler and discourse
+markers, each with the canonical form a slot or value uses.
+
+Plain data, general English; knows nothing of patterns or facts (`clauses.py` and `slots.py` read it).
+"""
+
+from __future__ import annotations
+
+# Head nouns of occupations: "I'm a <...> <head>" is a job only when the head is one of these, so "I'm a big
+# fan" or "I'm a morning person" are not jobs. "I work as a ..." needs no list.
+OCCUPATIONS = frozenset(
+    """
+    accountant actor actress administrator analyst animator architect artist assistant astronomer attorney
+    au-pair baker bank-teller barber barista bartender biologist blogger bookkeeper builder butcher buyer
+    carpenter cashier caregiver ceo cfo chef chemist cleaner clerk coach consultant cook counselor counsellor
+    courier cto dancer dentist designer detective developer dietitian director doctor driver economist editor
+    electrician engineer entrepreneur farmer firefighter fisherman freelancer gardener geologist graphic
+    hairdresser historian illustrator influencer instructor intern interpreter investor janitor jeweler
+    journalist judge lawyer lecturer librarian lifeguard linguist mechanic manager marketer mathematician
+    midwife model musician nanny neurologist nurse nutritionist officer optician painter paralegal paramedic
+    pharmacist photographer physician physicist physiotherapist pilot plumber poet police policeman
+    policewoman politician postman producer professor programmer psychiatrist psychologist publisher
+    receptionist recruiter reporter researcher salesman saleswoman salesperson scientist secretary
+    shopkeeper singer soldier statistician student surgeon surveyor tailor teacher technician therapist
+    trainer translator tutor veterinarian vet waiter waitress welder writer youtuber streamer sailor
+    carer cook mechanic realtor banker broker copywriter tester sysadmin
+    """.split()
+)
+
+# Pet species as said -> the species a name slot is kept under ("user|dog.name").
+SPECIES = {
+    "dog": "dog",
+    "puppy": "dog",
+    "pup": "dog",
+    "doggo": "dog",
+    "cat": "cat",
+    "kitten": "cat",
+    "kitty": "cat",
+    "rabbit": "rabbit",
+    "bunny": "rabbit",
+    "hamster": "hamster",
+    "guinea pig": "guinea_pig",
+    "parrot": "parrot",
+    "budgie": "parrot",
+    "bird": "bird",
+    "fish": "fish",
+    "goldfish": "fish",
+    "turtle": "turtle",
+    "tortoise": "tortoise",
+    "horse": "horse",
+    "pony": "horse",
+    "snake": "snake",
+    "lizard": "lizard",
+    "gecko": "lizard",
+    "ferret": "ferret",
+    "rat": "rat",
+    "mouse": "mouse",
+}
+
+# Relatives as said -> the subject their slots are kept under ("sister|home_city"). Those in
+# NEEDS_NAME are rarely unique ("my friend"), so they get a slot only with a name: "friend:tom|home_city".
+RELATIVES = {
+    "mom": "mother",
+    "mum": "mother",
+    "mother": "mother",
+    "mama": "mother",
+    "dad": "father",
+    "father": "father",
+    "papa": "father",
+    "sister": "sister",
+    "sis": "sister",
+    "brother": "brother",
+    "bro": "brother",
+    "wife": "wife",
+    "husband": "husband",
+    "partner": "partner",
+    "boyfriend": "boyfriend",
+    "girlfriend": "girlfriend",
+    "fiance": "fiance",
+    "fiancé": "fiance",
+    "fiancee": "fiance",
+    "fiancée": "fiance",
+    "son": "son",
+    "daughter": "daughter",
+    "grandma": "grandmother",
+    "grandmother": "grandmother",
+    "granny": "grandmother",
+    "grandpa": "grandfather",
+    "grandfather": "grandfather",
+    "aunt": "aunt",
+    "uncle": "uncle",
+    "boss": "boss",
+    "roommate": "roommate",
+    "flatmate": "roommate",
+    "best friend": "best_friend",
+    "friend": "friend",
+    "cousin": "cousin",
+    "neighbor": "neighbour",
+    "neighbour": "neighbour",
+    "colleague": "colleague",
+    "coworker": "colleague",
+    "co-worker": "colleague",
+}
+NEEDS_NAME = frozenset({"friend", "cousin", "neighbour", "colleague"})
+
+# "I'm Portuguese" is a nationality, not a name.
+DEMONYMS = frozenset(
+    """
+    american argentinian australian austrian belgian brazilian british bulgarian canadian chilean chinese
+    colombian croatian cuban czech danish dutch egyptian english estonian filipino finnish french german
+    greek hungarian indian indonesian irish israeli italian japanese kenyan korean latvian lithuanian
+    mexican moroccan nigerian norwegian pakistani peruvian polish portuguese romanian russian scottish
+    serbian slovak spanish swedish swiss taiwanese thai turkish ukrainian vietnamese welsh
+    """.split()
+)
+# Capitalized words after "I'm" that are not names either.
+NOT_NAMES = DEMONYMS | frozenset(
+    """
+    catholic christian muslim jewish buddhist hindu atheist agnostic vegan vegetarian ok okay fine good great
+    back here home sorry sure ready done not so very just also still really
+    """.split()
+)
+
+# Diets as said -> value.
+DIETS = {
+    "vegetarian": "vegetarian",
+    "veggie": "vegetarian",
+    "vegan": "vegan",
+    "pescatarian": "pescatarian",
+    "pescetarian": "pescatarian",
+    "flexitarian": "flexitarian",
+    "keto": "keto",
+    "gluten-free": "gluten-free",
+    "gluten free": "gluten-free",
+    "paleo": "paleo",
+}
+
+# Relationship states as said -> value of user|relationship.
+RELATIONSHIP = {
+    "single": "single",
+    "married": "married",
+    "engaged": "engaged",
+    "divorced": "divorced",
+    "separated": "separated",
+    "widowed": "widowed",
+    "a widow": "widowed",
+    "a widower": "widowed",
+    "in a relationship": "in a relationship",
+    "taken": "in a relationship",
+    "seeing someone": "in a relationship",
+    "dating someone": "in a relationship",
+}
+
+# Whole clauses (lowercased, end punctuation stripped) that are conversation, not memory, even though they
+# start with "I": reactions, acknowledgements, transient states.
+FILLER_CLAUSES = frozenset(
+    """
+    i see|i agree|i understand|i think so|i don't think so|i don't know|i dunno|i'm not sure|i am not sure|i guess
+    |i guess so|i hope so|i suppose|i suppose so|i'm good|i'm fine|i'm ok|i'm okay|i'm alright|i am fine
+    |i'm doing well|i'm doing good|i'm doing great|i'm doing fine|i'm doing ok|i'm doing okay|i'm great
+    |i'm back|i'm here|i mean|i know|i know right|i think|i'm glad|i'm so glad|i appreciate it|i'm in|i'm sure
+    |i was joking|i'm kidding|i'm just kidding|i get it|i got it|i will|i'll try|i can't wait|i'm so excited
+    |i'm excited|my bad|my pleasure|i'm sorry|i'm ready|i'm done|i'm curious|i'm confused|i'm bored
+    |i'm tired|i'm so tired|i'm hungry|i'm sleepy|i'm busy|i'm lost|i'm listening|i'm all ears|i did
+    |i do|i don't|i didn't|i am|i'm not|i have|i haven't|i can|i can't|i was|i wasn't|me too|i'm off
+    |i'm heading out|i have to go|i gotta go|i need to go|i'm going to bed|i'm off to bed|i'm leaving
+    |i'll be back|i'm on it|i'm impressed|i'm shocked|i'm surprised|i feel better|i love you|i like you
+    |we'll see|i'm thinking|i was thinking|i'm wondering|i'm just curious|i'm just wondering
+    """.replace("\n", "")
+    .replace("    ", "")
+    .split("|")
+)
+
+# Words that open a sentence or clause without carrying meaning; stripped before anything else.
+DISCOURSE_MARKERS = (
+    "oh and",
+    "oh",
+    "ah",
+    "well",
+    "so",
+    "ok so",
+    "okay so",
+    "ok",
+    "okay",
+    "alright",
+    "all right",
+    "um",
+    "uh",
+    "umm",
+    "hmm",
+    "haha",
+    "hahaha",
+    "lol",
+    "btw",
+    "by the way",
+    "anyway",
+    "anyways",
+    "actually",
+    "also",
+    "plus",
+    "and",
+    "but",
+    "yeah",
+    "yes",
+    "yep",
+    "yup",
+    "no",
+    "nope",
+    "nah",
+    "hey",
+    "hi",
+    "hello",
+    "hiya",
+    "heh",
+    "honestly",
+    "basically",
+    "just so you know",
+    "fyi",
+    "fun fact",
+    "quick update",
+    "update",
+    "news",
+    "big news",
+    "correction",
+    "sorry",
+    "wait",
+    "no wait",
+    "oops",
+    "ugh",
+    "wow",
+    "good morning",
+    "good evening",
+    "good afternoon",
+    "thanks",
+    "thank you",
+    "great",
+    "cool",
+    "nice",
+    "sure",
+    "right",
+    "true",
+    "guess what",
+    "remember",
+    "as i said",
+    "as i mentioned",
+    "like i said",
+    "to be honest",
+    "tbh",
+    "oh yeah",
+    "oh right",
+    "oh by the way",
+    "speaking of which",
+    "i meant",
+    "i mean",
+    "what i meant is",
+    "what i meant was",
+)

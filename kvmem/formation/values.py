@@ -1,0 +1,180 @@
+"""Normalizers for slot values and subjects: the canonical lowercase form two statements of the same value
+share ("The Netherlands" and "the netherlands" -> "netherlands"), or None where the words are not a value of
+that kind ("a small flat" is no city).
+
+Pure string functions over general English; knows nothing of patterns, turns or facts.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvmem.formation.lexicon import NEEDS_NAME, NOT_NAMES, OCCUPATIONS, RELATIVES
+
+__all__ = ["NEEDS_NAME"]
+
+_DETERMINERS = frozenset("a an the my our his her their your this that these those some any all".split())
+_PRONOUNS = frozenset(
+    "it that this them those these him her he she they me you us one everything something nothing anything"
+    " stuff things".split()
+)
+_NOT_PLACES = frozenset(
+    "a an my our his her their this that some another one here there home somewhere town the a_flat".split()
+)
+# "the ..." places that are names although the next word is lowercase in chat
+_THE_PLACES = frozenset(
+    "netherlands uk us usa states philippines bahamas gambia uae czech republic bay area caribbean".split()
+)
+_NOT_NAME_WORDS = frozenset(
+    "a an the my our his her their it this that not now no yes so too very just really and or but"
+    " on in at to from for".split()
+)
+# "I don't <verb> anymore" where the verb is not an activity one could like
+NOT_ACTIVITIES = frozenset(
+    "do care know think mind understand remember need want have live work believe feel see talk".split()
+)
+# a second pet or thing is added, not a replacement: "another dog", "a second cat", "also have a cat"
+ADDS_ANOTHER = re.compile(r"\b(?:another|second|third|other|also|too|as well|both|two|three|more)\b", re.I)
+# "I love coffee and tea": the object is one of several
+MORE_OBJECTS = re.compile(r"\s*(?:,\s*\w|&|(?:and|or|as well as|plus)\b)", re.I)
+_SPACES = re.compile(r"\s+")
+_PUNCT = re.compile(r"[\"'`]+$|^[\"'`]+")
+
+
+def plain(raw: str) -> str | None:
+    """Lowercase, single spaces, no surrounding quotes; None when empty."""
+    text = _PUNCT.sub("", _SPACES.sub(" ", raw.strip())).lower().strip(" -")
+    return text or None
+
+
+def place(raw: str) -> str | None:
+    """A named place ("Berlin", "New York", "the Netherlands") as "berlin", "new york", "netherlands"."""
+    words = raw.split()
+    if not words or len(words) > 4 or words[0].lower() in _NOT_PLACES:
+        return None
+    if words[0].lower() == "the":
+        rest = words[1:]
+        if not rest or not (rest[0][0].isupper() or rest[0].lower() in _THE_PLACES):
+            return None
+        words = rest
+    return plain(" ".join(words))
+
+
+def name(raw: str | None) -> str | None:
+    """A person's or pet's name, one or two words, lowercased."""
+    if not raw:
+        return None
+    words = raw.split()
+    if not words or len(words) > 2 or words[0].lower() in _NOT_NAME_WORDS:
+        return None
+    return plain(" ".join(words))
+
+
+def person_name(raw: str) -> str | None:
+    """A name said as "I'm Ana": not a nationality, faith or state ("I'm Portuguese", "I'm Fine")."""
+    return None if raw.lower() in NOT_NAMES else name(raw)
+
+
+def age(raw: str | None) -> str | None:
+    return raw if raw and 0 < int(raw) <= 120 else None
+
+
+def phone(raw: str) -> str | None:
+    digits = re.sub(r"\D", "", raw)
+    if not 6 <= len(digits) <= 15:
+        return None
+    return ("+" if raw.strip().startswith("+") else "") + digits
+
+
+def _strip_determiner(words: list[str]) -> list[str]:
+    while words and words[0].lower() in _DETERMINERS:
+        words = words[1:]
+    return words
+
+
+def job_any(raw: str) -> str | None:
+    """A job as said after "work as": up to four words, determiners dropped."""
+    words = _strip_determiner(raw.split())
+    return plain(" ".join(words)) if 0 < len(words) <= 4 else None
+
+
+def job_known(raw: str) -> str | None:
+    """A job after "I'm a": only when its head noun is an occupation ("senior nurse", not "big fan")."""
+    words = _strip_determiner(raw.split())
+    if not 0 < len(words) <= 4:
+        return None
+    head = words[-1].lower()
+    if head not in OCCUPATIONS and not head.endswith(("ologist", "ographer", "ician")):
+        return None
+    return plain(" ".join(words))
+
+
+def org(raw: str) -> str | None:
+    """An employer: "Google", "a bank" -> "bank"; "myself" -> "self-employed"."""
+    words = raw.split()
+    if words and words[0].lower() in {"myself", "ourselves"}:
+        return "self-employed"
+    words = _strip_determiner(words)
+    if not 0 < len(words) <= 5 or words[0].lower() in _PRONOUNS or words[0].lower() == "home":
+        return None
+    return plain(" ".join(words))
+
+
+def thing(raw: str) -> str | None:
+    """The kind of favourite: "colour"/"color" -> "colour", spaces -> "_" ("tv_show")."""
+    words = raw.lower().split()
+    if not 0 < len(words) <= 3:
+        return None
+    text = "_".join(words).replace("color", "colour")
+    return text
+
+
+_CONSUMPTION_GERUND = re.compile(
+    r"^(?:drinking|eating|playing|watching|listening to|reading|smoking|having|doing|using|wearing)\s+(?=\S)",
+    re.I,
+)
+
+
+def thing_object(raw: str) -> str | None:
+    """The object of a like or dislike, as the key of "user|likes:<object>": determiners dropped, "to
+    cook" -> "cooking", "drinking coffee" -> "coffee"; None for a pronoun or more than four words."""
+    words = _strip_determiner(raw.split())
+    if not words:
+        return None
+    if words[0].lower() == "to" and len(words) > 1:
+        words = [gerund(words[1].lower()), *words[2:]]
+    text = _CONSUMPTION_GERUND.sub("", " ".join(words))
+    words = _strip_determiner(text.split())
+    if not 0 < len(words) <= 4 or words[0].lower() in _PRONOUNS:
+        return None
+    return plain(" ".join(words).replace(" ", "_"))
+
+
+_VOWELS = "aeiou"
+
+
+def gerund(verb: str) -> str:
+    """ "hike" -> "hiking", "run" -> "running", "ski" -> "skiing", "lie" -> "lying", "cook" -> "cooking"."""
+    if verb.endswith("ing"):
+        return verb
+    if verb.endswith("ie"):
+        return verb[:-2] + "ying"
+    if verb.endswith("e") and not verb.endswith(("ee", "ye", "oe")):
+        return verb[:-1] + "ing"
+    if (
+        len(verb) >= 3
+        and verb[-1] not in _VOWELS + "wxy"
+        and verb[-2] in _VOWELS
+        and verb[-3] not in _VOWELS
+        and sum(c in _VOWELS for c in verb) == 1
+    ):
+        return verb + verb[-1] + "ing"
+    return verb + "ing"
+
+
+def relative_subject(rel: str, relname: str | None) -> str | None:
+    """The subject a relative's slots use: "sister"; a friend needs a name: "friend:tom"; None without."""
+    subject = RELATIVES[rel.lower()]
+    if subject in NEEDS_NAME:
+        return f"{subject}:{relname.lower()}" if relname else None
+    return subject
