@@ -263,13 +263,13 @@ class FormationWrites:
         user_id: str,
         rowids: list[int],
         memories: list[Memory],
-        vectors: np.ndarray | None,
+        vectors: np.ndarray,
         invalidate: bool,
     ) -> None:
         """Bumps the user's generation; after the commit the cached matrix grows by the new rows (`rowids`,
         `vectors` [len(rowids), dim]) as add's does, or is dropped when a row left the served set."""
         gen = bump_generation(tx.conn, user_id)
-        if invalidate or vectors is None or not rowids:
+        if invalidate:
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             return
         rowid_array = np.asarray(rowids, dtype=np.int64)
