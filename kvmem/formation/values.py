@@ -19,7 +19,7 @@ _PRONOUNS = frozenset(
     " stuff things".split()
 )
 _NOT_PLACES = frozenset(
-    "a an my our his her their this that some another one here there home somewhere town the a_flat".split()
+    "a an my our his her their this that some another one here there home somewhere town".split()
 )
 # "the ..." places that are names although the next word is lowercase in chat
 _THE_PLACES = frozenset(
