@@ -202,6 +202,7 @@ def _convert_gguf(gguf: Path, target: Path, marker: dict, *, what: str) -> Path:
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".provision-", dir=target.parent))
+    os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the shared checkpoint from other users
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
