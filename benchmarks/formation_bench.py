@@ -279,7 +279,7 @@ def print_report(name: str, report: dict) -> None:
                 v["num_cases"],
                 v["accuracy"],
                 v["superseded_set_accuracy"],
-                v["false_supersession_rate"] or "-",
+                "-" if v["false_supersession_rate"] is None else v["false_supersession_rate"],
             ]
             for k, v in [*supersession["per_category"].items(), ("ALL", supersession)]
         ],

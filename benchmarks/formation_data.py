@@ -977,6 +977,8 @@ def _date_fields(day: date) -> dict[str, str]:
         "last_weekend": f"on the weekend of {_monday(day) - timedelta(days=2)}",
         "next_week": f"in the week of {_monday(day) + timedelta(days=7)}",
         "two_days_ago": f"on {day - timedelta(days=2)}",
+        "this_week": f"in the week of {_monday(day)}",
+        "this_month": f"in {_month_name(day, 0)}",
     }
 
 
@@ -1012,7 +1014,7 @@ _HELDOUT_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]
         (
             ("I switched careers and I'm {a_job2} now.", "I'm {a_job2} now"),
             ("These days I work as {a_job2}.", "These days I work as {a_job2}"),
-            ("Started a new role as {a_job2} this month.", "Started a new role as {a_job2} this month"),
+            ("Started a new role as {a_job2} this month.", "Started a new role as {a_job2} {this_month}"),
             ("I was made redundant.", "I was made redundant"),
         ),
     ),
@@ -1101,7 +1103,7 @@ _HELDOUT_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]
         True,
         (("I live in {a}.", "I live in {a}"),),
         (
-            ("I'm in {b} this week for work.", "I'm in {b} this week for work"),
+            ("I'm in {b} this week for work.", "I'm in {b} {this_week} for work"),
             ("Greetings from {b}! Here for a wedding.", None),
             ("Just got back from a week in {b}.", "Just got back from a week in {b}"),
             ("We're spending Christmas in {b}.", "We're spending Christmas in {b}"),

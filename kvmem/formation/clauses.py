@@ -11,7 +11,14 @@ import re
 from dataclasses import dataclass
 
 from kvmem.formation.dates import RELATIVE_DATE
-from kvmem.formation.lexicon import DISCOURSE_MARKERS, FILLER_CLAUSES
+from kvmem.formation.lexicon import (
+    DISCOURSE_MARKERS,
+    DROPPED_BE,
+    DROPPED_I,
+    FILLER_CLAUSES,
+    PAST_VERBS,
+    SUBJECTLESS_FILLER,
+)
 
 
 @dataclass(frozen=True)
@@ -52,14 +59,15 @@ _DATE_PHRASE = (
 # "After years in Lisbon, I ...", "When I was a kid, I ...": a leading phrase up to a comma (after a
 # preposition, one with no subject of its own, so "In 2019 I moved to Berlin," is not taken for one).
 _LEADING_PHRASE = (
-    r"(?:(?:after|before|since|when|while|as|because|although|though|once|until|ever since)\b[^,]{1,60}|"
+    r"(?:(?:after|before|since|when|while|as|because|although|though|once|until|ever since|back when)\b[^,]{1,60}|"
     r"(?:at|in|on|by|from|for|with|without|during|despite)\b(?:(?!\b(?:I|we)\b)[^,]){1,60}),"
 )
 _ADVERBIAL = re.compile(
     rf"^(?:(?:{_DATE_PHRASE}|{RELATIVE_DATE.pattern}|earlier today|sadly|unfortunately|luckily|fortunately|"
     r"happily|thankfully|surprisingly|obviously|apparently|recently|lately|now|currently|also|finally|just|"
     r"then|still|so|and|but|these days|nowadays|at the moment|right now|as of now|for now|these past \w+ \w+|"
-    r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|"
+    r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|by day|"
+    r"by night|by trade|honestly|personally|"
     r"in (?:january|february|march|april|may|june|july|august|september|october|november|december)"
     rf"(?: \d{{4}})?)\b,?|{_LEADING_PHRASE})\s+",
     re.I,
@@ -69,7 +77,9 @@ _SUBJECT = re.compile(
 )
 # "Green is now my favourite colour", "call me Sam": first-person statements without a first-person subject.
 _ALSO_ABOUT_USER = re.compile(
-    r"^(?:[\w' -]{1,40} (?:is|are) (?:now |still |officially )?my (?:new )?favou?rite\b|"
+    r"^(?:[\w' -]{1,40} (?:is|are|has always been|has been|was always) (?:now |still |officially |definitely )?"
+    r"my (?:new |all-time |absolute )?(?:favou?rite|fave?|guilty pleasure|jam|thing|home)\b|"
+    r"home (?:is|for me is)\b|[\w' -]{1,30} is (?:now )?home\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b)",
     re.I,
 )
@@ -148,11 +158,43 @@ def strip_adverbials(text: str) -> str:
     return text
 
 
-def is_first_person(clause: str) -> bool:
-    """Whether the clause (markers stripped) states something of the user: "I ...", "my ...", "we ...",
-    possibly after a date or time adverb, or one of the few statements shaped otherwise ("call me Sam")."""
+_NOT_PAST = frozenset({"need", "feed", "seed", "speed", "bed", "red", "shed", "weed", "indeed", "ted"})
+_FIRST_WORD = re.compile(r"^[A-Za-z']+")
+
+
+def _restore_subject(core: str) -> str | None:
+    """The clause with the subject chat dropped put back ("Moved to Oslo" -> "I Moved to Oslo", "Been
+    living here" -> "I have Been living here", "Not into it" -> "I am Not into it"), or None."""
+    m = _FIRST_WORD.match(core)
+    if m is None or core.lower().rstrip(" .!?") in SUBJECTLESS_FILLER or len(core.split()) < 2:
+        return None
+    word = m.group(0).lower()
+    if word == "been":
+        return f"I have {core}"
+    if word in ("not", "no") or word in DROPPED_BE:
+        return f"I am {core}"
+    if (
+        word in DROPPED_I
+        or word in PAST_VERBS
+        or (word.endswith("ed") and len(word) > 3 and word not in _NOT_PAST)
+    ):
+        return f"I {core}"
+    return None
+
+
+def subject_core(clause: str, dropped: bool = True) -> str | None:
+    """The clause from its subject on (leading dates and adverbs stripped) when it states something of the
+    user: "I ...", "my ...", "we ...", one of the few statements shaped otherwise ("call me Sam", "Berlin is
+    home now"), or, with `dropped`, a chat clause whose subject was dropped, put back; else None."""
     core = strip_adverbials(clause)
-    return bool(_SUBJECT.match(core) or _ALSO_ABOUT_USER.match(core))
+    if _SUBJECT.match(core) or _ALSO_ABOUT_USER.match(core):
+        return core
+    return _restore_subject(core) if dropped else None
+
+
+def is_first_person(clause: str, dropped: bool = False) -> bool:
+    """Whether `subject_core` finds a statement of the user; an explicit subject only, unless `dropped`."""
+    return subject_core(clause, dropped) is not None
 
 
 # "My girlfriend" before "and I broke up" is a subject, not a statement: "my" and up to three words with no
@@ -206,9 +248,11 @@ def _comma_split(sentence: str) -> list[str]:
 
 
 def _keep(clause: str) -> bool:
-    core = strip_adverbials(clause)
+    core = subject_core(clause)
+    if core is None:
+        return False
     lowered = core.lower().rstrip(".!? ")
-    if not is_first_person(clause) or len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):
+    if len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):
         return False
     if lowered in FILLER_CLAUSES or _PRONOUN_REACTION.match(lowered) or _META.match(core):
         return False
@@ -238,7 +282,7 @@ def statements(text: str) -> list[Clause]:
             pieces = _comma_split(body)
         for piece in pieces:
             piece = strip_markers(piece)
-            if _QUESTION_START.match(piece) and not is_first_person(piece):
+            if _QUESTION_START.match(piece) and not is_first_person(piece, dropped=True):
                 continue  # "Do you ...", "How do I ..." (but "When I was a kid, I ..." is a statement)
             for clause in _split_on(piece, _AND_BUT):
                 clause = strip_markers(clause).rstrip(" .!?,")

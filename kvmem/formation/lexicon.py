@@ -133,6 +133,8 @@ DIETS = {
     "gluten-free": "gluten-free",
     "gluten free": "gluten-free",
     "paleo": "paleo",
+    "plant-based": "vegan",
+    "plant based": "vegan",
 }
 
 # Relationship states as said -> value of user|relationship.
@@ -254,4 +256,40 @@ DISCOURSE_MARKERS = (
     "i mean",
     "what i meant is",
     "what i meant was",
+)
+
+# Chat drops the subject: "Moved to Berlin last month", "Been living here since 2020", "Can't stand jazz".
+# A clause opening with one of these is read as the user's own statement, with the subject put back.
+PAST_VERBS = frozenset(
+    """
+    went got saw met came left took made ate drank bought began found gave told felt ran won lost sold spent
+    paid wrote broke flew drove caught kept brought heard sent slept swam threw woke wore had did became quit
+    grew built drew fell forgot hit hurt knew led lent rode rang rose sang sank shook shot spoke stole stood
+    struck swore taught tore understood wept
+    """.split()
+)
+# "Married with two kids", "Allergic to cats": the dropped words are "I'm".
+DROPPED_BE = frozenset(
+    """
+    based married engaged divorced separated widowed retired allergic intolerant obsessed single vegan
+    vegetarian pescatarian pregnant unemployed employed located settled originally currently
+    """.split()
+)
+# ... and "I": adverbs and auxiliaries that only open a statement.
+DROPPED_I = frozenset(
+    """
+    can't cannot don't didn't won't haven't hasn't wasn't never just finally recently also still really
+    totally absolutely kinda love loved hate hated like liked enjoy enjoyed adore adored prefer started
+    """.split()
+)
+# Subject-less openings that are conversation, not statements ("Just kidding", "Don't worry").
+SUBJECTLESS_FILLER = frozenset(
+    """
+    just kidding|just wondering|just curious|just checking|just saying|never mind|don't worry|don't mention it
+    |made my day|got it|got you|been there|been there done that|love it|love that|love this|loved it|liked it
+    |hate it|hate that|can't wait|can't complain|can't believe it|totally agree|really agree|totally|really
+    |kinda|can't argue with that|don't know|didn't know|never heard of it|just a thought
+    """.replace("\n", "")
+    .replace("    ", "")
+    .split("|")
 )

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from datetime import date
 
-from kvmem.formation.clauses import split_sentences, statements, strip_adverbials, strip_markers
+from kvmem.formation.clauses import split_sentences, statements, strip_adverbials, strip_markers, subject_core
 from kvmem.formation.dates import DateResolution, is_past_tense, iso_time, parse_chat_time, resolve_dates
 from kvmem.formation.slots import SlotMatch, match_slot
 from kvmem.formation.types import Fact, TurnInput
@@ -67,7 +67,8 @@ def slot_of(text: str) -> tuple[str, str] | None:
     """The (slot, value) a memory's text sets, for a memory added directly rather than formed: the first
     sentence or clause that sets one ("My dog is called Rex." -> ("user|dog.name", "rex")), else None."""
     for sentence in split_sentences(text):
-        core = strip_adverbials(strip_markers(sentence.rstrip(" .!?")))
+        clause = strip_markers(sentence.rstrip(" .!?"))
+        core = subject_core(clause) or strip_adverbials(clause)
         found = match_slot(core)
         if found is not None:
             return found.slot, found.value
@@ -97,7 +98,7 @@ class RuleExtractor:
                 if text.lower() in seen:
                     continue
                 seen.add(text.lower())
-                core = strip_adverbials(text)
+                core = subject_core(text) or strip_adverbials(text)
                 slot = match_slot(core)
                 facts.append(
                     Fact(

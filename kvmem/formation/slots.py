@@ -55,13 +55,14 @@ def _val(name: str) -> str:
 
 
 _NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){_END}"
-_I = r"(?:I|we)"
+_I = r"(?:I|we|me and my \w+|my \w+ and I)"
 _BE = r"(?:'m| am|'re| are)"
 _HAVE = r"(?:'ve| have)?"
 _ADV = (
     r"(?:(?:now|currently|still|just|recently|finally|officially|actually|already|also|happily|proudly|"
     r"basically|technically|really|absolutely|totally|kind of|kinda|truly|do|even|literally|definitely|"
-    r"honestly|genuinely|mostly|full-time|part-time|permanently|originally)\s+)*"
+    r"honestly|genuinely|mostly|full-time|part-time|permanently|originally|newly|so|pretty|quite|completely|"
+    r"sort of)\s+)*"
 )
 _ADJ = r"(?:(?:older|younger|little|big|baby|twin|eldest|oldest|youngest|new|old|dear|sweet|cute)\s+)?"
 _SPECIES = _alt(SPECIES)
@@ -75,7 +76,9 @@ _NEGATIVE = (
     r"never liked|never really liked|am not into|'m not into|'re not into|am over|'m over|am done with|"
     r"'m done with|am sick of|'m sick of|am tired of|'m tired of|'m fed up with|am fed up with|"
     r"'m not (?:a |really a )?(?:big |huge )?fan of|am not (?:a )?(?:big |huge )?fan of|went off|"
-    r"'ve gone off|have gone off|'ve gone off of"
+    r"'ve gone off|have gone off|'ve gone off of|have lost interest in|lost interest in|have fallen out of love "
+    r"with|fell out of love with|have grown tired of|grew tired of|stopped liking|stopped enjoying|"
+    r"have stopped liking|have stopped enjoying"
 )
 _CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
 _QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped"
@@ -117,10 +120,13 @@ def _relative(attribute: str, value: Callable[[re.Match[str]], str | None]) -> B
 
 def _pet_name(m: re.Match[str]) -> tuple[str, str] | None:
     """A pet's name per species; "another dog", "a second cat", "also a dog" add a pet rather than rename."""
-    if v.ADDS_ANOTHER.search(m.string):
+    if v.ADDS_ANOTHER.search(m.string, 0, m.end()) or v.ALSO_AT_END.search(m.string):
         return None
-    species = SPECIES[m.group("species").lower()]
-    name = v.name(m.group("name")) if "name" in m.re.groupindex else "none"
+    groups = m.groupdict()
+    raw_species = groups.get("species") or groups.get("species2") or groups["species3"]
+    species = SPECIES[raw_species.lower()]
+    raw_name = groups.get("name") or groups.get("name2") or groups.get("name3")
+    name = v.name(raw_name) if raw_name else "none"
     return (f"user|{species}.name", name) if name else None
 
 
@@ -197,7 +203,26 @@ RULES: tuple[SlotRule, ...] = (
         rf"{_ADV}(?:back |over |here |all the way )?to {_val('place')}",
         _user("home_city", _group("place", v.place)),
     ),
-    _rule(r"^my home is (?:now )?in " + _val("place"), _user("home_city", _group("place", v.place))),
+    _rule(
+        r"^(?:my|our) (?:new |current |)(?:home|flat|house|apartment|place) is (?:now )?in " + _val("place"),
+        _user("home_city", _group("place", v.place)),
+    ),
+    _rule(
+        r"^home (?:is|for me is) (?:now )?(?:in )?"
+        + _val("place")
+        + r"|^(?P<place2>[\w' -]{1,30}?) is (?:now )?"
+        r"(?:my )?home\b",
+        _user("home_city", lambda m: v.place(m.group("place") or m.group("place2"))),
+    ),
+    _rule(
+        rf"^{_I} {_ADV}call (?P<place>[^,.;!?]+?) (?:my )?home\b",
+        _user("home_city", _group("place", v.place)),
+    ),
+    _rule(
+        rf"^{_I}{_HAVE} {_ADV}(?:made|make) the (?:big |)move {_ADV}(?:back |over |)to {_val('place')}|"
+        rf"^{_I}(?:'ve| have) {_ADV}been in {_val('place2')}(?=\s+(?:for|since)\b)",
+        _user("home_city", lambda m: v.place(m.group("place") or m.group("place2"))),
+    ),
     # relationship status
     _rule(
         rf"^I{_BE} {_ADV}(?P<rs>{_RELATIONSHIP})\b(?!-)",
@@ -235,8 +260,9 @@ RULES: tuple[SlotRule, ...] = (
     _rule(rf"^I(?:'m| am|'ve| have)? {_ADV}(?:retired|been retired)\b", _user("job", _fixed("retired"))),
     _rule(
         rf"^{_I}{_HAVE} {_ADV}(?:work|working|started working|began working|been working|'m working|"
-        rf"am working|'re working|are working) {_ADV}as (?:a |an )?{_val('job')}",
-        _user("job", _group("job", v.job_any)),
+        rf"am working|'re working|are working|am employed|are employed|employed) {_ADV}as (?:a |an )?{_val('job')}|"
+        rf"^{_I}(?:'ve| have) {_ADV}worked as (?:a |an )?{_val('job2')}(?=\s+(?:for|since)\b)",
+        _user("job", lambda m: v.job_any(m.group("job") or m.group("job2"))),
     ),
     _rule(
         rf"^I{_HAVE} {_ADV}(?:got|landed|accepted|started|took|found|began|start|was offered) (?:a |an |my |the )?"
@@ -259,6 +285,11 @@ RULES: tuple[SlotRule, ...] = (
         rf"(?:a |an |my |the )?(?:new |first |dream )?(?:job|position|role|internship|gig)(?: offer)? "
         rf"(?:at|with) {_val('org')}|"
         rf"^I{_HAVE} {_ADV}(?:started|began) (?:working|a new job|my new job|my job) (?:at|for|with) {_val('org2')}",
+        _user("employer", lambda m: v.org(m.group("org") or m.group("org2"))),
+    ),
+    _rule(
+        rf"^I{_HAVE} {_ADV}(?:accepted|took) (?:an |a |the )?(?:job |work )?offer (?:from|with|at) {_val('org')}|"
+        rf"^my (?:new |current |)(?:employer|company|workplace) is (?:now )?{_val('org2')}",
         _user("employer", lambda m: v.org(m.group("org") or m.group("org2"))),
     ),
     _rule(
@@ -285,8 +316,13 @@ RULES: tuple[SlotRule, ...] = (
         _user("diet", _lookup("diet", DIETS)),
     ),
     _rule(
+        rf"^{_I}{_HAVE}(?: am| are)? {_ADV}(?:follow|following|on|eat|eating|have|keep|stick to|sticking to) "
+        rf"(?:a |an )?(?:strict |mostly |fully |)(?P<diet>{_DIETS}) diet\b",
+        _user("diet", _lookup("diet", DIETS)),
+    ),
+    _rule(
         rf"^{_I}{_HAVE} {_ADV}(?:eat|eating|started eating|began eating|gone back to eating|went back to "
-        r"eating|'m eating|am eating) meat (?:again|now)\b",
+        r"eating|'m eating|am eating) meat(?: again| now|$)",
         _user("diet", _fixed("omnivore")),
     ),
     _rule(
@@ -294,13 +330,19 @@ RULES: tuple[SlotRule, ...] = (
         _likes("no", "allergy"),
     ),
     _rule(
-        rf"^I{_BE} {_ADV}(?:severely |very |mildly |deathly |really |highly |)allergic to {_val('obj')}",
+        rf"^I{_BE} {_ADV}(?:severely |very |mildly |deathly |really |highly |)(?:allergic|intolerant) to "
+        rf"{_val('obj')}",
         _likes("yes", "allergy"),
     ),
+    _rule(rf"^I{_BE} {_ADV}(?P<obj>[a-z]+) intolerant\b", _likes("yes", "allergy")),
     # pets: a name per species
     _rule(
-        rf"^(?:my|our) {_ADJ}(?P<species>{_SPECIES})(?:'s name is| is called| is named| goes by| is actually "
-        rf"called| is actually named) (?:actually )?{_NAME}",
+        rf"^(?:my|our|the) {_ADJ}(?P<species>{_SPECIES})(?:'s name is| is called| is named| goes by|(?:'s| is) "
+        rf"(?:actually |now |)(?:called|named)) (?:actually )?{_NAME}|"
+        rf"^{_I}{_HAVE} {_ADV}renamed (?:my|our|the) {_ADJ}(?P<species2>{_SPECIES}) (?:to )?(?P<name2>[A-Za-z]"
+        rf"[\w'-]*){_END}|"
+        rf"^(?:my|our) {_ADJ}(?P<species3>{_SPECIES}),? (?P<name3>(?-i:[A-Z])[a-z]+)\b(?!')(?!,? {_ADV}(?:died|"
+        r"passed|was put down|had to be put down|ran away|is gone))",
         _pet_name,
     ),
     _rule(
@@ -317,15 +359,17 @@ RULES: tuple[SlotRule, ...] = (
     ),
     # favourites
     _rule(
-        r"^my (?:new |current |all-time |absolute |)favou?rite (?P<thing>[a-z][a-z -]{0,25}?) (?:is|are|has "
-        r"become|became|is now|are now|has changed to|changed to) (?:now |still |definitely |probably "
+        r"^my (?:new |current |all-time |absolute |)(?:favou?rite|fave?) (?P<thing>[a-z][a-z -]{0,25}?) "
+        r"(?:these days |right now |at the moment |nowadays |lately |)(?:is|are|has become|became|is now|are "
+        r"now|has changed to|changed to|has always been|has been) (?:now |still |definitely |probably "
         rf"|actually |)(?:to )?{_val('val')}",
         _favourite,
         "preference",
     ),
     _rule(
-        r"^(?P<val>[\w' -]{1,30}?) (?:is|are|has become|became) (?:now |still |officially |)my "
-        rf"(?:new |current |all-time |absolute |)favou?rite {_val('thing')}",
+        r"^(?P<val>[\w' -]{1,30}?) (?:is|are|has become|became|has always been|has been|was always|will always "
+        r"be) (?:now |still |officially |definitely |)my (?:new |current |all-time |absolute |)(?:favou?rite|fave?) "
+        rf"{_val('thing')}",
         _favourite,
         "preference",
     ),
@@ -364,8 +408,14 @@ RULES: tuple[SlotRule, ...] = (
         "preference",
     ),
     _rule(
+        r"^(?P<obj>[\w' -]{1,30}?) (?:is|are|has always been|has been) (?:now |still |definitely |)my "
+        r"(?:guilty pleasure|jam|thing|weakness|comfort food|happy place)\b",
+        _likes("yes"),
+        "preference",
+    ),
+    _rule(
         rf"^{_I}{_BE} {_ADV}(?:into|a (?:big |huge |massive |)fan of|obsessed with|crazy about|passionate "
-        rf"about|addicted to|hooked on) {_val('obj')}",
+        rf"about|addicted to|hooked on|a sucker for|in love with) {_val('obj')}",
         _likes("yes"),
         "preference",
     ),
@@ -420,11 +470,20 @@ _CONTRACTIONS = (
 )
 
 
+_INTENSIFIERS = re.compile(
+    r"\b(?:really|totally|absolutely|completely|kind of|kinda|sort of|pretty much|so|just|actually|"
+    r"definitely|honestly|seriously|literally|genuinely|truly|finally|officially|now|currently|recently|"
+    r"basically|already)\s+(?=[a-z])",
+    re.I,
+)
+
+
 def expand_contractions(text: str) -> str:
-    """ "I'm" -> "I am", "we're" -> "we are", "I've" -> "I have": the patterns then need one spelling."""
+    """ "I'm" -> "I am", "we're" -> "we are", "I've" -> "I have", and intensifiers or time adverbs before a
+    word dropped ("I'm so over it" -> "I am over it"): the patterns then need one spelling."""
     for pattern, replacement in _CONTRACTIONS:
         text = pattern.sub(replacement, text)
-    return text
+    return _INTENSIFIERS.sub("", text)
 
 
 def match_slot(core: str) -> SlotMatch | None:

@@ -33,8 +33,10 @@ _NOT_NAME_WORDS = frozenset(
 NOT_ACTIVITIES = frozenset(
     "do care know think mind understand remember need want have live work believe feel see talk".split()
 )
-# a second pet or thing is added, not a replacement: "another dog", "a second cat", "also have a cat"
+# a second pet or thing is added, not a replacement: "another dog", "a second cat", "also have a cat" (read up
+# to the name: "my dog Max is three" renames nothing), or "... too" at the end
 ADDS_ANOTHER = re.compile(r"\b(?:another|second|third|other|also|too|as well|both|two|three|more)\b", re.I)
+ALSO_AT_END = re.compile(r"\b(?:too|as well)$", re.I)
 # "I love coffee and tea": the object is one of several
 MORE_OBJECTS = re.compile(r"\s*(?:,\s*\w|&|(?:and|or|as well as|plus)\b)", re.I)
 _SPACES = re.compile(r"\s+")
@@ -120,9 +122,14 @@ def org(raw: str) -> str | None:
     return plain(" ".join(words))
 
 
+_THING_TAIL = frozenset("these those days now nowadays lately currently at the moment right".split())
+
+
 def thing(raw: str) -> str | None:
     """The kind of favourite: "colour"/"color" -> "colour", spaces -> "_" ("tv_show")."""
     words = raw.lower().split()
+    while words and words[-1] in _THING_TAIL:
+        words = words[:-1]
     if not 0 < len(words) <= 3:
         return None
     text = "_".join(words).replace("color", "colour")
