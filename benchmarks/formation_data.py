@@ -1347,7 +1347,7 @@ _HELDOUT2_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]
         ),
         (
             ("I'm now with {company2}.", "I'm now with {company2}"),
-            ("I switched jobs, I'm at {company2} now.", "I'm at {company2} now"),
+            ("I switched jobs, I'm at {company2} now.", "I switched jobs||I'm at {company2} now"),
             ("{company2_cap} hired me!", "{company2_cap} hired me"),
             (
                 "I started working for {company2} {last_month_raw}.",
@@ -1418,7 +1418,10 @@ _HELDOUT2_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]
             ("I eat everything.", "I eat everything"),
         ),
         (
-            ("I've started eating fish again, so I'm pescatarian now.", "I'm pescatarian now"),
+            (
+                "I've started eating fish again, so I'm pescatarian now.",
+                "I've started eating fish again||I'm pescatarian now",
+            ),
             ("I've been eating meat again since the summer.", "I've been eating meat again since the summer"),
             ("I went vegetarian {last_month_raw}.", "I went vegetarian {last_month}"),
         ),
@@ -1525,7 +1528,7 @@ def heldout2_supersession_cases(seed: int = SEED, per_category: int = 12) -> lis
                 after_days=rng.randint(1, 200) if distractor else rng.randint(20, 200),
             )
             fields.update(_date_fields(day))
-            new = [second_fact.format(**fields)] if second_fact else []
+            new = second_fact.format(**fields).split("||") if second_fact else []  # "||": two atomic facts
             old = [first_fact.format(**fields)] if first_fact else []
             current, superseded = (old + new, []) if distractor else (new, old)
             cases.append(
