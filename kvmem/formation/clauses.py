@@ -159,7 +159,7 @@ def strip_adverbials(text: str) -> str:
 
 
 _NOT_PAST = frozenset({"need", "feed", "seed", "speed", "bed", "red", "shed", "weed", "indeed", "ted"})
-_FIRST_WORD = re.compile(r"^[A-Za-z']+")
+_FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Absolutely, ..." is not one
 
 
 def _restore_subject(core: str) -> str | None:
