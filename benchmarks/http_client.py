@@ -69,9 +69,11 @@ def spawned_server(
     data_dir: str,
     queue_size: int | None = None,
     extra: tuple[str, ...] = (),
+    store_turns: bool = False,
 ):
     """`kvmem serve --no-auth` on 127.0.0.1 at a free port; stopped (terminate, then kill) on exit.
-    `queue_size` None: the server's default admission bound.
+    `queue_size` None: the server's default admission bound. `store_turns` False (the timing benchmarks): chat
+    turns are not logged, so no memory is formed from them between measurements.
 
     Its stderr goes to a file beside data_dir (an unread pipe could fill up and stall the server); the tail
     is shown if it exits early."""
@@ -91,7 +93,7 @@ def spawned_server(
         str(block_budget),
         "--retrieve-top-k",
         str(top_k),
-        "--no-store-turns",
+        *(() if store_turns else ("--no-store-turns",)),
         "--log-level",
         "warning",
     ]

@@ -22,13 +22,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvmem.formation.rules import slot_of
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
+from scheduler.formation import FormationWorker
 from serving.auth import ANYONE, Caller, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
 from serving.chat import ChatService
 from serving.config import ServingConfig
+from serving.formation_service import formation_metrics, make_formation
 from serving.limits import BodyTooLarge, LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics
 from serving.plans import make_scheduler, plan_dict
@@ -159,12 +162,14 @@ def create_app(
     store: Any | None = None,
     scheduler: Scheduler | None = None,
     distill_config: Any = None,
+    formation: FormationWorker | None | str = "config",
 ) -> FastAPI:
     """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
     here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError).
     With `config.distill`, background distillation runs (serving/distill_service.py) with `distill_config`
     (a scheduler.distill.DistillConfig; default: the scheduler's selection thresholds, training and gate
-    defaults)."""
+    defaults). `formation`: the memory formation worker ("config": built from `config.extractor` and started
+    here; None: turns are logged, nothing is formed)."""
     keyring = KeyRing.from_file(config.keys_path) if config.auth else None
     owned: list[Any] = []
     if backend is None:
@@ -180,8 +185,13 @@ def create_app(
         scheduler = make_scheduler(config, store, backend)
         scheduler.start()
         owned.append(scheduler)
+    if formation == "config":
+        formation = make_formation(config, store)
+        if formation is not None:
+            owned.append(formation)
+    assert formation is None or isinstance(formation, FormationWorker), formation
     metrics = Metrics()
-    chat = ChatService(config, backend, store, scheduler, metrics)
+    chat = ChatService(config, backend, store, scheduler, metrics, formation)
     distiller = None
     if config.distill:
         from serving.distill_service import BackgroundDistill
@@ -197,6 +207,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(_load(backend, store, config, scheduler, restored))
+        if formation in owned:
+            formation.start()  # resumes the turns the log holds pending (a rescan at start)
         if distiller is not None:
             distiller.start()  # its sweeps wait for the backend to be loaded
         try:
@@ -206,6 +218,8 @@ def create_app(
             if distiller is not None:
                 distiller.close()
             await chat.drain()
+            if formation in owned:
+                await asyncio.to_thread(formation.stop)
             if scheduler in owned:
                 scheduler.stop()
             if backend in owned:
@@ -216,6 +230,7 @@ def create_app(
     app = FastAPI(title="kvmem", version="0.1.0", lifespan=lifespan)
     app.state.keyring = keyring
     app.state.distiller = distiller
+    app.state.formation = formation
     app.state.backend, app.state.store, app.state.scheduler, app.state.chat, app.state.metrics = (
         backend,
         store,
@@ -248,11 +263,20 @@ def create_app(
     async def health() -> JSONResponse:
         ready = backend.is_ready() and restored.is_set()
         body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
+        counts = await asyncio.to_thread(store.formation_counts)
+        body["formation"] = {
+            "extractor": formation.extractor.name if formation is not None else None,
+            "pending_turns": counts.pending,
+            "dead_turns": counts.dead,  # dead-lettered: GET /v1/memories/formation?user_id= says why
+            "last_error": formation.stats.last_error if formation is not None else None,
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        return PlainTextResponse(metrics.render() + _scheduler_metrics(scheduler), media_type=CONTENT_TYPE)
+        counts = await asyncio.to_thread(store.formation_counts)
+        text = metrics.render() + _scheduler_metrics(scheduler) + formation_metrics(formation, counts)
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models(who: CallerDep) -> dict[str, Any]:
@@ -293,6 +317,7 @@ def create_app(
         if (body.text is None) == (body.messages is None):
             raise bad_request("give exactly one of `text` or `messages`", param="text")
         messages = None if body.messages is None else [m.model_dump(exclude_none=True) for m in body.messages]
+        texts = [body.text] if body.text is not None else [m["content"] for m in messages or []]
         added = await asyncio.to_thread(
             store.add,
             body.user_id,
@@ -302,6 +327,7 @@ def create_app(
             chat_time=body.chat_time,
             tags=body.tags,
             metadata=body.metadata,
+            slots=[slot_of(t) for t in texts],  # so a fact formed later can supersede it
         )
         return {"memories": [m.to_dict() for m in added]}
 
@@ -311,7 +337,12 @@ def create_app(
         check_search(body, config.limits)
         filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
         hits = await asyncio.to_thread(
-            store.search, body.user_id, body.query, top_k=body.top_k, filters=filters
+            store.search,
+            body.user_id,
+            body.query,
+            top_k=body.top_k,
+            filters=filters,
+            include_superseded=body.include_superseded,
         )
         tier = tier_of(body.user_id)
         return {
@@ -325,10 +356,16 @@ def create_app(
         session_id: Annotated[str | None, Query(max_length=256)] = None,
         page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+        include_superseded: bool = False,
     ) -> dict[str, Any]:
         check_user(who, user_id)
         result = await asyncio.to_thread(
-            store.list, user_id, session_id=session_id, page=page, page_size=page_size
+            store.list,
+            user_id,
+            session_id=session_id,
+            page=page,
+            page_size=page_size,
+            include_superseded=include_superseded,
         )
         return {
             "data": [m.to_dict() for m in result.items],
@@ -343,8 +380,10 @@ def create_app(
     ) -> dict[str, int]:
         check_user(who, user_id)
         if session_id is None:
-            deleted = await asyncio.to_thread(store.delete_user, user_id)
+            deleted = await asyncio.to_thread(store.delete_user, user_id)  # and the user's conversation log
             await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
+            if formation is not None:
+                formation.forget(user_id)
             return {"deleted": deleted}
         return {"deleted": await asyncio.to_thread(store.delete_session, user_id, session_id)}
 
@@ -355,6 +394,51 @@ def create_app(
         st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
         body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body
+
+    @app.get("/v1/memories/formation")
+    async def formation_status(who: CallerDep, user_id: UserId) -> dict[str, Any]:
+        """The user's turns waiting to be formed into memories, and the dead-lettered ones with the reason."""
+        check_user(who, user_id)
+        counts = await asyncio.to_thread(store.formation_counts, user_id)
+        dead = await asyncio.to_thread(store.dead_turns, user_id)
+        return {
+            "user_id": user_id,
+            "extractor": formation.extractor.name if formation is not None else None,
+            "pending": counts.pending,
+            "dead_letter": [
+                {"turn_id": t.id, "reason": t.error, "attempts": t.attempts, "updated_at": t.updated_at}
+                for t in dead
+            ],
+        }
+
+    @app.post("/v1/memories/formation/retry")
+    async def formation_retry(who: CallerDep, user_id: UserId) -> dict[str, Any]:
+        """Put the user's dead-lettered turns back in formation (after fixing the extractor)."""
+        check_user(who, user_id)
+        requeued = await asyncio.to_thread(store.requeue_dead_turns, user_id)
+        if requeued and formation is not None:
+            formation.submit(user_id)
+        return {"requeued": requeued}
+
+    @app.get("/v1/memories/turns")
+    async def list_turns(
+        who: CallerDep,
+        user_id: UserId,
+        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:
+        """The user's conversation log (chat turns as said, newest first): not memories."""
+        check_user(who, user_id)
+        result = await asyncio.to_thread(
+            store.list_turns, user_id, session_id=session_id, page=page, page_size=page_size
+        )
+        return {
+            "data": [t.to_dict() for t in result.items],
+            "page": result.page,
+            "page_size": result.page_size,
+            "total": result.total,
+        }
 
     @app.get("/v1/memories/{memory_id}")
     async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:
@@ -371,9 +455,13 @@ def create_app(
         return memory.to_dict()
 
     @app.delete("/v1/memories/{memory_id}")
-    async def delete_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, int]:
+    async def delete_memory(
+        memory_id: str, who: CallerDep, user_id: UserId, keep_turns: bool = False
+    ) -> dict[str, int]:
+        """Deletes the memory and, unless keep_turns, the log turns it was formed from."""
         check_user(who, user_id)
-        return {"deleted": await asyncio.to_thread(store.delete, user_id, memory_id)}
+        deleted = await asyncio.to_thread(store.delete, user_id, memory_id, delete_turns=not keep_turns)
+        return {"deleted": deleted}
 
     metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     return app
@@ -397,7 +485,13 @@ async def _load(
         finally:
             restored.set()
     if config.seed_demo and await asyncio.to_thread(store.count, config.default_user) == 0:
-        await asyncio.to_thread(store.add, config.default_user, texts=list(DEMO_MEMORIES), session_id="demo")
+        await asyncio.to_thread(
+            store.add,
+            config.default_user,
+            texts=list(DEMO_MEMORIES),
+            session_id="demo",
+            slots=[slot_of(t) for t in DEMO_MEMORIES],
+        )
         logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))
 
 

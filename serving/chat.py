@@ -1,7 +1,7 @@
 """The chat path: plan + search -> prompt ids -> backend stream -> OpenAI JSON or SSE; then store the turn.
 
 Composes the scheduler (plans, access events), the plaintext store and the backend; computes nothing itself. Owns the order of
-a turn and what happens after it (turn stored, access event sent) without making the response wait for it.
+a turn and what happens after it (turn logged and queued for formation, access event sent) without making the response wait for it.
 Knows nothing of auth or routing: it is handed a user id it may serve.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler import Scheduler, turn_access
+from scheduler.formation import FormationWorker
 from serving.backends.base import (
     Backend,
     GenerationRequest,
@@ -76,7 +77,13 @@ class PreparedChat:
 
 class ChatService:
     def __init__(
-        self, config: ServingConfig, backend: Backend, store: Any, scheduler: Scheduler, metrics: Metrics
+        self,
+        config: ServingConfig,
+        backend: Backend,
+        store: Any,
+        scheduler: Scheduler,
+        metrics: Metrics,
+        formation: FormationWorker | None = None,
     ) -> None:
         self._config, self._backend, self._store, self._scheduler, self._metrics = (
             config,
@@ -85,6 +92,7 @@ class ChatService:
             scheduler,
             metrics,
         )
+        self._formation = formation  # forms memories from the logged turns, in the background
         self._background: set[asyncio.Future[Any]] = set()
         # (user, session) pairs seen, least recent first, for prewarm on a session's first turn: at most
         # config.max_sessions (the header is the client's choice); a forgotten session that returns prewarms
@@ -344,11 +352,22 @@ class ChatService:
             future.add_done_callback(self._background.discard)
 
     def _store_turn(self, prepared: PreparedChat, reply: str) -> None:
+        """The turn goes to the conversation log (not the memories); the user's message is formed into
+        memories in the background. Assistant replies are logged, never formed."""
         messages = [{"role": "user", "content": prepared.query}, {"role": "assistant", "content": reply}]
+        user_id = prepared.request.user_id
         try:
-            self._store.add(prepared.request.user_id, messages=messages, session_id=prepared.session_id)
+            self._store.log_turns(
+                user_id,
+                messages,
+                session_id=prepared.session_id,
+                form_roles=("user",) if self._formation is not None else (),
+            )
         except Exception:
-            logger.exception("storing the turn of %s failed", prepared.request.request_id)
+            logger.exception("logging the turn of %s failed", prepared.request.request_id)
+            return
+        if self._formation is not None:
+            self._formation.submit(user_id)
 
     async def drain(self) -> None:
         """Wait for turns still being stored (tests, shutdown)."""

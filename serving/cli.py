@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from serving.config import DEFAULT_MODEL, DEVICE_NAMES, DTYPE_NAMES, ServingConfig
+from serving.config import DEFAULT_MODEL, DEVICE_NAMES, DTYPE_NAMES, EXTRACTOR_NAMES, ServingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,27 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="MiB of live conversations' KV caches kept so a turn prefills only what is new; 0: off",
     )
     p.add_argument(
-        "--no-store-turns", action="store_true", help="do not store chat turns as memories (benchmarks)"
+        "--no-store-turns",
+        action="store_true",
+        help="do not keep chat turns in the conversation log, nor form memories from them (benchmarks)",
+    )
+    p.add_argument(
+        "--extractor",
+        choices=EXTRACTOR_NAMES,
+        default="rules",
+        help="how memories are formed from the user's chat turns, in the background: rules (default; no LLM), "
+        "openai (any OpenAI-compatible endpoint: --extractor-url, --extractor-model, key in "
+        "$KVMEM_EXTRACTOR_API_KEY), none (turns are only logged)",
+    )
+    p.add_argument(
+        "--extractor-url", default=None, help="openai extractor: base URL, e.g. http://127.0.0.1:8001/v1"
+    )
+    p.add_argument("--extractor-model", default=None, help="openai extractor: the model name to ask")
+    p.add_argument(
+        "--extractor-timeout-s",
+        type=float,
+        default=30.0,
+        help="openai extractor: seconds per call (default 30)",
     )
     p.add_argument(
         "--demo", action="store_true", help="seed the user 'demo' with a few memories if it has none"
@@ -134,6 +155,11 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             retrieve_top_k=args.retrieve_top_k,
             scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,
+            extractor=args.extractor,
+            extractor_url=args.extractor_url,
+            extractor_model=args.extractor_model,
+            extractor_api_key=os.environ.get("KVMEM_EXTRACTOR_API_KEY"),
+            extractor_timeout_s=args.extractor_timeout_s,
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,

@@ -12,6 +12,7 @@ from pathlib import Path
 DEFAULT_MODEL = "default"  # the embedded default model; kvmem.models resolves the name
 BACKEND_NAMES = ("fake", "transformers", "vllm")
 DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else cpu
+EXTRACTOR_NAMES = ("rules", "openai", "none")  # memory formation from the conversation log
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
 
 _VLLM_CHOICES = {(d, t) for d in ("auto", "cpu") for t in ("auto", "float32")}
@@ -75,7 +76,14 @@ class ServingConfig:
     )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
-    store_turns: bool = True  # store each chat turn in the plaintext store after the reply
+    # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from
+    # the log's user turns in the background, by `extractor`); False: turns are neither logged nor formed
+    store_turns: bool = True
+    extractor: str = "rules"  # EXTRACTOR_NAMES: "rules" (no LLM), "openai" (an endpoint), "none" (log only)
+    extractor_url: str | None = None  # "openai": the endpoint's base URL, e.g. http://127.0.0.1:8001/v1
+    extractor_model: str | None = None  # "openai": the model name sent to it
+    extractor_api_key: str | None = field(default=None, repr=False)  # "openai": its key (never logged)
+    extractor_timeout_s: float = 30.0
     seed_demo: bool = False  # give default_user a few memories at start if it has none
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
     limits: Limits = field(default_factory=Limits)  # request sizes
@@ -127,6 +135,12 @@ class ServingConfig:
             )
         if not self.default_user:
             raise ValueError("default_user must not be empty")
+        if self.extractor not in EXTRACTOR_NAMES:
+            raise ValueError(f"extractor must be one of {', '.join(EXTRACTOR_NAMES)}, got {self.extractor!r}")
+        if self.extractor == "openai" and not (self.extractor_url and self.extractor_model):
+            raise ValueError("the openai extractor needs extractor_url and extractor_model")
+        if not self.extractor_timeout_s > 0:
+            raise ValueError(f"extractor_timeout_s must be > 0, got {self.extractor_timeout_s}")
         if not isinstance(self.limits, Limits):
             raise ValueError(f"limits must be a Limits, got {type(self.limits).__name__}")
 

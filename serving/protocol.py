@@ -133,6 +133,7 @@ class SearchMemoriesRequest(_Strict):
     query: str
     top_k: int = Field(default=10, ge=1, le=100)
     filters: SearchFilters | None = None
+    include_superseded: bool = False  # also memories a newer one superseded (for questions about the past)
 
 
 class UpdateMemoryRequest(_Strict):

@@ -268,13 +268,16 @@ class TransformersBackend(StoredBlocksBackend):
             else:  # an adapter's steps run alone, its layers on only during them (adapters.py): not batched
                 tokens = self.adapters.steps(generate(self.handle.model, req.prompt.ids, **args), adapter)
                 token = next(tokens, None)
+            held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
             while token is not None:
                 if token in self._eos:
                     finish = "stop"
                     break
                 ready, hit = stops.feed(detok.add(token))
+                held.append(token)
                 if ready:
-                    emit(TokenDelta(text=ready, token_ids=(token,)))
+                    emit(TokenDelta(text=ready, token_ids=tuple(held)))
+                    held.clear()
                 if hit:
                     finish = "stop"
                     break
@@ -283,12 +286,14 @@ class TransformersBackend(StoredBlocksBackend):
             if not stops.hit:  # a character still incomplete at the end: as the full decode has it
                 ready, hit = stops.feed(detok.flush())
                 if ready:
-                    emit(TokenDelta(text=ready, token_ids=()))
+                    emit(TokenDelta(text=ready, token_ids=tuple(held)))
+                    held.clear()
                 finish = "stop" if hit else finish
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
-                    emit(TokenDelta(text=tail, token_ids=()))
+                    emit(TokenDelta(text=tail, token_ids=tuple(held)))
+                    held.clear()
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token

@@ -214,7 +214,7 @@ def test_corrupt_block_falls_back_to_text(stack: Stack, client: TestClient) -> N
     assert 'kvmem_kv_fallbacks_total{reason="corrupt"} 1' in client.get("/metrics").text
 
 
-def test_turn_is_stored_after_the_reply(stack: Stack, client: TestClient) -> None:
+def test_turn_is_logged_after_the_reply(stack: Stack, client: TestClient) -> None:
     r = client.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "remember me"}]},
@@ -222,14 +222,17 @@ def test_turn_is_stored_after_the_reply(stack: Stack, client: TestClient) -> Non
     )
     assert r.status_code == 200
     client.portal.call(stack.app.state.chat.drain)
-    page = stack.store.list("alice", session_id="s1")
-    # one memory per message, keeping its role (kvmem.text stores chat messages that way)
-    assert sorted((m.role, m.text) for m in page.items) == [
-        ("assistant", "Hello from kvmem."),
-        ("user", "remember me"),
-    ]
+    # the turn goes to the conversation log, one row per message keeping its role; the user's message waits
+    # for formation, the reply is never formed; a request ("remember me") states no fact: no memory
+    log = stack.store.list_turns("alice", session_id="s1").items
+    assert [(t.role, t.text, t.formation) for t in reversed(log)] == [
+        ("user", "remember me", "pending"),
+        ("assistant", "Hello from kvmem.", "skipped"),
+    ][: len(log)] and len(log) == 2
+    assert client.app.state.formation.wait_idle(20)
+    assert stack.store.list("alice").items == []
     # the scheduler's queue (no worker thread here): the new session's prewarm, the first plan read's
-    # refresh (the stored turn's own refresh coalesced into it), the turn's access event
+    # refresh, the turn's access event
     tasks = list(iter(lambda: stack.scheduler.queue.get(timeout_s=0), None))
     assert [(t.kind, t.user_id) for t in tasks] == [
         ("prewarm", "alice"),

@@ -147,7 +147,7 @@ def test_knowledge_switch_while_serving_never_serves_stale(server):
             assert block is not None and block.item_id not in old_items
             assert backend.store.meta(block.item_id).parent_id == new_parent
             assert block.token_ids[: len(new_k)] == new_k
-            assert set(old_blocks[user].memory_ids) <= set(block.memory_ids)  # (+ the stored turns)
+            assert set(old_blocks[user].memory_ids) <= set(block.memory_ids)
         for headers, user in ((ALICE, "alice"), (BOB, "bob")):
             usage = chat(client, headers)
             after = rec.served[-1]

@@ -140,5 +140,11 @@ def test_not_ready_is_503(tmp_path: Path) -> None:
         assert e503.value.status_code == 503
         assert e503.value.code == "model_not_ready"
         stack.backend.set_ready(True)
-        assert httpx.get(f"{url}/health").json() == {"status": "ok", "model": MODEL, "backend": "fake"}
+        formation = {"extractor": "rules", "pending_turns": 0, "dead_turns": 0, "last_error": None}
+        assert httpx.get(f"{url}/health").json() == {
+            "status": "ok",
+            "model": MODEL,
+            "backend": "fake",
+            "formation": formation,
+        }
     stack.scheduler.stop()
