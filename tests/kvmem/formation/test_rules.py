@@ -88,8 +88,49 @@ def test_statement_slots(text: str, expected: list[tuple[str, str | None, str | 
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # chat drops the subject; the text stays as said, the slot reads it with "I" put back
+        ("Moved to Oslo, still unpacking.", [("Moved to Oslo, still unpacking", "user|home_city", "oslo")]),
+        ("Been living in Oslo since 2020.", [("Been living in Oslo since 2020", "user|home_city", "oslo")]),
+        ("Can't stand jazz.", [("Can't stand jazz", "user|likes:jazz", "no")]),
+        ("Not really into jazz anymore.", [("Not really into jazz anymore", "user|likes:jazz", "no")]),
+        ("Married with two kids.", [("Married with two kids", "user|relationship", "married")]),
+        # intensifiers and adverbs between subject and verb are read past
+        ("I'm so over jazz.", [("I'm so over jazz", "user|likes:jazz", "no")]),
+        (
+            "I've kind of gone off coffee lately.",
+            [("I've kind of gone off coffee lately", "user|likes:coffee", "no")],
+        ),
+        (
+            "We finally made the move to Porto!",
+            [("We finally made the move to Porto", "user|home_city", "porto")],
+        ),
+        ("Our flat is in Leeds.", [("Our flat is in Leeds", "user|home_city", "leeds")]),
+        ("Berlin is home now.", [("Berlin is home now", "user|home_city", "berlin")]),
+        ("My wife and I moved to Rome.", [("My wife and I moved to Rome", "user|home_city", "rome")]),
+        ("I follow a vegan diet.", [("I follow a vegan diet", "user|diet", "vegan")]),
+        ("Sushi is my guilty pleasure.", [("Sushi is my guilty pleasure", "user|likes:sushi", "yes")]),
+        (
+            "My fave food these days is ramen.",
+            [("My fave food these days is ramen", "user|favourite:food", "ramen")],
+        ),
+        ("We renamed our cat Mochi.", [("We renamed our cat Mochi", "user|cat.name", "mochi")]),
+        ("My dog Max is three.", [("My dog Max is three", "user|dog.name", "max")]),
+        ("Sadly my dog Max died.", [("Sadly my dog Max died", "user|dog.name", "none")]),
+    ],
+)
+def test_chat_phrasings(text: str, expected: list[tuple[str, str | None, str | None]]) -> None:
+    assert triples(text) == expected
+
+
+@pytest.mark.parametrize(
     "text",
     [
+        "Just kidding!",
+        "Absolutely, the weather matters a lot.",
+        "Don't worry about it.",
+        "Loved it!",
         "Hi!",
         "Good morning!",
         "Thanks so much!",

@@ -1,0 +1,152 @@
+"""The pieces the slot table (`slots.RULES`) is written with: regex fragments for subjects, auxiliaries,
+adverbs and values that end at a stop word, and builders that turn a match into (slot, value).
+
+Knows nothing of which statements set which slot (that is the table) nor of turns or consolidation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvmem.formation import values as v
+from kvmem.formation.lexicon import DIETS, RELATIONSHIP, RELATIVES, SPECIES
+
+Build = Callable[[re.Match[str]], "tuple[str, str] | None"]
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    pattern: re.Pattern[str]
+    build: Build  # (slot, value), or None to let the next rule try
+    kind: str
+
+
+def alt(words: object) -> str:
+    return "|".join(sorted((re.escape(str(w)) for w in words), key=len, reverse=True))
+
+
+# ---- pattern pieces --------------------------------------------------------------------------------------
+
+STOP = (
+    r"and|but|or|because|cause|since|as|so|now|anymore|any more|these days|right now|at the moment|with|for|"
+    r"in|on|at|from|near|after|before|when|while|who|whom|which|where|that|not|too|again|already|still|"
+    r"though|although|ever|yet|lately|recently|currently|nowadays|instead|either|then|this|last|next|every|"
+    r"each|to|than|over|until|till|by|ago|haha|lol|full-time|part-time|anyway|honestly|though"
+)
+END = rf"(?=\s*$|\s*[,.;:!?()\"]|\s+(?:{STOP})\b)"
+
+
+def val(name: str) -> str:
+    """A value up to the clause end, punctuation or a stop word ("Berlin" in "in Berlin with my wife")."""
+    return rf"(?P<{name}>[^,.;:!?()\"]+?){END}"
+
+
+NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
+SUBJ = r"(?:I|we|me and my \w+|my \w+ and I)"  # the user, alone or with someone
+BE = r"(?:'m| am|'re| are)"
+HAVE = r"(?:'ve| have)?"
+ADV = (
+    r"(?:(?:now|currently|still|just|recently|finally|officially|actually|already|also|happily|proudly|"
+    r"basically|technically|really|absolutely|totally|kind of|kinda|truly|do|even|literally|definitely|"
+    r"honestly|genuinely|mostly|full-time|part-time|permanently|originally|newly|so|pretty|quite|completely|"
+    r"sort of)\s+)*"
+)
+ADJ = r"(?:(?:older|younger|little|big|baby|twin|eldest|oldest|youngest|new|old|dear|sweet|cute)\s+)?"
+SPECIES_RE = alt(SPECIES)
+RELATIVES_RE = alt(RELATIVES)
+DIETS_RE = alt(DIETS)
+RELATIONSHIP_RE = alt(RELATIONSHIP)
+POSITIVE = r"love|like|enjoy|adore|prefer|dig|am into|'m into|are into|'re into"
+NEGATIVE = (
+    r"hate|dislike|detest|loathe|can't stand|cannot stand|can't bear|don't like|do not like|don't enjoy|"
+    r"don't love|no longer like|no longer enjoy|no longer love|don't really like|don't care for|"
+    r"never liked|never really liked|am not into|'m not into|'re not into|am over|'m over|am done with|"
+    r"'m done with|am sick of|'m sick of|am tired of|'m tired of|'m fed up with|am fed up with|"
+    r"'m not (?:a |really a )?(?:big |huge )?fan of|am not (?:a )?(?:big |huge )?fan of|went off|"
+    r"'ve gone off|have gone off|'ve gone off of|have lost interest in|lost interest in|have fallen out of love "
+    r"with|fell out of love with|have grown tired of|grew tired of|stopped liking|stopped enjoying|"
+    r"have stopped liking|have stopped enjoying"
+)
+CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
+QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped"
+
+
+# ---- builders: a slot template and a value, both from the match ----------------------------------------
+
+
+def user(attribute: str, value: Callable[[re.Match[str]], str | None]) -> Build:
+    def build(m: re.Match[str]) -> tuple[str, str] | None:
+        got = value(m)
+        return (f"user|{attribute}", got) if got else None
+
+    return build
+
+
+def fixed(text: str) -> Callable[[re.Match[str]], str | None]:
+    return lambda m: text
+
+
+def group(name: str, normalize: Callable[[str], str | None]) -> Callable[[re.Match[str]], str | None]:
+    return lambda m: normalize(m.group(name))
+
+
+def lookup(name: str, table: dict[str, str], prefix: str = "") -> Callable[[re.Match[str]], str | None]:
+    return lambda m: prefix + table[m.group(name).lower()]
+
+
+def relative(attribute: str, value: Callable[[re.Match[str]], str | None]) -> Build:
+    """A relative's slot, "sister|home_city"; a friend, cousin or colleague needs a name: "friend:tom|..."."""
+
+    def build(m: re.Match[str]) -> tuple[str, str] | None:
+        subject = v.relative_subject(m.group("rel"), m.groupdict().get("relname"))
+        got = value(m)
+        return (f"{subject}|{attribute}", got) if subject and got else None
+
+    return build
+
+
+def pet_name(m: re.Match[str]) -> tuple[str, str] | None:
+    """A pet's name per species; "another dog", "a second cat", "also a dog" add a pet rather than rename."""
+    if v.ADDS_ANOTHER.search(m.string, 0, m.end()) or v.ALSO_AT_END.search(m.string):
+        return None
+    groups = m.groupdict()
+    raw_species = groups.get("species") or groups.get("species2") or groups["species3"]
+    species = SPECIES[raw_species.lower()]
+    raw_name = groups.get("name") or groups.get("name2") or groups.get("name3")
+    name = v.name(raw_name) if raw_name else "none"
+    return (f"user|{species}.name", name) if name else None
+
+
+def favourite(m: re.Match[str]) -> tuple[str, str] | None:
+    thing, value = v.thing(m.group("thing")), v.plain(m.group("val"))
+    return (f"user|favourite:{thing}", value) if thing and value else None
+
+
+def likes(answer: str, attribute: str = "likes", group: str = "obj") -> Build:
+    def build(m: re.Match[str]) -> tuple[str, str] | None:
+        if v.MORE_OBJECTS.match(m.string, m.end(group)):
+            return None  # "I love coffee and tea": two objects, one statement; no slot
+        obj = v.thing_object(m.group(group))
+        return (f"user|{attribute}:{obj}", answer) if obj else None
+
+    return build
+
+
+def rule(pattern: str, build: Build, kind: str = "fact") -> SlotRule:
+    return SlotRule(re.compile(pattern, re.IGNORECASE), build, kind)
+
+
+def likes_verb_any(m: re.Match[str]) -> tuple[str, str] | None:
+    verb = (m.group("verb") or m.group("verb2")).lower()
+    return (f"user|likes:{v.gerund(verb)}", "no") if verb not in v.NOT_ACTIVITIES else None
+
+
+def relative_name(m: re.Match[str]) -> tuple[str, str] | None:
+    rel = m.group("rel") or m.group("rel2")
+    name = v.name(m.group("name") or m.group("name2"))
+    subject = RELATIVES[rel.lower()]
+    if not name or subject in v.NEEDS_NAME:
+        return None
+    return f"{subject}|name", name
