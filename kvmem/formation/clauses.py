@@ -1,6 +1,7 @@
 """A user's message cut into candidate statements: sentences, then clauses joined by "and"/"but" or a comma
 where each side is a full first-person statement; then the ones that are not memory are dropped (greetings,
-questions, requests, filler, hedged hypotheticals, statements about the assistant).
+questions, requests, filler, hedged hypotheticals, statements about the assistant). A chat clause whose
+subject was dropped ("Moved to Oslo last month") counts as the user's; `subject_core` puts the "I" back.
 
 Knows nothing of dates, slots or facts: it returns the kept clauses as said, minus discourse markers.
 """
