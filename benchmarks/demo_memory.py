@@ -45,9 +45,9 @@ def _call(base: str, path: str, body: dict | None = None, method: str | None = N
         return json.loads(r.read())
 
 
-def ask(base: str, question: str, max_tokens: int) -> dict:
+def ask(base: str, question: str, max_tokens: int, model: str) -> dict:
     body = {
-        "model": "default",
+        "model": model,
         "user": USER,
         "temperature": 0,
         "max_tokens": max_tokens,
@@ -108,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
             store_turns=True,
         ) as base,
     ):
-        wait_for_block(base, USER, expected=5)
+        wait_for_block(base, USER, expected=len(QUESTIONS) + 1)  # DEMO_MEMORIES: 6
         model = _call(base, "/v1/models")["data"][0]["id"]
-        seeded = [{**ask(base, q, args.max_tokens), "expect": k} for q, k in QUESTIONS]
+        seeded = [{**ask(base, q, args.max_tokens, model), "expect": k} for q, k in QUESTIONS]
         for text in CHIT_CHAT + STATEMENTS:
-            ask(base, text, args.max_tokens)
+            ask(base, text, args.max_tokens, model)
         wait_formed(base)
         time.sleep(1.0)  # the scheduler's refresh after the formed memories' change events
-        formed = [{**ask(base, q, args.max_tokens), "expect": k} for q, k in FORMED_QUESTIONS]
+        formed = [{**ask(base, q, args.max_tokens, model), "expect": k} for q, k in FORMED_QUESTIONS]
         sources = block_sources(base)
         listing = _call(base, f"/v1/memories?user_id={USER}&page_size=100&include_superseded=true")["data"]
     for row in seeded + formed:

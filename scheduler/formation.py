@@ -255,7 +255,8 @@ class FormationWorker:
             facts = self.extractor.extract([to_input(t) for t in turns])
         except ExtractionError as e:
             return self._failed(user_id, turns, e)
-        adds, duplicates, supersessions = self._consolidate(user_id, facts)
+        said = {t.id: t.chat_time for t in turns}
+        adds, duplicates, supersessions = self._consolidate(user_id, facts, said)
         result = self.store.commit_formed(
             user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name
         )
@@ -285,9 +286,15 @@ class FormationWorker:
             self.submit(user_id, not_before=self.clock() + delay)
         return PassResult(len(turns), 0, 0, 0, 0, error=reason, dead=dead)
 
-    def _consolidate(self, user_id: str, facts: list[Fact]) -> tuple[list[Any], list[Any], list[Any]]:
+    def _consolidate(
+        self, user_id: str, facts: list[Fact], said: dict[str, str]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         """Decisions for the batch against the user's served memories with the slots the facts set (or clear)
-        and the nearest ones by embedding; returns commit_formed's adds, duplicates and supersessions."""
+        and the nearest ones by embedding; returns commit_formed's adds, duplicates and supersessions.
+
+        Which of two statements is newer goes by when each was said (`said`: turn id -> chat_time; a
+        memory's chat_time), not by the date a fact names: "I moved to Berlin last month" said today retires
+        "I live in Lisbon" said last week."""
         from kvmem.text.records import FormedMemory
 
         if not facts:
@@ -296,7 +303,10 @@ class FormationWorker:
 
         def consider(m: Any) -> None:
             existing.setdefault(
-                m.id, ExistingMemory(m.id, m.text, m.slot, m.slot_value, m.valid_from or m.chat_time)
+                m.id,
+                ExistingMemory(
+                    m.id, m.text, m.slot, m.slot_value, m.valid_from or m.chat_time, said_at=m.chat_time
+                ),
             )
 
         for slot in sorted({s for f in facts for s in slots_touched(f)}):
@@ -308,7 +318,8 @@ class FormationWorker:
             ):
                 consider(hit.memory)
         similarity = self._similarity([f.text for f in facts], [e.text for e in existing.values()])
-        batch = consolidate_batch(facts, list(existing.values()), similarity)
+        said_at = [max(said.get(t, "") for t in f.turn_ids) for f in facts]
+        batch = consolidate_batch(facts, list(existing.values()), similarity, said_at=said_at)
         adds: list[Any] = []
         index_of: dict[int, int] = {}  # fact index -> add index
         duplicates: list[tuple[str, tuple[str, ...]]] = []
@@ -323,7 +334,7 @@ class FormationWorker:
                     text=as_sentence(fact.text),
                     source_turn_ids=fact.turn_ids,
                     valid_from=fact.valid_from,
-                    chat_time=fact.valid_from,
+                    chat_time=said_at[i] or fact.valid_from,  # when it was said
                     session_id=None,
                     slot=fact.slot,
                     slot_value=fact.value,

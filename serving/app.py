@@ -47,7 +47,8 @@ from serving.protocol import (
 logger = logging.getLogger(__name__)
 
 DEMO_MEMORIES = (
-    "My name is Dana and I live in Lisbon.",
+    "My name is Dana.",
+    "I live in Lisbon.",
     "I am allergic to peanuts.",
     "I have a golden retriever called Miso.",
     "I work as a marine biologist and study octopuses.",

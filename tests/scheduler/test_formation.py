@@ -170,3 +170,18 @@ def test_config_is_validated() -> None:
         FormationConfig(max_attempts=0)
     with pytest.raises(ValueError, match="retry_backoff_s must be > 0"):
         FormationConfig(retry_backoff_s=0)
+
+
+def test_newer_is_when_it_was_said_not_the_date_it_names(store: MemoryStore) -> None:
+    """A move said today that happened last month retires the city said (added) today before it."""
+    [lisbon] = store.add("u", texts=["I live in Lisbon."], slots=[("user|home_city", "lisbon")])
+    worker = FormationWorker(store, RuleExtractor())
+    say(store, "u", "I moved to Berlin last month.")
+    assert worker.form_user("u").num_superseded == 1
+    [berlin] = store.list("u").items
+    assert berlin.text == "I moved to Berlin in October 2026."
+    assert (
+        berlin.valid_from == "2026-10-01T00:00:00.000000Z"
+        and berlin.chat_time == "2026-11-26T12:00:00.000000Z"
+    )
+    assert store.get("u", lisbon.id).superseded_by == berlin.id
