@@ -28,7 +28,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
-from serving.config import ServingConfig
+from serving.config import DEFAULT_MODEL, ServingConfig
 from serving.limits import check_chat
 from serving.metrics import Metrics
 from serving.protocol import (
@@ -102,7 +102,8 @@ class ChatService:
     # -- before generation -----------------------------------------------------------------------------------
     def validate(self, body: ChatCompletionRequest) -> None:
         """Checks the request beyond its schema. Raises ApiError (400/404)."""
-        if body.model not in (self._backend.model_id, self._config.model):
+        # "default" names whatever this server serves (the README's calls use it, whatever --model is)
+        if body.model not in (self._backend.model_id, self._config.model, DEFAULT_MODEL):
             raise ApiError(
                 404,
                 f"the model {body.model!r} does not exist; this server serves {self._backend.model_id!r}",
