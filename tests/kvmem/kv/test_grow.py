@@ -66,6 +66,24 @@ def test_append_after_a_restore_or_a_plain_update_keeps_the_update_semantics():
     assert torch.equal(grown.keys, plain.keys) and torch.equal(grown.values, plain.values)
 
 
+NEAR_TIE = 1e-4  # top-2 logit gap below which batched and single matmuls may round to either token
+
+
+def assert_same_or_near_tie(model, ids, got: list[int], ref: list[int]) -> None:
+    """Batched greedy tokens equal the request's own, or first differ at a near-tie: the two candidates are
+    the request's top 2 there, less than NEAR_TIE apart (a batch sums in another order; seen on this CPU at
+    a gap of 2.4e-6 at step 125 of 133). Exact equality of the K/V buffers is asserted apart."""
+    assert len(got) == len(ref)
+    first = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    if first is None:
+        return
+    with torch.no_grad():
+        logits = model(torch.tensor([list(ids) + ref[:first]])).logits[0, -1]
+    top = logits.topk(2)
+    assert {got[first], ref[first]} == set(top.indices.tolist()), (first, got[first], ref[first])
+    assert float(top.values[0] - top.values[1]) < NEAR_TIE, (first, float(top.values[0] - top.values[1]))
+
+
 def test_batched_decode_through_the_grown_layers_gives_the_tokens_of_dynamic_cache(tiny_handle, tokenizer):
     model = tiny_handle.model
     layout = PromptLayout(tiny_handle.tokenizer)
@@ -93,7 +111,8 @@ def test_batched_decode_through_the_grown_layers_gives_the_tokens_of_dynamic_cac
             s.prefill_step()
     while any(s.decoding for s in seqs):
         decode_step(model, [s for s in seqs if s.decoding])
-    assert [s.stats.token_ids for s in seqs] == reference
+    for (ids, _), s, ref in zip(requests, seqs, reference, strict=True):
+        assert_same_or_near_tie(model, ids, s.stats.token_ids, ref)
     # the batched steps went through the layers' own buffers (not a concatenation per step)
     for s in seqs:
         assert isinstance(s.cache, DynamicCache)
