@@ -74,7 +74,7 @@ def assert_same_or_near_tie(model, ids, got: list[int], ref: list[int]) -> None:
     the request's top 2 there, less than NEAR_TIE apart (a batch sums in another order; seen on this CPU at
     a gap of 2.4e-6 at step 125 of 133). Exact equality of the K/V buffers is asserted apart."""
     assert len(got) == len(ref)
-    first = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    first = next((k for k, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b), None)
     if first is None:
         return
     with torch.no_grad():
