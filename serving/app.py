@@ -33,7 +33,7 @@ from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
 from serving.limits import BodyTooLarge, LimitBody, check_add, check_search, check_update
-from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics
+from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, gauge_lines
 from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
     AddMemoriesRequest,
@@ -510,8 +510,4 @@ def _scheduler_metrics(scheduler: Scheduler) -> str:
         ("kvmem_scheduler_builds_total", "KV blocks built by the scheduler.", st.builds),
         ("kvmem_scheduler_distill_candidates", "Memories marked for distillation.", st.distill_candidates),
     ]
-    lines = []
-    for name, help_text, value in gauges:
-        kind = "counter" if name.endswith("_total") else "gauge"
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value!r}"]
-    return "\n".join(lines) + "\n"
+    return gauge_lines(gauges)

@@ -12,6 +12,7 @@ from typing import Any
 from kvmem.formation.base import make_extractor
 from scheduler.formation import FormationConfig, FormationWorker
 from serving.config import ServingConfig
+from serving.metrics import gauge_lines
 
 
 def make_formation(
@@ -33,43 +34,31 @@ def make_formation(
     return FormationWorker(store, extractor, formation_config)
 
 
+_STATS = (  # (metric, help, FormationStats field): the worker's counters since start
+    ("kvmem_formation_queued_users", "Users queued for formation.", "queued_users"),
+    ("kvmem_formation_formed_turns_total", "Log turns formed.", "formed_turns_total"),
+    ("kvmem_formation_memories_added_total", "Memories formed.", "memories_added_total"),
+    ("kvmem_formation_superseded_total", "Memories superseded by newer ones.", "superseded_total"),
+    ("kvmem_formation_duplicates_total", "Formed facts merged into an existing memory.", "duplicates_total"),
+    (
+        "kvmem_formation_failures_total",
+        "Failed formation passes (retried or dead-lettered).",
+        "failures_total",
+    ),
+    (
+        "kvmem_formation_overflowed_total",
+        "Users refused by the full formation queue (picked up by the next rescan).",
+        "overflowed_total",
+    ),
+)
+
+
 def formation_metrics(worker: FormationWorker | None, counts: Any) -> str:
     """Prometheus lines: the log's pending and dead-lettered turns (durable, all users) and the worker's
-    counters since start."""
-    st = worker.stats if worker is not None else None
+    counters since start (0 without a worker)."""
     gauges = [
         ("kvmem_formation_pending_turns", "Log turns waiting to be formed into memories.", counts.pending),
-        (
-            "kvmem_formation_dead_turns",
-            "Log turns dead-lettered by formation (see /v1/memories/formation).",
-            counts.dead,
-        ),
-        ("kvmem_formation_queued_users", "Users queued for formation.", st.queued_users if st else 0),
-        ("kvmem_formation_formed_turns_total", "Log turns formed.", st.formed_turns_total if st else 0),
-        ("kvmem_formation_memories_added_total", "Memories formed.", st.memories_added_total if st else 0),
-        (
-            "kvmem_formation_superseded_total",
-            "Memories superseded by newer ones.",
-            st.superseded_total if st else 0,
-        ),
-        (
-            "kvmem_formation_duplicates_total",
-            "Formed facts merged into an existing memory.",
-            st.duplicates_total if st else 0,
-        ),
-        (
-            "kvmem_formation_failures_total",
-            "Failed formation passes (retried or dead-lettered).",
-            st.failures_total if st else 0,
-        ),
-        (
-            "kvmem_formation_overflowed_total",
-            "Users refused by the full formation queue (picked up by the next rescan).",
-            st.overflowed_total if st else 0,
-        ),
+        ("kvmem_formation_dead_turns", "Log turns dead-lettered by formation.", counts.dead),
     ]
-    lines = []
-    for name, help_text, value in gauges:
-        kind = "counter" if name.endswith("_total") else "gauge"
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value!r}"]
-    return "\n".join(lines) + "\n"
+    gauges += [(m, h, getattr(worker.stats, f) if worker else 0) for m, h, f in _STATS]
+    return gauge_lines(gauges)

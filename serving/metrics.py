@@ -143,3 +143,12 @@ class Metrics:
                 f"kvmem_queue_depth {self.in_flight}",
             ]
         return "\n".join(lines) + "\n"
+
+
+def gauge_lines(gauges: list[tuple[str, str, float]]) -> str:
+    """Prometheus text for (name, help, value) triples; a name ending in `_total` is a counter."""
+    lines = []
+    for name, help_text, value in gauges:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value!r}"]
+    return "\n".join(lines) + "\n"
