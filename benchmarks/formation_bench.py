@@ -416,32 +416,56 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--passes", type=int, default=5, help="timed throughput passes (median reported)")
     parser.add_argument("--public", type=Path, default=None, help="labelled public sample (formation_labels)")
     parser.add_argument("--data-dir", type=Path, default=None, help="REALTALK copy for --public")
+    parser.add_argument(
+        "--extractor-url",
+        default=None,
+        help="score the openai extractor over this OpenAI-compatible endpoint instead of the rules (held-out v2 "
+        "only, no throughput passes; use --per-category to bound the calls)",
+    )
+    parser.add_argument(
+        "--extractor-model", default="default", help="the model name sent with --extractor-url"
+    )
     args = parser.parse_args(argv)
 
-    extractor = make_extractor("rules")
+    if args.extractor_url:
+        extractor = make_extractor(
+            "openai", url=args.extractor_url, model=args.extractor_model, timeout_s=600.0
+        )
+    else:
+        extractor = make_extractor("rules")
     sets = {
         "dev": (extraction_cases(args.seed), supersession_cases(args.seed)),
         "heldout_v1": (heldout_extraction_cases(args.seed), heldout_supersession_cases(args.seed)),
         "heldout_v2": (heldout2_extraction_cases(args.seed), heldout2_supersession_cases(args.seed)),
     }
+    if args.extractor_url:  # an LLM: seconds per call on this CPU
+        sets = {"heldout_v2": sets["heldout_v2"]}
     sets = {k: (_sample(e, args.per_category), _sample(c, args.per_category)) for k, (e, c) in sets.items()}
+    started = time.perf_counter()
     reports = {name: evaluate(ext, sup, extractor) for name, (ext, sup) in sets.items()}
+    evaluate_s = time.perf_counter() - started
     all_turns = [t for ext, sup in sets.values() for c in [*ext, *sup] for t in c.turns]
-    speed = throughput(all_turns, extractor, args.passes)
-    speed["consolidation"] = consolidation_throughput(
-        [c for _, sup in sets.values() for c in sup], extractor, args.passes
-    )
+    if args.extractor_url:
+        speed = {"evaluate_s": round(evaluate_s, 1), "num_turns": len(all_turns), "skipped": "LLM extractor"}
+    else:
+        speed = throughput(all_turns, extractor, args.passes)
+        speed["consolidation"] = consolidation_throughput(
+            [c for _, sup in sets.values() for c in sup], extractor, args.passes
+        )
     public = (
         score_public(args.public, args.data_dir, extractor) if args.public else {"skipped": "no --public"}
     )
 
     for name, report in reports.items():
         print_report(name, report)
-    print(
-        f"throughput: {speed['turns_per_s']} turns/s over {speed['num_turns']} turns "
-        f"(median of {speed['passes']}), loadavg {speed['loadavg_before']}; consolidation "
-        f"{speed['consolidation']['facts_per_s']} facts/s"
-    )
+    if "turns_per_s" in speed:
+        print(
+            f"throughput: {speed['turns_per_s']} turns/s over {speed['num_turns']} turns "
+            f"(median of {speed['passes']}), loadavg {speed['loadavg_before']}; consolidation "
+            f"{speed['consolidation']['facts_per_s']} facts/s"
+        )
+    else:
+        print(f"evaluated {speed['num_turns']} turns in {speed['evaluate_s']} s")
     for split, scores in public.items():
         if isinstance(scores, dict):
             loose = scores["loose_match_0.3"]
@@ -459,6 +483,8 @@ def main(argv: list[str] | None = None) -> dict:
             "seed": args.seed,
             "per_category": args.per_category,
             "extractor": extractor.name,
+            "extractor_url": args.extractor_url,
+            "extractor_model": args.extractor_model if args.extractor_url else None,
             "match_rule": f"normalized text equal or content-word Jaccard >= {MATCH_OVERLAP}, one to one",
             "similarity": None,
         },

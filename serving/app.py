@@ -428,11 +428,20 @@ def create_app(
         session_id: Annotated[str | None, Query(max_length=256)] = None,
         page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+        start: Annotated[str | None, Query(max_length=64)] = None,
+        end: Annotated[str | None, Query(max_length=64)] = None,
     ) -> dict[str, Any]:
-        """The user's conversation log (chat turns as said, newest first): not memories."""
+        """The user's conversation log (chat turns as said, newest first; said in [start, end] if given, ISO
+        8601): not memories."""
         check_user(who, user_id)
         result = await asyncio.to_thread(
-            store.list_turns, user_id, session_id=session_id, page=page, page_size=page_size
+            store.list_turns,
+            user_id,
+            session_id=session_id,
+            page=page,
+            page_size=page_size,
+            start=start,
+            end=end,
         )
         return {
             "data": [t.to_dict() for t in result.items],

@@ -126,6 +126,7 @@ class OpenAIExtractor:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self._sleep = sleep
+        self._structured = True  # send response_format (json_schema) until the server refuses it
 
     def __repr__(self) -> str:
         return f"OpenAIExtractor(endpoint={self.endpoint!r}, model={self.model!r})"
@@ -152,7 +153,7 @@ class OpenAIExtractor:
                 {"role": "system", "content": INSTRUCTIONS},
                 {"role": "user", "content": "Chat log, oldest first:\n" + "\n".join(lines)},
             ],
-            "response_format": RESPONSE_FORMAT,
+            **({"response_format": RESPONSE_FORMAT} if self._structured else {}),
         }
 
     def _redact(self, text: str) -> str:
@@ -177,6 +178,14 @@ class OpenAIExtractor:
                 raw = self._post_once(body)
             except urllib.error.HTTPError as e:
                 detail = self._redact(e.read().decode("utf-8", "replace")[:200]) if e.fp else ""
+                if e.code == 400 and "response_format" in detail and "response_format" in payload:
+                    # a server without structured output (many OpenAI-compatible ones): the instructions
+                    # ask for the same JSON, and replies are repaired; asked that way from now on
+                    logger.info(
+                        "openai extractor: %s refuses response_format; asking without it", self.endpoint
+                    )
+                    self._structured = False
+                    return self._post({k: v for k, v in payload.items() if k != "response_format"})
                 if e.code != 429 and e.code < 500:
                     raise ExtractionError(
                         f"openai extractor: HTTP {e.code} from {self.endpoint}: {detail}", transient=False

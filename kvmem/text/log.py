@@ -100,15 +100,27 @@ class ConversationLog:
         return logged
 
     def list_turns(
-        self, user_id: str, *, session_id: str | None = None, page: int = 1, page_size: int = 20
+        self,
+        user_id: str,
+        *,
+        session_id: str | None = None,
+        page: int = 1,
+        page_size: int = 20,
+        start: str | datetime | None = None,
+        end: str | datetime | None = None,
     ) -> TurnPage:
-        """This user's log (one session's, if given), newest first: chat_time, then insertion order."""
+        """This user's log (one session's, if given; said between `start` and `end`, inclusive, if given: what
+        the user said last week), newest first: chat_time, then insertion order."""
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
         check_int(page, "page", 1, 2**31)
         check_int(page_size, "page_size", 1, self.config.max_page_size)
+        start = None if start is None else parse_time(start, "start")
+        end = None if end is None else parse_time(end, "end")
         with self._db.snapshot() as conn:
-            items, total = turns.page_turns(conn, user_id, session_id, page_size, (page - 1) * page_size)
+            items, total = turns.page_turns(
+                conn, user_id, session_id, page_size, (page - 1) * page_size, start, end
+            )
         return TurnPage(items=items, page=page, page_size=page_size, total=total)
 
     def pending_turns(self, user_id: str, limit: int = 64) -> list[Turn]:

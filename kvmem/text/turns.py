@@ -55,12 +55,23 @@ def insert_turns(conn: sqlite3.Connection, turns: list[Turn]) -> None:
 
 
 def page_turns(
-    conn: sqlite3.Connection, user_id: str, session_id: str | None, limit: int, offset: int
+    conn: sqlite3.Connection,
+    user_id: str,
+    session_id: str | None,
+    limit: int,
+    offset: int,
+    start: str | None = None,
+    end: str | None = None,
 ) -> tuple[list[Turn], int]:
-    """(one page of this user's turns, newest first; how many the listing holds), one session's if given."""
+    """(one page of this user's turns, newest first; how many the listing holds), one session's if given,
+    said in [start, end] if given (ISO times, as stored)."""
     where, params = "t.user_id = ?", [user_id]
     if session_id is not None:
         where, params = where + " AND t.session_id = ?", [*params, session_id]
+    if start is not None:
+        where, params = where + " AND t.chat_time >= ?", [*params, start]
+    if end is not None:
+        where, params = where + " AND t.chat_time <= ?", [*params, end]
     total = conn.execute(f"SELECT count(*) FROM turns t WHERE {where}", params).fetchone()[0]
     rows = conn.execute(
         f"SELECT {TURN_COLUMNS} FROM turns t WHERE {where} {_NEWEST_FIRST} LIMIT ? OFFSET ?",

@@ -181,3 +181,26 @@ def test_a_corrupt_adapter_is_not_served_and_its_facts_go_back_to_text(tmp_path,
 
         s.client.delete(f"/v1/memories/{dog}", params={"user_id": "alice"})
         assert reg.active("alice") is None  # the delete cascade reached the (unserved) pointer too
+
+
+def test_a_superseded_fact_stops_the_adapter_before_the_call_returns(tmp_path, tiny_model_dir, lora_model):
+    """Supersession (memory formation: a newer fact about the same slot) cascades like an update: the adapter
+    holding the old fact is erased before the call returns, and the old fact is served in no tier."""
+    backend = load_backend(tiny_model_dir, tmp_path)
+    with served(tmp_path, backend) as s:
+        dog, porto = s.add("alice", DOG), s.add("alice", PORTO)
+        facts = [FactRef(dog, 1, text_sha(DOG)), FactRef(porto, 1, text_sha(PORTO))]
+        reg, m = write_active(tmp_path, "alice", lora_model, facts, backend.handle.fingerprint.digest)
+        s.plans.flush()
+        assert (
+            s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"]["id"]
+            == m.adapter_id
+        )
+        rex = s.add("alice", "My dog is called Rex.")
+        s.store.supersede("alice", dog, rex)
+        assert reg.active("alice") is None and not reg.path_of(m).exists()  # before supersede returned
+        assert backend.adapters.loaded == ()
+        s.plans.flush()
+        assert s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()["adapter"] is None
+        used = _used(s.chat("alice", "What is my dog called and where do I live?"))
+        assert dog not in used and "lora" not in used.values() and used[rex] in ("kv", "text")

@@ -212,3 +212,16 @@ def test_options_are_validated_and_the_registry_builds_it() -> None:
     built = make_extractor("openai", url="http://h:8000", model="m")
     assert isinstance(built, OpenAIExtractor) and built.endpoint == "http://h:8000/v1/chat/completions"
     assert OpenAIExtractor("http://h/v1/chat/completions", "m").endpoint == "http://h/v1/chat/completions"
+
+
+def test_a_server_refusing_response_format_is_asked_without_it_from_then_on(
+    server: tuple[str, Script],
+) -> None:
+    """As kvmem's own endpoint and many other OpenAI-compatible servers answer: 400 naming the field."""
+    url, script = server
+    refusal = {"error": {"message": "response_format is not supported", "param": "response_format"}}
+    ok = completion(json.dumps({"facts": ITEMS}))
+    script.replies += [(400, json.dumps(refusal).encode(), 0.0), (200, ok, 0.0), (200, ok, 0.0)]
+    x = extractor(url)
+    assert x.extract(TURNS) == expected_facts() and x.extract(TURNS) == expected_facts()
+    assert ["response_format" in body for _, body in script.requests] == [True, False, False]

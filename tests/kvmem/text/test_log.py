@@ -273,3 +273,17 @@ def test_turn_record_is_frozen(store):
     assert isinstance(t, Turn)
     with pytest.raises(AttributeError):
         t.text = "y"  # type: ignore[misc]
+
+
+def test_list_turns_by_time_range(store) -> None:
+    """What the user said in a period (a time question over the log), inclusive, newest first."""
+    messages = [
+        {"role": "user", "content": f"turn on day {day}", "chat_time": f"2026-11-{day:02d}T10:00:00Z"}
+        for day in (1, 8, 15, 22)
+    ]
+    store.log_turns("u", messages)
+    week = store.list_turns("u", start="2026-11-08T00:00:00Z", end="2026-11-15T10:00:00Z")
+    assert [t.text for t in week.items] == ["turn on day 15", "turn on day 8"] and week.total == 2
+    assert [t.text for t in store.list_turns("u", start="2026-11-20T00:00:00Z").items] == ["turn on day 22"]
+    with pytest.raises(InvalidMemoryInput, match="end is not an ISO 8601 time: 'last week'"):
+        store.list_turns("u", end="last week")
