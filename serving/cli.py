@@ -31,13 +31,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
     p.add_argument(
-        "--model", default=DEFAULT_MODEL, help="HF model id or local dir (default: the embedded one)"
+        "--model",
+        default=DEFAULT_MODEL,
+        help="HF model id or local dir ('default': the embedded default model)",
     )
     p.add_argument(
-        "--data-dir", type=Path, default=Path(".kvmem"), help="memories, KV items (default ./.kvmem)"
+        "--data-dir",
+        type=Path,
+        default=Path(".kvmem"),
+        help="where memories, the conversation log, KV items and adapters are kept",
     )
     p.add_argument(
         "--backend",
@@ -49,27 +54,39 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--device",
         choices=DEVICE_NAMES,
         default="auto",
-        help="where the model runs (default auto: cuda when a GPU is visible, else cpu)",
+        help="where the model runs (auto: cuda when a GPU is visible, else cpu)",
     )
     p.add_argument(
         "--dtype",
         choices=DTYPE_NAMES,
         default="auto",
-        help="model dtype (default auto: bfloat16 on a GPU that supports it, else float32)",
+        help="model dtype (auto: bfloat16 on a GPU that supports it, else float32)",
     )
-    p.add_argument("--no-auth", action="store_true", help="accept any user id without a key (loopback only)")
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="turn auth off (auth is ON by default: every request needs an API key): accept any user id "
+        "without a key; only on a loopback --host",
+    )
     p.add_argument(
         "--api-keys",
         type=Path,
         default=None,
-        help='JSON {"keys": {"<key>": ["<user id>", ...]}} (default DATA_DIR/api_keys.json)',
+        help='API keys file, JSON {"keys": {"<key>": ["<user id>", ...]}} (when not given: DATA_DIR/api_keys.json)',
     )
-    p.add_argument("--queue-size", type=int, default=16, help="requests waiting or generating; more get 429")
-    p.add_argument("--block-token-budget", type=int, default=2048, help="tokens of memories served as KV")
+    p.add_argument(
+        "--queue-size", type=int, default=16, help="requests waiting or generating at once; more get 429"
+    )
+    p.add_argument(
+        "--block-token-budget",
+        type=int,
+        default=2048,
+        help="per user: tokens of memories served as a KV block",
+    )
     p.add_argument(
         "--scheduler-redis-url",
         default=None,
-        help="redis://host:port/db for scheduler tasks (Redis Streams); default: in-process",
+        help="redis://host:port/db for scheduler tasks (Redis Streams); None: an in-process queue",
     )
     p.add_argument("--retrieve-top-k", type=int, default=8, help="memories retrieved by search per chat turn")
     p.add_argument(
@@ -87,7 +104,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--extractor",
         choices=EXTRACTOR_NAMES,
         default="rules",
-        help="how memories are formed from the user's chat turns, in the background: rules (default; no LLM), "
+        help="how memories are formed from the user's chat turns, in the background: rules (no LLM), "
         "openai (any OpenAI-compatible endpoint: --extractor-url, --extractor-model, key in "
         "$KVMEM_EXTRACTOR_API_KEY), none (turns are only logged)",
     )
@@ -99,7 +116,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--extractor-timeout-s",
         type=float,
         default=30.0,
-        help="openai extractor: seconds per call (default 30)",
+        help="openai extractor: seconds per call",
     )
     p.add_argument(
         "--demo", action="store_true", help="seed the user 'demo' with a few memories if it has none"
@@ -107,13 +124,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distill",
         action="store_true",
-        help="train users' stable memories into LoRA adapters in the background (low priority; off by default)",
+        help="train users' stable memories into LoRA adapters in the background (low priority)",
     )
     p.add_argument(
         "--distill-interval-s",
         type=float,
         default=600.0,
-        help="seconds between the background distillation's looks for users to distil (default 600)",
+        help="seconds between the background distillation's looks for users to distil",
     )
     p.add_argument(
         "--enable-lora",
@@ -121,16 +138,52 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="vllm backend: serve users' LoRA adapters (the parametric tier); the transformers backend serves "
         "them whenever peft is installed",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level"
+    )
+
+
+SERVE_DESCRIPTION = (
+    "Run the OpenAI-compatible chat server with long-term memory. Auth is on by default: every request needs "
+    "'Authorization: Bearer <key>' from the API keys file (--api-keys); --no-auth turns it off on a loopback "
+    "host only."
+)
+PROVISION_DESCRIPTION = (
+    "Fetch and convert the embedded default model into the local model cache, and check that the converted "
+    "checkpoint gives the same logits as the original. Idempotent: returns at once when it is already there "
+    "(the first run takes about a minute on CPU). Prints where the model is. Exit 0 ready, 1 failed."
+)
+DISTILL_HELP = (
+    "distil a user's stable memories into a LoRA adapter, gate it and activate it; blocking, expect minutes on CPU "
+    "(the default 135M model: ~5 min for 5 facts, ~27 for 20, ~40 for 50; benchmarks/results/cpu/distill*.json), "
+    "far less on a GPU; exit 0 activated, 3 not activated "
+    "(a gate refused it, nothing was selected, or a fact changed meanwhile), 2 bad arguments, 1 other "
+    "errors; `kvmem distill -h` for its flags"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvmem", description="Activation-memory inference accelerator")
+    parser = _Parser(
+        prog="kvmem",
+        description="Activation-memory inference accelerator: an OpenAI-compatible server with long-term "
+        "memory. Exit codes: 0 ok, 2 bad arguments, 1 other errors (one line on stderr).",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
+    add_serve_arguments(
+        sub.add_parser(
+            "serve",
+            help="run the OpenAI-compatible server (auth on by default)",
+            description=SERVE_DESCRIPTION,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
     sub.add_parser("build", help="offline KV cache build job (resumable); `kvmem build -h` for its flags")
-    sub.add_parser("provision", help="fetch/convert the default model into the local cache (idempotent)")
-    sub.add_parser("distill", help="distil a user's stable memories into a LoRA adapter; `kvmem distill -h`")
+    sub.add_parser(
+        "provision",
+        help="fetch/convert the default model into the local cache (idempotent)",
+        description=PROVISION_DESCRIPTION,
+    )
+    sub.add_parser("distill", help=DISTILL_HELP, description=DISTILL_HELP)
     return parser
 
 
@@ -269,7 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_module() -> NoReturn:
     """`python -m serving`: the flags of `kvmem serve`."""
-    parser = _Parser(prog="python -m serving", description="the kvmem OpenAI-compatible server")
+    parser = _Parser(
+        prog="python -m serving",
+        description=SERVE_DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_serve_arguments(parser)
     try:
         args = parser.parse_args()
