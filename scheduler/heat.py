@@ -7,10 +7,12 @@ control it. Knows nothing of blocks, plans or queues.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -159,9 +161,10 @@ class HeatTable:
                     ),
                 )
 
-    def apply(self, event: AccessEvent) -> bool:
+    def apply(self, event: AccessEvent, *, live: Container[str] | None = None) -> bool:
         """Record an access event once: a replay of one already applied is ignored (returns False), so an
-        access task is idempotent. Keys older than REPLAY_WINDOW_S before the newest event are forgotten."""
+        access task is idempotent. Keys older than REPLAY_WINDOW_S before the newest event are forgotten.
+        `live`: the event's memories that still exist; heat for the others is dropped (None: all count)."""
         key = event.key
         with self._lock:
             seen = self._applied.setdefault(event.user_id, {})
@@ -176,7 +179,11 @@ class HeatTable:
                         "INSERT OR REPLACE INTO applied VALUES (?,?,?)", (event.user_id, key, event.at)
                     )
                     self._db.execute("DELETE FROM applied WHERE user_id=? AND at<?", (event.user_id, horizon))
-                self.record(event.user_id, event.retrieved_ids, event.used_ids, event.at)
+                retrieved, used = event.retrieved_ids, event.used_ids
+                if live is not None:
+                    retrieved = [m for m in retrieved if m in live]
+                    used = [m for m in used if m in live]
+                self.record(event.user_id, retrieved, used, event.at)
             except BaseException:
                 if self._db is not None:
                     self._db.execute("ROLLBACK")
@@ -187,6 +194,42 @@ class HeatTable:
             for old in [k for k, at in seen.items() if at < horizon]:
                 del seen[old]
         return True
+
+    def seen_many(self, user_id: str, first_seen: Iterable[tuple[str, float]]) -> None:
+        """`seen` for many memories of one user, written in one transaction (a refresh's first-seen rows, a
+        batch of added memories): one commit, not one per row."""
+        with self._lock, self._transaction():
+            for memory_id, at in first_seen:
+                self.seen(user_id, memory_id, at)
+
+    def forget_many(self, user_id: str, memory_ids: Iterable[str]) -> None:
+        """Drop the heat of these memories of one user in one statement and one transaction (a whole-user or
+        whole-session delete: one commit, not one autocommitted DELETE per memory)."""
+        ids = list(dict.fromkeys(memory_ids))
+        with self._lock:
+            held = self._stats.get(user_id, {})
+            for memory_id in ids:
+                held.pop(memory_id, None)
+            if self._db is not None and ids:
+                with self._transaction():
+                    self._db.execute(
+                        "DELETE FROM heat WHERE user_id=? AND memory_id IN (SELECT value FROM json_each(?))",
+                        (user_id, json.dumps(ids)),
+                    )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One SQLite transaction around the writes inside (caller holds the lock); nested: the outer one."""
+        if self._db is None or self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def forget(self, user_id: str, memory_id: str | None = None) -> None:
         with self._lock:

@@ -231,15 +231,23 @@ class Scheduler:
     def on_change(self, event: Any) -> None:
         if event.kind == "updated" and not getattr(event, "text_changed", True):
             return  # tags or metadata only: the block's text and the adapter's facts are what they were
+        batch = tuple(getattr(event, "batch", ()))
+        if batch and event.memory_id != batch[0]:
+            return  # one transaction deleted several memories: the first event ran the cascade for them all
+        ids = list(batch or (event.memory_id,))
         try:
             if self.adapters is not None and event.kind != "added":  # before the store call returns
-                why = f"memory {event.memory_id} {event.kind}"
-                if self.adapters.drop_covering(event.user_id, [event.memory_id], why):
+                why = (
+                    f"memory {event.memory_id} {event.kind}"
+                    if len(ids) == 1
+                    else f"{len(ids)} memories deleted"
+                )
+                if self.adapters.drop_covering(event.user_id, ids, why):
                     self._drop_adapter_block(event.user_id)
                     for listener in list(self.adapter_stopped):
                         listener(event.user_id)
                 # no version that holds it stays on disk (a rollback could serve it) and no block built under one
-                erased = self.adapters.erase_stale(event.user_id, [event.memory_id], why)
+                erased = self.adapters.erase_stale(event.user_id, ids, why)
                 self.worker.forget_adapters(event.user_id, [m.name for m in erased])
             self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
         finally:

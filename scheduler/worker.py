@@ -10,6 +10,7 @@ drains it belong to the facade in service.py.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.config import SchedulerConfig
 from scheduler.guard import BlockGuard, Fence
-from scheduler.heat import AccessEvent, HeatTable
+from scheduler.heat import AccessEvent, HeatStats, HeatTable
 from scheduler.plan import AdapterPlan, BlockPlan, Plan, PlanBook
 from scheduler.policy import (
     BlockDecision,
@@ -149,7 +150,7 @@ class Worker:
         try:
             if task.kind == "access":
                 event: AccessEvent = task.payload
-                if not self.heat.apply(event):
+                if not self.apply_access(event):
                     log.debug("user %r: access event replayed; heat unchanged", event.user_id)
                 self.refresh(event.user_id)  # even on a replay: the first run may have died before it
             elif task.kind == "refresh":
@@ -171,31 +172,71 @@ class Worker:
             self.latencies_s.append(time.perf_counter() - start)
             self.counts["tasks"] += 1
 
+    def apply_access(self, event: AccessEvent) -> bool:
+        """Apply an access event's heat for the memories still live only: an event queued before a delete must
+        not bring the deleted memory's heat row back. Liveness is read and the heat written under the lock the
+        invalidation takes, so a delete either is seen by the read or forgets the row after. Returns False on a
+        replay (HeatTable.apply)."""
+        by_ids = getattr(self.source, "memories_by_ids", None)
+        with self._lock:
+            live = None
+            if by_ids is not None:
+                wanted = dict.fromkeys([*event.retrieved_ids, *event.used_ids])
+                live = {m.id for m in by_ids(event.user_id, wanted, include_superseded=True)}
+            return self.heat.apply(event, live=live)
+
     # -- invalidation (synchronous, on the store's thread) -------------------------------------------------
     def invalidate(self, event: Any) -> str | None:
-        """Apply a store ChangeEvent; if the changed memory is in the user's block, publish a block-less plan
-        before returning and drop the item. Returns the dropped item id. The caller enqueues the rebuild."""
+        """Apply a store ChangeEvent (or its whole `batch`: every memory one transaction deleted, in one
+        cascade). In this order, before returning: if a changed memory is in the user's block, publish a
+        block-less plan and drop the item; run the cascade (every stored block built from them); then the heat
+        bookkeeping, which is logged and never raised when it fails (a heat store that cannot be written must
+        not fail the store call or keep a deleted memory servable). Returns the dropped item id. The caller
+        enqueues the rebuild. Raises FenceUnavailable (the cascade's)."""
         kind = _CHANGE_KINDS.get(event.kind, event.kind)
-        user_id, memory_id, now = event.user_id, event.memory_id, self.clock()
+        user_id, now = event.user_id, self.clock()
+        ids = tuple(getattr(event, "batch", ()) or (event.memory_id,))
+        if kind == "added":
+            with self._lock:
+                self._bookkeep(user_id, kind, self.heat.seen_many, user_id, [(m, now) for m in ids])
+            return None
         dropped = None
         with self._lock:
-            if kind == "added":
-                self.heat.seen(user_id, memory_id, now)
-                return None
             self._changed(user_id)
-            if kind == "deleted":
-                self.heat.forget(user_id, memory_id)
-            else:
-                self.heat.seen(user_id, memory_id, now)
             plan = self.plans.get(user_id)
-            if plan.block is not None and memory_id in plan.block.memory_ids:
+            if plan.block is not None and not set(ids).isdisjoint(plan.block.memory_ids):
                 self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, now))
                 dropped = plan.block.item_id
         if dropped is not None:
             self.builder.drop_block(dropped)
-            log.info("user %r: block %s stopped serving (memory %s %s)", user_id, dropped, memory_id, kind)
-        self._cascade(user_id, [memory_id])
+            log.info("user %r: block %s stopped serving (%d memories %s)", user_id, dropped, len(ids), kind)
+        try:
+            self._cascade(user_id, list(ids))
+        finally:
+            with (
+                self._lock
+            ):  # under the lock: an access event is applied against the heat as it is after this
+                if kind == "deleted":
+                    self._bookkeep(user_id, kind, self.heat.forget_many, user_id, ids)
+                else:
+                    self._bookkeep(user_id, kind, self.heat.seen_many, user_id, [(m, now) for m in ids])
         return dropped
+
+    def _prior(self, memory: Any) -> HeatStats:
+        """The heat a memory without a row starts from (its row could not be written): the recency prior."""
+        at = _ts(memory.created_at)
+        return HeatStats(self.heat.recency_prior, at, 0, 0, at, None, at)
+
+    @staticmethod
+    def _bookkeep(user_id: str, kind: str, write: Callable[..., None], *args: Any) -> None:
+        """Run a heat write that must not fail the caller: heat is advisory (a lost write costs ranking, not
+        correctness), so a failure is logged with its traceback and the call goes on."""
+        try:
+            write(*args)
+        except (sqlite3.Error, OSError):
+            log.exception(
+                "user %r: heat bookkeeping for a %s memory failed; serving is unaffected", user_id, kind
+            )
 
     def forget_user(self, user_id: str) -> list[str]:
         """Every stored block of the user stops being served, and is deleted, before this returns."""
@@ -288,10 +329,13 @@ class Worker:
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
         stats = self.heat.stats(user_id)
-        for mid, m in memories.items():
-            if mid not in stats:
-                self.heat.seen(user_id, mid, _ts(m.created_at))
-        stats = self.heat.stats(user_id)
+        unseen = [(mid, _ts(m.created_at)) for mid, m in memories.items() if mid not in stats]
+        if unseen:  # one transaction; none when a change raced this read (a deleted memory's row stays gone)
+            with self._lock:
+                if self._changes.get(user_id, 0) == generation:
+                    self._bookkeep(user_id, "first seen", self.heat.seen_many, user_id, unseen)
+            stats = self.heat.stats(user_id)
+        stats = {mid: stats.get(mid) or self._prior(m) for mid, m in memories.items()}
         counts = self._memory_tokens(user_id, memories.values())
         adapter = self.adapter_for(user_id) if self.adapter_for is not None else None
         under = self.block_adapter(adapter)

@@ -63,7 +63,7 @@ class MemoryDeletes:
     ) -> int:
         """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: the memories'
         source turns (`source_turns`), one session's (`session`) or all the user's (`whole_log`). Subscribers
-        hear 'deleted' before this returns."""
+        hear 'deleted' before this returns, each event naming the whole `batch` when several were deleted."""
         with self._db.write() as tx:
             if whole_log:
                 delete_turns_where(tx.conn, user_id, None)
@@ -77,5 +77,6 @@ class MemoryDeletes:
             tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
             bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
-            tx.events.extend(ChangeEvent(memory_id, user_id, "deleted") for memory_id in ids)
+            batch = tuple(ids) if len(ids) > 1 else ()  # subscribers may cascade once for the whole delete
+            tx.events.extend(ChangeEvent(memory_id, user_id, "deleted", batch=batch) for memory_id in ids)
         return len(ids)

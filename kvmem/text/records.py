@@ -7,7 +7,7 @@ search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 STATES = ("active", "archived", "deleted")
@@ -118,12 +118,15 @@ class Page:
 @dataclass(frozen=True)
 class ChangeEvent:
     """Emitted after a commit: memory `memory_id` of `user_id` was added, updated or deleted. An update with
-    `text_changed` False changed only tags or metadata: what the memory says (text, state) is as before."""
+    `text_changed` False changed only tags or metadata: what the memory says (text, state) is as before.
+    `batch`: every memory id one transaction deleted, on each of its 'deleted' events when there were several
+    (a subscriber may handle them all at the first and skip the rest); not compared."""
 
     memory_id: str
     user_id: str
     kind: str
     text_changed: bool = True
+    batch: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Hardening of the scheduler's request and delete paths: bookkeeping that fails never keeps a deleted memory
+servable, heat of deleted memories stays gone, a whole-user delete is one cascade, the queue is coalesced and
+bounded, reads never build, per-user caches are bounded."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from scheduler import AccessEvent
+from tests.scheduler.test_scheduler import env, words  # noqa: F401 - env is a fixture
+
+__all__ = ["env"]
+
+
+def _raise(*_args, **_kwargs):
+    raise sqlite3.OperationalError("disk I/O error")
+
+
+def test_delete_withdraws_the_block_even_when_heat_writes_fail(env):  # noqa: F811
+    clock, store, builder, make = env
+    sched = make()
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.get("alice")
+    sched.run_pending()
+    assert sched.get("alice").covered_ids == {a, b}
+    # the heat store cannot be written (a full disk, a locked file): bookkeeping fails, the delete must not
+    sched.heat._put = _raise
+    sched.heat.forget = _raise
+    sched.heat.forget_many = _raise
+    assert store.delete("alice", a) == 1  # no SubscriberError: the call answers
+    assert sched.get("alice").block is None and builder.dropped == ["item-1"]
+    store.update("alice", b, text="lives in Porto")  # a change too: its heat write fails, serving stops
+    assert sched.get("alice").block is None
+    store.add("alice", "likes tea")  # and an add answers
+
+
+def test_access_queued_before_a_delete_does_not_bring_heat_back(env):  # noqa: F811
+    clock, store, builder, make = env
+    sched = make()
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.run_pending()
+    sched.record_access(AccessEvent("alice", (a, b), (a,), clock.t))  # queued, not yet run
+    store.delete("alice", a)
+    sched.run_pending()
+    assert set(sched.heat.stats("alice")) == {b}
+    assert sched.heat.stats("alice")[b].hits == 1
+
+
+def test_deleting_all_of_a_users_memories_is_one_cascade_in_one_transaction(env, tmp_path):  # noqa: F811
+    clock, store, builder, make = env
+    forgets: list[tuple[str, tuple[str, ...] | None]] = []
+    builder.forget = lambda user_id, ids: forgets.append((user_id, None if ids is None else tuple(ids))) or []
+    from scheduler import Scheduler, SchedulerConfig
+
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
+        store,
+        builder,
+        lambda text: len(text.split()),
+        clock=clock,
+        heat_path=tmp_path / "heat.sqlite",
+    )
+    sched.start(thread=False)
+    ids = [m.id for m in store.add("alice", texts=[words(2, f"m{i}") for i in range(50)])]
+    sched.get("alice")
+    sched.run_pending()
+    assert len(sched.heat.stats("alice")) == 50
+    statements: list[str] = []
+    sched.heat._db.set_trace_callback(statements.append)
+    assert store.delete_user("alice") == 50
+    assert forgets == [("alice", tuple(ids))]  # one cascade over every deleted memory
+    assert sched.heat.stats("alice") == {}
+    heat_writes = [s for s in statements if s.startswith(("DELETE", "INSERT"))]
+    assert statements.count("BEGIN") == 1 and len(heat_writes) == 1, statements
+    sched.stop()
