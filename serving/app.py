@@ -34,6 +34,7 @@ from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
 from serving.limits import BodyTooLarge, LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, gauge_lines
+from serving.openapi import openapi_with_400
 from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
     AddMemoriesRequest,
@@ -474,6 +475,7 @@ def create_app(
         return {"deleted": deleted}
 
     metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
+    app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422
     return app
 
 
