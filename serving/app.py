@@ -26,7 +26,7 @@ from kvmem.formation.rules import slot_of
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
-from serving.auth import ANYONE, Caller, KeyRing, check_user
+from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
 from serving.chat import ChatService
@@ -247,6 +247,12 @@ def create_app(
         max_body_bytes=config.limits.max_body_bytes,
         respond=lambda exc: _error_response(to_api_error(exc)),
     )
+    if not config.auth:  # DNS rebinding: a foreign page must not reach the keyless API through 127.0.0.1
+        app.add_middleware(
+            CheckHost,
+            allowed_hosts=config.allowed_hosts,
+            respond=lambda exc: _error_response(to_api_error(exc)),
+        )
     app.add_middleware(_CountRequests, metrics=metrics)  # added last: outermost, so it counts the 413s too
 
     def chat_user(who: Caller, body: ChatCompletionRequest, header_user: str | None) -> str:

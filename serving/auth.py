@@ -1,16 +1,22 @@
 """API keys: which bearer key may act for which user ids.
 
 The keys file is JSON: `{"keys": {"sk-abc...": ["alice", "bob"], "sk-def...": ["carol"]}}`. A key acts
-only for the users listed with it. With auth off (loopback demo mode) any user id is accepted.
+only for the users listed with it. With auth off (loopback demo mode) any user id is accepted, but only from
+requests whose `Host` is a loopback name (CheckHost: DNS rebinding would otherwise let any web page in).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving.config import is_loopback
 from serving.protocol import ApiError
 
 
@@ -95,3 +101,57 @@ def check_user(caller: Caller, user_id: str, *, param: str = "user_id") -> None:
             code="user_not_allowed",
             param=param,
         )
+
+
+def host_name(host_header: str) -> str:
+    """The name in a `Host` header, without its port, brackets or trailing dot, lowercased."""
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:  # name:port (a bare IPv6 address has several colons)
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def host_allowed(host_header: str, extra: Collection[str] = ()) -> bool:
+    """A loopback name (localhost, 127.0.0.1, ::1, any port) or one of `extra` (names, lowercase)."""
+    name = host_name(host_header)
+    return is_loopback(name) or name in extra
+
+
+def _is_ip(host: object) -> bool:
+    try:
+        ipaddress.ip_address(str(host))
+    except ValueError:
+        return False
+    return True
+
+
+class CheckHost:
+    """ASGI middleware for auth-off mode: refuses (403 `host_not_allowed`) a request over TCP whose `Host` is
+    not a loopback name nor in `allowed_hosts`, so a web page whose domain was rebound to 127.0.0.1 cannot
+    read or delete memories. What it checks is the server socket's own address in the scope (an IP address
+    under uvicorn, which no request header can change): in-process test clients and Unix sockets, which no
+    browser reaches, are let through. A request without a `Host` header (HTTP/1.0) is checked as ''."""
+
+    def __init__(
+        self, app: ASGIApp, allowed_hosts: Collection[str], respond: Callable[[Exception], ASGIApp]
+    ) -> None:
+        self.app, self.respond = app, respond
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] in ("http", "websocket") and server and _is_ip(server[0]):
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"), "")
+            if not host_allowed(host, self.allowed_hosts):
+                refusal = ApiError(
+                    403,
+                    f"host {host_name(host)!r} is not allowed: with auth off only loopback host names are "
+                    "answered (start with --allowed-hosts to add names)",
+                    type="permission_error",
+                    code="host_not_allowed",
+                )
+                await self.respond(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

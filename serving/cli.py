@@ -66,7 +66,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--no-auth",
         action="store_true",
         help="turn auth off (auth is ON by default: every request needs an API key): accept any user id "
-        "without a key; only on a loopback --host",
+        "without a key; only on a loopback --host, and only requests whose Host header is a loopback name "
+        "(localhost, 127.0.0.1, [::1]) or in --allowed-hosts",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="with --no-auth: comma-separated Host names answered besides the loopback ones (others get 403)",
     )
     p.add_argument(
         "--api-keys",
@@ -217,6 +223,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,
+            allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),
         )
     except ValueError as e:
         raise UsageError(f"kvmem serve: {e}") from None

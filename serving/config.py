@@ -92,6 +92,8 @@ class ServingConfig:
     # vLLM backend: serve users' LoRA adapters (vLLM's LoRA layers on every forward); the transformers backend
     # serves them whenever peft is installed. Off: an active adapter is not served, its facts go as KV/text
     enable_lora: bool = False
+    # auth off: `Host` names answered besides the loopback ones (localhost, 127.0.0.1, [::1]); lowercase
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -141,6 +143,10 @@ class ServingConfig:
             raise ValueError("the openai extractor needs extractor_url and extractor_model")
         if not self.extractor_timeout_s > 0:
             raise ValueError(f"extractor_timeout_s must be > 0, got {self.extractor_timeout_s}")
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))
+        for host in self.allowed_hosts:
+            if not host or any(c in host for c in " /:[]"):
+                raise ValueError(f"allowed_hosts: each must be a host name without port, got {host!r}")
         if not isinstance(self.limits, Limits):
             raise ValueError(f"limits must be a Limits, got {type(self.limits).__name__}")
 
