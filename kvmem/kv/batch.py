@@ -117,7 +117,11 @@ class Sequence:
                 cache_position=torch.arange(self.position, self.position + n, device=self.device),
                 logits_to_keep=1,
             )
-            token = None if self._prefill else _pick(out.logits[0, -1].float(), self.sampling, self.generator)
+            token = (
+                None
+                if self._prefill
+                else _pick(out.logits[0, -1].float(), self.sampling, self.generator, self.stats)
+            )
             del out
         self.position += n
         if token is not None:
@@ -256,7 +260,7 @@ def decode_step(model: torch.nn.Module, seqs: list[Sequence]) -> list[int | Sequ
         for i, s in enumerate(seqs):
             try:
                 row = logits[i] if i in logits else _forward_one(s)
-                results.append(_pick(row, s.sampling, s.generator))
+                results.append(_pick(row, s.sampling, s.generator, s.stats))
             except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
                 s._finish("error")
                 results.append(SequenceError(s, exc))

@@ -150,7 +150,7 @@ def commit(g: _Segment, row: torch.Tensor) -> Result:
     `row`, its logits at its last position, accepted into its sequence."""
     s = g.seq
     try:
-        token = _pick(row, s.sampling, s.generator) if g.yields else None
+        token = _pick(row, s.sampling, s.generator, s.stats) if g.yields else None
     except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
         s._finish("error")
         return SequenceError(s, exc)
