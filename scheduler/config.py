@@ -24,9 +24,10 @@ class SchedulerConfig:
     distill_min_uses: int = 5  # memories used this often ...
     distill_min_stable_s: float = 7 * 24 * 3600.0  # ... and unchanged this long become distill candidates
     max_plans: int = 1000  # users whose plans stay in memory (least recently used dropped; rebuilt on return)
+    max_queued_tasks: int = 10_000  # in-process queue entries (one per user's work); past that new ones drop
 
     def __post_init__(self) -> None:
-        for name in ("half_life_s", "hysteresis", "max_plans"):
+        for name in ("half_life_s", "hysteresis", "max_plans", "max_queued_tasks"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SchedulerConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.hysteresis < 1:

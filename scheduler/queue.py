@@ -1,6 +1,6 @@
 """Task queues between the request path and the scheduler's workers; `put` never blocks on I/O in either.
 
-`InProcessQueue` (default): refresh tasks for a user are coalesced. `RedisStreamsQueue`: a stream + consumer
+`InProcessQueue` (default): a user's access events and refreshes coalesce into one entry, bounded (below). `RedisStreamsQueue`: a stream + consumer
 group shared by workers; ack after the task ran, XAUTOCLAIM of a dead worker's entries (at-least-once); an
 outbox thread sends, and what it cannot send runs in process. JSON payloads only. Knows nothing of tasks' work.
 """
@@ -30,29 +30,74 @@ class Task:
     entry_id: str | None = None  # the Redis stream entry, to acknowledge after the task ran
 
 
+MAX_TASKS = 10_000  # distinct queued entries in process (a user's work is one entry): the overflow rule below
+MAX_EVENTS_PER_USER = 256  # access events one user's entry keeps; past that the oldest is dropped
+
+
+@dataclass
+class _Entry:
+    task: Task  # refresh | prewarm | evict | anything else, or the user's coalesced access
+    events: list[AccessEvent]
+
+
 class InProcessQueue:
-    def __init__(self) -> None:
-        self._items: deque[Task] = deque()
-        self._pending_refresh: set[str] = set()
+    """FIFO of entries, coalesced so its size is bounded by users, not by turns.
+
+    A user's access events and refreshes are one entry (`Task("access", user, (event, ...))`, or a refresh
+    when no event came): every event still adds its heat, the worker then refreshes once. A prewarm per user
+    and the global evict are one entry each. Bounded: at most `max_tasks` entries; a task that would need a
+    new entry past that is dropped and counted in `dropped` (one that merges into a queued entry never is);
+    an entry keeps at most `max_events_per_user` events, the oldest dropped first (counted too). What a drop
+    loses is heat (ranking) or a refresh the user's next turn asks for again, never correctness: deletes do
+    not go through the queue."""
+
+    def __init__(self, max_tasks: int = MAX_TASKS, max_events_per_user: int = MAX_EVENTS_PER_USER) -> None:
+        assert max_tasks >= 1 and max_events_per_user >= 1, (max_tasks, max_events_per_user)
+        self.max_tasks, self.max_events_per_user = max_tasks, max_events_per_user
+        self._entries: dict[Any, _Entry] = {}  # insertion order is the FIFO order
+        self._seq = 0  # keys of tasks that never merge
         self._cond = threading.Condition()
+        self.dropped = 0  # tasks and events dropped by the bound
+
+    def _key(self, task: Task) -> Any:
+        if task.kind in ("access", "refresh") and task.user_id is not None:
+            return ("user", task.user_id)
+        if task.kind in ("prewarm", "evict"):
+            return (task.kind, task.user_id)
+        self._seq += 1
+        return ("once", self._seq)
 
     def put(self, task: Task) -> None:
         with self._cond:
-            if task.kind == "refresh":
-                if task.user_id in self._pending_refresh:
+            key = self._key(task)
+            entry = self._entries.get(key)
+            if entry is None:
+                if len(self._entries) >= self.max_tasks:
+                    self.dropped += 1
+                    log.warning(
+                        "scheduler queue full (%d entries); %s task dropped", self.max_tasks, task.kind
+                    )
                     return
-                self._pending_refresh.add(task.user_id)
-            self._items.append(task)
+                entry = self._entries[key] = _Entry(task, [])
+            if task.kind == "access":
+                entry.task = Task("access", task.user_id)
+                events = task.payload if isinstance(task.payload, (tuple, list)) else (task.payload,)
+                entry.events.extend(events)
+                if len(entry.events) > self.max_events_per_user:
+                    over = len(entry.events) - self.max_events_per_user
+                    del entry.events[:over]
+                    self.dropped += over
             self._cond.notify()
 
     def get(self, timeout_s: float | None = None) -> Task | None:
         with self._cond:
-            if not self._items and not self._cond.wait_for(lambda: bool(self._items), timeout=timeout_s):
+            if not self._entries and not self._cond.wait_for(lambda: bool(self._entries), timeout=timeout_s):
                 return None
-            task = self._items.popleft()
-            if task.kind == "refresh":
-                self._pending_refresh.discard(task.user_id)
-            return task
+            key = next(iter(self._entries))
+            entry = self._entries.pop(key)
+            if entry.task.kind == "access":
+                return Task("access", entry.task.user_id, tuple(entry.events))
+            return entry.task
 
     def ack(self, task: Task) -> None:
         """Nothing to do in process: a task is gone once taken."""
@@ -61,7 +106,7 @@ class InProcessQueue:
         """Nothing to release."""
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._entries)
 
 
 def _encode(task: Task) -> str:
@@ -217,17 +262,20 @@ def unique_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def make_queue(redis_url: str | None, **kwargs: Any) -> InProcessQueue | RedisStreamsQueue:
-    """Redis Streams when a URL is given and Redis answers; else (with a log line) the in-process queue."""
+def make_queue(
+    redis_url: str | None, *, max_tasks: int = MAX_TASKS, **kwargs: Any
+) -> InProcessQueue | RedisStreamsQueue:
+    """Redis Streams when a URL is given and Redis answers; else (with a log line) the in-process queue, of at
+    most `max_tasks` entries."""
     if not redis_url:
-        return InProcessQueue()
+        return InProcessQueue(max_tasks)
     try:
         queue = RedisStreamsQueue(redis_url, **kwargs)
         queue.client.ping()
         return queue
     except Exception as exc:  # noqa: BLE001 - any failure to reach Redis means the in-process fallback
         log.warning("redis at %s unusable (%s); using the in-process queue", redis_url, exc)
-        return InProcessQueue()
+        return InProcessQueue(max_tasks)
 
 
 __all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue", "unique_consumer_name"]

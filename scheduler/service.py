@@ -46,6 +46,7 @@ class SchedulerStats:
     prefills: int  # ... and those of them that were prefilled
     discarded_builds: int
     distill_candidates: int
+    dropped_tasks: int = 0  # tasks and access events the bounded in-process queue dropped (queue.py)
 
     @property
     def hit_rate(self) -> float:
@@ -77,7 +78,9 @@ class Scheduler:
             read_only=heat_read_only,
         )
         self.plans = PlanBook(config.max_plans)
-        self.queue: TaskQueue = queue if queue is not None else make_queue(redis_url)
+        self.queue: TaskQueue = (
+            queue if queue is not None else make_queue(redis_url, max_tasks=config.max_queued_tasks)
+        )
         if fence is None and redis_url:  # replicas share Redis: invalidation must reach them all (README)
             from scheduler.fence import RedisFence
 
@@ -367,6 +370,7 @@ class Scheduler:
             prefills=counts["prefills"],
             discarded_builds=counts["discarded"],
             distill_candidates=sum(len(v) for v in self.worker.distill.values()),
+            dropped_tasks=int(getattr(self.queue, "dropped", 0)),
         )
 
 

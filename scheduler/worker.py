@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
 log = logging.getLogger(__name__)
+
+SNAPSHOT_USERS = 64  # users whose memory lists the refresh keeps (a list of 8,000 memories: a few MB)
 
 
 class BlockMaker(Protocol):
@@ -114,6 +116,8 @@ class Worker:
         self.in_task = False
         # user -> memory id -> (version, tokens), for the user's live memories as of their last refresh
         self._token_counts: dict[str, dict[str, tuple[int, int]]] = {}
+        # user -> (store generation, their memories as read then): the refresh's incremental read, LRU-bounded
+        self._snapshots: OrderedDict[str, tuple[int, list[Any]]] = OrderedDict()
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
         self.between_tasks: Callable[[], None] = lambda: None  # the facade's cheap checks (service.py)
@@ -123,6 +127,7 @@ class Worker:
         token counts and distillation candidates are recomputed by the refresh their next read enqueues).
         The change counter stays while a refresh is in flight: that build must still see a store change."""
         self._token_counts.pop(user_id, None)
+        self._snapshots.pop(user_id, None)
         self.distill.pop(user_id, None)
         self.guard.forget_user_state(user_id)
 
@@ -149,10 +154,13 @@ class Worker:
         self.in_task = True
         try:
             if task.kind == "access":
-                event: AccessEvent = task.payload
-                if not self.apply_access(event):
-                    log.debug("user %r: access event replayed; heat unchanged", event.user_id)
-                self.refresh(event.user_id)  # even on a replay: the first run may have died before it
+                # one event (Redis) or a user's coalesced events (in process): all add heat, one refresh
+                events = task.payload if isinstance(task.payload, (tuple, list)) else (task.payload,)
+                for event in events:
+                    if not self.apply_access(event):
+                        log.debug("user %r: access event replayed; heat unchanged", event.user_id)
+                if events:  # even on a replay: the first run may have died before its refresh
+                    self.refresh(events[0].user_id)
             elif task.kind == "refresh":
                 self.refresh(task.user_id)
             elif task.kind == "prewarm":
@@ -277,13 +285,30 @@ class Worker:
 
     # -- rebuild -------------------------------------------------------------------------------------------
     def _memories(self, user_id: str) -> list[Any]:
+        """The user's memories. Incremental where it can be: with a source that says the user's generation
+        (kvmem's MemoryStore: it moves in the transaction of every change to what a memory says), the list
+        read at a generation is reused while the generation is the same; an access-only refresh then reads one
+        row instead of every memory (8,000 memories: see README). The generation is read first, so a change
+        racing the list makes the next refresh read again. At most SNAPSHOT_USERS users' lists are kept."""
+        generation = getattr(self.source, "generation", None)
+        gen = generation(user_id) if generation is not None else None
+        cached = self._snapshots.get(user_id)
+        if gen is not None and cached is not None and cached[0] == gen:
+            self._snapshots.move_to_end(user_id)
+            return cached[1]
         out, page = [], 1
         while True:
             chunk = self.source.list(user_id, page=page, page_size=500)
             out.extend(chunk.items)
             if len(out) >= chunk.total or not chunk.items:
-                return out
+                break
             page += 1
+        if gen is not None:
+            self._snapshots[user_id] = (gen, out)
+            self._snapshots.move_to_end(user_id)
+            while len(self._snapshots) > SNAPSHOT_USERS:
+                self._snapshots.popitem(last=False)
+        return out
 
     def _memory_tokens(self, user_id: str, memories: Iterable[Any]) -> dict[str, int]:
         """Token count of each memory, counted once per (id, version): an access event refreshes the user's

@@ -28,6 +28,19 @@ class MemoryDeletes:
     _clock: Callable[[], datetime]
     _vectors: VectorCache
 
+    def generation(self, user_id: str) -> int:
+        """The user's generation: it moves with every change to what their memories say (an add, a text or
+        state change, a delete, a supersession), in the change's own transaction; 0 for a user never written.
+        One indexed read, for callers that cache what they read of a user's memories (the scheduler's refresh)
+        or prepared a request from them: an unchanged generation means nothing was deleted since."""
+        check_user_id(user_id)
+        row = (
+            self._db.conn()
+            .execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
     def delete(self, user_id: str, memory_id: str, *, delete_turns: bool = True) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user. With
         `delete_turns`, the log turns it was formed from (its source_turn_ids, this user's only) are deleted

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 from scheduler import AccessEvent
+from scheduler.queue import InProcessQueue, Task
 from tests.scheduler.test_scheduler import env, words  # noqa: F401 - env is a fixture
 
 __all__ = ["env"]
@@ -73,3 +74,57 @@ def test_deleting_all_of_a_users_memories_is_one_cascade_in_one_transaction(env,
     heat_writes = [s for s in statements if s.startswith(("DELETE", "INSERT"))]
     assert statements.count("BEGIN") == 1 and len(heat_writes) == 1, statements
     sched.stop()
+
+
+def test_access_events_coalesce_per_user_and_every_one_adds_heat(env):  # noqa: F811
+    clock, store, builder, make = env
+    sched = make()
+    a, b = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.run_pending()
+    for _ in range(50):
+        sched.record_access(AccessEvent("alice", (a,), (a,), clock.t))
+        sched.queue.put(Task("refresh", "alice"))
+        clock.t += 1
+    sched.record_access(AccessEvent("bob", (), (), clock.t))
+    assert len(sched.queue) == 2  # one entry per user, whatever the number of turns
+    refreshed: list[str] = []
+    real = sched.worker.refresh
+    sched.worker.refresh = lambda user_id, **kw: refreshed.append(user_id) or real(user_id, **kw)
+    assert sched.run_pending() == 2
+    assert refreshed == ["alice", "bob"]
+    assert sched.heat.stats("alice")[a].hits == 50 and sched.heat.stats("alice")[a].uses == 50
+
+
+def test_in_process_queue_is_bounded_and_counts_what_it_drops(env):  # noqa: F811
+    clock, store, builder, make = env
+    sched = make(max_queued_tasks=100)
+    for i in range(1000):  # unknown users' first reads
+        assert sched.get(f"user-{i}").block is None
+    assert len(sched.queue) == 100 and sched.stats().dropped_tasks == 900
+    sched.record_access(AccessEvent("user-0", (), (), clock.t))  # merges into user-0's queued entry
+    assert len(sched.queue) == 100 and sched.stats().dropped_tasks == 900
+    queue = InProcessQueue(max_tasks=10, max_events_per_user=3)
+    for i in range(5):
+        queue.put(Task("access", "u", AccessEvent("u", (f"m{i}",), (), float(i))))
+    task = queue.get(timeout_s=0)
+    assert [e.retrieved_ids for e in task.payload] == [("m2",), ("m3",), ("m4",)]  # the oldest dropped
+    assert queue.dropped == 2 and len(queue) == 0
+
+
+def test_an_access_only_refresh_does_not_reread_every_memory(env):  # noqa: F811
+    clock, store, builder, make = env
+    sched = make()
+    ids = [m.id for m in store.add("alice", texts=[words(2, f"m{i}") for i in range(30)])]
+    sched.get("alice")
+    sched.run_pending()
+    pages: list[str] = []
+    real = store.list
+    store.list = lambda user_id, **kw: pages.append(user_id) or real(user_id, **kw)
+    for _ in range(5):
+        sched.record_access(AccessEvent("alice", (ids[0],), (ids[0],), clock.t))
+        sched.run_pending()
+    assert pages == []  # the store's generation did not move: the list read at it is reused
+    store.delete("alice", ids[1])
+    sched.run_pending()
+    assert pages == ["alice"]
+    assert ids[1] not in sched.get("alice").block.memory_ids
