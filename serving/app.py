@@ -70,6 +70,13 @@ def to_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, RequestValidationError):
+        if isinstance(exc.body, bytes):  # FastAPI parses a body as JSON only when its Content-Type says JSON
+            return ApiError(
+                415,
+                "the request body must be JSON sent with Content-Type: application/json",
+                type="invalid_request_error",
+                code="unsupported_media_type",
+            )
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
