@@ -32,7 +32,7 @@ from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong
 from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
-from serving.limits import BodyTooLarge, LimitBody, check_add, check_search, check_update
+from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, gauge_lines
 from serving.openapi import openapi_with_400
 from serving.plans import make_scheduler, plan_dict
@@ -90,6 +90,8 @@ def to_api_error(exc: Exception) -> ApiError:
         return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
     if isinstance(exc, BodyTooLarge):
         return ApiError(413, str(exc), type="invalid_request_error", code="request_too_large")
+    if isinstance(exc, BodyTimeout):
+        return ApiError(408, str(exc), type="invalid_request_error", code="request_timeout")
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, QueueFull):
@@ -253,6 +255,7 @@ def create_app(
         LimitBody,
         max_body_bytes=config.limits.max_body_bytes,
         respond=lambda exc: _error_response(to_api_error(exc)),
+        read_timeout_s=config.read_timeout_s,
     )
     if not config.auth:  # DNS rebinding: a foreign page must not reach the keyless API through 127.0.0.1
         app.add_middleware(

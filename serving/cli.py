@@ -70,6 +70,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "(localhost, 127.0.0.1, [::1]) or in --allowed-hosts",
     )
     p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="seconds a client has to send a request's headers, and again its body; else 408 and the "
+        "connection is closed",
+    )
+    p.add_argument(
         "--allowed-hosts",
         default="",
         help="with --no-auth: comma-separated Host names answered besides the loopback ones (others get 403)",
@@ -223,6 +230,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,
+            read_timeout_s=args.read_timeout_s,
             allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),
         )
     except ValueError as e:
@@ -261,6 +269,7 @@ def serve(config: ServingConfig, log_level: str = "info") -> int:
 
     from serving.app import create_app
     from serving.auth import KeysFileError
+    from serving.http_server import uvicorn_config
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -270,7 +279,8 @@ def serve(config: ServingConfig, log_level: str = "info") -> int:
     sock = _bind(config.host, config.port)  # bound here so `--port 0` can print the port it got
     config = dataclasses.replace(config, port=sock.getsockname()[1])
     print(how_to_call(config, app.state.backend.model_id), flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
+    server_config = uvicorn_config(app, config.read_timeout_s, log_level=log_level)
+    uvicorn.Server(server_config).run(sockets=[sock])
     return 0
 
 

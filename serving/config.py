@@ -94,6 +94,9 @@ class ServingConfig:
     enable_lora: bool = False
     # auth off: `Host` names answered besides the loopback ones (localhost, 127.0.0.1, [::1]); lowercase
     allowed_hosts: tuple[str, ...] = ()
+    # a request's body must arrive within this many seconds of its start (else 408); also the bound on
+    # receiving a request's headers (serving/http_server.py's h11 protocol, under `kvmem serve`)
+    read_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -141,6 +144,8 @@ class ServingConfig:
             raise ValueError(f"extractor must be one of {', '.join(EXTRACTOR_NAMES)}, got {self.extractor!r}")
         if self.extractor == "openai" and not (self.extractor_url and self.extractor_model):
             raise ValueError("the openai extractor needs extractor_url and extractor_model")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be > 0, got {self.read_timeout_s}")
         if not self.extractor_timeout_s > 0:
             raise ValueError(f"extractor_timeout_s must be > 0, got {self.extractor_timeout_s}")
         object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))

@@ -2,11 +2,13 @@
 
 Owns how each limit of `Limits` (serving/config.py) is counted and the error that names the field, its size
 and the limit: BodyTooLarge for the body (413), an ApiError 400 for the rest. app.py maps them to error
-JSON. Knows nothing of routes, backends or storage.
+JSON. Also bounds how long a body may take to arrive (BodyTimeout, 408): a client that sends part of a body
+and stalls would otherwise hold a connection and a task forever. Knows nothing of routes, backends or storage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +42,18 @@ class BodyTooLarge(Exception):
         self.limit_bytes, self.num_bytes = limit_bytes, num_bytes
 
 
+class BodyTimeout(Exception):
+    """The request body did not arrive in full within `read_timeout_s` of the request's start (HTTP 408; the
+    connection is closed after the answer)."""
+
+    def __init__(self, timeout_s: float, num_bytes: int) -> None:
+        super().__init__(
+            f"the request body did not arrive within {timeout_s:g} s ({num_bytes} bytes received; "
+            "read_timeout_s)"
+        )
+        self.timeout_s, self.num_bytes = timeout_s, num_bytes
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -51,10 +65,22 @@ class LimitBody:
     """ASGI middleware: a body over `max_body_bytes` is answered 413 before any route parses it, at once when
     its Content-Length says so, else as soon as the bytes received pass the limit (a chunked body declares no
     length, and a declared one is not trusted to be the truth). The body is read here, never more than the
-    limit plus one chunk, and handed on unchanged; `respond` turns the BodyTooLarge into the response."""
+    limit plus one chunk, and handed on unchanged; `respond` turns the BodyTooLarge into the response.
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, respond: Callable[[Exception], ASGIApp]) -> None:
+    The whole body must arrive within `read_timeout_s` of the request's start, else BodyTimeout (408, and the
+    response asks the server to close the connection: the rest of the body is never read). uvicorn's
+    keep-alive timeout covers only the idle time between requests, not a body that trickles or stalls."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        respond: Callable[[Exception], ASGIApp],
+        read_timeout_s: float = 30.0,
+    ) -> None:
+        assert read_timeout_s > 0, read_timeout_s
         self.app, self.max_body_bytes, self.respond = app, max_body_bytes, respond
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,8 +92,14 @@ class LimitBody:
             return
         received: deque[Message] = deque()
         num_bytes = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.read_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                await self._refuse(BodyTimeout(self.read_timeout_s, num_bytes), scope, receive, send)
+                return
             received.append(message)
             if message["type"] != "http.request":  # the client left: the app sees it as it would have
                 break
@@ -82,6 +114,17 @@ class LimitBody:
             return received.popleft() if received else await receive()
 
         await self.app(scope, replay, send)
+
+    async def _refuse(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer `exc` with `Connection: close`: the unread rest of the body must not be taken as the next
+        request."""
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.respond(exc)(scope, receive, closing)
 
 
 # -- parsed requests ---------------------------------------------------------------------------------------
