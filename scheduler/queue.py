@@ -43,9 +43,10 @@ class _Entry:
 class InProcessQueue:
     """FIFO of entries, coalesced so its size is bounded by users, not by turns.
 
-    A user's access events and refreshes are one entry (`Task("access", user, (event, ...))`, or a refresh
-    when no event came): every event still adds its heat, the worker then refreshes once. A prewarm per user
-    and the global evict are one entry each. Bounded: at most `max_tasks` entries; a task that would need a
+    A user's access events are one entry (`Task("access", user, (event, ...))`; one event as itself), and a
+    refresh merges into it (the worker refreshes after applying them) or is one refresh entry of its own;
+    every event still adds its heat, the worker then refreshes once. The evict is one entry; a prewarm (one
+    per session start) is its own. Bounded: at most `max_tasks` entries; a task that would need a
     new entry past that is dropped and counted in `dropped` (one that merges into a queued entry never is);
     an entry keeps at most `max_events_per_user` events, the oldest dropped first (counted too). What a drop
     loses is heat (ranking) or a refresh the user's next turn asks for again, never correctness: deletes do
@@ -60,11 +61,11 @@ class InProcessQueue:
         self.dropped = 0  # tasks and events dropped by the bound
 
     def _key(self, task: Task) -> Any:
-        if task.kind in ("access", "refresh") and task.user_id is not None:
-            return ("user", task.user_id)
-        if task.kind in ("prewarm", "evict"):
+        if task.kind == "refresh" and ("access", task.user_id) in self._entries:
+            return ("access", task.user_id)  # a queued access refreshes anyway: the refresh merges into it
+        if task.kind in ("access", "refresh", "evict"):
             return (task.kind, task.user_id)
-        self._seq += 1
+        self._seq += 1  # a prewarm (one per session start) and anything else: its own entry
         return ("once", self._seq)
 
     def put(self, task: Task) -> None:
@@ -95,8 +96,9 @@ class InProcessQueue:
                 return None
             key = next(iter(self._entries))
             entry = self._entries.pop(key)
-            if entry.task.kind == "access":
-                return Task("access", entry.task.user_id, tuple(entry.events))
+            if entry.task.kind == "access":  # one event as itself (as Redis hands it), several as a tuple
+                events = entry.events
+                return Task("access", entry.task.user_id, events[0] if len(events) == 1 else tuple(events))
             return entry.task
 
     def ack(self, task: Task) -> None:

@@ -101,8 +101,10 @@ def test_in_process_queue_is_bounded_and_counts_what_it_drops(env):  # noqa: F81
     for i in range(1000):  # unknown users' first reads
         assert sched.get(f"user-{i}").block is None
     assert len(sched.queue) == 100 and sched.stats().dropped_tasks == 900
-    sched.record_access(AccessEvent("user-0", (), (), clock.t))  # merges into user-0's queued entry
+    sched.queue.put(Task("refresh", "user-0"))  # merges into user-0's queued entry: never dropped
     assert len(sched.queue) == 100 and sched.stats().dropped_tasks == 900
+    sched.record_access(AccessEvent("user-0", (), (), clock.t))  # would be a new entry: dropped, counted
+    assert len(sched.queue) == 100 and sched.stats().dropped_tasks == 901
     queue = InProcessQueue(max_tasks=10, max_events_per_user=3)
     for i in range(5):
         queue.put(Task("access", "u", AccessEvent("u", (f"m{i}",), (), float(i))))
