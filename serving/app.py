@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvmem.formation.rules import slot_of
-from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryStore, TextStoreConfig, TextStoreError
+from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
@@ -44,6 +45,7 @@ from serving.protocol import (
     UpdateMemoryRequest,
     bad_request,
 )
+from serving.storage import StorageHealth, open_store, storage_failure
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,15 @@ def to_api_error(exc: Exception) -> ApiError:
         return ApiError(404, "memory not found", type="invalid_request_error", code="memory_not_found")
     if isinstance(exc, InvalidMemoryInput):
         return bad_request(str(exc), code="invalid_memory")
+    what = storage_failure(exc)
+    if what is not None:  # a full disk or a read-only data dir: say so, not "internal error"
+        logger.error("storage failure: %s", what)
+        return ApiError(
+            507,
+            f"insufficient storage: a write to the data dir failed: {what}",
+            type="server_error",
+            code="insufficient_storage",
+        )
     if isinstance(exc, (BackendError, TextStoreError)):
         logger.error("request failed: %r", exc)
         return ApiError(
@@ -124,11 +135,16 @@ _MAPPED = (
     MemoryNotFound,
     InvalidMemoryInput,
     TextStoreError,
+    sqlite3.Error,  # a full disk, a read-only store (507) or else a 500, answered without a re-raise
+    OSError,
 )
 
 
 async def _handle(request: Request, exc: Exception) -> JSONResponse:
-    return _error_response(to_api_error(exc))
+    error = to_api_error(exc)
+    if error.code == "insufficient_storage":  # /health says degraded until a write succeeds
+        request.app.state.storage_health.failed(error.message)
+    return _error_response(error)
 
 
 class _CountRequests:
@@ -187,10 +203,9 @@ def create_app(
         backend = create_backend(config)
         owned.append(backend)
     if store is None:
-        config.data_dir.mkdir(parents=True, exist_ok=True)
         # the store's own text limit admits every memory text and every chat message (a turn is stored)
         longest = max(config.limits.max_memory_text_chars, config.limits.max_message_chars)
-        store = MemoryStore(config.store_path, config=TextStoreConfig(max_text_chars=longest))
+        store = open_store(config.store_path, TextStoreConfig(max_text_chars=longest))  # StorageUnavailable
         owned.append(store)
     if scheduler is None:
         scheduler = make_scheduler(config, store, backend)
@@ -202,6 +217,9 @@ def create_app(
             owned.append(formation)
     assert formation is None or isinstance(formation, FormationWorker), formation
     metrics = Metrics()
+    storage_health = StorageHealth()
+    if hasattr(store, "subscribe"):
+        store.subscribe(storage_health.recovered)  # a committed write: the disk takes writes again
     chat = ChatService(config, backend, store, scheduler, metrics, formation)
     distiller = None
     if config.distill:
@@ -240,6 +258,7 @@ def create_app(
 
     app = FastAPI(title="kvmem", version="0.1.0", lifespan=lifespan)
     app.state.keyring = keyring
+    app.state.storage_health = storage_health
     app.state.distiller = distiller
     app.state.formation = formation
     app.state.backend, app.state.store, app.state.scheduler, app.state.chat, app.state.metrics = (
@@ -281,6 +300,10 @@ def create_app(
     async def health() -> JSONResponse:
         ready = backend.is_ready() and restored.is_set()
         body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
+        storage_error = storage_health.error  # the last write's failure (full disk, read-only), else None
+        if ready and storage_error is not None:
+            body["status"] = "degraded"  # reads are served; writes fail until the disk takes them again
+        body["storage_error"] = storage_error
         counts = await asyncio.to_thread(store.formation_counts)
         body["formation"] = {
             "extractor": formation.extractor.name if formation is not None else None,
