@@ -7,15 +7,25 @@ before its text. Segments are tokenized separately and concatenated, so a block'
 every prompt that uses it, a block for memories [m1..mk] is a prefix of the block for [m1..mk, mk+1]
 (append-only growth keeps stored prefixes valid), and [block][client system][history] is an exact prefix of
 the next turn's prompt (a live session's KV cache covers it: kvmem/kv/session.py). The chat template's own
-text is used for the system opening and for everything after the system message. Knows nothing of stores or
-tiers. Version 2: version 1 put the retrieved memories before the client system and the history.
+text is used for the system opening and for everything after the system message. Each message's segment is
+rendered once, after a stand-in for its predecessor, and cached: a prompt costs one small render per message
+not seen before plus the whole conversation's render and one or two of its prefixes (checks), so it is linear
+in the conversation's length and a session's next turn renders only its new messages. Knows nothing of stores
+or tiers. Version 2: version 1 put the retrieved memories before the client system and the history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+from jinja2 import TemplateError
+
+log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = "2"
 DEFAULT_SYSTEM_PROMPT = (
@@ -26,6 +36,10 @@ KNOWLEDGE_HEADER = "\n\nWhat you know (shared by every user):\n"
 # opens this turn's retrieved memories inside the last user message; the user's own text follows a blank line
 RETRIEVED_HEADER = "Memories that may help with this message:\n"
 _SENTINEL = "\u2063KVMEM\u2063"
+# the system message of the small conversations a message's own segment is rendered in, and the content of
+# the stand-in for its predecessor there
+_WINDOW_SYSTEM = {"role": "system", "content": _SENTINEL}
+_STAND_IN = _SENTINEL
 
 
 class LayoutError(ValueError):
@@ -40,12 +54,21 @@ class LaidOutPrompt:
     block_len: int
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """A message's text as the template renders it after a message of its predecessor's role, and its ids."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
 def memory_line(text: str) -> str:
     return "- " + " ".join(text.split()) + "\n"
 
 
 class PromptLayout:
-    """Lays out prompts for one tokenizer + system prompt. Thread-safe after construction (read-only)."""
+    """Lays out prompts for one tokenizer + system prompt. Thread-safe: the message segment cache is the only
+    state that changes after construction, under a lock."""
 
     def __init__(
         self,
@@ -53,17 +76,28 @@ class PromptLayout:
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         version: str = LAYOUT_VERSION,
         knowledge: Sequence[str] = (),
+        max_cached_segments: int = 4096,
     ):
         """`knowledge`: the deployment's shared texts (kvmem.kv.knowledge), laid out after the system prompt,
-        before the memory header, as one segment: `knowledge_ids` is a prefix of every block."""
+        before the memory header, as one segment: `knowledge_ids` is a prefix of every block.
+        `max_cached_segments`: messages' segments kept (least recently used dropped first), 0 for none."""
         if not getattr(tokenizer, "chat_template", None):
             raise LayoutError("the tokenizer has no chat template")
+        if max_cached_segments < 0:
+            raise ValueError(f"PromptLayout needs max_cached_segments >= 0, got {max_cached_segments}")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.version = version
         self.knowledge_text = (
             KNOWLEDGE_HEADER + "".join(memory_line(t) for t in knowledge) if knowledge else ""
         )
+        self.max_cached_segments = max_cached_segments
+        # (previous role, role, content) -> the segment, or None where the template renders a message of the
+        # previous role differently once this one follows (the first message's previous role is None); and
+        # (previous role,) -> the small conversation of the stand-in alone
+        self._segments: OrderedDict[tuple, _Segment | str | None] = OrderedDict()
+        self._segments_lock = threading.Lock()
+        self._by_prefix = False  # set for good once a prompt showed the template is not message-local
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -158,7 +192,88 @@ class PromptLayout:
         """Ids of `rendered` after `done`: one segment per message while the template renders the conversation
         append-only (each message's text is the same whatever follows it), then the rest as one segment (a
         template that renders an earlier message differently once more follow, as Qwen3's does for an
-        assistant message after the last user message: still exact, the next turn reuses less)."""
+        assistant message after the last user message: still exact, the next turn reuses less).
+
+        The ids are those of `_prefix_segments`, which renders every prefix of the conversation (quadratic in
+        its length). Here each message's segment comes from rendering it after a stand-in for its predecessor
+        (`_window_segment`, cached), checked against `rendered`, and the cut where the segments stop is
+        checked against one or two renders of the real prefixes. A template those checks catch (one whose text
+        for a message depends on more than the message and its predecessor's role, or that refuses the small
+        conversations) is laid out by `_prefix_segments` from then on."""
+        if not self._by_prefix:
+            ids = self._local_segments(system, conversation, rendered, done)
+            if ids is not None:
+                return ids
+            self._by_prefix = True
+            log.warning(
+                "the chat template is not message-local; prompts are laid out by rendering every prefix "
+                "(quadratic in conversation length)"
+            )
+        return self._prefix_segments(system, conversation, rendered, done)
+
+    def _local_segments(
+        self, system: dict, conversation: list[dict], rendered: str, done: str
+    ) -> list[int] | None:
+        """`_message_segments` from the messages' own segments; None where a check shows it could differ."""
+        ids: list[int] = []
+        cut, num_segments = len(done), 0
+        try:
+            for k, message in enumerate(conversation):
+                segment = self._window_segment(conversation[k - 1]["role"] if k else None, message)
+                if segment is None or not rendered.startswith(segment.text, cut):
+                    break
+                ids.extend(segment.ids)
+                cut += len(segment.text)
+                num_segments += 1
+        except TemplateError:  # e.g. a template that wants the first message after the system to be a user's
+            return None
+        # what `_prefix_segments` checks at the last segment it keeps and at the first it stops at
+        if num_segments and self._render([system, *conversation[:num_segments]], False) != rendered[:cut]:
+            return None
+        if num_segments < len(conversation):
+            part = self._render([system, *conversation[: num_segments + 1]], False)
+            if part.startswith(rendered[:cut]) and rendered.startswith(part):
+                return None
+        ids.extend(self._encode(rendered[cut:]))
+        return ids
+
+    def _window_segment(self, previous_role: str | None, message: dict) -> _Segment | None:
+        """`message`'s segment after a message of `previous_role` (None: first): cached, or rendered."""
+        key = (previous_role, message["role"], message["content"])
+        return self._cached(key, lambda: self._render_segment(previous_role, message))
+
+    def _render_segment(self, previous_role: str | None, message: dict) -> _Segment | None:
+        """`message`'s text rendered right after a message of `previous_role` (None: right after the system
+        message's content) in a conversation of just those two, with the stand-in content for the first; None
+        if the stand-in renders differently once `message` follows."""
+        if previous_role is None:
+            before, window = self.system_open + _SENTINEL, [_WINDOW_SYSTEM]
+        else:
+            window = [_WINDOW_SYSTEM, {"role": previous_role, "content": _STAND_IN}]
+            before = self._cached((previous_role,), lambda: self._render(window, False))
+        after = self._render([*window, message], False)
+        if not after.startswith(before):
+            return None
+        text = after[len(before) :]
+        return _Segment(text, tuple(self._encode(text)))
+
+    def _cached(self, key: tuple, make: Callable[[], object]):
+        """The segment cache's value for `key`; absent, `make()` (outside the lock) and keep it."""
+        with self._segments_lock:
+            if key in self._segments:
+                self._segments.move_to_end(key)
+                return self._segments[key]
+        value = make()
+        if self.max_cached_segments:
+            with self._segments_lock:
+                self._segments[key] = value
+                while len(self._segments) > self.max_cached_segments:
+                    self._segments.popitem(last=False)
+        return value
+
+    def _prefix_segments(self, system: dict, conversation: list[dict], rendered: str, done: str) -> list[int]:
+        """`_message_segments` by rendering every prefix of the conversation (quadratic in its length): for
+        templates whose message text depends on more than the message and its predecessor's role."""
         ids: list[int] = []
         for k in range(1, len(conversation) + 1):
             part = self._render([system, *conversation[:k]], False)
