@@ -301,9 +301,10 @@ def create_app(
         ready = backend.is_ready() and restored.is_set()
         body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
         storage_error = storage_health.error  # the last write's failure (full disk, read-only), else None
-        if ready and storage_error is not None:
-            body["status"] = "degraded"  # reads are served; writes fail until the disk takes them again
-        body["storage_error"] = storage_error
+        if storage_error is not None:  # reads are served; writes fail until the disk takes them again
+            body["storage_error"] = storage_error
+            if ready:
+                body["status"] = "degraded"
         counts = await asyncio.to_thread(store.formation_counts)
         body["formation"] = {
             "extractor": formation.extractor.name if formation is not None else None,
@@ -348,7 +349,7 @@ def create_app(
 
     # -- memory routes ----------------------------------------------------------------------------------------
     def tier_of(user_id: str) -> Any:
-        covered = scheduler.get(user_id).covered_ids
+        covered = scheduler.peek(user_id).covered_ids  # a read: never queues a build
         return lambda memory_id: "kv" if memory_id in covered else "text"
 
     @app.post("/v1/memories", status_code=201)
@@ -431,7 +432,7 @@ def create_app(
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
-        body = plan_dict(scheduler.get(user_id))
+        body = plan_dict(scheduler.peek(user_id))  # a read: never queues a build
         st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
         body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body
