@@ -62,6 +62,11 @@ class _Segment:
     ids: tuple[int, ...]
 
 
+def _cost(value: _Segment | str | None) -> int:
+    """What a segment cache entry counts against `max_cached_tokens`."""
+    return 1 + (len(value.ids) if isinstance(value, _Segment) else 0)
+
+
 def memory_line(text: str) -> str:
     return "- " + " ".join(text.split()) + "\n"
 
@@ -76,27 +81,29 @@ class PromptLayout:
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
         version: str = LAYOUT_VERSION,
         knowledge: Sequence[str] = (),
-        max_cached_segments: int = 4096,
+        max_cached_tokens: int = 1 << 20,
     ):
         """`knowledge`: the deployment's shared texts (kvmem.kv.knowledge), laid out after the system prompt,
         before the memory header, as one segment: `knowledge_ids` is a prefix of every block.
-        `max_cached_segments`: messages' segments kept (least recently used dropped first), 0 for none."""
+        `max_cached_tokens`: the messages' segments kept, in tokens (an entry counts its ids and one more;
+        least recently used dropped first), 0 for none; about 50 bytes a token (ids, text, message content)."""
         if not getattr(tokenizer, "chat_template", None):
             raise LayoutError("the tokenizer has no chat template")
-        if max_cached_segments < 0:
-            raise ValueError(f"PromptLayout needs max_cached_segments >= 0, got {max_cached_segments}")
+        if max_cached_tokens < 0:
+            raise ValueError(f"PromptLayout needs max_cached_tokens >= 0, got {max_cached_tokens}")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.version = version
         self.knowledge_text = (
             KNOWLEDGE_HEADER + "".join(memory_line(t) for t in knowledge) if knowledge else ""
         )
-        self.max_cached_segments = max_cached_segments
+        self.max_cached_tokens = max_cached_tokens
         # (previous role, role, content) -> the segment, or None where the template renders a message of the
         # previous role differently once this one follows (the first message's previous role is None); and
         # (previous role,) -> the small conversation of the stand-in alone
         self._segments: OrderedDict[tuple, _Segment | str | None] = OrderedDict()
         self._segments_lock = threading.Lock()
+        self._cached_tokens = 0
         self._by_prefix = False  # set for good once a prompt showed the template is not message-local
 
     def _encode(self, text: str) -> list[int]:
@@ -264,11 +271,12 @@ class PromptLayout:
                 self._segments.move_to_end(key)
                 return self._segments[key]
         value = make()
-        if self.max_cached_segments:
-            with self._segments_lock:
+        with self._segments_lock:
+            if key not in self._segments and _cost(value) <= self.max_cached_tokens:
                 self._segments[key] = value
-                while len(self._segments) > self.max_cached_segments:
-                    self._segments.popitem(last=False)
+                self._cached_tokens += _cost(value)
+                while self._cached_tokens > self.max_cached_tokens:
+                    self._cached_tokens -= _cost(self._segments.popitem(last=False)[1])
         return value
 
     def _prefix_segments(self, system: dict, conversation: list[dict], rendered: str, done: str) -> list[int]:

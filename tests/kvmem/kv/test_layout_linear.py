@@ -237,3 +237,19 @@ def test_a_turn_renders_its_new_messages_and_the_whole_conversation_twice(
     # the last user message without its retrieved memories, the reply, the new user message with them
     assert len(calls) == 3 + 2
     assert turn == ReferenceLayout(tokenizer).prompt([], ["I like coffee."], messages)
+
+
+def test_the_segment_cache_is_bounded_in_tokens_and_changes_no_ids(tokenizer):
+    """Least recently used segments go once the cache is over its tokens; a small cache, or none, lays out the
+    same ids (it only renders more)."""
+    rng = random.Random(6)
+    messages = conversation(rng, 40, user_first=True)
+    expected = ReferenceLayout(tokenizer).prompt(["x"], ["y"], messages)
+    for budget in (0, 50, 1 << 20):
+        layout = PromptLayout(tokenizer, max_cached_tokens=budget)
+        assert layout.prompt(["x"], ["y"], messages) == expected
+        assert layout.prompt(["x"], ["y"], messages) == expected  # again, from what the cache kept
+        assert layout._cached_tokens <= budget
+        assert (len(layout._segments) > 0) == (budget > 0)
+    with pytest.raises(ValueError, match="max_cached_tokens >= 0, got -1"):
+        PromptLayout(tokenizer, max_cached_tokens=-1)
