@@ -33,6 +33,14 @@ from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong
 from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
+from serving.idempotency import (
+    MAX_KEY_CHARS,
+    Answer,
+    Committed,
+    EventCollector,
+    IdempotencyCache,
+    fingerprint,
+)
 from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, gauge_lines
 from serving.openapi import openapi_with_400
@@ -58,6 +66,10 @@ DEMO_MEMORIES = (
     "My favourite programming language is Python.",
 )
 UserId = Annotated[str, Query(min_length=1, max_length=256)]
+# memory writes: a repeat with the same key (same user, method and path) gets the first answer
+IdempotencyKey = Annotated[
+    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_CHARS)
+]
 
 
 # -- errors: the one place exceptions become OpenAI error JSON ---------------------------------------------------
@@ -218,8 +230,11 @@ def create_app(
     assert formation is None or isinstance(formation, FormationWorker), formation
     metrics = Metrics()
     storage_health = StorageHealth()
+    write_events = EventCollector()  # the events of a write whose post-commit hook failed: what was committed
+    idempotent = IdempotencyCache()
     if hasattr(store, "subscribe"):
         store.subscribe(storage_health.recovered)  # a committed write: the disk takes writes again
+        store.subscribe(write_events)
     chat = ChatService(config, backend, store, scheduler, metrics, formation)
     distiller = None
     if config.distill:
@@ -352,26 +367,65 @@ def create_app(
         covered = scheduler.peek(user_id).covered_ids  # a read: never queues a build
         return lambda memory_id: "kv" if memory_id in covered else "text"
 
-    @app.post("/v1/memories", status_code=201)
-    async def add_memories(body: AddMemoriesRequest, who: CallerDep) -> dict[str, Any]:
+    async def answer_write(
+        key: str | None, user_id: str, request: Request, asked: Any, write: Any
+    ) -> JSONResponse:
+        """Run `write()` (-> Answer), or replay the first answer to this Idempotency-Key."""
+        if key is None:
+            answer, replayed = await write(), False
+        else:
+            scope_key = (user_id, request.method, request.url.path, key)
+            answer, replayed = await idempotent.run(scope_key, fingerprint(asked), write)
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return JSONResponse(answer.body, status_code=answer.status, headers=headers)
+
+    def committed(body: dict[str, Any], done: Committed) -> dict[str, Any]:
+        """`body`, plus a warning when the write was committed but a post-commit hook failed."""
+        if done.hook_error is None:
+            return body
+        warning = f"the write was committed, but a post-commit hook failed: {done.hook_error}"
+        return {**body, "warnings": [warning]}
+
+    def read_back(user_id: str, done: Committed, kind: str) -> list[Any]:
+        """The memories a write committed, from its change events (its return value was lost to the hook)."""
+        ids = dict.fromkeys(e.memory_id for e in done.events if e.kind == kind and e.user_id == user_id)
+        return [store.get(user_id, memory_id) for memory_id in ids]
+
+    def num_deleted(done: Committed) -> int:
+        if done.hook_error is None:
+            return done.value
+        return len({e.memory_id for e in done.events if e.kind == "deleted"})
+
+    @app.post("/v1/memories", status_code=201, response_model=None)
+    async def add_memories(
+        body: AddMemoriesRequest, request: Request, who: CallerDep, idempotency_key: IdempotencyKey = None
+    ) -> JSONResponse:
         check_user(who, body.user_id)
         check_add(body, config.limits)
         if (body.text is None) == (body.messages is None):
             raise bad_request("give exactly one of `text` or `messages`", param="text")
         messages = None if body.messages is None else [m.model_dump(exclude_none=True) for m in body.messages]
         texts = [body.text] if body.text is not None else [m["content"] for m in messages or []]
-        added = await asyncio.to_thread(
-            store.add,
-            body.user_id,
-            body.text,
-            messages=messages,
-            session_id=body.session_id,
-            chat_time=body.chat_time,
-            tags=body.tags,
-            metadata=body.metadata,
-            slots=[slot_of(t) for t in texts],  # so a fact formed later can supersede it
-        )
-        return {"memories": [m.to_dict() for m in added]}
+
+        async def write() -> Answer:
+            done = await asyncio.to_thread(
+                write_events.committed_write,
+                store.add,
+                body.user_id,
+                body.text,
+                messages=messages,
+                session_id=body.session_id,
+                chat_time=body.chat_time,
+                tags=body.tags,
+                metadata=body.metadata,
+                slots=[slot_of(t) for t in texts],  # so a fact formed later can supersede it
+            )
+            added = done.value
+            if done.hook_error is not None:
+                added = await asyncio.to_thread(read_back, body.user_id, done, "added")
+            return Answer(201, committed({"memories": [m.to_dict() for m in added]}, done))
+
+        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
 
     @app.post("/v1/memories/search")
     async def search_memories(body: SearchMemoriesRequest, who: CallerDep) -> dict[str, Any]:
@@ -416,18 +470,29 @@ def create_app(
             "total": result.total,
         }
 
-    @app.delete("/v1/memories")
+    @app.delete("/v1/memories", response_model=None)
     async def delete_memories(
-        who: CallerDep, user_id: UserId, session_id: Annotated[str | None, Query(max_length=256)] = None
-    ) -> dict[str, int]:
+        request: Request,
+        who: CallerDep,
+        user_id: UserId,
+        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
         check_user(who, user_id)
-        if session_id is None:
-            deleted = await asyncio.to_thread(store.delete_user, user_id)  # and the user's conversation log
-            await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
-            if formation is not None:
-                formation.forget(user_id)
-            return {"deleted": deleted}
-        return {"deleted": await asyncio.to_thread(store.delete_session, user_id, session_id)}
+
+        async def write() -> Answer:
+            if session_id is None:  # and the user's conversation log
+                done = await asyncio.to_thread(write_events.committed_write, store.delete_user, user_id)
+                await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
+                if formation is not None:
+                    formation.forget(user_id)
+            else:
+                done = await asyncio.to_thread(
+                    write_events.committed_write, store.delete_session, user_id, session_id
+                )
+            return Answer(200, committed({"deleted": num_deleted(done)}, done))
+
+        return await answer_write(idempotency_key, user_id, request, {"session_id": session_id}, write)
 
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
@@ -496,23 +561,53 @@ def create_app(
         check_user(who, user_id)
         return (await asyncio.to_thread(store.get, user_id, memory_id)).to_dict()
 
-    @app.patch("/v1/memories/{memory_id}")
-    async def update_memory(memory_id: str, body: UpdateMemoryRequest, who: CallerDep) -> dict[str, Any]:
+    @app.patch("/v1/memories/{memory_id}", response_model=None)
+    async def update_memory(
+        memory_id: str,
+        body: UpdateMemoryRequest,
+        request: Request,
+        who: CallerDep,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
         check_user(who, body.user_id)
         check_update(body, config.limits)
-        memory = await asyncio.to_thread(
-            store.update, body.user_id, memory_id, text=body.text, tags=body.tags, metadata=body.metadata
-        )
-        return memory.to_dict()
 
-    @app.delete("/v1/memories/{memory_id}")
+        async def write() -> Answer:
+            done = await asyncio.to_thread(
+                write_events.committed_write,
+                store.update,
+                body.user_id,
+                memory_id,
+                text=body.text,
+                tags=body.tags,
+                metadata=body.metadata,
+            )
+            memory = done.value
+            if done.hook_error is not None:  # an update keeps the id: the new version is read back
+                memory = await asyncio.to_thread(store.get, body.user_id, memory_id)
+            return Answer(200, committed(memory.to_dict(), done))
+
+        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
+
+    @app.delete("/v1/memories/{memory_id}", response_model=None)
     async def delete_memory(
-        memory_id: str, who: CallerDep, user_id: UserId, keep_turns: bool = False
-    ) -> dict[str, int]:
+        memory_id: str,
+        request: Request,
+        who: CallerDep,
+        user_id: UserId,
+        keep_turns: bool = False,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
         """Deletes the memory and, unless keep_turns, the log turns it was formed from."""
         check_user(who, user_id)
-        deleted = await asyncio.to_thread(store.delete, user_id, memory_id, delete_turns=not keep_turns)
-        return {"deleted": deleted}
+
+        async def write() -> Answer:
+            done = await asyncio.to_thread(
+                write_events.committed_write, store.delete, user_id, memory_id, delete_turns=not keep_turns
+            )
+            return Answer(200, committed({"deleted": num_deleted(done)}, done))
+
+        return await answer_write(idempotency_key, user_id, request, {"keep_turns": keep_turns}, write)
 
     metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422
