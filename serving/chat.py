@@ -27,16 +27,19 @@ from serving.backends.base import (
     SamplingParams,
     StreamItem,
     TokenDelta,
+    TokenLogprob,
 )
 from serving.config import DEFAULT_MODEL, ServingConfig
 from serving.limits import check_chat
 from serving.metrics import Metrics
+from serving.openai_params import check_params, sampling_extras
 from serving.protocol import (
     ApiError,
     ChatCompletionRequest,
     bad_request,
     chunk_dict,
     completion_dict,
+    logprobs_dict,
     usage_dict,
 )
 
@@ -126,6 +129,12 @@ class ChatService:
                 )
         if body.seed is not None and not SEED_RANGE[0] <= body.seed <= SEED_RANGE[1]:
             raise bad_request(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", param="seed")
+        check_params(
+            body,
+            backend_name=self._backend.name,
+            sampling_features=self._backend.sampling_features,
+            vocab_size=self._backend.vocab_size,
+        )
         if not any(m.role == "user" for m in body.messages):
             raise bad_request("messages must contain at least one user message", param="messages")
         check_chat(body, self._config.limits)
@@ -176,6 +185,7 @@ class ChatService:
             top_p=1.0 if body.top_p is None else body.top_p,
             stop=body.stop_strings(),
             seed=body.seed,
+            **sampling_extras(body, self._backend.vocab_size),
         )
         used = (
             tuple(UsedMemory(i, "kv") for i in (block.memory_ids if block else ()))
@@ -245,11 +255,13 @@ class ChatService:
     ) -> dict:
         """A non-streaming answer as a `chat.completion` dict."""
         text: list[str] = []
+        logprobs: list[TokenLogprob] = []
         result: GenerationResult | None = None
         async with aclosing(self._generate(prepared, is_disconnected)) as items:
             async for item in items:
                 if isinstance(item, TokenDelta):
                     text.append(item.text)
+                    logprobs.extend(item.logprobs)
                 else:
                     result = item
         if result is None:  # the client went away; nobody reads this
@@ -264,6 +276,7 @@ class ChatService:
             finish_reason=result.finish_reason,
             usage=usage_dict(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
             memory=prepared.memory_dict(result),
+            logprobs=logprobs_dict(logprobs) if prepared.request.sampling.top_logprobs is not None else None,
         )
 
     async def open_stream(
@@ -309,7 +322,9 @@ class ChatService:
             yield event({"role": "assistant", "content": ""})
             async for item in chained():
                 if isinstance(item, TokenDelta):
-                    if item.text:
+                    if item.logprobs:  # a token whose text is not complete yet still brings its logprob
+                        yield event({"content": item.text}, logprobs=logprobs_dict(item.logprobs))
+                    elif item.text:
                         yield event({"content": item.text})
                     continue
                 yield event({}, finish_reason=item.finish_reason, memory=prepared.memory_dict(item))

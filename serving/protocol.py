@@ -60,18 +60,21 @@ class _Strict(BaseModel):
         return data
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Strict):
+    """A content part of any type, so an image or audio part reaches ChatService.validate and is refused
+    there by name (400 unsupported_content) rather than as a schema mismatch; only "text" parts are served."""
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[ContentPart]
     name: str | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else "".join(p.text or "" for p in self.content)
 
     def to_plain(self) -> dict[str, str]:
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
@@ -94,6 +97,17 @@ class ChatCompletionRequest(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100]
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None  # only {"type": "text"} is served
+    # declared so that ChatService.validate refuses them by name instead of ignoring them (no tool calling)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -155,6 +169,24 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     }
 
 
+def logprobs_dict(entries: Any) -> dict[str, Any]:
+    """A choice's `logprobs` in OpenAI's shape, from serving.backends.base.TokenLogprob entries."""
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.bytes),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in e.top_logprobs
+                ],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
 def completion_dict(
     *,
     completion_id: str,
@@ -164,6 +196,7 @@ def completion_dict(
     finish_reason: str,
     usage: dict[str, Any],
     memory: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": completion_id,
@@ -174,7 +207,7 @@ def completion_dict(
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": content},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         ],
@@ -194,12 +227,13 @@ def chunk_dict(
     usage: dict[str, Any] | None = None,
     with_usage_field: bool = False,
     memory: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One `chat.completion.chunk`. delta None makes the usage-only chunk (choices [])."""
     choices = (
         []
         if delta is None
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     )
     out: dict[str, Any] = {
         "id": completion_id,

@@ -39,15 +39,26 @@ class PromptTooLong(ValueError):
         self.max_context_tokens = max_context_tokens
 
 
+# The optional OpenAI sampling features a backend may honour (Backend.sampling_features); serving refuses a
+# request that asks a backend for one it does not list (400 unsupported_parameter), never ignores it.
+SAMPLING_FEATURES = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. temperature 0 means greedy; seed makes sampling reproducible per request."""
+    """How to sample. temperature 0 means greedy; seed makes sampling reproducible per request. Penalties and
+    logit_bias follow OpenAI (kvmem/kv/decode.py Sampling); top_logprobs None: no log-probabilities, else the
+    chosen token's and the top_logprobs most likely tokens' (0..20) come with each TokenDelta."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    top_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +67,43 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in self.logit_bias):
+            raise ValueError("logit_bias needs token ids >= 0 and biases in [-100, 100]")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20] or None, got {self.top_logprobs}")
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The SAMPLING_FEATURES this request asks for (a zero penalty or an empty bias asks for nothing)."""
+        asked = {
+            "presence_penalty": self.presence_penalty != 0.0,
+            "frequency_penalty": self.frequency_penalty != 0.0,
+            "logit_bias": bool(self.logit_bias),
+            "logprobs": self.top_logprobs is not None,
+        }
+        return frozenset(name for name, on in asked.items() if on)
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a step: its text, log-probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's text, log-probability and bytes, and the most likely tokens at its step."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top_logprobs: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,10 +136,12 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TokenDelta:
-    """Newly produced text and the token ids behind it (text may be empty while a character is incomplete)."""
+    """Newly produced text and the token ids behind it (text may be empty while a character is incomplete);
+    with SamplingParams.top_logprobs set, one TokenLogprob per token id."""
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 # Why a request's KV block could not be used, as a fixed category: it is a metrics label on an unauthenticated
@@ -143,6 +193,10 @@ class Backend(ABC):
     # whether a request's `adapter_id` is applied (LoRA); the scheduler's plans name no adapter otherwise, so
     # an adapter's facts are never left out of a prompt that will not get them from the adapter
     serves_adapters: bool = False
+    # the SAMPLING_FEATURES it applies; serving refuses a request asking for another (400, naming the field)
+    sampling_features: frozenset[str] = frozenset()
+    # the model's vocabulary size (logit_bias token ids must be below it); None: not known (not loaded)
+    vocab_size: int | None = None
 
     @abstractmethod
     def load(self) -> None:

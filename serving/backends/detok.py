@@ -69,3 +69,44 @@ class IncrementalDetokenizer:
             tail = window[len(context) :] if window.startswith(context) else window
         self._emitted.append(tail)
         return tail
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: byte -> the printable character a byte-level BPE token spells it with."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+class TokenPieces:
+    """Each token's own text and UTF-8 bytes, as OpenAI's logprobs report them. For a byte-level BPE tokenizer
+    (the default model's) the bytes are the token's exact bytes, which may be part of a character (its text then
+    has U+FFFD where the part is); for others, the bytes of the token decoded alone."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(backend, "decoder", None)
+        self._byte_of: dict[str, int] | None = None
+        if decoder is not None and str(decoder).startswith("ByteLevel"):
+            self._byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+
+    def __call__(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """(text, bytes) of one token."""
+        if self._byte_of is not None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and all(ch in self._byte_of for ch in piece):
+                raw = bytes(self._byte_of[ch] for ch in piece)
+                return raw.decode("utf-8", errors="replace"), tuple(raw)
+        text = self.tokenizer.decode([token_id])
+        return text, tuple(text.encode("utf-8", errors="replace"))

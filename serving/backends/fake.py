@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from serving.backends.base import (
+    SAMPLING_FEATURES,
     Backend,
     GenerationRequest,
     GenerationResult,
@@ -26,6 +27,8 @@ from serving.backends.base import (
     QueueFull,
     StreamItem,
     TokenDelta,
+    TokenLogprob,
+    TopLogprob,
 )
 from serving.backends.stops import StopMatcher
 
@@ -35,6 +38,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = "You are a helpful assistant with long-term memory."
+
+
+def fake_logprob(ch: str, top: int) -> TokenLogprob:
+    """A character's made-up log-probability: -0.25, and its top list: itself, then the next code points at
+    -1.25, -2.25, ... (so tests can state the exact JSON)."""
+    tops = tuple(
+        TopLogprob(chr(ord(ch) + j), -0.25 - j, tuple(chr(ord(ch) + j).encode("utf-8", "surrogatepass")))
+        for j in range(top)
+    )
+    return TokenLogprob(ch, -0.25, tuple(ch.encode("utf-8", "surrogatepass")), tops)
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,10 @@ class FakeBackend(Backend):
 
     name = "fake"
     serves_adapters = True  # it stands in for a backend that serves adapters but builds no block under one
+    # accepted for the HTTP plumbing (the reply is scripted: tests read them from `requests`); its logprobs are
+    # fake_logprob's
+    sampling_features = frozenset(SAMPLING_FEATURES)
+    vocab_size = 0x110000  # code points
 
     def __init__(
         self,
@@ -232,12 +249,12 @@ class FakeBackend(Backend):
                 ttft = ttft or time.perf_counter() - start
                 ready, hit = stops.feed(ch)
                 if ready:
-                    yield TokenDelta(text=ready, token_ids=tuple(ord(c) for c in ready))
+                    yield self._delta(ready, req)
                 if hit:
                     break
             tail = "" if stops.hit else stops.flush()
             if tail:
-                yield TokenDelta(text=tail, token_ids=tuple(ord(c) for c in tail))
+                yield self._delta(tail, req)
             how = "completed"
             yield GenerationResult(
                 finish_reason=finish,
@@ -251,6 +268,12 @@ class FakeBackend(Backend):
             with self._lock:
                 self.num_in_flight -= 1
                 self.outcomes.append(FakeOutcome(req.request_id, how, produced))
+
+    @staticmethod
+    def _delta(text: str, req: GenerationRequest) -> TokenDelta:
+        top = req.sampling.top_logprobs
+        logprobs = () if top is None else tuple(fake_logprob(c, top) for c in text)
+        return TokenDelta(text=text, token_ids=tuple(ord(c) for c in text), logprobs=logprobs)
 
     async def aclose(self) -> None:
         self.hold.clear()

@@ -21,13 +21,16 @@ from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
 from serving.backends.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
 from serving.backends.base import (
+    SAMPLING_FEATURES,
     BackendError,
     GenerationRequest,
     GenerationResult,
     StreamItem,
     TokenDelta,
+    TokenLogprob,
+    TopLogprob,
 )
-from serving.backends.detok import IncrementalDetokenizer
+from serving.backends.detok import IncrementalDetokenizer, TokenPieces
 from serving.backends.model_loop import ModelLoop
 from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
@@ -71,6 +74,7 @@ class TransformersBackendConfig:
 
 class TransformersBackend(StoredBlocksBackend):
     name = "transformers"
+    sampling_features = frozenset(SAMPLING_FEATURES)  # the decode loop applies them all (kvmem/kv/decode.py)
 
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
@@ -122,6 +126,8 @@ class TransformersBackend(StoredBlocksBackend):
             self.builder = BlockBuilder(handle, self.layout, store)
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
             self.max_context_tokens = handle.max_context_tokens
+            self.vocab_size = handle.model.config.get_text_config().vocab_size  # the logits' size
+            self._pieces = TokenPieces(handle.tokenizer)
             self.adapters = adapter_slots(self.config.data_dir, handle)
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
@@ -237,7 +243,14 @@ class TransformersBackend(StoredBlocksBackend):
             max_new = min(req.sampling.max_new_tokens, room)
             sp = req.sampling
             sampling = Sampling(
-                max_new_tokens=max(1, max_new), temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
+                max_new_tokens=max(1, max_new),
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                seed=sp.seed,
+                presence_penalty=sp.presence_penalty,
+                frequency_penalty=sp.frequency_penalty,
+                logit_bias=sp.logit_bias,
+                top_logprobs=sp.top_logprobs,
             )
             stats = GenerationStats()
             detok = IncrementalDetokenizer(self.handle.tokenizer)
@@ -269,15 +282,25 @@ class TransformersBackend(StoredBlocksBackend):
                 tokens = self.adapters.steps(generate(self.handle.model, req.prompt.ids, **args), adapter)
                 token = next(tokens, None)
             held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
+            received = 0  # tokens taken: stats.logprobs[i] is the i-th one's (when asked for)
+
+            def delta(text: str) -> TokenDelta:
+                """The held tokens as one delta, with their logprobs; clears them."""
+                first = received - len(held)
+                lps = stats.logprobs[first:received] if sampling.top_logprobs is not None else []
+                out = TokenDelta(text=text, token_ids=tuple(held), logprobs=tuple(map(self._logprob, lps)))
+                held.clear()
+                return out
+
             while token is not None:
                 if token in self._eos:
                     finish = "stop"
                     break
+                received += 1
                 ready, hit = stops.feed(detok.add(token))
                 held.append(token)
                 if ready:
-                    emit(TokenDelta(text=ready, token_ids=tuple(held)))
-                    held.clear()
+                    emit(delta(ready))
                 if hit:
                     finish = "stop"
                     break
@@ -286,14 +309,12 @@ class TransformersBackend(StoredBlocksBackend):
             if not stops.hit:  # a character still incomplete at the end: as the full decode has it
                 ready, hit = stops.feed(detok.flush())
                 if ready:
-                    emit(TokenDelta(text=ready, token_ids=tuple(held)))
-                    held.clear()
+                    emit(delta(ready))
                 finish = "stop" if hit else finish
             if finish != "stop" or not stops.hit:
                 tail = stops.flush()
                 if tail:
-                    emit(TokenDelta(text=tail, token_ids=tuple(held)))
-                    held.clear()
+                    emit(delta(tail))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
@@ -322,6 +343,15 @@ class TransformersBackend(StoredBlocksBackend):
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)
+
+    def _logprob(self, lp) -> TokenLogprob:
+        """A kvmem.kv.decode.TokenLogprobs (ids) as the wire's TokenLogprob (texts and bytes)."""
+        text, raw = self._pieces(lp.token_id)
+        top = []
+        for token_id, logprob in lp.top:
+            top_text, top_raw = self._pieces(token_id)
+            top.append(TopLogprob(top_text, logprob, top_raw))
+        return TokenLogprob(text, lp.logprob, raw, tuple(top))
 
     async def stream(
         self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None

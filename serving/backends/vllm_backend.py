@@ -74,6 +74,9 @@ class VllmBackendConfig:
 
 class VllmBackend(StoredBlocksBackend):
     name = "vllm"
+    # vLLM's SamplingParams apply these with OpenAI's semantics (vllm_request.sampling_params); logprobs are
+    # not carried through this backend's deltas yet: refused (400 unsupported_parameter naming `logprobs`)
+    sampling_features = frozenset({"presence_penalty", "frequency_penalty", "logit_bias"})
 
     def __init__(self, config: VllmBackendConfig | None = None):
         from serving.backends.vllm_engine import EngineThread
@@ -130,6 +133,7 @@ class VllmBackend(StoredBlocksBackend):
             # peft on the builder's transformers copy: a block under a user's adapter is prefilled there
             self.adapters = adapter_slots(self.config.data_dir, handle) if self.config.enable_lora else None
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
+            self.vocab_size = handle.model.config.get_text_config().vocab_size  # logit_bias ids are checked
             max_len = min(self.config.max_model_len or handle.max_context_tokens, handle.max_context_tokens)
             try:
                 self._engine.start(lambda: make_engine(path, max_len, self.config))

@@ -3,12 +3,17 @@ tiny llama (exact tokens and logprobs): what is served, and each refusal's exact
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from fastapi.testclient import TestClient
 
+from kvmem.kv import GenerationStats, Sampling, generate
+from serving.backends.base import GenerationRequest, LaidOutPrompt, SamplingParams, TokenDelta
+from serving.backends.detok import TokenPieces
 from tests.serving.conftest import ALICE, MODEL, Stack
+from tests.serving.test_transformers_backend import arrive_together, tokens_of
 
 
 def body(content: str = "hello", **extra) -> dict:
@@ -33,3 +38,310 @@ def test_a_body_not_sent_as_json_is_refused_saying_so(stack: Stack, client: Test
     assert stack.backend.requests == []
     headers["Content-Type"] = "application/json; charset=utf-8"
     assert client.post("/v1/chat/completions", content=json.dumps(body()), headers=headers).status_code == 200
+
+
+def error(status: int, message: str, param: str | None, code: str | None) -> tuple[int, dict]:
+    return status, {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    }
+
+
+def post(client: TestClient, payload: dict):
+    return client.post("/v1/chat/completions", json=payload, headers=ALICE)
+
+
+def test_penalties_logit_bias_and_logprobs_reach_the_backend(stack: Stack, client: TestClient) -> None:
+    r = post(
+        client,
+        body(
+            presence_penalty=0.5,
+            frequency_penalty=-1,
+            logit_bias={"42": 100, "7": -2.5},
+            logprobs=True,
+            top_logprobs=3,
+            response_format={"type": "text"},
+            tools=[],
+            tool_choice="none",
+            max_tokens=4,
+        ),
+    )
+    assert r.status_code == 200
+    assert stack.backend.requests[-1].sampling == SamplingParams(
+        max_new_tokens=4,
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        logit_bias=((7, -2.5), (42, 100.0)),
+        top_logprobs=3,
+    )
+    post(client, body(logprobs=True))
+    assert stack.backend.requests[-1].sampling == SamplingParams(max_new_tokens=256, top_logprobs=0)
+    post(client, body(logprobs=False, presence_penalty=0, logit_bias={}))
+    assert stack.backend.requests[-1].sampling == SamplingParams(max_new_tokens=256)
+
+
+def entry(ch: str, top: int) -> dict:
+    """fake_logprob's JSON: the character at -0.25, its top list itself then the next code points."""
+    tops = [
+        {"token": chr(ord(ch) + j), "logprob": -0.25 - j, "bytes": list(chr(ord(ch) + j).encode())}
+        for j in range(top)
+    ]
+    return {"token": ch, "logprob": -0.25, "bytes": list(ch.encode()), "top_logprobs": tops}
+
+
+def test_completion_logprobs_have_openais_shape(stack: Stack, client: TestClient) -> None:
+    stack.backend.reply = "aé"
+    r = post(client, body(logprobs=True, top_logprobs=2))
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "aé"
+    assert choice["logprobs"] == {"content": [entry("a", 2), entry("é", 2)], "refusal": None}
+    assert choice["logprobs"]["content"][1]["bytes"] == [195, 169]
+    r = post(client, body(logprobs=True))
+    assert r.json()["choices"][0]["logprobs"] == {"content": [entry("a", 0), entry("é", 0)], "refusal": None}
+    assert post(client, body()).json()["choices"][0]["logprobs"] is None
+
+
+def test_stream_chunks_carry_their_logprobs(stack: Stack, client: TestClient) -> None:
+    stack.backend.reply = "ab"
+    r = post(client, body(logprobs=True, top_logprobs=1, stream=True))
+    events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line and line != "data: [DONE]"]
+    assert [e["choices"][0]["delta"] for e in events] == [
+        {"role": "assistant", "content": ""},
+        {"content": "a"},
+        {"content": "b"},
+        {},
+    ]
+    assert [e["choices"][0]["logprobs"] for e in events] == [
+        None,
+        {"content": [entry("a", 1)], "refusal": None},
+        {"content": [entry("b", 1)], "refusal": None},
+        None,
+    ]
+
+
+UNSUPPORTED = [
+    (
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        "tools",
+        "`tools` is not supported: this server does not call tools",
+    ),
+    (
+        {"tool_choice": "auto"},
+        "tool_choice",
+        "`tool_choice` is not supported: this server does not call tools",
+    ),
+    (
+        {"functions": [{"name": "f"}]},
+        "functions",
+        "`functions` is not supported: this server does not call tools",
+    ),
+    (
+        {"function_call": "auto"},
+        "function_call",
+        "`function_call` is not supported: this server does not call tools",
+    ),
+    (
+        {"response_format": {"type": "json_object"}},
+        "response_format",
+        "response_format of type 'json_object' is not supported; only {'type': 'text'} is",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        "response_format",
+        "response_format of type 'json_schema' is not supported; only {'type': 'text'} is",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "param", "message"), UNSUPPORTED)
+def test_unserved_parameters_are_refused_by_name(
+    stack: Stack, client: TestClient, extra, param, message
+) -> None:
+    r = post(client, body(**extra))
+    assert (r.status_code, r.json()) == error(400, message, param, "unsupported_parameter")
+    assert stack.backend.requests == []
+
+
+@pytest.mark.parametrize(
+    ("part", "kind"),
+    [
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "input_audio"),
+        ({"type": "file", "file": {"file_id": "f"}}, "file"),
+    ],
+)
+def test_image_and_audio_parts_are_refused_by_type(stack: Stack, client: TestClient, part, kind) -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
+    r = post(client, {"model": MODEL, "messages": messages})
+    assert (r.status_code, r.json()) == error(
+        400,
+        f"messages[0].content[1]: content parts of type {kind!r} are not supported; only 'text' parts are",
+        "messages[0].content[1]",
+        "unsupported_content",
+    )
+    assert stack.backend.requests == []
+    messages[0]["content"] = [{"type": "text", "text": "what "}, {"type": "text", "text": "is this?"}]
+    assert post(client, {"model": MODEL, "messages": messages}).status_code == 200
+    assert stack.backend.decode(stack.backend.requests[-1].prompt.ids).endswith(
+        "<user>what is this?\n<assistant>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            {"logit_bias": {"1114112": 1}},
+            error(
+                400,
+                "logit_bias token id 1114112 is not in the vocabulary (ids 0..1114111)",
+                "logit_bias",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"logit_bias": {"abc": 1}},
+            error(
+                400,
+                "logit_bias keys must be token ids (decimal strings), got 'abc'",
+                "logit_bias",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"logit_bias": {"-1": 1}},
+            error(
+                400,
+                "logit_bias keys must be token ids (decimal strings), got '-1'",
+                "logit_bias",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"logit_bias": {"5": 100.5}},
+            error(
+                400, "logit_bias['5'] is 100.5; biases must be in [-100, 100]", "logit_bias", "invalid_value"
+            ),
+        ),
+        (
+            {"logit_bias": {str(i): 1 for i in range(301)}},
+            error(400, "logit_bias may have at most 300 entries", "logit_bias", None),
+        ),
+        (
+            {"top_logprobs": 2},
+            error(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value"),
+        ),
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            error(
+                400,
+                "invalid request: top_logprobs: Input should be less than or equal to 20",
+                "top_logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"presence_penalty": 2.5},
+            error(
+                400,
+                "invalid request: presence_penalty: Input should be less than or equal to 2",
+                "presence_penalty",
+                "invalid_value",
+            ),
+        ),
+    ],
+)
+def test_bad_values_are_refused(stack: Stack, client: TestClient, extra, expected) -> None:
+    r = post(client, body(**extra))
+    assert (r.status_code, r.json()) == expected
+    assert stack.backend.requests == []
+
+
+def test_a_backend_that_cannot_apply_a_feature_refuses_it_by_name(stack: Stack, client: TestClient) -> None:
+    stack.backend.sampling_features = frozenset(
+        {"presence_penalty", "frequency_penalty", "logit_bias"}
+    )  # as vLLM
+    stack.backend.name = "vllm"
+    r = post(client, body(logprobs=True))
+    assert (r.status_code, r.json()) == error(
+        400, "`logprobs` is not supported by the vllm backend", "logprobs", "unsupported_parameter"
+    )
+    assert post(client, body(logprobs=False, frequency_penalty=1, logit_bias={"3": 5})).status_code == 200
+    stack.backend.sampling_features = frozenset()
+    r = post(client, body(frequency_penalty=1, presence_penalty=1))
+    assert r.json()["error"]["param"] == "frequency_penalty"  # the first refused, by name order
+    assert post(client, body(frequency_penalty=0)).status_code == 200
+
+
+# -- the transformers backend on the tiny llama ---------------------------------------------------------------
+
+
+def tiny_request(backend, rid: str, question: str, sampling: SamplingParams) -> GenerationRequest:
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": question}])
+    return GenerationRequest(rid, "u", prompt, None, sampling)
+
+
+async def deltas_of(backend, req) -> list[TokenDelta]:
+    return [item async for item in backend.stream(req) if isinstance(item, TokenDelta)]
+
+
+def test_transformers_backend_logprobs_are_the_decode_loops(tiny_backend) -> None:
+    backend = tiny_backend
+    sp = SamplingParams(
+        max_new_tokens=12, temperature=0.0, presence_penalty=1.0, logit_bias=((321, 4.0),), top_logprobs=3
+    )
+    req = tiny_request(backend, "lp", "Where do I live?", sp)
+    deltas = asyncio.run(deltas_of(backend, req))
+    ids = [t for d in deltas for t in d.token_ids]
+    entries = [e for d in deltas for e in d.logprobs]
+    assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
+    stats = GenerationStats()
+    sampling = Sampling(max_new_tokens=12, presence_penalty=1.0, logit_bias=((321, 4.0),), top_logprobs=3)
+    expected = list(generate(backend.handle.model, req.prompt.ids, sampling=sampling, stats=stats))
+    assert ids == expected[: len(ids)] and len(ids) >= 1
+    pieces = TokenPieces(backend.handle.tokenizer)
+    for e, lp in zip(entries, stats.logprobs, strict=False):
+        assert (e.token, e.bytes) == pieces(lp.token_id)
+        assert e.logprob == pytest.approx(lp.logprob, abs=1e-5)
+        assert [(t.token, t.bytes) for t in e.top_logprobs] == [pieces(t) for t, _ in lp.top]
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx([v for _, v in lp.top], abs=1e-5)
+    raw = b"".join(bytes(e.bytes) for e in entries)
+    assert raw.decode("utf-8", errors="replace") == backend.handle.tokenizer.decode(ids)
+
+
+# six ordinary tokens far above the rest: the frequency penalty picks among them
+BIAS_SIX = tuple((t, 100.0) for t in range(1000, 1006))
+
+
+def test_transformers_backend_batches_requests_with_and_without_the_parameters(tiny_backend) -> None:
+    backend = tiny_backend
+    samplings = [
+        SamplingParams(max_new_tokens=8, temperature=0.0),
+        SamplingParams(max_new_tokens=8, temperature=0.0, logit_bias=((1234, 100.0),), top_logprobs=2),
+        SamplingParams(max_new_tokens=8, temperature=0.0, frequency_penalty=2.0, logit_bias=BIAS_SIX),
+    ]
+    questions = ["Hi", "What is my dog called?", "Where do I live?"]
+    requests = [
+        tiny_request(backend, f"b{i}", q, sp)
+        for i, (q, sp) in enumerate(zip(questions, samplings, strict=True))
+    ]
+    alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    together = arrive_together(backend, requests)
+    assert [ids for ids, _ in together] == [ids for ids, _ in alone]
+    assert alone[1][0] == [1234] * 8
+    unpenalised = SamplingParams(max_new_tokens=8, temperature=0.0, logit_bias=BIAS_SIX)
+    plain = asyncio.run(tokens_of(backend, tiny_request(backend, "p", questions[2], unpenalised)))[0]
+    assert set(alone[2][0]) <= {t for t, _ in BIAS_SIX} and plain != alone[2][0]  # the penalty took effect
+
+
+def test_vllm_sampling_params_carry_the_penalties_and_logit_bias() -> None:
+    pytest.importorskip("vllm")
+    from serving.backends.vllm_backend import VllmBackend
+    from serving.backends.vllm_request import sampling_params
+
+    prompt = LaidOutPrompt((1, 2, 3), 0)
+    sp = SamplingParams(max_new_tokens=4, presence_penalty=0.5, frequency_penalty=1.0, logit_bias=((7, 2.0),))
+    params = sampling_params(GenerationRequest("r", "u", prompt, None, sp), 100, {2})
+    assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0.5, 1.0, {7: 2.0})
+    params = sampling_params(GenerationRequest("r", "u", prompt, None, SamplingParams(4)), 100, {2})
+    assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0.0, 0.0, None)
+    assert VllmBackend.sampling_features == {"presence_penalty", "frequency_penalty", "logit_bias"}
