@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -40,6 +40,7 @@ _SENTINEL = "\u2063KVMEM\u2063"
 # the stand-in for its predecessor there
 _WINDOW_SYSTEM = {"role": "system", "content": _SENTINEL}
 _STAND_IN = _SENTINEL
+_MISSING = object()  # not in the segment cache
 
 
 class LayoutError(ValueError):
@@ -86,7 +87,7 @@ class PromptLayout:
         """`knowledge`: the deployment's shared texts (kvmem.kv.knowledge), laid out after the system prompt,
         before the memory header, as one segment: `knowledge_ids` is a prefix of every block.
         `max_cached_tokens`: the messages' segments kept, in tokens (an entry counts its ids and one more;
-        least recently used dropped first), 0 for none; about 50 bytes a token (ids, text, message content)."""
+        least recently used dropped first), 0 for none; ~50 bytes a token (ids, text, message content)."""
         if not getattr(tokenizer, "chat_template", None):
             raise LayoutError("the tokenizer has no chat template")
         if max_cached_tokens < 0:
@@ -203,7 +204,7 @@ class PromptLayout:
 
         The ids are those of `_prefix_segments`, which renders every prefix of the conversation (quadratic in
         its length). Here each message's segment comes from rendering it after a stand-in for its predecessor
-        (`_window_segment`, cached), checked against `rendered`, and the cut where the segments stop is
+        (`_segment_text`, cached), checked against `rendered`, and the cut where the segments stop is
         checked against one or two renders of the real prefixes. A template those checks catch (one whose text
         for a message depends on more than the message and its predecessor's role, or that refuses the small
         conversations) is laid out by `_prefix_segments` from then on."""
@@ -222,34 +223,49 @@ class PromptLayout:
         self, system: dict, conversation: list[dict], rendered: str, done: str
     ) -> list[int] | None:
         """`_message_segments` from the messages' own segments; None where a check shows it could differ."""
-        ids: list[int] = []
-        cut, num_segments = len(done), 0
+        cut = len(done)
+        kept: list[tuple] = []  # the keys of the segments kept, in order
+        known: dict[tuple, _Segment | str | None] = {}  # cached segments; texts rendered now, encoded below
         try:
             for k, message in enumerate(conversation):
-                segment = self._window_segment(conversation[k - 1]["role"] if k else None, message)
-                if segment is None or not rendered.startswith(segment.text, cut):
+                key = (conversation[k - 1]["role"] if k else None, message["role"], message["content"])
+                if key not in known:
+                    known[key] = self._lookup(key)
+                    if known[key] is _MISSING:
+                        known[key] = self._segment_text(key[0], message)
+                segment = known[key]
+                text = segment.text if isinstance(segment, _Segment) else segment
+                if text is None or not rendered.startswith(text, cut):
                     break
-                ids.extend(segment.ids)
-                cut += len(segment.text)
-                num_segments += 1
+                kept.append(key)
+                cut += len(text)
         except TemplateError:  # e.g. a template that wants the first message after the system to be a user's
             return None
         # what `_prefix_segments` checks at the last segment it keeps and at the first it stops at
-        if num_segments and self._render([system, *conversation[:num_segments]], False) != rendered[:cut]:
+        if kept and self._render([system, *conversation[: len(kept)]], False) != rendered[:cut]:
             return None
-        if num_segments < len(conversation):
-            part = self._render([system, *conversation[: num_segments + 1]], False)
+        if len(kept) < len(conversation):
+            part = self._render([system, *conversation[: len(kept) + 1]], False)
             if part.startswith(rendered[:cut]) and rendered.startswith(part):
                 return None
+        fresh = [(key, v) for key, v in known.items() if not isinstance(v, _Segment)]
+        encoded = iter(self._encode_many([text for _, text in fresh if text is not None]))
+        for key, text in fresh:
+            known[key] = None if text is None else _Segment(text, tuple(next(encoded)))
+            self._keep(key, known[key])
+        ids: list[int] = []
+        for key in kept:
+            ids.extend(known[key].ids)
         ids.extend(self._encode(rendered[cut:]))
         return ids
 
-    def _window_segment(self, previous_role: str | None, message: dict) -> _Segment | None:
-        """`message`'s segment after a message of `previous_role` (None: first): cached, or rendered."""
-        key = (previous_role, message["role"], message["content"])
-        return self._cached(key, lambda: self._render_segment(previous_role, message))
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`_encode` of each text, in one call to the tokenizer (the ids are those of one call each)."""
+        nonempty = [t for t in texts if t]
+        batch = iter(self.tokenizer(nonempty, add_special_tokens=False)["input_ids"] if nonempty else ())
+        return [next(batch) if t else [] for t in texts]
 
-    def _render_segment(self, previous_role: str | None, message: dict) -> _Segment | None:
+    def _segment_text(self, previous_role: str | None, message: dict) -> str | None:
         """`message`'s text rendered right after a message of `previous_role` (None: right after the system
         message's content) in a conversation of just those two, with the stand-in content for the first; None
         if the stand-in renders differently once `message` follows."""
@@ -257,27 +273,30 @@ class PromptLayout:
             before, window = self.system_open + _SENTINEL, [_WINDOW_SYSTEM]
         else:
             window = [_WINDOW_SYSTEM, {"role": previous_role, "content": _STAND_IN}]
-            before = self._cached((previous_role,), lambda: self._render(window, False))
+            before = self._lookup((previous_role,))
+            if before is _MISSING:
+                before = self._render(window, False)
+                self._keep((previous_role,), before)
         after = self._render([*window, message], False)
-        if not after.startswith(before):
-            return None
-        text = after[len(before) :]
-        return _Segment(text, tuple(self._encode(text)))
+        return after[len(before) :] if after.startswith(before) else None
 
-    def _cached(self, key: tuple, make: Callable[[], object]):
-        """The segment cache's value for `key`; absent, `make()` (outside the lock) and keep it."""
+    def _lookup(self, key: tuple) -> _Segment | str | None | object:
+        """The segment cache's value for `key` (now the most recently used), or `_MISSING`."""
         with self._segments_lock:
-            if key in self._segments:
-                self._segments.move_to_end(key)
-                return self._segments[key]
-        value = make()
+            if key not in self._segments:
+                return _MISSING
+            self._segments.move_to_end(key)
+            return self._segments[key]
+
+    def _keep(self, key: tuple, value: _Segment | str | None) -> None:
+        """Cache `value` for `key`, dropping the least recently used entries past `max_cached_tokens`."""
         with self._segments_lock:
-            if key not in self._segments and _cost(value) <= self.max_cached_tokens:
-                self._segments[key] = value
-                self._cached_tokens += _cost(value)
-                while self._cached_tokens > self.max_cached_tokens:
-                    self._cached_tokens -= _cost(self._segments.popitem(last=False)[1])
-        return value
+            if key in self._segments or _cost(value) > self.max_cached_tokens:
+                return
+            self._segments[key] = value
+            self._cached_tokens += _cost(value)
+            while self._cached_tokens > self.max_cached_tokens:
+                self._cached_tokens -= _cost(self._segments.popitem(last=False)[1])
 
     def _prefix_segments(self, system: dict, conversation: list[dict], rendered: str, done: str) -> list[int]:
         """`_message_segments` by rendering every prefix of the conversation (quadratic in its length): for
