@@ -315,6 +315,8 @@ class TransformersBackend(StoredBlocksBackend):
                 tail = stops.flush()
                 if tail:
                     emit(delta(tail))
+                if held and sampling.top_logprobs is not None:  # tokens with no text (specials) at the end
+                    emit(delta(""))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token

@@ -345,3 +345,58 @@ def test_vllm_sampling_params_carry_the_penalties_and_logit_bias() -> None:
     params = sampling_params(GenerationRequest("r", "u", prompt, None, SamplingParams(4)), 100, {2})
     assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0.0, 0.0, None)
     assert VllmBackend.sampling_features == {"presence_penalty", "frequency_penalty", "logit_bias"}
+
+
+def test_the_openai_client_parses_logprobs_and_the_refusals(tmp_path) -> None:
+    from openai import BadRequestError, OpenAI
+
+    from serving.backends.fake import FakeBackend
+    from tests.serving.conftest import live_server, make_stack
+
+    stack = make_stack(tmp_path, backend=FakeBackend(reply="ok"))
+    try:
+        with live_server(stack.app) as url:
+            api = OpenAI(base_url=f"{url}/v1", api_key="sk-alice-0000", max_retries=0)
+            messages = [{"role": "user", "content": "hi"}]
+            out = api.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                user="alice",
+                logprobs=True,
+                top_logprobs=2,
+                logit_bias={"5": 1},
+            )
+            content = out.choices[0].logprobs.content
+            assert [(c.token, c.logprob, c.bytes) for c in content] == [
+                ("o", -0.25, [111]),
+                ("k", -0.25, [107]),
+            ]
+            assert [(t.token, t.logprob) for t in content[1].top_logprobs] == [("k", -0.25), ("l", -1.25)]
+            chunks = list(
+                api.chat.completions.create(
+                    model=MODEL, messages=messages, user="alice", logprobs=True, stream=True
+                )
+            )
+            streamed = [c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs]
+            assert [[e.token for e in lps] for lps in streamed] == [["o"], ["k"]]
+            with pytest.raises(BadRequestError) as refused:
+                api.chat.completions.create(
+                    model=MODEL, messages=messages, user="alice", response_format={"type": "json_object"}
+                )
+            assert refused.value.body["param"] == "response_format"
+            assert refused.value.body["code"] == "unsupported_parameter"
+    finally:
+        stack.scheduler.stop()
+
+
+def test_tokens_without_text_at_the_end_still_bring_their_logprobs(tiny_backend) -> None:
+    backend = tiny_backend
+    special = 3  # a special token (not EOS): no text of its own
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0, logit_bias=((special, 100.0),), top_logprobs=0)
+    deltas = asyncio.run(deltas_of(backend, tiny_request(backend, "sp", "Hi", sp)))
+    assert [(d.text, d.token_ids) for d in deltas] == [("", (special,) * 4)]
+    assert [e.token for e in deltas[0].logprobs] == [
+        backend.handle.tokenizer.convert_ids_to_tokens(special)
+    ] * 4
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0, logit_bias=((special, 100.0),))
+    assert asyncio.run(deltas_of(backend, tiny_request(backend, "sp2", "Hi", sp))) == []  # as before
