@@ -2,10 +2,10 @@
 
 Served: presence/frequency penalties, logit_bias, logprobs/top_logprobs (where the backend lists them in
 `Backend.sampling_features`), `response_format` {"type": "text"} (a no-op). Refused with 400
-`unsupported_parameter` naming the field: tools and functions, other response formats, and a served feature
-the backend cannot apply; image, audio and file content parts get 400 `unsupported_content` naming the part
-type. Nothing is silently ignored. Knows nothing of HTTP or the model: given the request and what the backend
-says of itself.
+`unsupported_parameter` naming the field: tools and functions, other response formats, audio output
+(`modalities` beyond text, `audio`), and a served feature the backend cannot apply; image, audio and file
+content parts get 400 `unsupported_content` naming the part type. Knows nothing of HTTP or the model: given
+the request and what the backend says of itself.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def check_params(
         value = getattr(body, name)
         if value is not None and value != [] and value != "none":
             raise unsupported(f"`{name}` is not supported: this server does not call tools", name)
+    if body.modalities is not None and set(body.modalities) - {"text"}:
+        kinds = sorted(set(body.modalities) - {"text"})
+        raise unsupported(f"modalities {kinds} are not supported; this server answers in text", "modalities")
+    if body.audio is not None:
+        raise unsupported("`audio` is not supported; this server answers in text", "audio")
     if body.response_format is not None and body.response_format.get("type") != "text":
         kind = body.response_format.get("type")
         raise unsupported(

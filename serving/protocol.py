@@ -108,6 +108,8 @@ class ChatCompletionRequest(_Strict):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
+    modalities: list[str] | None = None  # only ["text"] is served
+    audio: dict[str, Any] | None = None  # audio output: refused
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

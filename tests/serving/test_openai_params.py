@@ -62,6 +62,7 @@ def test_penalties_logit_bias_and_logprobs_reach_the_backend(stack: Stack, clien
             response_format={"type": "text"},
             tools=[],
             tool_choice="none",
+            modalities=["text"],
             max_tokens=4,
         ),
     )
@@ -119,6 +120,16 @@ def test_stream_chunks_carry_their_logprobs(stack: Stack, client: TestClient) ->
 
 
 UNSUPPORTED = [
+    (
+        {"modalities": ["text", "audio"]},
+        "modalities",
+        "modalities ['audio'] are not supported; this server answers in text",
+    ),
+    (
+        {"audio": {"voice": "alloy", "format": "wav"}},
+        "audio",
+        "`audio` is not supported; this server answers in text",
+    ),
     (
         {"tools": [{"type": "function", "function": {"name": "f"}}]},
         "tools",
