@@ -253,3 +253,21 @@ def test_the_segment_cache_is_bounded_in_tokens_and_changes_no_ids(tokenizer):
         assert (len(layout._segments) > 0) == (budget > 0)
     with pytest.raises(ValueError, match="max_cached_tokens >= 0, got -1"):
         PromptLayout(tokenizer, max_cached_tokens=-1)
+
+
+def test_threads_sharing_a_layout_get_the_reference_ids(tokenizer):
+    """The segment cache is shared and locked: threads laying out overlapping conversations (the same history,
+    different lengths) at once each get the reference's ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(7)
+    messages = conversation(rng, 30, user_first=True)
+    users = [k + 1 for k, m in enumerate(messages) if m["role"] == "user"]
+    turns = [messages[:n] for n in users] * 3
+    reference = ReferenceLayout(tokenizer)
+    expected = [reference.prompt(["x"], ["y"], turn) for turn in turns]
+    layout = PromptLayout(tokenizer, max_cached_tokens=300)  # small: entries dropped while others read
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda turn: layout.prompt(["x"], ["y"], turn), turns))
+    assert got == expected
+    assert layout._cached_tokens <= 300
