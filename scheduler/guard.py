@@ -66,11 +66,12 @@ class BlockGuard:
         self._handled.pop(user_id, None)
         self.evicted.discard(user_id)
 
-    def unservable_reason(self, plan: Plan) -> str | None:
-        """Why `plan`'s block must not be served now (None: it may be): "not_found" in the store, "stale"
-        (another replica changed the user's memories since it was built), "fence_unreadable"."""
+    def unservable_reason(self, plan: Plan, *, check_store: bool = True) -> str | None:
+        """Why `plan`'s block must not be served now (None: it may be): "not_found" in the store (asked only
+        with `check_store`: the store's call may wait on its lock), "stale" (another replica changed the
+        user's memories since it was built), "fence_unreadable"."""
         assert plan.block is not None
-        if self._has_block is not None and not self._has_block(plan.block.item_id):
+        if check_store and self._has_block is not None and not self._has_block(plan.block.item_id):
             return "not_found"
         if self.fence is None:
             return None

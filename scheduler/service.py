@@ -26,6 +26,7 @@ from scheduler.worker import BlockMaker, MemorySource, TaskQueue, Worker
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
 )
+ADAPTER_POLL_S = 1.0  # how often the worker stats held users' adapter pointers (another process may move one)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class Scheduler:
         self._layout_generation: Callable[[], int] | None = getattr(builder, "layout_generation", None)
         self._layout_seen = 0  # builders start at generation 0
         self._layout_polled = float("-inf")
-        self.worker.between_tasks = self.poll_layout
+        self._adapters_polled = float("-inf")
+        self.worker.between_tasks = self._between_tasks
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self, *, thread: bool = True) -> None:
@@ -150,7 +152,9 @@ class Scheduler:
         `config.max_plans`) gets an empty plan, and their plan is enqueued once: built, or for a returning user
         restored (the stored KV item is found again by its content address). The book is also the bounded
         record of which users were already asked for."""
-        plan = self._with_adapter(self.plans.get(user_id))
+        checked, plan = self._with_adapter(self.plans.get(user_id))
+        if not checked:  # the worker checks the moved pointer, then refreshes
+            self.queue.put(Task("refresh", user_id))
         if plan.block is not None and (
             plan.block.adapter != self.worker.block_adapter(plan.adapter)
             or (plan.adapter is not None and set(plan.adapter.memory_ids) & set(plan.block.memory_ids))
@@ -160,7 +164,10 @@ class Scheduler:
             # adapter, without its facts (coalesced in process)
             plan = replace(plan, block=None)
             self.queue.put(Task("refresh", user_id))
-        if plan.block is not None and (why := self.worker.guard.unservable_reason(plan)) is not None:
+        # no store check here (the store reports its drops; a block gone behind its back falls back to prefill
+        # and is reported): only the fence, with replicas (README: why that read stays)
+        why = self.worker.guard.unservable_reason(plan, check_store=False) if plan.block is not None else None
+        if why is not None:
             plan = self._without_block(plan, why)
         self._reads += 1
         if plan.block is not None:
@@ -172,28 +179,49 @@ class Scheduler:
             self.queue.put(Task("refresh", user_id))
         return plan
 
-    def served_adapter(self, user_id: str) -> AdapterPlan | None:
-        """The user's served adapter (a pointer stat when unchanged; see ActiveAdapters), or None; None too
-        when the builder's backend applies no adapter (its optional `serves_adapters`): the adapter's facts
-        then stay in the user's block or go as text."""
+    def peek(self, user_id: str) -> Plan:
+        """The user's plan as `get` would serve it, for reads that only look (the plan route, a search's tier
+        labels): it never enqueues a refresh, never registers the user and never retracts a block for a
+        rebuild, so reading a plan or searching cannot start a build. A block that `get` would not serve is left
+        out here too. Unlike `get` it checks now (not the chat path: a stat, a moved adapter pointer's check,
+        the block store's `has_block`), so what it reports is true when it answers."""
+        adapter = self.served_adapter(user_id)  # fresh: the check the worker would make
+        plan = self.plans.get(user_id)
+        plan = replace(plan, adapter=adapter, adapter_id=adapter.adapter_id if adapter else None)
+        if plan.block is None:
+            return plan
+        if plan.block.adapter != self.worker.block_adapter(plan.adapter) or (
+            plan.adapter is not None and set(plan.adapter.memory_ids) & set(plan.block.memory_ids)
+        ):
+            return replace(plan, block=None)
+        why = self.worker.guard.unservable_reason(plan)
+        if why is not None and why != "fence_unreadable":  # lasting: retracted, rebuilt at the next `get`
+            self.worker.guard.retract(user_id, plan.block.item_id, rebuild=False)
+        return plan if why is None else replace(plan, block=None)
+
+    def served_adapter(self, user_id: str, *, fresh: bool = True) -> AdapterPlan | None:
+        """The user's served adapter, or None; None too when the builder's backend applies no adapter (its
+        optional `serves_adapters`): the adapter's facts then stay in the user's block or go as text. `fresh`
+        (the worker): a pointer stat, and a version's check when it changed (ActiveAdapters.get); else (the
+        request path) what the worker last found, a dict read (ActiveAdapters.peek)."""
         if self.adapters is None or not getattr(self.builder, "serves_adapters", True):
             return None
-        manifest = self.adapters.get(user_id)
-        if manifest is None:
-            return None
-        return AdapterPlan(
-            manifest.adapter_id,
-            manifest.version,
-            manifest.name,
-            manifest.served_memory_ids,
-            manifest.memory_ids,
-        )
+        return _adapter_plan(self.adapters.get(user_id) if fresh else self.adapters.peek(user_id).manifest)
 
-    def _with_adapter(self, plan: Plan) -> Plan:
-        adapter = self.served_adapter(plan.user_id)
+    def _with_adapter(self, plan: Plan) -> tuple[bool, Plan]:
+        """`plan` with the adapter the worker last found served (one stat of the pointer file, no registry
+        read, no hash), and whether that is checked. A pointer moved since (another process activated or
+        rolled back a version, or the cascade stopped one) is unchecked: the plan then serves neither an
+        adapter nor a block (text) until the worker's check (ActiveAdapters.get)."""
+        if self.adapters is None or not getattr(self.builder, "serves_adapters", True):
+            return True, plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
+        seen = self.adapters.peek(plan.user_id)
+        if not seen.current:
+            return False, replace(plan, block=None, adapter=None, adapter_id=None)
+        adapter = _adapter_plan(seen.manifest)
         if adapter is None:
-            return plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
-        return replace(plan, adapter=adapter, adapter_id=adapter.adapter_id)
+            return True, plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
+        return True, replace(plan, adapter=adapter, adapter_id=adapter.adapter_id)
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
@@ -256,6 +284,30 @@ class Scheduler:
         finally:
             self.queue.put(Task("refresh", event.user_id))
 
+    # -- the worker's cheap checks between tasks ------------------------------------------------------------
+    def _between_tasks(self) -> None:
+        self.poll_layout()
+        self.poll_adapters()
+
+    def poll_adapters(self, *, force: bool = False) -> list[str]:
+        """At most every `ADAPTER_POLL_S` (unless `force`), on the worker: stat the adapter pointer of every user
+        the plan book holds (ActiveAdapters.get; a new version is checked here, hashes included, never on the
+        request path) and enqueue a refresh for each user whose served adapter changed. Returns those users."""
+        now = time.monotonic()
+        if self.adapters is None or (not force and now - self._adapters_polled < ADAPTER_POLL_S):
+            return []
+        self._adapters_polled = now
+        changed = []
+        for user_id in self.plans.users():
+            seen = self.adapters.peek(user_id)
+            if seen.current:
+                continue
+            after = self.adapters.get(user_id)
+            if (seen.manifest and seen.manifest.name) != (after and after.name):
+                changed.append(user_id)
+                self.queue.put(Task("refresh", user_id))
+        return changed
+
     # -- the builder's layout (worker thread, between tasks) -------------------------------------------------
     def poll_layout(self, *, force: bool = False) -> bool:
         """At most every `LAYOUT_POLL_S` (unless `force`): ask the builder for its layout generation (it
@@ -294,6 +346,7 @@ class Scheduler:
         """Run every queued task now, in this thread (tests and offline use), refreshes deferred until the
         builder was ready included. Returns how many ran."""
         self.poll_layout(force=True)
+        self.poll_adapters(force=True)
         self.worker.retry_deferred()
         n = 0
         while (task := self.queue.get(timeout_s=0)) is not None:
@@ -307,6 +360,7 @@ class Scheduler:
         if self._thread is None:
             self.run_pending()
             return
+        self.poll_adapters(force=True)  # a pointer moved behind our back is seen now, not at the next poll
         deadline = time.monotonic() + timeout_s
         while not self.idle():
             if time.monotonic() > deadline:
@@ -372,6 +426,19 @@ class Scheduler:
             distill_candidates=sum(len(v) for v in self.worker.distill.values()),
             dropped_tasks=int(getattr(self.queue, "dropped", 0)),
         )
+
+
+def _adapter_plan(manifest: Any) -> AdapterPlan | None:
+    """The plan's view of an adapter manifest (kvmem.adapters.AdapterManifest), or None."""
+    if manifest is None:
+        return None
+    return AdapterPlan(
+        manifest.adapter_id,
+        manifest.version,
+        manifest.name,
+        manifest.served_memory_ids,
+        manifest.memory_ids,
+    )
 
 
 __all__ = ["AccessEvent", "Scheduler", "SchedulerStats"]

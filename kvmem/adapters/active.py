@@ -3,7 +3,9 @@
 `ActiveAdapters.get` costs one `stat` of the user's pointer file when nothing changed (the pointer may be
 replaced by another process: `kvmem distill`, an operator's rollback). A version is checked once (its files'
 hashes, its base model, its gates) the first time it is seen; one that fails is not served, with the reason
-logged once, until the pointer names another version. Knows nothing of plans or serving.
+logged once, until the pointer names another version. `peek` is the request path's read: what the last `get`
+found, a dict read (no stat, no hash). Both caches hold at most `max_users` users (least recently used
+dropped: their next `get` stats and checks again). Knows nothing of plans or serving.
 """
 
 from __future__ import annotations
@@ -11,13 +13,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvmem.adapters.manifest import AdapterManifest, FactRef, text_sha
 from kvmem.adapters.registry import ACTIVE_FILE, AdapterRegistry
 
 log = logging.getLogger(__name__)
+
+MAX_USERS = 10_000  # users whose served adapter (and version checks) stay cached; LRU past that
+
+
+class AdapterPeek(NamedTuple):
+    manifest: AdapterManifest | None  # what the worker's last check found
+    current: bool  # False: the pointer moved (or the cascade dropped the entry) since; the worker checks it
 
 
 class ActiveAdapters:
@@ -26,14 +36,20 @@ class ActiveAdapters:
         registry: AdapterRegistry,
         base_fingerprint: Callable[[], str | None],
         facts_current: Callable[[str, tuple[FactRef, ...]], str | None] | None = None,
+        *,
+        max_users: int = MAX_USERS,
     ) -> None:
+        if max_users < 1:
+            raise ValueError(f"ActiveAdapters.max_users must be >= 1, got {max_users!r}")
+        self.max_users = max_users
         self.registry = registry
         self._base_fingerprint = base_fingerprint
         self._facts_current = facts_current  # why a version's facts are stale (store read), or None
         self._lock = threading.Lock()
         # user -> (pointer file stamp, the served manifest or None)
-        self._cache: dict[str, tuple[tuple[int, int] | None, AdapterManifest | None]] = {}
-        self._checked: dict[tuple[str, int, str], str | None] = {}  # (user, version, sha) -> why not served
+        self._cache: OrderedDict[str, tuple[tuple[int, int] | None, AdapterManifest | None]] = OrderedDict()
+        # (user, version, sha) -> why not served; LRU-bounded like the cache
+        self._checked: OrderedDict[tuple[str, int, str], str | None] = OrderedDict()
 
     def _stamp(self, user_id: str) -> tuple[int, int] | None:
         try:
@@ -42,11 +58,31 @@ class ActiveAdapters:
             return None
         return st.st_mtime_ns, st.st_ino
 
+    def peek(self, user_id: str) -> AdapterPeek:
+        """The request path's read: what the last `get` found for `user_id`, and whether it is `current` (the
+        pointer file's stamp is still the one it was found at; no pointer and nothing cached is current too).
+        One `stat`, never a registry read or a hash: a pointer that moved is checked by the worker's `get`.
+        Never raises."""
+        cached = self._cache.get(user_id)
+        stamp = self._stamp(user_id)
+        if cached is None:
+            return AdapterPeek(None, stamp is None)
+        return AdapterPeek(cached[1], cached[0] == stamp)
+
+    def cached(self, user_id: str) -> AdapterManifest | None:
+        """What the last `get` found (a dict read; None when not asked or dropped from the cache)."""
+        cached = self._cache.get(user_id)
+        return None if cached is None else cached[1]
+
     def get(self, user_id: str) -> AdapterManifest | None:
-        """The adapter to serve `user_id`, or None. Never raises."""
+        """The adapter to serve `user_id`, or None: a stat, and on a new version its check (hashes its files).
+        Off the request path (the scheduler's worker). Never raises."""
         stamp = self._stamp(user_id)
         cached = self._cache.get(user_id)
         if cached is not None and cached[0] == stamp:
+            with self._lock:
+                if user_id in self._cache:
+                    self._cache.move_to_end(user_id)
             return cached[1]
         manifest = self.registry.active(user_id) if stamp is not None else None
         if manifest is not None:
@@ -55,13 +91,19 @@ class ActiveAdapters:
                 why = self.registry.verify(manifest, self._base_fingerprint())
                 if why is None and self._facts_current is not None:  # e.g. a rollback past a changed memory
                     why = self._facts_current(user_id, manifest.facts)
-                self._checked[key] = why
+                with self._lock:
+                    self._checked[key] = why
+                    while len(self._checked) > self.max_users:
+                        self._checked.popitem(last=False)
                 if why is not None:
                     log.error("adapter %s of user %r not served: %s", manifest.name, user_id, why)
-            if self._checked[key] is not None:
+            if self._checked.get(key) is not None:
                 manifest = None
         with self._lock:
             self._cache[user_id] = (stamp, manifest)
+            self._cache.move_to_end(user_id)
+            while len(self._cache) > self.max_users:
+                self._cache.popitem(last=False)
         return manifest
 
     def drop_covering(self, user_id: str, memory_ids: Iterable[str] | None, reason: str) -> bool:

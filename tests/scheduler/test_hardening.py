@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from scheduler import AccessEvent
+from kvmem.adapters.active import AdapterPeek
+from scheduler import AccessEvent, Scheduler, SchedulerConfig
 from scheduler.queue import InProcessQueue, Task
 from tests.scheduler.test_scheduler import env, words  # noqa: F401 - env is a fixture
 
@@ -51,7 +52,6 @@ def test_deleting_all_of_a_users_memories_is_one_cascade_in_one_transaction(env,
     clock, store, builder, make = env
     forgets: list[tuple[str, tuple[str, ...] | None]] = []
     builder.forget = lambda user_id, ids: forgets.append((user_id, None if ids is None else tuple(ids))) or []
-    from scheduler import Scheduler, SchedulerConfig
 
     sched = Scheduler(
         SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
@@ -130,3 +130,67 @@ def test_an_access_only_refresh_does_not_reread_every_memory(env):  # noqa: F811
     sched.run_pending()
     assert pages == ["alice"]
     assert ids[1] not in sched.get("alice").block.memory_ids
+
+
+def test_reading_a_plan_never_queues_a_build(env):  # noqa: F811
+    clock, store, builder, make = env
+    store.add("alice", texts=["cat named Miso", "lives in Lisbon"])  # before the scheduler listens
+    sched = make()
+    for _ in range(3):
+        assert sched.peek("alice").block is None and sched.peek("nobody").block is None
+    assert len(sched.queue) == 0 and sched.run_pending() == 0 and builder.builds == []
+    sched.get("alice")  # a chat's read asks for the plan
+    sched.run_pending()
+    assert len(builder.builds) == 1 and sched.peek("alice") == sched.get("alice")
+
+
+class CountingAdapters:
+    """An ActiveAdapters stand-in that counts the worker's checks (`get`: stat + hash) and the reads."""
+
+    def __init__(self):
+        self.gets = self.peeks = 0
+        self.moved = False  # the pointer moved since the last check (another process activated a version)
+
+    def get(self, user_id):
+        self.gets += 1
+        self.moved = False
+        return None
+
+    def peek(self, user_id):
+        self.peeks += 1
+        return AdapterPeek(None, not self.moved)
+
+    def drop_covering(self, user_id, memory_ids, reason):
+        return False
+
+    def erase_stale(self, user_id, memory_ids, reason):
+        return []
+
+
+def test_get_is_an_in_memory_read_the_worker_does_the_checks(env):  # noqa: F811
+    clock, store, builder, _ = env
+    asked: list[str] = []
+    builder.has_block = lambda item_id: asked.append(item_id) or True  # the KV store's lock in production
+    adapters = CountingAdapters()
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
+        store,
+        builder,
+        lambda text: len(text.split()),
+        clock=clock,
+        adapters=adapters,
+    )
+    sched.start(thread=False)
+    store.add("alice", texts=["cat named Miso", "lives in Lisbon"])
+    sched.get("alice")
+    sched.run_pending()
+    asked.clear()
+    adapters.gets = 0
+    for _ in range(100):
+        assert sched.get("alice").block is not None
+    assert (asked, adapters.gets) == ([], 0)  # no block-store call, no adapter check (no hash) on a read
+    assert sched.poll_adapters(force=True) == [] and adapters.gets == 0  # nothing moved: not even checked
+    adapters.moved = True
+    assert sched.get("alice").block is None and adapters.gets == 0  # unchecked: text, and a refresh asked
+    sched.run_pending()  # the worker checks the pointer (ActiveAdapters.get: hashes a new version) ...
+    assert adapters.gets >= 1 and sched.get("alice").block is not None  # ... and the block is served again

@@ -37,7 +37,10 @@ def test_an_evicted_block_leaves_the_plan_and_is_rebuilt_when_its_user_asks(tmp_
         assert (bob["tier"], bob["memory_ids"]) == ("kv", [violin])
         assert backend.store.item_ids() == [bob["item_id"]]  # bob's block evicted alice's from disk
         assert s.plan("alice") == NO_BLOCK  # the plan route does not claim an evicted block
-        s.plans.flush()  # asking for alice's plan enqueued her rebuild
+        s.plans.flush()
+        assert s.plan("alice") == NO_BLOCK  # nor rebuilds it: a read never triggers a build
+        s.chat("alice")  # a chat asks for alice's plan: her rebuild is enqueued
+        s.plans.flush()
         assert s.plan("alice") == first  # the same content address, built again
         assert backend.store.contains(first["item_id"])
         out = s.chat("alice")
@@ -125,5 +128,8 @@ def test_the_plan_route_never_reports_a_block_the_backend_no_longer_has(fake_sta
     block = plan(client, "alice")
     backend.drop_block(block["item_id"])  # gone behind the scheduler's back
     assert plan(client, "alice") == NO_BLOCK
+    plans.flush()
+    assert plan(client, "alice") == NO_BLOCK  # a read never triggers a build ...
+    chat(client, "alice")  # ... a chat's read does
     plans.flush()
     assert plan(client, "alice") == block and backend.has_block(block["item_id"])
