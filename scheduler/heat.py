@@ -11,6 +11,7 @@ import json
 import math
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ CREATE TABLE IF NOT EXISTS heat (
 CREATE TABLE IF NOT EXISTS applied (
     user_id TEXT NOT NULL, event_key TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user_id, event_key))
 """
+MAX_USERS = 10_000  # users whose heat is held in memory with a writable file (LRU; the rest stay in the file)
 REPLAY_WINDOW_S = 24 * 3600.0  # an access event redelivered within this long (event time) is recognised
 
 
@@ -81,13 +83,18 @@ class HeatTable:
         use_weight: float,
         recency_prior: float,
         read_only: bool = False,
+        max_users: int = MAX_USERS,
     ):
         """`read_only`: load the table at `path` (if it exists) and keep every change in memory only (the
         offline build reads a live server's heat without writing it)."""
         self.half_life_s, self.use_weight, self.recency_prior = half_life_s, use_weight, recency_prior
         self._lock = threading.RLock()  # re-entered by apply -> record
-        self._stats: dict[str, dict[str, HeatStats]] = {}
-        self._applied: dict[str, dict[str, float]] = {}  # user -> event key -> event time
+        # user -> memory -> stats, and user -> event key -> event time. With a writable file only the
+        # `max_users` most recently used users are held (loaded from the file on first use, LRU); without one
+        # (memory only, or read_only) the table is the only copy and holds everyone
+        self._stats: OrderedDict[str, dict[str, HeatStats]] = OrderedDict()
+        self._applied: dict[str, dict[str, float]] = {}
+        self.max_users = max_users
         self._db = None
         if path is not None and read_only:
             if Path(path).is_file():
@@ -101,7 +108,6 @@ class HeatTable:
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
-            self._load(self._db)
 
     def _load(self, db: sqlite3.Connection) -> None:
         for row in db.execute("SELECT * FROM heat"):
@@ -109,8 +115,27 @@ class HeatTable:
         for user_id, key, at in db.execute("SELECT user_id, event_key, at FROM applied"):
             self._applied.setdefault(user_id, {})[key] = at
 
+    def _user(self, user_id: str) -> dict[str, HeatStats]:
+        """The user's stats, held (lock held by the caller): loaded from the file on first use; past
+        `max_users` held users the least recently used leaves memory (its rows stay in the file)."""
+        held = self._stats.get(user_id)
+        if held is not None:
+            self._stats.move_to_end(user_id)
+            return held
+        held = self._stats[user_id] = {}
+        applied = self._applied[user_id] = {}
+        if self._db is not None:
+            for row in self._db.execute("SELECT * FROM heat WHERE user_id=?", (user_id,)):
+                held[row[1]] = HeatStats(*row[2:])
+            for key, at in self._db.execute("SELECT event_key, at FROM applied WHERE user_id=?", (user_id,)):
+                applied[key] = at
+            while len(self._stats) > self.max_users:
+                old, _ = self._stats.popitem(last=False)
+                self._applied.pop(old, None)
+        return held
+
     def _put(self, user_id: str, memory_id: str, stats: HeatStats) -> None:
-        self._stats.setdefault(user_id, {})[memory_id] = stats
+        self._user(user_id)[memory_id] = stats
         if self._db is not None:
             self._db.execute(
                 "INSERT OR REPLACE INTO heat VALUES (?,?,?,?,?,?,?,?,?)",
@@ -130,7 +155,7 @@ class HeatTable:
     def seen(self, user_id: str, memory_id: str, now: float) -> None:
         """A memory was added or changed: it starts (again) from the recency prior; history counts stay."""
         with self._lock:
-            old = self._stats.get(user_id, {}).get(memory_id)
+            old = self._user(user_id).get(memory_id)
             if old is None:
                 new = HeatStats(self.recency_prior, now, 0, 0, now, None, now)
             else:
@@ -146,7 +171,7 @@ class HeatTable:
         used = set(used_ids)
         with self._lock:
             for memory_id in dict.fromkeys([*retrieved_ids, *used]):
-                old = self._stats.get(user_id, {}).get(memory_id) or HeatStats(0.0, now, 0, 0, now, None, now)
+                old = self._user(user_id).get(memory_id) or HeatStats(0.0, now, 0, 0, now, None, now)
                 gain = 1.0 + (self.use_weight if memory_id in used else 0.0)
                 self._put(
                     user_id,
@@ -167,6 +192,7 @@ class HeatTable:
         `live`: the event's memories that still exist; heat for the others is dropped (None: all count)."""
         key = event.key
         with self._lock:
+            self._user(event.user_id)
             seen = self._applied.setdefault(event.user_id, {})
             if key in seen:
                 return False
@@ -207,7 +233,7 @@ class HeatTable:
         whole-session delete: one commit, not one autocommitted DELETE per memory)."""
         ids = list(dict.fromkeys(memory_ids))
         with self._lock:
-            held = self._stats.get(user_id, {})
+            held = self._user(user_id)
             for memory_id in ids:
                 held.pop(memory_id, None)
             if self._db is not None and ids:
@@ -240,20 +266,26 @@ class HeatTable:
                     self._db.execute("DELETE FROM heat WHERE user_id=?", (user_id,))
                     self._db.execute("DELETE FROM applied WHERE user_id=?", (user_id,))
                 return
-            self._stats.get(user_id, {}).pop(memory_id, None)
+            self._user(user_id).pop(memory_id, None)
             if self._db is not None:
                 self._db.execute("DELETE FROM heat WHERE user_id=? AND memory_id=?", (user_id, memory_id))
 
     def stats(self, user_id: str) -> dict[str, HeatStats]:
         with self._lock:
-            return dict(self._stats.get(user_id, {}))
+            if self._db is None:  # the only copy: a read of an unknown user adds nothing
+                return dict(self._stats.get(user_id, {}))
+            return dict(self._user(user_id))
 
     def num_tracked(self) -> int:
         with self._lock:
+            if self._db is not None:
+                return int(self._db.execute("SELECT COUNT(*) FROM heat").fetchone()[0])
             return sum(len(v) for v in self._stats.values())
 
     def users(self) -> list[str]:
         with self._lock:
+            if self._db is not None:
+                return [r[0] for r in self._db.execute("SELECT DISTINCT user_id FROM heat ORDER BY user_id")]
             return sorted(self._stats)
 
     def close(self) -> None:

@@ -32,3 +32,22 @@ def test_replay_keys_expire_after_the_window(tmp_path):
     assert heat.apply(first) is True
     heat.forget("u")
     assert heat.stats("u") == {} and heat.apply(first) is True
+
+
+def test_heat_held_in_memory_is_lru_bounded_and_the_rest_stays_in_the_file(tmp_path):
+    from scheduler.heat import AccessEvent as Event
+    from scheduler.heat import HeatTable as Table
+
+    heat = Table(tmp_path / "heat.sqlite", half_life_s=10.0, use_weight=2.0, recency_prior=0.5, max_users=2)
+    for i in range(100):
+        heat.seen(f"user-{i}", "m", float(i))
+    assert list(heat._stats) == ["user-98", "user-99"] and len(heat._applied) <= 2
+    assert heat.num_tracked() == 100 and len(heat.users()) == 100
+    assert heat.stats("user-3")["m"].first_seen == 3.0  # read back from the file
+    assert list(heat._stats) == ["user-99", "user-3"]
+    event = Event("user-3", ("m",), (), 5.0)
+    assert heat.apply(event) is True
+    for i in range(10):
+        heat.stats(f"user-{i + 50}")  # user-3 leaves memory, its applied keys too ...
+    assert "user-3" not in heat._stats and heat.apply(event) is False  # ... and a replay is still recognised
+    heat.close()
