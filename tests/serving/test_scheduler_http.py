@@ -106,3 +106,19 @@ def test_scheduler_redis_url_reaches_the_scheduler(request, tmp_path):
         ]
         assert scheduler.queue.pending() == 0
     store.close()
+
+
+def test_tasks_the_bounded_queue_dropped_are_in_metrics(tmp_path):
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False)
+    scheduler = make_scheduler(
+        config, store, backend, scheduler_config=SchedulerConfig(max_queued_tasks=1)
+    )  # not started: nothing drains the queue
+    app = create_app(config, backend=backend, store=store, scheduler=scheduler)
+    with TestClient(app) as client:
+        for user in ("u1", "u2", "u3"):
+            scheduler.get(user)  # an unknown user's first read queues their refresh
+        text = client.get("/metrics").text
+        assert "kvmem_scheduler_dropped_tasks 2" in text and "kvmem_scheduler_queue_depth 1" in text
+    scheduler.stop()
