@@ -463,12 +463,7 @@ def create_app(
             page_size=page_size,
             include_superseded=include_superseded,
         )
-        return {
-            "data": [m.to_dict() for m in result.items],
-            "page": result.page,
-            "page_size": result.page_size,
-            "total": result.total,
-        }
+        return page_body(result)
 
     @app.delete("/v1/memories", response_model=None)
     async def delete_memories(
@@ -549,12 +544,7 @@ def create_app(
             start=start,
             end=end,
         )
-        return {
-            "data": [t.to_dict() for t in result.items],
-            "page": result.page,
-            "page_size": result.page_size,
-            "total": result.total,
-        }
+        return page_body(result)
 
     @app.get("/v1/memories/{memory_id}")
     async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:
@@ -640,6 +630,16 @@ async def _load(
             slots=[slot_of(t) for t in DEMO_MEMORIES],
         )
         logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))
+
+
+def page_body(result: Any) -> dict[str, Any]:
+    """A listing's JSON: its items' dicts and the page it is (a Page of memories, a TurnPage of log turns)."""
+    return {
+        "data": [item.to_dict() for item in result.items],
+        "page": result.page,
+        "page_size": result.page_size,
+        "total": result.total,
+    }
 
 
 def _scheduler_metrics(scheduler: Scheduler) -> str:

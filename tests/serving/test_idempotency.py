@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from serving.idempotency import Answer, IdempotencyCache
-from tests.serving.conftest import ALICE, TEAM, Stack, make_stack
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.scheduler.stop()
-
-
-@pytest.fixture
-def client(stack: Stack) -> Iterator[TestClient]:
-    with TestClient(stack.app) as c:
-        yield c
+from tests.serving.conftest import ALICE, TEAM, Stack
 
 
 def _break_hooks(stack: Stack) -> list[str]:

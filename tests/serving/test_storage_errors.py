@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,7 @@ from fastapi.testclient import TestClient
 from kvmem.text.db import Database
 from serving.cli import main
 from serving.storage import storage_failure
-from tests.serving.conftest import ALICE, Stack, make_stack
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = make_stack(tmp_path)
-    yield s
-    s.scheduler.stop()
-
-
-@pytest.fixture
-def client(stack: Stack) -> Iterator[TestClient]:
-    with TestClient(stack.app) as c:
-        yield c
+from tests.serving.conftest import ALICE, Stack
 
 
 def _pragma_on_every_connection(monkeypatch: pytest.MonkeyPatch, *pragmas: str) -> None:
