@@ -110,31 +110,34 @@ def _items_of(value: object) -> list[dict]:
         value = value.get("facts")
     if not isinstance(value, list):
         raise ValueError("reply has no facts array")
-    return [item for item in value if isinstance(item, dict)]
+    return [_as_item(item) for item in value if isinstance(item, (dict, str))]
+
+
+def _as_item(item: dict | str) -> dict:
+    """A fact object; a bare string (small models often answer ["I live in Lisbon", ...]) is its text."""
+    return item if isinstance(item, dict) else {"text": item}
 
 
 def _salvage(text: str) -> list[dict]:
-    """The complete objects of a facts array cut off before its end."""
+    """The complete items (objects, or bare strings) of a facts array cut off before its end."""
     m = re.search(r'"facts"\s*:\s*\[', text)
     start = m.end() if m else (text.index("[") + 1 if text.lstrip().startswith("[") else None)
     if start is None:
         raise ValueError("reply has no facts array")
+    decoder = json.JSONDecoder()
     items: list[dict] = []
     i = start
     while True:
-        brace = text.find("{", i)
-        if brace < 0 or text[i:brace].strip(" \n\r\t,"):
-            break
-        end = _matching_close(text, brace)
-        if end is None:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        if i >= len(text) or text[i] not in '{"':
             break
         try:
-            item = json.loads(text[brace:end])
+            item, i = decoder.raw_decode(text, i)
         except ValueError:
             break
-        if isinstance(item, dict):
-            items.append(item)
-        i = end
+        if isinstance(item, (dict, str)):
+            items.append(_as_item(item))
     if not items:
         raise ValueError("reply was cut off before its first complete fact")
     return items

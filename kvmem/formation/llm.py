@@ -238,8 +238,12 @@ class OpenAIExtractor:
             ) from None
         turn_ids = tuple(t.id for t in user_turns)
         chat_time = user_turns[-1].chat_time
-        facts = [self._fact(item, turn_ids, chat_time) for item in items]
-        return [f for f in facts if f is not None]
+        facts: dict[str, Fact] = {}  # a fact said twice in one reply (small models loop) counts once
+        for item in items:
+            fact = self._fact(item, turn_ids, chat_time)
+            if fact is not None:
+                facts.setdefault(" ".join(fact.text.lower().split()), fact)
+        return list(facts.values())
 
     @staticmethod
     def _fact(item: dict, turn_ids: tuple[str, ...], chat_time: str) -> Fact | None:

@@ -254,3 +254,31 @@ def test_a_user_deleted_while_their_turns_are_formed_leaves_nothing_behind(
     finally:
         worker.stop()
         stack.scheduler.stop()
+
+
+def test_the_openai_extractor_works_over_kvmems_own_endpoint(tmp_path: Path) -> None:
+    """kvmem's own chat endpoint as the extractor's server (the fake backend stands in for the model: this
+    checks the protocol both ways, not a model's extraction)."""
+    from kvmem.formation.llm import OpenAIExtractor
+    from serving.backends.fake import FakeBackend
+    from tests.serving.conftest import live_server
+
+    reply = (
+        '{"facts": [{"text": "I moved to Berlin yesterday", "kind": "fact", "subject": "user", '
+        '"attribute": "home_city", "value": "Berlin", "date": null}]}'
+    )
+    endpoint = make_stack(tmp_path, auth=False, backend=FakeBackend(reply=reply), extractor="none")
+    turn = TurnInput("t1", "user", "I moved to Berlin yesterday!", "2026-11-26T10:00:00.000000Z")
+    try:
+        with live_server(endpoint.app) as url:
+            [fact] = OpenAIExtractor(f"{url}/v1", "default", timeout_s=30).extract([turn])
+    finally:
+        endpoint.scheduler.stop()
+    assert (fact.text, fact.slot, fact.value, fact.turn_ids) == (
+        "I moved to Berlin on 2026-11-25",
+        "user|home_city",
+        "berlin",
+        ("t1",),
+    )
+    asked = endpoint.backend.decode(endpoint.backend.requests[-1].prompt.ids)
+    assert "[2026-11-26 Thu] user: I moved to Berlin yesterday!" in asked

@@ -31,9 +31,9 @@ def test_apostrophes_and_python_literals() -> None:
     assert got == [{"text": "I'm vegan", "date": None, "ok": True}]
 
 
-def test_an_empty_array_is_a_valid_reply_and_non_objects_are_dropped() -> None:
+def test_an_empty_array_is_a_valid_reply_strings_are_texts_and_other_items_are_dropped() -> None:
     assert fact_items('{"facts": []}') == []
-    assert fact_items('{"facts": ["x", 3, {"text": "a"}]}') == [{"text": "a"}]
+    assert fact_items('{"facts": ["x", 3, null, {"text": "a"}]}') == [{"text": "x"}, {"text": "a"}]
 
 
 @pytest.mark.parametrize(

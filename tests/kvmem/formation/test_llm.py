@@ -225,3 +225,18 @@ def test_a_server_refusing_response_format_is_asked_without_it_from_then_on(
     x = extractor(url)
     assert x.extract(TURNS) == expected_facts() and x.extract(TURNS) == expected_facts()
     assert ["response_format" in body for _, body in script.requests] == [True, False, False]
+
+
+def test_bare_string_items_and_a_looping_cut_off_reply_give_each_fact_once(
+    server: tuple[str, Script],
+) -> None:
+    """What a 0.5B model answered through kvmem's own endpoint: strings, repeated until max_tokens."""
+    url, script = server
+    looping = '{"facts": [' + ", ".join(['"I moved to Berlin yesterday"'] * 6) + ', "I moved to Ber'
+    script.replies.append((200, completion(looping), 0.0))
+    [fact] = extractor(url).extract(TURNS)
+    assert (fact.text, fact.slot, fact.valid_from) == (
+        "I moved to Berlin on 2026-11-25",
+        None,
+        "2026-11-25T00:00:00.000000Z",
+    )
