@@ -447,6 +447,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--extractor-model", default="default", help="the model name sent with --extractor-url"
     )
+    parser.add_argument(
+        "--extraction-only", action="store_true", help="with --extractor-url: no supersession cases"
+    )
     args = parser.parse_args(argv)
 
     if args.extractor_url:
