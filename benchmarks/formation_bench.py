@@ -453,8 +453,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     if args.extractor_url:
-        extractor = make_extractor(
-            "openai", url=args.extractor_url, model=args.extractor_model, timeout_s=600.0
+        extractor = _Remembered(
+            make_extractor("openai", url=args.extractor_url, model=args.extractor_model, timeout_s=600.0)
         )
     else:
         extractor = make_extractor("rules")

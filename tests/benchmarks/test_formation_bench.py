@@ -76,3 +76,52 @@ def test_public_hook_skips_without_data(tmp_path) -> None:
     )
     skipped = score_public(labels, tmp_path / "no-realtalk", None)  # type: ignore[arg-type]
     assert skipped["skipped"].startswith("FileNotFoundError")
+
+
+def test_main_over_an_endpoint_asks_each_batch_once_and_counts_failed_calls(tmp_path) -> None:
+    """--extractor-url: the openai extractor over a loopback server that answers no facts, then garbage."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            content = '{"facts": []}' if len(bodies) % 2 else "I cannot help with that."
+            payload = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        result = formation_bench.main(
+            [
+                "--extractor-url",
+                url,
+                "--per-category",
+                "1",
+                "--extraction-only",
+                "--out",
+                str(tmp_path / "x.json"),
+            ]
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    speed = result["throughput"]
+    assert list(result) == ["benchmark", "env", "config", "heldout_v2", "throughput", "public"]
+    assert (
+        result["config"]["extractor"] == "openai" and result["heldout_v2"]["supersession"]["num_cases"] == 0
+    )
+    asked = {json.dumps(b["messages"]) for b in bodies}
+    assert len(asked) == len(bodies) == speed["num_calls"]  # each distinct batch once
+    assert speed["num_failed_calls"] == len(bodies) // 2 and len(speed["failed_calls"]) == len(bodies) // 2
