@@ -145,6 +145,7 @@ def wait_for_block(base: str, user: str, expected: int, timeout_s: float = 300) 
 
     Only polls: every memory added through the API makes the server refresh the user's plan, so the block is
     built (and grows a memory at a time while seeding) without any chat traffic that would add heat."""
+    _post(f"{base}/v1/memories/plan/prewarm", {"user_id": user})  # for memories stored before the start
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         plan = _get(f"{base}/v1/memories/plan?user_id={user}")

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from benchmarks.http_client import _get, memory_texts, seed, server_totals, spawned_server
+from benchmarks.http_client import _get, _post, memory_texts, seed, server_totals, spawned_server
 
 QUESTIONS = [
     "I just got back from {w}. What do you think I should do this weekend?",
@@ -59,6 +59,7 @@ def wait_for_block(base: str, user: str, quiet_s: float = 5.0, timeout_s: float 
     """Poll the plan route until the user's block is published and has not changed for `quiet_s`. Call it on a
     server started over memories seeded before it started: its first refresh sees them all, so its first block
     is the one to measure (while memories are added, the block grows a build at a time)."""
+    _post(f"{base}/v1/memories/plan/prewarm", {"user_id": user})  # a plan read never builds one
     deadline, last, since = time.monotonic() + timeout_s, None, time.monotonic()
     while time.monotonic() < deadline:
         plan = _get(f"{base}/v1/memories/plan?user_id={user}")

@@ -49,6 +49,7 @@ from serving.protocol import (
     AddMemoriesRequest,
     ApiError,
     ChatCompletionRequest,
+    PrewarmRequest,
     SearchMemoriesRequest,
     UpdateMemoryRequest,
     bad_request,
@@ -496,6 +497,15 @@ def create_app(
         st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
         body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body
+
+    @app.post("/v1/memories/plan/prewarm", status_code=202)
+    async def prewarm_plan(body: PrewarmRequest, who: CallerDep) -> dict[str, Any]:
+        """Ask the scheduler to (re)compute the user's plan now, in the background, and make its block
+        resident (what a session's first turn does). Reading a plan never builds one; a client that knows a
+        user is about to chat (a login, a benchmark over a data dir seeded before the start) says so here."""
+        check_user(who, body.user_id)
+        scheduler.session_start(body.user_id)
+        return {"queued": True}
 
     @app.get("/v1/memories/formation")
     async def formation_status(who: CallerDep, user_id: UserId) -> dict[str, Any]:

@@ -152,6 +152,10 @@ class SearchMemoriesRequest(_Strict):
     include_superseded: bool = False  # also memories a newer one superseded (for questions about the past)
 
 
+class PrewarmRequest(_Strict):
+    user_id: NonEmpty
+
+
 class UpdateMemoryRequest(_Strict):
     user_id: NonEmpty
     text: str | None = None

@@ -122,3 +122,27 @@ def test_tasks_the_bounded_queue_dropped_are_in_metrics(tmp_path):
         text = client.get("/metrics").text
         assert "kvmem_scheduler_dropped_tasks 2" in text and "kvmem_scheduler_queue_depth 1" in text
     scheduler.stop()
+
+
+def test_memories_stored_before_the_start_get_a_block_on_prewarm_not_on_a_plan_read(tmp_path) -> None:
+    """After a restart a user's memories are there but nothing changed: a plan read never builds (a read), a
+    prewarm (or the user's first chat) does."""
+    from tests.serving.conftest import ALICE, make_stack
+
+    with MemoryStore(tmp_path / "memories.sqlite") as before:
+        before.add("alice", texts=["I live in Lisbon.", "My dog is called Miso."])
+    stack = make_stack(tmp_path)
+    try:
+        with TestClient(stack.app) as client:
+            plan = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE).json()
+            stack.scheduler.flush()
+            assert plan["block"] is None and stack.scheduler.stats().builds == 0
+            r = client.post("/v1/memories/plan/prewarm", json={"user_id": "alice"}, headers=ALICE)
+            assert (r.status_code, r.json()) == (202, {"queued": True})
+            stack.scheduler.flush()
+            plan = client.get("/v1/memories/plan", params={"user_id": "alice"}, headers=ALICE).json()
+            assert len(plan["block"]["memory_ids"]) == 2
+            r = client.post("/v1/memories/plan/prewarm", json={"user_id": "bob"}, headers=ALICE)
+            assert r.status_code == 403  # alice's key may not act for bob
+    finally:
+        stack.scheduler.stop()
