@@ -120,9 +120,12 @@ def test_knowledge_switch_while_serving_never_serves_stale(server):
         # a plan read before the switch, laid out after it: the new knowledge, the block laid out again
         laid = backend.layout_prompt(old_blocks["bob"].texts, [], MESSAGES, old_blocks["bob"].token_ids)
         assert laid.ids[: len(new_k)] == new_k and laid.block_len > len(new_k)
-        usage = chat(client, BOB)  # the plan's block is gone: served as text, under the new knowledge
+        # the plan still names bob's old block (Scheduler.get no longer asks the store on the request path,
+        # hardening item 4); the backend finds it gone and serves it as text, under the new knowledge
+        usage = chat(client, BOB)
         during = rec.served[-1]
-        assert (during["asked"], during["item"]) == (None, None)
+        assert (during["asked"], during["item"]) == (old_blocks["bob"].item_id, None)
+        assert during["fallback"] is not None
         assert during["ids"][: len(new_k)] == new_k
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert during["tokens"] == reference_tokens(model, list(during["ids"]), N, "cpu")
