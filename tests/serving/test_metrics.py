@@ -67,9 +67,9 @@ def test_metrics_labels_stay_a_fixed_set_after_many_distinct_failures(tmp_path: 
     assert 'kvmem_requests_total{method="other",route="unmatched",status="404"} 20' in text
     fallbacks = re.findall(r'^kvmem_kv_fallbacks_total\{reason="([^"]*)"\} (\d+)$', text, flags=re.M)
     assert fallbacks == sorted(
-        # a dropped block never reaches the backend (the scheduler's guard retracts it from the plan), so only the
-        # corrupt ones fall back; every kind is still rendered, at 0
-        (kind, {"corrupt": "3"}.get(kind, "0"))
+        # Scheduler.get no longer asks the store on the request path (hardening item 4): a dropped block reaches
+        # the backend and falls back as not_found, a corrupt one as corrupt; every kind is still rendered, at 0
+        (kind, {"corrupt": "3", "not_found": "3"}.get(kind, "0"))
         for kind in KV_FALLBACK_KINDS
     )
     assert {lbl for name, lbl in labels(text) if name == "kvmem_memory_tier_hits_total"} == {
