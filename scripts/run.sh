@@ -19,7 +19,7 @@ case " $* " in
   *" --model "* | *" --model="* | *" --backend fake "* | *" --backend=fake "*) ;;  # fake: no model
   *)
     if [ "${KVMEM_DEMO_MODEL:-}" != default ]; then
-      .venv/bin/python -c "from kvmem.models import provision_demo_model; provision_demo_model()"
+      .venv/bin/python -c "import logging; logging.basicConfig(level=logging.INFO, format='kvmem: %(message)s'); from kvmem.models import provision_demo_model; provision_demo_model()"
       set -- --model qwen2.5-coder-0.5b "$@"
     fi
     ;;

