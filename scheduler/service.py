@@ -101,7 +101,7 @@ class Scheduler:
             self.queue,
             clock,
             fence,
-            adapter_for=self.served_adapter if adapters is not None else None,
+            adapter_for=self._worker_adapter if adapters is not None else None,
         )
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
         self._stop = threading.Event()
@@ -202,18 +202,27 @@ class Scheduler:
     def served_adapter(self, user_id: str, *, fresh: bool = True) -> AdapterPlan | None:
         """The user's served adapter, or None; None too when the builder's backend applies no adapter (its
         optional `serves_adapters`): the adapter's facts then stay in the user's block or go as text. `fresh`
-        (the worker): a pointer stat, and a version's check when it changed (ActiveAdapters.get); else (the
-        request path) what the worker last found, a dict read (ActiveAdapters.peek)."""
-        if self.adapters is None or not getattr(self.builder, "serves_adapters", True):
+        (a plan read, the distillation sweep): a pointer stat, and a version's check when it changed
+        (ActiveAdapters.check), not recorded, so the worker still notices the move and rebuilds (`poll_adapters`);
+        else what the worker last found, a dict read (ActiveAdapters.peek)."""
+        if not self._serves_adapters():
             return None
-        return _adapter_plan(self.adapters.get(user_id) if fresh else self.adapters.peek(user_id).manifest)
+        return _adapter_plan(self.adapters.check(user_id) if fresh else self.adapters.peek(user_id).manifest)
+
+    def _worker_adapter(self, user_id: str) -> AdapterPlan | None:
+        """The worker's read of the user's served adapter (ActiveAdapters.get): recorded, since the refresh that
+        asks for it acts on it (builds the block under it, or without its facts)."""
+        return _adapter_plan(self.adapters.get(user_id)) if self._serves_adapters() else None
+
+    def _serves_adapters(self) -> bool:
+        return self.adapters is not None and getattr(self.builder, "serves_adapters", True)
 
     def _with_adapter(self, plan: Plan) -> tuple[bool, Plan]:
         """`plan` with the adapter the worker last found served (one stat of the pointer file, no registry
         read, no hash), and whether that is checked. A pointer moved since (another process activated or
         rolled back a version, or the cascade stopped one) is unchecked: the plan then serves neither an
         adapter nor a block (text) until the worker's check (ActiveAdapters.get)."""
-        if self.adapters is None or not getattr(self.builder, "serves_adapters", True):
+        if not self._serves_adapters():
             return True, plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
         seen = self.adapters.peek(plan.user_id)
         if not seen.current:

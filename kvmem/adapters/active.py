@@ -4,7 +4,8 @@
 replaced by another process: `kvmem distill`, an operator's rollback). A version is checked once (its files'
 hashes, its base model, its gates) the first time it is seen; one that fails is not served, with the reason
 logged once, until the pointer names another version. `peek` is the request path's read: what the last `get`
-found, a dict read (no stat, no hash). Both caches hold at most `max_users` users (least recently used
+found, a dict read (no stat, no hash). `check` answers what `get` would, without recording it (reads that only
+look must not take the worker's notice of a moved pointer). Both caches hold at most `max_users` users (least recently used
 dropped: their next `get` stats and checks again). Knows nothing of plans or serving.
 """
 
@@ -76,13 +77,25 @@ class ActiveAdapters:
 
     def get(self, user_id: str) -> AdapterManifest | None:
         """The adapter to serve `user_id`, or None: a stat, and on a new version its check (hashes its files).
-        Off the request path (the scheduler's worker). Never raises."""
+        Recorded: `peek` is current again until the pointer moves. The worker's read, the one that acts on a
+        change (off the request path). Never raises."""
+        return self._resolve(user_id, record=True)
+
+    def check(self, user_id: str) -> AdapterManifest | None:
+        """What `get` would answer now (a stat, a new version's check), without recording it: `peek` still
+        says the pointer moved, so the worker, whose `peek`/`get` notice a move, still acts on it. For reads
+        that only look (a plan read, the distillation sweep): had they recorded the new stamp, the worker would
+        never see the pointer move and never rebuild the user's block under the new version. Never raises."""
+        return self._resolve(user_id, record=False)
+
+    def _resolve(self, user_id: str, *, record: bool) -> AdapterManifest | None:
         stamp = self._stamp(user_id)
         cached = self._cache.get(user_id)
         if cached is not None and cached[0] == stamp:
-            with self._lock:
-                if user_id in self._cache:
-                    self._cache.move_to_end(user_id)
+            if record:
+                with self._lock:
+                    if user_id in self._cache:
+                        self._cache.move_to_end(user_id)
             return cached[1]
         manifest = self.registry.active(user_id) if stamp is not None else None
         if manifest is not None:
@@ -99,11 +112,12 @@ class ActiveAdapters:
                     log.error("adapter %s of user %r not served: %s", manifest.name, user_id, why)
             if self._checked.get(key) is not None:
                 manifest = None
-        with self._lock:
-            self._cache[user_id] = (stamp, manifest)
-            self._cache.move_to_end(user_id)
-            while len(self._cache) > self.max_users:
-                self._cache.popitem(last=False)
+        if record:
+            with self._lock:
+                self._cache[user_id] = (stamp, manifest)
+                self._cache.move_to_end(user_id)
+                while len(self._cache) > self.max_users:
+                    self._cache.popitem(last=False)
         return manifest
 
     def drop_covering(self, user_id: str, memory_ids: Iterable[str] | None, reason: str) -> bool:

@@ -9,7 +9,7 @@ import sqlite3
 from kvmem.adapters.active import AdapterPeek
 from scheduler import AccessEvent, Scheduler, SchedulerConfig
 from scheduler.queue import InProcessQueue, Task
-from tests.scheduler.test_scheduler import env, words  # noqa: F401 - env is a fixture
+from tests.scheduler.test_scheduler import Built, env, words  # noqa: F401 - env is a fixture
 
 __all__ = ["env"]
 
@@ -194,3 +194,55 @@ def test_get_is_an_in_memory_read_the_worker_does_the_checks(env):  # noqa: F811
     assert sched.get("alice").block is None and adapters.gets == 0  # unchecked: text, and a refresh asked
     sched.run_pending()  # the worker checks the pointer (ActiveAdapters.get: hashes a new version) ...
     assert adapters.gets >= 1 and sched.get("alice").block is not None  # ... and the block is served again
+
+
+def _save_adapter_files(directory):
+    """Stand-in peft files: the registry hashes them, nothing here loads them."""
+    from kvmem.adapters.manifest import CONFIG_FILE, WEIGHTS_FILE
+
+    (directory / WEIGHTS_FILE).write_bytes(b"lora weights")
+    (directory / CONFIG_FILE).write_text("{}")
+
+
+def test_a_plan_read_does_not_hide_a_new_adapter_version_from_the_worker(env, tmp_path):  # noqa: F811
+    """The regression behind test_vllm_lora's served-adapter test: a version activated on disk behind a running
+    server, then the plan read (as a client polls `GET /v1/memories/plan`) before the worker's poll. The read's
+    fresh check used to record the new pointer stamp, so `poll_adapters` found nothing moved and the block was
+    never rebuilt under the adapter (the plan showed the adapter, with no block, for good)."""
+    from kvmem.adapters import ActiveAdapters, AdapterRegistry, FactRef, text_sha
+
+    clock, store, builder, _ = env
+    builder.builds_under_adapter = True  # as the vLLM and transformers backends
+    builder.build_block = lambda user_id, texts, memory_ids, adapter_id=None: (
+        builder.builds.append((user_id, tuple(memory_ids), adapter_id))
+        or Built(f"item-{len(builder.builds)}", sum(len(t.split()) for t in texts), 100 * len(texts))
+    )
+    registry = AdapterRegistry(tmp_path / "adapters")
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
+        store,
+        builder,
+        lambda text: len(text.split()),
+        clock=clock,
+        adapters=ActiveAdapters(registry, lambda: "fp"),
+    )
+    sched.start(thread=False)
+    cat, lisbon = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
+    sched.run_pending()
+    assert [(u, set(ids), a) for u, ids, a in builder.builds] == [("alice", {cat, lisbon}, None)]
+    m = registry.write(
+        "alice",
+        _save_adapter_files,
+        base_fingerprint="fp",
+        facts=[FactRef(cat, 1, text_sha("cat named Miso"))],
+        seed=0,
+        passed=True,
+    )
+    registry.activate("alice", m.version, "fp")
+    looked = sched.peek("alice")  # the plan route: sees the new version now, never builds
+    assert looked.adapter.name == m.name and looked.block is None
+    assert sched.poll_adapters(force=True) == ["alice"]  # the worker still notices the move
+    sched.run_pending()
+    assert builder.builds[-1] == ("alice", (lisbon,), m.adapter_id)
+    plan = sched.peek("alice")
+    assert (plan.adapter.name, plan.block.adapter, plan.block.memory_ids) == (m.name, m.name, (lisbon,))
