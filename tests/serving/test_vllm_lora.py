@@ -91,12 +91,6 @@ def test_the_block_under_the_adapter_is_injected_under_it_only_and_gives_peft_to
     )  # the adapter changes the answer: a test that can fail
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known regression since 84be909 (issue 27 item 4/7: plan reads no longer check adapters; the worker's "
-    "poll_adapters should notice a version activated on disk behind the server, but under vLLM the plan showed no "
-    "adapter after 300 s in this session's last CI run); open in issue 27",
-)
 def test_kvmem_serve_vllm_enable_lora_serves_the_adapter_and_its_block_and_delete_erases_both(
     tmp_path, default_model_dir, default_handle
 ):
