@@ -20,6 +20,8 @@ from typing import Any
 
 from kvmem.kv import packed as packing
 from kvmem.kv.batch import Sequence, SequenceError, can_batch, decode_step
+from serving.engine import runner
+from serving.engine.sequence import PagedSequence
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,21 @@ class Batcher:
             if seq.prefilling:
                 budget -= seq.next_chunk_tokens()
                 chunks.append(seq)
-        models = {id(s.model): s.model for s in self._members}
+        paged = [s for s in self._members if isinstance(s, PagedSequence)]
+        for model in {id(s.model): s.model for s in paged}.values():  # the engine: one forward per model
+            prefills = [s for s in chunks if s.model is model and isinstance(s, PagedSequence)]
+            decodes = [s for s in paged if s.model is model and s.decoding]
+            if prefills or decodes:
+                pool = (prefills + decodes)[0].table.pool
+                for seq, token in zip(
+                    prefills + decodes, runner.step(model, pool, prefills, decodes), strict=True
+                ):
+                    self._settle(seq, token)
+        chunks = [s for s in chunks if not isinstance(s, PagedSequence)]
+        members = [s for s in self._members if not isinstance(s, PagedSequence)]
+        models = {id(s.model): s.model for s in members}
         packed = {m for m, model in models.items() if self.packed and can_batch(model)}
-        decoding = [s for s in self._members if s.decoding and id(s.model) in packed]
+        decoding = [s for s in members if s.decoding and id(s.model) in packed]
         for m in packed:
             prefills = [s for s in chunks if id(s.model) == m]
             decodes = [s for s in decoding if id(s.model) == m]
@@ -75,7 +89,11 @@ class Batcher:
                 continue
             if token is not None:
                 self._deliver(seq, token)
-        decoding = [s for s in self._members if s.decoding and id(s.model) not in packed]
+        decoding = [
+            s
+            for s in self._members
+            if s.decoding and id(s.model) not in packed and not isinstance(s, PagedSequence)
+        ]
         for model in {id(s.model): s.model for s in decoding}.values():
             group = [s for s in decoding if s.model is model]
             for seq, token in zip(group, decode_step(model, group), strict=True):

@@ -58,6 +58,9 @@ class TransformersBackendConfig:
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
     packed_steps: bool = True  # a step's prefill chunks and decode steps in one forward (kvmem/kv/packed.py)
+    kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine); 0: per-request caches (the old path)
+    kv_page_tokens: int = 16  # tokens per KV page
+    kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -65,6 +68,10 @@ class TransformersBackendConfig:
         if self.session_kv_bytes < 0 or self.sessions_per_user < 1:
             raise ValueError(
                 "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
+            )
+        if self.kv_pool_mb < 0 or self.kv_page_tokens < 1 or self.kv_wait_s < 0:
+            raise ValueError(
+                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1 and kv_wait_s >= 0"
             )
         if self.prefill_chunk_tokens < 1:
             raise ValueError(
@@ -84,7 +91,7 @@ class TransformersBackend(StoredBlocksBackend):
         )
         # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
         self._io = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="kvmem-io")
-        self.handle = self.layout = self.builder = self.adapters = None
+        self.handle = self.layout = self.builder = self.adapters = self.pool = None
         self._eos: frozenset[int] = frozenset()
         from kvmem.kv.session import SessionCache
 
@@ -129,8 +136,31 @@ class TransformersBackend(StoredBlocksBackend):
             self.vocab_size = handle.model.config.get_text_config().vocab_size  # the logits' size
             self._pieces = TokenPieces(handle.tokenizer)
             self.adapters = adapter_slots(self.config.data_dir, handle)
+            self.pool = self._make_pool(handle)
             self._ready.set()
             log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
+
+    def _make_pool(self, handle):
+        """The engine's KV page pool, or None (kv_pool_mb 0, or a model the step cannot batch: its requests
+        keep per-request caches)."""
+        from kvmem.kv.batch import can_batch
+        from serving.engine.pages import PagePool, PoolShape
+
+        if self.config.kv_pool_mb == 0 or not can_batch(handle.model):
+            return None
+        shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
+        pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
+        log.info(
+            "KV page pool: %d pages of %d tokens (%d MiB)",
+            pool.num_pages,
+            shape.page_tokens,
+            self.config.kv_pool_mb,
+        )
+        return pool
+
+    def engine_stats(self) -> dict[str, int] | None:
+        """The KV page pool's accounting (serving/engine/pages.py), or None without a pool."""
+        return None if self.pool is None else self.pool.stats()
 
     async def aclose(self) -> None:
         self._loop.close()
@@ -180,6 +210,8 @@ class TransformersBackend(StoredBlocksBackend):
 
     def drop_block(self, item_id: str) -> None:
         self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
+        if self.pool is not None:  # its pages go once the requests reading them are done
+            self.pool.shared.drop(item_id)
         super().drop_block(item_id)
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
@@ -234,7 +266,7 @@ class TransformersBackend(StoredBlocksBackend):
         from kvmem.kv.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
-        lease = tokens = None
+        lease = tokens = seq = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -269,7 +301,25 @@ class TransformersBackend(StoredBlocksBackend):
                 item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
             )
             tokens = None  # batched: the batcher sends the tokens
-            if adapter is None:
+            if adapter is None and self.pool is not None:  # the engine: K/V in the page pool
+                from serving.engine.sequence import admit
+
+                if prefix is not None:
+                    args["item"] = None  # the session's cache (copied into pages) covers the block
+                for seq in admit(
+                    self.pool,
+                    self.handle.model,
+                    req.prompt.ids,
+                    injection=prefix,
+                    max_new_tokens=sampling.max_new_tokens,
+                    wait_s=self.config.kv_wait_s,
+                    prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                    **args,
+                ):
+                    if seq is None:  # no pages free yet: the others run a step meanwhile
+                        yield
+                token = yield seq
+            elif adapter is None:
                 seq = Sequence(
                     self.handle.model,
                     req.prompt.ids,
@@ -320,8 +370,9 @@ class TransformersBackend(StoredBlocksBackend):
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
-                fed = (*req.prompt.ids, *stats.token_ids)[: prefix.cache.get_seq_length()]
-                self.sessions.put(lease, fed, prefix.cache)
+                cache = seq.session_cache() if getattr(seq, "table", None) is not None else prefix.cache
+                fed = (*req.prompt.ids, *stats.token_ids)[: cache.get_seq_length()]
+                self.sessions.put(lease, fed, cache)
                 lease = None
             final = GenerationResult(
                 finish_reason=finish,
@@ -338,6 +389,8 @@ class TransformersBackend(StoredBlocksBackend):
         finally:
             if lease is not None:
                 self.sessions.release(lease)
+            if getattr(seq, "table", None) is not None:  # its pages go back to the pool
+                seq.release()
             if (
                 tokens is not None
             ):  # an adapter's steps: its use ends now (an erased one is unloaded), not at GC

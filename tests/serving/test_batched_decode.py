@@ -88,8 +88,9 @@ def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_b
     after = shapes[shapes.index("queued") + 1 :]
     first = after.index((1, chunks[0] + 1))
     assert after[:first] in ([], [(1, 1)])  # the running stream's step in progress when the newcomer came
-    # each chunk packed with the running stream's decode step; after the last chunk, both decode together
-    expected = [(1, c + 1) for c in chunks] + [(2, 1), (2, 1)]
+    # each chunk packed with the running stream's decode step; after the last chunk, both decode together:
+    # one forward of their two rows, packed as one input (serving/engine/runner.py)
+    expected = [(1, c + 1) for c in chunks] + [(1, 2), (1, 2)]
     assert after[first : first + len(expected)] == expected
     assert all(s == (1, 1) for s in after[first + len(expected) :])
 

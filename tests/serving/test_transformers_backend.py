@@ -100,8 +100,9 @@ def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
     assert {thread for _, thread in calls} == {backend._loop.thread}
     # three prefills (what the block does not cover) packed in one forward, then 7 decode steps of all three
+    # (each one forward of three rows, packed as one input: serving/engine/runner.py)
     rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
-    assert [shape for shape, _ in calls] == [(1, sum(rest))] + [(3, 1)] * 7
+    assert [shape for shape, _ in calls] == [(1, sum(rest))] + [(1, 3)] * 7
     deadline = (
         time.monotonic() + 5
     )  # each request's admission is released on the model thread, after its result
@@ -150,9 +151,10 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
     assert [len(ids) for ids, _ in both] == [2, 11, 6]
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
     # 3 prefills packed in one forward (a first token each), then decode steps: all 3 (the first ends), 2 x4
-    # (the third ends), 1 x5
-    assert rows == [1, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
-    assert [n > 1 for n, *_ in log.calls] == [True] + [False] * 10
+    # (the third ends), 1 x5; each step one forward of its rows packed as one input (serving/engine)
+    rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
+    assert rows == [1] * 11
+    assert [n for n, *_ in log.calls] == [sum(rest), 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
     assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 11
     assert mode_after is False  # the model thread is left as it was found
 

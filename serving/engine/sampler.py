@@ -1,0 +1,63 @@
+"""Every row's next token from one step's logits, with one host sync for the whole step.
+
+Rows are grouped by what they need: greedy rows with no bias, penalty or logprobs take one `argmax` over
+all of them; every other row is adjusted (logit_bias, penalties) and drawn as a tensor (temperature, top-p,
+its own seeded generator), never read back alone. The tokens of all rows are read with one `.tolist()`.
+Log-probabilities, asked for by few requests, are computed after it from the adjusted logits.
+
+What a seed guarantees: the same request run alone gives the same tokens every time (its generator draws
+from the same distribution). In a batch the logits come from other matrix-kernel shapes, equal to within
+rounding, so a draw that lands within that rounding of a boundary between two tokens can differ; OpenAI
+documents `seed` as best effort in the same sense.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvmem.kv.decode import adjust_logits, token_logprobs
+
+
+def _draw(logits: torch.Tensor, sampling, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id as a 1-element tensor (no host sync): temperature and top-p, as kvmem.kv.decode._choose."""
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
+        return order[choice]
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def sample(logits: torch.Tensor, seqs: list) -> list[int]:
+    """logits: [rows, vocab] float32, row i for seqs[i] (each with .sampling, .generator, .stats)."""
+    rows = logits.shape[0]
+    plain = [i for i, s in enumerate(seqs) if s.sampling.temperature == 0.0 and not _special(s.sampling)]
+    picks: list[torch.Tensor | None] = [None] * rows
+    if plain:
+        idx = torch.tensor(plain, device=logits.device)
+        for i, t in zip(plain, torch.argmax(logits[idx], dim=-1).split(1), strict=True):
+            picks[i] = t
+    adjusted: dict[int, torch.Tensor] = {}
+    for i, s in enumerate(seqs):
+        if picks[i] is not None:
+            continue
+        row = logits[i]
+        if s.sampling.adjusts_logits:
+            row = adjust_logits(row, s.sampling, s.stats.token_ids)
+        adjusted[i] = row
+        if s.sampling.temperature == 0.0:
+            picks[i] = torch.argmax(row).reshape(1)
+        else:
+            picks[i] = _draw(row, s.sampling, s.generator).reshape(1)
+    tokens = torch.cat(picks).tolist()  # the step's one host sync
+    for i, row in adjusted.items():
+        s = seqs[i]
+        if s.sampling.top_logprobs is not None:
+            s.stats.logprobs.append(token_logprobs(row, tokens[i], s.sampling.top_logprobs))
+    return tokens
+
+
+def _special(sampling) -> bool:
+    return sampling.adjusts_logits or sampling.top_logprobs is not None

@@ -1,0 +1,103 @@
+"""A request's sequence whose K/V live in the page pool (pages.py) instead of a cache of its own.
+
+It is a `kvmem.kv.batch.Sequence` (the same lifecycle, sampling, chunking and stats) whose `table` holds
+its positions: an injected block's pages by reference, a live session's cache copied in, its own tokens in
+its own pages. It runs only through the engine's step (runner.py), alone or with others, one path.
+Admission reserves pages for the prompt and the longest reply; `admit` waits for them (the caller yields
+between tries) and raises PoolFull (429) after `wait_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from kvmem.kv.batch import Sequence
+from kvmem.kv.inject import Injection, SharedPrefixCache, _shared_layer, usable_prefix_tokens
+from serving.engine.pages import PagePool, PoolFull
+from serving.engine.table import PageTable
+
+
+class PagedSequence(Sequence):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompt_ids,
+        *,
+        table: PageTable,
+        reused: int,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, prompt_ids, **kwargs)
+        self.cache = None  # the pool holds its K/V
+        self.table = table
+        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, len(prompt_ids) - reused
+        self.position = reused
+        self._prefill = list(prompt_ids[reused:])
+
+    @property
+    def batchable(self) -> bool:  # every paged sequence runs in the step, seeded ones too (sampler.py)
+        return True
+
+    def release(self) -> None:
+        """Give back its pages (idempotent)."""
+        self.table.close()
+
+    def session_cache(self):
+        """Its K/V so far as a cache of its own (a copy): a live session's entry keeps it."""
+        kv = self.table.read()
+        return SharedPrefixCache(
+            [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(len(kv))]
+        )
+
+
+def admit(
+    pool: PagePool,
+    model: torch.nn.Module,
+    prompt_ids,
+    *,
+    item=None,
+    injection: Injection | None = None,
+    max_new_tokens: int,
+    wait_s: float = 10.0,
+    **kwargs,
+) -> Iterator[PagedSequence | None]:
+    """Yields None while the pool has no room (the caller gives the model loop a turn), then the sequence.
+    An injected block shares its pages; an `injection` (a session's cache) is copied into own pages."""
+    total = len(prompt_ids) + max_new_tokens
+    reuse = 0
+    if injection is not None:
+        reuse = injection.reused_tokens
+    elif item is not None:
+        reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if injection is not None and reuse:
+                table = PageTable.admit(pool, total)
+                try:
+                    table.load(_cache_kv(injection, reuse))
+                except BaseException:
+                    table.close()
+                    raise
+            else:
+                table = PageTable.admit(pool, total, item=item, reuse=reuse)
+            break
+        except PoolFull:
+            if time.monotonic() >= deadline:
+                raise
+            yield None
+    try:
+        seq = PagedSequence(model, prompt_ids, table=table, reused=reuse, **kwargs)
+    except BaseException:
+        table.close()
+        raise
+    yield seq
+
+
+def _cache_kv(injection: Injection, n: int) -> torch.Tensor:
+    """The first n positions of a DynamicCache as [layers, 2, kv_heads, n, head_dim]."""
+    layers = injection.cache.layers
+    return torch.stack([torch.stack([la.keys[0, :, :n], la.values[0, :, :n]]) for la in layers])

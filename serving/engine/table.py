@@ -1,0 +1,118 @@
+"""One sequence's page table: the pages that hold its K/V, shared ones first, then its own.
+
+A sequence over a stored block starts with references to the block's pages for the positions it reuses
+(full pages only); when it reuses part of a page, that page is copied into one of its own (copy-on-write),
+since its next token goes into that page. A sequence that starts from a cache of its own (a live session's)
+copies it into its own pages. Its own pages come from a reservation made at admission (the prompt's and the
+reply's tokens), so a forward never runs out of pages. `close` returns every reference; it may be called
+more than once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serving.engine.pages import PagePool, PoolFull
+
+
+class PageTable:
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.pages: list[int] = []
+        self.length = 0  # positions written
+        self.shared_pages = 0  # leading pages referenced from an item (never written)
+        self._item_id: str | None = None
+        self._reserved = 0
+        self._closed = False
+
+    # -- admission -----------------------------------------------------------------------------------------
+    @staticmethod
+    def admit(pool: PagePool, total_tokens: int, item=None, reuse: int = 0) -> PageTable:
+        """A table for a sequence of at most `total_tokens` positions whose first `reuse` come from `item`'s
+        pages (0: none). Raises PoolFull when the pool cannot promise its own pages."""
+        table = PageTable(pool)
+        pt = pool.page_tokens
+        shared_full = reuse // pt if item is not None else 0
+        need = pool.pages_for(total_tokens) - shared_full
+        if item is not None and reuse and item.item_id not in pool.shared:
+            need += pool.pages_for(item.num_tokens)  # the item is copied in first
+        if not pool.reserve(need):
+            raise PoolFull(
+                f"the KV pool has {pool.free_pages} free pages of {pt} tokens; this request needs {need}"
+            )
+        table._reserved = need
+        try:
+            if item is not None and reuse:
+                table._start_from_item(item, reuse)
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    def _start_from_item(self, item, reuse: int) -> None:
+        pool, pt = self.pool, self.pool.page_tokens
+        with pool.lock:
+            # copying the item in takes free pages (counted in the reservation): give them back first
+            resident = item.item_id in pool.shared
+            if not resident:
+                pool.unreserve(pool.pages_for(item.num_tokens))
+                self._reserved -= pool.pages_for(item.num_tokens)
+            pages, _ = pool.shared.acquire(item)
+            self._item_id = item.item_id
+            full = reuse // pt
+            self.pages = list(pages[:full])
+            pool.ref(self.pages)
+            self.shared_pages = full
+            self.length = full * pt
+            if reuse > self.length:  # copy-on-write: the partly reused page becomes the sequence's own
+                self._grow(reuse)
+                src = pool.slots(pages, self.length, reuse)
+                dst = pool.slots(self.pages, self.length, reuse)
+                pool.k[:, dst.to(pool.k.device)] = pool.k[:, src.to(pool.k.device)]
+                pool.v[:, dst.to(pool.v.device)] = pool.v[:, src.to(pool.v.device)]
+                self.length = reuse
+
+    def load(self, kv: torch.Tensor) -> None:
+        """Start from K/V of a cache of its own: [layers, 2, kv_heads, n, head_dim], copied into own pages."""
+        assert self.length == 0
+        n = kv.shape[3]
+        self._grow(n)
+        self.pool.write(self.pool.slots(self.pages, 0, n), kv)
+        self.length = n
+
+    # -- steps ---------------------------------------------------------------------------------------------
+    def _grow(self, end: int) -> None:
+        """Own pages until positions [0, end) have a page."""
+        missing = self.pool.pages_for(end) - len(self.pages)
+        if missing > 0:
+            if missing > self._reserved:
+                raise PoolFull("a sequence outgrew its reservation")  # a bug, not a full pool
+            self.pages += self.pool.alloc(missing, reserved=True)
+            self._reserved -= missing
+
+    def extend(self, n: int, device: torch.device) -> torch.Tensor:
+        """Room for n more positions; their slots (the forward writes them). `length` moves on by n."""
+        self._grow(self.length + n)
+        slots = self.pool.slots(self.pages, self.length, self.length + n, device)
+        self.length += n
+        return slots
+
+    def read(self, end: int | None = None) -> torch.Tensor:
+        """Positions [0, end) as [layers, 2, kv_heads, n, head_dim] (a copy), e.g. for a session's cache."""
+        end = self.length if end is None else end
+        return self.pool.read(self.pool.slots(self.pages, 0, end))
+
+    # -- end -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self.pool.lock:
+            self.pool.release(self.pages)
+            self.pages = []
+            if self._reserved:
+                self.pool.unreserve(self._reserved)
+                self._reserved = 0
+            if self._item_id is not None:
+                self.pool.shared.release(self._item_id)
+                self._item_id = None

@@ -1,0 +1,170 @@
+"""The engine (serving/engine): paged KV shared by reference, one forward per step, one attention call per
+layer. Alone, a request's greedy tokens equal a full prefill's (decode.generate with no block); batched,
+each equals the same request alone; pages are shared (one copy of a block for every request over it), the
+stored items are never written, and pages never leak (used pages == resident items' pages after any
+workload, failures and cancellations included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvmem.kv import Sampling, generate
+from kvmem.kv.batch import SequenceError
+from serving.engine import runner
+from serving.engine.pages import PagePool, PoolFull, PoolShape
+from serving.engine.sequence import admit
+from tests.kvmem.kv.test_batch import prompts_and_blocks
+
+CHUNK = 32
+
+
+def make_pool(model, mb: float = 16, page_tokens: int = 16) -> PagePool:
+    return PagePool(PoolShape.of_model(model, page_tokens), int(mb * (1 << 20)))
+
+
+def admitted(pool, model, ids, item=None, **kw):
+    sp = kw.pop("sampling", Sampling())
+    seq = None
+    for seq in admit(pool, model, ids, item=item, max_new_tokens=sp.max_new_tokens, sampling=sp, **kw):
+        assert seq is not None, "the pool had room"
+    return seq
+
+
+def run_engine(model, pool, requests, samplings, arrive_at, chunk=CHUNK):
+    """Sequence k joins at step arrive_at[k]; each step one runner.step of every prefill chunk and decode."""
+    seqs, steps, errors = [], 0, []
+    while len(seqs) < len(requests) or any(not s.finished for s in seqs):
+        for k, (ids, item) in enumerate(requests):
+            if arrive_at[k] == steps:
+                seqs.append(
+                    admitted(pool, model, ids, item, sampling=samplings[k], prefill_chunk_tokens=chunk)
+                )
+        prefills = [s for s in seqs if s.prefilling]
+        decodes = [s for s in seqs if s.decoding]
+        for s, out in zip(prefills + decodes, runner.step(model, pool, prefills, decodes), strict=True):
+            if isinstance(out, SequenceError):
+                errors.append((s, str(out)))
+        steps += 1
+    return seqs, errors
+
+
+def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer):
+    """Greedy, with and without a block, in chunks or not: the tokens of decode.generate with no block."""
+    model = tiny_handle.model
+    pool = make_pool(model)
+    for ids, item in prompts_and_blocks(tiny_handle, tokenizer):
+        full = list(generate(model, ids, sampling=Sampling(max_new_tokens=12)))
+        for chunk in (None, CHUNK):
+            seqs, errors = run_engine(model, pool, [(ids, item)], [Sampling(max_new_tokens=12)], [0], chunk)
+            assert errors == [] and seqs[0].stats.token_ids == full
+            assert seqs[0].stats.reused_tokens == (0 if item is None else min(item.num_tokens, len(ids) - 1))
+            seqs[0].release()
+    assert pool.used_pages == pool.shared.page_count()
+
+
+def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer):
+    model = tiny_handle.model
+    pool = make_pool(model)
+    requests = prompts_and_blocks(tiny_handle, tokenizer)
+    requests.append((requests[3][0], None))  # a fifth: seeded sampling, batched too
+    samplings = [Sampling(max_new_tokens=n) for n in (5, 12, 9, 3)]
+    samplings.append(Sampling(max_new_tokens=6, temperature=0.9, top_p=0.9, seed=5))
+    alone = []
+    for (ids, item), sp in zip(requests, samplings, strict=True):
+        seqs, _ = run_engine(model, pool, [(ids, item)], [sp], [0])
+        alone.append(seqs[0].stats.token_ids)
+        seqs[0].release()
+    items = [item for _, item in requests if item is not None]
+    before = [item.kv.clone() for item in items]
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        seqs, errors = run_engine(model, pool, requests, samplings, arrive_at=[0, 1, 1, 2, 2])
+    finally:
+        hook.remove()
+    assert errors == [] and [s.stats.token_ids for s in seqs] == alone
+    assert all(torch.equal(item.kv, kv) for item, kv in zip(items, before, strict=True))
+    assert max(shapes)[1] > CHUNK  # chunks and decode rows shared forwards
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+
+
+def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer):
+    """8 requests of one user over one block: the block's pages once, each request's own tokens apart."""
+    model = tiny_handle.model
+    pool = make_pool(model)
+    ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
+    sp = Sampling(max_new_tokens=4)
+    seqs = [admitted(pool, model, ids, item, sampling=sp) for _ in range(8)]
+    pt, reuse = pool.page_tokens, seqs[0].stats.reused_tokens
+    block_pages = pool.pages_for(item.num_tokens)
+    st = pool.stats()
+    assert st["pages_shared"] == block_pages
+    cow = 1 if reuse % pt else 0  # the partly reused page, copied into each request's own
+    assert st["pages_used"] == block_pages + 8 * cow
+    assert [s.table.shared_pages for s in seqs] == [reuse // pt] * 8
+    assert all(pool.refs(p) == 1 + 8 for p in seqs[0].table.pages[: reuse // pt])
+    while any(not s.finished for s in seqs):
+        prefills = [s for s in seqs if s.prefilling]
+        decodes = [s for s in seqs if s.decoding]
+        runner.step(model, pool, prefills, decodes)
+    assert len({tuple(s.stats.token_ids) for s in seqs}) == 1
+    own = pool.pages_for(len(ids) + 4) - reuse // pt
+    assert pool.used_pages == block_pages + 8 * own
+    for s in seqs:
+        s.release()
+        s.release()  # idempotent
+    assert pool.used_pages == block_pages == pool.shared.page_count()
+    assert pool.shared.drop(item.item_id) and pool.used_pages == 0
+
+
+def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
+    from dataclasses import replace
+
+    from kvmem.kv.item import KVItem, build_item
+    from kvmem.kv.layout import PromptLayout
+    from tests.kvmem.kv.test_batch import synthetic_memories
+
+    model = tiny_handle.model
+    layout = PromptLayout(tiny_handle.tokenizer)
+    parent_ids = layout.block_ids(synthetic_memories(120, tokenizer, seed=7))
+    parent = build_item(tiny_handle, parent_ids, user_id="__knowledge__")
+    child_ids = layout.block_ids(synthetic_memories(120, tokenizer, seed=7) + ["I live in Lyon."])
+    assert tuple(child_ids[: len(parent_ids) - 1]) == tuple(parent_ids[:-1])
+    whole = build_item(tiny_handle, child_ids, user_id="u", prefix=parent)
+    k = parent.num_tokens  # as BlockBuilder makes a knowledge child: its own K/V, the parent's by reference
+    meta = replace(whole.meta, parent_id=parent.item_id, parent_tokens=k)
+    child = KVItem(meta, whole.token_ids, whole.kv[:, :, :, k:].clone(), parent)
+    assert child.own_start == k and k % 16 != 0  # the parent's last page is partly the child's
+    pool = make_pool(model)
+    pages, tokens = pool.shared.acquire(child)
+    full = min(child.own_start, parent.num_tokens) // pool.page_tokens
+    assert pages[:full] == pool.shared._entries[parent.item_id].pages[:full]
+    got = pool.read(pool.slots(pages, 0, tokens))
+    assert torch.equal(got, child.kv_range(0, child.num_tokens))
+    pool.shared.release(child.item_id)
+    assert pool.shared.drop(child.item_id) and pool.shared.drop(parent.item_id) and pool.used_pages == 0
+
+
+def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_handle, tokenizer):
+    model = tiny_handle.model
+    shape = PoolShape.of_model(model, 16)
+    pool = PagePool(shape, 6 * shape.page_bytes)  # 96 tokens
+    ids = prompts_and_blocks(tiny_handle, tokenizer)[3][0]
+    sp = Sampling(max_new_tokens=len(ids) + 100)
+    with pytest.raises(PoolFull, match="free pages"):
+        list(admit(pool, model, ids, max_new_tokens=sp.max_new_tokens, sampling=sp, wait_s=0))
+    assert pool.used_pages == 0 and pool.free_pages == 6
+    seq = admitted(pool, model, ids, sampling=Sampling(max_new_tokens=4))
+    boom = model.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
+    try:
+        out = runner.step(model, pool, [seq], [])
+    finally:
+        boom.remove()
+    assert isinstance(out[0], SequenceError) and seq.finish_reason == "error"
+    seq.release()
+    assert pool.used_pages == 0 and pool.free_pages == 6
