@@ -16,7 +16,7 @@ from kvmem.text.db import Database
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_memory_id, check_optional_id, check_user_id, format_time
 from kvmem.text.records import ChangeEvent
-from kvmem.text.rows import bump_generation, live_ids, source_turn_ids, tombstone
+from kvmem.text.rows import bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
 from kvmem.text.turns import delete_turn_ids, delete_turns_where
 from kvmem.text.vectors import VectorCache
 
@@ -60,7 +60,10 @@ class MemoryDeletes:
         )
 
     def delete_user(self, user_id: str) -> int:
-        """Deletes every memory of this user and their whole conversation log; returns how many memories."""
+        """Deletes every memory of this user and their whole conversation log; returns how many memories. The
+        user's generation moves even when they had only log turns, and is recorded as the one they were erased
+        at: a turn of a request admitted before this call is not logged after it (log_turns'
+        `admitted_generation`)."""
         check_user_id(user_id)
         return self._delete_where(user_id, "1", [], source_turns=True, whole_log=True)
 
@@ -80,6 +83,7 @@ class MemoryDeletes:
         with self._db.write() as tx:
             if whole_log:
                 delete_turns_where(tx.conn, user_id, None)
+                mark_erased(tx.conn, user_id)  # bumps the generation, memories or not
             elif session is not None:
                 delete_turns_where(tx.conn, user_id, session)
             ids = live_ids(tx.conn, user_id, where, params)
@@ -88,7 +92,8 @@ class MemoryDeletes:
             if source_turns and not whole_log:
                 delete_turn_ids(tx.conn, user_id, source_turn_ids(tx.conn, user_id, where, params))
             tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
-            bump_generation(tx.conn, user_id)
+            if not whole_log:  # mark_erased bumped it
+                bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             batch = tuple(ids) if len(ids) > 1 else ()  # subscribers may cascade once for the whole delete
             tx.events.extend(ChangeEvent(memory_id, user_id, "deleted", batch=batch) for memory_id in ids)

@@ -28,6 +28,7 @@ from kvmem.text.filters import (
     parse_time,
 )
 from kvmem.text.records import FormationCounts, Turn, TurnPage
+from kvmem.text.rows import erased_generation
 
 
 def check_id_list(ids: Any, field_name: str) -> list[str]:
@@ -64,11 +65,17 @@ class ConversationLog:
         session_id: str | None = None,
         chat_time: str | datetime | None = None,
         form_roles: tuple[str, ...] = ("user",),
+        admitted_generation: int | None = None,
     ) -> list[Turn]:
         """Appends one turn per chat message `{role, content, chat_time?, name?}` (name: the speaker's),
         in order; returns them. chat_time: the message's own, else the call's, else now. Turns whose role is
         in `form_roles` are queued for formation ('pending'), the others 'skipped'. One transaction; writes
         no memory and emits no event. Text limits as add's.
+
+        `admitted_generation`: the user's `generation()` when the request these turns come from was admitted.
+        If the user was wholly deleted since (`delete_user`), nothing is appended and [] is returned: the
+        check and the append are one transaction, so a turn in flight during a delete-all is never stored
+        after the delete returned.
         """
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
@@ -95,7 +102,11 @@ class ConversationLog:
             )
             for item in items
         ]
+        if admitted_generation is not None:
+            check_int(admitted_generation, "admitted_generation", 0, 2**63 - 1)
         with self._db.write() as tx:
+            if admitted_generation is not None and erased_generation(tx.conn, user_id) > admitted_generation:
+                return []
             turns.insert_turns(tx.conn, logged)
         return logged
 

@@ -281,6 +281,20 @@ def bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
     ).fetchone()[0]
 
 
+def mark_erased(conn: sqlite3.Connection, user_id: str) -> int:
+    """The user was wholly deleted (memories and log): advances their generation and records it as the one
+    they were erased at (`erased_generation`); returns it."""
+    gen = bump_generation(conn, user_id)
+    conn.execute("UPDATE user_generation SET erased_gen = ? WHERE user_id = ?", (gen, user_id))
+    return gen
+
+
+def erased_generation(conn: sqlite3.Connection, user_id: str) -> int:
+    """The generation at which the user was last wholly deleted; 0 if never."""
+    row = conn.execute("SELECT erased_gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def find_served(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
     """The served (active, not superseded) memory `memory_id` of `user_id`, or None."""
     found = find_live(conn, user_id, memory_id)

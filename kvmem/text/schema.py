@@ -85,8 +85,14 @@ CREATE INDEX turns_by_formation ON turns (user_id, formation);
 CREATE INDEX turns_by_session ON turns (user_id, session_id);
 """
 
+# V3: the generation at which a user was last wholly deleted (delete_user; 0: never). A turn of a request
+# admitted at an earlier generation is not logged after the delete (log_turns' admitted_generation).
+_V3 = """
+ALTER TABLE user_generation ADD COLUMN erased_gen INTEGER NOT NULL DEFAULT 0;
+"""
+
 # Migration i (1-based) brings a file from user_version i-1 to i. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

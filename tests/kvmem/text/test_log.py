@@ -30,7 +30,7 @@ def test_a_v1_file_migrates_to_v2(tmp_path):
     conn.commit()
     conn.close()
     with MemoryStore(path, embedder=HashEmbedder()) as store:
-        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 2
+        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 3  # and on to 3
         m = store.get("alice", "m1")
         assert (m.valid_from, m.valid_to, m.superseded_by) == ("2023-12-31T10:00:00.000000Z", None, None)
         assert (m.source, m.source_turn_ids, m.slot, m.slot_value) == ("api", (), None, None)
@@ -266,6 +266,30 @@ def test_delete_session_and_user_clear_turns(store):
     assert store.formation_counts("alice") == FormationCounts(pending=0, dead=0)
     assert _turn_ids(store, "bob") == {bob_turn.id}
     assert s1[0].id not in _turn_ids(store, "alice")
+
+
+def test_a_turn_admitted_before_a_delete_all_is_not_logged_after_it(store):
+    """Issue 27 item 5a: a chat request admitted at generation g logs its turn with admitted_generation=g; a
+    delete_user in between (memories or only log turns) wins, a request admitted after it logs as before."""
+    hi = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    store.log_turns("alice", hi)
+    before = store.generation("alice")  # only log turns: no memory ever written
+    bobs = store.generation("bob")
+    assert store.delete_user("alice") == 0  # the log went: the generation moves all the same
+    assert store.generation("alice") == before + 1
+    assert store.log_turns("alice", hi, admitted_generation=before) == []
+    assert _turn_ids(store, "alice") == set()
+    after = store.generation("alice")
+    logged = store.log_turns("alice", hi, admitted_generation=after)
+    assert _turn_ids(store, "alice") == {t.id for t in logged} and len(logged) == 2
+    [m] = store.add("alice", "I live in Oslo")  # an add moves the generation: not an erasure
+    assert len(store.log_turns("alice", hi, admitted_generation=after)) == 2
+    assert store.delete_user("alice") == 1
+    assert store.log_turns("alice", hi, admitted_generation=store.generation("alice") - 1) == []
+    assert store.list_turns("alice").total == 0
+    assert len(store.log_turns("bob", hi, admitted_generation=bobs)) == 2  # another user's delete: not bob's
+    with pytest.raises(InvalidMemoryInput, match="admitted_generation must be an int"):
+        store.log_turns("alice", hi, admitted_generation=-1)
 
 
 def test_turn_record_is_frozen(store):

@@ -10,7 +10,7 @@ from kvmem.text.schema import SCHEMA_VERSION
 
 def test_schema_version_and_wal(store):
     conn = store._conn()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
@@ -26,7 +26,7 @@ def test_newer_schema_is_refused(tmp_path):
     conn = sqlite3.connect(tmp_path / "m.db")
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(TextStoreError, match="schema version 99, newer than this code's 2"):
+    with pytest.raises(TextStoreError, match="schema version 99, newer than this code's 3"):
         MemoryStore(tmp_path / "m.db", embedder=HashEmbedder())
 
 
@@ -45,7 +45,7 @@ def test_embedder_mismatch(tmp_path):
 
 def test_a_file_written_by_the_previous_code_opens_as_is(tmp_path):
     """data/v1_main_119c6d6.db was written by main at 119c6d6 (FTS5's file-wide bm25): alice has 4 turns,
-    bob 30 'apple' turns. It opens (migrated to schema 2: new columns, the log table) with nothing re-indexed,
+    bob 30 'apple' turns. It opens (migrated to schema 3: new columns, the log table, the erased generation) with nothing re-indexed,
     and alice's ranking is her own."""
     import shutil
     from pathlib import Path
@@ -53,7 +53,7 @@ def test_a_file_written_by_the_previous_code_opens_as_is(tmp_path):
     path = tmp_path / "memories.db"
     shutil.copy(Path(__file__).parent / "data" / "v1_main_119c6d6.db", path)
     with MemoryStore(path, embedder=HashEmbedder()) as s:
-        assert s._conn().execute("PRAGMA user_version").fetchone()[0] == 2
+        assert s._conn().execute("PRAGMA user_version").fetchone()[0] == 3
         assert s.count_by_user() == {"alice": 4, "bob": 30}
         texts = [h.memory.text for h in s.search("alice", "apple banana", mode="keyword")]
         # the old code ranked the bananas first (bob made 'apple' common in the whole file); within
