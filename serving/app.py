@@ -42,7 +42,7 @@ from serving.idempotency import (
     fingerprint,
 )
 from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
-from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, gauge_lines
+from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines
 from serving.openapi import openapi_with_400
 from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
@@ -334,6 +334,7 @@ def create_app(
     async def metrics_route() -> Response:
         counts = await asyncio.to_thread(store.formation_counts)
         text = metrics.render() + _scheduler_metrics(scheduler) + formation_metrics(formation, counts)
+        text += engine_lines(backend.engine_stats())
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")

@@ -109,6 +109,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="MiB of live conversations' KV caches kept so a turn prefills only what is new; 0: off",
     )
     p.add_argument(
+        "--kv-pool-mb",
+        type=int,
+        default=1024,
+        help="MiB of the engine's KV page pool (transformers backend): blocks' pages shared by every request "
+        "over them, each request's own tokens in its own pages; a request that finds it full waits, then "
+        "gets 429; 0: per-request caches",
+    )
+    p.add_argument(
         "--no-store-turns",
         action="store_true",
         help="do not keep chat turns in the conversation log, nor form memories from them (benchmarks)",
@@ -227,6 +235,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             extractor_api_key=os.environ.get("KVMEM_EXTRACTOR_API_KEY"),
             extractor_timeout_s=args.extractor_timeout_s,
             session_kv_bytes=args.session_kv_mb * (1 << 20),
+            kv_pool_mb=args.kv_pool_mb,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,

@@ -74,6 +74,7 @@ class ServingConfig:
     session_kv_bytes: int = (
         1 << 30
     )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
+    kv_pool_mb: int = 1024  # the engine's KV page pool (transformers backend); 0: per-request caches
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from
@@ -125,6 +126,8 @@ class ServingConfig:
         for name in ("queue_size", "retrieve_top_k", "default_max_tokens", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_pool_mb < 0:
+            raise ValueError(f"kv_pool_mb must be >= 0, got {self.kv_pool_mb}")
         if self.session_kv_bytes < 0:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:

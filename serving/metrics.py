@@ -145,6 +145,30 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+def engine_lines(stats: dict[str, int] | None) -> str:
+    """Prometheus lines for the engine's KV page pool (nothing without one)."""
+    if stats is None:
+        return ""
+    kv = "kvmem_engine_kv_bytes"
+    lines = [
+        f"# HELP {kv} Bytes of KV pages in use: shared (resident blocks, read by reference) or private "
+        "(requests' own tokens).",
+        f"# TYPE {kv} gauge",
+        f'{kv}{{kind="shared"}} {stats["shared_bytes"]}',
+        f'{kv}{{kind="private"}} {stats["private_bytes"]}',
+    ]
+    return (
+        "\n".join(lines)
+        + "\n"
+        + gauge_lines(
+            [
+                ("kvmem_engine_kv_pages_used", "KV pages with a reference.", stats["pages_used"]),
+                ("kvmem_engine_kv_pages_total", "KV pages in the pool (--kv-pool-mb).", stats["pages_total"]),
+            ]
+        )
+    )
+
+
 def gauge_lines(gauges: list[tuple[str, str, float]]) -> str:
     """Prometheus text for (name, help, value) triples; a name ending in `_total` is a counter."""
     lines = []

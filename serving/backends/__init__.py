@@ -56,6 +56,7 @@ def _transformers(config: ServingConfig) -> Backend:
             data_dir=str(config.data_dir),
             max_queue=config.queue_size,
             session_kv_bytes=config.session_kv_bytes,
+            kv_pool_mb=config.kv_pool_mb,
         )
     )
 

@@ -240,6 +240,11 @@ class Backend(ABC):
         give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are
         recorded in the item so a deletion can find it. Raises BackendError or NotReady."""
 
+    def engine_stats(self) -> dict[str, int] | None:
+        """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
+        ...) for /metrics, or None for a backend without one."""
+        return None
+
     @abstractmethod
     def drop_block(self, item_id: str) -> None:
         """Stop serving `item_id` and free it. Requests already using it may finish. Unknown ids are ignored."""

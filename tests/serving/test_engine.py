@@ -168,3 +168,46 @@ def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_hand
     assert isinstance(out[0], SequenceError) and seq.finish_reason == "error"
     seq.release()
     assert pool.used_pages == 0 and pool.free_pages == 6
+
+
+def engine_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvmem_engine_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
+    """Through the HTTP app and the production backend: requests with a block, without, in a session and a
+    cancelled one (max_tokens 1); afterwards the pages in use are exactly the resident blocks' pages, and
+    /metrics says so; deleting the memory drops the block's pages."""
+    from tests.serving.kvstack import load_backend, served
+
+    with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
+        memory = s.add("alice", "I live in Lisbon and keep bees.")
+        s.plan("alice")
+        s.client.post("/v1/memories/plan/prewarm", params={"user_id": "alice"})
+        s.plans.flush()
+        for user in ("alice", "bob", "alice"):
+            r = s.chat(user)
+            assert r["choices"][0]["message"]["content"] is not None
+        body = {
+            "model": "default",
+            "user": "alice",
+            "session_id": "s1",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "And my bees?"}],
+        }
+        assert s.client.post("/v1/chat/completions", json=body).status_code == 200
+        pool = s.backend.pool
+        block = s.plan("alice")
+        assert block is not None and block["item_id"] in pool.shared
+        assert pool.used_pages == pool.shared.page_count() == pool.pages_for(block["tokens"])
+        m = engine_metrics(s.client.get("/metrics").text)
+        assert m["kvmem_engine_kv_pages_used"] == pool.used_pages
+        assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.used_pages * pool.shape.page_bytes
+        assert m['kvmem_engine_kv_bytes{kind="private"}'] == 0
+        assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
+        assert pool.used_pages == 0 and block["item_id"] not in pool.shared
