@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,43 +47,87 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
+# Bounds of the two per-process maps below (issue 27 item 6): adapter names whose vLLM id is remembered and
+# adapter files whose hash is remembered, least recently used dropped first. Each entry is ~200 bytes; 4,096
+# covers the adapters a server serves at once many times over (vLLM itself keeps max_loras of them loaded).
+MAX_LORA_NAMES = 4096
+MAX_HASHED_FILES = 4096
+
+
 class LoraIds:
     """vLLM's `lora_int_id` per adapter name: vLLM keeps loaded adapters by this id, so two names must never
-    share one (a hash of the name could collide); ids are handed out in order, one per name, never reused
-    while this process (and so its engine) lives. Thread-safe."""
+    share one (a hash of the name could collide); ids are handed out in order, one per name, and never reused
+    while this process (and so its engine) lives. At most `max_names` names are remembered (LRU): a name
+    forgotten and asked for again gets a new id, which vLLM loads as a new adapter (its own LRU drops the old
+    one), so forgetting costs a reload, never a shared id. Thread-safe."""
 
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
+    def __init__(self, max_names: int = MAX_LORA_NAMES) -> None:
+        if max_names < 1:
+            raise ValueError(f"LoraIds.max_names must be >= 1, got {max_names!r}")
+        self.max_names = max_names
+        self._ids: OrderedDict[str, int] = OrderedDict()
+        self._next_id = 1
         self._lock = threading.Lock()
 
     def of(self, name: str) -> int:
         with self._lock:
-            return self._ids.setdefault(name, len(self._ids) + 1)
+            found = self._ids.get(name)
+            if found is not None:
+                self._ids.move_to_end(name)
+                return found
+            found, self._next_id = self._next_id, self._next_id + 1
+            self._ids[name] = found
+            while len(self._ids) > self.max_names:
+                self._ids.popitem(last=False)
+            return found
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class FileHashes:
+    """Adapter files' sha256, hashed again only when a file's inode, size or mtime changed (a request names
+    its adapter each time; its weights are not read each time). At most `max_files` paths are remembered
+    (LRU): a forgotten one is hashed again when asked for. Thread-safe."""
+
+    def __init__(self, max_files: int = MAX_HASHED_FILES) -> None:
+        if max_files < 1:
+            raise ValueError(f"FileHashes.max_files must be >= 1, got {max_files!r}")
+        self.max_files = max_files
+        self._hashes: OrderedDict[str, tuple[tuple[int, int, int], str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def sha256(self, path: Path) -> str:
+        """The file's sha256 hex. Raises OSError."""
+        st = path.stat()
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            known = self._hashes.get(str(path))
+            if known is not None and known[0] == key:
+                self._hashes.move_to_end(str(path))
+                return known[1]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        with self._lock:
+            self._hashes[str(path)] = (key, h.hexdigest())
+            self._hashes.move_to_end(str(path))
+            while len(self._hashes) > self.max_files:
+                self._hashes.popitem(last=False)
+        return h.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
 
 
 LORA_IDS = LoraIds()
-_hashes: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> ((inode, size, mtime_ns), sha256)
-_hashes_lock = threading.Lock()
+FILE_HASHES = FileHashes()
 
 
-def file_sha256(path: Path) -> str:
-    """The file's sha256 hex, hashed again only when its inode, size or mtime changed. Raises OSError."""
-    st = path.stat()
-    key = (st.st_ino, st.st_size, st.st_mtime_ns)
-    with _hashes_lock:
-        known = _hashes.get(str(path))
-    if known is not None and known[0] == key:
-        return known[1]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    with _hashes_lock:
-        _hashes[str(path)] = (key, h.hexdigest())
-    return h.hexdigest()
-
-
-def adapter_ref(adapters_dir: Path, adapter_id: str, ids: LoraIds = LORA_IDS) -> AdapterRef | None:
+def adapter_ref(
+    adapters_dir: Path, adapter_id: str, ids: LoraIds = LORA_IDS, hashes: FileHashes = FILE_HASHES
+) -> AdapterRef | None:
     """The adapter `adapter_id` under DATA_DIR/adapters, or None (logged) when it is not there or its files
     are not the ones its manifest names.
 
@@ -98,8 +143,8 @@ def adapter_ref(adapters_dir: Path, adapter_id: str, ids: LoraIds = LORA_IDS) ->
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     try:
-        found = file_sha256(directory / ADAPTER_WEIGHTS)
-        found_config = None if config_sha is None else file_sha256(directory / ADAPTER_CONFIG)
+        found = hashes.sha256(directory / ADAPTER_WEIGHTS)
+        found_config = None if config_sha is None else hashes.sha256(directory / ADAPTER_CONFIG)
     except OSError as exc:
         log.warning("adapter %s: unreadable files (%s)", adapter_id, exc)
         return None

@@ -11,7 +11,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serving.backends.vllm_request import AdapterRef, LoraIds, adapter_ref, cache_salt
+from serving.backends.vllm_request import (
+    MAX_HASHED_FILES,
+    MAX_LORA_NAMES,
+    AdapterRef,
+    FileHashes,
+    LoraIds,
+    adapter_ref,
+    cache_salt,
+)
 
 
 def test_the_salt_names_the_user_and_the_block_item_and_nothing_else():
@@ -78,6 +86,44 @@ def test_lora_ids_are_one_per_name_and_never_shared():
     names = [f"u{k}/v0001@v1-{k:016x}" for k in range(2000)]
     got = [ids.of(n) for n in names]
     assert got == list(range(1, 2001)) and [ids.of(n) for n in names] == got
+
+
+def test_lora_ids_are_bounded_and_a_forgotten_name_gets_a_new_id_never_an_old_one():
+    """Issue 27 item 6: the name -> id map keeps at most max_names (LRU); a name asked for again past the bound
+    gets the next id (vLLM loads it again), never one another name had."""
+    assert (LoraIds().max_names, FileHashes().max_files) == (MAX_LORA_NAMES, MAX_HASHED_FILES) == (4096, 4096)
+    ids = LoraIds(max_names=3)
+    assert [ids.of(n) for n in ("a", "b", "c")] == [1, 2, 3]
+    assert ids.of("a") == 1  # read again: now the most recent
+    assert ids.of("d") == 4 and len(ids) == 3  # "b", the least recent, is forgotten
+    assert list(ids._ids) == ["c", "a", "d"]
+    assert ids.of("b") == 5  # forgotten: a new id, not 2
+    many = LoraIds(max_names=100)
+    got = [many.of(f"u{k}/v0001@v1-{k:016x}") for k in range(100_000)]
+    assert got == list(range(1, 100_001)) and len(many) == 100
+    with pytest.raises(ValueError, match="LoraIds.max_names must be >= 1, got 0"):
+        LoraIds(max_names=0)
+
+
+def test_file_hashes_are_bounded_and_rehash_a_changed_or_forgotten_file(tmp_path, monkeypatch):
+    hashes = FileHashes(max_files=2)
+    paths = [tmp_path / f"f{k}" for k in range(3)]
+    for k, path in enumerate(paths):
+        path.write_bytes(b"x" * k)
+    reads: list[str] = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **kw: reads.append(str(p)) or real_open(p, *a, **kw))
+    assert [hashes.sha256(p) for p in paths] == [hashlib.sha256(b"x" * k).hexdigest() for k in range(3)]
+    assert len(hashes) == 2 and list(hashes._hashes) == [str(paths[1]), str(paths[2])]
+    reads.clear()
+    hashes.sha256(paths[2])  # remembered, unchanged: not read
+    assert reads == []
+    hashes.sha256(paths[0])  # forgotten: read again
+    paths[2].write_bytes(b"changed")  # changed (size): read again
+    assert hashes.sha256(paths[2]) == hashlib.sha256(b"changed").hexdigest()
+    assert reads == [str(paths[0]), str(paths[2])]
+    with pytest.raises(ValueError, match="FileHashes.max_files must be >= 1, got 0"):
+        FileHashes(max_files=0)
 
 
 def test_the_load_plan_puts_each_token_in_its_block_and_offset():
