@@ -33,18 +33,11 @@ from kvmem.adapters.manifest import (
     FactRef,
     user_key,
 )
+from kvmem.checksum import file_sha256
 
 log = logging.getLogger(__name__)
 
 ACTIVE_FILE = "active.json"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:

@@ -19,20 +19,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
+from kvmem.checksum import file_sha256
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.item import KVItem, KVItemMeta, tokens_sha
 
 FORMAT_VERSION = 1
-_CHUNK_BYTES = 1 << 22
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def item_paths(directory: Path, item_id: str) -> tuple[Path, Path]:
@@ -68,7 +60,7 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
         manifest = {
             "format": FORMAT_VERSION,
             "meta": item.meta.to_dict(),
-            "file_sha256": sha256_file(tmp_tensor),
+            "file_sha256": file_sha256(tmp_tensor),
             "file_bytes": tmp_tensor.stat().st_size,
         }
         with open(tmp_manifest, "w") as fh:
@@ -155,9 +147,7 @@ def verify_item(directory: str | os.PathLike, item_id: str, expected: Fingerprin
     `load_item` does."""
     manifest, meta, tensor_path = _checked_manifest(Path(directory), item_id, expected)
     try:
-        with open(tensor_path, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        if digest != manifest["file_sha256"]:
+        if file_sha256(tensor_path) != manifest["file_sha256"]:
             raise KVItemCorrupt(f"KV item {item_id}: tensor file fails its SHA-256 checksum")
         with safe_open(str(tensor_path), framework="pt") as f:
             names = set(f.keys())

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvmem.checksum import file_sha256
 from serving.backends.base import GenerationRequest
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class LoraIds:
 
 
 class FileHashes:
-    """Adapter files' sha256, hashed again only when a file's inode, size or mtime changed (a request names
+    """Adapter files' sha256 (kvmem.checksum.file_sha256), hashed again only when a file's inode, size or mtime changed (a request names
     its adapter each time; its weights are not read each time). At most `max_files` paths are remembered
     (LRU): a forgotten one is hashed again when asked for. Thread-safe."""
 
@@ -106,16 +107,13 @@ class FileHashes:
             if known is not None and known[0] == key:
                 self._hashes.move_to_end(str(path))
                 return known[1]
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        digest = file_sha256(path)
         with self._lock:
-            self._hashes[str(path)] = (key, h.hexdigest())
+            self._hashes[str(path)] = (key, digest)
             self._hashes.move_to_end(str(path))
             while len(self._hashes) > self.max_files:
                 self._hashes.popitem(last=False)
-        return h.hexdigest()
+        return digest
 
     def __len__(self) -> int:
         return len(self._hashes)
