@@ -1,5 +1,5 @@
 """Parametric memory: N synthetic user facts distilled into a LoRA on the default model, through the production
-job (scheduler.distill.distill_user over a plaintext store and the adapter registry), for N in --sizes.
+job (scheduler.distill.job.distill_user over a plaintext store and the adapter registry), for N in --sizes.
 
 Per size: training time, the three recalls on held-out gate questions (in context / adapter / base), damage on
 generic prompts (mean token KL, greedy agreement), the facts the adapter is served for (every gate question
@@ -111,9 +111,9 @@ def run_size(n: int, handle, args) -> dict:
     from kvmem.adapters import AdapterRegistry
     from kvmem.kv.layout import PromptLayout
     from kvmem.text import HashEmbedder, MemoryStore
-    from scheduler.distill import DistillConfig, distill_user
-    from scheduler.distill_select import SelectConfig
-    from scheduler.distill_train import TrainConfig
+    from scheduler.distill.job import DistillConfig, distill_user
+    from scheduler.distill.selection import SelectConfig
+    from scheduler.distill.train import TrainConfig
 
     texts = synthetic_facts(n, args.seed)
     layout = PromptLayout(handle.tokenizer)

@@ -207,7 +207,7 @@ def create_app(
     """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
     here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError).
     With `config.distill`, background distillation runs (serving/distill_service.py) with `distill_config`
-    (a scheduler.distill.DistillConfig; default: the scheduler's selection thresholds, training and gate
+    (a scheduler.distill.job.DistillConfig; default: the scheduler's selection thresholds, training and gate
     defaults). `formation`: the memory formation worker ("config": built from `config.extractor` and started
     here; None: turns are logged, nothing is formed)."""
     keyring = KeyRing.from_file(config.keys_path) if config.auth else None

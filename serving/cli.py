@@ -329,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from serving import build_cli
 
             return int(build_cli.main(argv[1:]) or 0)
-        if argv[:1] == ["distill"]:  # scheduler.distill_cli owns its flags (exit 3: not activated)
-            from scheduler import distill_cli
+        if argv[:1] == ["distill"]:  # scheduler.distill.cli owns its flags (exit 3: not activated)
+            from scheduler.distill import cli as distill_cli
 
             return distill_cli.main(argv[1:])
         args = build_parser().parse_args(argv)

@@ -1,13 +1,13 @@
 """`kvmem serve --distill`: the parametric tier kept up to date in the background of the server.
 
 A sweep thread wakes every `config.distill_interval_s` seconds (never on the request path) and, once the backend
-is loaded, hands to `scheduler.distill.DistillThread` (one job at a time, nice 19, one torch thread) each user
+is loaded, hands to `scheduler.distill.job.DistillThread` (one job at a time, nice 19, one torch thread) each user
 held in the plan book whose distillation candidates (the scheduler's selection policy, computed by its worker
 on every refresh) are not all trained into the adapter served to them (whether or not it is served for them)
 and were not already tried as they are now;
 at most `MAX_SUBMITS_PER_SWEEP` users per sweep. A store change that stops a user's adapter (the delete
 cascade, before the call returns) queues that user at once: a new version without the changed memory is
-trained, gated and activated only if it passes (scheduler.distill.distill_user, the CLI's job).
+trained, gated and activated only if it passes (scheduler.distill.job.distill_user, the CLI's job).
 
 Training runs on a private copy of the served model loaded from the same files (its fingerprint must equal the
 served one's, so the adapter's base-model binding holds): the served model is wrapped by peft in place and
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler import Scheduler
-from scheduler.distill import DistillConfig, DistillOutcome, DistillThread, distill_user
-from scheduler.distill_select import SelectConfig
+from scheduler.distill.job import DistillConfig, DistillOutcome, DistillThread, distill_user
+from scheduler.distill.selection import SelectConfig
 from serving.config import ServingConfig
 
 log = logging.getLogger(__name__)

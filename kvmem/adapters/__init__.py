@@ -1,5 +1,5 @@
 """Parametric memory: a user's stable memories distilled into LoRA adapters (peft safetensors + JSON manifest),
-versioned per user, one active version served. Training and gates live in scheduler/distill*."""
+versioned per user, one active version served. Training and gates live in scheduler/distill/."""
 
 from kvmem.adapters.active import ActiveAdapters
 from kvmem.adapters.manifest import (

@@ -11,7 +11,7 @@ from benchmarks import distill
 
 
 def test_synthetic_facts_parse_as_distinct_attribute_facts():
-    from scheduler.distill_data import parse_fact
+    from scheduler.distill.data import parse_fact
 
     texts = distill.synthetic_facts(50)
     facts = [parse_fact(f"m{i}", 1, t) for i, t in enumerate(texts)]

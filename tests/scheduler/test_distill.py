@@ -18,11 +18,11 @@ import torch  # noqa: E402
 import kvmem.text  # noqa: E402
 from kvmem.adapters import AdapterRegistry, text_sha  # noqa: E402
 from kvmem.kv.layout import PromptLayout  # noqa: E402
-from scheduler.distill import DistillConfig, distill_user  # noqa: E402
-from scheduler.distill_data import Example  # noqa: E402
-from scheduler.distill_gates import GateConfig, fully_recalled  # noqa: E402
-from scheduler.distill_select import SelectConfig  # noqa: E402
-from scheduler.distill_train import TrainConfig  # noqa: E402
+from scheduler.distill.data import Example  # noqa: E402
+from scheduler.distill.gates import GateConfig, fully_recalled  # noqa: E402
+from scheduler.distill.job import DistillConfig, distill_user  # noqa: E402
+from scheduler.distill.selection import SelectConfig  # noqa: E402
+from scheduler.distill.train import TrainConfig  # noqa: E402
 
 FAST = DistillConfig(
     select=SelectConfig(max_facts=2),
@@ -106,7 +106,7 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
 def test_a_memory_deleted_while_its_adapter_trains_leaves_no_version_on_disk(
     tmp_path, tiny_handle, monkeypatch
 ):
-    import scheduler.distill as job
+    import scheduler.distill.job as job
 
     store, _ = _store(tmp_path)
     train, deleted = job.train_adapter, []
@@ -131,8 +131,8 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
 ):
     """The job's retry policy. The tiny llama recalls nothing, so its first report is replaced by one where
     only the damage gate failed; both trainings and the second gates are real."""
-    import scheduler.distill as job
-    from scheduler.distill_gates import GateReport
+    import scheduler.distill.job as job
+    from scheduler.distill.gates import GateReport
 
     store, _ = _store(tmp_path)
     train, gates, configs, reports, given = job.train_adapter, job.run_gates, [], [], []
@@ -198,8 +198,8 @@ def test_the_stronger_replay_doubles_the_replay_prompts_and_their_weight():
 def test_a_second_attempt_on_the_first_ones_targets_trains_exactly_as_if_it_computed_them(tiny_handle):
     import peft
 
-    from scheduler.distill_data import parse_fact, training_examples
-    from scheduler.distill_train import train_adapter
+    from scheduler.distill.data import parse_fact, training_examples
+    from scheduler.distill.train import train_adapter
 
     layout = PromptLayout(tiny_handle.tokenizer)
     facts = [parse_fact("m1", 1, "My dog is called Miso."), parse_fact("m2", 1, "I live in Porto.")]
@@ -267,8 +267,8 @@ def test_the_cli_prints_a_table_then_one_json_line_and_exits_3_when_refused(tmp_
 
 
 def test_an_unanswerable_question_is_trained_toward_a_declining_reply(tiny_handle):
-    from scheduler.distill_data import DONT_KNOW, UNANSWERABLE_TRAIN, Example, declines
-    from scheduler.distill_train import _declining_reply, chat_ids, greedy_text, reply_ids
+    from scheduler.distill.data import DONT_KNOW, UNANSWERABLE_TRAIN, Example, declines
+    from scheduler.distill.train import _declining_reply, chat_ids, greedy_text, reply_ids
 
     layout, tok, model = PromptLayout(tiny_handle.tokenizer), tiny_handle.tokenizer, tiny_handle.model
     config = TrainConfig(replay_tokens=6, top_k=8)

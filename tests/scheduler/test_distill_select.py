@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.distill_data import (
+from scheduler.distill.data import (
     RELATIONS,
     UNANSWERABLE_GATE,
     UNANSWERABLE_TRAIN,
@@ -16,9 +16,9 @@ from scheduler.distill_data import (
     unanswerable_gate,
     valid_questions,
 )
-from scheduler.distill_gates import GENERIC_GATE
-from scheduler.distill_select import MemoryInfo, SelectConfig, select_facts
-from scheduler.distill_train import GENERIC_TRAIN
+from scheduler.distill.gates import GENERIC_GATE
+from scheduler.distill.selection import MemoryInfo, SelectConfig, select_facts
+from scheduler.distill.train import GENERIC_TRAIN
 from scheduler.heat import HeatStats
 
 DAY = 24 * 3600.0

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from scheduler.distill import DistillThread
+from scheduler.distill.job import DistillThread
 
 
 def test_jobs_run_one_at_a_time_at_low_priority_with_one_torch_thread():

@@ -1,5 +1,5 @@
 """`kvmem serve --distill` on the tiny llama: the server's own background distillation (serving/distill_service.py
-over scheduler.distill's DistillThread and job). A change of a memory held by the active adapter stops it
+over scheduler.distill.job's DistillThread and job). A change of a memory held by the active adapter stops it
 before the call returns and queues a new version without that memory, trained, gated and written by the real
 job; the periodic sweep queues a user whose candidates no served adapter holds, once per candidate set, and
 never one whose adapter holds them all. The tiny model's adapters fail the recall gate (it learns nothing in 2
@@ -25,10 +25,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from kvmem.adapters import AdapterRegistry, FactRef, text_sha  # noqa: E402
 from kvmem.text import HashEmbedder, MemoryStore  # noqa: E402
 from scheduler import SchedulerConfig  # noqa: E402
-from scheduler.distill import DistillConfig  # noqa: E402
-from scheduler.distill_gates import GateConfig  # noqa: E402
-from scheduler.distill_select import SelectConfig  # noqa: E402
-from scheduler.distill_train import TrainConfig  # noqa: E402
+from scheduler.distill.gates import GateConfig  # noqa: E402
+from scheduler.distill.job import DistillConfig  # noqa: E402
+from scheduler.distill.selection import SelectConfig  # noqa: E402
+from scheduler.distill.train import TrainConfig  # noqa: E402
 from scheduler.queue import Task  # noqa: E402
 from serving.app import create_app  # noqa: E402
 from serving.cli import UsageError, build_parser, config_from_args  # noqa: E402

@@ -13,9 +13,9 @@ peft = pytest.importorskip("peft")
 
 from kvmem.adapters import AdapterRegistry  # noqa: E402
 from kvmem.kv.layout import PromptLayout  # noqa: E402
-from scheduler.distill import GATE_SEED_OFFSET, DistillConfig, distill_user  # noqa: E402
-from scheduler.distill_data import gate_questions, recalled  # noqa: E402
-from scheduler.distill_train import TrainConfig  # noqa: E402
+from scheduler.distill.data import gate_questions, recalled  # noqa: E402
+from scheduler.distill.job import GATE_SEED_OFFSET, DistillConfig, distill_user  # noqa: E402
+from scheduler.distill.train import TrainConfig  # noqa: E402
 from tests.serving.kvstack import load_backend, served  # noqa: E402
 
 # passed at 157e439 on the loaded 2-core CPU in 22.7 min (training stopped at step 70 on a validation plateau, the

@@ -1,7 +1,7 @@
 """Training a user's LoRA adapter on its facts (the facts NOT in the student's prompt). Per step, one batch of
 three kinds of sequences, each scored token by token:
 
-- fact prompts (questions in several phrasings, both directions, statements; distill_data.training_examples):
+- fact prompts (questions in several phrasings, both directions, statements; data.training_examples):
   cross-entropy on the gold reply, plus KL to the base model WITH the facts in its prompt (the serving
   layout's memory block) on that reply: prompt distillation;
 - unanswerable questions (about the user, answered by no fact): cross-entropy on, and KL to, the base model's
@@ -10,7 +10,7 @@ three kinds of sequences, each scored token by token:
 - replay: KL to the base model on its greedy continuations of generic prompts, so the rest stays as it was.
 
 LoRA on every linear layer, alpha = 2r (Biderman et al.); seeded. Every `eval_every` steps the validation set
-(templates disjoint from training AND from the gates: distill_data.valid_questions) is answered greedily; the
+(templates disjoint from training AND from the gates: data.valid_questions) is answered greedily; the
 LoRA weights of the best validation point are kept, and training stops once every validation question is
 recalled with no more non-declining answers to the unanswerable validation questions than the base model
 gives, or once validation stops improving. Trains a deep copy: the caller's model is never modified. Runs in
@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from scheduler.distill_data import Example, Fact, declines, recalled, valid_questions
+from scheduler.distill.data import Example, Fact, declines, recalled, valid_questions
 
 log = logging.getLogger(__name__)
 
-# Generic prompts for the replay term (the gate's damage set is another list: distill_gates.GENERIC_GATE).
+# Generic prompts for the replay term (the gate's damage set is another list: gates.GENERIC_GATE).
 GENERIC_TRAIN = (
     "What is the capital of Italy?",
     "Give me a tip for sleeping better.",
@@ -334,7 +334,7 @@ def train_adapter(
     targets: Targets | None = None,
 ) -> TrainResult:
     """Distil `facts` into a LoRA on a copy of `model`. `examples` are the training prompts
-    (distill_data.training_examples); the teacher sees every fact's text in its block. `targets`: those of an
+    (data.training_examples); the teacher sees every fact's text in its block. `targets`: those of an
     earlier attempt on the same facts and examples (`TrainResult.targets`), not computed again."""
     import peft
 

@@ -1,5 +1,5 @@
 """The gates an adapter must pass before it is served, measured on questions from templates and a seed that
-training never used (distill_data.gate_questions):
+training never used (data.gate_questions):
 
 - recall: with the adapter and NO memory in the prompt, at least `min_recall_ratio` of the recall the base
   model has with the facts in its prompt, and above 0; the base model's recall without them is reported, not
@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from scheduler.distill_data import Example, declines
-from scheduler.distill_train import chat_ids, greedy_text, recall, recall_hits
+from scheduler.distill.data import Example, declines
+from scheduler.distill.train import chat_ids, greedy_text, recall, recall_hits
 
 GENERIC_GATE = (
     "What is the capital of France?",

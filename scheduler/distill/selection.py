@@ -1,6 +1,6 @@
 """Which of a user's memories go into their next adapter: a pure policy over memories, their heat and the clock.
 
-A memory is chosen when it states a fact the distiller can phrase and check (distill_data.parse_fact), has
+A memory is chosen when it states a fact the distiller can phrase and check (data.parse_fact), has
 been stable (not created or changed) for `min_stable_s`, was used at least `min_uses` times, and no other
 memory of the user about the same thing changed recently or says otherwise (a contradiction: both stay
 KV/text until one is deleted or has been stable for long). Hottest first, at most `max_facts`. `every=True`
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.distill_data import Fact, fact_key, parse_fact
+from scheduler.distill.data import Fact, fact_key, parse_fact
 from scheduler.heat import HeatStats
 
 

@@ -88,9 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvmem.models import load_model
     from kvmem.text import MemoryStore
     from scheduler.config import SchedulerConfig
-    from scheduler.distill import DistillConfig, distill_user
-    from scheduler.distill_select import SelectConfig
-    from scheduler.distill_train import TrainConfig
+    from scheduler.distill.job import DistillConfig, distill_user
+    from scheduler.distill.selection import SelectConfig
+    from scheduler.distill.train import TrainConfig
     from scheduler.heat import HeatTable
 
     data = DataDir.at(args.data_dir)

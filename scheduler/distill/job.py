@@ -4,7 +4,7 @@ version is served only for the facts whose every gate question it answered (its 
 adapter refused by the damage gate alone is trained once more with a stronger replay term, and only the
 attempt that is kept is written.
 
-Composes distill_select (policy), distill_train (training), distill_gates (gates) and kvmem.adapters (files);
+Composes selection (policy), train (training), gates (gates) and kvmem.adapters (files);
 computes nothing itself. Blocking and slow (minutes on CPU): the CLI runs it in the foreground, the server in
 `DistillThread` (one low-priority thread with few torch threads), never on the request path.
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
 from kvmem.adapters.active import facts_current
-from scheduler.distill_data import gate_questions, training_examples, unanswerable_gate
-from scheduler.distill_gates import GateConfig, GateReport, run_gates
-from scheduler.distill_select import MemoryInfo, SelectConfig, Selection, select_facts
-from scheduler.distill_train import Targets, TrainConfig, TrainResult, train_adapter
+from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
+from scheduler.distill.gates import GateConfig, GateReport, run_gates
+from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
+from scheduler.distill.train import Targets, TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
 
 log = logging.getLogger(__name__)
