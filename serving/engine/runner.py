@@ -56,8 +56,8 @@ class StepPlan(Cache):
             out_index.append(torch.arange(n) + r * qmax)
             start += n
         self.write = torch.cat(write).to(device)
-        self.gather = torch.stack(gather).to(device)  # [B, Kmax] slots
-        self.q_index = torch.stack(q_index).to(device)  # [B, Qmax] packed positions
+        self.gather = torch.cat(gather).to(device)  # [B * Kmax] slots, row by row
+        self.q_index = torch.cat(q_index).to(device)  # [B * Qmax] packed positions, row by row
         self.out_index = torch.cat(out_index).to(device)  # [T] into [B * Qmax]
         q = torch.arange(qmax)[None, :, None]
         k = torch.arange(kmax)[None, None, :]
@@ -82,16 +82,17 @@ class StepPlan(Cache):
 def _paged_attention(module, query, key, value, attention_mask, *, kvmem_step: StepPlan, scaling=None, **kw):
     st, layer = kvmem_step, module.layer_idx
     k_pool, v_pool = st.pool.k[layer], st.pool.v[layer]  # [slots, kv_heads, dim]
-    k_pool[st.write] = key[0].transpose(0, 1).to(k_pool.dtype)
-    v_pool[st.write] = value[0].transpose(0, 1).to(v_pool.dtype)
-    k = k_pool[st.gather].transpose(1, 2)  # [B, kv_heads, Kmax, dim]
-    v = v_pool[st.gather].transpose(1, 2)
-    q = query[0][:, st.q_index].transpose(0, 1)  # [B, heads, Qmax, dim]
+    k_pool.index_copy_(0, st.write, key[0].transpose(0, 1).to(k_pool.dtype))
+    v_pool.index_copy_(0, st.write, value[0].transpose(0, 1).to(v_pool.dtype))
+    b, qmax, kmax = st.shape
+    k = k_pool.index_select(0, st.gather).view(b, kmax, *k_pool.shape[1:]).transpose(1, 2)  # [B, kv, K, d]
+    v = v_pool.index_select(0, st.gather).view(b, kmax, *v_pool.shape[1:]).transpose(1, 2)
+    heads, dim = query.shape[1], query.shape[3]
+    q = query[0].index_select(1, st.q_index).view(heads, b, qmax, dim).transpose(0, 1)  # [B, heads, Q, d]
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=st.mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
+        q, k, v, attn_mask=st.mask, scale=scaling, enable_gqa=heads != k.shape[1]
     )
-    b, heads, qmax, dim = out.shape
-    out = out.transpose(1, 2).reshape(b * qmax, heads, dim)[st.out_index]
+    out = out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, st.out_index)
     return out.unsqueeze(0), None  # [1, T, heads, dim], as the attention interface returns
 
 
