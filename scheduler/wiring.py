@@ -1,29 +1,38 @@
-"""The server's one plan pipeline: a `scheduler.Scheduler` built over the serving backend, and its plans as JSON.
+"""The server's one plan pipeline: a `Scheduler` built over a serving backend and the plaintext store.
 
-`make_scheduler` wires the scheduler to the plaintext store and to the backend through `BackendBlockMaker`
-(blocks are prefilled by the backend, in the scheduler's worker, off the request path). `plan_dict` is the
-`GET /v1/memories/plan` body. Knows nothing of policy: which memories form a block is the scheduler's call.
+`make_scheduler` wires the scheduler to the store and to the backend through `BackendBlockMaker` (blocks are
+prefilled by the backend, in the scheduler's worker, off the request path). The backend and the server's
+settings are taken by what they provide (`ServerSettings`), so this module imports nothing of serving. Knows
+nothing of policy: which memories form a block is the scheduler's call; nor of HTTP (the plan's JSON body is
+serving.protocol.plan_dict).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from scheduler import Plan, Scheduler, SchedulerConfig
-from serving.backends.base import Backend
-from serving.config import ServingConfig
+from scheduler.config import SchedulerConfig
+from scheduler.service import Scheduler
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
 
+class ServerSettings(Protocol):
+    """What the wiring reads of the server's settings (serving.config.ServingConfig provides it)."""
+
+    data_dir: Path
+    block_token_budget: int
+    scheduler_redis_url: str | None
+
+
 class BackendBlockMaker:
     """The scheduler's `BlockMaker` over a serving backend: build, drop and warm blocks through it."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Any):  # a serving.backends.base.Backend
         self.backend = backend
         find = getattr(backend, "find_block", None)  # the fake backend has none: nothing to restore
         if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
@@ -80,15 +89,15 @@ class BackendBlockMaker:
         return self.backend.subscribe_dropped(callback)
 
 
-def serving_scheduler_config(config: ServingConfig) -> SchedulerConfig:
+def serving_scheduler_config(config: ServerSettings) -> SchedulerConfig:
     """The scheduler settings the server runs with (`kvmem build` plans with the same)."""
     return SchedulerConfig(user_block_tokens=config.block_token_budget)
 
 
 def make_scheduler(
-    config: ServingConfig,
+    config: ServerSettings,
     store: Any,
-    backend: Backend,
+    backend: Any,
     *,
     scheduler_config: SchedulerConfig | None = None,
     clock: Callable[[], float] = time.time,
@@ -118,37 +127,3 @@ def make_scheduler(
             lambda user_id, facts: facts_current(store, user_id, facts),
         ),
     )
-
-
-def plan_dict(plan: Plan) -> dict[str, Any]:
-    """The `GET /v1/memories/plan` body for one plan."""
-    block = plan.block
-    return {
-        "block": None
-        if block is None
-        else {
-            "item_id": block.item_id,
-            "memory_ids": list(block.memory_ids),
-            "tokens": block.num_tokens,
-            "bytes": block.num_bytes,
-            "tier": "kv",
-            "adapter": block.adapter,  # the served adapter name its K/V were computed under, or None
-        },
-        "adapter": None
-        if plan.adapter is None
-        else {
-            "id": plan.adapter.adapter_id,
-            "version": plan.adapter.version,
-            "name": plan.adapter.name,
-            "memory_ids": list(plan.adapter.memory_ids),  # served from it: not in the prompt
-            "trained_ids": list(
-                plan.adapter.trained_ids
-            ),  # in its weights (those it did not fully recall too)
-            "tier": "lora",
-        },
-        "updated_at": (
-            None
-            if plan.updated_at is None
-            else datetime.fromtimestamp(plan.updated_at, timezone.utc).isoformat()
-        ),
-    }

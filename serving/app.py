@@ -27,6 +27,7 @@ from kvmem.formation.rules import slot_of
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
+from scheduler.wiring import make_scheduler
 from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
@@ -44,7 +45,6 @@ from serving.idempotency import (
 from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines
 from serving.openapi import openapi_with_400
-from serving.plans import make_scheduler, plan_dict
 from serving.protocol import (
     AddMemoriesRequest,
     ApiError,
@@ -53,6 +53,7 @@ from serving.protocol import (
     SearchMemoriesRequest,
     UpdateMemoryRequest,
     bad_request,
+    plan_dict,
 )
 from serving.storage import StorageHealth, open_store, storage_failure
 

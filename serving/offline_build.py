@@ -1,7 +1,7 @@
 """`kvmem build` over a data dir: the blocks the server will serve, built before it serves them.
 
 The block of a user is the one the server's scheduler would choose: `OfflinePlanner` runs the scheduler itself
-(`scheduler.Scheduler`, its config from `serving.plans.scheduler_config`, as `make_scheduler` builds it) over
+(`scheduler.Scheduler`, its config from `scheduler.wiring.serving_scheduler_config`, as `make_scheduler` builds it) over
 the data dir's plaintext store and its persisted heat, read-only (a live server's heat is not written), and
 calls the worker's own `refresh` per user with a `BlockMaker` over a kvmem `BlockBuilder`. A stored item that
 verifies is found again by its content address and not rebuilt, so a job resumes; the weights are loaded only
@@ -21,8 +21,8 @@ from tqdm import tqdm
 from kvmem.datadir import DataDir
 from kvmem.kv.build_job import SKIP, STOP, attempt
 from scheduler import Scheduler
+from scheduler.wiring import serving_scheduler_config
 from serving.config import ServingConfig
-from serving.plans import serving_scheduler_config
 
 
 class OfflineBlockMaker:

@@ -7,9 +7,13 @@ fields are ignored. Response builders return plain dicts in exactly OpenAI's sha
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+if TYPE_CHECKING:
+    from scheduler import Plan
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -254,3 +258,37 @@ def chunk_dict(
     if memory is not None:
         out["memory"] = memory
     return out
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    """The `GET /v1/memories/plan` body for one plan."""
+    block = plan.block
+    return {
+        "block": None
+        if block is None
+        else {
+            "item_id": block.item_id,
+            "memory_ids": list(block.memory_ids),
+            "tokens": block.num_tokens,
+            "bytes": block.num_bytes,
+            "tier": "kv",
+            "adapter": block.adapter,  # the served adapter name its K/V were computed under, or None
+        },
+        "adapter": None
+        if plan.adapter is None
+        else {
+            "id": plan.adapter.adapter_id,
+            "version": plan.adapter.version,
+            "name": plan.adapter.name,
+            "memory_ids": list(plan.adapter.memory_ids),  # served from it: not in the prompt
+            "trained_ids": list(
+                plan.adapter.trained_ids
+            ),  # in its weights (those it did not fully recall too)
+            "tier": "lora",
+        },
+        "updated_at": (
+            None
+            if plan.updated_at is None
+            else datetime.fromtimestamp(plan.updated_at, timezone.utc).isoformat()
+        ),
+    }

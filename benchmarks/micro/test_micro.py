@@ -33,9 +33,9 @@ def test_plan_read(benchmark, tmp_path):
     """The server's plan read: `Scheduler.get` of the scheduler `create_app` builds (fake backend), one user
     with a published block."""
     from kvmem.text import HashEmbedder, MemoryStore
+    from scheduler.wiring import make_scheduler
     from serving.backends.fake import FakeBackend
     from serving.config import ServingConfig
-    from serving.plans import make_scheduler
 
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
     config = ServingConfig(data_dir=tmp_path, backend="fake", block_token_budget=4096)

@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 from kvmem.datadir import DataDir
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler
+from scheduler.wiring import make_scheduler
 from serving.app import create_app
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
-from serving.plans import make_scheduler
 
 
 def save_tiny_model(directory: Path, handle: Any) -> Path:

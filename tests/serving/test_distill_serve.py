@@ -30,10 +30,10 @@ from scheduler.distill.job import DistillConfig  # noqa: E402
 from scheduler.distill.selection import SelectConfig  # noqa: E402
 from scheduler.distill.train import TrainConfig  # noqa: E402
 from scheduler.queue import Task  # noqa: E402
+from scheduler.wiring import make_scheduler  # noqa: E402
 from serving.app import create_app  # noqa: E402
 from serving.cli import UsageError, build_parser, config_from_args  # noqa: E402
 from serving.config import ServingConfig  # noqa: E402
-from serving.plans import make_scheduler  # noqa: E402
 from tests.serving.kvstack import load_backend  # noqa: E402
 
 DOG, PORTO, ACME = "My dog is called Miso.", "I live in Porto.", "I work at Acme."

@@ -8,10 +8,11 @@ from fastapi.testclient import TestClient
 
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
+from scheduler.wiring import make_scheduler
 from serving.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
-from serving.plans import make_scheduler, plan_dict
+from serving.protocol import plan_dict
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 
 

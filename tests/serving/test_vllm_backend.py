@@ -269,9 +269,9 @@ def test_a_client_leaving_aborts_the_request_and_admission_is_bounded(backend):
 
 def test_the_openai_client_against_the_app_on_the_vllm_backend(backend, tmp_path):
     import kvmem.text
+    from scheduler.wiring import make_scheduler
     from serving.app import create_app
     from serving.config import ServingConfig
-    from serving.plans import make_scheduler
     from tests.serving.conftest import TickClock, live_server
 
     texts = ["I live in Lisbon with my sister.", "My dog is a golden retriever called Miso."]
