@@ -19,10 +19,10 @@ from pathlib import Path
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
 from kvmem.kv.cascade import disk_metas, matcher
+from kvmem.kv.eviction import EntryStats, eviction_policy
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item, verify_item
 from kvmem.kv.item import KVItem, KVItemMeta
-from kvmem.kv.policy import EntryStats, eviction_policy
 from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
 
 log = logging.getLogger(__name__)

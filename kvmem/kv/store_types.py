@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvmem.kv.policy import eviction_policy
+from kvmem.kv.eviction import eviction_policy
 
 
 @dataclass(frozen=True)
