@@ -1,6 +1,6 @@
 """`kvmem build`'s command line: flags, model and store set-up, exit codes (0 ok, 1 a line, a user or the job
-failed, 2 bad arguments). Without `--input`, every user's block as the server will serve it
-(serving.offline_build); with it, the lines' blocks (kvmem.kv.build_job). The weights load only when a block
+failed, 2 bad arguments). Without `--input`, every user's block as the server will serve it; with it, the
+lines' blocks (both jobs: serving.offline_build). The weights load only when a block
 must be prefilled (kvmem.kv.lazy_model)."""
 
 from __future__ import annotations
@@ -79,12 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from kvmem.kv import knowledge
     from kvmem.kv.blocks import BlockBuilder
-    from kvmem.kv.build_job import run_build
     from kvmem.kv.layout import PromptLayout
     from kvmem.kv.lazy_model import LazyHandle
     from kvmem.kv.store import KVStoreConfig, TieredKVStore
     from kvmem.models import resolve_device
-    from serving.offline_build import OfflinePlanner, run_users
+    from serving.offline_build import OfflinePlanner, run_build, run_users
 
     planner = None
     try:

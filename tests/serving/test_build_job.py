@@ -1,5 +1,5 @@
-"""`kvmem build`: builds every good line, reports bad lines by number and carries on, exits 1 if any
-failed, resumes (valid items skipped, corrupt ones rebuilt)."""
+"""`kvmem build --input` (serving.offline_build.run_build): builds every good line, reports bad lines by
+number and carries on, exits 1 if any failed, resumes (valid items skipped, corrupt ones rebuilt)."""
 
 from __future__ import annotations
 
