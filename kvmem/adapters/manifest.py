@@ -52,6 +52,13 @@ class FactRef:
     text_sha: str
 
 
+def adapter_name(adapter_id: str, version: int, weights_sha256: str) -> str:
+    """The served name of an adapter version (vLLM's LoRARequest name, the transformers backend's peft adapter
+    name): its id, version and the weights' hash, so new weights are never served under an old name. The one
+    place the name is built (AdapterManifest.name; serving's vLLM request from the files' manifest)."""
+    return f"{adapter_id}@v{version}-{weights_sha256[:16]}"
+
+
 @dataclass(frozen=True)
 class AdapterManifest:
     user_id: str
@@ -83,7 +90,7 @@ class AdapterManifest:
     def name(self) -> str:
         """The served name (vLLM's LoRARequest name, the transformers backend's peft adapter name): carries
         the version and the weights' hash, so new weights are never served under an old name."""
-        return f"{self.adapter_id}@v{self.version}-{self.sha256[:16]}"
+        return adapter_name(self.adapter_id, self.version, self.sha256)
 
     @property
     def memory_ids(self) -> tuple[str, ...]:

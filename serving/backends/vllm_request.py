@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvmem.adapters.manifest import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE, adapter_name
 from kvmem.checksum import file_sha256
 from serving.backends.base import GenerationRequest
 
@@ -43,9 +44,8 @@ class AdapterRef:
     path: str
 
 
-ADAPTER_MANIFEST = "kvmem_adapter.json"  # beside the peft files; the parametric tier's registry writes it
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
+# beside the peft files; the parametric tier's registry writes them (kvmem.adapters.manifest's names)
+ADAPTER_MANIFEST, ADAPTER_WEIGHTS, ADAPTER_CONFIG = MANIFEST_FILE, WEIGHTS_FILE, CONFIG_FILE
 
 
 # Bounds of the two per-process maps below (issue 27 item 6): adapter names whose vLLM id is remembered and
@@ -151,7 +151,7 @@ def adapter_ref(
             "adapter %s: its files do not match its manifest (version %d); not served", adapter_id, version
         )
         return None
-    name = f"{adapter_id}@v{version}-{sha[:16]}"
+    name = adapter_name(adapter_id, version, sha)
     return AdapterRef(name=name, int_id=ids.of(name), path=str(directory))
 
 
