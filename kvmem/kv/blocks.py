@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import KVItem, build_item, item_id_for
+from kvmem.kv.item import KVItem, build_item, item_from_kv, item_id_for
 from kvmem.kv.layout import PromptLayout
 from kvmem.kv.store import TieredKVStore
 
@@ -179,6 +179,36 @@ class BlockBuilder:
         prefix = self._prefix_item(user_id, memory_ids, ids, adapter)
         return PendingBlock(user_id, memory_ids, ids, prefix, adapter)
 
+    def stored_parent(self, pending: PendingBlock) -> tuple[KVItem | None, bool]:
+        """(the stored knowledge item the block is a child of, or None; whether the layout has knowledge that
+        is not stored yet and must be built first). File reads only: for an I/O thread."""
+        if not self.share_knowledge or pending.adapter:
+            return None, False
+        from kvmem.kv.knowledge import knowledge_item_id
+
+        item_id = knowledge_item_id(self.layout, self.handle.fingerprint)
+        if item_id is None:
+            return None, False
+        if self.store.contains(item_id):
+            try:
+                parent = self.store.get(item_id)
+            except KVItemError:
+                return None, True  # dropped by the store: rebuilt
+            return (parent if tuple(pending.ids[: parent.num_tokens]) == parent.token_ids else None), False
+        return None, True
+
+    def item_from_kv(self, pending: PendingBlock, kv, parent: KVItem | None) -> KVItem:
+        """The block's item from the K/V of all its tokens (computed by the engine over `pending.prefix or
+        parent`); a child of `parent` as `prefill` makes it."""
+        item = item_from_kv(
+            pending.ids,
+            kv,
+            user_id=pending.user_id,
+            memory_ids=pending.memory_ids,
+            fingerprint=self.handle.fingerprint.under(pending.adapter),
+        )
+        return self._child_of(item, parent)
+
     def prefill(self, pending: PendingBlock) -> KVItem:
         """The block's KV item (the model's part; nothing stored). Under shared knowledge it is the knowledge
         item's child (its file will hold the user's own tokens' K/V only); the knowledge item is built here
@@ -199,6 +229,10 @@ class BlockBuilder:
             prefix=pending.prefix or parent,
             fingerprint=self.handle.fingerprint.under(pending.adapter),
         )
+        return self._child_of(item, parent)
+
+    @staticmethod
+    def _child_of(item: KVItem, parent: KVItem | None) -> KVItem:
         if parent is not None:  # its own tokens' K/V (a tensor of their own), the parent's by reference
             k = parent.num_tokens
             meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=k)

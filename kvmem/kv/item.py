@@ -206,7 +206,19 @@ def build_item(
         )
         kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
     del cache
-    # kv: [layers, 2, kv_heads, tokens, head_dim]
+    return item_from_kv(ids, kv, user_id=user_id, memory_ids=memory_ids, fingerprint=fingerprint)
+
+
+def item_from_kv(
+    ids: tuple[int, ...],
+    kv: torch.Tensor,
+    *,
+    user_id: str,
+    memory_ids: tuple[str, ...] | list[str],
+    fingerprint: Fingerprint,
+) -> KVItem:
+    """The item of `ids` whose K/V a forward computed: kv [layers, 2, kv_heads, tokens, head_dim]."""
+    ids = tuple(ids)
     num_layers, _, num_heads, num_tokens, head_dim = kv.shape
     assert num_tokens == len(ids), (num_tokens, len(ids))
     meta = KVItemMeta(

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ from serving.backends.base import (
     TopLogprob,
 )
 from serving.backends.detok import IncrementalDetokenizer, TokenPieces
-from serving.backends.model_loop import ModelLoop
+from serving.backends.model_loop import LoopClosed, ModelLoop
 from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
 
@@ -195,10 +195,70 @@ class TransformersBackend(StoredBlocksBackend):
             ).result()
             if isinstance(found, BuiltBlock):  # a valid one is stored
                 return found
-            item = self._loop.call(lambda: prefill(found))  # the model's part only
+            if self.pool is not None and adapter_id is None:  # chunked prefills in the engine's steps
+                item = self._build_in_engine(found)
+            else:
+                item = self._loop.call(lambda: prefill(found))  # the model's part only
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+
+    def _build_in_engine(self, pending):
+        """The block's item, its K/V computed by the engine as a request's prefill is: in chunks, in the steps
+        every stream runs, so a long build never stalls them. The knowledge item (when the layout has one and
+        it is not stored yet) first, the same way. Files are read and written on the I/O threads only."""
+        from kvmem.kv.item import item_from_kv
+        from kvmem.kv.knowledge import KNOWLEDGE_OWNER
+
+        parent, missing = self._io.submit(self.builder.stored_parent, pending).result()
+        if missing:
+            ids = tuple(self.layout.knowledge_ids)
+            kv = self._engine_kv(ids, None)
+            parent = item_from_kv(
+                ids, kv, user_id=KNOWLEDGE_OWNER, memory_ids=(), fingerprint=self.handle.fingerprint
+            )
+            self._io.submit(self.store.put, parent).result()
+        kv = self._engine_kv(pending.ids, pending.prefix or parent)
+        return self.builder.item_from_kv(pending, kv, parent)
+
+    def _engine_kv(self, ids, prefix) -> object:
+        """The K/V of all `ids` ([layers, 2, kv_heads, n, head_dim]) from a prefill in the engine's steps over
+        the pages of `prefix` (an item whose tokens start ids, or None). Blocks the calling thread."""
+        future: Future = Future()
+        self._loop.start(self._prefill_steps(list(ids), prefix, future))
+        return future.result()
+
+    def _prefill_steps(self, ids, prefix, future: Future):
+        """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V."""
+        from kvmem.kv import Sampling
+        from serving.engine.sequence import admit
+
+        seq = None
+        try:
+            for seq in admit(
+                self.pool,
+                self.handle.model,
+                ids,
+                item=prefix,
+                max_new_tokens=1,
+                wait_s=self.config.kv_wait_s,
+                sampling=Sampling(max_new_tokens=1),
+                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            ):
+                if seq is None:
+                    yield
+            yield seq  # the batcher sends its token once every id's K/V is in its pages
+            future.set_result(seq.table.read(len(ids)))
+        except GeneratorExit:
+            if not future.done():
+                future.set_exception(LoopClosed("the model loop closed during a build"))
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the building thread
+            if not future.done():
+                future.set_exception(exc)
+        finally:
+            if seq is not None:
+                seq.release()
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""

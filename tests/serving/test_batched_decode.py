@@ -144,3 +144,61 @@ def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(ch
     while len(backend._loop._batcher) and time.monotonic() < deadline:
         time.sleep(0.001)
     assert len(backend._loop._batcher) == 0
+
+
+def test_a_block_build_goes_in_chunks_between_a_running_streams_steps(chunked_backend):
+    """A build is a prefill in the engine's steps: each chunk packed with the running stream's decode step
+    (the stream never waits for the whole block); the stream keeps its tokens alone; the built item's K/V
+    equal build_item's to within rounding, and a request over it answers as a full prefill does."""
+    import threading
+
+    import torch
+
+    from kvmem.kv import Sampling, build_item, generate
+
+    backend = chunked_backend
+    texts = [f"Memory {i}: I keep {i} beehives on the hill behind the old mill." for i in range(8)]
+    found = backend.builder.lookup("builder", texts, [f"b{i}" for i in range(len(texts))])
+    n = len(found.ids)
+    assert n > 5 * CHUNK
+    running = request(backend, "running", "Hi", 40)
+    alone = asyncio.run(tokens_of(backend, running))[0]
+    shapes, hook = record_shapes(backend.handle.model)
+    built: list = []
+
+    async def stream_while_building():
+        stream = backend.stream(running)
+        ids = [(await anext(stream)).token_ids[0]]  # running is decoding
+        shapes.append("build")
+        worker = threading.Thread(
+            target=lambda: built.append(
+                backend.build_block("builder", texts, [f"b{i}" for i in range(len(texts))])
+            )
+        )
+        worker.start()
+        async for item in stream:
+            if isinstance(item, TokenDelta):
+                ids.extend(item.token_ids)
+        await asyncio.to_thread(worker.join, 30)
+        return ids
+
+    try:
+        got = asyncio.run(stream_while_building())
+        wait_released(backend)
+    finally:
+        hook.remove()
+    assert got == alone and len(built) == 1 and built[0].num_tokens == n
+    after = shapes[shapes.index("build") + 1 :]
+    chunks = [CHUNK] * (n // CHUNK) + ([n % CHUNK] if n % CHUNK else [])
+    first = after.index((1, chunks[0] + 1))
+    assert after[first : first + len(chunks)] == [(1, c + 1) for c in chunks]  # each with a decode step
+    item = backend.store.get(built[0].item_id)
+    reference = build_item(backend.handle, found.ids, user_id="builder")
+    assert item.token_ids == reference.token_ids
+    assert torch.allclose(item.kv, reference.kv, atol=1e-5, rtol=1e-4)
+    ids = backend.layout_prompt(
+        texts, [], [{"role": "user", "content": "How many hives?"}], item.token_ids
+    ).ids
+    full = list(generate(backend.handle.model, ids, sampling=Sampling(max_new_tokens=8)))
+    assert list(generate(backend.handle.model, ids, item=item, sampling=Sampling(max_new_tokens=8))) == full
+    assert backend.pool.used_pages == backend.pool.shared.page_count()
