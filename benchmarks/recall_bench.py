@@ -1,10 +1,14 @@
 """Retrieval recall on real multi-session conversations: recall@5/@10 and MRR per search mode and category.
 
 Run: python -m benchmarks.conversations                    # once: REALTALK into ~/.cache/kvmem/datasets/realtalk
-     python -m benchmarks.recall_bench --split report --out out/recall_report.json
+     python -m benchmarks.recall_bench --split report --vector-cache V.npz \
+        --out benchmarks/results/cpu/recall_bench/recall_report_rerank.json
 Each conversation is one user; each turn one memory, added session by session as chat messages (role = the
-speaker's name, content = the text, chat_time = the message's time) through MemoryStore, the code the
-memory routes call. Each question is searched as it is written (top_k 10, no filters) in every mode; a
+speaker's name, content = the text, chat_time = the message's time; with --speaker-in metadata, role 'user'
+and the speaker in the memory's metadata, as an import of a multi-party log) through MemoryStore, the code the
+memory routes call. Modes: keyword, dense, first_stage (hybrid without its second stage) and hybrid (the
+store's default: first stage, then the reranker over its top candidates); plus a speaker probe (questions
+naming one speaker, and the same questions naming the other one). Each question is searched as it is written (top_k 10, no filters) in every mode; a
 question scores the share of its evidence turns in the top 5 / 10, and 1/rank of the first one (MRR@10).
 Tunable values were picked on split 'tune' (odd chats) and are reported on 'report' (even chats). Prints a
 table; the last stdout line is one JSON document (git sha included).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import re
 import tempfile
 import time
 from collections import defaultdict
@@ -26,7 +31,7 @@ from benchmarks.common import git_sha, write_outputs
 from benchmarks.conversations import REALTALK_COMMIT, REALTALK_REPO, Conversation, load_split
 from kvmem.text import Embedder, MemoryStore, TextStoreConfig, load_embedder
 
-MODES = ("keyword", "dense", "hybrid")
+MODES = ("keyword", "dense", "first_stage", "hybrid")  # first_stage: hybrid without its second stage
 KS = (5, 10)
 DEFAULT_DATA_DIR = Path.home() / ".cache/kvmem/datasets/realtalk"
 
@@ -95,23 +100,76 @@ class CachedEmbedder:
         self._dirty = False
 
 
-def load_conversations(store: MemoryStore, conversations: list[Conversation]) -> dict[str, dict[str, str]]:
-    """Adds every conversation (one user each) session by session; returns user -> dia_id -> memory id."""
+SPEAKER_IN = ("role", "metadata")
+
+
+def load_conversations(
+    store: MemoryStore, conversations: list[Conversation], speaker_in: str = "role"
+) -> dict[str, dict[str, str]]:
+    """Adds every conversation (one user each) session by session; returns user -> dia_id -> memory id.
+
+    speaker_in 'role': each turn is a chat message whose role is the speaker's name; 'metadata': as an import
+    of a multi-party log, role 'user' with the speaker in the memory's metadata (one add per run of turns by
+    the same speaker, since metadata is per add call)."""
+    assert speaker_in in SPEAKER_IN, speaker_in
     ids: dict[str, dict[str, str]] = {}
     for conversation in conversations:
         user_id = f"realtalk/{conversation.name}"
         ids[user_id] = {}
         for session in conversation.sessions:
-            memories = store.add(
-                user_id,
-                messages=[
-                    {"role": t.speaker, "content": t.text, "chat_time": t.chat_time} for t in session.turns
-                ],
-                session_id=session.session_id,
-            )
-            for turn, memory in zip(session.turns, memories, strict=True):
-                ids[user_id][turn.dia_id] = memory.id
+            runs = [[t] for t in session.turns] if speaker_in == "metadata" else [list(session.turns)]
+            if speaker_in == "metadata":
+                merged: list[list] = []
+                for run in runs:
+                    if merged and merged[-1][0].speaker == run[0].speaker:
+                        merged[-1].extend(run)
+                    else:
+                        merged.append(run)
+                runs = merged
+            for run in runs:
+                memories = store.add(
+                    user_id,
+                    messages=[
+                        {
+                            "role": "user" if speaker_in == "metadata" else t.speaker,
+                            "content": t.text,
+                            "chat_time": t.chat_time,
+                        }
+                        for t in run
+                    ],
+                    session_id=session.session_id,
+                    metadata={"speaker": run[0].speaker} if speaker_in == "metadata" else None,
+                )
+                for turn, memory in zip(run, memories, strict=True):
+                    ids[user_id][turn.dia_id] = memory.id
     return ids
+
+
+def speaker_probe(
+    store: MemoryStore, conversations: list[Conversation], ids: dict[str, dict[str, str]]
+) -> dict:
+    """Hybrid recall@10 on the questions that name exactly one of the chat's two speakers ('named'), and on the
+    same questions with that name swapped for the other speaker's ('wrong_name', scored against the same
+    evidence): a speaker lift that is too strong wins on the first and collapses on the second."""
+    named: list[QuestionScore] = []
+    wrong: list[QuestionScore] = []
+    for conversation in conversations:
+        user_id = f"realtalk/{conversation.name}"
+        speakers = sorted({t.speaker for s in conversation.sessions for t in s.turns})
+        if len(speakers) != 2:
+            continue
+        for question in conversation.questions:
+            words = {w.lower() for w in re.findall(r"\w+", question.text)}
+            hit = [s for s in speakers if s.lower() in words]
+            if not question.evidence or len(hit) != 1:
+                continue
+            other = speakers[1 - speakers.index(hit[0])]
+            swapped = re.sub(rf"\b{re.escape(hit[0])}\b", other, question.text, flags=re.IGNORECASE)
+            evidence = [ids[user_id][e] for e in question.evidence]
+            for text, out in ((question.text, named), (swapped, wrong)):
+                ranked = [h.memory.id for h in store.search(user_id, text, top_k=max(KS))]
+                out.append(score_ranking(ranked, evidence))
+    return {"named": summarize(named), "wrong_name": summarize(wrong)}
 
 
 def evaluate(
@@ -123,18 +181,24 @@ def evaluate(
         overall: list[QuestionScore] = []
         by_category: dict[str, list[QuestionScore]] = defaultdict(list)
         timings: list[float] = []
+        config = store.config
+        if mode == "first_stage":
+            store.config = dataclasses.replace(config, rerank="none")
         for conversation in conversations:
             user_id = f"realtalk/{conversation.name}"
             for question in conversation.questions:
                 if not question.evidence:
                     continue
                 start = time.perf_counter()
-                hits = store.search(user_id, question.text, top_k=max(KS), mode=mode)
+                hits = store.search(
+                    user_id, question.text, top_k=max(KS), mode=mode.replace("first_stage", "hybrid")
+                )
                 timings.append(time.perf_counter() - start)
                 ranked = [h.memory.id for h in hits]
                 score = score_ranking(ranked, [ids[user_id][e] for e in question.evidence])
                 overall.append(score)
                 by_category[question.category].append(score)
+        store.config = config
         result[mode] = summarize(overall)
         result[mode]["by_category"] = {c: summarize(s) for c, s in sorted(by_category.items())}
         result[mode]["search_ms_p50"] = round(float(np.median(timings)) * 1000, 3) if timings else None
@@ -178,6 +242,7 @@ def run(
     overrides: dict,
     vector_cache: Path | None,
     workdir: Path | None = None,
+    speaker_in: str = "role",
 ) -> dict:
     conversations = load_split(data_dir, split)
     base = load_embedder(embedder_spec)
@@ -187,12 +252,13 @@ def run(
         path = Path(workdir or tmp) / "recall.db"
         start = time.perf_counter()
         with MemoryStore(path, embedder=embedder, config=config) as store:
-            ids = load_conversations(store, conversations)
+            ids = load_conversations(store, conversations, speaker_in)
             embedder.save()
             load_s = time.perf_counter() - start
             recall = evaluate(store, conversations, ids)
+            probe = speaker_probe(store, conversations, ids)
             embedder.save()
-    keyword, dense, hybrid = (recall[m]["recall@10"] for m in MODES)
+    keyword, dense, first_stage, hybrid = (recall[m]["recall@10"] for m in MODES)
     return {
         "benchmark": "kvmem.text recall on real conversations",
         "git_sha": git_sha(),
@@ -201,6 +267,7 @@ def run(
             "source": REALTALK_REPO,
             "commit": REALTALK_COMMIT,
             "split": split,
+            "speaker_in": speaker_in,
             **dataset_stats(conversations),
         },
         "embedder": embedder.name,
@@ -208,6 +275,12 @@ def run(
         "load_s": round(load_s, 2),
         "recall": recall,
         "hybrid_margin_at_10": round(hybrid - max(keyword, dense), 4),
+        "margin_at_10": {
+            "over_keyword": round(hybrid - keyword, 4),
+            "over_dense": round(hybrid - dense, 4),
+            "over_first_stage": round(hybrid - first_stage, 4),
+        },
+        "speaker_probe": probe,
     }
 
 
@@ -229,6 +302,17 @@ def print_table(result: dict) -> None:
         cats = " ".join(f"{r['by_category'][c]['recall@10']:11.3f}" for c in categories)
         print(f"{mode:8s} {r['recall@5']:7.3f} {r['recall@10']:7.3f} {r['mrr']:7.3f} {cats}")
     print(f"hybrid R@10 minus the best single leg: {result['hybrid_margin_at_10']:+.3f}")
+    margin = result["margin_at_10"]
+    print(
+        f"hybrid R@10 minus keyword {margin['over_keyword']:+.3f}, dense {margin['over_dense']:+.3f}, "
+        f"first stage {margin['over_first_stage']:+.3f}"
+    )
+    probe = result["speaker_probe"]
+    print(
+        f"questions naming one speaker ({probe['named'].get('num_questions', 0)}): R@10 "
+        f"{probe['named'].get('recall@10', float('nan')):.3f}; the other speaker named instead: "
+        f"{probe['wrong_name'].get('recall@10', float('nan')):.3f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,9 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vector-cache", type=Path, default=None, help="npz of text vectors reused across runs"
     )
+    parser.add_argument(
+        "--speaker-in", default="role", choices=SPEAKER_IN, help="where a turn's speaker goes"
+    )
     parser.add_argument("--out", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
-    result = run(args.data_dir, args.split, args.embedder, parse_overrides(args.set), args.vector_cache)
+    result = run(
+        args.data_dir,
+        args.split,
+        args.embedder,
+        parse_overrides(args.set),
+        args.vector_cache,
+        speaker_in=args.speaker_in,
+    )
     print_table(result)
     write_outputs(result, args.out)
     return 0

@@ -1,18 +1,21 @@
 """Search latency for one user with 10k memories among 100k, through MemoryStore (the code the routes call).
 
-Run: python -m benchmarks.search_latency --out FILE.json [--searches 200]
+Run: python -m benchmarks.search_latency --out benchmarks/results/cpu/recall_bench/search_latency_rerank.json
 The bulk memories are store_bench's (same texts, users and times), but their vectors are random unit vectors
 filed under the real embedder's name, so nothing bulk is embedded (an exact scan costs the same whatever the
-values); every query is embedded by the real embedder, distinct queries so none comes from a cache. Per mode:
+values); every query is embedded by the real embedder, distinct queries so none comes from a cache. Modes: keyword,
+dense, first_stage (hybrid without its second stage) and hybrid (with it: the store's default). Per mode:
 wall time and this process's CPU time per search (all its threads: the embedder's pool too), p50 / p90 / p99, after 20 warm-up searches. CPU time is
 what the search itself costs; wall time also holds the waits of a shared machine, whose load is recorded
 (`others_cpu_share`: other processes' share of all cores over the run). The last stdout line is one JSON
-document (git sha included).
+document (git sha included). Then the index time: 100 adds of one chat message each to the same user
+(embedding included), p50 / p90 / p99.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import random
 import tempfile
@@ -23,8 +26,12 @@ import numpy as np
 
 from benchmarks.common import OthersCpu, env_info, write_outputs
 from benchmarks.memory_dataset import generate
-from benchmarks.store_bench import FULL, MODES, write_bulk_dump
+from benchmarks.store_bench import FULL, write_bulk_dump
 from kvmem.text import MemoryStore, load_embedder
+
+# first_stage: hybrid without its second stage (rerank='none'), timed in the same run as hybrid with it
+MODES = ("keyword", "dense", "first_stage", "hybrid")
+NUM_ADDS = 100
 
 
 class RandomVectors:
@@ -69,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
             store.import_jsonl(dump)
             questions = [q.text for q in generate(3, 6, 20, args.seed).questions]
             rng = random.Random(args.seed)
+            config = store.config
             for mode in MODES:
                 queries = [f"{rng.choice(questions)} ({mode} {i})" for i in range(args.searches + 20)]
                 wall, cpu = [], []
+                store.config = dataclasses.replace(config, rerank="none") if mode == "first_stage" else config
                 for i, query in enumerate(queries):
                     w0, c0 = time.perf_counter(), time.process_time()
-                    store.search("big-user", query, top_k=10, mode=mode)
+                    store.search("big-user", query, top_k=10, mode=mode.replace("first_stage", "hybrid"))
                     if i >= 20:
                         wall.append(time.perf_counter() - w0)
                         cpu.append(time.process_time() - c0)
@@ -85,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
                     "slowest_cpu": [[queries[20 + j], round(cpu[j] * 1000, 3)] for j in slowest],
                 }
                 print(mode, result[mode], flush=True)
+            store.config = config
+            adds = []  # index time per memory: one chat message per add, embedding included
+            for i in range(NUM_ADDS + 5):
+                w0 = time.perf_counter()
+                store.add(
+                    "big-user", messages=[{"role": "user", "content": f"{rng.choice(questions)} ({i})"}]
+                )
+                if i >= 5:
+                    adds.append(time.perf_counter() - w0)
+            result["add_wall_ms"] = pct(adds)
+            print("add", result["add_wall_ms"], flush=True)
             result["big_user_memories"] = store.count("big-user")
             result["file_memories"] = sum(store.count_by_user().values())
     result["env"] = {**env_info("cpu"), "others_cpu_share": others.share()}

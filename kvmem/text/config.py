@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 _SYNC_MODES = ("FULL", "NORMAL")
 _FUSIONS = ("rrf",)
+_RERANKERS = ("none", "ltr", "llm")  # kvmem.text.rerank.RERANKERS
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,10 @@ class TextStoreConfig:
         previous / next turn in the same session (so replies are found by the words of what they answer).
     dense_neighbour_weight: hybrid only; a dense candidate's cosine adds this times the mean cosine of its
         previous and next turn in the same session.
-    speaker_weight: hybrid only; lift of candidates whose speaker (role's first word) the query names.
+    speaker_weight: hybrid only; lift of candidates whose speaker the query names (the memory's metadata
+        'speaker' if it has one, else its role's first word: rerank_features.speaker_of). 0.1, chosen on tune
+        as the largest lift that keeps recall@10 on questions naming the wrong speaker within 10% of no lift
+        (0.3 raised questions naming the right one 0.533 -> 0.557 and cut the others 0.485 -> 0.305).
         The hybrid defaults were chosen on the 'tune' split of REALTALK (real multi-session dialogue,
         benchmarks/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
         leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
@@ -33,6 +37,15 @@ class TextStoreConfig:
     time_weight: hybrid only; lift of candidates whose chat_time lies in the time the query names ("last
         week", "in May", "29 Dec 2023": kvmem/text/when.py), its end extended by time_slack_days (what
         happened on a day is often told the next).
+    window_weight: hybrid only; RRF weight of a third leg, the windowed dense leg: the query's cosine with a
+        turn's vector summed with its previous and next turn's (search.window_leg). 0 leaves the leg out.
+    rerank: hybrid's second stage over the first stage's top rerank_depth: 'ltr' (learning to rank over
+        features the first stage has, weights from rerank_weights: None = the JSON shipped in the package,
+        kvmem/text/rerank_weights.json), 'llm' (the served LLM as a pointwise judge, rerank_llm_url /
+        rerank_llm_model; off by default) or 'none'. Weights that are missing, corrupt or for another
+        feature set are refused when the store opens, with a log line, and search keeps the first stage.
+        rerank_depth: how many of the first stage's best the second stage reorders (200 held 0.85 of the
+        tune split's evidence, 50 held 0.69; the rest keep the first stage's order below them).
     num_candidates: how many hits each search leg hands to fusion (at least top_k).
     num_keyword_candidates: hybrid only; how many BM25 hits are spread to their neighbours before fusion.
     vector_cache_bytes: bound on the in-process per-user vector matrices used by the dense scan.
@@ -51,10 +64,16 @@ class TextStoreConfig:
     dense_weight: float = 0.5
     neighbour_weight: float = 0.5
     dense_neighbour_weight: float = 0.3
-    speaker_weight: float = 0.3
+    speaker_weight: float = 0.1
     time_weight: float = 1.0
     time_slack_days: int = 1
-    num_candidates: int = 50
+    window_weight: float = 0.0
+    rerank: str = "ltr"
+    rerank_depth: int = 200
+    rerank_weights: str | None = None
+    rerank_llm_url: str | None = None
+    rerank_llm_model: str = ""
+    num_candidates: int = 200
     num_keyword_candidates: int = 200
     vector_cache_bytes: int = 512 * 1024 * 1024
     embed_batch_size: int = 64
@@ -69,6 +88,7 @@ class TextStoreConfig:
             "num_candidates",
             "num_keyword_candidates",
             "embed_batch_size",
+            "rerank_depth",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -90,9 +110,16 @@ class TextStoreConfig:
             "dense_neighbour_weight",
             "speaker_weight",
             "time_weight",
+            "window_weight",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TextStoreConfig.{name} must be a number >= 0, got {value!r}")
+        if self.rerank not in _RERANKERS:
+            raise ValueError(f"TextStoreConfig.rerank must be one of {_RERANKERS}, got {self.rerank!r}")
+        for name in ("rerank_weights", "rerank_llm_url"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"TextStoreConfig.{name} must be a non-empty string or None, got {value!r}")
         if self.keyword_weight == 0 and self.dense_weight == 0:
             raise ValueError("TextStoreConfig.keyword_weight and dense_weight cannot both be 0")

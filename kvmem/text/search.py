@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import logging
 import re
 import sqlite3
 from collections.abc import Callable
@@ -24,8 +26,12 @@ import numpy as np
 from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.filters import SearchFilters, filter_sql
-from kvmem.text.vectors import UserVectors, VectorCache, speaker_key, top_k_by_dot
+from kvmem.text.rerank import Reranker, RerankerUnavailable, apply_scores
+from kvmem.text.rerank_features import LegScores, candidate_features, speaker_of
+from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
 from kvmem.text.when import parse_query_time
+
+logger = logging.getLogger(__name__)
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 
@@ -75,19 +81,29 @@ class FusedHit:
 
 
 def reciprocal_rank_fusion(
-    keyword: list[int], dense: list[int], k: int, keyword_weight: float, dense_weight: float
+    keyword: list[int],
+    dense: list[int],
+    k: int,
+    keyword_weight: float,
+    dense_weight: float,
+    window: list[int] | None = None,
+    window_weight: float = 0.0,
 ) -> list[FusedHit]:
-    """RRF: score = sum over legs of weight / (k + rank), scaled so a row first in both legs scores 1.0.
+    """RRF: score = sum over legs of weight / (k + rank), scaled so a row first in every leg scores 1.0.
 
-    Ties are broken by the better single-leg rank, then by rowid, so the order is deterministic.
+    `window` is the optional third leg (windowed dense, `window_leg`), weighed `window_weight`. Ties are
+    broken by the better keyword / dense rank, then by rowid, so the order is deterministic.
     """
     keyword_rank = {rowid: rank for rank, rowid in enumerate(keyword, start=1)}
     dense_rank = {rowid: rank for rank, rowid in enumerate(dense, start=1)}
-    best = keyword_weight / (k + 1) + dense_weight / (k + 1)
+    window = window if window and window_weight > 0 else []
+    window_rank = {rowid: rank for rank, rowid in enumerate(window, start=1)}
+    best = keyword_weight / (k + 1) + dense_weight / (k + 1) + (window_weight / (k + 1) if window else 0.0)
     hits = []
-    for rowid in dict.fromkeys([*keyword, *dense]):
-        kr, dr = keyword_rank.get(rowid), dense_rank.get(rowid)
+    for rowid in dict.fromkeys([*keyword, *dense, *window]):
+        kr, dr, wr = keyword_rank.get(rowid), dense_rank.get(rowid), window_rank.get(rowid)
         score = (keyword_weight / (k + kr) if kr else 0.0) + (dense_weight / (k + dr) if dr else 0.0)
+        score += window_weight / (k + wr) if wr else 0.0
         hits.append(FusedHit(rowid=rowid, score=score / best, keyword_rank=kr, dense_rank=dr))
     hits.sort(key=lambda h: (-h.score, min(h.keyword_rank or 1 << 30, h.dense_rank or 1 << 30), h.rowid))
     return hits
@@ -130,7 +146,7 @@ def user_rows(
     if entry is None:
         served = "m.state = 'active'" + ("" if include_superseded else " AND m.valid_to IS NULL")
         rows = conn.execute(
-            "SELECT v.rowid, v.vec, m.session_id, m.role, m.text FROM memory_vectors v JOIN memories m "
+            "SELECT v.rowid, v.vec, m.session_id, m.role, m.text, m.metadata FROM memory_vectors v JOIN memories m "
             f"ON m.rowid = v.rowid WHERE v.user_id = ? AND {served} ORDER BY v.rowid",
             (user_id,),
         ).fetchall()
@@ -140,12 +156,19 @@ def user_rows(
             rowids=np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
             matrix=matrix,  # [n, dim]
             sessions=np.array([r[2] for r in rows], dtype=object),
-            speakers=np.array([speaker_key(r[3]) for r in rows], dtype=object),
+            speakers=np.array([speaker_of(r[3], _speaker_metadata(r[5])) for r in rows], dtype=object),
             lengths=np.fromiter((bm25.num_tokens(r[4]) for r in rows), dtype=np.int64, count=len(rows)),
         )
         if not include_superseded:
             vectors.put(user_id, entry)
     return entry
+
+
+def _speaker_metadata(metadata_json: str | None) -> dict | None:
+    """The metadata of a row, parsed only when it may hold a speaker (most rows' metadata is '{}')."""
+    if not metadata_json or '"speaker"' not in metadata_json:
+        return None
+    return json.loads(metadata_json)
 
 
 def rowids_in_time(conn: sqlite3.Connection, user_id: str, start: str, end: str) -> np.ndarray:
@@ -237,6 +260,98 @@ def lift(ranked: list[tuple[int, float]], mask: np.ndarray, weight: float) -> li
     return lifted
 
 
+def window_leg(
+    entry: UserVectors | None, query_vector: np.ndarray, allowed: np.ndarray | None, limit: int
+) -> list[tuple[int, float]]:
+    """(rowid, windowed cosine) best first: the query's cosine with the normalized sum of a turn's vector and
+    its previous and next turn's (the turn read with its neighbours), from the stored vectors, so indexing
+    embeds nothing more. Ties: lower rowid first."""
+    if entry is None or entry.rowids.shape[0] == 0:
+        return []
+    scores = entry.matrix @ query_vector.astype(np.float32)  # [n]
+    prev, nxt = entry.neighbours
+    total = scores + np.where(prev >= 0, scores[prev], 0.0) + np.where(nxt >= 0, scores[nxt], 0.0)  # [n]
+    total = total / _window_norms(entry)
+    rowids = entry.rowids
+    if allowed is not None:
+        keep = np.isin(rowids, allowed)
+        total, rowids = total[keep], rowids[keep]
+    k = min(limit, total.shape[0])
+    if k == 0:
+        return []
+    part = np.argpartition(-total, k - 1)[:k] if k < total.shape[0] else np.arange(total.shape[0])
+    order = part[np.lexsort((rowids[part], -total[part]))]
+    return [(int(rowids[i]), float(total[i])) for i in order]
+
+
+_WINDOW_NORMS: dict[int, tuple[UserVectors, np.ndarray]] = {}
+
+
+def _window_norms(entry: UserVectors) -> np.ndarray:
+    """|v_prev + v + v_next| per row of `entry`, computed once per entry (a few entries are remembered)."""
+    held = _WINDOW_NORMS.get(id(entry))
+    if held is not None and held[0] is entry:
+        return held[1]
+    prev, nxt = entry.neighbours
+    zeros = np.zeros_like(entry.matrix)
+    window = entry.matrix + np.where((prev >= 0)[:, None], entry.matrix[np.maximum(prev, 0)], zeros)
+    window += np.where((nxt >= 0)[:, None], entry.matrix[np.maximum(nxt, 0)], zeros)  # [n, dim]
+    norms = np.maximum(np.linalg.norm(window, axis=1), 1e-6)  # [n]
+    if len(_WINDOW_NORMS) >= 16:
+        _WINDOW_NORMS.pop(next(iter(_WINDOW_NORMS)))
+    _WINDOW_NORMS[id(entry)] = (entry, norms)
+    return norms
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Hybrid's first stage: the fused ranking (rowid, score) best first, and each leg's 1-based ranks."""
+
+    ranked: list[tuple[int, float]]
+    keyword_rank: dict[int, int]
+    dense_rank: dict[int, int]
+
+
+def fuse_hybrid(
+    keyword: list[tuple[int, float]],
+    dense: list[tuple[int, float]],
+    config: TextStoreConfig,
+    entry: UserVectors | None = None,
+    query: str = "",
+    allowed: np.ndarray | None = None,
+    in_time: np.ndarray | None = None,
+    window: list[tuple[int, float]] | None = None,
+) -> Fused:
+    """Hybrid's first stage (see fuse_legs), with the ranks each leg gave its candidates."""
+    if entry is not None:
+        keyword = spread_to_neighbours(keyword, entry, config.neighbour_weight, allowed)
+    keyword = keyword if config.keyword_weight > 0 else []  # a leg weighted 0 adds no zero-score rows
+    dense = dense if config.dense_weight > 0 else []
+    keyword_ids = [r for r, _ in keyword[: config.num_candidates]]
+    dense_ids = [r for r, _ in dense[: config.num_candidates]]
+    fused = reciprocal_rank_fusion(
+        keyword_ids,
+        dense_ids,
+        config.rrf_k,
+        config.keyword_weight,
+        config.dense_weight,
+        [r for r, _ in (window or [])[: config.num_candidates]],
+        config.window_weight,
+    )
+    keyword_rank = {r: i for i, r in enumerate(keyword_ids, start=1)}
+    dense_rank = {r: i for i, r in enumerate(dense_ids, start=1)}
+    ranked = [(h.rowid, h.score) for h in fused]
+    if entry is None or not ranked:
+        return Fused(ranked, keyword_rank, dense_rank)
+    if config.speaker_weight > 0:
+        ranked = lift(ranked, named_speakers(query, entry, [r for r, _ in ranked]), config.speaker_weight)
+    if in_time is not None and config.time_weight > 0:
+        ranked = lift(
+            ranked, np.isin(np.array([r for r, _ in ranked], dtype=np.int64), in_time), config.time_weight
+        )
+    return Fused(ranked, keyword_rank, dense_rank)
+
+
 def fuse_legs(
     mode: str,
     keyword: list[tuple[int, float]],
@@ -260,27 +375,24 @@ def fuse_legs(
         return keyword
     if mode == "dense":
         return dense
-    if entry is not None:
-        keyword = spread_to_neighbours(keyword, entry, config.neighbour_weight, allowed)
-    keyword = keyword if config.keyword_weight > 0 else []  # a leg weighted 0 adds no zero-score rows
-    dense = dense if config.dense_weight > 0 else []
-    fused = reciprocal_rank_fusion(
-        [r for r, _ in keyword[: config.num_candidates]],
-        [r for r, _ in dense[: config.num_candidates]],
-        config.rrf_k,
-        config.keyword_weight,
-        config.dense_weight,
-    )
-    ranked = [(h.rowid, h.score) for h in fused]
-    if entry is None or not ranked:
-        return ranked
-    if config.speaker_weight > 0:
-        ranked = lift(ranked, named_speakers(query, entry, [r for r, _ in ranked]), config.speaker_weight)
-    if in_time is not None and config.time_weight > 0:
-        ranked = lift(
-            ranked, np.isin(np.array([r for r, _ in ranked], dtype=np.int64), in_time), config.time_weight
-        )
-    return ranked
+    return fuse_hybrid(keyword, dense, config, entry, query, allowed, in_time).ranked
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The first stage's top candidates of one hybrid search, as the second stage sees them."""
+
+    ranked: list[tuple[int, float]]  # (rowid, first-stage score), best first
+    memory_ids: list[str]  # [n]
+    texts: list[str]  # [n]
+    features: np.ndarray  # [n, NUM_FEATURES] float64
+
+
+def texts_by_rowid(conn: sqlite3.Connection, rowids: list[int]) -> dict[int, tuple[str, str]]:
+    """rowid -> (memory id, text) of these memory rows (the caller's user's, chosen by the first stage)."""
+    marks = ",".join("?" * len(rowids))
+    rows = conn.execute(f"SELECT rowid, id, text FROM memories WHERE rowid IN ({marks})", rowids).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
 
 
 def rank_rows(
@@ -296,13 +408,18 @@ def rank_rows(
     config: TextStoreConfig,
     clock: Callable[[], datetime],
     include_superseded: bool = False,
+    reranker: Reranker | None = None,
+    keep_candidates: list[Candidates] | None = None,
 ) -> list[tuple[int, float]]:
     """(rowid, score) of this user's served memories (with `include_superseded`, active ones) for `query` in
     `mode`, best first, inside the caller's read snapshot. Hybrid reads the time the query names relative to
-    `clock` (when.py). Both legs, the BM25 statistics and the neighbours come from the same rows (`user_rows`)."""
+    `clock` (when.py); then, with a `reranker`, its top `rerank_depth` are reordered by it (the second
+    stage; a RerankerUnavailable keeps the first stage's order, with a log line). Both legs, the BM25
+    statistics and the neighbours come from the same rows (`user_rows`). `keep_candidates`, if given,
+    receives the second stage's input (training and benchmarks)."""
     num_candidates = max(config.num_candidates, top_k)
     num_keyword = max(config.num_keyword_candidates, num_candidates) if mode == "hybrid" else num_candidates
-    when = parse_query_time(query, clock) if mode == "hybrid" and config.time_weight > 0 else None
+    when = parse_query_time(query, clock) if mode == "hybrid" else None
     entry = user_rows(conn, vectors, dim, user_id, include_superseded)
     allowed = allowed_rowids(conn, user_id, filters)
     keyword: list[tuple[int, float]] = []
@@ -318,4 +435,27 @@ def rank_rows(
         dense = dense_leg(entry, query_vector, allowed, num_candidates, spread)
     if num_candidates != config.num_candidates:
         config = dataclasses.replace(config, num_candidates=num_candidates)
-    return fuse_legs(mode, keyword, dense, config, entry, query, allowed, in_time)
+    if mode != "hybrid":
+        return fuse_legs(mode, keyword, dense, config, entry, query, allowed, in_time)
+    window = window_leg(entry, query_vector, allowed, num_candidates) if config.window_weight > 0 else None
+    time_lift = in_time if config.time_weight > 0 else None
+    fused = fuse_hybrid(keyword, dense, config, entry, query, allowed, time_lift, window)
+    if entry is None or not fused.ranked or (reranker is None and keep_candidates is None):
+        return fused.ranked
+    depth = min(config.rerank_depth, len(fused.ranked))
+    head = fused.ranked[:depth]
+    rows = texts_by_rowid(conn, [r for r, _ in head])
+    ids, texts = [rows[r][0] for r, _ in head], [rows[r][1] for r, _ in head]
+    legs = LegScores(keyword, fused.keyword_rank, fused.dense_rank, in_time, tuple(keyword_terms(query)))
+    features = candidate_features(head, legs, entry, query_vector, query, texts)
+    candidates = Candidates(head, ids, texts, features)
+    if keep_candidates is not None:
+        keep_candidates.append(candidates)
+    if reranker is None:
+        return fused.ranked
+    try:
+        scores = reranker.score(query, candidates.texts, candidates.features)
+    except RerankerUnavailable as exc:
+        logger.warning("reranker %s unavailable (%s); search keeps the first-stage order", reranker.name, exc)
+        return fused.ranked
+    return apply_scores(fused.ranked, np.asarray(scores, dtype=np.float64))

@@ -11,6 +11,7 @@ are mixed in. Knows nothing of HTTP, KV items or scheduling.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import uuid
@@ -49,6 +50,8 @@ from kvmem.text.formed import FormationWrites
 from kvmem.text.jsonl import ON_CONFLICT, dumps_jsonl, export_jsonl, import_jsonl
 from kvmem.text.log import ConversationLog
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
+from kvmem.text.rerank import Reranker, RerankerLoadError, build_reranker
+from kvmem.text.rerank_features import speaker_of
 from kvmem.text.rows import (
     COLUMNS,
     CURRENT,
@@ -63,10 +66,12 @@ from kvmem.text.rows import (
     write_version,
 )
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, rank_rows
-from kvmem.text.vectors import VectorCache, speaker_key
+from kvmem.text.search import SEARCH_MODES, Candidates, rank_rows
+from kvmem.text.vectors import VectorCache
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
+
+logger = logging.getLogger(__name__)
 
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 
@@ -101,6 +106,8 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
         self._check_embedder()
+        self._rerankers: dict[tuple, Reranker | None] = {}
+        self._reranker()  # a bad weights file is refused (and logged) when the store opens, not mid-search
 
     # ----------------------------------------------------------------- connections and events
 
@@ -133,6 +140,19 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
     def _embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for texts, [n, dim] float32 (see embedding.embed_texts)."""
         return embed_texts(self.embedder, texts, self._query_cache)
+
+    def _reranker(self) -> Reranker | None:
+        """The second stage the current config names, built once per (name, weights, endpoint); None for
+        'none', or when it was refused: then a log line says why and hybrid search keeps the first stage."""
+        config = self.config
+        key = (config.rerank, config.rerank_weights, config.rerank_llm_url, config.rerank_llm_model)
+        if key not in self._rerankers:
+            try:
+                self._rerankers[key] = build_reranker(*key)
+            except RerankerLoadError as exc:
+                logger.error("reranker %r refused: %s; hybrid search uses the first-stage order", key[0], exc)
+                self._rerankers[key] = None
+        return self._rerankers[key]
 
     # ----------------------------------------------------------------- add
 
@@ -196,7 +216,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
             gen = bump_generation(tx.conn, user_id)
             rowid_array = np.asarray(rowids, dtype=np.int64)
             sessions = [session_id] * len(memories)
-            speakers = [speaker_key(m.role) for m in memories]
+            speakers = [speaker_of(m.role, m.metadata) for m in memories]
             lengths = [num_tokens(m.text) for m in memories]
             tx.after_commit.append(
                 lambda: self._vectors.append(
@@ -363,6 +383,30 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
 
     # ----------------------------------------------------------------- search
 
+    def search_candidates(self, user_id: str, query: str) -> Candidates | None:
+        """The second stage's input for a hybrid search of `query` (the first stage's top rerank_depth with
+        their features and texts), or None when the user has no candidates. For fitting and measuring
+        rerankers (benchmarks/rerank_train.py); search itself never needs it."""
+        check_user_id(user_id)
+        check_text(query, self.config.max_text_tokens, self.config.max_text_chars, "query")
+        kept: list[Candidates] = []
+        with self._db.snapshot() as conn:
+            rank_rows(
+                conn,
+                self._vectors,
+                self.embedder.dim,
+                user_id,
+                query,
+                self._embed([query])[0],
+                parse_filters(None),
+                "hybrid",
+                10,
+                self.config,
+                self._clock,
+                keep_candidates=kept,
+            )
+        return kept[0] if kept else None
+
     def search(
         self,
         user_id: str,
@@ -402,6 +446,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
                 self.config,
                 self._clock,
                 include_superseded,
+                self._reranker() if mode == "hybrid" else None,
             )
         if min_score is not None:
             ranked = [(r, s) for r, s in ranked if s >= min_score]

@@ -65,10 +65,19 @@ def test_bench_runs_on_the_sample(tmp_path):
         "load_s",
         "recall",
         "hybrid_margin_at_10",
+        "margin_at_10",
+        "speaker_probe",
     }
+    assert set(result["margin_at_10"]) == {"over_keyword", "over_dense", "over_first_stage"}
+    # Q1-Q3 name one of their chat's two speakers; Q4 names both
+    assert (
+        result["speaker_probe"]["named"]["num_questions"]
+        == result["speaker_probe"]["wrong_name"]["num_questions"]
+    )
     assert {k: v for k, v in result["dataset"].items() if k not in ("source", "commit")} == {
         "name": "REALTALK",
         "split": "all",
+        "speaker_in": "role",
         "conversations": ["Chat_1_Ana_Ben", "Chat_2_Cleo_Dev"],
         "num_turns": 10,
         "num_sessions": 3,
@@ -88,4 +97,17 @@ def test_bench_runs_on_the_sample(tmp_path):
     # every user has at most 7 turns, so dense (and hybrid) return all of them within the top 10
     assert result["recall"]["dense"]["recall@10"] == 1.0
     assert result["recall"]["hybrid"]["recall@10"] == 1.0
+    assert result["recall"]["first_stage"]["recall@10"] == 1.0
     assert (tmp_path / "vectors.npz").is_file()  # the vector cache was written (npz, no pickle)
+
+
+def test_speaker_in_metadata_ranks_as_speaker_in_role(tmp_path):
+    """A multi-party log imported as role 'user' with the speaker in metadata is searched exactly as one whose
+    roles are the speakers' names (the speaker is read from metadata first)."""
+    by_role = run(SAMPLE, "all", "hash", {}, tmp_path / "vectors.npz")
+    by_metadata = run(SAMPLE, "all", "hash", {}, tmp_path / "vectors.npz", speaker_in="metadata")
+    assert by_metadata["dataset"]["speaker_in"] == "metadata"
+    for mode in MODES:
+        strip = lambda r: {k: v for k, v in r.items() if k != "search_ms_p50"}  # noqa: E731
+        assert strip(by_metadata["recall"][mode]) == strip(by_role["recall"][mode])
+    assert by_metadata["speaker_probe"] == by_role["speaker_probe"]

@@ -167,7 +167,8 @@ def test_spread_to_neighbours_exact_scores():
 def _keyword_only(tmp_path, clock, **overrides):
     from kvmem.text import HashEmbedder, MemoryStore, TextStoreConfig
 
-    config = TextStoreConfig(dense_weight=0.0, **overrides)  # hybrid without the dense leg: exact ranks
+    # hybrid's first stage without the dense leg: exact ranks (the second stage has tests of its own)
+    config = TextStoreConfig(**{"dense_weight": 0.0, "rerank": "none", **overrides})
     return MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=clock)
 
 
@@ -200,7 +201,7 @@ def test_hybrid_finds_the_reply_next_to_the_words(tmp_path, clock):
 
 
 def test_hybrid_lifts_turns_of_the_named_speaker(tmp_path, clock):
-    with _keyword_only(tmp_path, clock, neighbour_weight=0.0) as store:
+    with _keyword_only(tmp_path, clock, neighbour_weight=0.0, speaker_weight=0.3) as store:
         ana, ben = store.add(
             "alice",
             messages=[

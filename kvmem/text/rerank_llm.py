@@ -1,0 +1,77 @@
+"""`LLMJudge` ("llm"): the served LLM as a pointwise judge of the first stage's candidates (off by default).
+
+For deployments whose served model is large enough to judge relevance: one `/v1/chat/completions` request per
+search lists the candidates (each cut to 300 characters) and asks for a 0-10 relevance grade for each, as
+JSON. The grade / 10 is the candidate's score (ties keep the first-stage order). stdlib only (urllib, json),
+like kvmem/formation/llm.py. Any failure (network, status, a reply that is not one grade per candidate) is a
+RerankerUnavailable, and search keeps the first stage's order. Not measured on this project's CPU machines (the
+default 135M model cannot judge); knows nothing of the store.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from kvmem.text.rerank import RerankerUnavailable
+
+_TEXT_CHARS = 300
+INSTRUCTIONS = (
+    "You grade how useful each numbered memory is for answering the question, from 0 (useless) to 10 "
+    '(answers it). Reply with JSON only: {"grades": [g1, g2, ...]}, one integer per memory, in order.'
+)
+
+
+class LLMJudge:
+    """Grades candidates with an OpenAI-compatible chat endpoint at `base_url` (e.g. http://host:8000/v1)."""
+
+    name = "llm"
+
+    def __init__(
+        self, base_url: str, model: str = "", timeout_s: float = 10.0, api_key: str | None = None
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+
+    def prompt(self, query: str, texts: list[str]) -> str:
+        lines = [f"{i}. {' '.join(t.split())[:_TEXT_CHARS]}" for i, t in enumerate(texts, start=1)]
+        return f"Question: {query}\n\nMemories:\n" + "\n".join(lines)
+
+    def score(self, query: str, texts: list[str], features: np.ndarray) -> np.ndarray:
+        body = {
+            "model": self.model,
+            "messages": [
+                {"role": "system", "content": INSTRUCTIONS},
+                {"role": "user", "content": self.prompt(query, texts)},
+            ],
+            "temperature": 0,
+            "max_tokens": 8 + 4 * len(texts),
+        }
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        request = urllib.request.Request(self.url, json.dumps(body).encode("utf-8"), headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                reply = json.loads(response.read().decode("utf-8"))
+            grades = parse_grades(reply["choices"][0]["message"]["content"], len(texts))
+        except (OSError, urllib.error.URLError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise RerankerUnavailable(f"LLM judge at {self.url}: {exc}") from exc
+        return grades / 10.0
+
+
+def parse_grades(content: str, num: int) -> np.ndarray:
+    """The `num` grades of a reply (clipped to 0..10); ValueError unless it is {"grades": [num numbers]}."""
+    start, end = content.find("{"), content.rfind("}")
+    document = json.loads(content[start : end + 1] if start >= 0 else content)
+    grades = document.get("grades") if isinstance(document, dict) else None
+    if not isinstance(grades, list) or len(grades) != num:
+        raise ValueError(f"expected {num} grades, got {grades!r:.200}")
+    if not all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in grades):
+        raise ValueError("grades must be numbers")
+    return np.clip(np.array(grades, dtype=np.float64), 0.0, 10.0)
