@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         "serves only items built at its own dtype",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help="check every user's block even when nothing changed since the last complete build (by default "
+        "that case returns at once: nothing to build, no model or tokenizer loaded)",
+    )
     return p
 
 
@@ -77,6 +83,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.block_token_budget < 0:
         print("kvmem build: --block-token-budget must be >= 0", file=sys.stderr)
         return 2
+    from serving import build_stamp
+
+    try:
+        data_dir = DataDir.at(args.data_dir)
+        users_wanted = _users(args)
+    except (KvmemError, OSError) as exc:
+        print(f"kvmem build: {exc}", file=sys.stderr)
+        return 1
+    every_user = args.input is None and args.knowledge is None  # what the fast path covers
+    settings = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "block_token_budget": args.block_token_budget,
+        "users": users_wanted,
+    }
+    if every_user and not args.recheck:
+        last = build_stamp.unchanged_since_last(data_dir, settings)
+        if last is not None:
+            print(
+                f"kvmem build: nothing changed since the last build ({last['finished_at']}, "
+                f"{last['num_users']} users): nothing to build (--recheck checks every block again)",
+                file=sys.stderr,
+            )
+            return 0
+    before = build_stamp.inputs(data_dir, settings) if every_user else None
+    print("kvmem build: loading the tokenizer and the data dir's store", file=sys.stderr, flush=True)
     from kvmem.kv import knowledge
     from kvmem.kv.blocks import BlockBuilder
     from kvmem.kv.layout import PromptLayout
@@ -92,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvmem build: --device {args.device}: {exc}", file=sys.stderr)
         return 2
     try:
-        data_dir = DataDir.at(args.data_dir)
         if args.knowledge is not None:  # parsed before anything is installed: a bad file changes nothing
             knowledge.install(data_dir.root, knowledge.parse_knowledge_file(args.knowledge))
         handle = LazyHandle(
@@ -116,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             built, skipped, failed, ok = report.built, report.skipped, len(report.failed), report.ok
             extra = f"; added {report.added} memories to the store" if report.added else ""
         else:
-            users = run_users(planner, _users(args), progress=progress)
+            users = run_users(planner, users_wanted, progress=progress)
             built, skipped, failed, ok = users.built, users.skipped, len(users.failed), not users.failed
             extra = f"; {users.no_block} users get no block (policy)" if users.no_block else ""
+            if ok and before is not None:
+                build_stamp.record(data_dir, before, built + skipped + users.no_block)
+            else:
+                build_stamp.forget(data_dir)
     except (KvmemError, OSError) as exc:
         print(f"kvmem build: {exc}", file=sys.stderr)
         return 1

@@ -124,6 +124,49 @@ def test_bad_users_are_reported_and_skipped(tmp_path, tiny_model_dir, capsys):
     assert build_main(["--users", str(tmp_path / "none.txt")]) == 2
 
 
+def test_a_build_with_nothing_changed_since_the_last_returns_at_once(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """Issue 27 item 17: after a complete build, a build over an unchanged data dir says so and returns without
+    opening the planner (no tokenizer, model, store or item hashing); a changed memory, a removed item,
+    other settings or --recheck check every block again."""
+    import serving.offline_build
+
+    data = tmp_path / "data"
+    seed(data)
+    argv = ["--data-dir", str(data), "--model", str(tiny_model_dir), "--no-progress"]
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 2, skipped 0 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
+    planner = serving.offline_build.OfflinePlanner
+
+    def no_planner(*args, **kwargs):
+        raise AssertionError("the fast path opened the planner")
+
+    monkeypatch.setattr(serving.offline_build, "OfflinePlanner", no_planner)
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    err = capsys.readouterr().err
+    assert "nothing changed since the last build (" in err and "2 users): nothing to build" in err
+    assert "built" not in err.replace("the last build", "")
+    monkeypatch.setattr(serving.offline_build, "OfflinePlanner", planner)
+    assert build_main([*argv, "--block-token-budget", str(BUDGET), "--recheck"]) == 0
+    assert "built 0, skipped 2 (already valid), failed 0 (model not loaded)" in capsys.readouterr().err
+    assert build_main([*argv, "--block-token-budget", str(BUDGET + 1)]) == 0  # other settings: checked
+    assert "failed 0" in capsys.readouterr().err
+    assert build_main([*argv, "--block-token-budget", str(BUDGET + 1)]) == 0
+    assert "nothing changed" in capsys.readouterr().err  # the stamp is the last complete build's
+
+    with MemoryStore(data / "memories.sqlite") as store:  # bob's memories change: his block is built
+        store.add("bob", "Bob has a parrot.")
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 1, skipped 1 (already valid), failed 0" in capsys.readouterr().err
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "nothing changed" in capsys.readouterr().err
+    for path in (data / "kv").rglob("*.safetensors"):  # the items removed behind the build's back: rebuilt
+        path.unlink()
+    assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
+    assert "built 2, skipped 0 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
+
+
 def test_build_for_another_model_is_picked_up_by_a_server_on_it(tmp_path, tiny_model_dir, tiny_handle):
     """The upgrade case: items for model B are built beside model A's; each server serves its own."""
     data = tmp_path / "data"
