@@ -1,0 +1,110 @@
+"""A long block build while another user's reply streams: how long the stream's worst gap between two tokens
+is against its median, with the engine (a build is a chunked prefill in the steps every stream runs) and
+with the old path (--kv-pool-mb 0: the build is one unchunked prefill on the model thread).
+
+Through the production backend (TransformersBackend, the real default model): a greedy stream of --tokens
+tokens starts; once it has --build-after tokens, a thread calls `build_block` for memories of ~--block-tokens
+tokens; every token's arrival time is recorded. Reports per arm: the gaps' median, max, and max/median, and
+the build's wall time. The issue's target: max <= 3x median with the engine (the old path ~9x).
+Last line of stdout: the JSON written to --out.
+
+    python -m benchmarks.build_stall --out benchmarks/results/cpu/build_stall.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+
+from benchmarks.common import env_info, median, print_table, write_outputs
+from benchmarks.ttft_grid import memories_for
+from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+
+
+def run_arm(args, pool_mb: int) -> dict:
+    with tempfile.TemporaryDirectory() as data:
+        backend = TransformersBackend(
+            TransformersBackendConfig(model=args.model, data_dir=data, kv_pool_mb=pool_mb, device="cpu")
+        )
+        backend.load()
+        try:
+            texts = memories_for(backend.layout, args.block_tokens, seed=3)
+            prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
+            sampling = SamplingParams(max_new_tokens=args.tokens, temperature=0.0)
+            req = GenerationRequest("stream", "reader", prompt, None, sampling)
+            stamps: list[float] = []
+            build: dict = {}
+
+            def do_build():
+                t = time.perf_counter()
+                built = backend.build_block("builder", texts, [f"m{i}" for i in range(len(texts))])
+                build.update(start=t, end=time.perf_counter(), tokens=built.num_tokens)
+
+            async def consume():
+                worker = None
+                async for item in backend.stream(req):
+                    if isinstance(item, TokenDelta):
+                        stamps.extend([time.perf_counter()] * len(item.token_ids))
+                        if worker is None and len(stamps) >= args.build_after:
+                            worker = threading.Thread(target=do_build)
+                            worker.start()
+                if worker is not None:
+                    await asyncio.to_thread(worker.join)
+
+            asyncio.run(consume())
+        finally:
+            asyncio.run(backend.aclose())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    during = [
+        b - a for a, b in zip(stamps, stamps[1:], strict=False) if a < build["end"] and b > build["start"]
+    ]
+    med = median(gaps)
+    return {
+        "kv_pool_mb": pool_mb,
+        "tokens": len(stamps),
+        "block_tokens": build["tokens"],
+        "build_s": build["end"] - build["start"],
+        "gap_median_s": med,
+        "gap_max_s": max(gaps),
+        "max_over_median": max(gaps) / med,
+        "gaps_during_build": len(during),
+        "build_ended_before_stream": build["end"] <= stamps[-1],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.build_stall", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--block-tokens", type=int, default=4000)
+    p.add_argument("--tokens", type=int, default=200, help="tokens the stream generates")
+    p.add_argument("--build-after", type=int, default=10, help="stream tokens before the build starts")
+    p.add_argument("--pool-mb", type=int, default=1024)
+    p.add_argument("--arms", nargs="+", choices=["engine", "old"], default=["engine", "old"])
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    arms = {arm: run_arm(args, args.pool_mb if arm == "engine" else 0) for arm in args.arms}
+    print_table(
+        ["arm", "build s", "gap median s", "gap max s", "max/median", "build within stream"],
+        [
+            [
+                a,
+                r["build_s"],
+                r["gap_median_s"],
+                r["gap_max_s"],
+                r["max_over_median"],
+                r["build_ended_before_stream"],
+            ]
+            for a, r in arms.items()
+        ],
+    )
+    result = {"env": env_info("cpu"), "args": vars(args), "arms": arms}
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""benchmarks/build_stall.py on the tiny llama: both arms stream while a block builds through the production
+backend, and the figures are taken from that run."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
+    from benchmarks import build_stall
+
+    out = tmp_path / "stall.json"
+    argv = ["--model", str(tiny_model_dir), "--block-tokens", "300", "--tokens", "60", "--build-after", "3"]
+    result = build_stall.main([*argv, "--pool-mb", "64", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    for arm in ("engine", "old"):
+        r = result["arms"][arm]
+        assert r["tokens"] == 60 and r["block_tokens"] >= 300
+        assert r["gap_max_s"] >= r["gap_median_s"] > 0
+    assert (result["arms"]["engine"]["kv_pool_mb"], result["arms"]["old"]["kv_pool_mb"]) == (64, 0)
