@@ -106,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         use_weight=sched.use_weight,
         recency_prior=sched.recency_prior,
     )
+    logging.getLogger(__name__).info("kvmem distill: loading the model (CPU, float32)")
     handle = load_model(args.model, device="cpu", dtype="float32")
     config = DistillConfig(
         select=SelectConfig(

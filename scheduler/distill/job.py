@@ -105,7 +105,9 @@ def distill_user(
     every: bool = False,
 ) -> DistillOutcome:
     """One user's whole job. The version is written whether or not it passed (its manifest says why)."""
-    selection = select_facts(memory_infos(store, user_id), stats, now, config.select, every=every)
+    memories = memory_infos(store, user_id)
+    selection = select_facts(memories, stats, now, config.select, every=every)
+    log.info("user %r: %d of %d memories selected to distill", user_id, len(selection.facts), len(memories))
     if not selection.facts:
         return DistillOutcome(user_id, selection, None, None, 0.0, False, "no memory was selected")
     refs = tuple(FactRef(f.memory_id, f.version, text_sha(f.text)) for f in selection.facts)
@@ -120,6 +122,14 @@ def distill_user(
 
     def attempt(train: TrainConfig, targets: Targets | None = None) -> tuple[TrainResult, GateReport]:
         result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train, targets)
+        log.info(
+            "user %r: trained (%d steps, %.1f s); the gates: %d questions, %d unanswerable",
+            user_id,
+            result.steps,
+            result.train_s,
+            len(questions),
+            len(unanswerable),
+        )
         report = run_gates(
             result.model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
         )

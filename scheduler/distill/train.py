@@ -351,6 +351,13 @@ def train_adapter(
     base = copy.deepcopy(model).eval()
     reused = targets is not None
     if targets is None:  # computed once on the base model (no adapter yet)
+        log.info(
+            "distill: the base model's targets for %d facts' prompts (the teacher sees the facts); then up to %d "
+            "steps, validated every %d",
+            len(facts),
+            config.max_steps,
+            config.eval_every,
+        )
         targets = _targets(base, tokenizer, layout, facts, examples, config)
     distill, unanswerable, replay = targets.distill, targets.unanswerable, targets.replay
     valid_facts, valid_unans = targets.valid_facts, targets.valid_unans

@@ -293,3 +293,27 @@ def test_an_adapter_is_served_only_for_the_facts_whose_every_gate_question_it_an
     assert fully_recalled(questions, [False] * 7) == ()
     with pytest.raises(ValueError):
         fully_recalled(questions, hits[:-1])
+
+
+def test_the_job_says_what_it_does_as_it_goes(tmp_path, tiny_handle, caplog):
+    """Issue 27 item 17 (`kvmem distill` printed nothing for 5 minutes): each stage is logged at INFO as it
+    starts or ends (the CLI shows INFO): selection, the base model's targets, every validated step, the
+    training's end and the gates, the gates' figures."""
+    import logging
+
+    store, _ = _store(tmp_path)
+    with caplog.at_level(logging.INFO, logger="scheduler.distill"):
+        _run(tmp_path, tiny_handle, store)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("scheduler.distill")]
+    stages = [
+        "user 'alice': 2 of 4 memories selected to distill",
+        "distill: the base model's targets for 2 facts' prompts (the teacher sees the facts); then up to 2 "
+        "steps, validated every 1",
+        "distill step 1/2",
+        "distill step 2/2",
+        "user 'alice': trained (2 steps, ",
+        "; the gates: 4 questions, 6 unanswerable",
+        " gates: {'recall_in_context': 0.0,",
+    ]
+    found = [next(i for i, m in enumerate(said) if m.startswith(s) or s in m) for s in stages]
+    assert found == sorted(found), said
