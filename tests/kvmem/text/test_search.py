@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvmem.text import SearchFilters, TimeRange
 from kvmem.text.search import fts_match_expression, keyword_terms, reciprocal_rank_fusion
 
@@ -52,6 +54,10 @@ def test_search_is_per_user(store):
 
 def test_hybrid_fuses_both_legs(store):
     a, b = store.add("alice", texts=["zebra crossing downtown", "completely unrelated sentence"])
+    hits = store.search("alice", "zebra", top_k=2)
+    assert [h.memory.id for h in hits] == [a.id, b.id]
+    assert 0 < hits[1].score < hits[0].score < 1  # the second stage's scores
+    store.config = dataclasses.replace(store.config, rerank="none")
     hits = store.search("alice", "zebra", top_k=2)
     assert [h.memory.id for h in hits] == [a.id, b.id]
     assert hits[0].score == 1.0  # first in both legs
