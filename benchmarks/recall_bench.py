@@ -17,6 +17,7 @@ table; the last stdout line is one JSON document (git sha included).
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import hashlib
 import re
@@ -262,6 +263,7 @@ def run(
     return {
         "benchmark": "kvmem.text recall on real conversations",
         "git_sha": git_sha(),
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
         "dataset": {
             "name": "REALTALK",
             "source": REALTALK_REPO,

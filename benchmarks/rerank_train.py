@@ -17,6 +17,7 @@ WRONG_NAME_SLACK below the first stage's. Of those, the best cross-validated rec
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "kvmem.text second-stage selection (leave-one-chat-out)",
         "git_sha": git_sha(),
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
         "split": args.split,
         "feature_set": FEATURE_SET,
         "features": list(FEATURES),

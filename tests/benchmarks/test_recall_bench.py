@@ -59,6 +59,7 @@ def test_bench_runs_on_the_sample(tmp_path):
     assert set(result) == {
         "benchmark",
         "git_sha",
+        "loadavg",
         "dataset",
         "embedder",
         "config",
