@@ -17,9 +17,9 @@ table; the last stdout line is one JSON document (git sha included).
 from __future__ import annotations
 
 import argparse
-import os
 import dataclasses
 import hashlib
+import os
 import re
 import tempfile
 import time
