@@ -109,21 +109,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
     before = build_stamp.inputs(data_dir, settings) if every_user else None
+    from kvmem.models import resolve_device  # torch: seconds
+
+    try:
+        device = str(resolve_device(args.device))  # resolved here: the lazy handle's `.device` loads weights
+    except KvmemError as exc:
+        print(f"kvmem build: --device {args.device}: {exc}", file=sys.stderr)
+        return 2
     print("kvmem build: loading the tokenizer and the data dir's store", file=sys.stderr, flush=True)
     from kvmem.kv import knowledge
     from kvmem.kv.blocks import BlockBuilder
     from kvmem.kv.layout import PromptLayout
     from kvmem.kv.lazy_model import LazyHandle
     from kvmem.kv.store import KVStoreConfig, TieredKVStore
-    from kvmem.models import resolve_device
     from serving.offline_build import OfflinePlanner, run_build, run_users
 
     planner = None
-    try:
-        device = str(resolve_device(args.device))  # resolved here: the lazy handle's `.device` loads weights
-    except KvmemError as exc:
-        print(f"kvmem build: --device {args.device}: {exc}", file=sys.stderr)
-        return 2
     try:
         if args.knowledge is not None:  # parsed before anything is installed: a bad file changes nothing
             knowledge.install(data_dir.root, knowledge.parse_knowledge_file(args.knowledge))
