@@ -31,7 +31,7 @@ FEATURES = (
     "speaker_other",  # the query names a candidate's speaker, but not this one's
     "recency",  # its position among the user's rows, oldest 0 .. newest 1
     "log_length",  # log(1 + its length in words) / 5
-    "term_overlap",  # share of the query's keyword terms among its words
+    "term_overlap",  # share of the query's keyword terms found in its lower-cased text (as substrings)
     "is_question",  # its text ends with a question mark (questions rarely hold the answer)
     "wide_bm25",  # best BM25 of the turns up to WIDE turns before or after it in its session / the best
     "wide_cos",  # best cosine of the turns up to WIDE turns before or after it in its session
@@ -107,16 +107,15 @@ def candidate_features(
     out[:, col["first_score"]] = [s for _, s in ranked]
     out[:, col["first_rrank"]] = 1.0 / np.arange(1, n + 1)
 
-    bm25 = dict(legs.keyword)
-    best_bm25 = max((s for _, s in legs.keyword), default=0.0) or 1.0
-    out[:, col["bm25"]] = [bm25.get(int(r), 0.0) / best_bm25 for r in rowids]
-    neighbour_rowids = [
-        [int(entry.rowids[j]) for j in (p, q) if j >= 0]
-        for p, q in zip(prev.tolist(), nxt.tolist(), strict=True)
-    ]
-    out[:, col["neighbour_bm25"]] = [
-        max((bm25.get(r, 0.0) for r in rs), default=0.0) / best_bm25 for rs in neighbour_rowids
-    ]
+    num_rows = entry.rowids.shape[0]
+    bm25 = np.zeros(num_rows + 1, dtype=np.float64)  # [n_rows + 1] by position; the last is "no row" (-1)
+    if legs.keyword:
+        hit_pos = entry.index_of(np.fromiter((r for r, _ in legs.keyword), dtype=np.int64))
+        found = hit_pos >= 0
+        bm25[hit_pos[found]] = np.fromiter((v for _, v in legs.keyword), dtype=np.float64)[found]
+        bm25 /= bm25.max() or 1.0
+    out[:, col["bm25"]] = bm25[pos]
+    out[:, col["neighbour_bm25"]] = np.maximum(bm25[prev], bm25[nxt])  # -1 reads the zero at the end
     out[:, col["keyword_rrank"]] = [
         1.0 / legs.spread_rank[r] if r in legs.spread_rank else 0.0 for r in rowids.tolist()
     ]
@@ -139,9 +138,7 @@ def candidate_features(
 
     wide = _wide_positions(prev, nxt, entry.neighbours, WIDE)  # [n, 2 * WIDE], -1: none
     valid = wide >= 0
-    wide_rowids = np.where(valid, entry.rowids[np.maximum(wide, 0)], -1)
-    wide_bm25 = np.array([bm25.get(r, 0.0) for r in wide_rowids.ravel().tolist()]).reshape(wide.shape)
-    out[:, col["wide_bm25"]] = np.where(valid, wide_bm25, 0.0).max(axis=1, initial=0.0) / best_bm25
+    out[:, col["wide_bm25"]] = bm25[wide].max(axis=1, initial=0.0)  # -1 reads the zero at the end
     wide_cos = entry.matrix[np.maximum(wide, 0).ravel()] @ q  # [n * 2 * WIDE]
     out[:, col["wide_cos"]] = np.where(valid, wide_cos.reshape(wide.shape), 0.0).max(axis=1, initial=0.0)
     if legs.in_time is not None:
@@ -152,13 +149,12 @@ def candidate_features(
     out[:, col["speaker_match"]] = named
     if named.any():
         out[:, col["speaker_other"]] = ~named
-    num_rows = entry.rowids.shape[0]
     out[:, col["recency"]] = pos / max(num_rows - 1, 1)
     out[:, col["log_length"]] = np.log1p(entry.lengths[pos].astype(np.float64)) / 5.0
-    terms = set(legs.terms)
-    if terms:
+    terms = legs.terms
+    if terms:  # a term counts where it starts a word or sits inside one ("hik" in "hiking"): cheap stemming
         out[:, col["term_overlap"]] = [
-            len(terms & {w.lower() for w in _WORD_RE.findall(t)}) / len(terms) for t in texts
+            sum(term in low for term in terms) / len(terms) for low in (t.lower() for t in texts)
         ]
     out[:, col["is_question"]] = [t.rstrip().endswith("?") for t in texts]
     assert np.isfinite(out).all(), "features are finite"
