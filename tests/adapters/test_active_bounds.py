@@ -19,3 +19,23 @@ def test_the_served_adapter_cache_is_lru_bounded(tmp_path):
     assert active.peek("user-0").manifest is None and active.peek("user-0").current  # no pointer: current
     with pytest.raises(ValueError, match="max_users must be >= 1, got 0"):
         ActiveAdapters(AdapterRegistry(tmp_path / "a2"), lambda: None, max_users=0)
+
+
+def test_check_answers_as_get_would_without_recording(tmp_path):
+    """A plan read (`check`) sees a newly activated version but leaves the worker's notice of the move
+    (`peek` not current) for `get`, the read that acts on it."""
+    from kvmem.adapters.manifest import CONFIG_FILE, WEIGHTS_FILE
+
+    registry = AdapterRegistry(tmp_path / "adapters")
+    active = ActiveAdapters(registry, lambda: "fp")
+    assert active.get("alice") is None and active.peek("alice").current
+
+    def save(d):
+        (d / WEIGHTS_FILE).write_bytes(b"w")
+        (d / CONFIG_FILE).write_text("{}")
+
+    m = registry.write("alice", save, base_fingerprint="fp", facts=[], seed=0, passed=True)
+    registry.activate("alice", m.version, "fp")
+    assert active.check("alice").name == m.name
+    assert active.peek("alice") == (None, False)  # still unrecorded: the worker will see the move
+    assert active.get("alice").name == m.name and active.peek("alice").current
