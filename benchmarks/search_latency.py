@@ -4,7 +4,8 @@ Run: python -m benchmarks.search_latency --out benchmarks/results/cpu/recall_ben
 The bulk memories are store_bench's (same texts, users and times), but their vectors are random unit vectors
 filed under the real embedder's name, so nothing bulk is embedded (an exact scan costs the same whatever the
 values); every query is embedded by the real embedder, distinct queries so none comes from a cache. Modes: keyword,
-dense, first_stage (hybrid without its second stage) and hybrid (with it: the store's default). Per mode:
+dense, before_issue28 (hybrid as configured before the second stage: the baseline), first_stage (hybrid
+without its second stage) and hybrid (with it: the store's default). Per mode:
 wall time and this process's CPU time per search (all its threads: the embedder's pool too), p50 / p90 / p99, after 20 warm-up searches. CPU time is
 what the search itself costs; wall time also holds the waits of a shared machine, whose load is recorded
 (`others_cpu_share`: other processes' share of all cores over the run). The last stdout line is one JSON
@@ -29,8 +30,14 @@ from benchmarks.memory_dataset import generate
 from benchmarks.store_bench import FULL, write_bulk_dump
 from kvmem.text import MemoryStore, load_embedder
 
-# first_stage: hybrid without its second stage (rerank='none'), timed in the same run as hybrid with it
-MODES = ("keyword", "dense", "first_stage", "hybrid")
+# first_stage: hybrid without its second stage (rerank='none'), timed in the same run as hybrid with it;
+# before_issue28: hybrid as it was before the second stage (its first stage over 50 candidates per leg, speaker
+# lift 0.3, no second stage): the baseline, timed in the same run
+MODES = ("keyword", "dense", "before_issue28", "first_stage", "hybrid")
+ARMS = {
+    "first_stage": {"rerank": "none"},
+    "before_issue28": {"rerank": "none", "num_candidates": 50, "speaker_weight": 0.3},
+}
 NUM_ADDS = 100
 
 
@@ -80,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             for mode in MODES:
                 queries = [f"{rng.choice(questions)} ({mode} {i})" for i in range(args.searches + 20)]
                 wall, cpu = [], []
-                store.config = dataclasses.replace(config, rerank="none") if mode == "first_stage" else config
+                store.config = dataclasses.replace(config, **ARMS.get(mode, {}))
                 for i, query in enumerate(queries):
                     w0, c0 = time.perf_counter(), time.process_time()
-                    store.search("big-user", query, top_k=10, mode=mode.replace("first_stage", "hybrid"))
+                    store.search("big-user", query, top_k=10, mode="hybrid" if mode in ARMS else mode)
                     if i >= 20:
                         wall.append(time.perf_counter() - w0)
                         cpu.append(time.process_time() - c0)
