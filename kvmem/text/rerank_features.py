@@ -123,24 +123,25 @@ def candidate_features(
         1.0 / legs.dense_rank[r] if r in legs.dense_rank else 0.0 for r in rowids.tolist()
     ]
 
-    q = query_vector.astype(np.float32)
-    own = entry.matrix[pos]  # [n, dim]
-    zeros = np.zeros_like(own)
-    before = np.where((prev >= 0)[:, None], entry.matrix[np.maximum(prev, 0)], zeros)  # [n, dim]
-    after = np.where((nxt >= 0)[:, None], entry.matrix[np.maximum(nxt, 0)], zeros)  # [n, dim]
-    cos, cos_before, cos_after = own @ q, before @ q, after @ q  # [n] each
-    window = own + before + after  # [n, dim]
+    # one gather for every vector the dense features read: the candidates' and their +-WIDE turns'
+    wide = _wide_positions(
+        prev, nxt, entry.neighbours, WIDE
+    )  # [n, 2 * WIDE], -1: none; [:, 0] prev, [:, WIDE] next
+    valid = wide >= 0  # [n, 2 * WIDE]
+    rows = entry.matrix[np.concatenate([pos, np.maximum(wide, 0).ravel()])]  # [n * (1 + 2 * WIDE), dim]
+    cos_all = rows @ query_vector.astype(np.float32)  # [n * (1 + 2 * WIDE)]
+    cos = cos_all[:n].astype(np.float64)  # [n]
+    wide_cos = np.where(valid, cos_all[n:].reshape(n, 2 * WIDE), 0.0)  # [n, 2 * WIDE]
+    cos_before, cos_after = wide_cos[:, 0], wide_cos[:, WIDE]
+    around = rows[n:].reshape(n, 2 * WIDE, -1)  # [n, 2 * WIDE, dim]
+    window = rows[:n] + around[:, 0] * valid[:, :1] + around[:, WIDE] * valid[:, WIDE : WIDE + 1]  # [n, dim]
     window_norm = np.maximum(np.linalg.norm(window, axis=1), 1e-6)
     out[:, col["dense_cos"]] = cos
     out[:, col["neighbour_cos"]] = (cos_before + cos_after) / 2
     out[:, col["window_cos"]] = (cos + cos_before + cos_after) / window_norm
     out[:, col["dense_gap"]] = cos - cos.max()
-
-    wide = _wide_positions(prev, nxt, entry.neighbours, WIDE)  # [n, 2 * WIDE], -1: none
-    valid = wide >= 0
     out[:, col["wide_bm25"]] = bm25[wide].max(axis=1, initial=0.0)  # -1 reads the zero at the end
-    wide_cos = entry.matrix[np.maximum(wide, 0).ravel()] @ q  # [n * 2 * WIDE]
-    out[:, col["wide_cos"]] = np.where(valid, wide_cos.reshape(wide.shape), 0.0).max(axis=1, initial=0.0)
+    out[:, col["wide_cos"]] = wide_cos.max(axis=1, initial=0.0)
     if legs.in_time is not None:
         out[:, col["time_match"]] = np.isin(rowids, legs.in_time)
     words = {w.lower() for w in _WORD_RE.findall(query)}
