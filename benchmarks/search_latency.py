@@ -5,7 +5,8 @@ The bulk memories are store_bench's (same texts, users and times), but their vec
 filed under the real embedder's name, so nothing bulk is embedded (an exact scan costs the same whatever the
 values); every query is embedded by the real embedder, distinct queries so none comes from a cache. Modes: keyword,
 dense, before_issue28 (hybrid as configured before the second stage: the baseline), first_stage (hybrid
-without its second stage) and hybrid (with it: the store's default). Per mode:
+without its second stage), hybrid (with it: the store's default) and hybrid_top200 (the second stage over the
+top 200). Per mode:
 wall time and this process's CPU time per search (all its threads: the embedder's pool too), p50 / p90 / p99, after 20 warm-up searches. CPU time is
 what the search itself costs; wall time also holds the waits of a shared machine, whose load is recorded
 (`others_cpu_share`: other processes' share of all cores over the run). The last stdout line is one JSON
@@ -33,10 +34,12 @@ from kvmem.text import MemoryStore, load_embedder
 # first_stage: hybrid without its second stage (rerank='none'), timed in the same run as hybrid with it;
 # before_issue28: hybrid as it was before the second stage (its first stage over 50 candidates per leg, speaker
 # lift 0.3, no second stage): the baseline, timed in the same run
-MODES = ("keyword", "dense", "before_issue28", "first_stage", "hybrid")
+# hybrid_top200: the second stage over the top 200 (200 per leg), the depth not chosen
+MODES = ("keyword", "dense", "before_issue28", "first_stage", "hybrid", "hybrid_top200")
 ARMS = {
     "first_stage": {"rerank": "none"},
     "before_issue28": {"rerank": "none", "num_candidates": 50, "speaker_weight": 0.3},
+    "hybrid_top200": {"num_candidates": 200, "rerank_depth": 200},
 }
 NUM_ADDS = 100
 
