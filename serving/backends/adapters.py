@@ -122,6 +122,18 @@ class AdapterSlots:
             log.info("adapter %s unloaded: its version was erased", n)
         return gone
 
+    def hold(self, name: str) -> None:
+        """A request runs `name` (in the engine's steps, serving/engine/lora.py): never evicted nor unloaded
+        until `unhold`. Model thread only."""
+        with self._lock:
+            self._in_use[name] = self._in_use.get(name, 0) + 1
+
+    def unhold(self, name: str) -> None:
+        """The request that held `name` ended; an erased version no request runs leaves the model now."""
+        with self._lock:
+            self._in_use[name] -= 1
+        self.purge()
+
     def steps(self, tokens: Iterator[int], name: str) -> Iterator[int]:
         """`tokens` (a kvmem generate) with the adapter `name` on during each of its steps and off between."""
         lora = self._peft.base_model

@@ -324,9 +324,10 @@ class TransformersBackend(StoredBlocksBackend):
         request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling, generate
         from kvmem.kv.batch import Sequence
+        from serving.engine import lora
 
         final: object = None  # the result or the error, sent once the admission is released
-        lease = tokens = seq = None
+        lease = tokens = seq = held_adapter = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -361,8 +362,12 @@ class TransformersBackend(StoredBlocksBackend):
                 item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
             )
             tokens = None  # batched: the batcher sends the tokens
-            if adapter is None and self.pool is not None:  # the engine: K/V in the page pool
+            if self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter)):
                 from serving.engine.sequence import admit
+
+                if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
+                    self.adapters.hold(adapter)
+                    held_adapter = adapter
 
                 if prefix is not None:
                     args["item"] = None  # the session's cache (copied into pages) covers the block
@@ -374,6 +379,7 @@ class TransformersBackend(StoredBlocksBackend):
                     max_new_tokens=sampling.max_new_tokens,
                     wait_s=self.config.kv_wait_s,
                     prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                    adapter=adapter,
                     **args,
                 ):
                     if seq is None:  # no pages free yet: the others run a step meanwhile
@@ -451,6 +457,8 @@ class TransformersBackend(StoredBlocksBackend):
                 self.sessions.release(lease)
             if getattr(seq, "table", None) is not None:  # its pages go back to the pool
                 seq.release()
+            if held_adapter is not None:
+                self.adapters.unhold(held_adapter)
             if (
                 tokens is not None
             ):  # an adapter's steps: its use ends now (an erased one is unloaded), not at GC

@@ -18,6 +18,7 @@ CPU; SDPA over gathered K/V costs one gather per layer, bounded by the step's ow
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
 from kvmem.kv.batch import SequenceError
-from serving.engine import sampler
+from serving.engine import lora, sampler
 from serving.engine.pages import PagePool
 
 log = logging.getLogger(__name__)
@@ -109,18 +110,26 @@ def forward(model: torch.nn.Module, pool: PagePool, seqs: list, chunks: list[lis
         end += len(c)
         ends.append(end - 1)
     plan = StepPlan(pool, seqs, chunks, device)
+    groups: dict[str, list[int]] = {}  # adapter -> its rows' packed token positions
+    start = 0
+    for s, c in zip(seqs, chunks, strict=True):
+        if s.adapter is not None:
+            groups.setdefault(s.adapter, []).extend(range(start, start + len(c)))
+        start += len(c)
+    adapters = lora.mixed(model, {n: torch.tensor(p, device=device) for n, p in groups.items()})
     config = model.config
     alone = config._attn_implementation
     config._attn_implementation = PAGED
     try:
-        out = model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-            position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-            past_key_values=plan,
-            use_cache=True,
-            logits_to_keep=torch.tensor(ends, dtype=torch.long, device=device),
-            kvmem_step=plan,
-        )
+        with adapters if groups else nullcontext():
+            out = model(
+                input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+                past_key_values=plan,
+                use_cache=True,
+                logits_to_keep=torch.tensor(ends, dtype=torch.long, device=device),
+                kvmem_step=plan,
+            )
     finally:
         config._attn_implementation = alone
     return out.logits[0].float()

@@ -28,9 +28,11 @@ class PagedSequence(Sequence):
         *,
         table: PageTable,
         reused: int,
+        adapter: str | None = None,
         **kwargs,
     ) -> None:
         super().__init__(model, prompt_ids, **kwargs)
+        self.adapter = adapter  # the peft adapter its tokens run under (lora.py), None: the base model
         self.cache = None  # the pool holds its K/V
         self.table = table
         self.stats.reused_tokens, self.stats.prefilled_tokens = reused, len(prompt_ids) - reused

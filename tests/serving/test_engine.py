@@ -211,3 +211,55 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         assert m['kvmem_engine_kv_bytes{kind="private"}'] == 0
         assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
         assert pool.used_pages == 0 and block["item_id"] not in pool.shared
+
+
+def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, tokenizer):
+    """Two LoRA adapters and the base model in one forward per step (serving/engine/lora.py): each request's
+    greedy tokens equal peft's own output for its adapter alone (adapter layers on, set to it)."""
+    import copy
+
+    peft = pytest.importorskip("peft")
+    from serving.engine import lora
+
+    model = copy.deepcopy(tiny_handle.model)
+    torch.manual_seed(3)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    wrapped = peft.PeftModel(model, config, adapter_name="a")
+    wrapped.add_adapter("b", config)
+    for name, p in wrapped.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.2)  # both adapters change the outputs
+    wrapped.eval()
+    lora_layers = wrapped.base_model
+    assert lora.supports(model, "a") and lora.supports(model, "b")
+    requests = prompts_and_blocks(tiny_handle, tokenizer)
+    ids = [requests[k][0] for k in (1, 3, 3)]  # no block: items are the base model's K/V
+    adapters = ["a", None, "b"]
+    sp = Sampling(max_new_tokens=6)
+    alone = []
+    for prompt, name in zip(ids, adapters, strict=True):
+        if name is None:
+            lora_layers.disable_adapter_layers()
+        else:
+            lora_layers.enable_adapter_layers()
+            lora_layers.set_adapter(name)
+        alone.append(list(generate(model, prompt, sampling=sp)))
+    lora_layers.disable_adapter_layers()
+    assert len({tuple(a) for a in alone}) == 3  # the adapters change the answer: the test can fail
+    pool = make_pool(model)
+    seqs = [
+        admitted(pool, model, p, sampling=sp, adapter=n, prefill_chunk_tokens=CHUNK)
+        for p, n in zip(ids, adapters, strict=True)
+    ]
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        while any(not s.finished for s in seqs):
+            runner.step(model, pool, [s for s in seqs if s.prefilling], [s for s in seqs if s.decoding])
+    finally:
+        hook.remove()
+    assert [s.stats.token_ids for s in seqs] == alone
+    assert len(forwards) < sum(len(a) for a in alone)  # the three shared forwards
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == 0
