@@ -33,6 +33,7 @@ from kvmem.text.records import (
     Turn,
     TurnPage,
 )
+from kvmem.text.rerank import Reranker, RerankerLoadError, RerankerUnavailable
 from kvmem.text.store import MemoryStore
 
 __all__ = [
@@ -50,6 +51,9 @@ __all__ = [
     "MemoryVersion",
     "OnnxMiniLMEmbedder",
     "Page",
+    "Reranker",
+    "RerankerLoadError",
+    "RerankerUnavailable",
     "SearchFilters",
     "SearchHit",
     "SentenceTransformerEmbedder",
