@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -221,3 +223,42 @@ def test_config_refuses_an_unknown_reranker():
         TextStoreConfig(rerank="bm25")
     with pytest.raises(ValueError, match="rerank_depth"):
         TextStoreConfig(rerank_depth=0)
+
+
+class _Judge(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint that grades each numbered memory by whether it holds 'Biscuit'."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        lines = [ln for ln in body["messages"][1]["content"].splitlines() if ln[:1].isdigit()]
+        grades = [10 if "Biscuit" in ln else 1 for ln in lines]
+        reply = {"choices": [{"message": {"content": json.dumps({"grades": grades})}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, clock, caplog):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        store = _store(tmp_path, clock, "a.db", rerank="llm", rerank_llm_url=url)
+        hits = store.search("u", QUERY)
+        assert hits[0].memory.text == TURNS[2]["content"] and hits[0].score == 1.0
+        first = _order(_store(tmp_path, clock, "b.db", rerank="none"))
+        assert [h.memory.text for h in hits[1:]] == [t for t in first if t != TURNS[2]["content"]]
+    finally:
+        server.shutdown()
+        server.server_close()
+    with caplog.at_level(logging.WARNING, logger="kvmem.text.search"):
+        assert _order(store) == first  # the endpoint is gone: the first stage's order
+    assert any("reranker llm unavailable" in r.message for r in caplog.records)
+    store.close()
