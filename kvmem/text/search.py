@@ -2,7 +2,8 @@
 cached vectors) and their fusion.
 
 Owns how a chat message becomes keyword terms, how each leg ranks one user's active memories inside the
-caller's read snapshot, and how two rankings become one: both legs lean on neighbouring turns of the same
+caller's read snapshot, and how two rankings become one (then hands the fused top to the second stage,
+rerank_stage.py): both legs lean on neighbouring turns of the same
 session (an answer often lacks the topic words of the turn before it), rank fusion that weighs keyword above
 dense (measured on real dialogue, benchmarks/recall_bench.py), and lifts for turns spoken by someone the
 query names and for turns of a time it names (when.py). Knows nothing of transactions, embedders, or how
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import re
 import sqlite3
 from collections.abc import Callable
@@ -26,12 +26,11 @@ import numpy as np
 from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.filters import SearchFilters, filter_sql
-from kvmem.text.rerank import Reranker, RerankerUnavailable, apply_scores
-from kvmem.text.rerank_features import LegScores, candidate_features, speaker_of
+from kvmem.text.rerank import Reranker
+from kvmem.text.rerank_features import LegScores, speaker_of
+from kvmem.text.rerank_stage import Candidates, second_stage
 from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
 from kvmem.text.when import parse_query_time
-
-logger = logging.getLogger(__name__)
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 
@@ -378,23 +377,6 @@ def fuse_legs(
     return fuse_hybrid(keyword, dense, config, entry, query, allowed, in_time).ranked
 
 
-@dataclass(frozen=True)
-class Candidates:
-    """The first stage's top candidates of one hybrid search, as the second stage sees them."""
-
-    ranked: list[tuple[int, float]]  # (rowid, first-stage score), best first
-    memory_ids: list[str]  # [n]
-    texts: list[str]  # [n]
-    features: np.ndarray  # [n, NUM_FEATURES] float64
-
-
-def texts_by_rowid(conn: sqlite3.Connection, rowids: list[int]) -> dict[int, tuple[str, str]]:
-    """rowid -> (memory id, text) of these memory rows (the caller's user's, chosen by the first stage)."""
-    marks = ",".join("?" * len(rowids))
-    rows = conn.execute(f"SELECT rowid, id, text FROM memories WHERE rowid IN ({marks})", rowids).fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}
-
-
 def rank_rows(
     conn: sqlite3.Connection,
     vectors: VectorCache,
@@ -442,20 +424,7 @@ def rank_rows(
     fused = fuse_hybrid(keyword, dense, config, entry, query, allowed, time_lift, window)
     if entry is None or not fused.ranked or (reranker is None and keep_candidates is None):
         return fused.ranked
-    depth = min(config.rerank_depth, len(fused.ranked))
-    head = fused.ranked[:depth]
-    rows = texts_by_rowid(conn, [r for r, _ in head])
-    ids, texts = [rows[r][0] for r, _ in head], [rows[r][1] for r, _ in head]
     legs = LegScores(keyword, fused.keyword_rank, fused.dense_rank, in_time, tuple(keyword_terms(query)))
-    features = candidate_features(head, legs, entry, query_vector, query, texts)
-    candidates = Candidates(head, ids, texts, features)
-    if keep_candidates is not None:
-        keep_candidates.append(candidates)
-    if reranker is None:
-        return fused.ranked
-    try:
-        scores = reranker.score(query, candidates.texts, candidates.features)
-    except RerankerUnavailable as exc:
-        logger.warning("reranker %s unavailable (%s); search keeps the first-stage order", reranker.name, exc)
-        return fused.ranked
-    return apply_scores(fused.ranked, np.asarray(scores, dtype=np.float64))
+    return second_stage(
+        conn, fused.ranked, legs, entry, query_vector, query, config.rerank_depth, reranker, keep_candidates
+    )

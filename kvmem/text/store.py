@@ -52,6 +52,7 @@ from kvmem.text.log import ConversationLog
 from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
 from kvmem.text.rerank import Reranker, RerankerLoadError, build_reranker
 from kvmem.text.rerank_features import speaker_of
+from kvmem.text.rerank_stage import Candidates
 from kvmem.text.rows import (
     COLUMNS,
     CURRENT,
@@ -66,7 +67,7 @@ from kvmem.text.rows import (
     write_version,
 )
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, Candidates, rank_rows
+from kvmem.text.search import SEARCH_MODES, rank_rows
 from kvmem.text.vectors import VectorCache
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before

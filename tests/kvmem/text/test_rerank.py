@@ -180,7 +180,7 @@ def test_an_unavailable_reranker_keeps_the_first_stage_with_a_log_line(tmp_path,
             raise RerankerUnavailable("connection refused")
 
     store._rerankers = {k: Down() for k in store._rerankers}
-    with caplog.at_level(logging.WARNING, logger="kvmem.text.search"):
+    with caplog.at_level(logging.WARNING, logger="kvmem.text.rerank_stage"):
         assert _order(store) == first
     assert any("reranker down unavailable (connection refused)" in r.message for r in caplog.records)
     store.close()
@@ -258,7 +258,7 @@ def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, clock
     finally:
         server.shutdown()
         server.server_close()
-    with caplog.at_level(logging.WARNING, logger="kvmem.text.search"):
+    with caplog.at_level(logging.WARNING, logger="kvmem.text.rerank_stage"):
         assert _order(store) == first  # the endpoint is gone: the first stage's order
     assert any("reranker llm unavailable" in r.message for r in caplog.records)
     store.close()
