@@ -1,13 +1,15 @@
-"""Fits and chooses hybrid search's second stage (learning to rank over the first stage's top 50) on REALTALK tune.
+"""Fits and chooses hybrid search's second stage (learning to rank over the first stage's top candidates).
 
 Run: python -m benchmarks.rerank_train --split tune --vector-cache V.npz \
         --weights-out kvmem/text/rerank_weights.json --out benchmarks/results/cpu/recall_bench/rerank_train_tune.json
 Loads the split as benchmarks.recall_bench does (one user per chat, one memory per turn), then for every
-question with evidence takes the first stage's top 50 with their features (MemoryStore.search_candidates,
-the code search runs) and labels a candidate 1 when it is an evidence turn. Candidate models, each scored by
-leave-one-chat-out cross-validation on the split (fit on the other chats, reorder this chat's top 50, recall@10
-over all its evidence, so evidence outside the top 50 counts as missed): the first stage's own order,
-a pointwise logistic regression, a pairwise linear model (RankNet loss) and boosted stumps (logistic loss).
+question with evidence takes the first stage's top rerank_depth (100) with their features
+(MemoryStore.search_candidates, the code search runs) and labels a candidate 1 when it is an evidence turn.
+Candidate models, each scored by leave-one-chat-out cross-validation on the split (fit on the other chats,
+reorder this chat's candidates, recall@10 over all its evidence, so evidence outside the candidates counts as
+missed): the first stage's own order, a pointwise logistic regression (also with the speaker features left out
+or held at a fixed weight), a pairwise linear model (RankNet loss) and boosted stumps (logistic loss); any of
+them may also be trained on the wrong-name questions (`<model>+wrong_name`).
 Each is also scored on the speaker probe (questions naming one of the two speakers, as written and with the
 other's name: recall_bench.speaker_probe); a model may not lower the wrong-name recall@10 more than
 WRONG_NAME_SLACK below the first stage's. Of those, the best cross-validated recall@10 is refitted on the whole split and written as JSON weights
@@ -249,11 +251,15 @@ def evaluate(queries: list[Query], scorer) -> dict:
     return out
 
 
-def cross_validate(queries: list[Query], fit, probes: dict[str, list[Query]] | None = None) -> dict:
-    """Leave one chat out: fit on the others, order this chat's candidates (and its probe questions')."""
+def cross_validate(
+    queries: list[Query], fit, probes: dict[str, list[Query]] | None = None, extra: list[Query] | None = None
+) -> dict:
+    """Leave one chat out: fit on the others (with `extra` training questions of the other chats, if any),
+    order this chat's candidates (and its probe questions')."""
     groups = sorted({q.group for q in queries})
     probes = probes or {}
-    fitted_by_group = {group: fit([q for q in queries if q.group != group]) for group in groups}
+    extra = extra or []
+    fitted_by_group = {group: fit([q for q in [*queries, *extra] if q.group != group]) for group in groups}
 
     def scorer(q: Query) -> np.ndarray:
         return order_by(score_with(fitted_by_group[q.group], q.features))
@@ -277,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="first-stage config"
     )
     parser.add_argument(
-        "--models", default=",".join(MODELS), help="comma-separated subset of " + ",".join(MODELS)
+        "--models",
+        default=",".join(MODELS),
+        help="comma-separated subset of " + ",".join(MODELS) + "; a name ending in +wrong_name is also "
+        "trained on the wrong-name questions (the same evidence, the other speaker named)",
     )
     parser.add_argument("--weights-out", type=Path, default=None, help="write the winner's JSON weights here")
     parser.add_argument("--out", default=None)
@@ -301,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     for name in args.models.split(","):
-        results[name] = cross_validate(queries, MODELS[name], probes)
+        # "<model>+wrong_name": also trained on the wrong-name questions (the same evidence, the other
+        # speaker named), so the model learns how far a named speaker can be trusted
+        base, _, augment = name.partition("+")
+        extra = probes["wrong_name"] if augment == "wrong_name" else None
+        results[name] = cross_validate(queries, MODELS[base], probes, extra)
         r = results[name]
         print(
             f"{name:12s} {r['recall@5']:7.3f} {r['recall@10']:7.3f} {r['mrr']:7.3f}  named "
@@ -335,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         f"winner {winner}: R@10 {results[winner]['recall@10']:.3f} vs first stage {results['first_stage']['recall@10']:.3f}"
     )
     if args.weights_out is not None and winner != "first_stage":
-        fitted = MODELS[winner](queries)
+        base, _, augment = winner.partition("+")
+        fitted = MODELS[base]([*queries, *(probes["wrong_name"] if augment == "wrong_name" else [])])
         trained_on = {
             "dataset": "REALTALK",
             "split": args.split,
