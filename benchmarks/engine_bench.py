@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.common import env_info, median, print_table, write_outputs
 from benchmarks.http_client import memory_texts
-from kvmem.kv import PromptLayout, Sampling, build_item
+from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.kv.batch import Sequence, decode_step
 from kvmem.kv.packed import step as packed_step
 from kvmem.models import load_model
@@ -86,7 +86,7 @@ def memory_and_steps(handle, layout, args) -> dict:
         for k in range(args.concurrent)
     ]
     sp = Sampling(max_new_tokens=args.tokens)
-    pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20)
+    pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20, device=handle.device)
     seqs = [admitted(pool, model, ids, item, sp) for ids in prompts]
     peak = dict(pool.stats())
     times = {1: [], args.concurrent: []}
@@ -151,7 +151,7 @@ def agreement(handle, layout, args) -> dict:
         text = QUESTIONS[k % 4] * (1 + k // 4)
         requests.append((layout.prompt(mems or [], [], [{"role": "user", "content": text}]).ids, item))
     lengths = [4 + (7 * k) % args.tokens for k in range(args.requests)]
-    pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20)
+    pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20, device=handle.device)
     logits_log: list = []
     real_sample = sampler.sample
 
@@ -182,6 +182,11 @@ def agreement(handle, layout, args) -> dict:
                 )
         runner.step(model, pool, [s for s in seqs if s.prefilling], [s for s in seqs if s.decoding])
         step += 1
+    # alone through the engine vs a full prefill of the same ids (no block, transformers' own cache)
+    full = [
+        list(generate(model, ids, sampling=Sampling(max_new_tokens=n)))
+        for (ids, _), n in zip(requests, lengths, strict=True)
+    ]
     differ = []
     for k, (s, a) in enumerate(zip(seqs, alone, strict=True)):
         s.release()
@@ -195,6 +200,7 @@ def agreement(handle, layout, args) -> dict:
         "requests": len(requests),
         "chunk_tokens": args.chunk,
         "outputs_identical": len(requests) - len(differ),
+        "alone_equal_to_full_prefill": sum(a == f for a, f in zip(alone, full, strict=True)),
         "differing": differ,
         "differing_are_near_ties": all(d["top2_gap_alone"] < 1e-4 for d in differ),
         "pages_used_after": pool.used_pages,
@@ -211,9 +217,11 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--pool-mb", type=int, default=1024)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA by default")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    handle = handle or load_model(args.model, device="cpu", dtype="float32")
+    handle = handle or load_model(args.model, device=args.device, dtype=args.dtype)
     layout = PromptLayout(handle.tokenizer)
     with torch.inference_mode():
         mem = memory_and_steps(handle, layout, args)
@@ -232,7 +240,13 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             ["agreement identical", f"{agree['outputs_identical']}/{agree['requests']}"],
         ],
     )
-    result = {"env": env_info("cpu"), "model": handle.model_id, "memory": mem, "agreement": agree}
+    env = env_info(str(handle.device))
+    result = {
+        "env": {**env, "dtype": str(handle.dtype)},
+        "model": handle.model_id,
+        "memory": mem,
+        "agreement": agree,
+    }
     write_outputs(result, args.out)
     return result
 

@@ -106,6 +106,7 @@ def run_backend(args: argparse.Namespace, backend: str, texts: list[str]) -> lis
                 top_k=args.memories,
                 data_dir=os.path.join(tmp, "data"),
                 queue_size=max(16, 2 * max(args.levels)),  # the load, not the admission bound, is measured
+                extra=tuple(args.serve_args.split()),
             )
             if args.spawn
             else nullcontext(args.base_url)
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default=None)
     p.add_argument("--memories", type=int, default=8)
     p.add_argument("--words", type=int, default=60)
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help='more `kvmem serve` flags for spawned servers, e.g. "--device cuda" or "--kv-pool-mb 0"',
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not args.spawn and not args.base_url:

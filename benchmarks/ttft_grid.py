@@ -291,7 +291,8 @@ def random_handle(preset: str, device: str, dtype: str | None):
 
     if preset not in RANDOM_PRESETS:
         raise SystemExit(f"unknown --random-preset {preset!r}; supported: {', '.join(RANDOM_PRESETS)}")
-    tokenizer = AutoTokenizer.from_pretrained(str(provision()))
+    # KVMEM_TOKENIZER_DIR: a tokenizer carried to a machine that cannot provision the default model
+    tokenizer = AutoTokenizer.from_pretrained(os.environ.get("KVMEM_TOKENIZER_DIR") or str(provision()))
     spec = dict(RANDOM_PRESETS[preset])
     config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), **spec)
     torch.manual_seed(0)

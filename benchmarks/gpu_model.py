@@ -1,0 +1,69 @@
+"""The model directory the GPU suite runs on: the default model when this machine has it (or can provision
+it), else seeded random weights of its shape (SmolLM2-135M) with a tokenizer carried here.
+
+A lent GPU machine reaches no network, and the default model (517 MB) is too large to carry to it; TTFT,
+step cost and KV bytes depend on the shape, not on the values, and exactness compares two computations of
+the same weights, so random weights of the same shape measure the same things (the JSON says which ran).
+
+    python -m benchmarks.gpu_model --out .gpu/model [--tokenizer .gpu/tokenizer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+SMOLLM2_135M = dict(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_model", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="where the model directory is written")
+    p.add_argument("--tokenizer", default=os.environ.get("KVMEM_TOKENIZER_DIR"), help="a tokenizer dir")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    try:
+        from kvmem.models import provision
+
+        source = provision()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.is_symlink():
+            out.unlink()
+        if not out.exists():
+            out.symlink_to(source.resolve(), target_is_directory=True)
+        info = {"model": "default", "path": str(source)}
+    except Exception as exc:  # noqa: BLE001 - no default model here: random weights of its shape
+        if not args.tokenizer:
+            raise SystemExit(
+                f"the default model cannot be provisioned here ({exc}); give --tokenizer (or "
+                "KVMEM_TOKENIZER_DIR): a copy of its tokenizer files (tokenizer.json, tokenizer_config.json)"
+            ) from None
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        spec = dict(SMOLLM2_135M)
+        config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), **spec)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        info = {"model": "SmolLM2-135M shape, random weights (seed 0)", "path": str(out)}
+    print(json.dumps(info))
+    return info
+
+
+if __name__ == "__main__":
+    main()
