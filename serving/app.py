@@ -30,7 +30,7 @@ from scheduler.formation import FormationWorker
 from scheduler.wiring import make_scheduler
 from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
-from serving.backends.base import Backend, BackendError, NotReady, PromptTooLong, QueueFull
+from serving.backends.base import Backend, BackendError, NotReady, PoolFull, PromptTooLong, QueueFull
 from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
@@ -77,8 +77,12 @@ IdempotencyKey = Annotated[
 # -- errors: the one place exceptions become OpenAI error JSON ---------------------------------------------------
 
 
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait (the queue or the KV pool was full)
+
+
 def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.to_dict(), status_code=error.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
+    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
 
 
 def to_api_error(exc: Exception) -> ApiError:
@@ -111,7 +115,8 @@ def to_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, QueueFull):
-        return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code="queue_full")
+        code = "kv_pool_full" if isinstance(exc, PoolFull) else "queue_full"
+        return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code=code)
     if isinstance(exc, NotReady):
         return ApiError(
             503, f"the model is not ready: {exc}", type="service_unavailable", code="model_not_ready"

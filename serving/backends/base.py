@@ -23,6 +23,10 @@ class QueueFull(BackendError):
     """The backend's bounded request queue is full; the caller may retry later (HTTP 429)."""
 
 
+class PoolFull(QueueFull):
+    """Not enough free KV pages in the engine's pool for a request (HTTP 429 kv_pool_full: retry later)."""
+
+
 class NotReady(BackendError):
     """The model is not loaded yet, or failed to load (HTTP 503)."""
 

@@ -25,6 +25,7 @@ from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
+    PoolFull,
     StreamItem,
     TokenDelta,
     TokenLogprob,
@@ -504,6 +505,8 @@ class TransformersBackend(StoredBlocksBackend):
                         log.info("client disconnected; stopping request %s", req.request_id)
                         return
                     continue
+                if isinstance(obj, PoolFull):  # no KV pages within kv_wait_s: 429, the client retries
+                    raise obj
                 if isinstance(obj, BaseException):
                     raise BackendError(f"generation failed: {obj}") from obj
                 yield obj

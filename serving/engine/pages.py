@@ -23,13 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from serving.backends.base import QueueFull
+from serving.backends.base import PoolFull
 
 DEFAULT_PAGE_TOKENS = 16
-
-
-class PoolFull(QueueFull):
-    """Not enough free KV pages for a request (HTTP 429: retry later)."""
+__all__ = ["DEFAULT_PAGE_TOKENS", "PagePool", "PoolFull", "PoolShape", "SharedPages"]
 
 
 @dataclass(frozen=True)

@@ -263,3 +263,26 @@ def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, to
     for s in seqs:
         s.release()
     assert pool.used_pages == 0
+
+
+def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny_model_dir):
+    """Through the HTTP app: a reply that needs more pages than the pool has waits `kv_wait_s`, then gets 429
+    kv_pool_full with Retry-After; nothing is left allocated, and a request that fits is served after it."""
+    from tests.serving.kvstack import load_backend, served
+
+    backend = load_backend(tiny_model_dir, tmp_path, kv_pool_mb=1, kv_wait_s=0.0)
+    with served(tmp_path, backend) as s:
+        pool = backend.pool
+        capacity = pool.num_pages * pool.page_tokens
+        body = {
+            "model": "default",
+            "user": "bob",
+            "max_tokens": capacity + 10,
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+        }
+        r = s.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "kv_pool_full"
+        assert r.headers["Retry-After"] == "1" and "free pages" in r.json()["error"]["message"]
+        assert pool.used_pages == 0 and pool.free_pages == pool.num_pages
+        assert s.chat("bob")["choices"][0]["finish_reason"] in ("stop", "length")
+        assert pool.used_pages == 0
