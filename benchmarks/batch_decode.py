@@ -7,7 +7,7 @@ load average and other processes' CPU share (this machine is shared). Last line 
 
     python -m benchmarks.batch_decode --requests 8 --tokens 16 --reps 3 --out benchmarks/results/cpu/batch_decode.json
 
-With --served: the production Batcher (serving/backends/batcher.py) with --requests concurrent requests, each
+With --served: the production Batcher (serving/engine/scheduler.py) with --requests concurrent requests, each
 replaced by the next as it finishes until --total have run, packed steps (a step's prefill chunks and decode
 rows in one forward, kvmem/kv/packed.py) against unpacked (each chunk its own forward), arms alternated:
 
@@ -26,7 +26,7 @@ from benchmarks.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.kv.batch import Sequence, decode_step
 from kvmem.models import load_model
-from serving.backends.batcher import Batcher
+from serving.engine.scheduler import Batcher
 
 QUESTIONS = (
     "What do you remember about my plans?",

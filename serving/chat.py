@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 # Characters per stop string: stop strings are short markers ("\n\n", "User:", "</answer>"); the cap bounds
-# the text a backend holds back and its matcher's work per token (serving/backends/stops.py).
+# the text a backend holds back and its matcher's work per token (serving/engine/stops.py).
 MAX_STOP_CHARS = 64
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 

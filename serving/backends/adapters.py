@@ -183,7 +183,7 @@ def unload_erased(
 ) -> None:
     """The delete cascade in a backend: erased versions leave the slots, their weights deleted on the model
     thread (`call_soon` runs a function there without waiting: the cascade never waits for a model step)."""
-    from serving.backends.model_loop import LoopClosed
+    from serving.engine.model_loop import LoopClosed
 
     if slots is not None and slots.forget(served_names):
         try:

@@ -30,7 +30,7 @@ from serving.backends.base import (
     TokenLogprob,
     TopLogprob,
 )
-from serving.backends.stops import StopMatcher
+from serving.engine.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock

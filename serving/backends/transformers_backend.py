@@ -2,7 +2,7 @@
 
 Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator that
 hands its sequence to the model thread, which decodes all running sequences in one batched forward per step
-and prefills new ones in chunks in between (batcher.py), with block builds between steps. A bounded admission
+and prefills new ones in chunks in between (serving/engine/scheduler.py), with block builds between steps. A bounded admission
 count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
 """
 
@@ -31,10 +31,10 @@ from serving.backends.base import (
     TokenLogprob,
     TopLogprob,
 )
-from serving.backends.detok import IncrementalDetokenizer, TokenPieces
-from serving.backends.model_loop import LoopClosed, ModelLoop
-from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
+from serving.engine.detok import IncrementalDetokenizer, TokenPieces
+from serving.engine.model_loop import LoopClosed, ModelLoop
+from serving.engine.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock

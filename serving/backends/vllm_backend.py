@@ -32,7 +32,6 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
-from serving.backends.stops import StopMatcher
 from serving.backends.stored import StoredBlocksBackend, fallback_kind
 from serving.backends.vllm_request import (
     cache_salt,
@@ -40,6 +39,7 @@ from serving.backends.vllm_request import (
     lora_request_for,
     sampling_params,
 )
+from serving.engine.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock

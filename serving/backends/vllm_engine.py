@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from serving.backends.model_loop import LoopClosed, ModelLoop
+from serving.engine.model_loop import LoopClosed, ModelLoop
 
 if TYPE_CHECKING:
     from serving.backends.vllm_backend import VllmBackendConfig

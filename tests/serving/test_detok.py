@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.backends.base import GenerationRequest, GenerationResult, SamplingParams, TokenDelta
-from serving.backends.detok import IncrementalDetokenizer
-from serving.backends.stops import StopMatcher
+from serving.engine.detok import IncrementalDetokenizer
+from serving.engine.stops import StopMatcher
 
 
 def stream(tokenizer, ids: list[int]) -> tuple[list[str], IncrementalDetokenizer]:

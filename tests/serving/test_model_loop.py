@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from serving.backends.model_loop import LoopClosed, ModelLoop
+from serving.engine.model_loop import LoopClosed, ModelLoop
 
 
 def wait_until(cond, timeout_s: float = 5.0) -> None:

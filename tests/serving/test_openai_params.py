@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from kvmem.kv import GenerationStats, Sampling, generate
 from serving.backends.base import GenerationRequest, LaidOutPrompt, SamplingParams, TokenDelta
-from serving.backends.detok import TokenPieces
+from serving.engine.detok import TokenPieces
 from tests.serving.conftest import ALICE, MODEL, Stack
 from tests.serving.test_transformers_backend import arrive_together, tokens_of
 

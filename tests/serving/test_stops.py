@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.backends.stops import StopMatcher
 from serving.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from serving.engine.stops import StopMatcher
 
 
 def run(stops, deltas):

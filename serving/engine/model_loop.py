@@ -5,7 +5,7 @@ ran a moment ago still spin on the cores the next forward needs. With a generati
 1.7k-token KV prefill ran ~45 ms slower in the server after a burst of 8 concurrent requests than in a
 one-thread process; on one thread it runs as fast. Requests are generators; each turn advances every one of
 them a step, in order, then the batcher once. A generator that yields a `Sequence` (kvmem/kv/batch.py) joins
-the batcher (batcher.py): its sequences advance together, one batched decode forward per turn, with prefill
+the batcher (scheduler.py): its sequences advance together, one batched decode forward per turn, with prefill
 chunks of new ones before it, so a new request's prefill waits for one decode step, not for generations.
 Builds are plain calls, run between turns, whose caller waits for the result.
 """
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kvmem.kv.batch import Sequence
-from serving.backends.batcher import Batcher
+from serving.engine.scheduler import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class ModelLoop:
 
     def start(self, steps: Iterator[Any]) -> None:
         """Advance `steps` one `next` per turn on the model thread until it is exhausted, or until it yields a
-        `Sequence`: from then on the batcher resumes it with that sequence's tokens (batcher.py). It must handle
+        `Sequence`: from then on the batcher resumes it with that sequence's tokens (scheduler.py). It must handle
         its own errors (an exception out of it is logged and the generator dropped)."""
         self._put(steps)
 
