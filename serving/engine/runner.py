@@ -3,19 +3,19 @@
 The step's tokens are packed into input_ids [1, T] (each sequence's chunk, or its last token), each with its
 own position. The linear layers see T rows. In every layer, the attention function registered below:
 1. writes the step's new K/V into the pool at each token's slot (its sequence's pages);
-2. reads the K/V of each group of rows that share an item's pages once for all the group's queries, and
-   each row's own rest by its page table into [B, Kmax] (pad slots masked out), its queries into [B, Qmax];
-   one batched attention over the rests, with the boolean mask each row would have alone (query i of a
-   chunk after P positions sees keys 0 .. P + i), one per prefix group, merged by log-sum-exp; GQA by
-   grouping the query heads of each K/V head (no copy of K/V per query head);
+2. attends: prefill chunks ("wide" rows) in one `scaled_dot_product_attention` over their gathered contexts;
+   one-token rows ("narrow": decode steps) in one batched computation over their own rest, plus one per
+   group of rows that share an item's pages, read once for the whole group and merged by log-sum-exp (see
+   StepPlan); GQA by grouping the query heads of each K/V head;
 3. scatters the outputs back to the packed order.
 No Python loop over sequences runs inside a layer: the indices and the mask are built once per step. The
 logits are computed only at each row's last position, and every row's token comes out of one host sync
 (sampler.py). A chunk that is not its prompt's last yields no token, as alone.
 
-Measured (`benchmarks/engine_bench.py`, /tmp-free: the figures are in its JSON): one SDPA call over every
-row's gathered K/V copies a shared block once per row per layer: 8 rows over a 1.9k-token block took 640 ms a
-decode step against 277 ms for per-request caches. Reading the shared pages once per group removes that copy.
+Measured on the 2-core CPU (135M model; `benchmarks/engine_bench.py`): one SDPA over every row's gathered
+context copied a shared 1.9k-token block once per row per layer (8 decode rows: 640 ms a step against 277 ms
+for per-request caches); softmax written out for prefill chunks made a 2k-token prefill 3x slower than SDPA.
+Hence the two kinds of rows.
 """
 
 from __future__ import annotations
@@ -39,14 +39,23 @@ PAGED = "kvmem_paged"  # the attention implementation a step's forward runs unde
 Result = int | None | SequenceError
 
 
+def _consecutive(pages: list[int]) -> bool:
+    return pages == list(range(pages[0], pages[0] + len(pages)))
+
+
 class StepPlan(Cache):
     """The step's indices, built once: where each token's K/V go, what each row reads, and the masks. It is
     passed as `past_key_values` (its `update` leaves K/V to the attention function).
 
-    Rows whose tables begin with the same shared pages (an item's) form a prefix group: the group's queries
-    attend to those pages once per layer (a view of the pool when the pages are consecutive, else one
-    gather); each row's rest (from the end of its prefix: its copy-on-write page, its own tokens) is gathered
-    per row. The two parts are merged exactly by their log-sum-exp (softmax over the union of the keys)."""
+    Two kinds of rows, each attended in one batched computation per layer:
+    - wide rows (a prefill chunk of several tokens): each row's whole context gathered by its page table
+      into [B, Kmax] (pad slots masked out), one `scaled_dot_product_attention` with the mask the row has
+      alone (query i of a chunk after P positions sees keys 0 .. P + i);
+    - narrow rows (one token: decode steps, a chunk's last token): rows whose tables begin with the same
+      shared pages (an item's) form a prefix group whose queries attend to those pages once (a view of the
+      pool when the pages are consecutive, else one gather); each row's rest (its copy-on-write page, its own
+      tokens) is gathered per row; the two parts are merged exactly by their log-sum-exp. A shared block is
+      read once per step, not once per row."""
 
     def __init__(self, pool: PagePool, seqs: list, chunks: list[list[int]], device: torch.device) -> None:
         super().__init__(layers=[])
@@ -54,44 +63,75 @@ class StepPlan(Cache):
         pt = pool.page_tokens
         lengths = [len(c) for c in chunks]
         pasts = [s.position for s in seqs]
-        b, qmax = len(seqs), max(lengths)
-        groups: dict[tuple[str, int], list[int]] = {}
-        for r, s in enumerate(seqs):
-            if s.table.shared_pages and s.table._item_id is not None:
-                groups.setdefault((s.table._item_id, s.table.shared_pages), []).append(r)
-        starts = [0] * b  # each row's first position after its prefix
-        self.prefixes: list[tuple[torch.Tensor, slice | torch.Tensor]] = []
-        for (_, shared), rows in groups.items():
-            pages = seqs[rows[0]].table.pages[:shared]
-            if pages == list(range(pages[0], pages[0] + shared)):
-                slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + shared) * pt)
-            else:
-                slots = pool.slots(pages, 0, shared * pt, device)
-            self.prefixes.append((torch.tensor(rows, device=device), slots))
-            for r in rows:
-                starts[r] = shared * pt
-        kmax = max(p + n - st for p, n, st in zip(pasts, lengths, starts, strict=True))
-        write, gather, q_index, out_index = [], [], [], []
-        start = 0
-        for r, (s, n, p) in enumerate(zip(seqs, lengths, pasts, strict=True)):
-            write.append(s.table.extend(n, torch.device("cpu")))
-            row = pool.slots(s.table.pages, starts[r], p + n)
-            gather.append(F.pad(row, (0, kmax - len(row))))
-            q_index.append(F.pad(torch.arange(start, start + n), (0, qmax - n)))
-            out_index.append(torch.arange(n) + r * qmax)
+        starts_at, start = [], 0
+        for n in lengths:
+            starts_at.append(start)
             start += n
+        write = [s.table.extend(n, torch.device("cpu")) for s, n in zip(seqs, lengths, strict=True)]
         self.write = torch.cat(write).to(device)
-        self.gather = torch.cat(gather).to(device)  # [B * Kmax] slots of each row's rest, row by row
-        self.q_index = torch.cat(q_index).to(device)  # [B * Qmax] packed positions, row by row
-        self.out_index = torch.cat(out_index).to(device)  # [T] into [B * Qmax]
-        q = torch.arange(qmax)[None, :, None]
-        k = torch.arange(kmax)[None, None, :] + torch.tensor(starts)[:, None, None]  # absolute positions
-        p = torch.tensor(pasts)[:, None, None]
-        n = torch.tensor(lengths)[:, None, None]
-        mask = (k <= p + q) & (k < p + n)
-        mask[:, :, 0] |= q[:, :, 0] >= n[:, :, 0]  # pad query rows see their first key (discarded; no NaN)
-        self.mask = None if bool(mask.all()) else mask[:, None, None].to(device)  # [B, 1, 1, Qmax, Kmax]
-        self.shape = (b, qmax, kmax)
+        wide = [r for r, n in enumerate(lengths) if n > 1]
+        narrow = [r for r, n in enumerate(lengths) if n == 1]
+        self.wide = None
+        if wide:
+            qmax = max(lengths[r] for r in wide)
+            kmax = max(pasts[r] + lengths[r] for r in wide)
+            gather, q_index, tokens = [], [], []
+            for r in wide:
+                n, p = lengths[r], pasts[r]
+                gather.append(F.pad(pool.slots(seqs[r].table.pages, 0, p + n), (0, kmax - p - n)))
+                q_index.append(F.pad(torch.arange(starts_at[r], starts_at[r] + n), (0, qmax - n)))
+                tokens.append(torch.arange(n) + len(tokens) * qmax)
+            q = torch.arange(qmax)[None, :, None]
+            k = torch.arange(kmax)[None, None, :]
+            pw = torch.tensor([pasts[r] for r in wide])[:, None, None]
+            nw = torch.tensor([lengths[r] for r in wide])[:, None, None]
+            mask = (k <= pw + q) & (k < pw + nw)
+            mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
+            self.wide = (
+                len(wide),
+                qmax,
+                kmax,
+                torch.cat(gather).to(device),  # [B * Kmax] slots, row by row
+                torch.cat(q_index).to(device),  # [B * Qmax] packed positions
+                torch.cat(tokens).to(device),  # the rows' real queries in [B * Qmax], in packed order
+                mask[:, None].to(device),
+                torch.cat([torch.arange(starts_at[r], starts_at[r] + lengths[r]) for r in wide]).to(device),
+            )
+        self.narrow = None
+        if narrow:
+            groups: dict[tuple[str, int], list[int]] = {}
+            for i, r in enumerate(narrow):
+                t = seqs[r].table
+                if t.shared_pages and t._item_id is not None:
+                    groups.setdefault((t._item_id, t.shared_pages), []).append(i)
+            first = [0] * len(narrow)  # each row's first position after its prefix
+            prefixes: list[tuple[torch.Tensor, slice | torch.Tensor]] = []
+            for (_, shared), rows in groups.items():
+                pages = seqs[narrow[rows[0]]].table.pages[:shared]
+                if _consecutive(pages):
+                    slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + shared) * pt)
+                else:
+                    slots = pool.slots(pages, 0, shared * pt, device)
+                prefixes.append((torch.tensor(rows, device=device), slots))
+                for i in rows:
+                    first[i] = shared * pt
+            ends = [pasts[r] + 1 for r in narrow]
+            kmax = max(e - f for e, f in zip(ends, first, strict=True))
+            gather = [
+                F.pad(pool.slots(seqs[r].table.pages, f, e), (0, kmax - e + f))
+                for r, f, e in zip(narrow, first, ends, strict=True)
+            ]
+            k = torch.arange(kmax)[None, :]
+            valid = k < (torch.tensor(ends) - torch.tensor(first))[:, None]  # [B, Kmax]
+            positions = torch.tensor([starts_at[r] for r in narrow])
+            self.narrow = (
+                len(narrow),
+                kmax,
+                torch.cat(gather).to(device),
+                positions.to(device),  # each row's token in the packed order
+                None if bool(valid.all()) else valid[:, None, None, None].to(device),  # [B, 1, 1, 1, K]
+                prefixes,
+            )
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return key_states, value_states  # written by the attention function
@@ -105,9 +145,9 @@ class StepPlan(Cache):
 
 
 def _attend(q, k, v, mask, scale: float):
-    """Softmax attention with its log-sum-exp. q [B, kv, G, Q, d] (G query heads per K/V head), k/v
-    [B, kv, K, d], mask None or bool broadcastable to [B, kv, G, Q, K]. Returns out [B, kv, G, Q, d] and
-    lse [B, kv, G, Q, 1] (float32)."""
+    """Softmax attention with its log-sum-exp, for few queries. q [B, kv, G, Q, d] (G query heads per K/V
+    head), k/v [B, kv, K, d], mask None or bool broadcastable to [B, kv, G, Q, K]. Returns out [B, kv, G, Q, d]
+    and lse [B, kv, G, Q, 1] (float32)."""
     bsz, kv, g, nq, d = q.shape
     scores = (q.reshape(bsz, kv, g * nq, d) @ k.transpose(-1, -2)).view(bsz, kv, g, nq, -1).float() * scale
     if mask is not None:
@@ -117,35 +157,54 @@ def _attend(q, k, v, mask, scale: float):
     return (probs @ v).view(bsz, kv, g, nq, d), lse
 
 
-def _paged_attention(module, query, key, value, attention_mask, *, kvmem_step: StepPlan, scaling=None, **kw):
-    st, layer = kvmem_step, module.layer_idx
-    k_pool, v_pool = st.pool.k[layer], st.pool.v[layer]  # [slots, kv_heads, dim]
-    k_pool.index_copy_(0, st.write, key[0].transpose(0, 1).to(k_pool.dtype))
-    v_pool.index_copy_(0, st.write, value[0].transpose(0, 1).to(v_pool.dtype))
-    b, qmax, kmax = st.shape
+def _wide(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
+    """Prefill chunks: [tokens, heads, d] in the order of st.wide's positions."""
+    b, qmax, kmax, gather, q_index, tokens, mask, _ = st.wide
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
-    scale = scaling if scaling is not None else dim**-0.5
+    q = query[0].index_select(1, q_index).view(heads, b, qmax, dim).transpose(0, 1)  # [B, heads, Q, d]
+    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
+    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+    return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
+
+
+def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
+    """One-token rows: [rows, heads, d] in the order of st.narrow's positions."""
+    b, kmax, gather, positions, mask, prefixes = st.narrow
+    kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
     g = heads // kv_heads
-    q = query[0].index_select(1, st.q_index).view(kv_heads, g, b, qmax, dim).permute(2, 0, 1, 3, 4)
-    k = k_pool.index_select(0, st.gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-    v = v_pool.index_select(0, st.gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out, lse = _attend(q, k, v, st.mask, scale)
-    for rows, slots in st.prefixes:  # each prefix group's shared pages, read once for all its queries
+    q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
+    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
+    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
+    out, lse = _attend(q, k, v, mask, scale)
+    for rows, slots in prefixes:  # each prefix group's shared pages, read once for all its rows
         kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
         vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
-        qg = q.index_select(0, rows)  # [R, kv, G, Q, d]
-        r = qg.shape[0]
-        qg = qg.permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r * qmax, dim)
+        r = rows.shape[0]
+        qg = q.index_select(0, rows).permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r, dim)
         o_p, l_p = _attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
-        o_p = o_p.view(kv_heads, g, r, qmax, dim).permute(2, 0, 1, 3, 4)
-        l_p = l_p.view(kv_heads, g, r, qmax, 1).permute(2, 0, 1, 3, 4)
+        o_p = o_p.view(kv_heads, g, r, 1, dim).permute(2, 0, 1, 3, 4)
+        l_p = l_p.view(kv_heads, g, r, 1, 1).permute(2, 0, 1, 3, 4)
         o_r, l_r = out.index_select(0, rows), lse.index_select(0, rows)
         m = torch.maximum(l_r, l_p)
         w_r, w_p = torch.exp(l_r - m), torch.exp(l_p - m)
         merged = (o_r.float() * w_r + o_p.float() * w_p) / (w_r + w_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
-    # [B, kv, G, Q, d] -> [B * Q, heads, d] -> the packed order
-    out = out.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, dim).index_select(0, st.out_index)
+    return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)
+
+
+def _paged_attention(module, query, key, value, attention_mask, *, kvmem_step: StepPlan, scaling=None, **kw):
+    st, layer = kvmem_step, module.layer_idx
+    k_pool, v_pool = st.pool.k[layer], st.pool.v[layer]  # [slots, kv_heads, dim]
+    k_pool.index_copy_(0, st.write, key[0].transpose(0, 1).to(k_pool.dtype))
+    v_pool.index_copy_(0, st.write, value[0].transpose(0, 1).to(v_pool.dtype))
+    heads, dim = query.shape[1], query.shape[3]
+    scale = scaling if scaling is not None else dim**-0.5
+    out = query.new_empty(query.shape[2], heads, dim)  # [T, heads, d] in the packed order
+    if st.wide is not None:
+        out.index_copy_(0, st.wide[-1], _wide(st, query, k_pool, v_pool, scale).to(out.dtype))
+    if st.narrow is not None:
+        out.index_copy_(0, st.narrow[3], _narrow(st, query, k_pool, v_pool, scale).to(out.dtype))
     return out.unsqueeze(0), None  # [1, T, heads, dim], as the attention interface returns
 
 
