@@ -62,6 +62,9 @@ class TransformersBackendConfig:
     kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine); 0: per-request caches (the old path)
     kv_page_tokens: int = 16  # tokens per KV page
     kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
+    # a block build's prefill chunk (engine): builds run in the background, so theirs are small: a step that
+    # carries one delays the streams by a short chunk (64 tokens ~ 0.2 s on 2 CPU cores), not 512 tokens
+    build_chunk_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -70,9 +73,15 @@ class TransformersBackendConfig:
             raise ValueError(
                 "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
             )
-        if self.kv_pool_mb < 0 or self.kv_page_tokens < 1 or self.kv_wait_s < 0:
+        if (
+            self.kv_pool_mb < 0
+            or self.kv_page_tokens < 1
+            or self.kv_wait_s < 0
+            or self.build_chunk_tokens < 1
+        ):
             raise ValueError(
-                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1 and kv_wait_s >= 0"
+                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1, kv_wait_s >= 0 and "
+                "build_chunk_tokens >= 1"
             )
         if self.prefill_chunk_tokens < 1:
             raise ValueError(
@@ -244,7 +253,7 @@ class TransformersBackend(StoredBlocksBackend):
                 max_new_tokens=1,
                 wait_s=self.config.kv_wait_s,
                 sampling=Sampling(max_new_tokens=1),
-                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                prefill_chunk_tokens=self.config.build_chunk_tokens,
             ):
                 if seq is None:
                     yield

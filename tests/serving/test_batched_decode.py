@@ -29,6 +29,7 @@ def chunked_backend(tmp_path_factory, tiny_model_dir):
             model=str(tiny_model_dir),
             data_dir=str(tmp_path_factory.mktemp("data")),
             prefill_chunk_tokens=CHUNK,
+            build_chunk_tokens=CHUNK,
         )
     )
     backend.load()
