@@ -37,3 +37,14 @@ def test_the_step_line_says_the_seconds_so_far():
         check=True,
     )
     assert out.stderr == "setup: [0 s] installing\n"
+
+
+def test_the_pip_command_line_runs():
+    """The PIP array's options are pip's general options (an install option before the subcommand, e.g.
+    --progress-bar, makes every pip call fail: CI's fresh set-up did)."""
+    [pip] = [line for line in SETUP.read_text().splitlines() if line.startswith("PIP=(")]
+    venv = Path(__file__).resolve().parent.parent / ".venv"
+    out = subprocess.run(
+        ["bash", "-c", f'VENV="{venv}"; {pip}; "${{PIP[@]}}" --version'], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.startswith("pip "), out.stderr
