@@ -16,7 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)  # not -q: its progress shows
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 HAS_GPU=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   HAS_GPU=1
