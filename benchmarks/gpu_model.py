@@ -15,18 +15,6 @@ import json
 import os
 from pathlib import Path
 
-SMOLLM2_135M = dict(
-    model_type="llama",
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
-
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_model", description=__doc__.splitlines()[0])
@@ -54,7 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-        spec = dict(SMOLLM2_135M)
+        from benchmarks.ttft_grid import RANDOM_PRESETS
+
+        spec = dict(RANDOM_PRESETS["smollm2-135m"])
         config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), **spec)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config).eval()

@@ -269,6 +269,18 @@ def run_grid(
 RANDOM_PRESETS = {
     # Qwen3-8B's shape (the model of MemOS's table) with seeded random weights: TTFT depends on the shape,
     # not the values, so this reproduces the compute of the MemOS cells without downloading the model.
+    # the default model's shape (SmolLM2-135M): benchmarks/gpu_model.py on a machine that cannot provision it
+    "smollm2-135m": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
     "qwen3-8b": dict(
         model_type="qwen3",
         hidden_size=4096,
@@ -314,7 +326,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
-    p.add_argument("--random-preset", default=None, help="a model shape with seeded random weights: qwen3-8b")
+    p.add_argument("--random-preset", default=None, help="a model shape with seeded random weights: qwen3-8b, smollm2-135m")
     p.add_argument(
         "--compile",
         action="store_true",
