@@ -312,7 +312,7 @@ def test_the_job_says_what_it_does_as_it_goes(tmp_path, tiny_handle, caplog):
         "distill step 1/2",
         "distill step 2/2",
         "user 'alice': trained (2 steps, ",
-        "; the gates: 4 questions, 6 unanswerable",
+        "; the gates: 4 questions, ",  # and n unanswerable: n depends on what drew random numbers before
         " gates: {'recall_in_context': 0.0,",
     ]
     found = [next(i for i, m in enumerate(said) if m.startswith(s) or s in m) for s in stages]
