@@ -67,6 +67,11 @@ def inject(item: KVItem, prompt_ids: tuple[int, ...] | list[int]) -> Injection:
     # reaching past the parent's tokens, one request-owned tensor joining the parent's K/V and the child's own
     # (the stored items are never joined: the parent stays resident once). The first forward's update then
     # concatenates the request's tokens onto it, as DynamicCache does for every cache.
-    kv = item.kv_range(0, n)
-    layers = [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
-    return Injection(cache=SharedPrefixCache(layers), reused_tokens=n)
+    return Injection(cache=cache_of(item.kv_range(0, n)), reused_tokens=n)
+
+
+def cache_of(kv: torch.Tensor) -> SharedPrefixCache:
+    """A cache whose layers are views of kv ([layers, 2, kv_heads, n, head_dim]); never written."""
+    return SharedPrefixCache(
+        [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
+    )

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from kvmem.kv.batch import Sequence
-from kvmem.kv.inject import Injection, SharedPrefixCache, _shared_layer, usable_prefix_tokens
+from kvmem.kv.inject import Injection, cache_of, usable_prefix_tokens
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 
@@ -49,10 +49,7 @@ class PagedSequence(Sequence):
 
     def session_cache(self):
         """Its K/V so far as a cache of its own (a copy): a live session's entry keeps it."""
-        kv = self.table.read()
-        return SharedPrefixCache(
-            [_shared_layer(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(len(kv))]
-        )
+        return cache_of(self.table.read())
 
 
 def admit(
