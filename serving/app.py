@@ -43,7 +43,7 @@ from serving.idempotency import (
     fingerprint,
 )
 from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
-from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines
+from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
 from serving.openapi import openapi_with_400
 from serving.protocol import (
     AddMemoriesRequest,
@@ -191,6 +191,25 @@ class _CountRequests:
             self.metrics.observe_request(scope["method"], getattr(route, "path", UNMATCHED), status)
 
 
+class _ReplicaHeader:
+    """ASGI middleware: every HTTP response says which replica served it (`X-Kvmem-Replica`)."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app, self.header = app, (b"x-kvmem-replica", replica.encode("ascii"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
 def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
     keyring: KeyRing | None = request.app.state.keyring
     return keyring.caller(authorization) if keyring is not None else ANYONE
@@ -304,7 +323,8 @@ def create_app(
             allowed_hosts=config.allowed_hosts,
             respond=lambda exc: _error_response(to_api_error(exc)),
         )
-    app.add_middleware(_CountRequests, metrics=metrics)  # added last: outermost, so it counts the 413s too
+    app.add_middleware(_CountRequests, metrics=metrics)  # outside the others, so it counts the 413s too
+    app.add_middleware(_ReplicaHeader, replica=config.replica)  # outermost: every answer carries it
 
     def chat_user(who: Caller, body: ChatCompletionRequest, header_user: str | None) -> str:
         user_id = body.user or header_user
@@ -340,7 +360,7 @@ def create_app(
     async def metrics_route() -> Response:
         counts = await asyncio.to_thread(store.formation_counts)
         text = metrics.render() + _scheduler_metrics(scheduler) + formation_metrics(formation, counts)
-        text += engine_lines(backend.engine_stats())
+        text += engine_lines(backend.engine_stats()) + replica_lines(config.replica)
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")

@@ -77,6 +77,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "connection is closed",
     )
     p.add_argument(
+        "--replica-id",
+        default="",
+        help="this replica's name in the X-Kvmem-Replica header and /metrics (default: host name and port)",
+    )
+    p.add_argument(
         "--allowed-hosts",
         default="",
         help="with --no-auth: comma-separated Host names answered besides the loopback ones (others get 403)",
@@ -240,6 +245,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,
             read_timeout_s=args.read_timeout_s,
+            replica_id=args.replica_id,
             allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),
         )
     except ValueError as e:

@@ -6,6 +6,7 @@ Knows the shape of the settings only; what the backend does with `model` is the 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -98,6 +99,9 @@ class ServingConfig:
     # a request's body must arrive within this many seconds of its start (else 408); also the bound on
     # receiving a request's headers (serving/http_server.py's h11 protocol, under `kvmem serve`)
     read_timeout_s: float = 30.0
+    # the name this process answers with in `X-Kvmem-Replica` and /metrics (replicas behind a router);
+    # "": the host name and port
+    replica_id: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -105,6 +109,10 @@ class ServingConfig:
             object.__setattr__(self, "api_keys_file", Path(self.api_keys_file))
         if not self.host:
             raise ValueError("host must not be empty")
+        if len(self.replica_id) > 64 or not all(c.isascii() and (c.isalnum() or c in "-_.:") for c in self.replica_id):
+            raise ValueError(
+                f"replica_id must be at most 64 letters, digits or '-_.:', got {self.replica_id!r}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not self.model:
@@ -157,6 +165,11 @@ class ServingConfig:
                 raise ValueError(f"allowed_hosts: each must be a host name without port, got {host!r}")
         if not isinstance(self.limits, Limits):
             raise ValueError(f"limits must be a Limits, got {type(self.limits).__name__}")
+
+    @property
+    def replica(self) -> str:
+        """What `X-Kvmem-Replica` says: `replica_id`, else this host's name and port."""
+        return self.replica_id or f"{socket.gethostname()}:{self.port}"
 
     @property
     def keys_path(self) -> Path:

@@ -145,6 +145,12 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+def replica_lines(replica: str) -> str:
+    """The replica this process is (`X-Kvmem-Replica`), so a scrape of several replicas tells them apart."""
+    name = "kvmem_replica_info"
+    return f'# HELP {name} This replica (constant 1).\n# TYPE {name} gauge\n{name}{{replica="{replica}"}} 1\n'
+
+
 def engine_lines(stats: dict[str, int] | None) -> str:
     """Prometheus lines for the engine's KV page pool (nothing without one)."""
     if stats is None:
