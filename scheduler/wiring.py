@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scheduler.config import SchedulerConfig
+from scheduler.guard import Fence
 from scheduler.service import Scheduler
 
 if TYPE_CHECKING:
@@ -101,10 +102,12 @@ def make_scheduler(
     *,
     scheduler_config: SchedulerConfig | None = None,
     clock: Callable[[], float] = time.time,
+    fence: Fence | None = None,
 ) -> Scheduler:
     """The scheduler the server runs (not started: the caller starts it). Heat persists in
     DATA_DIR/scheduler/heat.sqlite; `scheduler_config` defaults to the per-user token cap
-    `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set."""
+    `config.block_token_budget`; tasks go through Redis Streams when `config.scheduler_redis_url` is set, and
+    so does the shared fence unless `fence` is given (tests: an in-memory one)."""
     from kvmem.adapters import ActiveAdapters, AdapterRegistry
     from kvmem.adapters.active import facts_current
     from kvmem.datadir import DataDir
@@ -121,6 +124,7 @@ def make_scheduler(
         heat_path=config.data_dir / "scheduler" / "heat.sqlite",
         clock=clock,
         redis_url=config.scheduler_redis_url,
+        fence=fence,
         adapters=ActiveAdapters(
             AdapterRegistry(DataDir.at(config.data_dir).adapters_dir),
             base_fingerprint,

@@ -270,13 +270,19 @@ class ChatService:
             at=self._scheduler.clock(),
             session_id=prepared.session_id,
         )
-        self._scheduler.record_access(event)
+        self._scheduler.record_access(event)  # an enqueue
         if result.kv_fallback_reason is not None and prepared.request.block_item_id is not None:
-            self._scheduler.report_unservable(prepared.request.user_id, prepared.request.block_item_id)
+            # off the event loop: dropping the block takes the KV store's lock and unlinks its files
+            user_id, item_id = prepared.request.user_id, prepared.request.block_item_id
+            self._in_background(self._scheduler.report_unservable, user_id, item_id)
         if self._config.store_turns:
-            future = asyncio.get_running_loop().run_in_executor(None, self._store_turn, prepared, reply)
-            self._background.add(future)
-            future.add_done_callback(self._background.discard)
+            self._in_background(self._store_turn, prepared, reply)
+
+    def _in_background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` on the default executor; `drain` waits for it."""
+        future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
 
     def _store_turn(self, prepared: PreparedChat, reply: str) -> None:
         """The turn goes to the conversation log (not the memories); the user's message is formed into
@@ -303,6 +309,6 @@ class ChatService:
             self._formation.submit(user_id)
 
     async def drain(self) -> None:
-        """Wait for turns still being stored (tests, shutdown)."""
+        """Wait for turns still being stored and fallbacks still being reported (tests, shutdown)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler import Scheduler
+from scheduler.plan import Plan
 from serving.backends.base import Backend, GenerationRequest, GenerationResult, SamplingParams
 from serving.config import ServingConfig
 from serving.openai_params import sampling_extras
@@ -54,8 +55,8 @@ class PreparedChat:
 
 
 class ChatPreparer:
-    """Prepares requests for ChatService: reads the scheduler's plan (never waits on it), searches the
-    store and lays the prompt out through the backend, in threads off the event loop."""
+    """Prepares requests for ChatService: reads the scheduler's plan (never waits on its worker), searches
+    the store and lays the prompt out through the backend, all in threads off the event loop."""
 
     def __init__(self, config: ServingConfig, backend: Backend, store: Any, scheduler: Scheduler) -> None:
         self._config, self._backend, self._store, self._scheduler = config, backend, store, scheduler
@@ -107,13 +108,12 @@ class ChatPreparer:
         """One preparation, leaving out the memories in `dead`: the request, the memories it carries that are no
         longer served as it carries them (empty: it may be served), and the store generation read before its
         search (the admission generation, on the first)."""
-        plan = self._scheduler.get(user_id)
-        block = plan.block
         # a chat message may be far longer than a search query may be: search with its last max_query_chars
         # characters (where a question usually is), so one huge message cannot make the full-text query, and
         # every other user's search behind it, arbitrarily expensive
         search_query = query[-self._config.limits.max_query_chars :] if query.strip() else None
-        generation, hits = await asyncio.to_thread(self._admit_and_search, user_id, search_query)
+        plan, generation, hits = await asyncio.to_thread(self._plan_and_search, user_id, search_query)
+        block = plan.block
         covered = plan.covered_ids
         lora_ids = plan.adapter.memory_ids if plan.adapter else ()
         text_hits = [h for h in hits if h.memory.id not in covered and h.memory.id not in dead]
@@ -184,12 +184,15 @@ class ChatPreparer:
         )
         return prepared, stale, generation
 
-    def _admit_and_search(self, user_id: str, search_query: str | None) -> tuple[int, list[Any]]:
-        """The user's store generation (read first: the request's admission), then the search's hits."""
+    def _plan_and_search(self, user_id: str, search_query: str | None) -> tuple[Plan, int, list[Any]]:
+        """The scheduler's plan, the user's store generation (the request's admission) and the search's hits,
+        in that order, on a thread: the plan read may wait (with replicas it reads the shared fence in Redis,
+        with a socket timeout; a retraction takes the worker's lock), and the event loop must not."""
+        plan = self._scheduler.get(user_id)
         generation = self._store.generation(user_id)
         if search_query is None:
-            return generation, []
-        return generation, self._store.search(user_id, search_query, top_k=self._config.retrieve_top_k)
+            return plan, generation, []
+        return plan, generation, self._store.search(user_id, search_query, top_k=self._config.retrieve_top_k)
 
     def _layout_and_check(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -206,3 +207,64 @@ def test_each_queue_is_its_own_consumer_and_leaves_the_group_when_done(request):
     q1.close()
     q2.close()  # q2's entry is still pending: q2 stays, so XAUTOCLAIM can hand the entry to a live worker
     assert consumers() == {q2.consumer: 1}
+
+
+class SlowFence(SharedFence):
+    """A fence whose armed read waits (up to `wait_s`) until the test releases it: a Redis that answers slowly."""
+
+    def __init__(self, wait_s: float = 3.0) -> None:
+        super().__init__()
+        self.wait_s = wait_s
+        self.armed = False
+        self.reading = threading.Event()
+        self.release = threading.Event()
+        self.waited_out = False  # the armed read gave up: nothing released it within wait_s
+
+    def read(self, user_id: str) -> int | None:
+        if self.armed:
+            self.armed = False
+            self.reading.set()
+            self.waited_out = not self.release.wait(self.wait_s)
+        return super().read(user_id)
+
+
+def test_a_slow_fence_read_never_blocks_the_event_loop(tmp_path):
+    """Issue 27 item 4: a chat's fence read (Scheduler.get, on every request with replicas) waits on Redis; the
+    server's event loop answers other requests meanwhile, and the chat is then served its block. The read ran
+    on the loop before: /health waited out the whole read."""
+    from tests.serving.conftest import live_server
+
+    fence = SlowFence()
+    backend = FakeBackend(reply="ok")
+    store = MemoryStore(tmp_path / "memories.sqlite", embedder=HashEmbedder())
+    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store_turns=False)
+    plans = make_scheduler(config, store, backend, fence=fence)
+    plans.start(thread=False)
+    memory = store.add("alice", texts=["my cat is Tofu"])[0].id
+    plans.get("alice")
+    plans.flush()
+    block = plans.get("alice").block
+    assert block.memory_ids == (memory,)
+    body = {"model": "default", "user": "alice", "messages": [{"role": "user", "content": "cat?"}]}
+    try:
+        with live_server(create_app(config, backend=backend, store=store, scheduler=plans)) as url:
+            answers: list[httpx.Response] = []
+            fence.armed = True
+            chat = threading.Thread(
+                target=lambda: answers.append(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30))
+            )
+            chat.start()
+            try:
+                assert fence.reading.wait(10)  # the chat is inside the fence read
+                health = httpx.get(f"{url}/health", timeout=30)
+                assert not fence.release.is_set() and not fence.waited_out  # answered while the read waited
+            finally:
+                fence.release.set()
+                chat.join(30)
+            assert health.status_code == 200
+            assert not fence.waited_out
+            assert [a.status_code for a in answers] == [200]
+            assert backend.requests[-1].block_item_id == block.item_id  # the fence still read the same
+    finally:
+        plans.stop()
+        store.close()

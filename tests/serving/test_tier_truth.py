@@ -114,6 +114,7 @@ def test_a_request_that_fell_back_has_its_block_rebuilt(fake_stack):
 
     fell_back = chat(client, "alice")
     assert cached(fell_back) == 0 and fell_back["memory"]["used"] == [{"id": tofu, "tier": "text"}]
+    client.portal.call(client.app.state.chat.drain)  # the report runs off the event loop
     assert plans.report_unservable("alice", block["item_id"]) is False  # reported once: idempotent
     plans.flush()
     assert plan(client, "alice") == block
