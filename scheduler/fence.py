@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from kvmem.errors import DependencyUnavailable, url_where
+
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +44,7 @@ class RedisFence:
         self._errors = (redis.ConnectionError, redis.TimeoutError)
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self.prefix, self.retry_after_s, self.clock = prefix, retry_after_s, clock
+        self.where = url_where(url)
         self._down_until = 0.0
         self._lock = threading.Lock()
         self._unbumped: set[str] = set()  # users whose bump has not reached Redis yet
@@ -73,6 +76,14 @@ class RedisFence:
             log.warning("fence unreadable (%s): serving blocks as text for %.1fs", exc, self.retry_after_s)
             return None
         return 0 if raw is None else int(raw)
+
+    def ping(self) -> None:
+        """Raises DependencyUnavailable naming Redis when it does not answer now (a change made now could not
+        stop peers serving the old memory: the caller refuses the change instead)."""
+        try:
+            self.client.ping()
+        except self._errors as exc:
+            raise DependencyUnavailable("redis", self.where, str(exc) or type(exc).__name__) from exc
 
     @property
     def unbumped(self) -> frozenset[str]:

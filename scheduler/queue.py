@@ -264,6 +264,23 @@ def unique_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def require_redis(url: str, timeout_s: float = 2.0) -> None:
+    """Raises kvmem.errors.DependencyUnavailable naming Redis and where when `url` does not answer a PING
+    (serving's start: replicas must not run without the shared fence and queue)."""
+    import redis
+
+    from kvmem.errors import DependencyUnavailable, url_where
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise DependencyUnavailable("redis", url_where(url), str(exc) or type(exc).__name__) from exc
+
+
 def make_queue(
     redis_url: str | None, *, max_tasks: int = MAX_TASKS, **kwargs: Any
 ) -> InProcessQueue | RedisStreamsQueue:
@@ -280,4 +297,4 @@ def make_queue(
         return InProcessQueue(max_tasks)
 
 
-__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue", "unique_consumer_name"]
+__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue", "require_redis", "unique_consumer_name"]

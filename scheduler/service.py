@@ -65,6 +65,7 @@ class Scheduler:
         heat_path: str | Path | None = None,
         clock: Callable[[], float] = time.time,
         redis_url: str | None = None,
+        redis_stream: str = "kvmem:scheduler",
         queue: TaskQueue | None = None,
         fence: Fence | None = None,
         adapters: Any = None,
@@ -80,7 +81,9 @@ class Scheduler:
         )
         self.plans = PlanBook(config.max_plans)
         self.queue: TaskQueue = (
-            queue if queue is not None else make_queue(redis_url, max_tasks=config.max_queued_tasks)
+            queue
+            if queue is not None
+            else make_queue(redis_url, max_tasks=config.max_queued_tasks, stream=redis_stream)
         )
         if fence is None and redis_url:  # replicas share Redis: invalidation must reach them all (README)
             from scheduler.fence import RedisFence
@@ -147,6 +150,12 @@ class Scheduler:
         self.heat.close()
 
     # -- request path (never waits on the worker) ----------------------------------------------------------
+    def check_fence(self) -> None:
+        """Raises kvmem.errors.DependencyUnavailable when replicas share a fence and it cannot be written now:
+        serving refuses a change or a delete then (503) rather than commit one peers would not hear of."""
+        if self.fence is not None:
+            self.fence.ping()
+
     def get(self, user_id: str) -> Plan:
         """The user's current plan. A user the plan book does not hold (never seen, or dropped past
         `config.max_plans`) gets an empty plan, and their plan is enqueued once: built, or for a returning user

@@ -124,6 +124,9 @@ def make_scheduler(
         heat_path=config.data_dir / "scheduler" / "heat.sqlite",
         clock=clock,
         redis_url=config.scheduler_redis_url,
+        # a stream per replica: a user's plan must be built in the replica that serves them (the router keeps
+        # a user on one replica; a shared stream would hand their refresh to any process)
+        redis_stream=f"kvmem:scheduler:{config.replica}",
         fence=fence,
         adapters=ActiveAdapters(
             AdapterRegistry(DataDir.at(config.data_dir).adapters_dir),

@@ -23,10 +23,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvmem.errors import DependencyUnavailable
 from kvmem.formation.rules import slot_of
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreConfig, TextStoreError
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
+from scheduler.queue import require_redis
 from scheduler.wiring import make_scheduler
 from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
@@ -121,6 +123,8 @@ def to_api_error(exc: Exception) -> ApiError:
         return ApiError(
             503, f"the model is not ready: {exc}", type="service_unavailable", code="model_not_ready"
         )
+    if isinstance(exc, DependencyUnavailable):
+        return ApiError(503, str(exc), type="service_unavailable", code="dependency_unavailable")
     if isinstance(exc, MemoryNotFound):
         return ApiError(404, "memory not found", type="invalid_request_error", code="memory_not_found")
     if isinstance(exc, InvalidMemoryInput):
@@ -152,6 +156,7 @@ _MAPPED = (
     NotReady,
     BackendError,
     MemoryNotFound,
+    DependencyUnavailable,
     InvalidMemoryInput,
     TextStoreError,
     sqlite3.Error,  # a full disk, a read-only store (507) or else a 500, answered without a re-raise
@@ -236,6 +241,8 @@ def create_app(
     defaults). `formation`: the memory formation worker ("config": built from `config.extractor` and started
     here; None: turns are logged, nothing is formed)."""
     keyring = KeyRing.from_file(config.keys_path) if config.auth else None
+    if scheduler is None and config.scheduler_redis_url:  # replicas share it: do not start without it
+        require_redis(config.scheduler_redis_url)  # DependencyUnavailable, naming it
     owned: list[Any] = []
     if backend is None:
         backend = create_backend(config)
@@ -504,6 +511,7 @@ def create_app(
         check_user(who, user_id)
 
         async def write() -> Answer:
+            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
             if session_id is None:  # and the user's conversation log
                 done = await asyncio.to_thread(write_events.committed_write, store.delete_user, user_id)
                 await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
@@ -600,6 +608,7 @@ def create_app(
         check_update(body, config.limits)
 
         async def write() -> Answer:
+            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
             done = await asyncio.to_thread(
                 write_events.committed_write,
                 store.update,
@@ -629,6 +638,7 @@ def create_app(
         check_user(who, user_id)
 
         async def write() -> Answer:
+            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
             done = await asyncio.to_thread(
                 write_events.committed_write, store.delete, user_id, memory_id, delete_turns=not keep_turns
             )

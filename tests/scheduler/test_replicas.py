@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from kvmem.errors import DependencyUnavailable
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.queue import RedisStreamsQueue, Task
@@ -46,6 +47,10 @@ class SharedFence:
 
     def retry_pending(self) -> None:
         """Nothing is ever pending here."""
+
+    def ping(self) -> None:
+        if self.down:
+            raise DependencyUnavailable("redis", "shared-fence", "down")
 
 
 def scheduler(store: MemoryStore, builder: FakeBuilder, fence: SharedFence) -> Scheduler:
@@ -178,11 +183,13 @@ def test_no_replica_serves_a_block_while_the_fence_is_unreadable(request, tmp_pa
         out = b.chat("alice")
         assert b.backend.requests[-1].block_item_id is None
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        # A cannot tell its peers: the delete stands (SQLite) and is answered as committed (serving since
-        # ba54da5: a write committed before a subscriber failed is not a 500), with the bump left to retry
+        # A cannot tell its peers, so it refuses the delete (503 naming Redis) and deletes nothing: a delete
+        # it committed now could be served by a peer that still holds the block and can read the fence again
         r = a.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"})
-        assert r.status_code == 200 and r.json()["deleted"] == 1
-        assert a.plans.fence.unbumped == frozenset({"alice"})  # A's worker retries once Redis is back
+        assert r.status_code == 503 and r.json()["error"]["code"] == "dependency_unavailable", r.text
+        assert re.fullmatch(r"redis at 127\.0\.0\.1:\d+ is unreachable: .+", r.json()["error"]["message"])
+        assert a.client.get(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
+        assert a.plans.fence.unbumped == frozenset()
 
 
 @pytest.mark.redis

@@ -109,6 +109,26 @@ def test_scheduler_redis_url_reaches_the_scheduler(request, tmp_path):
     store.close()
 
 
+def test_a_redis_unreachable_at_start_stops_the_server_naming_it(tmp_path, capsys):
+    import socket
+
+    from kvmem.errors import DependencyUnavailable
+    from serving.cli import main
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"redis://:secret@127.0.0.1:{port}/0"
+    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, scheduler_redis_url=url)
+    with pytest.raises(DependencyUnavailable, match=rf"^redis at 127\.0\.0\.1:{port} is unreachable: "):
+        create_app(config)
+    args = ["serve", "--backend", "fake", "--no-auth", "--data-dir", str(tmp_path), "--scheduler-redis-url", url]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvmem: error: DependencyUnavailable: redis at 127.0.0.1:{port} is unreachable: ")
+    assert "secret" not in err and err.count("\n") == 1
+
+
 def test_tasks_the_bounded_queue_dropped_are_in_metrics(tmp_path):
     backend = FakeBackend(reply="ok")
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
