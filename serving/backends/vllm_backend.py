@@ -61,6 +61,9 @@ class VllmBackendConfig:
     enable_lora: bool = False
     max_lora_rank: int = 8
     seed: int = 0  # vLLM seeds this process's global RNGs with it (the engine runs in-process)
+    # vLLM's model dtype. float32 on CPU (bf16 is ~10x slower there); on a CUDA GPU float32 runs vLLM's Triton
+    # attention, bfloat16/float16 its FlashAttention (FlashInfer on Blackwell): all three take stored KV
+    dtype: str = "float32"
     host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
 
     def __post_init__(self) -> None:
@@ -70,6 +73,10 @@ class VllmBackendConfig:
             raise ValueError(f"VllmBackendConfig.kv_cache_bytes must be >= 1 MiB, got {self.kv_cache_bytes}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"VllmBackendConfig.block_size must be >= 1, got {self.block_size}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"VllmBackendConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
+            )
 
 
 class VllmBackend(StoredBlocksBackend):

