@@ -1,4 +1,4 @@
-"""kvmem.text: the plaintext memory store (SQLite, WAL), hybrid keyword + dense search, change events.
+"""kvmem.text: the plaintext memory store (SQLite, WAL; or PostgreSQL), hybrid keyword + dense search, change events.
 
 Every memory lives here first; whatever no faster tier serves is injected from here as text. Knows nothing
 of HTTP, KV items or scheduling policy.
@@ -17,6 +17,7 @@ from kvmem.text.errors import (
     EmbedderMismatch,
     InvalidMemoryInput,
     MemoryNotFound,
+    StoreUnavailable,
     SubscriberError,
     TextStoreError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "SearchFilters",
     "SearchHit",
     "SentenceTransformerEmbedder",
+    "StoreUnavailable",
     "SubscriberError",
     "TextStoreConfig",
     "TextStoreError",

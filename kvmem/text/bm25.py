@@ -1,9 +1,9 @@
 """Per-user BM25: the keyword leg's scores computed from one user's own statistics.
 
 FTS5's built-in `bm25()` takes its document count, document frequencies and average length from the whole
-index, which holds every user's rows, so one user's ranking moved whenever another user wrote. Here FTS5
-only finds matches (porter stemming, the owner token scoping them to the user) and reports each match's
-term frequency (`highlight` marks every instance); the document count, each term's document frequency and
+index, which holds every user's rows, so one user's ranking moved whenever another user wrote. Here the
+keyword index only finds matches (porter stemming; scoped to the user) and reports each match's term
+frequency (dialect.py: FTS5's `highlight` on SQLite, the term table on PostgreSQL); the document count, each term's document frequency and
 the average length come from the user's own active rows, and each row's length from the per-user rows the
 search already caches (`UserVectors.lengths`). So a user's keyword ranking depends on that user's memories
 only. Same formula as FTS5 (k1 = 1.2, b = 0.75, idf floored at 1e-6). Knows nothing of fusion.
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
+from typing import Any
 
 import numpy as np
 
+from kvmem.text.dialect import dialect_of
 from kvmem.text.vectors import UserVectors
 
 K1 = 1.2
@@ -24,7 +25,6 @@ B = 0.75
 # How a text is split into words for its length: runs of letters and digits, as FTS5's unicode61 tokenizer
 # splits (punctuation, spaces and underscores separate).
 _LENGTH_RE = re.compile(r"[^\W_]+", re.UNICODE)
-_MARK = "\x01"
 
 
 def num_tokens(text: str) -> int:
@@ -32,22 +32,17 @@ def num_tokens(text: str) -> int:
     return len(_LENGTH_RE.findall(text))
 
 
-def term_frequencies(conn: sqlite3.Connection, owner: str, term: str) -> tuple[list[int], list[int]]:
-    """(rowids, term frequencies) of the FTS rows tagged `owner` holding `term` (stemmed as FTS5 does).
+def term_frequencies(conn: Any, user_id: str, term: str) -> tuple[list[int], list[int]]:
+    """(rowids, term frequencies) of the user's indexed rows holding `term`, stemmed as FTS5 does (the
+    dialect's keyword index: FTS5 on SQLite, the term table on PostgreSQL).
 
-    Archived rows are among them; callers keep the rows of their user's active set (`UserVectors`). No
-    join: the MATCH alone drives the query (a join let SQLite run the MATCH once per memory row).
+    Archived rows are among them; callers keep the rows of their user's active set (`UserVectors`).
     """
-    expression = f'owner : "{owner}" AND text : "' + term.replace('"', '""') + '"'
-    rows = conn.execute(
-        "SELECT rowid, highlight(memories_fts, 0, char(1), '') FROM memories_fts WHERE memories_fts MATCH ?",
-        (expression,),
-    ).fetchall()
-    return [r[0] for r in rows], [max(1, r[1].count(_MARK)) for r in rows]
+    return dialect_of(conn).term_frequencies(conn, user_id, term)
 
 
 def score_user(
-    conn: sqlite3.Connection, owner: str, terms: list[str], entry: UserVectors
+    conn: Any, user_id: str, terms: list[str], entry: UserVectors
 ) -> tuple[np.ndarray, np.ndarray]:
     """(positions in `entry`, BM25 scores) of the user's rows matching any term; rows unmatched are left out.
 
@@ -62,7 +57,7 @@ def score_user(
     scores = np.zeros(n, dtype=np.float64)  # [n]
     matched = np.zeros(n, dtype=bool)  # [n]
     for term in terms:
-        rowids, tfs = term_frequencies(conn, owner, term)
+        rowids, tfs = term_frequencies(conn, user_id, term)
         pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
         keep = pos >= 0  # only the user's active rows (the entry) count
         pos, tf = pos[keep], np.asarray(tfs, dtype=np.float64)[keep]

@@ -1,8 +1,10 @@
-"""SQLite plumbing of the plaintext store: per-thread connections, write transactions, read snapshots.
+"""Database plumbing of the plaintext store: per-thread connections, write transactions, read snapshots.
 
-Owns the connections to one file, the lock that serializes writers, and the change-event subscribers that
-hear a write once it is committed (DESIGN invariant 5). Knows nothing of the tables beyond what callers
-execute, nor of search or embeddings.
+Owns the connections to one SQLite file or one PostgreSQL database (pg.py's connections, which take the
+same statements), the lock that serializes this process's writers (across processes: SQLite's
+`BEGIN IMMEDIATE`, PostgreSQL's advisory lock), and the change-event subscribers that hear a write once it
+is committed (DESIGN invariant 5). Knows nothing of the tables beyond what callers execute, nor of search or
+embeddings.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmem.text.config import TextStoreConfig
+from kvmem.text.dialect import SQLITE, Dialect
 from kvmem.text.errors import SubscriberError, TextStoreError
 from kvmem.text.records import ChangeEvent
 
@@ -35,8 +38,17 @@ class Database:
     """One store file. Thread-safe: a connection per thread, since a transaction belongs to a connection
     and threads must not share one; writes serialized by a lock."""
 
-    def __init__(self, path: Path, config: TextStoreConfig) -> None:
+    def __init__(self, path: Path | str, config: TextStoreConfig) -> None:
+        """`path`: the SQLite file, or a `postgresql://` URL (pg.is_postgres_url)."""
         self.path = path
+        self._pg = None
+        self.dialect: Dialect = SQLITE
+        if isinstance(path, str):
+            from kvmem.text import pg  # psycopg is imported only where PostgreSQL is used
+
+            assert pg.is_postgres_url(path), path
+            self._pg = pg
+            self.dialect = pg.POSTGRES
         self._config = config
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
@@ -53,7 +65,12 @@ class Database:
             return conn
         with self._conns_lock:
             if self._closed:
-                raise TextStoreError(f"store {self.path} is closed")
+                raise TextStoreError(f"store {self.describe()} is closed")
+            if self._pg is not None:
+                conn = self._pg.PgConnection(self.path)
+                self._conns.append(conn)
+                self._local.conn = conn
+                return conn
             conn = sqlite3.connect(
                 self.path,
                 isolation_level=None,
@@ -77,7 +94,10 @@ class Database:
         """
         conn = self.conn()
         with self._write_lock:
-            conn.execute("BEGIN IMMEDIATE")
+            if self._pg is not None:
+                self._pg.begin_write(conn)
+            else:
+                conn.execute("BEGIN IMMEDIATE")
             tx = Tx(conn)
             try:
                 yield tx
@@ -93,11 +113,18 @@ class Database:
     def snapshot(self) -> Iterator[sqlite3.Connection]:
         """A read transaction: every query inside sees the same committed state."""
         conn = self.conn()
-        conn.execute("BEGIN")
+        if self._pg is not None:
+            self._pg.begin_read(conn)
+        else:
+            conn.execute("BEGIN")
         try:
             yield conn
         finally:
             conn.execute("COMMIT")
+
+    def describe(self) -> str:
+        """The file's path, or the PostgreSQL URL without its password (for messages)."""
+        return self._pg.redact(self.path) if self._pg is not None else str(self.path)
 
     def close(self) -> None:
         """Closes every connection opened here; later calls to `conn` raise TextStoreError."""

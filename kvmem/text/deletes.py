@@ -65,7 +65,7 @@ class MemoryDeletes:
         at: a turn of a request admitted before this call is not logged after it (log_turns'
         `admitted_generation`)."""
         check_user_id(user_id)
-        return self._delete_where(user_id, "1", [], source_turns=True, whole_log=True)
+        return self._delete_where(user_id, "1 = 1", [], source_turns=True, whole_log=True)
 
     def _delete_where(
         self,

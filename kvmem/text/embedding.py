@@ -68,7 +68,7 @@ def embed_texts(embedder: Embedder, texts: list[str], cache: TextVectorCache) ->
 
 def reconcile_embedder(
     conn: sqlite3.Connection,
-    path: Path,
+    path: Path | str,
     name: str,
     dim: int,
     embed: Callable[[list[str]], np.ndarray],

@@ -1,7 +1,7 @@
 """Exceptions raised at the plaintext store's public boundary.
 
 Owns the error types only; the serving layer maps them to HTTP statuses (InvalidMemoryInput -> 400,
-MemoryNotFound -> 404) and knows nothing else about them.
+MemoryNotFound -> 404, StoreUnavailable -> 503) and knows nothing else about them.
 """
 
 from __future__ import annotations
@@ -33,3 +33,15 @@ class EmbedderMismatch(TextStoreError):
 
 class SubscriberError(TextStoreError):
     """A change-event subscriber raised. The write itself was committed; every subscriber was still called."""
+
+
+class StoreUnavailable(TextStoreError):
+    """A database server the store needs cannot be reached (at start, or mid-call: nothing of the call was
+    committed). `dependency` names it ("postgresql"), `where` its host:port; the message holds no password.
+    The serving layer answers 503 `dependency_unavailable`; the next call reconnects by itself."""
+
+    def __init__(self, dependency: str, where: str, reason: str) -> None:
+        super().__init__(f"{dependency} at {where} is unreachable: {reason}")
+        self.dependency = dependency
+        self.where = where
+        self.reason = reason

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
+from kvmem.text.dialect import SQLITE, Dialect
 from kvmem.text.errors import InvalidMemoryInput
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -308,22 +309,9 @@ def merge_session_id(filters: SearchFilters, session_id: str | None) -> SearchFi
     return SearchFilters(**{**filters.__dict__, "session_id": session_id})
 
 
-def _metadata_clause(key: str, value: Any) -> tuple[str, list[Any]]:
-    """Exact equality on one top-level metadata key, by JSON type (so True never matches 1)."""
-    base = "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND "
-    if value is None:
-        return base + "j.type = 'null')", [key]
-    if isinstance(value, bool):
-        return base + "j.type = ?)", [key, "true" if value else "false"]
-    if isinstance(value, int):
-        return base + "j.type IN ('integer', 'real') AND j.value = ?)", [key, value]
-    if isinstance(value, float):
-        return base + "j.type IN ('integer', 'real') AND j.value = ?)", [key, value]
-    return base + "j.type = 'text' AND j.value = ?)", [key, value]
-
-
-def filter_sql(filters: SearchFilters) -> tuple[str, list[Any]]:
-    """The filters as ' AND ...' clauses over the memories table aliased `m`, with their parameters."""
+def filter_sql(filters: SearchFilters, dialect: Dialect = SQLITE) -> tuple[str, list[Any]]:
+    """The filters as ' AND ...' clauses over the memories table aliased `m`, with their parameters; the
+    JSON ones (tags, metadata: exact equality by JSON type, so True never matches 1) in `dialect`'s SQL."""
     clauses: list[str] = []
     params: list[Any] = []
     for column in ("session_id", "agent_id", "role"):
@@ -332,10 +320,10 @@ def filter_sql(filters: SearchFilters) -> tuple[str, list[Any]]:
             clauses.append(f"m.{column} = ?")
             params.append(value)
     for tag in filters.tags:
-        clauses.append("EXISTS (SELECT 1 FROM json_each(m.tags) t WHERE t.value = ?)")
+        clauses.append(dialect.tag_clause())
         params.append(tag)
     for key, value in filters.metadata.items():
-        clause, clause_params = _metadata_clause(key, value)
+        clause, clause_params = dialect.metadata_clause(key, value)
         clauses.append(clause)
         params.extend(clause_params)
     if filters.time_range is not None:

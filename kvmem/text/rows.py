@@ -1,6 +1,7 @@
 """How a Memory maps onto the store's tables, and the multi-table statements that keep them in step.
 
-Owns the column list, row -> Memory, and the writes that must touch `memories`, `memories_fts`,
+Owns the column list, row -> Memory, and the writes that must touch `memories`, the keyword index
+(`memories_fts` on SQLite, `memory_terms` on PostgreSQL: dialect.py),
 `memory_vectors`, `memory_versions` and `user_generation` together (supersession included). The log's
 `turns` table is turns.py's. Every function runs on a connection
 its caller holds inside a transaction; knows nothing of locks, events, caches or validation.
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from kvmem.text.dialect import dialect_of
 from kvmem.text.records import Memory, MemoryVersion
-from kvmem.text.search import owner_token
 
 # The memories columns in Memory's field order, over the table aliased `m`.
 COLUMNS = (
@@ -67,7 +67,7 @@ class StoredMemory(NamedTuple):
     memory: Memory
 
 
-def find_live(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
+def find_live(conn: Any, user_id: str, memory_id: str) -> StoredMemory | None:
     """The live memory `memory_id` of `user_id`, or None if absent, deleted or another user's."""
     row = conn.execute(
         f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.id = ? AND m.user_id = ? AND {LIVE}",
@@ -81,7 +81,7 @@ def to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None) -> int:
+def insert_memory(conn: Any, memory: Memory, vector: bytes | None) -> int:
     """Inserts the memory with its FTS row (tagged with the owner token) and its vector; returns its rowid.
 
     A memory without valid_from is written with its chat_time as valid_from.
@@ -89,7 +89,8 @@ def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None
     rowid = conn.execute(
         "INSERT INTO memories (id, user_id, session_id, agent_id, role, text, created_at, chat_time, "
         "updated_at, tags, metadata, state, version, valid_from, valid_to, superseded_by, source, "
-        "source_turn_ids, slot, slot_value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "source_turn_ids, slot, slot_value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "RETURNING rowid",
         (
             memory.id,
             memory.user_id,
@@ -112,11 +113,8 @@ def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None
             memory.slot,
             memory.slot_value,
         ),
-    ).lastrowid
-    conn.execute(
-        "INSERT INTO memories_fts (rowid, text, owner) VALUES (?, ?, ?)",
-        (rowid, memory.text, owner_token(memory.user_id)),
-    )
+    ).fetchone()[0]
+    dialect_of(conn).index_text(conn, rowid, memory.user_id, memory.text)
     if vector is not None:
         conn.execute(
             "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",
@@ -125,7 +123,7 @@ def insert_memory(conn: sqlite3.Connection, memory: Memory, vector: bytes | None
     return rowid
 
 
-def insert_history(conn: sqlite3.Connection, rowid: int, history: Iterable[MemoryVersion]) -> None:
+def insert_history(conn: Any, rowid: int, history: Iterable[MemoryVersion]) -> None:
     """Stores previous versions of the memory at `rowid` (a dump's history, loaded as it was)."""
     conn.executemany(
         "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
@@ -137,7 +135,7 @@ def insert_history(conn: sqlite3.Connection, rowid: int, history: Iterable[Memor
     )
 
 
-def read_versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
+def read_versions(conn: Any, rowid: int) -> list[MemoryVersion]:
     """Previous versions of the memory at `rowid`, oldest first."""
     rows = conn.execute(
         "SELECT version, text, tags, metadata, updated_at FROM memory_versions "
@@ -156,9 +154,7 @@ def read_versions(conn: sqlite3.Connection, rowid: int) -> list[MemoryVersion]:
     ]
 
 
-def write_version(
-    conn: sqlite3.Connection, rowid: int, old: Memory, new: Memory, vector: np.ndarray | None
-) -> None:
+def write_version(conn: Any, rowid: int, old: Memory, new: Memory, vector: np.ndarray | None) -> None:
     """Moves `old`'s text, tags and metadata to history and writes `new` over the row; when the text
     changed, the FTS row and the vector (`vector`, the new text's) follow."""
     conn.execute(
@@ -181,11 +177,11 @@ def write_version(
     )
     if new.text != old.text:
         assert vector is not None, "a new text needs its vector"
-        conn.execute("UPDATE memories_fts SET text = ? WHERE rowid = ?", (new.text, rowid))
+        dialect_of(conn).reindex_text(conn, rowid, new.user_id, new.text)
         conn.execute("UPDATE memory_vectors SET vec = ? WHERE rowid = ?", (vector.tobytes(), rowid))
 
 
-def live_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any]) -> list[str]:
+def live_ids(conn: Any, user_id: str, where: str, params: list[Any]) -> list[str]:
     """Ids of this user's live memories matching `where` (a condition over `m`)."""
     return [
         r[0]
@@ -195,7 +191,7 @@ def live_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[An
     ]
 
 
-def source_turn_ids(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any]) -> list[str]:
+def source_turn_ids(conn: Any, user_id: str, where: str, params: list[Any]) -> list[str]:
     """The log turns this user's live memories matching `where` were formed from (distinct, in order)."""
     ids: dict[str, None] = {}
     for (encoded,) in conn.execute(
@@ -207,14 +203,14 @@ def source_turn_ids(conn: sqlite3.Connection, user_id: str, where: str, params: 
     return list(ids)
 
 
-def tombstone(conn: sqlite3.Connection, user_id: str, where: str, params: list[Any], updated_at: str) -> None:
+def tombstone(conn: Any, user_id: str, where: str, params: list[Any], updated_at: str) -> None:
     """Turns this user's live memories matching `where` into tombstones: state 'deleted', text, tags,
     metadata, slot, slot value, provenance, history, FTS rows and vectors erased, version bumped."""
     selection = f"SELECT m.rowid FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where}"
     args = [user_id, *params]
     for table, column in (
         ("memory_versions", "memory_rowid"),
-        ("memories_fts", "rowid"),
+        (dialect_of(conn).terms_table, "rowid"),
         ("memory_vectors", "rowid"),
     ):
         conn.execute(f"DELETE FROM {table} WHERE {column} IN ({selection})", args)
@@ -226,7 +222,7 @@ def tombstone(conn: sqlite3.Connection, user_id: str, where: str, params: list[A
     )
 
 
-def existing_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
+def existing_ids(conn: Any, ids: list[str]) -> set[str]:
     """Which of these ids the file already holds, in any state and for any user (ids are global)."""
     found: set[str] = set()
     for start in range(0, len(ids), _ID_CHUNK):
@@ -241,7 +237,7 @@ def existing_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
 
 
 def live_by_ids(
-    conn: sqlite3.Connection, user_id: str, ids: list[str], include_superseded: bool = True
+    conn: Any, user_id: str, ids: list[str], include_superseded: bool = True
 ) -> dict[str, Memory]:
     """This user's live memories among these (distinct) ids, by id; superseded ones only if asked."""
     live = LIVE if include_superseded else f"{LIVE} AND {CURRENT}"
@@ -258,7 +254,7 @@ def live_by_ids(
 
 
 def active_by_rowids(
-    conn: sqlite3.Connection, user_id: str, rowids: list[int], include_superseded: bool = False
+    conn: Any, user_id: str, rowids: list[int], include_superseded: bool = False
 ) -> dict[int, Memory]:
     """This user's served memories among these rowids (search hits), by rowid; with `include_superseded`,
     every active one."""
@@ -272,16 +268,16 @@ def active_by_rowids(
     return {r[0]: row_to_memory(r[1:]) for r in rows}
 
 
-def bump_generation(conn: sqlite3.Connection, user_id: str) -> int:
+def bump_generation(conn: Any, user_id: str) -> int:
     """Advances this user's generation, which retires every cached vector matrix of theirs; returns it."""
     return conn.execute(
         "INSERT INTO user_generation (user_id, gen) VALUES (?, 1) "
-        "ON CONFLICT (user_id) DO UPDATE SET gen = gen + 1 RETURNING gen",
+        "ON CONFLICT (user_id) DO UPDATE SET gen = user_generation.gen + 1 RETURNING gen",
         (user_id,),
     ).fetchone()[0]
 
 
-def mark_erased(conn: sqlite3.Connection, user_id: str) -> int:
+def mark_erased(conn: Any, user_id: str) -> int:
     """The user was wholly deleted (memories and log): advances their generation and records it as the one
     they were erased at (`erased_generation`); returns it."""
     gen = bump_generation(conn, user_id)
@@ -289,21 +285,19 @@ def mark_erased(conn: sqlite3.Connection, user_id: str) -> int:
     return gen
 
 
-def erased_generation(conn: sqlite3.Connection, user_id: str) -> int:
+def erased_generation(conn: Any, user_id: str) -> int:
     """The generation at which the user was last wholly deleted; 0 if never."""
     row = conn.execute("SELECT erased_gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
     return int(row[0]) if row else 0
 
 
-def find_served(conn: sqlite3.Connection, user_id: str, memory_id: str) -> StoredMemory | None:
+def find_served(conn: Any, user_id: str, memory_id: str) -> StoredMemory | None:
     """The served (active, not superseded) memory `memory_id` of `user_id`, or None."""
     found = find_live(conn, user_id, memory_id)
     return found if found is not None and found.memory.is_served else None
 
 
-def supersede_row(
-    conn: sqlite3.Connection, old: StoredMemory, new_id: str, valid_to: str, now: str
-) -> Memory:
+def supersede_row(conn: Any, old: StoredMemory, new_id: str, valid_to: str, now: str) -> Memory:
     """Marks the served memory `old` superseded by `new_id` from `valid_to` on: a new version (the previous
     one goes to history, as an update's does) with valid_to and superseded_by set; returns it. The caller
     bumps the user's generation, so cached vector matrices drop the row."""
@@ -331,7 +325,7 @@ def supersede_row(
     )
 
 
-def add_provenance(conn: sqlite3.Connection, old: StoredMemory, turn_ids: Iterable[str]) -> Memory:
+def add_provenance(conn: Any, old: StoredMemory, turn_ids: Iterable[str]) -> Memory:
     """The memory `old` with these turn ids appended to its source_turn_ids (those it already cites kept
     once); no new version: what it says is unchanged."""
     rowid, memory = old

@@ -1,6 +1,6 @@
 """SQLite schema of the plaintext store and its versioned migrations.
 
-Owns the table layout and `PRAGMA user_version`; each migration runs in its own transaction, so a file is
+Owns the table layout and `PRAGMA user_version` (PostgreSQL's counterpart: pg_schema.py); each migration runs in its own transaction, so a file is
 always at one known version. Knows nothing of the store's operations.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
+from kvmem.text.dialect import dialect_of
 from kvmem.text.errors import TextStoreError
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,12 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Applies pending migrations, each in one transaction; returns the file's schema version."""
+    """Applies pending migrations, each in one transaction; returns the file's schema version. A
+    PostgreSQL connection (pg.py) is migrated by pg_schema.py's migrations instead."""
+    if dialect_of(conn).name == "postgresql":
+        from kvmem.text import pg_schema  # psycopg is imported only where PostgreSQL is used
+
+        return pg_schema.migrate(conn)
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:
         raise TextStoreError(

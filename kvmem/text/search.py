@@ -13,18 +13,18 @@ ranked rows become Memory objects.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
 from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
+from kvmem.text.dialect import dialect_of, owner_token
 from kvmem.text.filters import SearchFilters, filter_sql
 from kvmem.text.rerank import Reranker
 from kvmem.text.rerank_features import LegScores, speaker_of
@@ -46,11 +46,6 @@ STOPWORDS = frozenset(
     s t don didn doesn isn wasn aren weren ve ll re d m o y tell remember know said say mentioned""".split()
 )
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
-
-
-def owner_token(user_id: str) -> str:
-    """The FTS5 token that tags a user's rows, so a MATCH can be restricted to one user inside the index."""
-    return "u" + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:24]
 
 
 def keyword_terms(query: str) -> list[str]:
@@ -109,7 +104,7 @@ def reciprocal_rank_fusion(
 
 
 def keyword_leg(
-    conn: sqlite3.Connection,
+    conn: Any,
     entry: UserVectors | None,
     user_id: str,
     query: str,
@@ -124,12 +119,12 @@ def keyword_leg(
     terms = keyword_terms(query)
     if entry is None or not terms:
         return []
-    idx, scores = bm25.score_user(conn, owner_token(user_id), terms, entry)
+    idx, scores = bm25.score_user(conn, user_id, terms, entry)
     return bm25.rank(idx, scores, entry, allowed, limit)
 
 
 def user_rows(
-    conn: sqlite3.Connection, vectors: VectorCache, dim: int, user_id: str, include_superseded: bool = False
+    conn: Any, vectors: VectorCache, dim: int, user_id: str, include_superseded: bool = False
 ) -> UserVectors | None:
     """This user's served rows (vectors, sessions, speakers) at the file's generation; None: no rows ever.
 
@@ -170,7 +165,7 @@ def _speaker_metadata(metadata_json: str | None) -> dict | None:
     return json.loads(metadata_json)
 
 
-def rowids_in_time(conn: sqlite3.Connection, user_id: str, start: str, end: str) -> np.ndarray:
+def rowids_in_time(conn: Any, user_id: str, start: str, end: str) -> np.ndarray:
     """The rowids of this user's active memories whose chat_time is in [start, end]."""
     rows = conn.execute(
         "SELECT m.rowid FROM memories m WHERE m.user_id = ? AND m.chat_time >= ? AND m.chat_time <= ? "
@@ -180,11 +175,11 @@ def rowids_in_time(conn: sqlite3.Connection, user_id: str, start: str, end: str)
     return np.fromiter((r[0] for r in rows), dtype=np.int64)
 
 
-def allowed_rowids(conn: sqlite3.Connection, user_id: str, filters: SearchFilters) -> np.ndarray | None:
+def allowed_rowids(conn: Any, user_id: str, filters: SearchFilters) -> np.ndarray | None:
     """The rowids of this user's active memories that pass `filters`; None when there are no filters."""
     if filters.is_empty:
         return None
-    clause, params = filter_sql(filters)
+    clause, params = filter_sql(filters, dialect_of(conn))
     return np.fromiter(
         (
             r[0]
@@ -378,7 +373,7 @@ def fuse_legs(
 
 
 def rank_rows(
-    conn: sqlite3.Connection,
+    conn: Any,
     vectors: VectorCache,
     dim: int,
     user_id: str,

@@ -1,4 +1,5 @@
-"""MemoryStore: every memory of every user, in one SQLite file (WAL), with hybrid search and change events.
+"""MemoryStore: every memory of every user, in one SQLite file (WAL) or one PostgreSQL database (a
+`postgresql://` URL: several replicas share it), with hybrid search and change events.
 
 Owns the public API and each call's shape: checks (filters.py), then one transaction (db.py) of row
 statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
@@ -78,15 +79,17 @@ _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived
 
 
 class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
-    """The plaintext memory store. Thread-safe: a SQLite connection per thread, writes serialized by a lock.
+    """The plaintext memory store. Thread-safe: a database connection per thread, writes serialized by a lock
+    (across processes too). `path`: a SQLite file, or a `postgresql://user@host:port/db` URL (same behaviour;
+    StoreUnavailable when the server cannot be reached, and the next call reconnects).
 
-    Served memories (active, not superseded) are what search, list and memories_by_ids return by default;
-    `get` and `count` also see superseded ones. The conversation log (log_turns, ...) and formation's writes
-    (commit_formed, supersede, slot_candidates) and deletes with their cascade to the log (delete,
-    delete_session, delete_user) come from the mixins ConversationLog, FormationWrites and MemoryDeletes.
+        Served memories (active, not superseded) are what search, list and memories_by_ids return by default;
+        `get` and `count` also see superseded ones. The conversation log (log_turns, ...) and formation's writes
+        (commit_formed, supersede, slot_candidates) and deletes with their cascade to the log (delete,
+        delete_session, delete_user) come from the mixins ConversationLog, FormationWrites and MemoryDeletes.
 
-    Raises InvalidMemoryInput for bad arguments (nothing written), MemoryNotFound for an id that is not a
-    live memory of this user, SubscriberError if a subscriber raised (the write stands).
+        Raises InvalidMemoryInput for bad arguments (nothing written), MemoryNotFound for an id that is not a
+        live memory of this user, SubscriberError if a subscriber raised (the write stands).
     """
 
     def __init__(
@@ -97,14 +100,18 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
         *,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self.path = Path(path)
+        is_url = isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
+        # The SQLite file; None on PostgreSQL (`location` names either, without a password).
+        self.path: Path | None = None if is_url else Path(path)
         self.config = config or TextStoreConfig()
         self.embedder: Embedder = embedder if embedder is not None else default_embedder()
         self._clock = clock or (lambda: datetime.now(timezone.utc))
-        self._db = Database(self.path, self.config)
+        self._db = Database(path if is_url else self.path, self.config)
+        self.location = self._db.describe()
         self._vectors = VectorCache(self.config.vector_cache_bytes)
         self._query_cache = TextVectorCache()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
         self._check_embedder()
         self._rerankers: dict[tuple, Reranker | None] = {}
@@ -112,7 +119,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
 
     # ----------------------------------------------------------------- connections and events
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> sqlite3.Connection:  # or pg.PgConnection, which takes the same statements
         """This thread's connection (tests and single statements outside a transaction use it)."""
         return self._db.conn()
 
@@ -136,7 +143,9 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
     def _check_embedder(self) -> None:
         name, dim = self.embedder.name, int(self.embedder.dim)
         with self._db.write() as tx:
-            reconcile_embedder(tx.conn, self.path, name, dim, self._embed, self.config.reembed_on_mismatch)
+            reconcile_embedder(
+                tx.conn, self.location, name, dim, self._embed, self.config.reembed_on_mismatch
+            )
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for texts, [n, dim] float32 (see embedding.embed_texts)."""
@@ -347,7 +356,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
         check_int(page_size, "page_size", 1, self.config.max_page_size)
         if state not in _LIST_STATES:
             raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
-        clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id))
+        clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id), self._db.dialect)
         current = "" if include_superseded else f" AND {CURRENT}"
         where = f"m.user_id = ? AND {_LIST_STATES[state]}{current}{clause}"
         with self._db.snapshot() as conn:

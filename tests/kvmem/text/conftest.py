@@ -1,4 +1,5 @@
-"""Fixtures for the plaintext store tests: a store on a temp file with a deterministic embedder and clock."""
+"""Fixtures for the plaintext store tests: a store with a deterministic embedder and clock, on each backend
+(a SQLite temp file, and a fresh database of a real PostgreSQL server: tests/pg.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from kvmem.text import HashEmbedder, MemoryStore
+from tests.pg import pg_server, pg_url  # noqa: F401  (fixtures)
+
+BACKENDS = ["sqlite", "postgresql"]
 
 
 class StepClock:
@@ -26,8 +30,28 @@ def clock() -> StepClock:
     return StepClock()
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def store(tmp_path, clock):
-    s = MemoryStore(tmp_path / "memories.db", embedder=HashEmbedder(), clock=clock)
+def store_location(backend, tmp_path, request) -> str:
+    """Where a test's store lives: a SQLite file in tmp_path, or a new PostgreSQL database's URL. Two
+    stores opened on it share their memories (the cross-process / cross-replica case)."""
+    if backend == "sqlite":
+        return str(tmp_path / "memories.db")
+    return request.getfixturevalue("pg_url")
+
+
+def open_store(location: str, **kwargs) -> MemoryStore:
+    """A store on `location` (a file path or a postgresql:// URL), with the test embedder by default."""
+    kwargs.setdefault("embedder", HashEmbedder())
+    return MemoryStore(location, **kwargs)
+
+
+@pytest.fixture
+def store(store_location, clock):
+    s = open_store(store_location, clock=clock)
     yield s
     s.close()

@@ -118,7 +118,7 @@ def test_delete_erases_content_and_history(store):
         ("", "[]", "{}", "deleted")
     ]
     assert conn.execute("SELECT count(*) FROM memory_versions").fetchone()[0] == 0
-    assert conn.execute("SELECT count(*) FROM memories_fts").fetchone()[0] == 0
+    assert conn.execute(f"SELECT count(*) FROM {store._db.dialect.terms_table}").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone()[0] == 0
 
 

@@ -40,7 +40,7 @@ def test_failure_mid_batch_writes_nothing(store, monkeypatch):
     assert [m.text for m in store.list("alice").items] == ["before"]
     assert [h.memory.text for h in store.search("alice", "a b c before", mode="dense")] == ["before"]
     conn = store._conn()
-    assert conn.execute("SELECT count(*) FROM memories_fts").fetchone()[0] == 1
+    assert conn.execute(f"SELECT count(*) FROM {store._db.dialect.terms_table}").fetchone()[0] == 1
     assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone()[0] == 1
 
 
@@ -48,7 +48,7 @@ def test_failure_mid_import_writes_nothing(store, tmp_path, monkeypatch):
     store.add("alice", texts=["a", "b", "c"])
     dump = tmp_path / "dump.jsonl"
     assert store.export_jsonl(dump) == 3
-    other = MemoryStore(tmp_path / "other.sqlite", embedder=HashEmbedder())
+    other = MemoryStore(str(tmp_path / "other.sqlite"), embedder=HashEmbedder())
     other.add("bob", "before")
     calls = fail_second_insert(monkeypatch)
     with pytest.raises(OSError, match="disk went away"):
@@ -72,10 +72,10 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_returned_add_survives_a_kill(tmp_path):
-    path = tmp_path / "m.db"
+def test_returned_add_survives_a_kill(store_location):
+    path = store_location
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path)],
+        [sys.executable, "-c", _CHILD, path],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -94,8 +94,8 @@ def test_returned_add_survives_a_kill(tmp_path):
         ]
 
 
-def test_many_threads(tmp_path):
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as store:
+def test_many_threads(store_location):
+    with MemoryStore(store_location, embedder=HashEmbedder()) as store:
         errors = []
 
         def work(n):

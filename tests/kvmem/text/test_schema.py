@@ -8,6 +8,7 @@ from kvmem.text import EmbedderMismatch, HashEmbedder, MemoryStore, TextStoreCon
 from kvmem.text.schema import SCHEMA_VERSION
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # PRAGMAs: PostgreSQL's version is test_postgres.py's
 def test_schema_version_and_wal(store):
     conn = store._conn()
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
@@ -15,10 +16,10 @@ def test_schema_version_and_wal(store):
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
-def test_reopen_keeps_data(tmp_path):
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as s:
+def test_reopen_keeps_data(store_location):
+    with MemoryStore(store_location, embedder=HashEmbedder()) as s:
         [m] = s.add("alice", "kept")
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as s:
+    with MemoryStore(store_location, embedder=HashEmbedder()) as s:
         assert s.get("alice", m.id).text == "kept"
 
 
@@ -30,16 +31,16 @@ def test_newer_schema_is_refused(tmp_path):
         MemoryStore(tmp_path / "m.db", embedder=HashEmbedder())
 
 
-def test_embedder_mismatch(tmp_path):
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(64)) as s:
+def test_embedder_mismatch(store_location):
+    with MemoryStore(store_location, embedder=HashEmbedder(64)) as s:
         s.add("alice", "apples and pears")
     with pytest.raises(
         EmbedderMismatch,
         match="holds vectors of embedder 'hash-bow-64' \\(dim 64\\), opened with 'hash-bow-32'",
     ):
-        MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(32))
+        MemoryStore(store_location, embedder=HashEmbedder(32))
     config = TextStoreConfig(reembed_on_mismatch=True)
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(32), config=config) as s:
+    with MemoryStore(store_location, embedder=HashEmbedder(32), config=config) as s:
         assert [h.memory.text for h in s.search("alice", "pears", mode="dense")] == ["apples and pears"]
 
 

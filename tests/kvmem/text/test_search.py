@@ -114,12 +114,12 @@ def test_vector_cache_follows_writes(store):
     assert [h.memory.id for h in store.search("alice", "cats", mode="dense")] == [b.id]
 
 
-def test_vector_cache_sees_other_processes_writes(tmp_path, clock):
+def test_vector_cache_sees_other_processes_writes(store_location, clock):
     from kvmem.text import HashEmbedder, MemoryStore
 
     with (
-        MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as one,
-        MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock) as two,
+        MemoryStore(store_location, embedder=HashEmbedder(), clock=clock) as one,
+        MemoryStore(store_location, embedder=HashEmbedder(), clock=clock) as two,
     ):
         [a] = one.add("alice", "apples")
         assert [h.memory.id for h in two.search("alice", "apples", mode="dense")] == [a.id]
@@ -170,16 +170,16 @@ def test_spread_to_neighbours_exact_scores():
     assert spread_to_neighbours([(11, 4.0)], rows, 0.0, None) == [(11, 4.0)]
 
 
-def _keyword_only(tmp_path, clock, **overrides):
+def _keyword_only(location, clock, **overrides):
     from kvmem.text import HashEmbedder, MemoryStore, TextStoreConfig
 
     # hybrid's first stage without the dense leg: exact ranks (the second stage has tests of its own)
     config = TextStoreConfig(**{"dense_weight": 0.0, "rerank": "none", **overrides})
-    return MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=clock)
+    return MemoryStore(location, embedder=HashEmbedder(), config=config, clock=clock)
 
 
-def test_hybrid_finds_the_reply_next_to_the_words(tmp_path, clock):
-    with _keyword_only(tmp_path, clock, speaker_weight=0.0) as store:
+def test_hybrid_finds_the_reply_next_to_the_words(store_location, clock):
+    with _keyword_only(store_location, clock, speaker_weight=0.0) as store:
         question, reply, other = store.add(
             "alice",
             messages=[
@@ -206,8 +206,8 @@ def test_hybrid_finds_the_reply_next_to_the_words(tmp_path, clock):
         assert elsewhere.id not in [h.memory.id for h in hits]
 
 
-def test_hybrid_lifts_turns_of_the_named_speaker(tmp_path, clock):
-    with _keyword_only(tmp_path, clock, neighbour_weight=0.0, speaker_weight=0.3) as store:
+def test_hybrid_lifts_turns_of_the_named_speaker(store_location, clock):
+    with _keyword_only(store_location, clock, neighbour_weight=0.0, speaker_weight=0.3) as store:
         ana, ben = store.add(
             "alice",
             messages=[
@@ -225,8 +225,8 @@ def test_hybrid_lifts_turns_of_the_named_speaker(tmp_path, clock):
         ]
 
 
-def test_neighbours_follow_appends_to_the_cached_rows(tmp_path, clock):
-    with _keyword_only(tmp_path, clock, speaker_weight=0.0) as store:
+def test_neighbours_follow_appends_to_the_cached_rows(store_location, clock):
+    with _keyword_only(store_location, clock, speaker_weight=0.0) as store:
         [question] = store.add(
             "alice", messages=[{"role": "Bo", "content": "Any plans for Lisbon?"}], session_id="s"
         )

@@ -81,11 +81,11 @@ def test_time_word_spans_and_the_clock_is_read_only_when_needed():
     assert calls == [1]
 
 
-def test_hybrid_lifts_turns_of_the_named_time(tmp_path):
+def test_hybrid_lifts_turns_of_the_named_time(store_location):
     config = TextStoreConfig(
         dense_weight=0.0, speaker_weight=0.0, neighbour_weight=0.0, time_weight=0.3, rerank="none"
     )
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=_clock) as store:
+    with MemoryStore(store_location, embedder=HashEmbedder(), config=config, clock=_clock) as store:
         old, new = store.add(
             "alice",
             messages=[
@@ -109,7 +109,7 @@ def test_hybrid_lifts_turns_of_the_named_time(tmp_path):
 
 
 @pytest.mark.parametrize(("slack", "lifted"), [(1, True), (0, False)])
-def test_a_day_is_also_told_the_next_day(tmp_path, slack, lifted):
+def test_a_day_is_also_told_the_next_day(store_location, slack, lifted):
     config = TextStoreConfig(
         dense_weight=0.0,
         speaker_weight=0.0,
@@ -118,7 +118,7 @@ def test_a_day_is_also_told_the_next_day(tmp_path, slack, lifted):
         time_slack_days=slack,
         rerank="none",
     )
-    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), config=config, clock=_clock) as store:
+    with MemoryStore(store_location, embedder=HashEmbedder(), config=config, clock=_clock) as store:
         later, next_day = store.add(
             "alice",
             messages=[

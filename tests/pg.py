@@ -1,0 +1,57 @@
+"""A real PostgreSQL server on loopback for tests: one per test session, a fresh database per test.
+
+Use from any test module: `from tests.pg import pg_server, pg_url  # noqa: F401` (pytest finds fixtures
+imported into the module), then take `pg_url` (a new empty database's URL, `postgresql://postgres@
+127.0.0.1:<port>/<db>`) or `pg_server` (kvmem.text.pg_server.PgServer: `.url(db)`, `.create_database(name)`,
+`.stop()` / `.start()` to take it away and bring it back). The server binaries come from Debian's
+`postgresql` package, installed with apt if missing (the test skips if that fails); as root the server runs
+as the `postgres` system user (PostgreSQL refuses root).
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+
+import pytest
+
+from kvmem.text.pg_server import PgServer, PgServerError, find_bin_dir, start_server
+
+_names = itertools.count()
+
+
+def _ensure_binaries() -> None:
+    if find_bin_dir() is not None:
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
+    proc = subprocess.run(
+        ["apt-get", "install", "-y", "postgresql"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    if find_bin_dir() is None:
+        pytest.skip(f"postgresql could not be installed with apt: {proc.stderr.strip()[-300:]}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> PgServer:
+    """The session's server (started on first use, stopped and removed at the session's end)."""
+    pytest.importorskip("psycopg")
+    _ensure_binaries()
+    try:
+        server = start_server()
+    except PgServerError as e:
+        pytest.skip(f"could not start PostgreSQL: {e}")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A new, empty database of the session's server (so tests never see each other's rows)."""
+    pg_server.start_if_stopped()
+    return pg_server.create_database(f"t{next(_names)}")
