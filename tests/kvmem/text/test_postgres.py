@@ -1,0 +1,187 @@
+"""What only the PostgreSQL store has: a server that can be away (at start, mid-run, and back), its schema
+versions, replicas on one database, and stems and scores the same as SQLite's FTS5."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from kvmem.text import HashEmbedder, MemoryStore, StoreUnavailable, TextStoreError, pg, pg_schema, schema
+from kvmem.text.terms import term_counts
+
+pytestmark = pytest.mark.postgresql
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _open(url: str, **kwargs) -> MemoryStore:
+    return MemoryStore(url, embedder=HashEmbedder(), **kwargs)
+
+
+def test_unreachable_at_start_names_postgresql_and_where_without_the_password():
+    port = _free_port()
+    with pytest.raises(StoreUnavailable) as info:
+        _open(f"postgresql://kv:s3cret@127.0.0.1:{port}/memories")
+    message = str(info.value)
+    assert message.startswith(f"postgresql at 127.0.0.1:{port} is unreachable: ")
+    assert "s3cret" not in message
+    assert (info.value.dependency, info.value.where) == ("postgresql", f"127.0.0.1:{port}")
+
+
+def test_server_away_mid_run_fails_the_call_and_the_store_recovers_when_it_returns(pg_server, pg_url):
+    store = _open(pg_url)
+    [a] = store.add("alice", "apples before the outage")
+    assert [h.memory.id for h in store.search("alice", "apples")] == [a.id]
+    pg_server.stop()
+    try:
+        where = f"127.0.0.1:{pg_server.port}"
+        with pytest.raises(StoreUnavailable, match=f"^postgresql at {where} is unreachable: "):
+            store.add("alice", "pears during the outage")
+        with pytest.raises(StoreUnavailable, match=f"^postgresql at {where} is unreachable: "):
+            store.search("alice", "apples")
+        with pytest.raises(StoreUnavailable):
+            store.get("alice", a.id)
+    finally:
+        pg_server.start()
+    # back: the next calls reconnect by themselves; the failed add wrote nothing
+    assert store.get("alice", a.id).text == "apples before the outage"
+    [b] = store.add("alice", "pears after the outage")
+    assert [h.memory.id for h in store.search("alice", "pears", mode="keyword")] == [b.id]
+    assert [m.text for m in store.list("alice").items] == [
+        "pears after the outage",
+        "apples before the outage",
+    ]
+    store.close()
+
+
+def test_a_fresh_database_is_created_at_the_current_version(pg_url):
+    with _open(pg_url) as store:
+        conn = store._conn()
+        assert pg_schema.schema_version(conn) == pg_schema.SCHEMA_VERSION == schema.SCHEMA_VERSION == 3
+        tables = {
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        }
+        assert tables == {
+            "meta",
+            "memories",
+            "memory_versions",
+            "memory_vectors",
+            "user_generation",
+            "memory_terms",
+            "turns",
+        }
+        assert dict(conn.execute("SELECT key, value FROM meta")) == {
+            "schema_version": "3",
+            "embedder": "hash-bow-64",
+            "dim": "64",
+        }
+
+
+def test_an_older_database_migrates_one_transaction_per_version(pg_url):
+    conn = pg.PgConnection(pg_url)
+    assert pg_schema.migrate(conn, target=1) == 1
+    conn.execute(
+        "INSERT INTO memories (id, user_id, role, text, created_at, chat_time, updated_at, state, version) "
+        "VALUES ('m1', 'alice', 'user', 'old text', '2024-01-01T00:00:00Z', '2023-05-01T00:00:00Z', "
+        "'2024-01-01T00:00:00Z', 'active', 1)"
+    )
+    conn.close()
+    with _open(pg_url) as store:
+        assert pg_schema.schema_version(store._conn()) == 3
+        memory = store.get("alice", "m1")
+        assert (memory.valid_from, memory.source, memory.source_turn_ids) == (
+            "2023-05-01T00:00:00Z",
+            "api",
+            (),
+        )
+        assert store.log_turns("alice", [{"role": "user", "content": "hi"}])[0].formation == "pending"
+
+
+def test_a_newer_database_is_refused_and_left_as_it_was(pg_url):
+    with _open(pg_url) as store:
+        store.add("alice", "kept")
+        store._conn().execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(
+        TextStoreError, match="has store schema version 99, newer than this code's 3; upgrade kvmem"
+    ):
+        _open(pg_url)
+    conn = pg.PgConnection(pg_url)
+    assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 1
+    conn.close()
+
+
+def test_migrations_keep_step_with_sqlites():
+    assert len(pg_schema.MIGRATIONS) == len(schema.MIGRATIONS)
+
+
+def test_two_replicas_on_one_database_see_each_others_writes_at_once(pg_url):
+    one, two = _open(pg_url), _open(pg_url)
+    assert two.search("alice", "apples") == []  # two caches alice's (empty) rows
+    [a] = one.add("alice", "apples in the orchard")
+    assert [h.memory.id for h in two.search("alice", "apples", mode="keyword")] == [a.id]
+    assert [h.memory.id for h in two.search("alice", "orchard", mode="dense")] == [a.id]
+    two.update("alice", a.id, text="pears in the orchard")
+    assert [h.memory.text for h in one.search("alice", "pears")] == ["pears in the orchard"]
+    one.delete("alice", a.id)
+    assert two.search("alice", "pears") == [] and two.count("alice") == 0
+    one.close()
+    two.close()
+
+
+def test_change_events_are_heard_in_commit_order(pg_url):
+    store = _open(pg_url)
+    heard: list[str] = []
+    store.subscribe(lambda event: heard.append(event.memory_id))
+
+    def work(n: int) -> None:
+        for i in range(10):
+            store.add(f"user{n}", f"thread {n} item {i}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rowid = dict(store._conn().execute("SELECT id, rowid FROM memories"))
+    assert len(heard) == 40
+    assert [rowid[i] for i in heard] == sorted(rowid.values())  # rowids are handed out in commit order
+    store.close()
+
+
+def test_stems_are_fts5s_and_keyword_scores_match_sqlite(pg_url, tmp_path):
+    assert term_counts(["Running runners ran, CAFÉ café generously"]) == [
+        {"run": 1, "runner": 1, "ran": 1, "cafe": 2, "gener": 1}
+    ]
+    texts = [
+        "I went running by the river every morning",
+        "The runners ran a marathon in Lisbon",
+        "Café au lait at the café near the river",
+        "She generously shared her generous lunch",
+        "snake_case words and x-ray vision",
+    ]
+    queries = ["running river", "cafe", "generous", "ran marathon", "snake_case", "x-ray"]
+    with _open(pg_url) as on_pg, _open(str(tmp_path / "m.db")) as on_sqlite:
+        for s in (on_pg, on_sqlite):
+            s.add("alice", texts=texts)
+            s.add("bob", texts=["river river river"] * 3)  # another user's rows change nothing
+        for q in queries:
+            pg_hits = [(h.memory.text, round(h.score, 9)) for h in on_pg.search("alice", q, mode="keyword")]
+            sqlite_hits = [
+                (h.memory.text, round(h.score, 9)) for h in on_sqlite.search("alice", q, mode="keyword")
+            ]
+            assert pg_hits == sqlite_hits, q
+            assert pg_hits, q
+
+
+def test_a_statement_error_is_not_an_outage(pg_url):
+    with _open(pg_url) as store:
+        with pytest.raises(Exception) as info:
+            store._conn().execute("SELECT no_such_column FROM memories")
+        assert not isinstance(info.value, StoreUnavailable)
+        assert store.add("alice", "still fine")[0].text == "still fine"
