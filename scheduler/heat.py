@@ -1,13 +1,13 @@
 """Heat per (user, memory): exponentially decayed retrieval hits and uses, first seen, last access, last change.
 
-Owns the statistics and their persistence (one SQLite table, no pickle). Time is always passed in, so tests
+Owns the statistics and their persistence (one SQLite table, no pickle; or, given a `postgresql://` URL,
+the same tables in the PostgreSQL store's database, shared by replicas). Time is always passed in, so tests
 control it. Knows nothing of blocks, plans or queues.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import sqlite3
 import threading
@@ -25,6 +25,26 @@ CREATE TABLE IF NOT EXISTS heat (
 CREATE TABLE IF NOT EXISTS applied (
     user_id TEXT NOT NULL, event_key TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user_id, event_key))
 """
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS heat (
+    user_id TEXT COLLATE "C" NOT NULL, memory_id TEXT COLLATE "C" NOT NULL, score DOUBLE PRECISION NOT NULL,
+    score_at DOUBLE PRECISION NOT NULL, hits BIGINT NOT NULL, uses BIGINT NOT NULL,
+    first_seen DOUBLE PRECISION NOT NULL, last_access DOUBLE PRECISION, last_change DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (user_id, memory_id));
+CREATE TABLE IF NOT EXISTS applied (
+    user_id TEXT COLLATE "C" NOT NULL, event_key TEXT COLLATE "C" NOT NULL, at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (user_id, event_key))
+"""
+# Upserts both databases take (SQLite >= 3.24, PostgreSQL >= 9.5): a row replaced whole, as INSERT OR REPLACE.
+_PUT_HEAT = (
+    "INSERT INTO heat VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (user_id, memory_id) DO UPDATE SET "
+    "score = excluded.score, score_at = excluded.score_at, hits = excluded.hits, uses = excluded.uses, "
+    "first_seen = excluded.first_seen, last_access = excluded.last_access, last_change = excluded.last_change"
+)
+_PUT_APPLIED = (
+    "INSERT INTO applied VALUES (?,?,?) ON CONFLICT (user_id, event_key) DO UPDATE SET at = excluded.at"
+)
+_ID_CHUNK = 500  # ids per `IN (...)`
 MAX_USERS = 10_000  # users whose heat is held in memory with a writable file (LRU; the rest stay in the file)
 REPLAY_WINDOW_S = 24 * 3600.0  # an access event redelivered within this long (event time) is recognised
 
@@ -73,7 +93,8 @@ class HeatStats:
 
 
 class HeatTable:
-    """Thread-safe; writes go through to SQLite when a path is given (else memory only)."""
+    """Thread-safe; writes go through to SQLite when a path is given, to PostgreSQL when it is a
+    `postgresql://` URL (the store's database: replicas share it), else memory only."""
 
     def __init__(
         self,
@@ -96,7 +117,15 @@ class HeatTable:
         self._applied: dict[str, dict[str, float]] = {}
         self.max_users = max_users
         self._db = None
-        if path is not None and read_only:
+        if _is_postgres_url(path):
+            self._db = _open_postgres(str(path))
+            if read_only:
+                try:
+                    self._load(self._db)
+                finally:
+                    self._db.close()
+                    self._db = None
+        elif path is not None and read_only:
             if Path(path).is_file():
                 db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
                 try:
@@ -138,7 +167,7 @@ class HeatTable:
         self._user(user_id)[memory_id] = stats
         if self._db is not None:
             self._db.execute(
-                "INSERT OR REPLACE INTO heat VALUES (?,?,?,?,?,?,?,?,?)",
+                _PUT_HEAT,
                 (
                     user_id,
                     memory_id,
@@ -201,9 +230,7 @@ class HeatTable:
                 self._db.execute("BEGIN")
             try:
                 if self._db is not None:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO applied VALUES (?,?,?)", (event.user_id, key, event.at)
-                    )
+                    self._db.execute(_PUT_APPLIED, (event.user_id, key, event.at))
                     self._db.execute("DELETE FROM applied WHERE user_id=? AND at<?", (event.user_id, horizon))
                 retrieved, used = event.retrieved_ids, event.used_ids
                 if live is not None:
@@ -238,14 +265,16 @@ class HeatTable:
                 held.pop(memory_id, None)
             if self._db is not None and ids:
                 with self._transaction():
-                    self._db.execute(
-                        "DELETE FROM heat WHERE user_id=? AND memory_id IN (SELECT value FROM json_each(?))",
-                        (user_id, json.dumps(ids)),
-                    )
+                    for start in range(0, len(ids), _ID_CHUNK):
+                        chunk = ids[start : start + _ID_CHUNK]
+                        self._db.execute(
+                            f"DELETE FROM heat WHERE user_id=? AND memory_id IN ({','.join('?' * len(chunk))})",
+                            (user_id, *chunk),
+                        )
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        """One SQLite transaction around the writes inside (caller holds the lock); nested: the outer one."""
+        """One transaction around the writes inside (caller holds the lock); nested: the outer one."""
         if self._db is None or self._db.in_transaction:
             yield
             return
@@ -292,3 +321,26 @@ class HeatTable:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+def _is_postgres_url(path: object) -> bool:
+    return isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
+
+
+def _open_postgres(url: str):
+    """A connection to the store's PostgreSQL database (kvmem.text.pg: sqlite3's statements, reconnects
+    after an outage) with the heat tables made if missing; StoreUnavailable if the server cannot be reached."""
+    from kvmem.text.pg import MIGRATE_LOCK_KEY, PgConnection
+
+    conn = PgConnection(url)
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATE_LOCK_KEY,))  # replicas starting together
+        for statement in _PG_SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return conn

@@ -72,8 +72,9 @@ class Scheduler:
         heat_read_only: bool = False,
     ):
         self.config, self.source, self.builder, self.clock = config, source, builder, clock
+        shared = getattr(source, "database_url", None)  # a PostgreSQL store: replicas share heat there too
         self.heat = HeatTable(
-            heat_path,
+            shared if isinstance(shared, str) and heat_path is not None else heat_path,
             half_life_s=config.half_life_s,
             use_weight=config.use_weight,
             recency_prior=config.recency_prior,

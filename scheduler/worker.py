@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvmem.errors import DependencyUnavailable
 from scheduler.config import SchedulerConfig
 from scheduler.guard import BlockGuard, Fence
 from scheduler.heat import AccessEvent, HeatStats, HeatTable
@@ -241,7 +242,7 @@ class Worker:
         correctness), so a failure is logged with its traceback and the call goes on."""
         try:
             write(*args)
-        except (sqlite3.Error, OSError):
+        except (sqlite3.Error, OSError, DependencyUnavailable):
             log.exception(
                 "user %r: heat bookkeeping for a %s memory failed; serving is unaffected", user_id, kind
             )

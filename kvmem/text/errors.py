@@ -6,6 +6,8 @@ MemoryNotFound -> 404, StoreUnavailable -> 503) and knows nothing else about the
 
 from __future__ import annotations
 
+from kvmem.errors import DependencyUnavailable
+
 
 class TextStoreError(Exception):
     """Base class of every error the plaintext store raises on purpose."""
@@ -35,13 +37,8 @@ class SubscriberError(TextStoreError):
     """A change-event subscriber raised. The write itself was committed; every subscriber was still called."""
 
 
-class StoreUnavailable(TextStoreError):
-    """A database server the store needs cannot be reached (at start, or mid-call: nothing of the call was
+class StoreUnavailable(TextStoreError, DependencyUnavailable):
+    """The database server the store uses cannot be reached (at start, or mid-call: nothing of the call was
     committed). `dependency` names it ("postgresql"), `where` its host:port; the message holds no password.
-    The serving layer answers 503 `dependency_unavailable`; the next call reconnects by itself."""
-
-    def __init__(self, dependency: str, where: str, reason: str) -> None:
-        super().__init__(f"{dependency} at {where} is unreachable: {reason}")
-        self.dependency = dependency
-        self.where = where
-        self.reason = reason
+    A kvmem.errors.DependencyUnavailable, so serving answers 503 `dependency_unavailable`; the store's next
+    call reconnects by itself."""

@@ -106,6 +106,8 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
         self.config = config or TextStoreConfig()
         self.embedder: Embedder = embedder if embedder is not None else default_embedder()
         self._clock = clock or (lambda: datetime.now(timezone.utc))
+        # The PostgreSQL database's URL (what other tables of this deployment, heat, share); None on SQLite.
+        self.database_url: str | None = path if is_url else None
         self._db = Database(path if is_url else self.path, self.config)
         self.location = self._db.describe()
         self._vectors = VectorCache(self.config.vector_cache_bytes)
