@@ -21,6 +21,7 @@ from scheduler import Scheduler, turn_access
 from scheduler.formation import FormationWorker
 from serving.backends.base import (
     Backend,
+    BlockNotFound,
     GenerationResult,
     StreamItem,
     TokenDelta,
@@ -30,7 +31,7 @@ from serving.config import DEFAULT_MODEL, ServingConfig
 from serving.limits import check_chat
 from serving.metrics import Metrics
 from serving.openai_params import check_params
-from serving.prepare import ChatPreparer, PreparedChat
+from serving.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
 from serving.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -161,6 +162,44 @@ class ChatService:
         finally:
             self._metrics.change_in_flight(-1)
 
+    async def _started(
+        self, prepared: PreparedChat, is_disconnected: IsDisconnected | None
+    ) -> tuple[PreparedChat, AsyncIterator[StreamItem]]:
+        """The request the backend started (its first item awaited), and its items, that first one included. A
+        block item gone since the request was prepared (BlockNotFound: a delete's cascade or an eviction dropped
+        it; nothing was generated) is reported, counted as a not_found fallback, and the request prepared again
+        without it: its texts go through the store's check like any, so a deleted one is never prefilled.
+        Raises ApiError 503 memories_changed when that repeats MAX_PREPARES times, 499 when the client left
+        before the first item."""
+        for _ in range(MAX_PREPARES):
+            items = self._generate(prepared, is_disconnected)
+            try:
+                first = await anext(items)
+            except BlockNotFound as exc:
+                await items.aclose()
+                self._metrics.observe_generation(0, 0, "not_found")
+                user_id = prepared.request.user_id
+                await asyncio.to_thread(self._scheduler.report_unservable, user_id, exc.item_id)
+                logger.info("request %s: its block is gone; preparing it again", prepared.request.request_id)
+                prepared = await self._preparer.prepare(
+                    user_id,
+                    prepared.session_id,
+                    prepared.body,
+                    prepared.started_at,
+                    gone_block=exc.item_id,
+                    admitted=prepared.admitted_generation,
+                )
+                continue
+            except StopAsyncIteration:  # the client went away before anything was produced
+                raise ApiError(
+                    499, "client disconnected", type="invalid_request_error", code="client_disconnected"
+                ) from None
+            except BaseException:
+                await items.aclose()
+                raise
+            return prepared, _prepend(first, items)
+        raise memories_changed()
+
     async def complete(
         self, prepared: PreparedChat, model: str, is_disconnected: IsDisconnected | None
     ) -> dict:
@@ -168,7 +207,8 @@ class ChatService:
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         result: GenerationResult | None = None
-        async with aclosing(self._generate(prepared, is_disconnected)) as items:
+        prepared, started = await self._started(prepared, is_disconnected)
+        async with aclosing(started) as items:
             async for item in items:
                 if isinstance(item, TokenDelta):
                     text.append(item.text)
@@ -195,13 +235,9 @@ class ChatService:
     ) -> AsyncIterator[str]:
         """SSE lines of a streamed answer. Waits for the first backend item before returning, so queue-full,
         not-ready and backend errors still become proper HTTP errors rather than a broken 200 stream."""
-        items = self._generate(prepared, is_disconnected)
-        try:
-            first = await anext(items)
-        except BaseException:
-            await items.aclose()
-            raise
-        return self._sse(prepared, model, include_usage, first, items)
+        prepared, started = await self._started(prepared, is_disconnected)
+        first = await anext(started)  # already produced: no wait
+        return self._sse(prepared, model, include_usage, first, started)
 
     async def _sse(
         self,
@@ -312,3 +348,13 @@ class ChatService:
         """Wait for turns still being stored and fallbacks still being reported (tests, shutdown)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+async def _prepend(first: StreamItem, rest: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:
+    """`first`, then `rest`'s items; closing it closes `rest`."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]

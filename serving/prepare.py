@@ -43,6 +43,7 @@ class PreparedChat:
     used: tuple[UsedMemory, ...]  # what the prompt carried (the response's `memory.used`): block + text hits
     retrieved_ids: tuple[str, ...]  # search hits over all the user's memories, best first: heat counts these
     started_at: float  # perf_counter at request arrival, for TTFT through HTTP
+    body: ChatCompletionRequest  # what the client sent: the request is prepared again from it (BlockNotFound)
     # the user's store generation when the request was admitted (MemoryStore.generation): its turn is not
     # logged if the user was wholly deleted since (MemoryStore.log_turns' admitted_generation)
     admitted_generation: int | None = None
@@ -54,6 +55,16 @@ class PreparedChat:
         return {"used": [{"id": m.id, "tier": t} for m, t in zip(self.used, tiers, strict=True)]}
 
 
+def memories_changed() -> ApiError:
+    """503 memories_changed: the request's memories kept changing under each of its MAX_PREPARES preparations."""
+    return ApiError(
+        503,
+        "the user's memories kept changing while this request was prepared; retry",
+        type="server_error",
+        code="memories_changed",
+    )
+
+
 class ChatPreparer:
     """Prepares requests for ChatService: reads the scheduler's plan (never waits on its worker), searches
     the store and lays the prompt out through the backend, all in threads off the event loop."""
@@ -62,21 +73,30 @@ class ChatPreparer:
         self._config, self._backend, self._store, self._scheduler = config, backend, store, scheduler
 
     async def prepare(
-        self, user_id: str, session_id: str | None, body: ChatCompletionRequest, started_at: float
+        self,
+        user_id: str,
+        session_id: str | None,
+        body: ChatCompletionRequest,
+        started_at: float,
+        *,
+        gone_block: str | None = None,
+        admitted: int | None = None,
     ) -> PreparedChat:
         """Plan + search + layout, then a check that every memory the prompt carries as text or as the block's
         tokens is still served with the same text (one store read, after the layout): a memory deleted or
         changed while the request was prepared is left out and the request prepared again, so a request
         prepared before a delete never serves the deleted text (not even as the prefill of a block the cascade
         dropped). Raises PromptTooLong (400) when the prompt leaves no room to answer, ApiError 503
-        memories_changed when its memories changed under each of MAX_PREPARES preparations."""
+        memories_changed when its memories changed under each of MAX_PREPARES preparations.
+        A request prepared again because its block item was gone (BlockNotFound) passes `gone_block` (that item
+        is not used: a plan still naming it carries its memories as text, checked like any) and the generation
+        it was `admitted` at."""
         messages = [m.to_plain() for m in body.messages]
         query = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-        admitted: int | None = None
         dead: frozenset[str] = frozenset()
         for _ in range(MAX_PREPARES):
             prepared, stale, generation = await self._prepare_once(
-                user_id, session_id, body, messages, query, started_at, admitted, dead
+                user_id, session_id, body, messages, query, started_at, admitted, dead, gone_block
             )
             admitted = generation if admitted is None else admitted
             if not stale:
@@ -87,12 +107,7 @@ class ChatPreparer:
                 sorted(stale),
             )
             dead |= stale
-        raise ApiError(
-            503,
-            "the user's memories kept changing while this request was prepared; retry",
-            type="server_error",
-            code="memories_changed",
-        )
+        raise memories_changed()
 
     async def _prepare_once(
         self,
@@ -104,10 +119,11 @@ class ChatPreparer:
         started_at: float,
         admitted: int | None,
         dead: frozenset[str],
+        gone_block: str | None,
     ) -> tuple[PreparedChat, frozenset[str], int]:
-        """One preparation, leaving out the memories in `dead`: the request, the memories it carries that are no
-        longer served as it carries them (empty: it may be served), and the store generation read before its
-        search (the admission generation, on the first)."""
+        """One preparation, leaving out the memories in `dead` and the block item `gone_block`: the request, the
+        memories it carries that are no longer served as it carries them (empty: it may be served), and the
+        store generation read before its search (the admission generation, on the first)."""
         # a chat message may be far longer than a search query may be: search with its last max_query_chars
         # characters (where a question usually is), so one huge message cannot make the full-text query, and
         # every other user's search behind it, arbitrarily expensive
@@ -121,10 +137,12 @@ class ChatPreparer:
         if block is not None and (
             block.adapter != (plan.adapter.name if plan.adapter else None)
             or not dead.isdisjoint(block.memory_ids)
+            or block.item_id == gone_block
         ):
-            # the block's K/V were computed under another adapter (or none), or it holds a memory deleted since:
-            # not injected; what it holds beyond the adapter's facts (and what is gone) goes in as text (the
-            # scheduler's get already leaves such blocks out; the delete cascade withdraws the other)
+            # the block's K/V were computed under another adapter (or none), it holds a memory deleted since, or
+            # the backend no longer has it: not injected; what it holds beyond the adapter's facts (and what is
+            # gone) goes in as text (the scheduler's get already leaves such blocks out; the delete cascade and
+            # report_unservable withdraw the others)
             kept = [
                 (i, t)
                 for i, t in zip(block.memory_ids, block.texts, strict=True)
@@ -180,6 +198,7 @@ class ChatPreparer:
             used=used,
             retrieved_ids=tuple(h.memory.id for h in hits if h.memory.id not in dead),
             started_at=started_at,
+            body=body,
             admitted_generation=generation if admitted is None else admitted,
         )
         return prepared, stale, generation

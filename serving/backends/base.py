@@ -31,6 +31,16 @@ class NotReady(BackendError):
     """The model is not loaded yet, or failed to load (HTTP 503)."""
 
 
+class BlockNotFound(BackendError):
+    """The request's block item is not stored (dropped since the request was prepared: a delete's cascade, an
+    eviction). Raised by `stream` before its first item, nothing generated: the prompt holds the block's texts,
+    which may have been deleted since, so serving prepares the request again rather than prefilling them."""
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(f"KV item {item_id} is not stored")
+        self.item_id = item_id
+
+
 class PromptTooLong(ValueError):
     """The laid-out prompt leaves no room for a single new token in the context window (HTTP 400)."""
 
@@ -151,7 +161,7 @@ class TokenDelta:
 # Why a request's KV block could not be used, as a fixed category: it is a metrics label on an unauthenticated
 # route, so it never carries an item id, a path or an exception's text (those go to the log line).
 KV_FALLBACK_KINDS = (
-    "not_found",  # no such item in any tier (never built, evicted and dropped, or removed)
+    "not_found",  # no such item in any tier (never built, evicted and dropped, or removed): BlockNotFound
     "corrupt",  # its files are truncated or fail their checksum
     "fingerprint_mismatch",  # made by another model, tokenizer, dtype, template, layout or RoPE config
     "wrong_user",  # the item belongs to another user (refused: invariant 4)
@@ -201,6 +211,13 @@ class Backend(ABC):
     sampling_features: frozenset[str] = frozenset()
     # the model's vocabulary size (logit_bias token ids must be below it); None: not known (not loaded)
     vocab_size: int | None = None
+    # whether `build_block(..., adapter_id=...)` computes a block under a user's LoRA adapter; without it a
+    # user served an adapter has no block (the rest of their memories go as text)
+    builds_under_adapter: bool = False
+    # whether blocks outlive the process where `find_block` finds them again (a restart, `kvmem build`): the
+    # scheduler restores plans at start only over such a backend
+    finds_stored_blocks: bool = False
+    knowledge_generation: int = 0  # prompt layouts switched to since load (`reload_knowledge`)
 
     @abstractmethod
     def load(self) -> None:
@@ -244,6 +261,38 @@ class Backend(ABC):
         give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are
         recorded in the item so a deletion can find it. Raises BackendError or NotReady."""
 
+    def fingerprint_digest(self) -> str | None:
+        """The loaded model's fingerprint digest (an adapter trained on another model is not served), or None:
+        not loaded, or a backend without one."""
+        return None
+
+    def find_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str]
+    ) -> BuiltBlock | None:
+        """The stored, valid block for these memories, or None; never prefills (restoring plans at start,
+        with `finds_stored_blocks`). Default: none stored."""
+        return None
+
+    def stored_memory_ids(self, user_id: str) -> list[tuple[str, ...]]:
+        """The memory ids of the user's stored blocks, newest first (restoring plans). Default: none."""
+        return []
+
+    def warm_block(self, item_id: str) -> None:
+        """Move a stored block to the fastest tier (a session starts: it will be asked for soon). Default:
+        nothing to move."""
+        return None
+
+    def reload_knowledge(self) -> bool:
+        """Switch to the installed shared knowledge if it changed (a stat when it did not), counting
+        `knowledge_generation` up; returns whether it switched. Default: no knowledge, never switches."""
+        return False
+
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
+        """The delete cascade for erased LoRA adapter versions: every stored block of `user_id` built under one
+        of `adapters` (served names) is deleted before this returns; their ids, sorted. Default: no block is
+        built under an adapter."""
+        return []
+
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""
@@ -279,10 +328,12 @@ class Backend(ABC):
         Implemented as an async generator. Before the first item it may raise QueueFull (the bounded queue is
         full: 429), NotReady (503) or BackendError. It stops early, without raising, when `is_disconnected()`
         returns True or when the consumer closes the generator. Honours max_new_tokens, stop strings and the
-        context length (finish_reason "length"). KV fallback is the backend's job: a missing, corrupt or
-        mismatched block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind
-        (KV_FALLBACK_KINDS) and a log line with the detail, never an exception. `cached_tokens` is the number
-        of prompt tokens served from the KV item: at most the block's length, whatever else an engine reused.
+        context length (finish_reason "length"). KV fallback is the backend's job: a corrupt or mismatched
+        block item means full prefill, `cached_tokens=0`, `kv_fallback_reason` set to its kind
+        (KV_FALLBACK_KINDS) and a log line with the detail, never an exception. A block item that is not
+        stored raises BlockNotFound before the first item (its texts may be deleted memories: serving prepares
+        the request again). `cached_tokens` is the number of prompt tokens served from the KV item: at most the
+        block's length, whatever else an engine reused.
         """
 
     @abstractmethod

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from serving.backends.base import (
     SAMPLING_FEATURES,
     Backend,
+    BlockNotFound,
     GenerationRequest,
     GenerationResult,
     LaidOutPrompt,
@@ -200,14 +201,11 @@ class FakeBackend(Backend):
             self._drop_listeners.append(callback)
         return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
 
-    def _cached(self, req: GenerationRequest) -> tuple[int, str | None]:
-        if req.block_item_id is None or req.prompt.block_len == 0:
-            return 0, None
-        with self._lock:
-            stored = self._blocks.get(req.block_item_id)
+    def _cached(self, req: GenerationRequest, stored: tuple[int, ...] | None) -> tuple[int, str | None]:
+        """(prompt tokens served from the block, the fallback kind or None); `stored`: the block's ids."""
         if stored is None:
-            reason = "not_found"
-        elif req.block_item_id in self._corrupt:
+            return 0, None
+        if req.block_item_id in self._corrupt:
             reason = "corrupt"
         elif stored != req.prompt.ids[: req.prompt.block_len]:
             reason = "prefix_mismatch"
@@ -222,6 +220,14 @@ class FakeBackend(Backend):
         if not self._ready:
             raise NotReady("fake backend is not ready")
         with self._lock:
+            stored = None  # the block's ids, read once: what a real backend would have loaded
+            if req.block_item_id is not None and req.prompt.block_len:
+                stored = self._blocks.get(req.block_item_id)
+                if stored is None:  # as the real backends: refused before anything is recorded or generated
+                    logger.warning(
+                        "KV item %s is not stored: request %s refused", req.block_item_id, req.request_id
+                    )
+                    raise BlockNotFound(req.block_item_id)
             if self.num_in_flight >= self.queue_size:
                 raise QueueFull(f"queue full ({self.queue_size} requests in flight)")
             self.num_in_flight += 1
@@ -229,7 +235,7 @@ class FakeBackend(Backend):
         start = time.perf_counter()
         how, produced = "closed", 0
         try:
-            cached, fallback = self._cached(req)
+            cached, fallback = self._cached(req, stored)
             reply = self.reply(req) if callable(self.reply) else self.reply
             room = self.max_context_tokens - len(req.prompt.ids)
             limit = min(req.sampling.max_new_tokens, room)

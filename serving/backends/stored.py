@@ -1,5 +1,6 @@
 """What the in-process engines (transformers, vLLM) share: the model named as served, readiness, a bounded
-admission count (429), the prompt layout, and the KV items of this process's tiered store (has, drop, forget, drop listeners).
+admission count (429), the prompt layout, and the KV items of this process's tiered store (has, drop, forget,
+drop listeners, and the one resolver of a request's block item both engines use).
 
 Knows nothing of how an engine generates. A subclass's config has `model`, `data_dir` and `max_queue`; its
 `load()` sets `self.store` and sets `self._ready` once the engine can serve.
@@ -11,11 +12,22 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvmem.datadir import DataDir
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
-from serving.backends.base import Backend, LaidOutPrompt, NotReady, PromptTooLong, QueueFull
+from serving.backends.base import (
+    Backend,
+    BlockNotFound,
+    GenerationRequest,
+    LaidOutPrompt,
+    NotReady,
+    PromptTooLong,
+    QueueFull,
+)
+
+if TYPE_CHECKING:
+    from kvmem.kv.item import KVItem
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +53,18 @@ def fallback_kind(exc: KVItemError) -> str:
     return "other"
 
 
+class ResolvedBlock(NamedTuple):
+    """A request's block as an engine will use it: `item` to inject, or None with `fallback` (the
+    KV_FALLBACK_KINDS reason the prompt is prefilled in full instead; None: the request names no block)."""
+
+    item: KVItem | None
+    fallback: str | None
+
+
 class StoredBlocksBackend(Backend):
     config: Any
+    handle: Any = None  # the loaded model (kvmem.models.ModelHandle), set by the subclass's load()
+    finds_stored_blocks = True  # items are files under the data dir: a restart finds them again
 
     def _init_shared(self) -> None:
         """Call first in the subclass's __init__, once `self.config` is set."""
@@ -56,6 +78,9 @@ class StoredBlocksBackend(Backend):
         self.knowledge_generation = 0  # layouts switched to since load (reload_knowledge)
         self._knowledge_stamp: Any = None
         self._drop_listeners: list[Callable[[str, str, str], None]] = []
+
+    def fingerprint_digest(self) -> str | None:
+        return None if self.handle is None else self.handle.fingerprint.digest
 
     # -- readiness and admission ---------------------------------------------------------------------------
     def is_ready(self) -> bool:
@@ -149,6 +174,30 @@ class StoredBlocksBackend(Backend):
             return None
 
     # -- stored blocks -------------------------------------------------------------------------------------
+    def _resolve_item(self, req: GenerationRequest) -> ResolvedBlock:
+        """The request's block item from this process's store, checked: the request's user's, and holding the
+        prompt's first tokens. Blocking (a tier promotion may read files): call it off the event loop unless
+        `store.on_device`. The detail of a fallback goes to the log line only: the kind is a metrics label.
+        Raises BlockNotFound when the item is not stored (dropped since the request was prepared: its texts
+        may be deleted memories, so the request is prepared again, not prefilled)."""
+        if req.block_item_id is None or req.prompt.block_len == 0:
+            return ResolvedBlock(None, None)
+        try:
+            item = self.store.get(req.block_item_id)
+        except KVItemError as exc:
+            if isinstance(exc, KVItemNotFound):
+                log.info("KV item of request %s (user %s) is gone: %s", req.request_id, req.user_id, exc)
+                raise BlockNotFound(req.block_item_id) from exc
+            log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
+            return ResolvedBlock(None, fallback_kind(exc))
+        if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
+            log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
+            return ResolvedBlock(None, "wrong_user")
+        if tuple(req.prompt.ids[: item.num_tokens]) != tuple(item.token_ids):  # e.g. under other knowledge
+            log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
+            return ResolvedBlock(None, "prefix_mismatch")
+        return ResolvedBlock(item, None)
+
     def find_block(self, user_id: str, block_texts: Sequence[str], memory_ids: Sequence[str]) -> Any:
         """The stored, valid block for these memories (a kvmem BuiltBlock) or None; never prefills (restoring
         plans at start). `self.builder` is the kvmem BlockBuilder `load()` set. Raises NotReady before it."""

@@ -31,7 +31,7 @@ from serving.backends.base import (
     TokenLogprob,
     TopLogprob,
 )
-from serving.backends.stored import StoredBlocksBackend, fallback_kind
+from serving.backends.stored import ResolvedBlock, StoredBlocksBackend
 from serving.engine.detok import IncrementalDetokenizer, TokenPieces
 from serving.engine.model_loop import LoopClosed, ModelLoop
 from serving.engine.stops import StopMatcher
@@ -294,33 +294,22 @@ class TransformersBackend(StoredBlocksBackend):
         return forgotten
 
     # -- generation --------------------------------------------------------------------------------------------
-    def _resolve_item(self, req: GenerationRequest):
-        """(the KV item to inject or None, the fallback kind or None). The detail goes to the log line only:
-        the kind is a metrics label."""
+    async def _resolve_off_model_thread(self, req: GenerationRequest) -> ResolvedBlock:
+        """_resolve_item off the event loop: a request whose item is on disk (or in host RAM) is admitted to the
+        model loop once an I/O thread loaded and verified it, and the other streams keep decoding meanwhile.
+        An item already on the device is resolved on a plain thread (not behind the I/O threads' file reads and
+        writes), never on the loop: the store's lock, which a resolution takes, is held during another thread's
+        device-to-host demotion, deletes and directory scans. Raises BlockNotFound."""
         if req.block_item_id is None or req.prompt.block_len == 0:
-            return None, None
-        try:
-            item = self.store.get(req.block_item_id)
-        except KVItemError as exc:
-            log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, fallback_kind(exc)
-        if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
-            log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
-            return None, "wrong_user"
-        if item.token_ids != req.prompt.ids[: item.num_tokens]:  # e.g. laid out under other knowledge
-            log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
-            return None, "prefix_mismatch"
-        return item, None
-
-    async def _resolve_off_model_thread(self, req: GenerationRequest):
-        """_resolve_item, on an I/O thread unless the item is already on the device (a dict lookup): a
-        request whose item is on disk (or in host RAM) is admitted to the model loop once it is loaded and
-        verified, and the other streams keep decoding meanwhile."""
-        if req.block_item_id is None or req.prompt.block_len == 0:
-            return None, None
-        if self.store.on_device(req.block_item_id):  # and its parent (the knowledge), if it has one
-            return self._resolve_item(req)
+            return ResolvedBlock(None, None)
+        resident = await asyncio.to_thread(self._resolve_if_on_device, req)
+        if resident is not None:
+            return resident
         return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
+
+    def _resolve_if_on_device(self, req: GenerationRequest) -> ResolvedBlock | None:
+        """_resolve_item when the item (and its parent, the knowledge, if any) is on the device, else None."""
+        return self._resolve_item(req) if self.store.on_device(req.block_item_id) else None
 
     def _steps(
         self,

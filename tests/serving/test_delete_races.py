@@ -145,3 +145,35 @@ def test_a_request_whose_memories_keep_changing_is_refused_after_three_preparati
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "memories_changed"
     assert stack.backend.requests == []
+
+
+def test_a_block_memory_deleted_after_the_request_was_prepared_is_not_served(client_stack) -> None:
+    """5c, the last window: the request passed its check against the store (its block and its texts were all
+    live), then the dog is deleted before the backend looks the block up; the cascade dropped the block's item.
+    The backend used to fall back to prefilling the block's tokens, the deleted text (kv_fallback_reason
+    not_found); it now refuses the request (BlockNotFound) and the request is prepared again, without the dog."""
+    client, stack = client_stack
+    dog, city = (stack.store.add("alice", t)[0].id for t in (DOG, CITY))
+    stack.scheduler.get("alice")
+    stack.scheduler.flush()
+    block = stack.scheduler.get("alice").block
+    assert set(block.memory_ids) == {dog, city}
+    check, checks = stack.store.memories_by_ids, []
+
+    def check_then_delete(user_id: str, ids: list[str], **kwargs: Any) -> Any:
+        live = check(user_id, ids, **kwargs)
+        checks.append(sorted(ids))
+        if len(checks) == 1:
+            assert stack.store.delete("alice", dog) == 1  # after the request's check, before the backend
+        return live
+
+    stack.store.memories_by_ids = check_then_delete
+    reply = client.post("/v1/chat/completions", json=_chat(), headers=ALICE).json()
+    assert checks == [sorted([dog, city]), [city]]  # prepared twice: the second carries the city alone
+    assert not stack.backend.has_block(block.item_id)
+    assert len(stack.backend.requests) == 1  # the request naming the gone block never reached generation
+    assert "Miso" not in _prompt(stack) and CITY in _prompt(stack)
+    assert stack.backend.requests[-1].block_item_id is None
+    assert reply["memory"]["used"] == [{"id": city, "tier": "text"}]
+    assert reply["choices"][0]["message"]["content"] == "Hello from kvmem."
+    assert 'kvmem_kv_fallbacks_total{reason="not_found"} 1' in client.get("/metrics").text

@@ -121,11 +121,12 @@ def test_knowledge_switch_while_serving_never_serves_stale(server):
         laid = backend.layout_prompt(old_blocks["bob"].texts, [], MESSAGES, old_blocks["bob"].token_ids)
         assert laid.ids[: len(new_k)] == new_k and laid.block_len > len(new_k)
         # the plan still names bob's old block (Scheduler.get no longer asks the store on the request path,
-        # hardening item 4); the backend finds it gone and serves it as text, under the new knowledge
+        # hardening item 4); the backend finds it gone and refuses it before generating (BlockNotFound, item
+        # 5c): the request is prepared again without it, its memories as text, under the new knowledge
         usage = chat(client, BOB)
-        during = rec.served[-1]
-        assert (during["asked"], during["item"]) == (old_blocks["bob"].item_id, None)
-        assert during["fallback"] is not None
+        refused, during = rec.served[-2:]
+        assert (refused["asked"], refused["item"], refused["tokens"]) == (old_blocks["bob"].item_id, None, [])
+        assert (during["asked"], during["item"]) == (None, None)
         assert during["ids"][: len(new_k)] == new_k
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert during["tokens"] == reference_tokens(model, list(during["ids"]), N, "cpu")

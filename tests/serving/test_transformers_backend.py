@@ -10,8 +10,15 @@ import time
 import pytest
 import torch
 
-from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
-from serving.backends.base import GenerationRequest, GenerationResult, QueueFull, SamplingParams, TokenDelta
+from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError
+from serving.backends.base import (
+    BlockNotFound,
+    GenerationRequest,
+    GenerationResult,
+    QueueFull,
+    SamplingParams,
+    TokenDelta,
+)
 from serving.backends.transformers_backend import TransformersBackendConfig
 from serving.chat import MAX_STOP_CHARS
 from tests.conftest import ForwardLog
@@ -279,7 +286,6 @@ def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any
 @pytest.mark.parametrize(
     "error, kind",
     [
-        (KVItemNotFound("KV item kv-9f3a is not stored"), "not_found"),
         (KVItemCorrupt("/data/kv/kv-9f3a.safetensors fails its checksum"), "corrupt"),
         (FingerprintMismatch("item kv-9f3a: tokenizer differs"), "fingerprint_mismatch"),
         (KVItemError("kv-9f3a: something else"), "other"),
@@ -301,6 +307,62 @@ def test_a_kv_fallback_reports_its_kind_and_logs_the_detail(tiny_backend, monkey
     _, result = asyncio.run(tokens_of(backend, req))
     assert (result.kv_fallback_reason, result.cached_tokens) == (kind, 0)
     assert str(error) in caplog.text  # the detail stays in the log line
+
+
+def test_a_block_item_that_is_not_stored_is_refused_before_anything_is_generated(tiny_backend):
+    """Issue 27 item 5c: the request's block item was dropped since it was prepared (a delete's cascade): the
+    prompt holds the block's texts, maybe a deleted memory's, so the backend raises BlockNotFound before its
+    first item (serving prepares the request again) instead of prefilling them; its admission is released."""
+    backend = tiny_backend
+    texts = ["I live in Porto."]
+    block = backend.build_block("gone", texts, ["m-porto"])
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "gone", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    assert backend.forget("gone", ["m-porto"]) == [block.item_id]
+    with pytest.raises(BlockNotFound) as gone:
+        asyncio.run(tokens_of(backend, req))
+    assert gone.value.item_id == block.item_id
+    assert backend.queue_depth == 0
+
+
+def test_resolving_a_block_never_waits_on_the_store_lock_on_the_event_loop(tiny_backend):
+    """Issue 27 item 4: another thread holds the KV store's lock (a device-to-host demotion, a delete's unlinks,
+    a directory scan) while a request's block, on the device, is resolved: the event loop keeps running, and
+    the request is served from the block once the lock is free. It was resolved on the loop before: the loop
+    stood still until the lock was released."""
+    backend = tiny_backend
+    texts = ["I live in Faro."]
+    block = backend.build_block("held", texts, ["m-faro"])
+    assert backend.store.on_device(block.item_id)
+    prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
+    req = GenerationRequest(
+        "r", "held", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
+    )
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with backend.store._lock:
+            locked.set()
+            release.wait(3)
+
+    async def scenario() -> tuple[float, GenerationResult]:
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        assert locked.wait(10)
+        request = asyncio.create_task(tokens_of(backend, req))
+        start = time.monotonic()
+        await asyncio.sleep(0.05)  # the loop runs the request's first steps, then comes back here
+        stalled_s = time.monotonic() - start
+        release.set()
+        _, result = await request
+        holder.join(10)
+        return stalled_s, result
+
+    stalled_s, result = asyncio.run(scenario())
+    assert stalled_s < 1.0  # 3 s when the resolution waited for the lock on the loop
+    assert (result.kv_fallback_reason, result.cached_tokens) == (None, block.num_tokens)
 
 
 def test_another_users_block_is_refused_as_wrong_user(tiny_backend):
