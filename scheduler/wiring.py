@@ -2,9 +2,9 @@
 
 `make_scheduler` wires the scheduler to the store and to the backend through `BackendBlockMaker` (blocks are
 prefilled by the backend, in the scheduler's worker, off the request path). The backend and the server's
-settings are taken by what they provide (`ServerSettings`), so this module imports nothing of serving. Knows
-nothing of policy: which memories form a block is the scheduler's call; nor of HTTP (the plan's JSON body is
-serving.protocol.plan_dict).
+settings are taken by what they provide (`ServerSettings`; the Backend interface for type checking only), so
+this module imports nothing of serving at run time. Knows nothing of policy: which memories form a block is the
+scheduler's call; nor of HTTP (the plan's JSON body is serving.protocol.plan_dict).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from scheduler.service import Scheduler
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
+    from serving.backends.base import Backend
 
 
 class ServerSettings(Protocol):
@@ -31,18 +32,16 @@ class ServerSettings(Protocol):
 
 
 class BackendBlockMaker:
-    """The scheduler's `BlockMaker` over a serving backend: build, drop and warm blocks through it."""
+    """The scheduler's `BlockMaker` over a serving backend: build, drop and warm blocks through it. Every
+    backend method it calls is on the Backend interface (optional ones with a default there)."""
 
-    def __init__(self, backend: Any):  # a serving.backends.base.Backend
+    def __init__(self, backend: Backend):
         self.backend = backend
-        find = getattr(backend, "find_block", None)  # the fake backend has none: nothing to restore
-        if find is not None:  # the scheduler's optional `find_block(user_id, texts, memory_ids)`
-            self.find_block = find
+        if backend.finds_stored_blocks:  # the scheduler's optional restore (the fake backend stores nothing)
+            self.find_block = backend.find_block
             self.stored_memory_ids = backend.stored_memory_ids  # restore: the blocks a user has stored
-        if getattr(backend, "reload_knowledge", None) is not None:  # the scheduler's optional layout check
-            self.layout_generation = self._layout_generation
 
-    def _layout_generation(self) -> int:
+    def layout_generation(self) -> int:
         """The backend's layout generation, after it checked the installed knowledge (a stat)."""
         self.backend.reload_knowledge()
         return self.backend.knowledge_generation
@@ -53,13 +52,13 @@ class BackendBlockMaker:
     @property
     def serves_adapters(self) -> bool:
         """Whether the backend applies a request's LoRA adapter (else plans name none: see Backend)."""
-        return bool(getattr(self.backend, "serves_adapters", False))
+        return self.backend.serves_adapters
 
     @property
     def builds_under_adapter(self) -> bool:
         """Whether the backend builds a block under a user's LoRA adapter (the transformers backend does;
         without it, a user served an adapter has no block: the rest of their memories go as text)."""
-        return bool(getattr(self.backend, "builds_under_adapter", False))
+        return self.backend.builds_under_adapter
 
     def build_block(
         self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], adapter_id: str | None = None
@@ -72,9 +71,7 @@ class BackendBlockMaker:
         self.backend.drop_block(item_id)
 
     def warm_block(self, item_id: str) -> None:
-        warm = getattr(self.backend, "warm_block", None)
-        if warm is not None:
-            warm(item_id)
+        self.backend.warm_block(item_id)
 
     def has_block(self, item_id: str) -> bool:
         return self.backend.has_block(item_id)
@@ -83,8 +80,7 @@ class BackendBlockMaker:
         return self.backend.forget(user_id, memory_ids)
 
     def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
-        forget = getattr(self.backend, "forget_adapters", None)  # the fake backend builds under no adapter
-        return forget(user_id, list(adapters)) if forget is not None else []
+        return self.backend.forget_adapters(user_id, list(adapters))
 
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
         return self.backend.subscribe_dropped(callback)
@@ -98,7 +94,7 @@ def serving_scheduler_config(config: ServerSettings) -> SchedulerConfig:
 def make_scheduler(
     config: ServerSettings,
     store: Any,
-    backend: Any,
+    backend: Backend,
     *,
     scheduler_config: SchedulerConfig | None = None,
     clock: Callable[[], float] = time.time,
@@ -111,10 +107,6 @@ def make_scheduler(
     from kvmem.adapters import ActiveAdapters, AdapterRegistry
     from kvmem.adapters.active import facts_current
     from kvmem.datadir import DataDir
-
-    def base_fingerprint() -> str | None:  # adapters trained on another model are not served
-        handle = getattr(backend, "handle", None)
-        return None if handle is None else handle.fingerprint.digest
 
     return Scheduler(
         scheduler_config or serving_scheduler_config(config),
@@ -130,7 +122,7 @@ def make_scheduler(
         fence=fence,
         adapters=ActiveAdapters(
             AdapterRegistry(DataDir.at(config.data_dir).adapters_dir),
-            base_fingerprint,
+            backend.fingerprint_digest,  # adapters trained on another model are not served
             lambda user_id, facts: facts_current(store, user_id, facts),
         ),
     )
