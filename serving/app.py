@@ -399,7 +399,7 @@ def create_app(
 
     # -- memory routes ----------------------------------------------------------------------------------------
     def tier_of(user_id: str) -> Any:
-        covered = scheduler.peek(user_id).covered_ids  # a read: never queues a build
+        covered = scheduler.peek(user_id).covered_ids  # a read: never queues a build; called in a thread
         return lambda memory_id: "kv" if memory_id in covered else "text"
 
     async def answer_write(
@@ -475,7 +475,7 @@ def create_app(
             filters=filters,
             include_superseded=body.include_superseded,
         )
-        tier = tier_of(body.user_id)
+        tier = await asyncio.to_thread(tier_of, body.user_id)
         return {
             "results": [{**h.memory.to_dict(), "score": h.score, "tier": tier(h.memory.id)} for h in hits]
         }
@@ -528,7 +528,7 @@ def create_app(
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
-        body = plan_dict(scheduler.peek(user_id))  # a read: never queues a build
+        body = plan_dict(await asyncio.to_thread(scheduler.peek, user_id))  # never queues a build; may wait
         st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
         body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body

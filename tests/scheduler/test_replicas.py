@@ -235,10 +235,11 @@ class SlowFence(SharedFence):
         return super().read(user_id)
 
 
-def test_a_slow_fence_read_never_blocks_the_event_loop(tmp_path):
-    """Issue 27 item 4: a chat's fence read (Scheduler.get, on every request with replicas) waits on Redis; the
-    server's event loop answers other requests meanwhile, and the chat is then served its block. The read ran
-    on the loop before: /health waited out the whole read."""
+@pytest.mark.parametrize("route", ["chat", "plan"])
+def test_a_slow_fence_read_never_blocks_the_event_loop(tmp_path, route):
+    """Issue 27 item 4: a chat's fence read (Scheduler.get, on every request with replicas) or a plan read's
+    (Scheduler.peek) waits on Redis; the server's event loop answers other requests meanwhile, and the request
+    is then answered with the block. The read ran on the loop before: /health waited out the whole read."""
     from tests.serving.conftest import live_server
 
     fence = SlowFence()
@@ -256,22 +257,32 @@ def test_a_slow_fence_read_never_blocks_the_event_loop(tmp_path):
     try:
         with live_server(create_app(config, backend=backend, store=store, scheduler=plans)) as url:
             answers: list[httpx.Response] = []
+
+            def ask() -> None:
+                if route == "chat":
+                    answers.append(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30))
+                else:
+                    answers.append(
+                        httpx.get(f"{url}/v1/memories/plan", params={"user_id": "alice"}, timeout=30)
+                    )
+
             fence.armed = True
-            chat = threading.Thread(
-                target=lambda: answers.append(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30))
-            )
-            chat.start()
+            asking = threading.Thread(target=ask)
+            asking.start()
             try:
-                assert fence.reading.wait(10)  # the chat is inside the fence read
+                assert fence.reading.wait(10)  # the request is inside the fence read
                 health = httpx.get(f"{url}/health", timeout=30)
                 assert not fence.release.is_set() and not fence.waited_out  # answered while the read waited
             finally:
                 fence.release.set()
-                chat.join(30)
+                asking.join(30)
             assert health.status_code == 200
             assert not fence.waited_out
             assert [a.status_code for a in answers] == [200]
-            assert backend.requests[-1].block_item_id == block.item_id  # the fence still read the same
+            if route == "chat":  # the fence still read the same: the block is served
+                assert backend.requests[-1].block_item_id == block.item_id
+            else:
+                assert answers[0].json()["block"]["item_id"] == block.item_id
     finally:
         plans.stop()
         store.close()
