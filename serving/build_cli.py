@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", default=None, help="data dir (default ./.kvmem)")
     p.add_argument(
+        "--store",
+        default=None,
+        help="the memory store, as `kvmem serve --store`: postgresql://user@host:port/db or a SQLite file "
+        "(default: DATA_DIR/memories.sqlite)",
+    )
+    p.add_argument(
         "--block-token-budget", type=int, default=2048, help="as `kvmem serve`'s (the blocks it will serve)"
     )
     p.add_argument(
@@ -83,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.block_token_budget < 0:
         print("kvmem build: --block-token-budget must be >= 0", file=sys.stderr)
         return 2
+    if args.store is not None:
+        from kvmem.text.dialect import check_store_location
+
+        try:
+            check_store_location(args.store)
+        except ValueError as exc:
+            print(f"kvmem build: --store: {exc}", file=sys.stderr)
+            return 2
     from serving import build_stamp
 
     try:
@@ -91,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KvmemError, OSError) as exc:
         print(f"kvmem build: {exc}", file=sys.stderr)
         return 1
-    every_user = args.input is None and args.knowledge is None  # what the fast path covers
+    # what the fast path covers (it reads the data dir's SQLite store and heat: not a --store elsewhere)
+    every_user = args.input is None and args.knowledge is None and args.store is None
     settings = {
         "model": args.model,
         "device": args.device,
@@ -142,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         builder = BlockBuilder(handle, layout, store)
         if args.knowledge is not None:
             knowledge.ensure_knowledge_item(handle, layout, store)
-        planner = OfflinePlanner(data_dir, builder, block_token_budget=args.block_token_budget)
+        planner = OfflinePlanner(
+            data_dir, builder, block_token_budget=args.block_token_budget, store=args.store
+        )
         progress = not args.no_progress
         if args.input is not None:
             report = run_build(args.input, builder, data_dir=data_dir, planner=planner, progress=progress)

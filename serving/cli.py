@@ -45,6 +45,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="where memories, the conversation log, KV items and adapters are kept",
     )
     p.add_argument(
+        "--store",
+        default=None,
+        help="the memory store: postgresql://user@host:port/db (replicas on several machines share "
+        "memories and heat; password: the URL or PGPASSWORD/.pgpass) or a SQLite file "
+        "(default: DATA_DIR/memories.sqlite)",
+    )
+    p.add_argument(
         "--backend",
         choices=["transformers", "vllm", "fake"],
         default="transformers",
@@ -223,6 +230,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             port=args.port,
             model=args.model,
             data_dir=args.data_dir,
+            store=args.store,
             backend=args.backend,
             device=args.device,
             dtype=args.dtype,

@@ -61,6 +61,10 @@ class ServingConfig:
     port: int = 8000
     model: str = DEFAULT_MODEL
     data_dir: Path = Path(".kvmem")
+    # the memory store: a postgresql://user@host:port/db URL (replicas on several machines share it, and the
+    # scheduler's heat with it) or a SQLite file; None: data_dir/memories.sqlite. Not in repr: a URL may
+    # hold a password
+    store: str | None = field(default=None, repr=False)
     backend: str = "transformers"
     device: str = "auto"  # where the model runs (DEVICE_NAMES); KV items follow, their files are portable
     dtype: str = "auto"  # the model's dtype (DTYPE_NAMES); KV items and their fingerprints follow it
@@ -105,11 +109,17 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.store is not None:
+            from kvmem.text.dialect import check_store_location  # kvmem.text: only when a store is named
+
+            check_store_location(self.store)  # ValueError naming the bad value
         if self.api_keys_file is not None:
             object.__setattr__(self, "api_keys_file", Path(self.api_keys_file))
         if not self.host:
             raise ValueError("host must not be empty")
-        if len(self.replica_id) > 64 or not all(c.isascii() and (c.isalnum() or c in "-_.:") for c in self.replica_id):
+        if len(self.replica_id) > 64 or not all(
+            c.isascii() and (c.isalnum() or c in "-_.:") for c in self.replica_id
+        ):
             raise ValueError(
                 f"replica_id must be at most 64 letters, digits or '-_.:', got {self.replica_id!r}"
             )
@@ -176,5 +186,11 @@ class ServingConfig:
         return self.api_keys_file if self.api_keys_file is not None else self.data_dir / "api_keys.json"
 
     @property
-    def store_path(self) -> Path:
-        return self.data_dir / "memories.sqlite"
+    def store_path(self) -> Path | str:
+        """Where the memory store is: `store` (a postgresql:// URL or a file) if given, else the data dir's
+        SQLite file."""
+        if self.store is None:
+            return self.data_dir / "memories.sqlite"
+        from kvmem.text.dialect import is_postgres_url
+
+        return self.store if is_postgres_url(self.store) else Path(self.store)

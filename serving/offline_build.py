@@ -212,11 +212,15 @@ def add_missing(store: Any, user_id: str, texts: Sequence[str]) -> int:
 class OfflinePlanner:
     """Owns the memory store it opens and the scheduler it builds; `close()` them."""
 
-    def __init__(self, data_dir: DataDir, builder: Any, *, block_token_budget: int = 2048):
+    def __init__(
+        self, data_dir: DataDir, builder: Any, *, block_token_budget: int = 2048, store: str | None = None
+    ):
+        """`store`: as `kvmem serve --store` (a postgresql:// URL: heat is read from it too); None: the data
+        dir's SQLite file."""
         from kvmem.kv.layout import memory_line
         from kvmem.text import MemoryStore, TextStoreConfig
 
-        serving = ServingConfig(data_dir=data_dir.root, block_token_budget=block_token_budget)
+        serving = ServingConfig(data_dir=data_dir.root, block_token_budget=block_token_budget, store=store)
         longest = max(serving.limits.max_memory_text_chars, serving.limits.max_message_chars)
         self.store = MemoryStore(serving.store_path, config=TextStoreConfig(max_text_chars=longest))
         tokenizer = builder.handle.tokenizer

@@ -1,4 +1,5 @@
-"""Storage failures the server can name: a full disk, a read-only data dir, an unopenable store file.
+"""Storage failures the server can name: a full disk, a read-only data dir, an unopenable store file (a
+PostgreSQL store's outage is kvmem.text.StoreUnavailable, answered 503 by app.py as any dependency's).
 
 Owns recognising them in an exception (`storage_failure`, answered 507 `insufficient_storage` by app.py's
 error mapping), the degraded state /health reports until a write succeeds again (StorageHealth), and opening
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 
 from kvmem.text import MemoryStore, TextStoreConfig
+from kvmem.text.dialect import is_postgres_url
 
 _SQLITE_STORAGE = {  # sqlite3 messages that mean the disk, not the request
     "database or disk is full": "the disk is full",
@@ -92,9 +94,14 @@ def _cause(path: Path, exc: BaseException) -> str:
     return storage_failure(exc) or f"{type(exc).__name__}: {exc}"
 
 
-def open_store(path: Path, config: TextStoreConfig) -> MemoryStore:
+def open_store(path: Path | str, config: TextStoreConfig) -> MemoryStore:
     """The store at `path`, its directory made if needed. Raises StorageUnavailable naming `path` and the
-    cause (a file where a directory should be, a read-only data dir, a full disk, ...)."""
+    cause (a file where a directory should be, a read-only data dir, a full disk, ...). `path` may be a
+    postgresql:// URL: then an unreachable server raises kvmem.text.StoreUnavailable, naming PostgreSQL
+    and its host:port (never the password)."""
+    if is_postgres_url(path):
+        return MemoryStore(path, config=config)
+    path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return MemoryStore(path, config=config)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.dialect import SQLITE, Dialect
+from kvmem.text.dialect import SQLITE, Dialect, is_postgres_url
 from kvmem.text.errors import SubscriberError, TextStoreError
 from kvmem.text.records import ChangeEvent
 
@@ -44,9 +44,13 @@ class Database:
         self._pg = None
         self.dialect: Dialect = SQLITE
         if isinstance(path, str):
-            from kvmem.text import pg  # psycopg is imported only where PostgreSQL is used
-
-            assert pg.is_postgres_url(path), path
+            assert is_postgres_url(path), path
+            try:
+                from kvmem.text import pg  # psycopg is imported only where PostgreSQL is used
+            except ImportError as e:
+                raise TextStoreError(
+                    f"the PostgreSQL store needs psycopg 3 ({e}); pip install 'kvmem[postgres]'"
+                ) from e
             self._pg = pg
             self.dialect = pg.POSTGRES
         self._config = config

@@ -84,6 +84,29 @@ class SqliteDialect:
 SQLITE = SqliteDialect()
 
 
+POSTGRES_URL_PREFIXES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(location: object) -> bool:
+    """Whether a store location names a PostgreSQL database (a `postgresql://` URL) rather than a file."""
+    return isinstance(location, str) and location.startswith(POSTGRES_URL_PREFIXES)
+
+
+def check_store_location(location: str) -> str:
+    """A `--store` value: a `postgresql://user@host:port/db` URL, or a SQLite file path; anything else with a
+    scheme (`mysql://`, `postgresql:/x`) is refused with ValueError naming it."""
+    if not isinstance(location, str) or not location.strip():
+        raise ValueError(f"store must be a postgresql:// URL or a SQLite file path, got {location!r}")
+    if is_postgres_url(location):
+        return location
+    if "://" in location or location.lower().startswith(("postgres:", "postgresql:")):
+        scheme = location.split(":", 1)[0]
+        raise ValueError(
+            f"store must be a postgresql://user@host:port/db URL or a SQLite file path, got a {scheme}: URL"
+        )
+    return location
+
+
 def dialect_of(conn: Any) -> Dialect:
     """The dialect of a connection: pg.py's connections carry theirs; a sqlite3 connection is SQLite's."""
     return getattr(conn, "dialect", SQLITE)

@@ -17,21 +17,16 @@ from typing import Any
 import psycopg
 from psycopg import conninfo, pq
 
+from kvmem.text.dialect import is_postgres_url  # noqa: F401  (re-exported: pg.is_postgres_url)
 from kvmem.text.errors import StoreUnavailable
 from kvmem.text.terms import query_tokens, term_counts
 
 logger = logging.getLogger(__name__)
 
-URL_PREFIXES = ("postgresql://", "postgres://")
 # pg_advisory_xact_lock keys (any fixed 64-bit numbers; the same in every replica).
 WRITE_LOCK_KEY = 0x6B766D656D5F7700  # "kvmem_w\0"
 MIGRATE_LOCK_KEY = 0x6B766D656D5F6D00  # "kvmem_m\0"
 _CONNECT_TIMEOUT_S = 5
-
-
-def is_postgres_url(location: object) -> bool:
-    """Whether a store location names a PostgreSQL database (a `postgresql://` URL) rather than a file."""
-    return isinstance(location, str) and location.startswith(URL_PREFIXES)
 
 
 def server_address(url: str) -> str:

@@ -27,6 +27,7 @@ from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.deletes import MemoryDeletes
+from kvmem.text.dialect import is_postgres_url
 from kvmem.text.embed import Embedder, default_embedder
 from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
@@ -100,7 +101,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
         *,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        is_url = isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
+        is_url = is_postgres_url(path)
         # The SQLite file; None on PostgreSQL (`location` names either, without a password).
         self.path: Path | None = None if is_url else Path(path)
         self.config = config or TextStoreConfig()

@@ -21,6 +21,12 @@ EXIT_REFUSED = 3
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvmem distill", description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", type=Path, default=Path(".kvmem"), help="the server's data dir")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="the server's memory store if not the data dir's: postgresql://user@host:port/db (heat is read "
+        "from it too) or a SQLite file",
+    )
     p.add_argument("--user-id", required=True, help="whose memories to distil")
     p.add_argument(
         "--all", action="store_true", help="every memory of the user up to the cap (no stability/use rule)"
@@ -87,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvmem.kv.layout import PromptLayout
     from kvmem.models import load_model
     from kvmem.text import MemoryStore
+    from kvmem.text.dialect import check_store_location, is_postgres_url
     from scheduler.config import SchedulerConfig
     from scheduler.distill.job import DistillConfig, distill_user
     from scheduler.distill.selection import SelectConfig
@@ -94,14 +101,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scheduler.heat import HeatTable
 
     data = DataDir.at(args.data_dir)
-    if not data.text_db.exists():
-        sys.stderr.write(f"kvmem distill: no memories at {data.text_db} (wrong --data-dir?)\n")
+    try:
+        location = check_store_location(args.store) if args.store is not None else str(data.text_db)
+    except ValueError as exc:
+        sys.stderr.write(f"kvmem distill: --store: {exc}\n")
         return 2
-    store = MemoryStore(data.text_db)
+    on_postgres = is_postgres_url(location)
+    if not on_postgres and not Path(location).exists():
+        sys.stderr.write(f"kvmem distill: no memories at {location} (wrong --data-dir or --store?)\n")
+        return 2
+    store = MemoryStore(location)
     sched = SchedulerConfig()
     heat_path = data.scheduler_dir / "heat.sqlite"
     heat = HeatTable(
-        heat_path if heat_path.exists() else None,
+        location if on_postgres else heat_path if heat_path.exists() else None,
         half_life_s=sched.half_life_s,
         use_weight=sched.use_weight,
         recency_prior=sched.recency_prior,

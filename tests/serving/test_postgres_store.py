@@ -1,0 +1,84 @@
+"""`kvmem serve --store postgresql://...`: the server on the PostgreSQL store (tests/pg.py's real server).
+Unreachable at start: one line naming PostgreSQL and where, no password (exit 1). Away while running:
+writes answer 503 `dependency_unavailable` naming it; back: the same server serves again by itself."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serving.app import create_app
+from serving.backends.fake import FakeBackend
+from serving.cli import main
+from serving.config import ServingConfig
+from tests.pg import pg_server, pg_url  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.postgresql
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_at_start_is_one_line_naming_postgresql_and_where(tmp_path, capsys):
+    port = _free_port()
+    url = f"postgresql://kv:s3cret@127.0.0.1:{port}/memories"
+    code = main(
+        [
+            "serve",
+            "--no-auth",
+            "--backend",
+            "fake",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            "--store",
+            url,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"StoreUnavailable: postgresql at 127.0.0.1:{port} is unreachable: " in err
+    assert "s3cret" not in err
+
+
+def test_a_store_url_of_another_kind_is_a_usage_error(tmp_path, capsys):
+    code = main(
+        ["serve", "--no-auth", "--backend", "fake", "--data-dir", str(tmp_path), "--store", "mysql://h/db"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "store must be a postgresql://user@host:port/db URL or a SQLite file path, got a mysql: URL" in err
+
+
+def test_writes_answer_503_while_postgresql_is_away_and_resume_when_it_returns(tmp_path, pg_server, pg_url):  # noqa: F811
+    config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, store=pg_url, store_turns=False)
+    assert "postgresql" not in repr(config)  # the URL (it may hold a password) is not in the config's repr
+    app = create_app(config, backend=FakeBackend(), formation=None)
+    where = f"127.0.0.1:{pg_server.port}"
+    with TestClient(app) as client:
+        r = client.post("/v1/memories", json={"user_id": "demo", "text": "I live in Lisbon."})
+        assert r.status_code == 201, r.text
+        assert app.state.store.database_url == pg_url
+        pg_server.stop()
+        try:
+            r = client.post("/v1/memories", json={"user_id": "demo", "text": "I work in Porto."})
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["code"] == "dependency_unavailable"
+            assert error["message"].startswith(f"postgresql at {where} is unreachable: ")
+        finally:
+            pg_server.start()
+        r = client.post("/v1/memories", json={"user_id": "demo", "text": "I work in Porto."})
+        assert r.status_code == 201, r.text
+        r = client.post(
+            "/v1/memories/search", json={"user_id": "demo", "query": "Where do I work?", "top_k": 5}
+        )
+        assert r.status_code == 200, r.text
+        texts = [hit["text"] for hit in r.json()["results"]]
+        assert sorted(texts) == ["I live in Lisbon.", "I work in Porto."]
