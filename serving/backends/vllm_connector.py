@@ -168,6 +168,9 @@ def inject_paged(
 ) -> None:
     """Write item tokens [start, end) into `slots` of every layer by index: the GPU path (the CPU backend's
     layers go through vLLM's CPU op instead). A child item's head comes from its parent (the knowledge item)."""
+    if not layers:
+        return
+    slots = slots.to(next(iter(layers.values())).cache.device)  # once; K/V go over layer by layer (bounded)
     for layer in layers.values():
         write_tokens(layer.cache, item.kv_range(start, end, layer=layer.index), slots)
 
