@@ -44,6 +44,18 @@ def store_location(backend, tmp_path, request) -> str:
     return request.getfixturevalue("pg_url")
 
 
+@pytest.fixture
+def new_location(backend, tmp_path, request):
+    """Makes a new, empty place for a store on this test's backend: `new_location("a.db")` is a SQLite file
+    of that name in tmp_path, or a new PostgreSQL database (tests that compare two separate stores)."""
+    if backend == "sqlite":
+        return lambda name: str(tmp_path / name)
+    server = request.getfixturevalue("pg_server")
+    request.getfixturevalue("pg_url")  # the server is up (a test before may have stopped it)
+    prefix = f"n{id(request)}"
+    return lambda name: server.create_database(f"{prefix}_{name.replace('.', '_')}")
+
+
 def open_store(location: str, **kwargs) -> MemoryStore:
     """A store on `location` (a file path or a postgresql:// URL), with the test embedder by default."""
     kwargs.setdefault("embedder", HashEmbedder())

@@ -62,10 +62,8 @@ def test_bad_user_id(store):
             store.search(user, "x")
 
 
-def test_text_over_token_limit(tmp_path):
-    with MemoryStore(
-        tmp_path / "m.db", embedder=HashEmbedder(), config=TextStoreConfig(max_text_tokens=5)
-    ) as s:
+def test_text_over_token_limit(store_location):
+    with MemoryStore(store_location, embedder=HashEmbedder(), config=TextStoreConfig(max_text_tokens=5)) as s:
         s.add("alice", "one two three four five")
         with pytest.raises(InvalidMemoryInput, match="text has 6 tokens, over the limit of 5"):
             s.add("alice", "one two three four five six")
@@ -74,10 +72,8 @@ def test_text_over_token_limit(tmp_path):
         assert s.count("alice") == 1
 
 
-def test_text_over_character_limit_is_refused_and_the_store_is_left_exactly_as_it_was(tmp_path):
-    with MemoryStore(
-        tmp_path / "m.db", embedder=HashEmbedder(), config=TextStoreConfig(max_text_chars=10)
-    ) as s:
+def test_text_over_character_limit_is_refused_and_the_store_is_left_exactly_as_it_was(store_location):
+    with MemoryStore(store_location, embedder=HashEmbedder(), config=TextStoreConfig(max_text_chars=10)) as s:
         (kept,) = s.add("alice", "0123456789", tags=["t"], metadata={"k": 1})
         s.update("alice", kept.id, text="abcdefghij")
         before = dumps_jsonl(s)
@@ -220,8 +216,8 @@ def test_config_names_the_bad_field():
         TextStoreConfig(keyword_weight=-1)
 
 
-def test_closed_store_refuses(tmp_path):
-    s = MemoryStore(tmp_path / "m.db", embedder=HashEmbedder())
+def test_closed_store_refuses(store_location):
+    s = MemoryStore(store_location, embedder=HashEmbedder())
     s.close()
     with pytest.raises(TextStoreError, match="is closed"):
         s.count("alice")

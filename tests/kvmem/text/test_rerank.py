@@ -127,9 +127,9 @@ TURNS = [
 QUERY = "What is the name of Emi's beagle puppy?"
 
 
-def _store(tmp_path, clock, name="m.db", **config):
+def _store(new_location, clock, name="m.db", **config):
     store = MemoryStore(
-        tmp_path / name, embedder=HashEmbedder(), config=TextStoreConfig(**config), clock=clock
+        new_location(name), embedder=HashEmbedder(), config=TextStoreConfig(**config), clock=clock
     )
     store.add("u", messages=TURNS, session_id="s")
     return store
@@ -139,11 +139,13 @@ def _order(store, **kw):
     return [h.memory.text for h in store.search("u", QUERY, **kw)]
 
 
-def test_a_bad_weights_file_is_logged_at_open_and_search_keeps_the_first_stage(tmp_path, clock, caplog):
-    first = _order(_store(tmp_path, clock, "a.db", rerank="none"))
+def test_a_bad_weights_file_is_logged_at_open_and_search_keeps_the_first_stage(
+    tmp_path, new_location, clock, caplog
+):
+    first = _order(_store(new_location, clock, "a.db", rerank="none"))
     (tmp_path / "bad.json").write_text("not json")
     with caplog.at_level(logging.ERROR, logger="kvmem.text.store"):
-        store = _store(tmp_path, clock, "b.db", rerank_weights=str(tmp_path / "bad.json"))
+        store = _store(new_location, clock, "b.db", rerank_weights=str(tmp_path / "bad.json"))
     assert any(
         "reranker 'ltr' refused" in r.message and "not valid JSON" in r.message for r in caplog.records
     )
@@ -151,27 +153,27 @@ def test_a_bad_weights_file_is_logged_at_open_and_search_keeps_the_first_stage(t
     store.close()
 
 
-def test_the_reranked_order_is_what_search_returns(tmp_path, clock):
-    first = _order(_store(tmp_path, clock, "a.db", rerank="none"))
+def test_the_reranked_order_is_what_search_returns(tmp_path, new_location, clock):
+    first = _order(_store(new_location, clock, "a.db", rerank="none"))
     # questions first, then the first stage's order (ties keep it)
     questions_first = [t for t in first if t.endswith("?")] + [t for t in first if not t.endswith("?")]
     assert questions_first != first
     store = _store(
-        tmp_path, clock, "b.db", rerank_weights=str(stump_weights(tmp_path, "is_question", -3.0, 3.0))
+        new_location, clock, "b.db", rerank_weights=str(stump_weights(tmp_path, "is_question", -3.0, 3.0))
     )
     assert _order(store) == questions_first
     hits = store.search("u", QUERY, top_k=2)
     assert [h.memory.text for h in hits] == questions_first[:2]
     assert hits[0].score == pytest.approx(1 / (1 + np.exp(-3.0)))
     assert _order(store, mode="keyword") == _order(
-        _store(tmp_path, clock, "c.db", rerank="none"), mode="keyword"
+        _store(new_location, clock, "c.db", rerank="none"), mode="keyword"
     )
     store.close()
 
 
-def test_an_unavailable_reranker_keeps_the_first_stage_with_a_log_line(tmp_path, clock, caplog):
-    first = _order(_store(tmp_path, clock, "a.db", rerank="none"))
-    store = _store(tmp_path, clock, "b.db")
+def test_an_unavailable_reranker_keeps_the_first_stage_with_a_log_line(tmp_path, new_location, clock, caplog):
+    first = _order(_store(new_location, clock, "a.db", rerank="none"))
+    store = _store(new_location, clock, "b.db")
 
     class Down:
         name = "down"
@@ -193,8 +195,8 @@ def test_speaker_is_read_from_metadata_then_role():
     assert speaker_of(None, None) == ""
 
 
-def test_speaker_match_feature_reads_metadata_on_imported_turns(tmp_path, clock):
-    store = MemoryStore(tmp_path / "m.db", embedder=HashEmbedder(), clock=clock)
+def test_speaker_match_feature_reads_metadata_on_imported_turns(store_location, clock):
+    store = MemoryStore(store_location, embedder=HashEmbedder(), clock=clock)
     for turn in TURNS:  # a multi-party log imported as role 'user', the speaker in metadata
         store.add(
             "u",
@@ -244,16 +246,16 @@ class _Judge(BaseHTTPRequestHandler):
         pass
 
 
-def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, clock, caplog):
+def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, new_location, clock, caplog):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        store = _store(tmp_path, clock, "a.db", rerank="llm", rerank_llm_url=url)
+        store = _store(new_location, clock, "a.db", rerank="llm", rerank_llm_url=url)
         hits = store.search("u", QUERY)
         assert hits[0].memory.text == TURNS[2]["content"] and hits[0].score == 1.0
-        first = _order(_store(tmp_path, clock, "b.db", rerank="none"))
+        first = _order(_store(new_location, clock, "b.db", rerank="none"))
         assert [h.memory.text for h in hits[1:]] == [t for t in first if t != TURNS[2]["content"]]
     finally:
         server.shutdown()
