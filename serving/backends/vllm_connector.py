@@ -28,7 +28,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from serving.backends.vllm_layouts import CPU_BACKEND, check_layer_view, check_supported, write_tokens
+from serving.backends.vllm_layouts import (
+    CPU_BACKEND,
+    UnsupportedKVCache,
+    check_layer_view,
+    check_supported,
+    write_tokens,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -137,9 +143,12 @@ class PagedLayer:
     backend: str  # vLLM's attention backend (`get_name()`): CPU_ATTN or one of SUPPORTED_GPU_BACKENDS
 
 
-def paged_layers(vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor]) -> dict[str, PagedLayer]:
+def paged_layers(
+    vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor], num_cache_groups: int = 1
+) -> dict[str, PagedLayer]:
     """Each layer's cache with its backend, checked: raises UnsupportedKVCache naming the backend, dtype or
-    view our connector cannot write (MLA, a quantized cache, an unknown backend, strides off the layout)."""
+    view our connector cannot write (MLA, a quantized cache, an unknown backend, strides off the layout, and on
+    a GPU more than one KV cache group: the load plan uses the first group's block ids for every layer)."""
     from vllm.model_executor.models.utils import extract_layer_index
 
     cache_config = vllm_config.cache_config
@@ -153,6 +162,11 @@ def paged_layers(vllm_config: VllmConfig, kv_caches: Mapping[str, torch.Tensor])
         )
         check_supported(backend, cache_dtype=str(cache_config.cache_dtype), use_mla=use_mla)
         if backend != CPU_BACKEND:
+            if num_cache_groups != 1:
+                raise UnsupportedKVCache(
+                    f"the vllm backend loads stored KV into one KV cache group; this model has {num_cache_groups} "
+                    "(sliding-window or other hybrid attention layers), which it does not support on a GPU"
+                )
             layout = cache_config.get_resolved_kv_cache_layout()
             check_layer_view(name, cache, layout.name, layout.value)
         layers[name] = PagedLayer(extract_layer_index(name), cache, backend)
@@ -236,7 +250,9 @@ class KvmemConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Called once at start with each attention layer's cache: raises UnsupportedKVCache (the engine does
         not start) for a backend, dtype or view we cannot write."""
-        self._layers = paged_layers(self._vllm_config, kv_caches)
+        self._layers = paged_layers(
+            self._vllm_config, kv_caches, num_cache_groups=len(self._kv_cache_config.kv_cache_groups)
+        )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()

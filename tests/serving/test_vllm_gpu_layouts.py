@@ -389,6 +389,12 @@ def test_an_unknown_backend_is_refused_naming_it_and_what_is_supported():
     )
 
 
+def test_several_kv_cache_groups_are_refused_on_a_gpu():
+    _, views = allocate(KVCacheLayout.LBNHC, 16, torch.bfloat16)
+    with pytest.raises(UnsupportedKVCache, match="one KV cache group; this model has 2 \\(sliding-window"):
+        paged_layers(fake_vllm_config(FlashAttentionBackend, KVCacheLayout.LBNHC), views, num_cache_groups=2)
+
+
 def test_supported_backends_register_every_layer():
     for backend_cls in (FlashAttentionBackend, TritonAttentionBackend, _FlashInferBackend):
         layers = _register(backend_cls, cache_dtype="auto")
