@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 import psycopg
-from psycopg import conninfo, pq
+from psycopg import conninfo
 
 from kvmem.text.dialect import is_postgres_url  # noqa: F401  (re-exported: pg.is_postgres_url)
 from kvmem.text.errors import StoreUnavailable
@@ -100,6 +100,7 @@ class PgConnection:
         self.where = server_address(url)
         self.dialect = POSTGRES
         self._raw: psycopg.Connection | None = None
+        self._tx_open = False
         self._raw = self._connect()
 
     def _connect(self) -> psycopg.Connection:
@@ -122,31 +123,47 @@ class PgConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return self._raw is not None and self._raw.info.transaction_status != pq.TransactionStatus.IDLE
+        """Whether a BEGIN issued here has not been ended by COMMIT or ROLLBACK yet (also when the
+        connection broke meanwhile: the transaction is lost, and only ROLLBACK may follow)."""
+        return self._tx_open
 
     def execute(self, sql: str, params: Any = ()) -> PgCursor:
         verb = sql.lstrip()[:8].upper()
-        if verb.startswith("ROLLBACK") and self.broken:
-            return PgCursor(_EMPTY)  # the server dropped the transaction with the connection
-        # A fresh start is safe where nothing of a transaction is lost: BEGIN, and reads outside one.
-        retry = verb.startswith(("BEGIN", "SELECT")) and not self.in_transaction
-        if self.broken and retry:
-            self._reopen()
+        ends = verb.startswith(("COMMIT", "ROLLBACK", "END"))
+        if self.broken and self._tx_open:
+            # the server dropped the transaction with the connection: a ROLLBACK has nothing left to undo,
+            # anything else must fail (running it on a fresh connection would commit half a transaction)
+            self._tx_open = not ends
+            if verb.startswith("ROLLBACK"):
+                return PgCursor(_EMPTY)
+            raise self._unavailable("the connection was lost during a transaction")
+        if self.broken:
+            self._reopen()  # nothing in flight: a fresh connection (StoreUnavailable if still away)
+        # Repeatable after a lost connection, because nothing of it can have happened: BEGIN, and reads
+        # outside a transaction (the first statement after the server came back finds the old socket dead)
+        retry = not self._tx_open and verb.startswith(("BEGIN", "SELECT"))
         try:
-            return self._run(sql, params)
+            cursor = self._run(sql, params)
         except psycopg.OperationalError as e:
+            if ends:
+                self._tx_open = False
             if not self.broken:
                 raise
             if not retry:
                 raise self._unavailable(e) from None
             logger.warning("postgresql at %s: connection lost (%s); reconnecting", self.where, e)
-        self._reopen()
-        try:
-            return self._run(sql, params)
-        except psycopg.OperationalError as e:
-            if self.broken:
-                raise self._unavailable(e) from None
-            raise
+            self._reopen()
+            try:
+                cursor = self._run(sql, params)
+            except psycopg.OperationalError as e2:
+                if self.broken:
+                    raise self._unavailable(e2) from None
+                raise
+        if verb.startswith("BEGIN"):
+            self._tx_open = True
+        elif ends:
+            self._tx_open = False
+        return cursor
 
     def _run(self, sql: str, params: Any) -> PgCursor:
         cursor = self._raw.cursor()

@@ -185,3 +185,30 @@ def test_a_statement_error_is_not_an_outage(pg_url):
             store._conn().execute("SELECT no_such_column FROM memories")
         assert not isinstance(info.value, StoreUnavailable)
         assert store.add("alice", "still fine")[0].text == "still fine"
+
+
+def test_a_connection_lost_mid_transaction_writes_nothing_and_the_next_call_reconnects(pg_url, monkeypatch):
+    import psycopg
+
+    store = _open(pg_url)
+    store.add("alice", "before")
+    real_insert = MemoryStore._insert
+    calls: list[str] = []
+
+    def cut_after_first(conn, memory, vector):
+        calls.append(memory.text)
+        if len(calls) == 2:  # the server ends this session between two inserts of one transaction
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return real_insert(conn, memory, vector)
+
+    monkeypatch.setattr(MemoryStore, "_insert", staticmethod(cut_after_first))
+    with pytest.raises(StoreUnavailable, match="^postgresql at 127.0.0.1:"):
+        store.add("alice", texts=["a", "b", "c"])
+    monkeypatch.undo()
+    assert calls == ["a", "b"]
+    assert [m.text for m in store.list("alice").items] == ["before"]  # a's insert went with the transaction
+    assert [m.text for m in store.add("alice", texts=["d"])] == ["d"]
+    assert store.count("alice") == 2
+    store.close()
