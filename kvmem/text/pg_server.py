@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -89,6 +90,8 @@ class PgServer:
         """Creates database `name` (from template0, cheap) and returns its URL."""
         import psycopg
 
+        if not re.fullmatch(r"[A-Za-z0-9_]{1,63}", name):
+            raise ValueError(f"database name must be 1-63 letters, digits or '_', got {name!r}")
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return self.url(name)
