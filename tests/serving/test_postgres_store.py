@@ -82,3 +82,22 @@ def test_writes_answer_503_while_postgresql_is_away_and_resume_when_it_returns(t
         assert r.status_code == 200, r.text
         texts = [hit["text"] for hit in r.json()["results"]]
         assert sorted(texts) == ["I live in Lisbon.", "I work in Porto."]
+
+
+def test_build_and_distill_refuse_a_store_url_of_another_kind(tmp_path, capsys):
+    from scheduler.distill import cli as distill_cli
+    from serving import build_cli
+
+    assert build_cli.main(["--data-dir", str(tmp_path), "--store", "mysql://h/db"]) == 2
+    assert "kvmem build: --store: store must be a postgresql://" in capsys.readouterr().err
+    code = distill_cli.main(["--data-dir", str(tmp_path), "--user-id", "u", "--store", "postgres:/h/db"])
+    assert code == 2
+    assert "kvmem distill: --store: store must be a postgresql://" in capsys.readouterr().err
+
+
+def test_serving_config_names_a_bad_store():
+    with pytest.raises(ValueError, match="store must be a postgresql:// URL or a SQLite file path, got ''"):
+        ServingConfig(store="")
+    assert ServingConfig(store="postgresql://u@h:5/db").store_path == "postgresql://u@h:5/db"
+    assert str(ServingConfig(store="/srv/m.sqlite").store_path) == "/srv/m.sqlite"
+    assert str(ServingConfig(data_dir="/d").store_path) == "/d/memories.sqlite"
