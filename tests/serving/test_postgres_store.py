@@ -101,3 +101,26 @@ def test_serving_config_names_a_bad_store():
     assert ServingConfig(store="postgresql://u@h:5/db").store_path == "postgresql://u@h:5/db"
     assert str(ServingConfig(store="/srv/m.sqlite").store_path) == "/srv/m.sqlite"
     assert str(ServingConfig(data_dir="/d").store_path) == "/d/memories.sqlite"
+
+
+def test_kvmem_build_over_a_postgresql_store(tmp_path, tiny_model_dir, pg_url, capsys):  # noqa: F811
+    import json
+
+    from kvmem.text import MemoryStore
+    from serving import build_cli
+
+    src = tmp_path / "blocks.jsonl"
+    src.write_text(
+        json.dumps({"user_id": "alice", "memories": ["I live in Lisbon.", "I have a cat."]}) + "\n"
+    )
+    data = tmp_path / "data"
+    argv = ["--input", str(src), "--model", str(tiny_model_dir), "--data-dir", str(data), "--no-progress"]
+    assert build_cli.main([*argv, "--store", pg_url]) == 0
+    assert (
+        "built 1, skipped 0 (already valid), failed 0; added 2 memories to the store"
+        in capsys.readouterr().err
+    )
+    with MemoryStore(pg_url) as store:  # the memories went to PostgreSQL, not to the data dir's file
+        assert sorted(m.text for m in store.list("alice").items) == ["I have a cat.", "I live in Lisbon."]
+    assert not (data / "memories.sqlite").exists()
+    assert len(list((data / "kv").rglob("*.safetensors"))) == 1
