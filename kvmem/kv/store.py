@@ -4,8 +4,8 @@ Owns where each item lives and moving items between tiers (write-through to disk
 the device tier on get; demotion device -> host -> dropped-from-RAM; disk overflow deletes files). Which
 item leaves a tier is the pluggable eviction policy's call. Items the store drops on its own (evicted,
 corrupt, mismatched, files gone) are reported to drop listeners; `forget` is the delete cascade. Thread-safe:
-one lock guards the indexes; disk loads and listener calls run outside it. Items are immutable, so readers
-share them freely. Knows nothing of memories' text, plans or HTTP.
+one lock guards the indexes; disk loads, file deletes, directory scans and listener calls run outside it.
+Items are immutable, so readers share them freely. Knows nothing of memories' text, plans or HTTP.
 """
 
 from __future__ import annotations
@@ -116,39 +116,84 @@ class TieredKVStore:
         return min(candidates, key=lambda i: self._policy.priority(self._stats[i]))
 
     # -- eviction --------------------------------------------------------------------------------------
-    def _enforce(self, keep: str | None = None) -> None:
-        """Demote device -> host -> (RAM dropped); delete disk files over the disk budget. Lock held."""
-        for tier, lower in (("device", "host"), ("host", None)):
-            budget = self._budget(tier)
-            while budget is not None and self._tier_bytes(tier) > budget:
-                victim = self._victim(self._resident[tier], keep)
-                if victim is None:
-                    break
-                item = self._resident[tier].pop(victim)
-                if lower is not None:
-                    self._resident[lower][victim] = item.to("cpu")
-                elif victim not in self._on_disk:
-                    self._stats.pop(victim, None)
-                    self._dropped.append(DroppedItem(victim, item.meta.user_id, "evicted"))
-                log.debug("evicted KV item %s from %s", victim, tier)
+    def _plan_demotions(self, keep: str | None) -> list[tuple[str, KVItem]]:
+        """The device-tier items to demote to host RAM, in eviction order, until the tier is within its budget
+        (never `keep`). Nothing moves yet: the device-to-host copies are made by `_settle`, outside the lock.
+        Lock held."""
+        budget = self._budget("device")
+        leaving: dict[str, KVItem] = {}
+        while budget is not None:
+            over = self._tier_bytes("device") - sum(i.meta.stored_bytes for i in leaving.values())
+            victim = self._victim((i for i in self._resident["device"] if i not in leaving), keep)
+            if over <= budget or victim is None:
+                break
+            leaving[victim] = self._resident["device"][victim]
+        return list(leaving.items())
+
+    def _evict_lower(self, unlink: list[str], keep: str | None) -> None:
+        """Host RAM over its budget: items leave RAM (a RAM-only one is dropped and reported); disk over its
+        budget: items leave the index, their ids added to `unlink` (files deleted once the lock is released).
+        No copies. Lock held."""
+        budget = self._budget("host")
+        while budget is not None and self._tier_bytes("host") > budget:
+            victim = self._victim(self._resident["host"], keep)
+            if victim is None:
+                break
+            item = self._resident["host"].pop(victim)
+            if victim not in self._on_disk:
+                self._stats.pop(victim, None)
+                self._dropped.append(DroppedItem(victim, item.meta.user_id, "evicted"))
+            log.debug("evicted KV item %s from host", victim)
         budget = self._budget("disk")
         while budget is not None and self._tier_bytes("disk") > budget:
             victim = self._victim(self._on_disk, keep)
             if victim is None:
                 break
-            self._drop(victim, reason="evicted")
+            self._drop(victim, unlink, reason="evicted")
 
-    def _drop(self, item_id: str, *, reason: str | None = None) -> bool:
-        """Out of every tier and off disk. With a reason, the drop is reported to the listeners. Lock held."""
+    def _settle(self, demotions: list[tuple[str, KVItem]], unlink: list[str], keep: str | None) -> None:
+        """After a put or a promotion, with the lock released: copy the planned demotions to host RAM (device-to-
+        host copies, the slow part, hold no lock), move each under the lock unless it was removed or replaced
+        meanwhile, enforce the host and disk budgets, and plan again while the device tier is over budget; then
+        delete the files of the items dropped and report the drops. The caller's tiers are settled when it
+        returns."""
+        while demotions:
+            copies = [(item_id, item, item.to("cpu")) for item_id, item in demotions]
+            moved = False
+            with self._lock:
+                for item_id, item, host_item in copies:
+                    if self._resident["device"].get(item_id) is item:
+                        del self._resident["device"][item_id]
+                        self._resident["host"][item_id] = host_item
+                        moved = True
+                        log.debug("evicted KV item %s from device", item_id)
+                self._evict_lower(unlink, keep)
+                demotions = self._plan_demotions(keep) if moved else []
+        self._delete_files(unlink)
+        self._report_drops()
+
+    def _drop(self, item_id: str, unlink: list[str], *, reason: str | None = None) -> bool:
+        """Out of every tier and the index; its id is added to `unlink`: the caller deletes its files once the
+        lock is released (`_delete_files`), before its own call returns. With a reason, the drop is reported to
+        the listeners. Returns whether it was indexed. Lock held."""
         user_id = self._user_of(item_id)
         existed = False
         for tier in ("device", "host"):
             existed |= self._resident[tier].pop(item_id, None) is not None
         existed |= self._on_disk.pop(item_id, None) is not None
         self._stats.pop(item_id, None)
-        existed |= delete_item_files(self.directory, item_id)
+        unlink.append(item_id)
         if reason is not None and user_id is not None:
             self._dropped.append(DroppedItem(item_id, user_id, reason))
+        return existed
+
+    def _delete_files(self, item_ids: Iterable[str]) -> bool:
+        """Delete the files of items already out of the index, outside the lock: readers and writers of other
+        items do not wait on the unlinks (a load of a dropped item under way is refused by `get`'s index check).
+        Returns whether any file was there."""
+        existed = False
+        for item_id in item_ids:
+            existed |= delete_item_files(self.directory, item_id)
         return existed
 
     def _user_of(self, item_id: str) -> str | None:
@@ -198,14 +243,17 @@ class TieredKVStore:
         if persist:
             save_item(item, self.directory)
         device_item = _own_part(item).to(self.config.device)  # a tier holds a child's own K/V only
+        unlink: list[str] = []
         with self._lock:
             if persist:
                 self._on_disk[item.item_id] = item.meta
             self._stats.setdefault(item.item_id, self._new_stats(item.meta))
             self._resident["host"].pop(item.item_id, None)
             self._resident["device"][item.item_id] = device_item
-            self._enforce(keep=item.item_id if self._fits("device", item) else None)
-        self._report_drops()
+            keep = item.item_id if self._fits("device", item) else None
+            demotions = self._plan_demotions(keep)
+            self._evict_lower(unlink, keep)
+        self._settle(demotions, unlink, keep)
         return item.item_id
 
     def _fits(self, tier: str, item: KVItem) -> bool:
@@ -240,16 +288,21 @@ class TieredKVStore:
                     verify_checksum=self.config.verify_checksum,
                 )
             except KVItemError as exc:
+                unlink: list[str] = []
                 with self._lock:
                     self.num_hits["miss"] += 1
                     if item_id in self._stats:  # still indexed: its files are unusable or gone
                         log.warning("dropping unusable KV item %s: %s", item_id, exc)
-                        self._drop(item_id, reason=_reason(exc))
+                        self._drop(item_id, unlink, reason=_reason(exc))
+                self._delete_files(unlink)
                 self._report_drops()
                 raise
             source = "disk"
             if item.meta.parent_id is not None:  # a child's file holds its own K/V: check its parent's
                 self._check_parent(item)
+        unlink: list[str] = []
+        demotions: list[tuple[str, KVItem]] = []
+        keep = item_id if self._fits("device", item) else None
         with self._lock:
             current = self._resident["device"].get(item_id)
             if current is None and item_id not in self._stats:  # removed while we were loading
@@ -259,10 +312,11 @@ class TieredKVStore:
                 self._resident["device"][item_id] = item
                 self._touch(item_id)
                 self.num_hits[source] += 1
-                self._enforce(keep=item_id if self._fits("device", item) else None)
+                demotions = self._plan_demotions(keep)
+                self._evict_lower(unlink, keep)
             else:  # another reader promoted it meanwhile
                 item = current
-        self._report_drops()
+        self._settle(demotions, unlink, keep)
         return self._attach(item) if item.meta.parent_id is not None else item
 
     def _attach(self, own: KVItem) -> KVItem:
@@ -319,9 +373,12 @@ class TieredKVStore:
             return False
 
     def remove(self, item_id: str) -> bool:
-        """Remove from every tier and delete its files. Returns whether anything was there."""
+        """Remove from every tier and delete its files (once out of the index, outside the lock). Returns
+        whether anything was there."""
+        unlink: list[str] = []
         with self._lock:
-            return self._drop(item_id)
+            indexed = self._drop(item_id, unlink)
+        return self._delete_files(unlink) or indexed
 
     def _indexed_metas(self) -> dict[str, KVItemMeta]:
         """Every indexed item's metadata, whatever its tier. Lock held."""
@@ -330,10 +387,15 @@ class TieredKVStore:
             **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
         }
 
-    def _unindexed_metas(self) -> dict[str, KVItemMeta]:
-        """Items on disk but not in the index: written after the start-up scan by another process (`kvmem
-        build`, a peer server). Lock held."""
-        return disk_metas(self.directory, skip=self._indexed_metas())
+    def _all_metas(self) -> dict[str, KVItemMeta]:
+        """Every item's metadata, indexed or only on disk (written after the start-up scan by another process:
+        `kvmem build`, a peer server). The directory scan and the manifest reads run outside the lock; the
+        index is read under it after the scan, so an item this process indexed meanwhile is in it."""
+        with self._lock:
+            indexed = self._indexed_metas()
+        on_disk = disk_metas(self.directory, skip=indexed)
+        with self._lock:
+            return {**on_disk, **self._indexed_metas()}
 
     def item_ids(self, user_id: str | None = None) -> list[str]:
         """Indexed items (those `get` may serve), optionally of one user."""
@@ -343,8 +405,7 @@ class TieredKVStore:
 
     def items_containing(self, user_id: str, memory_id: str) -> list[str]:
         """Ids of this user's items built from `memory_id`, indexed or only on disk (the delete cascade)."""
-        with self._lock:
-            metas = {**self._unindexed_metas(), **self._indexed_metas()}
+        metas = self._all_metas()
         return sorted(i for i, m in metas.items() if m.user_id == user_id and memory_id in m.memory_ids)
 
     def forget(
@@ -356,11 +417,12 @@ class TieredKVStore:
         too). Returns the ids, sorted. An item a request already holds may finish serving that request
         (immutability). Reports nothing to drop listeners."""
         match = matcher(user_id, memory_ids, adapters)
+        ids = sorted(i for i, m in self._all_metas().items() if match(m))
+        unlink: list[str] = []
         with self._lock:
-            metas = {**self._unindexed_metas(), **self._indexed_metas()}
-            ids = sorted(i for i, m in metas.items() if match(m))
             for item_id in ids:
-                self._drop(item_id)
+                self._drop(item_id, unlink)
+        self._delete_files(unlink)  # before this returns, outside the lock
         if ids:
             log.info("forgot %d KV item(s) of user %r", len(ids), user_id)
         return ids
@@ -394,7 +456,9 @@ class TieredKVStore:
                 log.warning("KV item %s failed its integrity check: %s", item_id, exc)
                 corrupt.append(item_id)
                 if drop_corrupt:
+                    unlink: list[str] = []
                     with self._lock:
-                        self._drop(item_id, reason=_reason(exc))
+                        self._drop(item_id, unlink, reason=_reason(exc))
+                    self._delete_files(unlink)
         self._report_drops()
         return IntegrityReport(ok=tuple(ok), corrupt=tuple(corrupt))

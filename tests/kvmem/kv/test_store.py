@@ -60,6 +60,39 @@ def test_lru_demotes_device_to_host_to_disk_in_order(tmp_path, tiny_handle, item
     assert info.disk.num_bytes == 3 * nbytes and info.device.num_tokens == a.num_tokens
 
 
+def test_a_demotion_copies_to_host_with_the_lock_free(tmp_path, tiny_handle, items, monkeypatch):
+    """Issue 27 item 4: the device-to-host copy of a demoted item (the slow part on a GPU) is made with the
+    store's lock released, so a request resolving another item never waits on it; the tiers are settled when
+    `put` returns. The copy was made under the lock before."""
+    from kvmem.kv.item import KVItem
+
+    nbytes = items[0].meta.num_bytes
+    store = make_store(tmp_path, tiny_handle, nbytes, device=1, host=1)
+    a, b, _, _ = items
+    store.put(a)
+    copies: list[tuple[str, bool]] = []
+    to = KVItem.to
+
+    def watched_to(self, device):
+        free: list[bool] = []
+
+        def try_lock() -> None:  # from another thread: the lock is reentrant for this one
+            free.append(store._lock.acquire(blocking=False))
+            if free[0]:
+                store._lock.release()
+
+        t = threading.Thread(target=try_lock)
+        t.start()
+        t.join(10)
+        copies.append((self.item_id, free == [True]))
+        return to(self, device)
+
+    monkeypatch.setattr(KVItem, "to", watched_to)
+    store.put(b)
+    assert copies == [(b.item_id, True), (a.item_id, True)]  # b onto the device, then a's demotion
+    assert [store.tier_of(x.item_id) for x in (a, b)] == ["host", "device"]
+
+
 def test_lfu_keeps_the_frequently_used_item(tmp_path, tiny_handle, items):
     nbytes = items[0].meta.num_bytes
     store = make_store(tmp_path, tiny_handle, nbytes, device=2, host=0, policy="lfu")

@@ -128,3 +128,49 @@ def test_forget_on_disk_before_any_store_is_open(tmp_path, tiny_handle, items):
     assert store_at(tmp_path, tiny_handle).item_ids() == [d.item_id]
     assert forget_on_disk(tmp_path, "bob") == [d.item_id]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cascade_scans_and_deletes_files_with_the_lock_free(tmp_path, tiny_handle, items, monkeypatch):
+    """Issue 27 item 4: `forget` reads the directory (an item another process wrote) and deletes files with the
+    store's lock released, so a request resolving another item (`get`, `contains`) never waits on them; the
+    files are still gone when `forget` returns. Both ran under the lock before."""
+    import kvmem.kv.store as store_module
+
+    a, b, c, d = items
+    store = store_at(tmp_path, tiny_handle)
+    store.put(a)
+    store.put(d)
+    store_at(tmp_path, tiny_handle).put(c)  # another process's item: only a scan finds it
+    seen: list[tuple[str, bool]] = []
+
+    def lock_is_free() -> bool:
+        free: list[bool] = []
+
+        def try_lock() -> None:  # from another thread: the lock is reentrant for this one
+            free.append(store._lock.acquire(blocking=False))
+            if free[0]:
+                store._lock.release()
+
+        t = threading.Thread(target=try_lock)
+        t.start()
+        t.join(10)
+        return free == [True]
+
+    scan, delete = store_module.disk_metas, store_module.delete_item_files
+
+    def watched_scan(*args, **kwargs):
+        seen.append(("scan", lock_is_free()))
+        return scan(*args, **kwargs)
+
+    def watched_delete(directory, item_id):
+        seen.append((item_id, lock_is_free()))
+        return delete(directory, item_id)
+
+    monkeypatch.setattr(store_module, "disk_metas", watched_scan)
+    monkeypatch.setattr(store_module, "delete_item_files", watched_delete)
+    assert store.forget("alice", ["shared"]) == sorted([a.item_id, c.item_id])
+    assert seen == [("scan", True), *((i, True) for i in sorted([a.item_id, c.item_id]))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{d.item_id}.json", f"{d.item_id}.safetensors"]
+    )
+    assert store.get(d.item_id).item_id == d.item_id
