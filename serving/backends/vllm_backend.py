@@ -32,7 +32,7 @@ from serving.backends.base import (
     StreamItem,
     TokenDelta,
 )
-from serving.backends.stored import StoredBlocksBackend, fallback_kind
+from serving.backends.stored import StoredBlocksBackend
 from serving.backends.vllm_request import (
     cache_salt,
     fallback_after,
@@ -269,23 +269,6 @@ class VllmBackend(StoredBlocksBackend):
         return bool(self._engine.call(lambda: self._engine.engine.reset_prefix_cache()))
 
     # -- generation ----------------------------------------------------------------------------------------
-    def _resolve_item(self, req: GenerationRequest) -> tuple[KVItem | None, str | None]:
-        """(the verified item to inject or None, the fallback kind or None); the detail goes to the log."""
-        if req.block_item_id is None or req.prompt.block_len == 0:
-            return None, None
-        try:
-            item = self.store.get(req.block_item_id)
-        except KVItemError as exc:
-            log.warning("KV fallback for request %s (user %s): %s", req.request_id, req.user_id, exc)
-            return None, fallback_kind(exc)
-        if item.meta.user_id != req.user_id:  # isolation: never inject another user's item
-            log.error("KV item %s belongs to another user; refusing it for %s", item.item_id, req.user_id)
-            return None, "wrong_user"
-        if tuple(req.prompt.ids[: item.num_tokens]) != item.token_ids:
-            log.warning("KV item %s is not the prompt's block (request %s)", item.item_id, req.request_id)
-            return None, "prefix_mismatch"
-        return item, None
-
     def _submit(
         self,
         request_id: str,
@@ -335,6 +318,8 @@ class VllmBackend(StoredBlocksBackend):
         self._admit()
         released = False
         try:
+            # the one resolver both engines use (stored.py); raises BlockNotFound, nothing submitted: the prompt
+            # may hold a deleted memory's text, so serving prepares the request again (released below)
             item, fallback = await asyncio.to_thread(self._resolve_item, req)
             lora = await asyncio.to_thread(self._lora, req.user_id, req.adapter_id)
             if req.adapter_id is not None and lora is None:

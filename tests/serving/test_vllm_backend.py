@@ -23,6 +23,7 @@ from kvmem.kv import Sampling, generate  # noqa: E402
 from kvmem.kv.io import item_paths  # noqa: E402
 from serving.backends import vllm_connector  # noqa: E402
 from serving.backends.base import (  # noqa: E402
+    BlockNotFound,
     GenerationRequest,
     GenerationResult,
     QueueFull,
@@ -197,6 +198,34 @@ def test_forget_removes_the_blocks_built_from_a_memory(backend, memories):
     assert (backend.has_block(one.item_id), backend.has_block(two.item_id)) == (True, False)
     assert backend.forget("gina") == [one.item_id]
     assert backend.has_block(other.item_id)  # another user's blocks stay
+    wait_idle(backend)
+
+
+def test_a_block_item_that_is_not_stored_is_refused_before_anything_is_generated(
+    backend, memories, monkeypatch
+):
+    """Issue 27 item 5c under vLLM: the request's block item was dropped since it was prepared (a delete's
+    cascade) while vLLM still holds the block in its prefix cache under the item's salt: the backend raises
+    BlockNotFound before its first item and submits nothing (serving prepares the request again) instead of
+    prefilling the prompt's block texts, maybe a deleted memory's; its admission slot is released. Before, vLLM
+    served it from its prefix cache with no fallback at all."""
+    texts = memories[:3]
+    block = backend.build_block("gone", texts, ["g1", "g2", "g3"])  # resident in vLLM too (prewarm)
+    prompt = backend.layout_prompt(texts, [], QUESTION, block.token_ids)
+    req = GenerationRequest("gone-req", "gone", prompt, block.item_id, GREEDY)
+    assert backend.forget("gone", ["g2"]) == [block.item_id]
+    submitted: list[str] = []
+    submit = backend._submit
+
+    def recording_submit(request_id, *args, **kwargs):
+        submitted.append(request_id)
+        return submit(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "_submit", recording_submit)
+    with pytest.raises(BlockNotFound) as gone:
+        asyncio.run(_run(backend, req))
+    assert gone.value.item_id == block.item_id
+    assert submitted == [] and backend.queue_depth == 0
     wait_idle(backend)
 
 
