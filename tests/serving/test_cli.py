@@ -26,7 +26,7 @@ from serving.config import ServingConfig
         (["serve", "--queue-size", "0"], "queue_size must be >= 1, got 0"),
         (["serve", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
         (["serve", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
-        (["serve", "--backend", "vllm", "--dtype", "bfloat16"], "the vllm backend runs on cpu in float32"),
+        (["serve", "--backend", "vllm", "--device", "cuda"], "the vllm backend takes device auto or cpu"),
         (["frobnicate"], "invalid choice"),
         (["serve", "--planner", "standin"], "unrecognized arguments: --planner standin"),  # one plan pipeline
         ([], "command"),
@@ -149,6 +149,20 @@ def test_device_and_dtype_reach_the_transformers_backend(tmp_path: Path) -> None
     assert (backend.config.device, backend.config.dtype) == ("cpu", "bfloat16")
     defaults = config_from_args(build_parser().parse_args(["serve"]))
     assert (defaults.device, defaults.dtype) == ("auto", "auto")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm backend needs vllm")
+@pytest.mark.parametrize(
+    ("flag", "dtype"), [("bfloat16", "bfloat16"), ("float16", "float16"), ("auto", "float32")]
+)
+def test_dtype_reaches_the_vllm_backend_and_auto_keeps_its_default(
+    tmp_path: Path, flag: str, dtype: str
+) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--data-dir", str(tmp_path), "--backend", "vllm", "--dtype", flag]
+    )
+    backend = create_backend(config_from_args(args))  # not loaded: no weights read, no engine started
+    assert backend.config.dtype == dtype
 
 
 @pytest.mark.parametrize(
