@@ -380,7 +380,10 @@ class Worker:
         held = current.block.memory_ids if current.block and not other_adapter else ()
         if not build and (under is not None or other_adapter):
             return current  # a restore finds base-model blocks only; under an adapter it is built on demand
-        if not build and not held:  # a restore: held is the newest stored block the policy keeps as it is
+        if not held and under is None and not other_adapter:
+            # no block here yet (a restore at start; or a user new to this process: a failover from a replica
+            # that died, the plan book's eviction): held is the newest stored block the policy keeps as it is,
+            # so it is found by its content address, not prefilled again (a built order depends on history)
             stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
             cap, hysteresis = self._cap_tokens(), self.config.hysteresis
             held = next(
@@ -395,8 +398,12 @@ class Worker:
         block = None
         for attempt in range(2):
             decision = choose_block(candidates, held, self._cap_tokens(), self.config.hysteresis)
-            if decision.action == "keep" and (build or current.block) and not other_adapter:
-                return current
+            if (
+                decision.action == "keep"
+                and not other_adapter
+                and (current.block or (build and not decision.memory_ids))
+            ):
+                return current  # (a stored block kept goes on: it is found and published below)
             if not decision.memory_ids:
                 break
             texts = tuple(memories[m].text for m in decision.memory_ids)  # fetched now, published with it

@@ -118,12 +118,12 @@ class BlockBuilder:
         adapter: str | None = None,
     ) -> tuple[BuiltBlock | None, str, list[int]]:
         item_id, ids = self.block_item_id(user_id, texts, memory_ids, adapter)
-        if not self.store.contains(item_id):
+        if not self.store.adopt(item_id):  # adopt: a peer replica may have built it into the shared dir
             return None, item_id, ids
         if not verify or self.store.tier_of(item_id) != "disk" or self.store.is_valid_on_disk(item_id):
             try:
                 meta = self.store.meta(item_id)
-                if meta.parent_id is not None and not self.store.contains(meta.parent_id):
+                if meta.parent_id is not None and not self.store.adopt(meta.parent_id):
                     return None, item_id, ids  # servable again once its parent is rebuilt (build)
                 block = BuiltBlock(
                     item_id,

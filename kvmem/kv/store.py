@@ -90,6 +90,33 @@ class TieredKVStore:
             self._on_disk[item_id] = meta
             self._stats[item_id] = self._new_stats(meta)
 
+    def adopt(self, item_id: str) -> bool:
+        """Index `item_id` if another process (a peer replica over the shared data dir, `kvmem build`) wrote
+        it after this store's scan; True when it is indexed now. The manifest is read outside the lock."""
+        if self.contains(item_id):
+            return True
+        try:
+            meta = KVItemMeta.from_dict(read_manifest(self.directory, item_id)["meta"])
+        except KVItemError:
+            return False
+        self._index_found({item_id: meta})
+        return True
+
+    def rescan(self) -> int:
+        """Index every item other processes wrote since this store's scan (their manifests are read outside
+        the lock); returns how many were new. For a user this process has no block for yet."""
+        with self._lock:
+            indexed = set(self._indexed_metas())
+        return self._index_found(disk_metas(self.directory, skip=indexed))
+
+    def _index_found(self, metas: dict[str, KVItemMeta]) -> int:
+        with self._lock:
+            new = {i: m for i, m in metas.items() if i not in self._indexed_metas()}
+            for item_id, meta in new.items():
+                self._on_disk[item_id] = meta
+                self._stats[item_id] = self._new_stats(meta)
+        return len(new)
+
     def _new_stats(self, meta: KVItemMeta) -> EntryStats:
         now = next(self._clock)
         return EntryStats(

@@ -206,8 +206,11 @@ class StoredBlocksBackend(Backend):
 
     def stored_memory_ids(self, user_id: str) -> list[tuple[str, ...]]:
         """The memory ids of the user's stored blocks, newest first (restoring plans at start)."""
+        if self.store is None:
+            return []
+        self.store.rescan()  # blocks peer replicas wrote into the shared data dir since this one's start
         metas = []
-        for item_id in self.store.item_ids(user_id) if self.store is not None else []:
+        for item_id in self.store.item_ids(user_id):
             try:
                 metas.append(self.store.meta(item_id))
             except KVItemError:

@@ -293,3 +293,67 @@ def test_session_start_builds_then_warms_the_block(env):
     sched.session_start("alice")
     sched.run_pending()
     assert len(builder.builds) == 1 and builder.warmed == ["item-1", "item-1"]  # no rebuild, warmed again
+
+
+class StoringBuilder(FakeBuilder):
+    """Blocks stored by content (user, memory ids), as in a data dir replicas share: a block built once is
+    found again by any scheduler, and only a block not stored yet costs a prefill."""
+
+    def __init__(self):
+        super().__init__()
+        self.stored: dict[tuple[str, tuple[str, ...]], Built] = {}
+        self.prefills = 0
+
+    def build_block(self, user_id, texts, memory_ids):
+        key = (user_id, tuple(memory_ids))
+        if key not in self.stored:
+            self.prefills += 1
+            self.stored[key] = Built(f"item-{len(self.stored) + 1}", 2 * len(texts), 100 * len(texts))
+        self.builds.append(key)
+        return self.stored[key]
+
+    def find_block(self, user_id, texts, memory_ids):
+        return self.stored.get((user_id, tuple(memory_ids)))
+
+    def stored_memory_ids(self, user_id):
+        return [ids for user, ids in reversed(self.stored) if user == user_id]  # newest first
+
+
+def test_a_user_new_to_a_scheduler_is_served_the_stored_block_not_a_prefill(tmp_path):
+    """Failover: replica B takes over a user whose block replica A built (hot memories since then would order
+    a new block differently); B publishes A's stored block, found by its content, and prefills nothing."""
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder = StoringBuilder()
+
+    def replica() -> Scheduler:
+        config = SchedulerConfig(half_life_s=100.0, recency_prior=1.0, use_weight=2.0, user_block_tokens=6)
+        sched = Scheduler(
+            config, store, builder, lambda t: len(t.split()), clock=clock, heat_path=tmp_path / "heat.sqlite"
+        )
+        sched.start(thread=False)
+        return sched
+
+    a = replica()
+    ids = []
+    for i in range(4):
+        ids.append(store.add("alice", words(2, f"m{i}"))[0].id)
+        clock.t += 10
+    a.get("alice")
+    a.run_pending()
+    built = a.get("alice").block
+    assert built.memory_ids == (ids[3], ids[2], ids[1]) and builder.prefills == 1
+    a.record_access(AccessEvent("alice", (ids[0],), (), clock.t))  # hotter now, not enough to reorder
+    a.run_pending()
+    assert a.get("alice").block.item_id == built.item_id
+    a.stop()
+
+    b = replica()  # A died; the router sends alice here
+    assert b.get("alice").block is None  # first read: text, her plan is queued
+    b.run_pending()
+    assert (
+        b.get("alice").block.item_id == built.item_id and b.get("alice").block.memory_ids == built.memory_ids
+    )
+    assert builder.prefills == 1
+    b.stop()
+    store.close()

@@ -200,3 +200,20 @@ def test_bad_config_names_the_field():
         KVStoreConfig(directory="x", device_bytes=-1)
     with pytest.raises(ValueError, match="supported: fifo, lfu, lru, size_lru"):
         KVStoreConfig(directory="x", policy="random")
+
+
+def test_items_a_peer_writes_into_the_shared_dir_are_adopted_or_rescanned(tmp_path, tiny_handle, items):
+    """Two replicas over one data dir: B scanned before A wrote; B finds A's items by id (`adopt`, the
+    content-address lookup of a block) or all at once (`rescan`, a user new to B), and serves them."""
+    nbytes = items[0].meta.num_bytes
+    a = make_store(tmp_path, tiny_handle, nbytes)
+    b = make_store(tmp_path, tiny_handle, nbytes)
+    first, second, third, _ = items
+    for item in (first, second, third):
+        a.put(item)
+    assert not b.contains(first.item_id) and b.item_ids("alice") == []
+    assert b.adopt(first.item_id) and b.tier_of(first.item_id) == "disk"
+    assert torch.equal(b.get(first.item_id).kv, first.kv)
+    assert not b.adopt("0" * 32)  # nothing of that id on disk
+    assert b.rescan() == 2 and b.item_ids("alice") == sorted(x.item_id for x in (first, second, third))
+    assert b.rescan() == 0
