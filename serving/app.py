@@ -350,22 +350,30 @@ def create_app(
         ready = backend.is_ready() and restored.is_set()
         body = {"status": "ok" if ready else "loading", "model": backend.model_id, "backend": backend.name}
         storage_error = storage_health.error  # the last write's failure (full disk, read-only), else None
+        try:
+            counts = await asyncio.to_thread(store.formation_counts)
+        except DependencyUnavailable as exc:  # the store's server is away: resident KV is still served
+            storage_error, counts = str(exc), None
         if storage_error is not None:  # reads are served; writes fail until the disk takes them again
             body["storage_error"] = storage_error
             if ready:
                 body["status"] = "degraded"
-        counts = await asyncio.to_thread(store.formation_counts)
         body["formation"] = {
             "extractor": formation.extractor.name if formation is not None else None,
-            "pending_turns": counts.pending,
-            "dead_turns": counts.dead,  # dead-lettered: GET /v1/memories/formation?user_id= says why
+            "pending_turns": counts.pending if counts else None,
+            "dead_turns": counts.dead
+            if counts
+            else None,  # dead-lettered: GET /v1/memories/formation says why
             "last_error": formation.stats.last_error if formation is not None else None,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        counts = await asyncio.to_thread(store.formation_counts)
+        try:
+            counts = await asyncio.to_thread(store.formation_counts)
+        except DependencyUnavailable:  # the store's server is away: the rest is still worth scraping
+            counts = None
         text = metrics.render() + _scheduler_metrics(scheduler) + formation_metrics(formation, counts)
         text += engine_lines(backend.engine_stats()) + replica_lines(config.replica)
         return PlainTextResponse(text, media_type=CONTENT_TYPE)

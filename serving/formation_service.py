@@ -55,10 +55,16 @@ _STATS = (  # (metric, help, FormationStats field): the worker's counters since 
 
 def formation_metrics(worker: FormationWorker | None, counts: Any) -> str:
     """Prometheus lines: the log's pending and dead-lettered turns (durable, all users) and the worker's
-    counters since start (0 without a worker)."""
-    gauges = [
-        ("kvmem_formation_pending_turns", "Log turns waiting to be formed into memories.", counts.pending),
-        ("kvmem_formation_dead_turns", "Log turns dead-lettered by formation.", counts.dead),
-    ]
+    counters since start (0 without a worker). `counts` None (the store's server is away): no log gauges."""
+    gauges = []
+    if counts is not None:
+        gauges += [
+            (
+                "kvmem_formation_pending_turns",
+                "Log turns waiting to be formed into memories.",
+                counts.pending,
+            ),
+            ("kvmem_formation_dead_turns", "Log turns dead-lettered by formation.", counts.dead),
+        ]
     gauges += [(m, h, getattr(worker.stats, f) if worker else 0) for m, h, f in _STATS]
     return gauge_lines(gauges)

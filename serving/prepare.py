@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.errors import DependencyUnavailable
 from scheduler import Scheduler
 from scheduler.plan import Plan
 from serving.backends.base import Backend, GenerationRequest, GenerationResult, SamplingParams
@@ -203,15 +204,26 @@ class ChatPreparer:
         )
         return prepared, stale, generation
 
-    def _plan_and_search(self, user_id: str, search_query: str | None) -> tuple[Plan, int, list[Any]]:
+    def _plan_and_search(self, user_id: str, search_query: str | None) -> tuple[Plan, int | None, list[Any]]:
         """The scheduler's plan, the user's store generation (the request's admission) and the search's hits,
         in that order, on a thread: the plan read may wait (with replicas it reads the shared fence in Redis,
         with a socket timeout; a retraction takes the worker's lock), and the event loop must not."""
         plan = self._scheduler.get(user_id)
-        generation = self._store.generation(user_id)
-        if search_query is None:
-            return plan, generation, []
-        return plan, generation, self._store.search(user_id, search_query, top_k=self._config.retrieve_top_k)
+        try:
+            generation = self._store.generation(user_id)
+            if search_query is None:
+                return plan, generation, []
+            return (
+                plan,
+                generation,
+                self._store.search(user_id, search_query, top_k=self._config.retrieve_top_k),
+            )
+        except DependencyUnavailable as exc:
+            # the store's server is away: serve what is resident (the plan's block, its adapter) without the
+            # search's text. Safe: nothing can change the memories while no one can write them, and a change a
+            # peer made before the outage fenced the block off already (Scheduler.get)
+            logger.warning("serving %s without a search: %s", user_id, exc)
+            return plan, None, []
 
     def _layout_and_check(
         self,
@@ -228,7 +240,10 @@ class ChatPreparer:
         prompt = self._backend.layout_prompt(block_texts, text_texts, messages, block_ids)
         if not carried:
             return prompt, frozenset()
-        live = {m.id: m for m in self._store.memories_by_ids(user_id, list(carried))}
+        try:
+            live = {m.id: m for m in self._store.memories_by_ids(user_id, list(carried))}
+        except DependencyUnavailable:  # the store's server is away: no one can have changed them since
+            return prompt, frozenset()
         stale = frozenset(
             i
             for i, text in carried.items()
