@@ -109,7 +109,14 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 def schema_version(conn: PgConnection) -> int:
     """The database's schema version; 0 for a database the store never opened."""
-    if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+    # a catalog query under this statement's snapshot, not to_regclass: that reads the session's catalog cache,
+    # which an advisory lock does not refresh, so a replica that waited for another's migration would still
+    # see no `meta` table and run the migration again ("relation meta already exists")
+    exists = conn.execute(
+        "SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'meta' AND n.nspname = current_schema()"
+    ).fetchone()[0]
+    if not exists:
         return 0
     row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     return int(row[0]) if row else 0

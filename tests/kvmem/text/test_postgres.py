@@ -134,6 +134,43 @@ def test_two_replicas_on_one_database_see_each_others_writes_at_once(pg_url):
     two.close()
 
 
+def test_replicas_starting_together_on_a_fresh_database_migrate_it_once(pg_url):
+    """Three replicas open a fresh database while a migration is under way (the migration lock held here):
+    each sees no schema, waits for the lock, and then must see the first one's tables (`scripts/cluster.sh up`
+    starts replicas together; they failed with "relation meta already exists")."""
+    import psycopg
+
+    holder = psycopg.connect(pg_url, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (pg_schema.MIGRATE_LOCK_KEY,))
+    opened: list[MemoryStore] = []
+    errors: list[BaseException] = []
+
+    def replica() -> None:
+        try:
+            opened.append(_open(pg_url))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = 50
+    while deadline and holder.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    ).fetchone()[0] < 3:
+        threading.Event().wait(0.1)
+        deadline -= 1
+    holder.execute("SELECT pg_advisory_unlock(%s)", (pg_schema.MIGRATE_LOCK_KEY,))
+    for t in threads:
+        t.join(timeout=60)
+    holder.close()
+    assert errors == [] and len(opened) == 3
+    [a] = opened[0].add("alice", "apples")
+    assert [h.memory.id for h in opened[2].search("alice", "apples", mode="keyword")] == [a.id]
+    for store in opened:
+        store.close()
+
+
 def test_change_events_are_heard_in_commit_order(pg_url):
     store = _open(pg_url)
     heard: list[str] = []
