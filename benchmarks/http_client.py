@@ -162,21 +162,30 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     memory_used: tuple[tuple[str, str], ...] = ()  # (id, tier) from the response's `memory` field
+    replica: str | None = None  # the X-Kvmem-Replica header (which replica answered)
 
 
 def one_request(
-    base: str, user: str, max_tokens: int, question: str = QUERY, client=None, system: str | None = None
+    base: str,
+    user: str,
+    max_tokens: int,
+    question: str = QUERY,
+    client=None,
+    system: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Reply:
     """One streaming chat through the official openai client, timed to the first content chunk. `system`: a
-    client system message first (it sits right after the memory block in the prompt)."""
+    client system message first (it sits right after the memory block in the prompt); `headers`: extra request
+    headers (X-Kvmem-User for a router)."""
     if client is None:
         from openai import OpenAI
 
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
     start = time.perf_counter()
     ttft, usage, used = None, None, ()
-    stream = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="default",
+        extra_headers=headers,
         user=user,
         temperature=0,
         max_tokens=max_tokens,
@@ -185,6 +194,7 @@ def one_request(
         messages=([{"role": "system", "content": system}] if system else [])
         + [{"role": "user", "content": question}],
     )
+    stream = raw.parse()
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and ttft is None:
             ttft = time.perf_counter() - start
@@ -199,6 +209,7 @@ def one_request(
         usage.prompt_tokens if usage else 0,
         usage.completion_tokens if usage else 0,
         used,
+        raw.headers.get("x-kvmem-replica"),
     )
 
 
