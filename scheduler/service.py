@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
 from scheduler.plan import AdapterPlan, Plan, PlanBook
 from scheduler.queue import Task, make_queue
-from scheduler.worker import BlockMaker, MemorySource, TaskQueue, Worker
+from scheduler.worker import MemorySource, TaskQueue, Worker
 
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
@@ -113,7 +114,6 @@ class Scheduler:
         self._unsubscribe: Callable[[], None] | None = None
         self._unsubscribe_drops: Callable[[], None] | None = None
         # the builder's layout (e.g. the deployment's shared knowledge): a change retracts every block
-        self._layout_generation: Callable[[], int] | None = getattr(builder, "layout_generation", None)
         self._layout_seen = 0  # builders start at generation 0
         self._layout_polled = float("-inf")
         self._adapters_polled = float("-inf")
@@ -124,9 +124,7 @@ class Scheduler:
         """Subscribe to the store's changes and start the worker thread. With `thread=False` tasks run only in
         `run_pending`/`flush`, in the caller's thread: tests and the simulator drive the same worker that way."""
         self._unsubscribe = self.source.subscribe(self.on_change)
-        subscribe_dropped = getattr(self.builder, "subscribe_dropped", None)
-        if subscribe_dropped is not None:
-            self._unsubscribe_drops = subscribe_dropped(self.worker.guard.on_dropped)
+        self._unsubscribe_drops = self.builder.subscribe_dropped(self.worker.guard.on_dropped)
         if thread:
             self._thread = threading.Thread(
                 target=self.worker.run, args=(self._stop,), name="kvmem-scheduler", daemon=True
@@ -159,9 +157,13 @@ class Scheduler:
 
     def get(self, user_id: str) -> Plan:
         """The user's current plan. A user the plan book does not hold (never seen, or dropped past
-        `config.max_plans`) gets an empty plan, and their plan is enqueued once: built, or for a returning user
-        restored (the stored KV item is found again by its content address). The book is also the bounded
-        record of which users were already asked for."""
+        `config.max_plans`) first gets their stored block if one is there (`_restore_first_read`: a returning
+        user, a user moved here from a replica that died), else an empty plan; either way their plan is
+        enqueued once (built when nothing stored fits). The book is also the bounded record of which users were
+        already asked for."""
+        if user_id not in self.plans and self.plans.register(user_id):
+            self._restore_first_read(user_id)  # a user new to this process: their stored block, if any
+            self.queue.put(Task("refresh", user_id))
         checked, plan = self._with_adapter(self.plans.get(user_id))
         if not checked:  # the worker checks the moved pointer, then refreshes
             self.queue.put(Task("refresh", user_id))
@@ -189,6 +191,19 @@ class Scheduler:
             self.queue.put(Task("refresh", user_id))
         return plan
 
+    def _restore_first_read(self, user_id: str) -> None:
+        """Publish the user's stored block (built before a restart, by `kvmem build`, or by a replica that died
+        and whose users the router moved here) before their first request is served, so it is served from KV,
+        not as text: a restore (`Worker.refresh(build=False)`) finds a stored block by its content address and
+        never prefills (store and file reads only: milliseconds; `get` runs on a request thread, never on the
+        event loop). Anything else goes to the queued refresh, as before."""
+        if not self.builder.finds_stored_blocks or not self.builder.ready():
+            return
+        try:
+            self.worker.refresh(user_id, build=False)
+        except Exception:  # noqa: BLE001 - the queued refresh retries; the request is served as text
+            logging.getLogger(__name__).warning("restoring the plan of %r on its first read failed", user_id)
+
     def peek(self, user_id: str) -> Plan:
         """The user's plan as `get` would serve it, for reads that only look (the plan route, a search's tier
         labels): it never enqueues a refresh, never registers the user and never retracts a block for a
@@ -211,7 +226,7 @@ class Scheduler:
 
     def served_adapter(self, user_id: str, *, fresh: bool = True) -> AdapterPlan | None:
         """The user's served adapter, or None; None too when the builder's backend applies no adapter (its
-        optional `serves_adapters`): the adapter's facts then stay in the user's block or go as text. `fresh`
+        `serves_adapters`): the adapter's facts then stay in the user's block or go as text. `fresh`
         (a plan read, the distillation sweep): a pointer stat, and a version's check when it changed
         (ActiveAdapters.check), not recorded, so the worker still notices the move and rebuilds (`poll_adapters`);
         else what the worker last found, a dict read (ActiveAdapters.peek)."""
@@ -225,7 +240,7 @@ class Scheduler:
         return _adapter_plan(self.adapters.get(user_id)) if self._serves_adapters() else None
 
     def _serves_adapters(self) -> bool:
-        return self.adapters is not None and getattr(self.builder, "serves_adapters", True)
+        return self.adapters is not None and self.builder.serves_adapters
 
     def _with_adapter(self, plan: Plan) -> tuple[bool, Plan]:
         """`plan` with the adapter the worker last found served (one stat of the pointer file, no registry
@@ -335,11 +350,11 @@ class Scheduler:
         one, until rebuilt), discard refreshes in flight and enqueue every retracted user's rebuild. Returns
         whether the layout changed."""
         now = time.monotonic()
-        if self._layout_generation is None or (not force and now - self._layout_polled < LAYOUT_POLL_S):
+        if not force and now - self._layout_polled < LAYOUT_POLL_S:
             return False
         self._layout_polled = now
         try:
-            generation = self._layout_generation()
+            generation = self.builder.layout_generation()
         except Exception:  # noqa: BLE001 - a failed check must not stop the worker; logged, retried
             logging.getLogger(__name__).exception("checking the builder's layout failed")
             return False
@@ -396,7 +411,7 @@ class Scheduler:
         before a restart or by `kvmem build`); nothing is prefilled, users without one get theirs on demand as
         before. `users` default: the source's users (`count_by_user`) or the heat table's, the most recently
         active first, at most `config.max_plans`. Call once the builder is ready. Returns plans restored."""
-        if getattr(self.builder, "find_block", None) is None or not self.builder.ready():
+        if not self.builder.finds_stored_blocks or not self.builder.ready():
             return 0
         if users is None:
             by_count = getattr(self.source, "count_by_user", None)

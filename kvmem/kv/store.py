@@ -77,6 +77,7 @@ class TieredKVStore:
             raise StorageError(f"KV store directory {self.directory} cannot be created: {exc}") from exc
         if not os.access(self.directory, os.W_OK):
             raise StorageError(f"KV store directory {self.directory} is not writable")
+        self._scanned_at: int | None = None  # the directory's mtime at the last rescan
         self._scan()
 
     # -- index ---------------------------------------------------------------------------------------
@@ -105,9 +106,17 @@ class TieredKVStore:
     def rescan(self) -> int:
         """Index every item other processes wrote since this store's scan (their manifests are read outside
         the lock); returns how many were new. For a user this process has no block for yet."""
+        try:
+            stamp = self.directory.stat().st_mtime_ns  # a file added or removed changes it
+        except OSError:
+            return 0
+        if stamp == self._scanned_at:  # nothing was added since the last look: no listing of the directory
+            return 0
         with self._lock:
             indexed = set(self._indexed_metas())
-        return self._index_found(disk_metas(self.directory, skip=indexed))
+        found = self._index_found(disk_metas(self.directory, skip=indexed))
+        self._scanned_at = stamp
+        return found
 
     def _index_found(self, metas: dict[str, KVItemMeta]) -> int:
         with self._lock:
