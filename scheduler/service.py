@@ -1,7 +1,8 @@
 """The Scheduler facade: heat + plans + a queue + the worker thread that drains it.
 
 Request path: `get` (a dict read, plus a check that the block is still stored and, with replicas, not fenced
-off) and `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
+off; a user's first read in this process also looks for their stored block, which never prefills) and
+`record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
 `on_change`, which stops serving every affected block *before it returns* (worker.invalidate) and enqueues
 the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
 """
