@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from scheduler import Scheduler, SchedulerConfig, turn_access
+from scheduler import BlockMaker, Scheduler, SchedulerConfig, turn_access
 
 TOPICS = ("buying a home", "renovating", "work", "health", "travel")
 
@@ -117,7 +117,7 @@ class TraceSource:
         return lambda: None
 
 
-class TraceBlockMaker:
+class TraceBlockMaker(BlockMaker):
     """The scheduler's BlockMaker without a model: a block is its memories' token count; every build is kept
     in `builds`, so each block the scheduler made is counted, not only the last of a request."""
 

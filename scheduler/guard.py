@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from scheduler.block_maker import BlockMaker
 from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task
 
@@ -39,20 +40,19 @@ class BlockGuard:
         lock: threading.Lock,
         plans: PlanBook,
         queue: _Queue,
-        builder: Any,  # worker.BlockBuilder; optional has_block
+        builder: BlockMaker,
         fence: Fence | None,
         clock: Callable[[], float],
     ):
         self._lock, self.plans, self.queue, self.clock = lock, plans, queue, clock
         self.builder, self.fence = builder, fence
-        self._has_block: Callable[[str], bool] | None = getattr(builder, "has_block", None)
         # user -> (their block's item, what the fence read before its memories were read)
         self._stamps: dict[str, tuple[str, int | None]] = {}
         self.evicted: set[str] = set()  # users whose block the store evicted: rebuilt when they next ask
         self._handled: dict[str, str] = {}  # user -> the block whose failure was last acted on
 
     def stored(self, item_id: str) -> bool:
-        return self._has_block is None or self._has_block(item_id)
+        return self.builder.has_block(item_id)
 
     def stamp(self, user_id: str, item_id: str, fenced: int | None) -> None:
         """Record what the fence read before the memories of `item_id` were read. Worker's lock held."""
@@ -72,7 +72,7 @@ class BlockGuard:
         with `check_store`: the store's call may wait on its lock), "stale" (another replica changed the
         user's memories since it was built), "fence_unreadable"."""
         assert plan.block is not None
-        if check_store and self._has_block is not None and not self._has_block(plan.block.item_id):
+        if check_store and not self.builder.has_block(plan.block.item_id):
             return "not_found"
         if self.fence is None:
             return None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.service import Scheduler
@@ -31,15 +32,14 @@ class ServerSettings(Protocol):
     scheduler_redis_url: str | None
 
 
-class BackendBlockMaker:
+class BackendBlockMaker(BlockMaker):
     """The scheduler's `BlockMaker` over a serving backend: build, drop and warm blocks through it. Every
     backend method it calls is on the Backend interface (optional ones with a default there)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        if backend.finds_stored_blocks:  # the scheduler's optional restore (the fake backend stores nothing)
-            self.find_block = backend.find_block
-            self.stored_memory_ids = backend.stored_memory_ids  # restore: the blocks a user has stored
+        # the scheduler restores plans only over a backend whose blocks outlive it (the fake stores nothing)
+        self.finds_stored_blocks = backend.finds_stored_blocks
 
     def layout_generation(self) -> int:
         """The backend's layout generation, after it checked the installed knowledge (a stat)."""
@@ -69,6 +69,13 @@ class BackendBlockMaker:
 
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
+
+    def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock | None:
+        return self.backend.find_block(user_id, texts, memory_ids)
+
+    def stored_memory_ids(self, user_id: str) -> list[tuple[str, ...]]:
+        """The blocks a user has stored (none over a backend that does not find stored blocks)."""
+        return self.backend.stored_memory_ids(user_id) if self.finds_stored_blocks else []
 
     def warm_block(self, item_id: str) -> None:
         self.backend.warm_block(item_id)

@@ -2,9 +2,9 @@
 
 Owns the per-user generation counter that makes a build racing a store change discard its result, the only
 writes to heat and plans, and the delete cascade beyond the current plan (every stored block built from a
-changed memory). Blocks are built through an injected `BlockMaker` (serving's adapter over its backend; a fake
-in tests and the simulator); what keeps published blocks servable is guard.py; the queue and the thread that
-drains it belong to the facade in service.py.
+changed memory). Blocks are built through an injected `BlockMaker` (block_maker.py: serving's adapter over its
+backend; a fake in tests and the simulator); what keeps published blocks servable is guard.py; the queue and
+the thread that drains it belong to the facade in service.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvmem.errors import DependencyUnavailable
+from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import BlockGuard, Fence
 from scheduler.heat import AccessEvent, HeatStats, HeatTable
@@ -39,22 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SNAPSHOT_USERS = 64  # users whose memory lists the refresh keeps (a list of 8,000 memories: a few MB)
-
-
-class BlockMaker(Protocol):
-    """What the worker builds blocks through (kvmem's `BlockBuilder` is one level below, behind a backend)."""
-
-    def ready(self) -> bool: ...
-    def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock: ...
-    def drop_block(self, item_id: str) -> None: ...
-
-    # optional: `find_block(user_id, texts, memory_ids) -> BuiltBlock | None` the stored block, never built
-    # (restoring plans at start); `warm_block(item_id)` moves a stored block to the fastest tier (called on session start);
-    # `has_block(item_id) -> bool` says whether a block is still stored (checked before serving and publishing);
-    # `forget(user_id, memory_ids | None) -> list[str]` drops every stored block built from those memories
-    # (the delete cascade); `forget_adapters(user_id, names) -> list[str]` every stored block built under
-    # those LoRA adapter versions (erased by the cascade); `subscribe_dropped(callback(item_id, user_id, reason)) -> unsubscribe` reports
-    # blocks the store dropped on its own.
 
 
 class MemorySource(Protocol):  # kvmem.text.MemoryStore satisfies it
@@ -166,9 +151,8 @@ class Worker:
                 self.refresh(task.user_id)
             elif task.kind == "prewarm":
                 plan = self.refresh(task.user_id)
-                warm = getattr(self.builder, "warm_block", None)
-                if plan.block is not None and warm is not None:
-                    warm(plan.block.item_id)
+                if plan.block is not None:
+                    self.builder.warm_block(plan.block.item_id)
             elif task.kind == "evict":
                 self.enforce_total_cap()
             else:
@@ -263,8 +247,7 @@ class Worker:
         """DESIGN invariant 5 beyond the current plan: every stored block built from these memories (blocks of
         earlier plans, offline builds, blocks from before a restart or of another replica) is deleted, and
         the shared fence (if any) moves, so other replicas stop serving too. Raises FenceUnavailable."""
-        forget = getattr(self.builder, "forget", None)
-        forgotten = forget(user_id, memory_ids) if forget is not None else []
+        forgotten = self.builder.forget(user_id, memory_ids)
         if forgotten:
             log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
         if self.fence is not None:
@@ -274,8 +257,7 @@ class Worker:
     def forget_adapters(self, user_id: str, names: Sequence[str]) -> list[str]:
         """The cascade for adapter versions erased from disk: every stored block built under one of them (their
         K/V carry its facts) is deleted before this returns, and the fence moves. Raises FenceUnavailable."""
-        forget = getattr(self.builder, "forget_adapters", None)
-        forgotten = forget(user_id, list(names)) if forget is not None and names else []
+        forgotten = self.builder.forget_adapters(user_id, list(names)) if names else []
         if forgotten:
             log.info(
                 "user %r: %d block(s) under erased adapters forgotten: %s", user_id, len(forgotten), forgotten
@@ -384,7 +366,7 @@ class Worker:
             # no block here yet (a restore at start; or a user new to this process: a failover from a replica
             # that died, the plan book's eviction): held is the newest stored block the policy keeps as it is,
             # so it is found by its content address, not prefilled again (a built order depends on history)
-            stored = getattr(self.builder, "stored_memory_ids", lambda _user: [])(user_id)
+            stored = self.builder.stored_memory_ids(user_id)
             cap, hysteresis = self._cap_tokens(), self.config.hysteresis
             held = next(
                 (
@@ -477,7 +459,7 @@ class Worker:
         """The adapter a user's block is built under: their served adapter's name, if the builder can build
         under it (the transformers backend); else None: a base-model block, which serving then sends as text
         under the adapter (vLLM: its prefix cache, kept per adapter name, reuses what it computed)."""
-        if adapter is None or not getattr(self.builder, "builds_under_adapter", False):
+        if adapter is None or not self.builder.builds_under_adapter:
             return None
         return adapter.name
 

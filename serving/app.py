@@ -276,9 +276,7 @@ def create_app(
         distiller = BackgroundDistill(config, store, scheduler, backend, distill_config)
     started = int(time.time())
     restored = threading.Event()  # set once the stored plans were restored (scheduler.restore)
-    if (
-        getattr(scheduler.builder, "find_block", None) is None
-    ):  # a backend that cannot (fake): nothing to wait for
+    if not scheduler.builder.finds_stored_blocks:  # a backend that cannot (fake): nothing to wait for
         restored.set()
 
     @asynccontextmanager

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from kvmem.datadir import DataDir
 from kvmem.errors import InvalidBlock, KVItemError, StorageError
-from scheduler import Scheduler
+from scheduler import BlockMaker, Scheduler
 from scheduler.wiring import serving_scheduler_config
 from serving.config import ServingConfig
 
@@ -164,8 +164,11 @@ def run_build(
     return report
 
 
-class OfflineBlockMaker:
-    """The scheduler's BlockMaker over a kvmem BlockBuilder (no serving backend, no model loop)."""
+class OfflineBlockMaker(BlockMaker):
+    """The scheduler's BlockMaker over a kvmem BlockBuilder (no serving backend, no model loop); its blocks
+    are files under the data dir, found again by `find_block`."""
+
+    finds_stored_blocks = True
 
     def __init__(self, builder: Any):
         self.builder = builder

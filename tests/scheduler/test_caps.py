@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from kvmem.text import HashEmbedder, MemoryStore
-from scheduler import AccessEvent, Scheduler, SchedulerConfig
+from scheduler import AccessEvent, BlockMaker, Scheduler, SchedulerConfig
 from scheduler.policy import user_cap_tokens
 
 HEADER_TOKENS = 2
@@ -26,7 +26,7 @@ class Built:
     shared_tokens: int = 0
 
 
-class HeaderBuilder:
+class HeaderBuilder(BlockMaker):
     """Every block carries HEADER_TOKENS besides its memories (one token per word), BYTES_PER_TOKEN each; with
     `shared`, it starts with that many tokens of a shared parent (the knowledge), not counted in its bytes."""
 
