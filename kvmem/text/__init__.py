@@ -5,7 +5,7 @@ of HTTP, KV items or scheduling policy.
 """
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.embed import (
+from kvmem.text.embedders import (
     Embedder,
     HashEmbedder,
     OnnxMiniLMEmbedder,

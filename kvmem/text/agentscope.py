@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.embed import Embedder
+from kvmem.text.embedders import Embedder
 from kvmem.text.errors import InvalidMemoryInput, TextStoreError
 from kvmem.text.records import Memory
 from kvmem.text.store import MemoryStore

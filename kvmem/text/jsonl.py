@@ -19,7 +19,7 @@ import numpy as np
 
 from kvmem.text.db import Database
 from kvmem.text.dump import DumpRecord, decode_line, encode_line
-from kvmem.text.embed import Embedder
+from kvmem.text.embedders import Embedder
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.records import ChangeEvent, Memory
 from kvmem.text.rows import (

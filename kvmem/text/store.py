@@ -5,9 +5,9 @@ Owns the public API and each call's shape: checks (filters.py), then one transac
 statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
 caches are brought in step. Every query carries the user id, so no call returns another user's memory.
 Subscribers hear (memory id, user, added/updated/deleted) after the commit and before the call returns
-(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py, embedding.py; the
-conversation log's calls (log.py), formation's writes and supersession (formed.py) and deletes (deletes.py)
-are mixed in. Knows nothing of HTTP, KV items or scheduling.
+(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py,
+store_embeddings.py; the conversation log's calls (log.py), formation's writes and supersession (formed.py)
+and deletes (deletes.py) are mixed in. Knows nothing of HTTP, KV items or scheduling.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from kvmem.text.config import TextStoreConfig
 from kvmem.text.db import Database
 from kvmem.text.deletes import MemoryDeletes
 from kvmem.text.dialect import is_postgres_url
-from kvmem.text.embed import Embedder, default_embedder
-from kvmem.text.embedding import TextVectorCache, embed_texts, reconcile_embedder
+from kvmem.text.embedders import Embedder, default_embedder
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
 from kvmem.text.filters import (
     SearchFilters,
@@ -70,6 +69,7 @@ from kvmem.text.rows import (
 )
 from kvmem.text.schema import migrate
 from kvmem.text.search import SEARCH_MODES, rank_rows
+from kvmem.text.store_embeddings import TextVectorCache, embed_texts, reconcile_embedder
 from kvmem.text.vectors import VectorCache
 
 __all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before

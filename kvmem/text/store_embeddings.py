@@ -1,8 +1,8 @@
 """The store's side of embeddings: shape-checked vectors for texts, and which embedder made a file's vectors.
 
 Owns the one-text LRU (a chat turn is often searched, then stored), the `meta` rows 'embedder' and 'dim',
-and re-embedding a file opened with another embedder. The models themselves are embed.py's; knows nothing
-of search, locks or events.
+and re-embedding a file opened with another embedder. The models themselves are embedders.py's; knows
+nothing of search, locks or events.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvmem.text.embed import Embedder
+from kvmem.text.embedders import Embedder
 from kvmem.text.errors import EmbedderMismatch, TextStoreError
 from kvmem.text.rows import LIVE
 
