@@ -200,10 +200,23 @@ class Scheduler:
         event loop). Anything else goes to the queued refresh, as before."""
         if not self.builder.finds_stored_blocks or not self.builder.ready():
             return
+        log = logging.getLogger(__name__)
+        started = time.perf_counter()
         try:
-            self.worker.refresh(user_id, build=False)
+            block = self.worker.refresh(user_id, build=False).block
         except Exception:  # noqa: BLE001 - the queued refresh retries; the request is served as text
-            logging.getLogger(__name__).warning("restoring the plan of %r on its first read failed", user_id)
+            log.warning("restoring the plan of %r on its first read failed", user_id, exc_info=True)
+            return
+        took_ms = (time.perf_counter() - started) * 1000
+        if block is not None:
+            log.info(
+                "user %r: stored block %s restored on the first read (%.0f ms)",
+                user_id,
+                block.item_id,
+                took_ms,
+            )
+        else:
+            log.info("user %r: no stored block to restore on the first read (%.0f ms)", user_id, took_ms)
 
     def peek(self, user_id: str) -> Plan:
         """The user's plan as `get` would serve it, for reads that only look (the plan route, a search's tier
