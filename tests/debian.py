@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,23 +20,19 @@ def which(binary: str) -> str | None:
     return shutil.which(binary) or shutil.which(binary, path=_PATH)
 
 
-def ensure(binary: str, package: str, found: str | Path | None = None) -> str:
-    """The path of `binary` (or `found` when the caller located it), installing `package` with apt first if
-    it is missing."""
-    path = found or which(binary)
+def ensure(binary: str, package: str, find: Callable[[], str | Path | None] | None = None) -> str:
+    """The path of `binary` (located by `find` when given: e.g. PostgreSQL's server binaries live off PATH),
+    installing `package` with apt first if it is missing."""
+    locate = find or (lambda: which(binary))
+    path = locate()
     if path:
         return str(path)
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": _PATH}
     subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
     proc = subprocess.run(
-        ["apt-get", "install", "-y", package],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
+        ["apt-get", "install", "-y", package], check=False, capture_output=True, text=True, env=env, timeout=900
     )
-    path = which(binary)
+    path = locate()
     if not path:
         pytest.skip(f"{package} could not be installed with apt: {proc.stderr.strip()[-300:]}")
-    return path
+    return str(path)

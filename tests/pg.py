@@ -12,30 +12,17 @@ as the `postgres` system user (PostgreSQL refuses root).
 from __future__ import annotations
 
 import itertools
-import subprocess
 
 import pytest
 
 from kvmem.text.pg_server import PgServer, PgServerError, find_bin_dir, start_server
+from tests import debian
 
 _names = itertools.count()
 
 
 def _ensure_binaries() -> None:
-    if find_bin_dir() is not None:
-        return
-    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
-    proc = subprocess.run(
-        ["apt-get", "install", "-y", "postgresql"],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    if find_bin_dir() is None:
-        pytest.skip(f"postgresql could not be installed with apt: {proc.stderr.strip()[-300:]}")
+    debian.ensure("pg_ctl", "postgresql", find=find_bin_dir)
 
 
 _shared: list[PgServer] = []  # the process's one server, however many modules import the fixtures

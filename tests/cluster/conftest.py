@@ -24,7 +24,7 @@ def ensure_binaries() -> None:
     pytest.importorskip("psycopg")
     debian.ensure("haproxy", "haproxy")
     debian.ensure("redis-server", "redis-server")
-    debian.ensure("pg_ctl", "postgresql", found=find_bin_dir())
+    debian.ensure("pg_ctl", "postgresql", find=find_bin_dir)
 
 
 def start_cluster(root: Path, replicas: int, serve_args: list[str]) -> ClusterState:

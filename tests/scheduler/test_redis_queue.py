@@ -4,7 +4,6 @@ and stopped here): at-least-once across a worker that dies mid-task, JSON round 
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import subprocess
 import time
@@ -13,28 +12,13 @@ import pytest
 
 from scheduler.queue import InProcessQueue, RedisStreamsQueue, Task, make_queue
 from scheduler.service import AccessEvent
+from tests import debian
 
 pytestmark = pytest.mark.redis
 
 
 def _ensure_redis_server() -> str:
-    path = shutil.which("redis-server")
-    if path:
-        return path
-    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
-    proc = subprocess.run(
-        ["apt-get", "install", "-y", "redis-server"],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    path = shutil.which("redis-server")
-    if not path:
-        pytest.skip(f"redis-server could not be installed with apt: {proc.stderr.strip()[-300:]}")
-    return path
+    return debian.ensure("redis-server", "redis-server")
 
 
 def _free_port() -> int:
