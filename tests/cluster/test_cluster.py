@@ -64,6 +64,20 @@ def served_kv(response: httpx.Response) -> int:
     return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+def with_a_block(state: ClusterState, user: str, texts: list[str]) -> tuple[str, str, list[str], dict]:
+    """The user's memories added on the replica that serves them, and their block built there: (that replica's
+    URL, another replica's URL, the memory ids, the block as the plan route shows it)."""
+    home = replica_of(state, user)
+    serving = next(r.url for r in state.replicas if r.id == home)
+    other = next(r.url for r in state.replicas if r.id != home)
+    ids = [add(serving, user, text).json()["memories"][0]["id"] for text in texts]
+    chat(serving, user)  # asks for their plan: their replica builds their block
+    block = wait_until(
+        lambda: (b := plan_block(serving, user)) and sorted(b["memory_ids"]) == sorted(ids) and b
+    )
+    return serving, other, ids, block
+
+
 def test_each_user_stays_on_one_replica_and_users_spread(fake_cluster: ClusterState) -> None:
     base = fake_cluster.router_url
     seen: dict[str, set[str]] = {u: set() for u in USERS}
@@ -102,16 +116,7 @@ def test_a_delete_through_one_replica_stops_every_replica_serving_it_before_it_r
     fake_cluster: ClusterState,
 ) -> None:
     user = "dora"
-    home = replica_of(fake_cluster, user)
-    serving = next(r.url for r in fake_cluster.replicas if r.id == home)
-    other = next(r.url for r in fake_cluster.replicas if r.id != home)
-    ids = [
-        add(serving, user, text).json()["memories"][0]["id"] for text in ("my dog is Rex", "I live in Porto")
-    ]
-    chat(serving, user)  # asks for her plan: her replica builds her block
-    block = wait_until(
-        lambda: (b := plan_block(serving, user)) and sorted(b["memory_ids"]) == sorted(ids) and b
-    )
+    serving, other, ids, block = with_a_block(fake_cluster, user, ["my dog is Rex", "I live in Porto"])
     assert served_kv(chat(serving, user)) == block["tokens"]
 
     r = httpx.delete(f"{other}/v1/memories/{ids[0]}", params={"user_id": user}, timeout=30)
@@ -126,11 +131,7 @@ def test_postgresql_away_writes_answer_503_resident_kv_still_serves_and_it_comes
     fake_cluster: ClusterState,
 ) -> None:
     user = "erin"
-    home = replica_of(fake_cluster, user)
-    base = next(r.url for r in fake_cluster.replicas if r.id == home)
-    memory_id = add(base, user, "my cat is Tofu").json()["memories"][0]["id"]
-    chat(base, user)
-    block = wait_until(lambda: (b := plan_block(base, user)) and b["memory_ids"] == [memory_id] and b)
+    base, _, _, block = with_a_block(fake_cluster, user, ["my cat is Tofu"])
     pg = fake_cluster.pg()
     pg.stop()
     try:

@@ -11,6 +11,7 @@ import torch
 from kvmem.errors import KVItemCorrupt, KVItemNotFound
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, build_item
 from kvmem.kv.io import item_paths
+from tests.kvmem.kv.locks import lock_is_free
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +75,7 @@ def test_a_demotion_copies_to_host_with_the_lock_free(tmp_path, tiny_handle, ite
     to = KVItem.to
 
     def watched_to(self, device):
-        free: list[bool] = []
-
-        def try_lock() -> None:  # from another thread: the lock is reentrant for this one
-            free.append(store._lock.acquire(blocking=False))
-            if free[0]:
-                store._lock.release()
-
-        t = threading.Thread(target=try_lock)
-        t.start()
-        t.join(10)
-        copies.append((self.item_id, free == [True]))
+        copies.append((self.item_id, lock_is_free(store)))
         return to(self, device)
 
     monkeypatch.setattr(KVItem, "to", watched_to)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from kvmem.errors import KVItemCorrupt, KVItemNotFound
@@ -12,6 +10,7 @@ from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, build_item
 from kvmem.kv.cascade import forget_on_disk
 from kvmem.kv.io import item_paths
 from kvmem.kv.store import DroppedItem
+from tests.kvmem.kv.locks import lock_is_free
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +31,7 @@ def listen(store: TieredKVStore) -> list[DroppedItem]:
     heard: list[DroppedItem] = []
 
     def callback(dropped: DroppedItem) -> None:
-        free: list[bool] = []
-
-        def try_lock() -> None:  # from another thread: the lock is reentrant for this one
-            free.append(store._lock.acquire(blocking=False))
-            if free[0]:
-                store._lock.release()
-
-        t = threading.Thread(target=try_lock)
-        t.start()
-        t.join(10)
-        assert free == [True]  # called with the store's lock released
+        assert lock_is_free(store)  # called with the store's lock released
         heard.append(dropped)
 
     store.subscribe_drops(callback)
@@ -143,27 +132,14 @@ def test_the_cascade_scans_and_deletes_files_with_the_lock_free(tmp_path, tiny_h
     store_at(tmp_path, tiny_handle).put(c)  # another process's item: only a scan finds it
     seen: list[tuple[str, bool]] = []
 
-    def lock_is_free() -> bool:
-        free: list[bool] = []
-
-        def try_lock() -> None:  # from another thread: the lock is reentrant for this one
-            free.append(store._lock.acquire(blocking=False))
-            if free[0]:
-                store._lock.release()
-
-        t = threading.Thread(target=try_lock)
-        t.start()
-        t.join(10)
-        return free == [True]
-
     scan, delete = store_module.disk_metas, store_module.delete_item_files
 
     def watched_scan(*args, **kwargs):
-        seen.append(("scan", lock_is_free()))
+        seen.append(("scan", lock_is_free(store)))
         return scan(*args, **kwargs)
 
     def watched_delete(directory, item_id):
-        seen.append((item_id, lock_is_free()))
+        seen.append((item_id, lock_is_free(store)))
         return delete(directory, item_id)
 
     monkeypatch.setattr(store_module, "disk_metas", watched_scan)
