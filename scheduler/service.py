@@ -28,6 +28,7 @@ from scheduler.worker import MemorySource, TaskQueue, Worker
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
 )
+RESTORE_WAIT_S = 2.0  # how long a read waits for the same user's first-read restore under way elsewhere
 ADAPTER_POLL_S = 1.0  # how often the worker stats held users' adapter pointers (another process may move one)
 
 
@@ -110,6 +111,9 @@ class Scheduler:
             adapter_for=self._worker_adapter if adapters is not None else None,
         )
         self._reads = self._hits = 0  # request-path counters: plain ints, no lock (a lost increment is fine)
+        # users whose first-read restore is under way: a concurrent read of the same user waits for it
+        self._restoring: dict[str, threading.Event] = {}
+        self._restoring_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -162,9 +166,8 @@ class Scheduler:
         user, a user moved here from a replica that died), else an empty plan; either way their plan is
         enqueued once (built when nothing stored fits). The book is also the bounded record of which users were
         already asked for."""
-        if user_id not in self.plans and self.plans.register(user_id):
-            self._restore_first_read(user_id)  # a user new to this process: their stored block, if any
-            self.queue.put(Task("refresh", user_id))
+        if user_id not in self.plans or user_id in self._restoring:
+            self._first_read(user_id)
         checked, plan = self._with_adapter(self.plans.get(user_id))
         if not checked:  # the worker checks the moved pointer, then refreshes
             self.queue.put(Task("refresh", user_id))
@@ -191,6 +194,27 @@ class Scheduler:
         elif self.plans.register(user_id):
             self.queue.put(Task("refresh", user_id))
         return plan
+
+    def _first_read(self, user_id: str) -> None:
+        """A user the plan book does not hold: the first reader registers them and restores their stored
+        block (then queues their refresh); a reader arriving meanwhile (a second request of the user, as after
+        a failover) waits for that restore, at most RESTORE_WAIT_S, instead of being served text."""
+        with self._restoring_lock:
+            pending = self._restoring.get(user_id)
+            first = pending is None and self.plans.register(user_id)
+            if first:
+                pending = self._restoring[user_id] = threading.Event()
+        if not first:
+            if pending is not None:
+                pending.wait(RESTORE_WAIT_S)
+            return
+        try:
+            self._restore_first_read(user_id)  # a user new to this process: their stored block, if any
+        finally:
+            with self._restoring_lock:
+                self._restoring.pop(user_id, None)
+            pending.set()
+        self.queue.put(Task("refresh", user_id))
 
     def _restore_first_read(self, user_id: str) -> None:
         """Publish the user's stored block (built before a restart, by `kvmem build`, or by a replica that died

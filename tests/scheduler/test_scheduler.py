@@ -357,3 +357,50 @@ def test_a_user_new_to_a_scheduler_is_served_the_stored_block_not_a_prefill(tmp_
     assert b.get("alice").block.item_id == built.item_id and builder.prefills == 1
     b.stop()
     store.close()
+
+
+def test_a_second_read_during_the_first_reads_restore_waits_for_it(tmp_path):
+    """Two requests of a user new to this replica at once (after a failover): the second read waits for the
+    first read's restore and serves the stored block too, instead of text (it saw the user registered with an
+    empty plan before)."""
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder = StoringBuilder()
+    config = SchedulerConfig(half_life_s=100.0, recency_prior=1.0, use_weight=2.0, user_block_tokens=6)
+
+    def replica() -> Scheduler:
+        sched = Scheduler(config, store, builder, lambda t: len(t.split()), clock=clock)
+        sched.start(thread=False)
+        return sched
+
+    a = replica()
+    store.add("alice", words(2, "m0"))
+    a.get("alice")
+    a.run_pending()
+    built = a.get("alice").block
+    a.stop()
+
+    b = replica()
+    entered, release = threading.Event(), threading.Event()
+    find = builder.find_block
+
+    def slow_find(*args):
+        entered.set()
+        release.wait(10)
+        return find(*args)
+
+    builder.find_block = slow_find
+    blocks = {}
+    first = threading.Thread(target=lambda: blocks.__setitem__("first", b.get("alice").block))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=lambda: blocks.__setitem__("second", b.get("alice").block))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # waiting for the restore under way
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert blocks["first"].item_id == blocks["second"].item_id == built.item_id
+    b.stop()
+    store.close()
