@@ -257,15 +257,18 @@ def active_by_rowids(
     conn: Any, user_id: str, rowids: list[int], include_superseded: bool = False
 ) -> dict[int, Memory]:
     """This user's served memories among these rowids (search hits), by rowid; with `include_superseded`,
-    every active one."""
+    every active one.
+
+    The rows are looked up by rowid and the user is checked here, not in SQL: with `m.user_id = ?` in the
+    WHERE clause SQLite walked the user's whole `memories_by_user` range (10k rows: ~5 ms) to find 10 hits.
+    """
     marks = ",".join("?" * len(rowids))
     active = "m.state = 'active'" if include_superseded else SERVED
     rows = conn.execute(
-        f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.user_id = ? AND "
-        f"{active} AND m.rowid IN ({marks})",
-        (user_id, *rowids),
+        f"SELECT m.rowid, {COLUMNS} FROM memories m WHERE m.rowid IN ({marks}) AND {active}",
+        rowids,
     ).fetchall()
-    return {r[0]: row_to_memory(r[1:]) for r in rows}
+    return {r[0]: row_to_memory(r[1:]) for r in rows if r[2] == user_id}  # r[2]: m.user_id
 
 
 def bump_generation(conn: Any, user_id: str) -> int:
