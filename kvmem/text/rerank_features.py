@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.text.vectors import UserVectors
+from kvmem.text.vectors import UserVectors, dot_rows
 
 FEATURE_SET = "kvmem-ltr-v1"
 FEATURES = (
@@ -129,7 +129,7 @@ def candidate_features(
     )  # [n, 2 * WIDE], -1: none; [:, 0] prev, [:, WIDE] next
     valid = wide >= 0  # [n, 2 * WIDE]
     rows = entry.matrix[np.concatenate([pos, np.maximum(wide, 0).ravel()])]  # [n * (1 + 2 * WIDE), dim]
-    cos_all = rows @ query_vector.astype(np.float32)  # [n * (1 + 2 * WIDE)]
+    cos_all = dot_rows(rows, query_vector)  # [n * (1 + 2 * WIDE)]
     cos = cos_all[:n].astype(np.float64)  # [n]
     wide_cos = np.where(valid, cos_all[n:].reshape(n, 2 * WIDE), 0.0)  # [n, 2 * WIDE]
     cos_before, cos_after = wide_cos[:, 0], wide_cos[:, WIDE]

@@ -29,7 +29,7 @@ from kvmem.text.filters import SearchFilters, filter_sql
 from kvmem.text.rerank import Reranker
 from kvmem.text.rerank_features import LegScores, speaker_of
 from kvmem.text.rerank_stage import Candidates, second_stage
-from kvmem.text.vectors import UserVectors, VectorCache, top_k_by_dot
+from kvmem.text.vectors import UserVectors, VectorCache, dot_rows, top_k_by_dot
 from kvmem.text.when import parse_query_time
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
@@ -262,7 +262,7 @@ def window_leg(
     embeds nothing more. Ties: lower rowid first."""
     if entry is None or entry.rowids.shape[0] == 0:
         return []
-    scores = entry.matrix @ query_vector.astype(np.float32)  # [n]
+    scores = dot_rows(entry.matrix, query_vector)  # [n]
     prev, nxt = entry.neighbours
     total = scores + np.where(prev >= 0, scores[prev], 0.0) + np.where(nxt >= 0, scores[nxt], 0.0)  # [n]
     total = total / _window_norms(entry)
