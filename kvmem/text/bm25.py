@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvmem.text.dialect import dialect_of
+from kvmem.text.term_cache import TermMatches, single_token, term_matches
 from kvmem.text.vectors import UserVectors
 
 K1 = 1.2
@@ -41,6 +42,20 @@ def term_frequencies(conn: Any, user_id: str, term: str) -> tuple[list[int], lis
     return dialect_of(conn).term_frequencies(conn, user_id, term)
 
 
+def entry_matches(conn: Any, user_id: str, term: str, entry: UserVectors) -> TermMatches:
+    """The rows of `entry` holding `term` (positions, term frequencies), from the entry's term cache or else
+    from the keyword index (then cached: the entry's generation pins the index's rows for this user)."""
+    assert entry.terms is not None
+    found = entry.terms.get(term)
+    if found is None:
+        rowids, tfs = term_frequencies(conn, user_id, term)
+        pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
+        keep = pos >= 0  # only the user's active rows (the entry) count
+        found = term_matches(pos[keep], np.asarray(tfs, dtype=np.float64)[keep], single_token(term))
+        entry.terms.put(term, found)
+    return found
+
+
 def score_user(
     conn: Any, user_id: str, terms: list[str], entry: UserVectors
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -57,10 +72,7 @@ def score_user(
     scores = np.zeros(n, dtype=np.float64)  # [n]
     matched = np.zeros(n, dtype=bool)  # [n]
     for term in terms:
-        rowids, tfs = term_frequencies(conn, user_id, term)
-        pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
-        keep = pos >= 0  # only the user's active rows (the entry) count
-        pos, tf = pos[keep], np.asarray(tfs, dtype=np.float64)[keep]
+        pos, tf, _ = entry_matches(conn, user_id, term, entry)
         if pos.shape[0] == 0:
             continue
         hits = pos.shape[0]

@@ -275,10 +275,11 @@ class FormationWrites:
         rowid_array = np.asarray(rowids, dtype=np.int64)
         sessions = [m.session_id for m in memories]
         speakers = [speaker_key(m.role) for m in memories]
-        lengths = [num_tokens(m.text) for m in memories]
+        texts = [m.text for m in memories]
+        lengths = [num_tokens(text) for text in texts]
         tx.after_commit.append(
             lambda: self._vectors.append(
-                user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths
+                user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths, texts
             )
         )
 

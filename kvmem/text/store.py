@@ -230,10 +230,11 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
             rowid_array = np.asarray(rowids, dtype=np.int64)
             sessions = [session_id] * len(memories)
             speakers = [speaker_of(m.role, m.metadata) for m in memories]
-            lengths = [num_tokens(m.text) for m in memories]
+            texts = [m.text for m in memories]
+            lengths = [num_tokens(text) for text in texts]
             tx.after_commit.append(
                 lambda: self._vectors.append(
-                    user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths
+                    user_id, gen - 1, gen, rowid_array, vectors, sessions, speakers, lengths, texts
                 )
             )
             tx.events.extend(ChangeEvent(m.id, user_id, "added") for m in memories)

@@ -10,12 +10,23 @@ Knows nothing of filters or fusion.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvmem.text.term_cache import TermCache
+
+# An entry's term cache holds at most an eighth of its matrix's bytes (~1.9 MB for 10k rows of 384), at least
+# this; the bound is counted in the entry's num_bytes, so VectorCache's byte bound covers it.
+MIN_TERM_CACHE_BYTES = 64 * 1024
+
+
+def term_cache_bytes(matrix: np.ndarray) -> int:
+    return max(MIN_TERM_CACHE_BYTES, matrix.nbytes // 8)
 
 
 def speaker_key(role: str | None) -> str:
@@ -28,7 +39,8 @@ def speaker_key(role: str | None) -> str:
 class UserVectors:
     """One user's active vectors at one generation. rowids[i] (ascending) is the memory row of matrix[i];
     sessions[i] its session id (None: none), speakers[i] its `speaker_key` and lengths[i] its text's length in
-    words (bm25.num_tokens), from which keyword search takes the user's own average length."""
+    words (bm25.num_tokens), from which keyword search takes the user's own average length. `terms` holds
+    the keyword index's answers for these rows (term_cache.py): current exactly as long as the entry."""
 
     gen: int
     rowids: np.ndarray  # [n] int64, ascending
@@ -36,10 +48,16 @@ class UserVectors:
     sessions: np.ndarray  # [n] object (str | None)
     speakers: np.ndarray  # [n] object (str)
     lengths: np.ndarray  # [n] int64
+    terms: TermCache | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.terms is None:
+            object.__setattr__(self, "terms", TermCache(term_cache_bytes(self.matrix)))
 
     @property
     def num_bytes(self) -> int:
-        return self.rowids.nbytes + self.matrix.nbytes + 64 * self.rowids.shape[0]
+        assert self.terms is not None
+        return self.rowids.nbytes + self.matrix.nbytes + 64 * self.rowids.shape[0] + self.terms.max_bytes
 
     @functools.cached_property
     def neighbours(self) -> tuple[np.ndarray, np.ndarray]:
@@ -104,10 +122,12 @@ class VectorCache:
         sessions: list[str | None],
         speakers: list[str],
         lengths: list[int],
+        texts: list[str] | None = None,
     ) -> None:
         """After this process's own add: extend the entry if it was current at `old_gen`, else drop it.
 
-        New rowids are larger than every cached one (SQLite rowids grow), so the order stays ascending.
+        New rowids are larger than every cached one (SQLite rowids grow), so the order stays ascending. With
+        the new rows' `texts`, the entry's term cache is carried over (TermCache.extended); else it starts empty.
         """
         with self._lock:
             entry = self._entries.get(user_id)
@@ -116,15 +136,21 @@ class VectorCache:
         if entry.gen != old_gen:
             self.invalidate(user_id)
             return
+        matrix = np.concatenate([entry.matrix, matrix.astype(np.float32)])
+        assert entry.terms is not None
+        terms = None
+        if texts is not None:
+            terms = entry.terms.extended(entry.rowids.shape[0], texts, term_cache_bytes(matrix))
         self.put(
             user_id,
             UserVectors(
                 gen=new_gen,
                 rowids=np.concatenate([entry.rowids, rowids.astype(np.int64)]),
-                matrix=np.concatenate([entry.matrix, matrix.astype(np.float32)]),
+                matrix=matrix,
                 sessions=np.concatenate([entry.sessions, np.array(sessions, dtype=object)]),
                 speakers=np.concatenate([entry.speakers, np.array(speakers, dtype=object)]),
                 lengths=np.concatenate([entry.lengths, np.array(lengths, dtype=np.int64)]),
+                terms=terms,
             ),
         )
 

@@ -47,3 +47,106 @@ def test_hits_lookup_keeps_superseded_rows_only_when_asked(store_location, clock
         assert [m.id for m in active_by_rowids(store._conn(), "alice", ids).values()] == [new.id]
         both = active_by_rowids(store._conn(), "alice", ids, include_superseded=True)
         assert sorted(m.id for m in both.values()) == sorted([old.id, new.id])
+
+
+# ----------------------------------------------------------------- the per-user term cache
+
+
+def _ranked(store, user, query, mode):
+    return [(h.memory.id, h.score) for h in store.search(user, query, top_k=50, mode=mode)]
+
+
+QUERIES = [
+    "running shoes",
+    "the cat ran",
+    "cats and dogs",
+    "snake_case words",
+    "weird \x01 mark",
+    "café",
+    "zebra",
+    "shoes shoes cat",
+]
+
+
+def _same_as_a_fresh_store(location, clock, warm, user="alice"):
+    """Every query's keyword and hybrid ranking from `warm` (caches in use) equals a store opened now."""
+    with open_store(location, clock=clock) as fresh:
+        for query in QUERIES:
+            for mode in ("keyword", "hybrid"):
+                assert _ranked(warm, user, query, mode) == _ranked(fresh, user, query, mode), (query, mode)
+
+
+def test_term_cache_returns_what_the_index_returns_through_writes(store_location, clock):
+    with open_store(store_location, clock=clock) as one, open_store(store_location, clock=clock) as two:
+        one.add("alice", texts=["I was running in new shoes", "the cat ran away", "shoes shoes shoes"])
+        one.add("alice", "snake_case words and snake case", session_id="s1")
+        one.add("bob", "running cats")
+        for query in QUERIES:  # fills the term caches
+            _ranked(one, "alice", query, "hybrid")
+        _same_as_a_fresh_store(store_location, clock, one)
+        [dog] = one.add("alice", "Cats and dogs, running", session_id="s1")  # carried over, extended
+        assert one._vectors.get("alice", _gen(one, "alice")).terms is not None
+        _same_as_a_fresh_store(store_location, clock, one)
+        one.add("alice", "a weird \x01 mark next to the cat")  # \x01: the cache starts over
+        _same_as_a_fresh_store(store_location, clock, one)
+        two.add("alice", "another process says cat and café")  # another process: a new generation
+        _same_as_a_fresh_store(store_location, clock, one)
+        one.update("alice", dog.id, text="zebra crossing, no shoes")
+        _same_as_a_fresh_store(store_location, clock, one)
+        two.update("alice", dog.id, state="archived")
+        _same_as_a_fresh_store(store_location, clock, one)
+        two.delete("alice", one.search("alice", "cat", mode="keyword")[0].memory.id)
+        _same_as_a_fresh_store(store_location, clock, one)
+        _same_as_a_fresh_store(store_location, clock, one, user="bob")
+
+
+def test_term_cache_is_carried_over_only_by_this_processs_adds(store_location, clock):
+    with open_store(store_location, clock=clock) as one, open_store(store_location, clock=clock) as two:
+        one.add("alice", texts=["cat one", "cat two"])
+        one.search("alice", "cat", mode="keyword")
+        cache = one._vectors.get("alice", _gen(one, "alice")).terms
+        assert cache.get("cat").positions.tolist() == [0, 1]
+        one.add("alice", "a third cat, cats")
+        cache = one._vectors.get("alice", _gen(one, "alice")).terms
+        assert cache.get("cat").positions.tolist() == [0, 1, 2]
+        assert cache.get("cat").counts.tolist() == [1.0, 1.0, 2.0]  # "cats" stems to "cat"
+        two.add("alice", "cat four")
+        assert one._vectors.get("alice", _gen(one, "alice")) is None  # another process's write retires it
+        assert len(one.search("alice", "cat", mode="keyword")) == 4
+
+
+def _gen(store, user):
+    return store._conn().execute("SELECT gen FROM user_generation WHERE user_id = ?", (user,)).fetchone()[0]
+
+
+def test_term_cache_is_bounded_in_bytes():
+    from kvmem.text.term_cache import TermCache, term_matches
+
+    def matches(n):
+        return term_matches(np.arange(n), np.ones(n), "t")
+
+    cache = TermCache(max_bytes=3 * TermCache.size_of(matches(10)))
+    for term in "abcd":
+        cache.put(term, matches(10))
+    assert len(cache) == 3 and cache.get("a") is None  # least recently used goes first
+    cache.get("b")
+    cache.put("e", matches(10))
+    assert cache.get("c") is None and cache.get("b") is not None
+    cache.put("huge", matches(10_000))  # over the whole bound: not kept
+    assert cache.get("huge") is None and len(cache) == 3
+
+
+def test_entry_bytes_count_the_term_cache_bound():
+    from kvmem.text.vectors import MIN_TERM_CACHE_BYTES, UserVectors
+
+    n = 10_000
+    entry = UserVectors(
+        gen=1,
+        rowids=np.arange(n, dtype=np.int64),
+        matrix=np.zeros((n, 384), dtype=np.float32),
+        sessions=np.array([None] * n, dtype=object),
+        speakers=np.array([""] * n, dtype=object),
+        lengths=np.ones(n, dtype=np.int64),
+    )
+    assert entry.terms.max_bytes == max(MIN_TERM_CACHE_BYTES, n * 384 * 4 // 8)
+    assert entry.num_bytes == n * 8 + n * 384 * 4 + 64 * n + entry.terms.max_bytes
