@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,9 +64,10 @@ def fts_match_expression(user_id: str, query: str) -> str | None:
     return f'owner : "{owner_token(user_id)}" AND text : ({ored})'
 
 
-@dataclass(frozen=True)
-class FusedHit:
-    """A row after fusion, with its fused score and its 1-based rank in each leg (None: not retrieved)."""
+class FusedHit(NamedTuple):
+    """A row after fusion, with its fused score and its 1-based rank in each leg (None: not retrieved).
+    A NamedTuple, not a dataclass: a hybrid search makes a few hundred, and a frozen dataclass's __init__
+    costs several times a tuple's."""
 
     rowid: int
     score: float
@@ -210,10 +211,15 @@ def dense_leg(
 
 
 def spread_to_neighbours(
-    keyword: list[tuple[int, float]], entry: UserVectors, weight: float, allowed: np.ndarray | None
+    keyword: list[tuple[int, float]],
+    entry: UserVectors,
+    weight: float,
+    allowed: np.ndarray | None,
+    limit: int | None = None,
 ) -> list[tuple[int, float]]:
     """Keyword hits re-scored with their conversation: score + weight * max(score of the previous turn,
-    score of the next turn of the same session), over the hits and their neighbours, best first.
+    score of the next turn of the same session), over the hits and their neighbours, best first (with
+    `limit`, the best `limit` only: the same first `limit` items).
 
     Why: in real dialogue the answer is often a reply ("Yes, every morning!") whose topic words are in the
     neighbouring turn, so BM25 alone never finds it. Neighbours must pass the filters (`allowed`). Ties:
@@ -233,7 +239,12 @@ def spread_to_neighbours(
     if allowed is not None:
         keep &= np.isin(entry.rowids, allowed)
     idx = np.flatnonzero(keep)
-    order = idx[np.lexsort((entry.rowids[idx], -total[idx]))]
+    if limit is not None and limit < idx.shape[0]:
+        # only rows scoring at least the limit-th best can be among the first `limit` (ties included), so
+        # the sort below sees a few hundred rows, not every hit and neighbour
+        kth = np.partition(total[idx], idx.shape[0] - limit)[idx.shape[0] - limit]
+        idx = idx[total[idx] >= kth]
+    order = idx[np.lexsort((entry.rowids[idx], -total[idx]))][:limit]
     return [(int(entry.rowids[i]), float(total[i])) for i in order]
 
 
@@ -318,7 +329,9 @@ def fuse_hybrid(
 ) -> Fused:
     """Hybrid's first stage (see fuse_legs), with the ranks each leg gave its candidates."""
     if entry is not None:
-        keyword = spread_to_neighbours(keyword, entry, config.neighbour_weight, allowed)
+        keyword = spread_to_neighbours(
+            keyword, entry, config.neighbour_weight, allowed, config.num_candidates
+        )
     keyword = keyword if config.keyword_weight > 0 else []  # a leg weighted 0 adds no zero-score rows
     dense = dense if config.dense_weight > 0 else []
     keyword_ids = [r for r, _ in keyword[: config.num_candidates]]

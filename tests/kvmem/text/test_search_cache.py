@@ -150,3 +150,25 @@ def test_entry_bytes_count_the_term_cache_bound():
     )
     assert entry.terms.max_bytes == max(MIN_TERM_CACHE_BYTES, n * 384 * 4 // 8)
     assert entry.num_bytes == n * 8 + n * 384 * 4 + 64 * n + entry.terms.max_bytes
+
+
+def test_spread_with_a_limit_is_the_head_of_the_full_spread_ties_included():
+    from kvmem.text.search import spread_to_neighbours
+    from kvmem.text.vectors import UserVectors
+
+    rng = np.random.default_rng(0)
+    n = 400
+    entry = UserVectors(
+        gen=1,
+        rowids=np.arange(100, 100 + n, dtype=np.int64),
+        matrix=np.zeros((n, 4), dtype=np.float32),
+        sessions=np.array([f"s{i // 7}" for i in range(n)], dtype=object),
+        speakers=np.array([""] * n, dtype=object),
+        lengths=np.ones(n, dtype=np.int64),
+    )
+    rows = rng.choice(n, 150, replace=False)
+    keyword = [(100 + int(r), float(rng.integers(1, 4))) for r in rows]  # few distinct scores: many ties
+    for allowed in (None, np.arange(100, 100 + n, 2, dtype=np.int64)):
+        full = spread_to_neighbours(keyword, entry, 0.5, allowed)
+        for limit in (1, 7, 50, 100, len(full), len(full) + 5):
+            assert spread_to_neighbours(keyword, entry, 0.5, allowed, limit) == full[:limit], limit
