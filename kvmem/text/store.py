@@ -333,7 +333,9 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
             )
             write_version(tx.conn, rowid, old, new, vector)
             said = new.text != old.text or new.state != old.state
-            if said:
+            # the cached rows (vectors.UserVectors) hold each row's speaker, read from the metadata first
+            speaker_moved = speaker_of(new.role, new.metadata) != speaker_of(old.role, old.metadata)
+            if said or speaker_moved:
                 bump_generation(tx.conn, user_id)
                 tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             tx.events.append(ChangeEvent(memory_id, user_id, "updated", text_changed=said))

@@ -172,3 +172,18 @@ def test_spread_with_a_limit_is_the_head_of_the_full_spread_ties_included():
         full = spread_to_neighbours(keyword, entry, 0.5, allowed)
         for limit in (1, 7, 50, 100, len(full), len(full) + 5):
             assert spread_to_neighbours(keyword, entry, 0.5, allowed, limit) == full[:limit], limit
+
+
+def test_a_speaker_set_by_a_metadata_update_reaches_a_warm_store(store_location, clock):
+    """The cached rows hold each row's speaker (metadata 'speaker' first): an update that changes it retires
+    them, as a text update does."""
+    with open_store(store_location, clock=clock) as one, open_store(store_location, clock=clock) as two:
+        [first, second] = one.add("alice", texts=["we ate pizza", "pizza again tonight"])
+        query = "What pizza did Carla eat?"
+        before = _ranked(one, "alice", query, "hybrid")  # caches the rows, no speaker named
+        for store in (one, two):  # this process, then another one
+            target = second if store is one else first
+            store.update("alice", target.id, metadata={"speaker": "Carla"})
+            with open_store(store_location, clock=clock) as fresh:
+                assert _ranked(one, "alice", query, "hybrid") == _ranked(fresh, "alice", query, "hybrid")
+        assert _ranked(one, "alice", query, "hybrid") != before
