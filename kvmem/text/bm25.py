@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvmem.text.dialect import dialect_of
-from kvmem.text.term_cache import TermMatches, single_token, term_matches
+from kvmem.text.term_cache import TermMatches, single_tokens, term_matches
 from kvmem.text.vectors import UserVectors
 
 K1 = 1.2
@@ -42,18 +42,20 @@ def term_frequencies(conn: Any, user_id: str, term: str) -> tuple[list[int], lis
     return dialect_of(conn).term_frequencies(conn, user_id, term)
 
 
-def entry_matches(conn: Any, user_id: str, term: str, entry: UserVectors) -> TermMatches:
-    """The rows of `entry` holding `term` (positions, term frequencies), from the entry's term cache or else
-    from the keyword index (then cached: the entry's generation pins the index's rows for this user)."""
+def entry_matches(conn: Any, user_id: str, terms: list[str], entry: UserVectors) -> list[TermMatches]:
+    """For each of `terms`, the rows of `entry` holding it (positions, term frequencies): from the entry's term
+    cache, or else from the keyword index (then cached: the entry's generation pins the index's rows for this
+    user). The missed terms' tokens come from one call of FTS5's tokenizer."""
     assert entry.terms is not None
-    found = entry.terms.get(term)
-    if found is None:
-        rowids, tfs = term_frequencies(conn, user_id, term)
+    found = [entry.terms.get(term) for term in terms]
+    missed = [i for i, f in enumerate(found) if f is None]
+    for i, token in zip(missed, single_tokens([terms[i] for i in missed]), strict=True):
+        rowids, tfs = term_frequencies(conn, user_id, terms[i])
         pos = entry.index_of(np.asarray(rowids, dtype=np.int64))
         keep = pos >= 0  # only the user's active rows (the entry) count
-        found = term_matches(pos[keep], np.asarray(tfs, dtype=np.float64)[keep], single_token(term))
-        entry.terms.put(term, found)
-    return found
+        found[i] = term_matches(pos[keep], np.asarray(tfs, dtype=np.float64)[keep], token)
+        entry.terms.put(terms[i], found[i])
+    return found  # type: ignore[return-value]  # every None was filled
 
 
 def score_user(
@@ -71,8 +73,7 @@ def score_user(
     norm = K1 * (1 - B + B * lengths / avgdl)  # [n]
     scores = np.zeros(n, dtype=np.float64)  # [n]
     matched = np.zeros(n, dtype=bool)  # [n]
-    for term in terms:
-        pos, tf, _ = entry_matches(conn, user_id, term, entry)
+    for pos, tf, _ in entry_matches(conn, user_id, terms, entry):
         if pos.shape[0] == 0:
             continue
         hits = pos.shape[0]

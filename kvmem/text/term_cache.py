@@ -21,6 +21,8 @@ from kvmem.text.terms import term_counts
 
 # Per-term bookkeeping counted against the bound besides the arrays (dict slot, tuple, two array headers).
 _TERM_OVERHEAD_BYTES = 320
+# At most this many terms per cache, whatever their bytes: carrying a cache over to an add's entry visits each.
+MAX_TERMS = 512
 
 
 class TermMatches(NamedTuple):
@@ -31,12 +33,12 @@ class TermMatches(NamedTuple):
     token: str | None  # the one stemmed token the term is (None: a phrase or no token; not carried over)
 
 
-def single_token(term: str) -> str | None:
-    """The stemmed token a query word is when FTS5 reads it as exactly one token, else None."""
-    counts = term_counts([term])[0] if term.strip() else {}
-    if sum(counts.values()) != 1:
-        return None
-    return next(iter(counts))
+def single_tokens(terms: list[str]) -> list[str | None]:
+    """For each query word, the stemmed token it is when FTS5 reads it as exactly one token, else None."""
+    out: list[str | None] = []
+    for counts in term_counts(terms):
+        out.append(next(iter(counts)) if sum(counts.values()) == 1 else None)
+    return out
 
 
 def term_matches(positions: np.ndarray, counts: np.ndarray, token: str | None) -> TermMatches:
@@ -48,8 +50,8 @@ def term_matches(positions: np.ndarray, counts: np.ndarray, token: str | None) -
 
 
 class TermCache:
-    """LRU of query term -> TermMatches, bounded in bytes (16 bytes a match plus a per-term overhead).
-    Thread-safe; values are immutable."""
+    """LRU of query term -> TermMatches, bounded in bytes (16 bytes a match plus a per-term overhead) and in
+    terms (MAX_TERMS). Thread-safe; values are immutable."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -78,9 +80,14 @@ class TermCache:
                 return
             self._entries[term] = matches
             self._bytes += size
-            while self._bytes > self.max_bytes:
+            while self._bytes > self.max_bytes or len(self._entries) > MAX_TERMS:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= self.size_of(dropped)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
 
     def __len__(self) -> int:
         with self._lock:
@@ -95,19 +102,24 @@ class TermCache:
         """
         out = TermCache(max_bytes)
         with self._lock:
-            items = list(self._entries.items())
+            items = list(self._entries.items())  # least recently used first, as they are put back
         if not items or any("\x01" in text for text in texts):
             return out
-        new_counts = term_counts(texts)  # [len(texts)] Counter: stemmed token -> instances
+        new_rows: dict[str, list[tuple[int, int]]] = {}  # stemmed token -> [(position, instances)]
+        for i, counts in enumerate(term_counts(texts)):
+            for token, num in counts.items():
+                new_rows.setdefault(token, []).append((start + i, num))
         for term, matches in items:
             if matches.token is None:
                 continue
-            hits = [(start + i, c[matches.token]) for i, c in enumerate(new_counts) if matches.token in c]
+            hits = new_rows.get(matches.token)
             if hits:
-                positions = np.concatenate(
-                    [matches.positions, np.array([p for p, _ in hits], dtype=np.int64)]
+                positions = np.array([p for p, _ in hits], dtype=np.int64)
+                counts = np.array([n for _, n in hits], dtype=np.float64)
+                matches = term_matches(
+                    np.concatenate([matches.positions, positions]),
+                    np.concatenate([matches.counts, counts]),
+                    matches.token,
                 )
-                counts = np.concatenate([matches.counts, np.array([n for _, n in hits], dtype=np.float64)])
-                matches = term_matches(positions, counts, matches.token)
             out.put(term, matches)
         return out
