@@ -163,6 +163,15 @@ class VectorCache:
             self._entries.clear()
             self._bytes = 0
 
+    def forget_terms(self) -> None:
+        """Empties every entry's term cache (the rows stay): what a query whose words are all new costs,
+        for benchmarks."""
+        with self._lock:
+            entries = list(self._entries.values())
+        for entry in entries:
+            assert entry.terms is not None
+            entry.terms.clear()
+
     def _drop(self, user_id: str) -> None:
         entry = self._entries.pop(user_id, None)
         if entry is not None:

@@ -136,6 +136,18 @@ def test_term_cache_is_bounded_in_bytes():
     assert cache.get("huge") is None and len(cache) == 3
 
 
+def test_term_cache_holds_at_most_max_terms():
+    from kvmem.text.term_cache import MAX_TERMS, TermCache, term_matches
+
+    cache = TermCache(max_bytes=1 << 30)
+    for i in range(MAX_TERMS + 10):
+        cache.put(f"t{i}", term_matches(np.arange(1), np.ones(1), f"t{i}"))
+    assert len(cache) == MAX_TERMS and cache.get("t9") is None and cache.get("t10") is not None
+    carried = cache.extended(5, ["t10 and t11 and t11"], max_bytes=1 << 30)
+    assert len(carried) == MAX_TERMS
+    assert carried.get("t11").positions.tolist() == [0, 5] and carried.get("t11").counts.tolist() == [1, 2]
+
+
 def test_entry_bytes_count_the_term_cache_bound():
     from kvmem.text.vectors import MIN_TERM_CACHE_BYTES, UserVectors
 
@@ -187,3 +199,13 @@ def test_a_speaker_set_by_a_metadata_update_reaches_a_warm_store(store_location,
             with open_store(store_location, clock=clock) as fresh:
                 assert _ranked(one, "alice", query, "hybrid") == _ranked(fresh, "alice", query, "hybrid")
         assert _ranked(one, "alice", query, "hybrid") != before
+
+
+def test_forget_terms_empties_the_term_caches_and_keeps_the_rows(store):
+    store.add("alice", texts=["cat one", "cat two"])
+    hits = _ranked(store, "alice", "cat", "hybrid")
+    entry = store._vectors.get("alice", _gen(store, "alice"))
+    assert len(entry.terms) == 1
+    store._vectors.forget_terms()
+    assert len(entry.terms) == 0 and store._vectors.get("alice", _gen(store, "alice")) is entry
+    assert _ranked(store, "alice", "cat", "hybrid") == hits
