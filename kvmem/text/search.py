@@ -251,6 +251,8 @@ def spread_to_neighbours(
 def named_speakers(query: str, entry: UserVectors, rowids: list[int]) -> np.ndarray:
     """For each rowid, whether its speaker (the role's first word) is a word of the query. [len(rowids)] bool"""
     words = {w.lower() for w in _WORD_RE.findall(query)}
+    if words.isdisjoint(entry.speaker_set):  # most queries name nobody the user's rows were said by
+        return np.zeros(len(rowids), dtype=bool)
     pos = entry.index_of(np.array(rowids, dtype=np.int64))
     return np.array([p >= 0 and entry.speakers[p] in words for p in pos.tolist()], dtype=bool)
 

@@ -76,6 +76,11 @@ class UserVectors:
             last[session] = i
         return prev, nxt
 
+    @functools.cached_property
+    def speaker_set(self) -> frozenset[str]:
+        """The distinct speakers of these rows ('' included when some row has none); computed once."""
+        return frozenset(self.speakers.tolist())
+
     def index_of(self, rowids: np.ndarray) -> np.ndarray:
         """Positions of these rowids in this entry, -1 for rowids it does not hold."""
         rowids = np.asarray(rowids, dtype=np.int64)

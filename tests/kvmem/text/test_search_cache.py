@@ -209,3 +209,22 @@ def test_forget_terms_empties_the_term_caches_and_keeps_the_rows(store):
     store._vectors.forget_terms()
     assert len(entry.terms) == 0 and store._vectors.get("alice", _gen(store, "alice")) is entry
     assert _ranked(store, "alice", "cat", "hybrid") == hits
+
+
+def test_named_speakers_with_and_without_a_named_speaker():
+    from kvmem.text.search import named_speakers
+    from kvmem.text.vectors import UserVectors
+
+    speakers = ["ana", "", "ben", "ana"]
+    entry = UserVectors(
+        gen=1,
+        rowids=np.array([10, 11, 12, 13], dtype=np.int64),
+        matrix=np.zeros((4, 4), dtype=np.float32),
+        sessions=np.array(["s"] * 4, dtype=object),
+        speakers=np.array(speakers, dtype=object),
+        lengths=np.ones(4, dtype=np.int64),
+    )
+    assert entry.speaker_set == {"ana", "ben", ""}
+    assert named_speakers("what did Ana say?", entry, [13, 12, 10, 99]).tolist() == [True, False, True, False]
+    assert named_speakers("what did Carla say?", entry, [13, 12, 10, 99]).tolist() == [False] * 4
+    assert named_speakers("BEN", entry, [11, 12]).tolist() == [False, True]
