@@ -5,7 +5,7 @@ term frequencies, exactly as the keyword index returned them (bm25.term_frequenc
 rows). Why: on SQLite each term costs an FTS5 MATCH whose highlight() re-reads and re-tokenizes every matching
 row (~1 ms per thousand matches), and a user's questions share words. A cache lives inside one entry, so it is
 current exactly while the entry is (the user's generation: every write to the user's index rows bumps it);
-after this process's own add it is carried over with the new rows' matches (`extended`). Bounded in bytes.
+after this process's own add it is carried over with the new rows' matches (`extended`). Bounded in bytes and terms.
 Knows nothing of SQL, BM25 or ranking.
 """
 
