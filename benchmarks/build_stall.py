@@ -63,6 +63,7 @@ def run_arm(args, pool_mb: int) -> dict:
         b - a for a, b in zip(stamps, stamps[1:], strict=False) if a < build["end"] and b > build["start"]
     ]
     med = median(gaps)
+    largest = sorted(range(len(gaps)), key=gaps.__getitem__, reverse=True)[:5]
     return {
         "kv_pool_mb": pool_mb,
         "tokens": len(stamps),
@@ -72,6 +73,10 @@ def run_arm(args, pool_mb: int) -> dict:
         "gap_max_s": max(gaps),
         "max_over_median": max(gaps) / med,
         "gaps_during_build": len(during),
+        # the 5 longest gaps: their length and where they began, in seconds from the build's start
+        "largest_gaps": [
+            {"gap_s": gaps[i], "from_build_start_s": stamps[i] - build["start"]} for i in largest
+        ],
         "build_ended_before_stream": build["end"] <= stamps[-1],
     }
 

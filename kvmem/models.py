@@ -350,12 +350,14 @@ def load_model(
     cache_dir: str | os.PathLike | None = None,
     layout_version: str = LAYOUT_VERSION,
     digest_cache: str | os.PathLike | None = None,
+    packed_linears: bool = True,
 ) -> ModelHandle:
     """Load a model by alias, local directory, GGUF file or HF id; raises ModelLoadError naming the problem.
 
     `device`: cpu, cuda[:n] or auto; `dtype`: a name, a torch.dtype or auto (see parse_dtype). The weights
     digest comes from `digest_cache` (default: weights_digests.json in the cache dir) when the weight files
-    are unchanged since it was computed."""
+    are unchanged since it was computed. On CPU in float32 the linear layers run on oneDNN with prepacked
+    weights (kvmem/cpu_linear.py) unless `packed_linears` is False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(model, cache_dir)
@@ -379,6 +381,10 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load model {path!r}: {str(exc).splitlines()[0]}") from exc
     hf_model.to(device).eval()
+    if packed_linears and torch.device(device).type == "cpu":  # float32 layers only (cpu_linear.py)
+        from kvmem.cpu_linear import pack_linears
+
+        pack_linears(hf_model)
     cache = Path(digest_cache) if digest_cache is not None else default_cache_dir() / DIGEST_CACHE_FILE
     digest = cached_weights_sha(hf_model, files, identity, cache)
     return handle_for(

@@ -286,3 +286,22 @@ def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny
         assert pool.used_pages == 0 and pool.free_pages == pool.num_pages
         assert s.chat("bob")["choices"][0]["finish_reason"] in ("stop", "length")
         assert pool.used_pages == 0
+
+
+@pytest.mark.skipif(runner._CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
+def test_the_fused_cpu_attention_gives_the_written_out_softmax_and_its_log_sum_exp(monkeypatch):
+    torch.manual_seed(0)
+    q = torch.randn(4, 3, 3, 2, 16)  # [rows, kv heads, query heads per kv head, queries, dim]
+    k, v = torch.randn(4, 3, 37, 16), torch.randn(4, 3, 37, 16)
+    mask = torch.rand(4, 1, 1, 1, 37) > 0.3
+    mask[..., 0] = True
+    strided = k.transpose(2, 3).contiguous().transpose(2, 3)  # the kernel misreads it unless copied first
+    for m, keys in ((None, k), (mask, k), (None, strided), (mask, strided)):
+        fused = runner._attend(q, keys, v, m, 0.25)
+        monkeypatch.setattr(runner, "_CPU_FLASH", None)
+        written = runner._attend(q, k, v, m, 0.25)
+        monkeypatch.undo()
+        assert fused[0].shape == written[0].shape and fused[1].shape == written[1].shape
+        assert fused[1].dtype == torch.float32
+        torch.testing.assert_close(fused[0], written[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused[1], written[1], rtol=1e-5, atol=1e-5)
