@@ -93,7 +93,9 @@ def pack_linears(model: torch.nn.Module, batch_hint: int = 8) -> int:
             for m in layers:
                 w = m.weight
                 if w.data_ptr() not in packed_by_ptr:
-                    packed_by_ptr[w.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
+                    packed_by_ptr[w.data_ptr()] = torch.ops.mkldnn._reorder_linear_weight(
+                        w.detach(), batch_hint
+                    )
                 setattr(m, ATTR, _Packed(packed_by_ptr[w.data_ptr()], w.data_ptr(), w._version))
                 m.forward = types.MethodType(_packed_forward, m)
     except RuntimeError as exc:  # a CPU without the kernels oneDNN needs: plain linears

@@ -50,6 +50,10 @@ class Batcher:
             if seq.check_cancel():
                 self._deliver(seq, None)
         budget, chunks = self.prefill_budget_tokens, []
+        busy = any(s.decoding for s in self._members)
+        for seq in self._members:
+            if isinstance(seq, PagedSequence) and seq.prefilling:
+                seq.pace(busy)  # a block build's chunk: small while streams decode
         for seq in self._members:
             if budget <= 0:
                 break

@@ -29,9 +29,13 @@ class PagedSequence(Sequence):
         table: PageTable,
         reused: int,
         adapter: str | None = None,
+        idle_chunk_tokens: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(model, prompt_ids, **kwargs)
+        # a background prefill (a block build): its chunk is `prefill_chunk_tokens` while other sequences
+        # decode, so their steps stay short, and `idle_chunk_tokens` while nothing else runs (see `pace`)
+        self._chunks = None if idle_chunk_tokens is None else (self.chunk, idle_chunk_tokens)
         self.adapter = adapter  # the peft adapter its tokens run under (lora.py), None: the base model
         self.cache = None  # the pool holds its K/V
         self.table = table
@@ -42,6 +46,11 @@ class PagedSequence(Sequence):
     @property
     def batchable(self) -> bool:  # every paged sequence runs in the step, seeded ones too (sampler.py)
         return True
+
+    def pace(self, busy: bool) -> None:
+        """Before a step: a background prefill takes small chunks when other sequences decode (`busy`)."""
+        if self._chunks is not None:
+            self.chunk = self._chunks[0] if busy else self._chunks[1]
 
     def release(self) -> None:
         """Give back its pages (idempotent)."""

@@ -17,4 +17,9 @@ def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
         r = result["arms"][arm]
         assert r["tokens"] == 60 and r["block_tokens"] >= 300
         assert r["gap_max_s"] >= r["gap_median_s"] > 0
+        assert len(r["largest_gaps"]) == 5 and r["largest_gaps"][0]["gap_s"] == r["gap_max_s"]
+        assert [g["gap_s"] for g in r["largest_gaps"]] == sorted(
+            (g["gap_s"] for g in r["largest_gaps"]), reverse=True
+        )
+    assert result["arms"]["engine"]["build_chunk_tokens"] == 16  # the backend's default
     assert (result["arms"]["engine"]["kv_pool_mb"], result["arms"]["old"]["kv_pool_mb"]) == (64, 0)

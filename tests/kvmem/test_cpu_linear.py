@@ -123,4 +123,5 @@ def test_load_model_packs_on_cpu_unless_told_not_to(tiny_model_dir, tmp_path):
         str(tiny_model_dir), device="cpu", dtype="float32", digest_cache=digests, packed_linears=False
     )
     assert all(getattr(m, ATTR, None) is None for m in linears(unpacked.model))
-    assert packed.fingerprint == unpacked.fingerprint  # the weights, hence the blocks' addresses, are the same
+    # the weights, hence the blocks' addresses, are the same
+    assert packed.fingerprint == unpacked.fingerprint

@@ -203,3 +203,36 @@ def test_a_block_build_goes_in_chunks_between_a_running_streams_steps(chunked_ba
     full = list(generate(backend.handle.model, ids, sampling=Sampling(max_new_tokens=8)))
     assert list(generate(backend.handle.model, ids, item=item, sampling=Sampling(max_new_tokens=8))) == full
     assert backend.pool.used_pages == backend.pool.shared.page_count()
+
+
+def test_a_build_with_no_stream_running_takes_full_prefill_chunks(tmp_path, tiny_model_dir):
+    """Small build chunks are for steps shared with streams: a build that runs alone goes in
+    prefill_chunk_tokens at a time (here 64 against a build chunk of 16), and its item is the same."""
+    import torch
+
+    from kvmem.kv import build_item
+
+    backend = TransformersBackend(
+        TransformersBackendConfig(
+            model=str(tiny_model_dir), data_dir=str(tmp_path), prefill_chunk_tokens=64, build_chunk_tokens=16
+        )
+    )
+    backend.load()
+    try:
+        texts = [f"Memory {i}: I keep {i} beehives on the hill behind the old mill." for i in range(8)]
+        found = backend.builder.lookup("builder", texts, [f"b{i}" for i in range(len(texts))])
+        n = len(found.ids)
+        assert n > 3 * 64
+        shapes, hook = record_shapes(backend.handle.model)
+        try:
+            built = backend.build_block("builder", texts, [f"b{i}" for i in range(len(texts))])
+        finally:
+            hook.remove()
+        assert shapes == [(1, 64)] * (n // 64) + ([(1, n % 64)] if n % 64 else [])
+        item = backend.store.get(built.item_id)
+        reference = build_item(backend.handle, found.ids, user_id="builder")
+        assert item.token_ids == reference.token_ids
+        assert torch.allclose(item.kv, reference.kv, atol=1e-5, rtol=1e-4)
+        assert backend.pool.used_pages == backend.pool.shared.page_count()
+    finally:
+        asyncio.run(backend.aclose())
