@@ -2,8 +2,9 @@
 
 `make_scheduler` wires the scheduler to the store and to the backend through `BackendBlockMaker` (blocks are
 prefilled by the backend, in the scheduler's worker, off the request path). The backend and the server's
-settings are taken by what they provide (`ServerSettings`; the Backend interface for type checking only), so
-this module imports nothing of serving at run time. Knows nothing of policy: which memories form a block is the
+settings are taken by what they provide (`ServerSettings`, `BlockBackend`: protocols of the scheduler's own,
+which serving's ServingConfig and Backend satisfy), so this module imports nothing of serving, not even for
+type checking (the packages depend kvmem <- scheduler <- serving). Knows nothing of policy: which memories form a block is the
 scheduler's call; nor of HTTP (the plan's JSON body is serving.protocol.plan_dict).
 """
 
@@ -21,7 +22,6 @@ from scheduler.service import Scheduler
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
-    from serving.backends.base import Backend
 
 
 class ServerSettings(Protocol):
@@ -32,11 +32,36 @@ class ServerSettings(Protocol):
     scheduler_redis_url: str | None
 
 
+class BlockBackend(Protocol):
+    """What the scheduler uses of a serving backend (serving.backends.base.Backend provides all of it)."""
+
+    finds_stored_blocks: bool
+    knowledge_generation: int
+    serves_adapters: bool
+    builds_under_adapter: bool
+
+    def reload_knowledge(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    def build_block(
+        self, user_id: str, block_texts: Sequence[str], memory_ids=None, adapter_id=None
+    ) -> Any: ...
+    def drop_block(self, item_id: str) -> None: ...
+    def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> Any: ...
+    def stored_memory_ids(self, user_id: str) -> list: ...
+    def warm_block(self, item_id: str) -> None: ...
+    def has_block(self, item_id: str) -> bool: ...
+    def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]: ...
+    def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]: ...
+    def subscribe_dropped(self, callback: Callable[..., None]) -> Callable[[], None]: ...
+    def count_tokens(self, text: str) -> int: ...
+    def fingerprint_digest(self) -> str | None: ...
+
+
 class BackendBlockMaker(BlockMaker):
     """The scheduler's `BlockMaker` over a serving backend: build, drop and warm blocks through it. Every
     backend method it calls is on the Backend interface (optional ones with a default there)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: BlockBackend):
         self.backend = backend
         # the scheduler restores plans only over a backend whose blocks outlive it (the fake stores nothing)
         self.finds_stored_blocks = backend.finds_stored_blocks
@@ -101,7 +126,7 @@ def serving_scheduler_config(config: ServerSettings) -> SchedulerConfig:
 def make_scheduler(
     config: ServerSettings,
     store: Any,
-    backend: Backend,
+    backend: BlockBackend,
     *,
     scheduler_config: SchedulerConfig | None = None,
     clock: Callable[[], float] = time.time,

@@ -9,4 +9,4 @@
 # packages: apt-get install haproxy redis-server postgresql). Run scripts/setup.sh once first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m serving.cluster "$@"
+exec .venv/bin/python scripts/cluster.py "$@"

@@ -1,6 +1,6 @@
 """A cluster on loopback: PostgreSQL, Redis, N `kvmem serve` replicas and HAProxy in front of them.
 
-`scripts/cluster.sh up|down|status` (`python -m serving.cluster`). `up` starts every part under one directory
+`scripts/cluster.sh up|down|status` (its command line: scripts/cluster.py). `up` starts every part under one directory
 (default `.kvmem-cluster`), waits until each replica answers /health, writes what it started to
 `cluster.json` there and prints the router's URL as its last line; `down` stops them all (replicas first,
 then the router, Redis and PostgreSQL). The replicas share PostgreSQL (memories, heat: `--store`), Redis
@@ -12,7 +12,6 @@ they keep running. Owns process bookkeeping only; knows nothing of memories or m
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -348,47 +347,3 @@ def down(root: Path) -> list[str]:
         pass
     (Path(state.root) / STATE_FILE).unlink(missing_ok=True)
     return stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="scripts/cluster.sh",
-        description="Replicas of kvmem serve behind HAProxy, with PostgreSQL and Redis, all on loopback. "
-        "Arguments after `--` go to every `kvmem serve`.",
-    )
-    p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--replicas", type=int, default=2, help="replicas to start (up)")
-    p.add_argument("--dir", type=Path, default=Path(".kvmem-cluster"), help="where everything is kept")
-    p.add_argument("--wait-s", type=float, default=600.0, help="seconds each replica has to load (up)")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    serve_args: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, serve_args = argv[:at], argv[at + 1 :]
-    args = p.parse_args(argv)
-    try:
-        if args.action == "up":
-            state = up(args.dir, args.replicas, serve_args, wait_s=args.wait_s)
-            for r in state.replicas:
-                print(f"replica {r.id}: {r.url} (pid {r.pid}, log {r.log})")
-            print(f"postgresql: {state.store_url}\nredis: {state.redis_url}")
-            print(state.router_url, flush=True)  # the last line: the router
-        elif args.action == "down":
-            stopped = down(args.dir)
-            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
-        else:
-            state = ClusterState.load(args.dir.resolve())
-            if state is None:
-                print("no cluster")
-                return 1
-            for r in state.replicas:
-                print(f"replica {r.id}: {r.url} {'up' if alive(r.pid) else 'down'}")
-            print(state.router_url)
-    except ClusterError as e:
-        sys.stderr.write(f"cluster: error: {e}\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
