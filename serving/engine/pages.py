@@ -115,10 +115,23 @@ class PagePool:
                 self.shared.evict(n - self.free_pages)
             if len(self._free) - (0 if reserved else self._reserved) < n:
                 raise PoolFull(f"the KV pool has {self.free_pages} free pages; {n} needed")
-            pages = [self._free.pop() for _ in range(n)]
+            pages = self._take(n)
             for p in pages:
                 self._refs[p] = 1
             return pages
+
+    def _take(self, n: int) -> list[int]:
+        """n free pages, consecutive when the free pages hold such a run (the lowest one): a sequence's or an
+        item's pages in one run are read as a view of the pool, without a gather (runner.py)."""
+        if n > 1:
+            free = sorted(self._free)
+            for i in range(len(free) - n + 1):
+                if free[i + n - 1] - free[i] == n - 1:
+                    run = free[i : i + n]
+                    taken = set(run)
+                    self._free = [p for p in self._free if p not in taken]
+                    return run
+        return [self._free.pop() for _ in range(n)]
 
     def ref(self, pages: list[int]) -> None:
         with self.lock:

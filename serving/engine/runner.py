@@ -50,7 +50,9 @@ class StepPlan(Cache):
     Two kinds of rows, each attended in one batched computation per layer:
     - wide rows (a prefill chunk of several tokens): each row's whole context gathered by its page table
       into [B, Kmax] (pad slots masked out), one `scaled_dot_product_attention` with the mask the row has
-      alone (query i of a chunk after P positions sees keys 0 .. P + i);
+      alone (query i of a chunk after P positions sees keys 0 .. P + i); a single wide row whose pages are
+      one run (a build without a parent, a prompt without a block: pages.py allocates runs) reads a view
+      of the pool instead of a gathered copy;
     - narrow rows (one token: decode steps, a chunk's last token): rows whose tables begin with the same
       shared pages (an item's) form a prefix group whose queries attend to those pages once (a view of the
       pool when the pages are consecutive, else one gather); each row's rest (its copy-on-write page, its own
@@ -87,11 +89,16 @@ class StepPlan(Cache):
             nw = torch.tensor([lengths[r] for r in wide])[:, None, None]
             mask = (k <= pw + q) & (k < pw + nw)
             mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
+            whole = seqs[wide[0]].table.pages[: pool.pages_for(kmax)]
+            if len(wide) == 1 and _consecutive(whole):  # one row whose context is one run: a view, no gather
+                rows: slice | torch.Tensor = slice(whole[0] * pt, whole[0] * pt + kmax)
+            else:
+                rows = torch.cat(gather).to(device)  # [B * Kmax] slots, row by row
             self.wide = (
                 len(wide),
                 qmax,
                 kmax,
-                torch.cat(gather).to(device),  # [B * Kmax] slots, row by row
+                rows,
                 torch.cat(q_index).to(device),  # [B * Qmax] packed positions
                 torch.cat(tokens).to(device),  # the rows' real queries in [B * Qmax], in packed order
                 mask[:, None].to(device),
@@ -176,8 +183,11 @@ def _wide(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
     b, qmax, kmax, gather, q_index, tokens, mask, _ = st.wide
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
     q = query[0].index_select(1, q_index).view(heads, b, qmax, dim).transpose(0, 1)  # [B, heads, Q, d]
-    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
+    if isinstance(gather, slice):  # one row over one run of pages: a view of the pool
+        k, v = k_pool[gather][None].transpose(1, 2), v_pool[gather][None].transpose(1, 2)
+    else:
+        k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
+        v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
     return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
 

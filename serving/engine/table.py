@@ -4,7 +4,8 @@ A sequence over a stored block starts with references to the block's pages for t
 (full pages only); when it reuses part of a page, that page is copied into one of its own (copy-on-write),
 since its next token goes into that page. A sequence that starts from a cache of its own (a live session's)
 copies it into its own pages. Its own pages come from a reservation made at admission (the prompt's and the
-reply's tokens), so a forward never runs out of pages. `close` returns every reference; it may be called
+reply's tokens), all allocated at admission (one run of pages when the pool has one), so a forward never runs
+out of pages. `close` returns every reference; it may be called
 more than once.
 """
 
@@ -43,13 +44,14 @@ class PageTable:
         table._reserved = need
         try:
             if item is not None and reuse:
-                table._start_from_item(item, reuse)
+                table._start_from_item(item, reuse, total_tokens)
+            table._grow(total_tokens)  # every own page now, in one run when the pool has one (pages.py)
         except BaseException:
             table.close()
             raise
         return table
 
-    def _start_from_item(self, item, reuse: int) -> None:
+    def _start_from_item(self, item, reuse: int, total: int) -> None:
         pool, pt = self.pool, self.pool.page_tokens
         with pool.lock:
             # copying the item in takes free pages (counted in the reservation): give them back first
@@ -65,7 +67,7 @@ class PageTable:
             self.shared_pages = full
             self.length = full * pt
             if reuse > self.length:  # copy-on-write: the partly reused page becomes the sequence's own
-                self._grow(reuse)
+                self._grow(max(reuse, total))  # its own pages in one run, the copied page first
                 src = pool.slots(pages, self.length, reuse)
                 dst = pool.slots(self.pages, self.length, reuse)
                 pool.k[:, dst.to(pool.k.device)] = pool.k[:, src.to(pool.k.device)]

@@ -104,8 +104,10 @@ def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer):
     block_pages = pool.pages_for(item.num_tokens)
     st = pool.stats()
     assert st["pages_shared"] == block_pages
-    cow = 1 if reuse % pt else 0  # the partly reused page, copied into each request's own
-    assert st["pages_used"] == block_pages + 8 * cow
+    # each request's own pages (the partly reused page copied into one, then its prompt's and reply's) are
+    # all allocated at admission
+    own = pool.pages_for(len(ids) + 4) - reuse // pt
+    assert st["pages_used"] == block_pages + 8 * own
     assert [s.table.shared_pages for s in seqs] == [reuse // pt] * 8
     assert all(pool.refs(p) == 1 + 8 for p in seqs[0].table.pages[: reuse // pt])
     while any(not s.finished for s in seqs):
@@ -113,7 +115,6 @@ def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer):
         decodes = [s for s in seqs if s.decoding]
         runner.step(model, pool, prefills, decodes)
     assert len({tuple(s.stats.token_ids) for s in seqs}) == 1
-    own = pool.pages_for(len(ids) + 4) - reuse // pt
     assert pool.used_pages == block_pages + 8 * own
     for s in seqs:
         s.release()
@@ -305,3 +306,29 @@ def test_the_fused_cpu_attention_gives_the_written_out_softmax_and_its_log_sum_e
         assert fused[1].dtype == torch.float32
         torch.testing.assert_close(fused[0], written[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fused[1], written[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_sequences_own_pages_are_one_run_and_its_prefill_reads_a_view(tiny_handle, tokenizer):
+    """Pages are taken as a consecutive run when the free pages hold one, even after others were freed
+    out of order; a lone prefill chunk over one run attends to a view of the pool (no gathered slots), and
+    gives the tokens of a full prefill."""
+    model = tiny_handle.model
+    pool = make_pool(model)
+    held = [pool.alloc(1) for _ in range(6)]
+    pool.release(held[1] + held[3])  # two single free pages below the rest
+    ids = prompts_and_blocks(tiny_handle, tokenizer)[1][0]
+    seq = admitted(pool, model, ids, sampling=Sampling(max_new_tokens=6), prefill_chunk_tokens=CHUNK)
+    pages = seq.table.pages
+    assert len(pages) == pool.pages_for(len(ids) + 6) > 2
+    assert pages == list(range(pages[0], pages[0] + len(pages)))
+    plan = runner.StepPlan(pool, [seq], [seq._prefill[:CHUNK]], torch.device("cpu"))
+    seq.table.length, seq.position = 0, 0  # the plan above only looked: undo its extend
+    assert isinstance(plan.wide[3], slice)
+    while not seq.finished:
+        runner.step(model, pool, [seq] if seq.prefilling else [], [seq] if seq.decoding else [])
+    full = list(generate(model, ids, sampling=Sampling(max_new_tokens=6)))
+    assert seq.stats.token_ids == full
+    seq.release()
+    for p in held[0] + held[2] + held[4] + held[5]:
+        pool.release([p])
+    assert pool.used_pages == 0
