@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
 IO_THREADS = 2  # item loads and writes at once (each reads or writes one file; more would just contend)
+READ_PIECE = 512  # tokens of a finished build's K/V read from its pages per model-loop turn (_read_steps)
 
 log = logging.getLogger(__name__)
 
@@ -111,46 +112,54 @@ class TransformersBackend(StoredBlocksBackend):
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
+        """Load the model and its stores, on the model thread (see `_load`)."""
         with self._load_lock:
-            if self._ready.is_set():
-                return
-            from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
-            from kvmem.kv.blocks import BlockBuilder
-            from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
-            from kvmem.models import load_model
+            if not self._ready.is_set():
+                self._loop.call(self._load)
 
-            try:
-                handle = load_model(self.config.model, device=self.config.device, dtype=self.config.dtype)
-                store = TieredKVStore(
-                    KVStoreConfig(
-                        directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                        device=str(handle.device),  # auto resolved
-                        device_bytes=self.config.device_kv_bytes,
-                        host_bytes=self.config.host_kv_bytes,
-                        disk_bytes=self.config.disk_kv_bytes,
-                    ),
-                    handle.fingerprint,
-                )
-            except KvmemError as exc:
-                raise BackendError(str(exc)) from exc
-            self.handle, self.store = handle, store
-            store.subscribe_drops(self._on_store_drop)
-            from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
+    def _load(self) -> None:
+        """On the model thread, so that it is the only thread of the process that runs OpenMP parallel work:
+        libgomp spins only 100 times (not ~3 ms) before sleeping once it manages more threads than there are
+        cores, so with a second team (the thread that loaded the model, which packs its weights) every small
+        parallel kernel of a step waited for a sleeping worker. Measured on 2 cores: oneDNN linears in a
+        thread other than the loader's ran at ~1 core (1536x576, 8 rows: 0.52 vs 0.31 ms)."""
+        from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
+        from kvmem.kv.blocks import BlockBuilder
+        from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+        from kvmem.models import load_model
 
-            self.layout = PromptLayout(
-                handle.tokenizer,
-                self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-                knowledge=installed(DataDir.at(self.config.data_dir).root),
+        try:
+            handle = load_model(self.config.model, device=self.config.device, dtype=self.config.dtype)
+            store = TieredKVStore(
+                KVStoreConfig(
+                    directory=str(DataDir.at(self.config.data_dir).kv_dir),
+                    device=str(handle.device),  # auto resolved
+                    device_bytes=self.config.device_kv_bytes,
+                    host_bytes=self.config.host_kv_bytes,
+                    disk_bytes=self.config.disk_kv_bytes,
+                ),
+                handle.fingerprint,
             )
-            self.builder = BlockBuilder(handle, self.layout, store)
-            self._eos = eos_token_ids(handle.model, handle.tokenizer)
-            self.max_context_tokens = handle.max_context_tokens
-            self.vocab_size = handle.model.config.get_text_config().vocab_size  # the logits' size
-            self._pieces = TokenPieces(handle.tokenizer)
-            self.adapters = adapter_slots(self.config.data_dir, handle)
-            self.pool = self._make_pool(handle)
-            self._ready.set()
-            log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
+        except KvmemError as exc:
+            raise BackendError(str(exc)) from exc
+        self.handle, self.store = handle, store
+        store.subscribe_drops(self._on_store_drop)
+        from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
+
+        self.layout = PromptLayout(
+            handle.tokenizer,
+            self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            knowledge=installed(DataDir.at(self.config.data_dir).root),
+        )
+        self.builder = BlockBuilder(handle, self.layout, store)
+        self._eos = eos_token_ids(handle.model, handle.tokenizer)
+        self.max_context_tokens = handle.max_context_tokens
+        self.vocab_size = handle.model.config.get_text_config().vocab_size  # the logits' size
+        self._pieces = TokenPieces(handle.tokenizer)
+        self.adapters = adapter_slots(self.config.data_dir, handle)
+        self.pool = self._make_pool(handle)
+        self._ready.set()
+        log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
     def _make_pool(self, handle):
         """The engine's KV page pool, or None (kv_pool_mb 0, or a model the step cannot batch: its requests
@@ -261,7 +270,8 @@ class TransformersBackend(StoredBlocksBackend):
                 if seq is None:
                     yield
             yield seq  # the batcher sends its token once every id's K/V is in its pages
-            future.set_result(seq.table.read(len(ids)))
+            self._loop.start(self._read_steps(seq, len(ids), future))  # the pages are its now
+            seq = None
         except GeneratorExit:
             if not future.done():
                 future.set_exception(LoopClosed("the model loop closed during a build"))
@@ -272,6 +282,32 @@ class TransformersBackend(StoredBlocksBackend):
         finally:
             if seq is not None:
                 seq.release()
+
+    def _read_steps(self, seq, n: int, future: Future):
+        """On the model thread: a finished build's K/V read from its pages READ_PIECE tokens a turn, so the
+        streams' steps go on between the pieces (a 4k-token block of the 135M model is ~184 MB: read at once,
+        it made the longest gap of a stream during a build); then its pages go back."""
+        import torch
+
+        try:
+            kv = None
+            for start in range(0, n, READ_PIECE):
+                piece = seq.table.read(min(n, start + READ_PIECE), start)
+                if kv is None:
+                    kv = torch.empty(
+                        (*piece.shape[:3], n, piece.shape[4]), dtype=piece.dtype, device=piece.device
+                    )
+                kv[:, :, :, start : start + piece.shape[3]] = piece
+                yield
+            future.set_result(kv)
+        except GeneratorExit:
+            if not future.done():
+                future.set_exception(LoopClosed("the model loop closed during a build"))
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the building thread
+            future.set_exception(exc)
+        finally:
+            seq.release()
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the device tier ahead of the user's first request (prewarm)."""

@@ -99,10 +99,10 @@ class PageTable:
         self.length += n
         return slots
 
-    def read(self, end: int | None = None) -> torch.Tensor:
-        """Positions [0, end) as [layers, 2, kv_heads, n, head_dim] (a copy), e.g. for a session's cache."""
+    def read(self, end: int | None = None, start: int = 0) -> torch.Tensor:
+        """Positions [start, end) as [layers, 2, kv_heads, n, head_dim] (a copy), e.g. for a session's cache."""
         end = self.length if end is None else end
-        return self.pool.read(self.pool.slots(self.pages, 0, end))
+        return self.pool.read(self.pool.slots(self.pages, start, end))
 
     # -- end -----------------------------------------------------------------------------------------------
     def close(self) -> None:

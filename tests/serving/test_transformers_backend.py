@@ -19,7 +19,7 @@ from serving.backends.base import (
     SamplingParams,
     TokenDelta,
 )
-from serving.backends.transformers_backend import TransformersBackendConfig
+from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
 from serving.chat import MAX_STOP_CHARS
 from tests.conftest import ForwardLog
 
@@ -375,3 +375,26 @@ def test_another_users_block_is_refused_as_wrong_user(tiny_backend):
     )
     _, result = asyncio.run(tokens_of(backend, req))
     assert (result.kv_fallback_reason, result.cached_tokens) == ("wrong_user", 0)
+
+
+def test_the_model_is_loaded_on_the_model_thread(tmp_path, tiny_model_dir, monkeypatch):
+    """The model thread is the only one that runs OpenMP parallel work (a second team of threads made every
+    small kernel of a step wait for a sleeping worker: see TransformersBackend._load)."""
+    import threading
+
+    import kvmem.models
+
+    real, threads = kvmem.models.load_model, []
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kvmem.models, "load_model", recording)
+    backend = TransformersBackend(TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path)))
+    try:
+        backend.load()
+        backend.load()  # loaded once
+        assert threads == [backend._loop.thread] and backend.is_ready()
+    finally:
+        asyncio.run(backend.aclose())
