@@ -18,6 +18,7 @@ from kvmem.datadir import DataDir
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound
 from serving.backends.base import (
     Backend,
+    BackendError,
     BlockNotFound,
     GenerationRequest,
     LaidOutPrompt,
@@ -248,6 +249,31 @@ class StoredBlocksBackend(Backend):
     def subscribe_dropped(self, callback: Callable[[str, str, str], None]) -> Callable[[], None]:
         self._drop_listeners.append(callback)
         return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
+
+    def _open_blocks(self, handle, **tiers) -> None:
+        """Over a loaded model `handle`: the KV store (`tiers`: KVStoreConfig's tier fields), the prompt layout
+        (with the deployment's installed knowledge) and the block builder, as self.handle, store, layout and
+        builder. Raises BackendError when the store cannot be opened."""
+        from kvmem.errors import KvmemError
+        from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
+        from kvmem.kv.blocks import BlockBuilder
+        from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
+        from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+
+        data = DataDir.at(self.config.data_dir)
+        try:
+            store = TieredKVStore(KVStoreConfig(directory=str(data.kv_dir), **tiers), handle.fingerprint)
+        except KvmemError as exc:
+            raise BackendError(str(exc)) from exc
+        self.handle, self.store = handle, store
+        store.subscribe_drops(self._on_store_drop)
+        self.layout = PromptLayout(
+            handle.tokenizer,
+            self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            knowledge=installed(data.root),
+        )
+        # under knowledge, a block is the knowledge item's child on disk; store.get joins them
+        self.builder = BlockBuilder(handle, self.layout, store)
 
     def _on_store_drop(self, dropped: Any) -> None:
         for callback in list(self._drop_listeners):

@@ -17,7 +17,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
 from serving.backends.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
 from serving.backends.base import (
@@ -123,35 +122,20 @@ class TransformersBackend(StoredBlocksBackend):
         cores, so with a second team (the thread that loaded the model, which packs its weights) every small
         parallel kernel of a step waited for a sleeping worker. Measured on 2 cores: oneDNN linears in a
         thread other than the loader's ran at ~1 core (1536x576, 8 rows: 0.52 vs 0.31 ms)."""
-        from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
-        from kvmem.kv.blocks import BlockBuilder
-        from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+        from kvmem.kv import eos_token_ids
         from kvmem.models import load_model
 
         try:
             handle = load_model(self.config.model, device=self.config.device, dtype=self.config.dtype)
-            store = TieredKVStore(
-                KVStoreConfig(
-                    directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                    device=str(handle.device),  # auto resolved
-                    device_bytes=self.config.device_kv_bytes,
-                    host_bytes=self.config.host_kv_bytes,
-                    disk_bytes=self.config.disk_kv_bytes,
-                ),
-                handle.fingerprint,
-            )
         except KvmemError as exc:
             raise BackendError(str(exc)) from exc
-        self.handle, self.store = handle, store
-        store.subscribe_drops(self._on_store_drop)
-        from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
-
-        self.layout = PromptLayout(
-            handle.tokenizer,
-            self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-            knowledge=installed(DataDir.at(self.config.data_dir).root),
+        self._open_blocks(
+            handle,
+            device=str(handle.device),  # auto resolved
+            device_bytes=self.config.device_kv_bytes,
+            host_bytes=self.config.host_kv_bytes,
+            disk_bytes=self.config.disk_kv_bytes,
         )
-        self.builder = BlockBuilder(handle, self.layout, store)
         self._eos = eos_token_ids(handle.model, handle.tokenizer)
         self.max_context_tokens = handle.max_context_tokens
         self.vocab_size = handle.model.config.get_text_config().vocab_size  # the logits' size

@@ -104,9 +104,7 @@ class VllmBackend(StoredBlocksBackend):
             from serving.backends.vllm_engine import make_engine, set_cpu_env
 
             set_cpu_env()
-            from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore, eos_token_ids
-            from kvmem.kv.blocks import BlockBuilder
-            from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT
+            from kvmem.kv import eos_token_ids
             from kvmem.models import load_model, resolve_model_path
 
             try:
@@ -116,28 +114,10 @@ class VllmBackend(StoredBlocksBackend):
                         f"vLLM cannot load a .gguf file ({path}); give a safetensors checkpoint"
                     )
                 handle = self._engine.call(lambda: load_model(path, device="cpu", dtype="float32"))
-                store = TieredKVStore(
-                    KVStoreConfig(
-                        directory=str(DataDir.at(self.config.data_dir).kv_dir),
-                        device="cpu",
-                        device_bytes=0,
-                        host_bytes=self.config.host_kv_bytes,
-                    ),
-                    handle.fingerprint,
-                )
             except KvmemError as exc:
                 raise BackendError(str(exc)) from exc
-            self.handle, self.store = handle, store
-            store.subscribe_drops(self._on_store_drop)
-            from kvmem.kv.knowledge import installed  # the deployment's shared knowledge (kvmem build)
-
-            self.layout = PromptLayout(
-                handle.tokenizer,
-                self.config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-                knowledge=installed(DataDir.at(self.config.data_dir).root),
-            )
-            # a block is the knowledge item's child on disk; store.get joins them, so the connector loads both
-            self.builder = BlockBuilder(handle, self.layout, store)
+            # the connector loads a block's knowledge parent with it (store.get joins them)
+            self._open_blocks(handle, device="cpu", device_bytes=0, host_bytes=self.config.host_kv_bytes)
             # peft on the builder's transformers copy: a block under a user's adapter is prefilled there
             self.adapters = adapter_slots(self.config.data_dir, handle) if self.config.enable_lora else None
             self._eos = eos_token_ids(handle.model, handle.tokenizer)
