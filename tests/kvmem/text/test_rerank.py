@@ -228,15 +228,24 @@ def test_config_refuses_an_unknown_reranker():
 
 
 class _Judge(BaseHTTPRequestHandler):
-    """An OpenAI-compatible chat endpoint that grades each numbered memory by whether it holds 'Biscuit'."""
+    """An OpenAI-compatible chat endpoint serving 'judge-model' that grades each numbered memory by whether it
+    holds 'Biscuit'; like kvmem serve, it refuses a request for another model (an empty name included)."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self._send(200, {"object": "list", "data": [{"id": "judge-model", "object": "model"}]})
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["model"] != "judge-model":
+            self._send(404, {"error": {"code": "model_not_found"}})
+            return
         lines = [ln for ln in body["messages"][1]["content"].splitlines() if ln[:1].isdigit()]
         grades = [10 if "Biscuit" in ln else 1 for ln in lines]
-        reply = {"choices": [{"message": {"content": json.dumps({"grades": grades})}}]}
+        self._send(200, {"choices": [{"message": {"content": json.dumps({"grades": grades})}}]})
+
+    def _send(self, status: int, reply: dict) -> None:
         data = json.dumps(reply).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -252,6 +261,7 @@ def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, new_l
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        # no model named: the judge asks the endpoint which it serves
         store = _store(new_location, clock, "a.db", rerank="llm", rerank_llm_url=url)
         hits = store.search("u", QUERY)
         assert hits[0].memory.text == TURNS[2]["content"] and hits[0].score == 1.0
