@@ -4,6 +4,7 @@ with the same greedy tokens as alone, every forward in inference mode, admission
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -391,10 +392,32 @@ def test_the_model_is_loaded_on_the_model_thread(tmp_path, tiny_model_dir, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(kvmem.models, "load_model", recording)
-    backend = TransformersBackend(TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path)))
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path))
+    )
     try:
         backend.load()
         backend.load()  # loaded once
         assert threads == [backend._loop.thread] and backend.is_ready()
+    finally:
+        asyncio.run(backend.aclose())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_io_threads_run_below_the_model_threads_priority(tmp_path, tiny_model_dir):
+    import os
+    import threading
+
+    from serving.backends.transformers_backend import IO_NICE
+
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path))
+    )
+    try:
+        backend.load()
+        backend.build_block("u", ["I keep bees."], ["m1"])  # the lookup and the write run on I/O threads
+        io = [t for t in threading.enumerate() if t.name.startswith("kvmem-io")]
+        base = os.getpriority(os.PRIO_PROCESS, backend._loop.thread.native_id)
+        assert io and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == base + IO_NICE for t in io)
     finally:
         asyncio.run(backend.aclose())
