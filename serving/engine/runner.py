@@ -89,8 +89,10 @@ class StepPlan(Cache):
             nw = torch.tensor([lengths[r] for r in wide])[:, None, None]
             mask = (k <= pw + q) & (k < pw + nw)
             mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
-            whole = seqs[wide[0]].table.pages[: pool.pages_for(kmax)]
-            if len(wide) == 1 and _consecutive(whole):  # one row whose context is one run: a view, no gather
+            whole = seqs[wide[0]].table.pages[: pool.pages_for(kmax)] if len(wide) == 1 else None
+            if whole is not None and _consecutive(
+                whole
+            ):  # one row whose context is one run: a view, no gather
                 rows: slice | torch.Tensor = slice(whole[0] * pt, whole[0] * pt + kmax)
             else:
                 rows = torch.cat(gather).to(device)  # [B * Kmax] slots, row by row
@@ -105,6 +107,7 @@ class StepPlan(Cache):
                 torch.cat([torch.arange(starts_at[r], starts_at[r] + lengths[r]) for r in wide]).to(device),
             )
         self.narrow = None
+        self.narrow_bias: torch.Tensor | None = None  # the narrow rows' mask, additive (made by _narrow)
         if narrow:
             groups: dict[tuple[str, int], list[int]] = {}
             for i, r in enumerate(narrow):
@@ -156,16 +159,21 @@ class StepPlan(Cache):
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _attend(q, k, v, mask, scale: float):
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool [B, 1, 1, 1, K] mask as the fused kernel's additive [B, 1, 1, K] mask of `dtype`."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return bias.view(mask.shape[0], 1, 1, mask.shape[-1])
+
+
+def _attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
     """Softmax attention with its log-sum-exp, for few queries. q [B, kv, G, Q, d] (G query heads per K/V
-    head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1, K] (True: attend). Returns out [B, kv, G, Q, d]
-    and lse [B, kv, G, Q, 1] (float32)."""
+    head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1, K] (True: attend); `bias`: the mask already
+    made additive (`_additive`, once per step rather than per layer). Returns out [B, kv, G, Q, d] and lse
+    [B, kv, G, Q, 1] (float32)."""
     bsz, kv, g, nq, d = q.shape
     if _CPU_FLASH is not None and q.device.type == "cpu":
-        bias = None
-        if mask is not None:  # the fused kernel takes an additive mask of the query's dtype
-            bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-            bias = bias.view(mask.shape[0], 1, 1, mask.shape[-1])
+        if mask is not None and bias is None:
+            bias = _additive(mask, q.dtype)
         # it reads k and v wrongly when their last dimension is not contiguous (torch 2.13, measured): copy them
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         out, lse = _CPU_FLASH(q.reshape(bsz, kv, g * nq, d), k, v, 0.0, False, attn_mask=bias, scale=scale)
@@ -200,7 +208,12 @@ def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
     q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
     k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
     v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out, lse = _attend(q, k, v, mask, scale)
+    bias = None
+    if mask is not None and _CPU_FLASH is not None and q.device.type == "cpu":
+        if st.narrow_bias is None or st.narrow_bias.dtype != q.dtype:  # once per step, not per layer
+            st.narrow_bias = _additive(mask, q.dtype)
+        bias = st.narrow_bias
+    out, lse = _attend(q, k, v, mask, scale, bias)
     for rows, slots in prefixes:  # each prefix group's shared pages, read once for all its rows
         kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
         vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
