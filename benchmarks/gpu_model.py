@@ -5,7 +5,10 @@ A lent GPU machine reaches no network, and the default model (517 MB) is too lar
 step cost and KV bytes depend on the shape, not on the values, and exactness compares two computations of
 the same weights, so random weights of the same shape measure the same things (the JSON says which ran).
 
-    python -m benchmarks.gpu_model --out .gpu/model [--tokenizer .gpu/tokenizer]
+    python -m benchmarks.gpu_model --out .gpu/model [--tokenizer .gpu/tokenizer] [--random]
+
+--random skips the default model (no provisioning attempt: on a machine with no network, pip's retries
+would spend minutes of a lent GPU's time) and writes the random-weight model at once.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_model", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="where the model directory is written")
     p.add_argument("--tokenizer", default=os.environ.get("KVMEM_TOKENIZER_DIR"), help="a tokenizer dir")
+    p.add_argument("--random", action="store_true", help="random weights of its shape, no provisioning")
     args = p.parse_args(argv)
     out = Path(args.out)
     try:
+        if args.random:
+            raise RuntimeError("--random: the default model was not tried")
         from kvmem.models import provision
 
         source = provision()

@@ -4,46 +4,82 @@
 #
 #   bash benchmarks/gpu_suite.sh [OUT_DIR]          # default OUT_DIR: benchmarks/results/gpu
 #
-# Env: PYTHON (default: .venv/bin/python if present, else python3); DEVICE (default cuda; cpu for a smoke run);
-# KVMEM_TOKENIZER_DIR: the default model's tokenizer files, for a machine that cannot provision the default
-# model (it then runs random weights of its shape: benchmarks/gpu_model.py); SMOKE=1: tiny sizes (a check of
-# the script itself on CPU, not figures).
+# Env:
+#   PYTHON     default .venv/bin/python if present, else python3
+#   DEVICE     default cuda; cpu for a smoke run
+#   KVMEM_TOKENIZER_DIR  the default model's tokenizer files, for a machine that cannot provision the default
+#              model: it then runs seeded random weights of its shape (benchmarks/gpu_model.py --random)
+#   SMOKE=1    tiny sizes (a check of the script itself on CPU, not figures)
+#   BUDGET_S   wall-clock budget of the whole suite (default 480): a step's limit is cut to what is left, and
+#              a step with under 20 s left is skipped (recorded as failed)
+#   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
+#   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
+#              run cut short by its caller's limit still hands back
+# Steps run in order of what the issue asks first: engine (KV bytes, batch-8 vs batch-1 step), the MemOS
+# cells on Qwen3-8B's shape, http_load, exactness, then ttft on the default model, eager and compiled.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/gpu}
 DEVICE=${DEVICE:-cuda}
+BUDGET_S=${BUDGET_S:-480}
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -z "${KVMEM_GIT_SHA:-}" ]; then
+  KVMEM_GIT_SHA=$(git rev-parse --short HEAD 2>/dev/null || true)
+  export KVMEM_GIT_SHA
+fi
 mkdir -p "$OUT"
 start=$(date +%s)
 failed=()
-step() {  # step NAME SECONDS CMD...: run with a time limit; a failure is recorded and the suite goes on
-  local name=$1 limit=$2
+pack() {
+  [ -n "${PACK:-}" ] || return 0
+  tar czf "$PACK.tmp" -C "$OUT" --exclude=./model . && mv "$PACK.tmp" "$PACK"
+}
+step() {  # step NAME SECONDS CMD...: run within min(SECONDS, what is left); a failure is recorded, the suite goes on
+  local name=$1 limit=$2 left
   shift 2
-  echo "[gpu_suite +$(($(date +%s) - start))s] $name" >&2
+  if [ -n "${ONLY:-}" ] && [ "$name" != model ] && [[ " $ONLY " != *" $name "* ]]; then
+    return 0
+  fi
+  left=$((BUDGET_S - ($(date +%s) - start)))
+  if [ "$left" -lt 20 ]; then
+    echo "[gpu_suite +$(($(date +%s) - start))s] $name skipped: ${left}s of the budget left" >&2
+    failed+=("$name(skipped)")
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "[gpu_suite +$(($(date +%s) - start))s] $name (limit ${limit}s)" >&2
   if ! timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; then
     failed+=("$name")
     tail -5 "$OUT/$name.log" >&2
   fi
+  pack
 }
 if [ "${SMOKE:-0}" = 1 ]; then
   EX=(--sizes 200 --queries 20 --new-tokens 4); GRID=(--ctx 300 --query 40 --reps 1)
-  QWEN=(); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256); LOAD=(--levels 1 2 --duration-s 5)
+  QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
+  LOAD=(--levels 1 2 --duration-s 5)
 else
   EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
-  QWEN=(--random-preset qwen3-8b --reps 3)  # the MemOS cells (benchmarks/anchors)
+  QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
   ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
 fi
 MODEL="$OUT/model"
-step model 120 "$PY" -m benchmarks.gpu_model --out "$MODEL"
-step exactness_fp32 90 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
-step exactness_bf16 60 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
+RANDOM_MODEL=()
+[ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
+step model 120 "$PY" -m benchmarks.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
 step engine 120 "$PY" -m benchmarks.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
-step ttft_default 60 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"
-if [ "$DEVICE" = cuda ]; then  # graphs: the compiled model (torch.compile, CUDA graphs for its decode shapes)
-  step ttft_default_compiled 90 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device cuda --compile "${GRID[@]}" --out "$OUT/ttft_default_compiled.json"
-  step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft_grid "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
+if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU only
+  step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft_grid --random-preset qwen3-8b "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
 fi
 step http_load 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
+step exactness_fp32 90 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
+step exactness_bf16 60 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
+step ttft_default 60 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"
+if [ "$DEVICE" = cuda ]; then  # the torch.compile'd model (inductor; dynamic shapes, no CUDA graphs)
+  step ttft_default_compiled 120 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device cuda --compile "${GRID[@]}" --out "$OUT/ttft_default_compiled.json"
+fi
 echo "[gpu_suite] done in $(($(date +%s) - start)) s; results in $OUT; failed: ${failed[*]:-none}" >&2
+echo "${failed[*]:-}" >"$OUT/failed.txt"
+pack
 [ ${#failed[@]} -eq 0 ]
