@@ -74,7 +74,7 @@ if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU on
 fi
 step http_load 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
 step exactness_fp32 90 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
-step exactness_bf16 60 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
+step exactness_bf16 120 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
 step ttft_default 60 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"
 if [ "$DEVICE" = cuda ]; then  # the torch.compile'd model (inductor; dynamic shapes, no CUDA graphs)
   step ttft_default_compiled 120 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device cuda --compile "${GRID[@]}" --out "$OUT/ttft_default_compiled.json"
