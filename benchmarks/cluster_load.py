@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--serve-args", default="", help="more `kvmem serve` flags for every replica")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    loadavg_start = list(os.getloadavg())
     texts = memory_texts(args.memories, args.words)
     users = [f"cl-user-{i}" for i in range(args.users)]
     serve = ["--no-auth", "--no-store-turns", "--log-level", "warning", "--block-token-budget", "8192",
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "cluster_load",
         "command": "python -m benchmarks.cluster_load " + " ".join(sys.argv[1:] if argv is None else argv),
-        "env": env_info(),
+        # loadavg_start: before any replica was spawned (env's `loadavg` is read at the end, with this run's load)
+        "env": {**env_info(), "loadavg_start": loadavg_start},
         "router": "haproxy, balance hash on X-Kvmem-User, hash-type consistent (deploy/haproxy.cfg)",
         "rows": rows,
         "failover": failover_row,

@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    loadavg_start = list(os.getloadavg())
     if not args.spawn and not args.base_url:
         p.error("give --spawn or --base-url")
     backends = args.backends or [args.backend]
@@ -206,8 +207,14 @@ def main(argv: list[str] | None = None) -> dict:
             for r in rows
         ],
     )
+    flags = args.serve_args.split()
+    # the servers' device (`--device` in --serve-args; else kvmem serve's auto), not the clients'
+    device = flags[flags.index("--device") + 1] if "--device" in flags[:-1] else "auto"
     env = {
-        **env_info("cpu"),
+        **env_info(device),
+        "serve_args": args.serve_args,
+        # before any server was spawned: `loadavg` above is read at the end, with this run's own load in it
+        "loadavg_start": loadavg_start,
         "backend": backends[0] if len(backends) == 1 else backends,
         "max_tokens": args.max_tokens,
         "memories": args.memories,

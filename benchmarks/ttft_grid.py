@@ -326,7 +326,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared for 'identical'")
-    p.add_argument("--random-preset", default=None, help="a model shape with seeded random weights: qwen3-8b, smollm2-135m")
+    p.add_argument(
+        "--random-preset",
+        default=None,
+        help="a model shape with seeded random weights: qwen3-8b, smollm2-135m",
+    )
     p.add_argument(
         "--compile",
         action="store_true",

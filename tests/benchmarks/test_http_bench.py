@@ -71,13 +71,17 @@ def test_http_load_runs_without_errors(tmp_path):
     load = result["load"]
     assert load["num_errors"] == 0 and load["completed"] > 0 and load["output_tokens"] > 0
     assert result["runs"] == [load] and load["backend"] == "fake" and load["clients"] == 3
+    env = result["env"]  # the servers' device (kvmem serve's auto: no --device given), not the clients'
+    assert env["device"] == "auto" and env["serve_args"] == "" and len(env["loadavg_start"]) == 3
 
 
 def test_http_load_runs_every_level_against_one_server_per_backend(tmp_path):
     out = tmp_path / "l.json"
     args = ["--spawn", "--backends", "fake", "--levels", "1", "2", "5", "--duration-s", "1"]
+    args += ["--serve-args", "--device cpu"]
     result = http_load.main([*args, "--words", "10", "--max-tokens", "3", "--out", str(out)])
     assert json.loads(out.read_text()) == result and "load" not in result  # several runs: no single row
+    assert result["env"]["device"] == "cpu" and result["env"]["serve_args"] == "--device cpu"
     assert [(r["backend"], r["clients"]) for r in result["runs"]] == [("fake", 1), ("fake", 2), ("fake", 5)]
     for row in result["runs"]:
         assert row["num_errors"] == 0 and row["completed"] > 0
