@@ -198,15 +198,19 @@ class BlockBuilder:
         return None, True
 
     def item_from_kv(self, pending: PendingBlock, kv, parent: KVItem | None) -> KVItem:
-        """The block's item from the K/V of all its tokens (computed by the engine over `pending.prefix or
-        parent`); a child of `parent` as `prefill` makes it."""
+        """The block's item from the K/V the engine computed over `pending.prefix or parent`: of all its
+        tokens, or of those after `parent`'s only; a child of `parent` as `prefill` makes it."""
+        own_start = len(pending.ids) - kv.shape[3]
         item = item_from_kv(
             pending.ids,
             kv,
             user_id=pending.user_id,
             memory_ids=pending.memory_ids,
             fingerprint=self.handle.fingerprint.under(pending.adapter),
+            own_start=own_start,
         )
+        if own_start and (parent is None or own_start != parent.num_tokens):
+            raise ValueError(f"K/V of the last {kv.shape[3]} tokens need a parent of {own_start} tokens")
         return self._child_of(item, parent)
 
     def prefill(self, pending: PendingBlock) -> KVItem:
@@ -236,7 +240,8 @@ class BlockBuilder:
         if parent is not None:  # its own tokens' K/V (a tensor of their own), the parent's by reference
             k = parent.num_tokens
             meta = replace(item.meta, parent_id=parent.item_id, parent_tokens=k)
-            item = KVItem(meta, item.token_ids, item.kv[:, :, :, k:].clone(), parent)
+            own = item.kv if item.own_start == k else item.kv[:, :, :, k:].clone()
+            item = KVItem(meta, item.token_ids, own, parent)
         return item
 
     def store_item(self, item: KVItem) -> BuiltBlock:

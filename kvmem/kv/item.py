@@ -216,16 +216,19 @@ def item_from_kv(
     user_id: str,
     memory_ids: tuple[str, ...] | list[str],
     fingerprint: Fingerprint,
+    own_start: int = 0,
 ) -> KVItem:
-    """The item of `ids` whose K/V a forward computed: kv [layers, 2, kv_heads, tokens, head_dim]."""
+    """The item of `ids` whose K/V a forward computed: kv [layers, 2, kv_heads, tokens, head_dim], the K/V
+    of `ids[own_start:]` (a child's own tokens: the caller sets its parent; `num_bytes` counts every token,
+    as for a kv of all of them)."""
     ids = tuple(ids)
-    num_layers, _, num_heads, num_tokens, head_dim = kv.shape
-    assert num_tokens == len(ids), (num_tokens, len(ids))
+    num_layers, _, num_heads, own_tokens, head_dim = kv.shape
+    assert own_start + own_tokens == len(ids) and own_tokens > 0, (own_start, own_tokens, len(ids))
     meta = KVItemMeta(
         item_id=item_id_for(user_id, fingerprint, ids, tuple(memory_ids)),
         user_id=user_id,
-        num_tokens=num_tokens,
-        num_bytes=kv.numel() * kv.element_size(),
+        num_tokens=len(ids),
+        num_bytes=kv.numel() * kv.element_size() // own_tokens * len(ids),
         memory_ids=tuple(memory_ids),
         fingerprint=fingerprint,
         tokens_sha=tokens_sha(ids),

@@ -238,17 +238,22 @@ class TransformersBackend(StoredBlocksBackend):
                 ids, kv, user_id=KNOWLEDGE_OWNER, memory_ids=(), fingerprint=self.handle.fingerprint
             )
             self._io.submit(self.store.put, parent).result()
-        kv = self._engine_kv(pending.ids, pending.prefix or parent)
+        # the K/V after the parent's tokens only: the child's own tensor, read on the model thread. Slicing
+        # and copying it here (184 MB for a 4k-token block) ran a parallel torch copy on this thread: a
+        # second OpenMP team in the process, which slowed every step of the model thread's team after it
+        own_from = 0 if parent is None else parent.num_tokens
+        kv = self._engine_kv(pending.ids, pending.prefix or parent, own_from)
         return self.builder.item_from_kv(pending, kv, parent)
 
-    def _engine_kv(self, ids, prefix) -> object:
-        """The K/V of all `ids` ([layers, 2, kv_heads, n, head_dim]) from a prefill in the engine's steps over
-        the pages of `prefix` (an item whose tokens start ids, or None). Blocks the calling thread."""
+    def _engine_kv(self, ids, prefix, own_from: int = 0) -> object:
+        """The K/V of `ids[own_from:]` ([layers, 2, kv_heads, n - own_from, head_dim]) from a prefill in the
+        engine's steps over the pages of `prefix` (an item whose tokens start ids, or None). Blocks the
+        calling thread."""
         future: Future = Future()
-        self._loop.start(self._prefill_steps(list(ids), prefix, future))
+        self._loop.start(self._prefill_steps(list(ids), prefix, own_from, future))
         return future.result()
 
-    def _prefill_steps(self, ids, prefix, future: Future):
+    def _prefill_steps(self, ids, prefix, own_from: int, future: Future):
         """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V."""
         from kvmem.kv import Sampling
         from serving.engine.sequence import admit
@@ -269,7 +274,7 @@ class TransformersBackend(StoredBlocksBackend):
                 if seq is None:
                     yield
             yield seq  # the batcher sends its token once every id's K/V is in its pages
-            self._loop.start(self._read_steps(seq, len(ids), future))  # the pages are its now
+            self._loop.start(self._read_steps(seq, own_from, len(ids), future))  # the pages are its now
             seq = None
         except GeneratorExit:
             if not future.done():
@@ -282,21 +287,21 @@ class TransformersBackend(StoredBlocksBackend):
             if seq is not None:
                 seq.release()
 
-    def _read_steps(self, seq, n: int, future: Future):
-        """On the model thread: a finished build's K/V read from its pages READ_PIECE tokens a turn, so the
-        streams' steps go on between the pieces (a 4k-token block of the 135M model is ~184 MB: read at once,
-        it made the longest gap of a stream during a build); then its pages go back."""
+    def _read_steps(self, seq, first: int, n: int, future: Future):
+        """On the model thread: a finished build's K/V of tokens [first, n) read from its pages READ_PIECE
+        tokens a turn, so the streams' steps go on between the pieces (a 4k-token block of the 135M model is
+        ~184 MB: read at once, it made the longest gap of a stream during a build); then its pages go back."""
         import torch
 
         try:
             kv = None
-            for start in range(0, n, READ_PIECE):
+            for start in range(first, n, READ_PIECE):
                 piece = seq.table.read(min(n, start + READ_PIECE), start)
                 if kv is None:
                     kv = torch.empty(
-                        (*piece.shape[:3], n, piece.shape[4]), dtype=piece.dtype, device=piece.device
+                        (*piece.shape[:3], n - first, piece.shape[4]), dtype=piece.dtype, device=piece.device
                     )
-                kv[:, :, :, start : start + piece.shape[3]] = piece
+                kv[:, :, :, start - first : start - first + piece.shape[3]] = piece
                 yield
             future.set_result(kv)
         except GeneratorExit:

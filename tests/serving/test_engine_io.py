@@ -153,3 +153,55 @@ def test_a_build_prefills_on_the_model_thread_and_writes_on_an_io_thread(disk_ba
     assert backend.store.contains(built.item_id) and backend.store.is_valid_on_disk(built.item_id)
     again = backend.build_block("u", MEMORIES[:2], ["m1", "m2"])  # stored: found, not rebuilt
     assert not again.built and again.item_id == built.item_id and len(writes) == 1
+
+
+def test_a_knowledge_childs_own_kv_is_read_on_the_model_thread_and_the_building_thread_copies_none(
+    tmp_path, tiny_handle
+):
+    """The engine reads a block's K/V after its knowledge parent's tokens straight into the child's own
+    tensor on the model thread. Slicing and copying it on the building thread ran a parallel torch copy there
+    (184 MB for a 4k-token block of the default model): a second OpenMP team in the process."""
+
+    from kvmem.kv import knowledge
+
+    model_dir = tmp_path / "model"
+    tiny_handle.model.save_pretrained(model_dir)
+    tiny_handle.tokenizer.save_pretrained(model_dir)
+    knowledge.install(tmp_path / "data", ["The office opens at nine.", "Parking is on level two."])
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path / "data"))
+    )
+    backend.load()
+    try:
+        _check_a_knowledge_child(backend)
+    finally:
+        asyncio.run(backend.aclose())
+
+
+def _check_a_knowledge_child(backend) -> None:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from kvmem.kv import build_item
+
+    fresh: list[str] = []  # tensors with storage of their own made on this (the building) thread
+
+    class Record(TorchFunctionMode):  # a mode is per thread: the model and I/O threads are not recorded
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out._base is None and out.numel() >= 1024:
+                fresh.append(getattr(func, "__name__", str(func)))
+            return out
+
+    with Record():
+        built = backend.build_block("u", MEMORIES, ["m1", "m2", "m3"])
+    assert fresh == []
+    item = backend.store.get(built.item_id)
+    parent_tokens = item.meta.parent_tokens
+    assert parent_tokens > 0 and built.shared_tokens == parent_tokens  # a knowledge child
+    assert item.kv.shape[3] == item.num_tokens - parent_tokens and item.kv.is_contiguous()
+    assert (
+        item.meta.num_bytes == item.kv.numel() * item.kv.element_size() // item.kv.shape[3] * item.num_tokens
+    )
+    reference = build_item(backend.handle, item.token_ids, user_id="u")  # all its tokens, one prefill
+    assert torch.allclose(item.kv, reference.kv[:, :, :, parent_tokens:], atol=1e-5, rtol=1e-4)
