@@ -241,6 +241,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             queue_size=args.queue_size,
             block_token_budget=args.block_token_budget,
             seed_demo=args.demo,
+            freeze_heap=True,  # this process is the server's own
             retrieve_top_k=args.retrieve_top_k,
             scheduler_redis_url=args.scheduler_redis_url,
             store_turns=not args.no_store_turns,

@@ -3,6 +3,7 @@ backend, and the figures are taken from that run."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 
@@ -11,7 +12,11 @@ def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
 
     out = tmp_path / "stall.json"
     argv = ["--model", str(tiny_model_dir), "--block-tokens", "300", "--tokens", "60", "--build-after", "3"]
-    result = build_stall.main([*argv, "--pool-mb", "64", "--out", str(out)])
+    try:
+        result = build_stall.main([*argv, "--pool-mb", "64", "--out", str(out)])
+        assert gc.get_freeze_count() > 0  # the heap frozen once the model loaded, as kvmem serve does
+    finally:
+        gc.unfreeze()  # this process is the test run's, not a server's
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     for arm in ("engine", "old"):
         r = result["arms"][arm]

@@ -63,7 +63,9 @@ def test_serve_args_become_a_config(tmp_path: Path) -> None:
         ["serve", "--no-auth", "--port", "0", "--data-dir", str(tmp_path), "--backend", "fake", "--demo"]
     )
     config = config_from_args(args)
-    assert config == ServingConfig(port=0, data_dir=tmp_path, backend="fake", auth=False, seed_demo=True)
+    assert config == ServingConfig(
+        port=0, data_dir=tmp_path, backend="fake", auth=False, seed_demo=True, freeze_heap=True
+    )
     assert "http://127.0.0.1:0/v1/chat/completions" in how_to_call(config, "m")
     assert "Authorization" not in how_to_call(config, "m")
 
@@ -175,3 +177,32 @@ def test_build_takes_the_same_device_and_dtype_choices(
     with pytest.raises(SystemExit) as exc:  # kvmem build's own parser: usage and exit 2
         main(["build", "--input", "x", *flags])
     assert exc.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_kvmem_serve_freezes_the_loaded_heap_and_an_embedded_app_does_not(tmp_path: Path) -> None:
+    """`kvmem serve` owns its process: once the model is loaded, what is alive then leaves the cyclic GC's
+    reach (a full collection of a loaded server held the GIL ~0.2 s, stalling every stream). An app built
+    inside another process (these tests) leaves that process's heap alone."""
+    import gc
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from tests.serving.conftest import make_stack
+
+    assert config_from_args(build_parser().parse_args(["serve"])).freeze_heap is True
+    gc.unfreeze()
+    for sub in ("plain", "served"):
+        (tmp_path / sub).mkdir()
+    with TestClient(make_stack(tmp_path / "plain").app) as client:
+        assert client.get("/health").status_code == 200
+        time.sleep(0.2)
+        assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(make_stack(tmp_path / "served", freeze_heap=True).app):
+            deadline = time.monotonic() + 30
+            while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert gc.get_freeze_count() > 1000  # the modules and the app at least
+    finally:
+        gc.unfreeze()
