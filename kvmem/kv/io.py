@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
+from safetensors.torch import save_file
 
 from kvmem.checksum import file_sha256
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.item import KVItem, KVItemMeta, tokens_sha
-from kvmem.kv.st_write import write_safetensors
 
 FORMAT_VERSION = 1
 
@@ -54,9 +54,7 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
             "kv": own.detach().to("cpu").contiguous(),
             "token_ids": torch.tensor(item.token_ids, dtype=torch.int32),
         }
-        write_safetensors(
-            tensors, tmp_tensor, metadata={"format": str(FORMAT_VERSION), "item_id": item.item_id}
-        )
+        save_file(tensors, str(tmp_tensor), metadata={"format": str(FORMAT_VERSION), "item_id": item.item_id})
         with open(tmp_tensor, "rb+") as fh:
             os.fsync(fh.fileno())
         manifest = {
@@ -73,7 +71,7 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
         os.replace(tmp_manifest, manifest_path)
         _fsync_dir(directory)
         return manifest["file_bytes"]
-    except (OSError, SafetensorError, ValueError) as exc:
+    except (OSError, SafetensorError) as exc:
         for tmp in (tmp_tensor, tmp_manifest):
             try:
                 tmp.unlink(missing_ok=True)
