@@ -1,17 +1,16 @@
-"""The FastAPI app: OpenAI routes, memory routes, health and metrics, and the one place errors become JSON.
+"""The FastAPI app: OpenAI routes, memory routes, health and metrics.
 
 `create_app(config, backend=None, store=None, scheduler=None)` wires the pieces (tests pass fakes and a
-scheduler they drive). Routes only
-authenticate, pick the user and delegate: the chat path lives in chat.py, storage in kvmem.text.
+scheduler they drive). Routes only authenticate, pick the user and delegate: the chat path lives in chat.py,
+storage in kvmem.text, errors become JSON in http_errors.py, the start-up work is in startup.py and the ASGI
+middleware in middleware.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -19,24 +18,22 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvmem.errors import DependencyUnavailable
 from kvmem.formation.rules import slot_of
-from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreConfig, TextStoreError
+from kvmem.text import TextStoreConfig
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from scheduler.queue import require_redis
 from scheduler.wiring import make_scheduler
 from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
-from serving.backends.base import Backend, BackendError, NotReady, PoolFull, PromptTooLong, QueueFull
+from serving.backends.base import Backend, NotReady
 from serving.chat import ChatService
 from serving.config import ServingConfig
 from serving.formation_service import formation_metrics, make_formation
+from serving.http_errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
 from serving.idempotency import (
     MAX_KEY_CHARS,
     Answer,
@@ -45,12 +42,12 @@ from serving.idempotency import (
     IdempotencyCache,
     fingerprint,
 )
-from serving.limits import BodyTimeout, BodyTooLarge, LimitBody, check_add, check_search, check_update
+from serving.limits import LimitBody, check_add, check_search, check_update
 from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
+from serving.middleware import CountRequests, ReplicaHeader
 from serving.openapi import openapi_with_400
 from serving.protocol import (
     AddMemoriesRequest,
-    ApiError,
     ChatCompletionRequest,
     PrewarmRequest,
     SearchMemoriesRequest,
@@ -58,162 +55,16 @@ from serving.protocol import (
     bad_request,
     plan_dict,
 )
-from serving.storage import StorageHealth, open_store, storage_failure
+from serving.startup import load_and_restore
+from serving.storage import StorageHealth, open_store
 
 logger = logging.getLogger(__name__)
 
-DEMO_MEMORIES = (
-    "My name is Dana.",
-    "I live in Lisbon.",
-    "I am allergic to peanuts.",
-    "I have a golden retriever called Miso.",
-    "I work as a marine biologist and study octopuses.",
-    "My favourite programming language is Python.",
-)
 UserId = Annotated[str, Query(min_length=1, max_length=256)]
 # memory writes: a repeat with the same key (same user, method and path) gets the first answer
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_CHARS)
 ]
-
-
-# -- errors: the one place exceptions become OpenAI error JSON ---------------------------------------------------
-
-
-RETRY_AFTER_S = 1  # what a 429 tells the client to wait (the queue or the KV pool was full)
-
-
-def _error_response(error: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
-
-
-def to_api_error(exc: Exception) -> ApiError:
-    """Map any exception raised while serving a request to its OpenAI-style error."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, RequestValidationError):
-        if isinstance(exc.body, bytes):  # FastAPI parses a body as JSON only when its Content-Type says JSON
-            return ApiError(
-                415,
-                "the request body must be JSON sent with Content-Type: application/json",
-                type="invalid_request_error",
-                code="unsupported_media_type",
-            )
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":
-            return bad_request("the request body is not valid JSON", code="invalid_json")
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        where = ".".join(loc)
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
-    if isinstance(exc, StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
-    if isinstance(exc, BodyTooLarge):
-        return ApiError(413, str(exc), type="invalid_request_error", code="request_too_large")
-    if isinstance(exc, BodyTimeout):
-        return ApiError(408, str(exc), type="invalid_request_error", code="request_timeout")
-    if isinstance(exc, PromptTooLong):
-        return bad_request(str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, QueueFull):
-        code = "kv_pool_full" if isinstance(exc, PoolFull) else "queue_full"
-        return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code=code)
-    if isinstance(exc, NotReady):
-        return ApiError(
-            503, f"the model is not ready: {exc}", type="service_unavailable", code="model_not_ready"
-        )
-    if isinstance(exc, DependencyUnavailable):
-        return ApiError(503, str(exc), type="service_unavailable", code="dependency_unavailable")
-    if isinstance(exc, MemoryNotFound):
-        return ApiError(404, "memory not found", type="invalid_request_error", code="memory_not_found")
-    if isinstance(exc, InvalidMemoryInput):
-        return bad_request(str(exc), code="invalid_memory")
-    what = storage_failure(exc)
-    if what is not None:  # a full disk or a read-only data dir: say so, not "internal error"
-        logger.error("storage failure: %s", what)
-        return ApiError(
-            507,
-            f"insufficient storage: a write to the data dir failed: {what}",
-            type="server_error",
-            code="insufficient_storage",
-        )
-    if isinstance(exc, (BackendError, TextStoreError)):
-        logger.error("request failed: %r", exc)
-        return ApiError(
-            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
-        )
-    logger.exception("unexpected error", exc_info=exc)
-    return ApiError(500, "internal error", type="server_error", code="internal_error")
-
-
-_MAPPED = (
-    ApiError,
-    RequestValidationError,
-    StarletteHTTPException,
-    PromptTooLong,
-    QueueFull,
-    NotReady,
-    BackendError,
-    MemoryNotFound,
-    DependencyUnavailable,
-    InvalidMemoryInput,
-    TextStoreError,
-    sqlite3.Error,  # a full disk, a read-only store (507) or else a 500, answered without a re-raise
-    OSError,
-)
-
-
-async def _handle(request: Request, exc: Exception) -> JSONResponse:
-    error = to_api_error(exc)
-    if error.code == "insufficient_storage":  # /health says degraded until a write succeeds
-        request.app.state.storage_health.failed(error.message)
-    return _error_response(error)
-
-
-class _CountRequests:
-    """ASGI middleware: counts every HTTP response by method, route template and status."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            route = scope.get("route")
-            self.metrics.observe_request(scope["method"], getattr(route, "path", UNMATCHED), status)
-
-
-class _ReplicaHeader:
-    """ASGI middleware: every HTTP response says which replica served it (`X-Kvmem-Replica`)."""
-
-    def __init__(self, app: ASGIApp, replica: str) -> None:
-        self.app, self.header = app, (b"x-kvmem-replica", replica.encode("ascii"))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), self.header]}
-            await send(message)
-
-        await self.app(scope, receive, send_wrapper)
 
 
 def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
@@ -282,7 +133,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loader = asyncio.create_task(_load(backend, store, config, scheduler, restored))
+        loader = asyncio.create_task(load_and_restore(backend, store, config, scheduler, restored))
         if formation in owned:
             formation.start()  # resumes the turns the log holds pending (a rescan at start)
         if distiller is not None:
@@ -315,22 +166,25 @@ def create_app(
         chat,
         metrics,
     )
-    for exc_type in (*_MAPPED, Exception):  # Exception: answered by the outer middleware, then re-raised
-        app.add_exception_handler(exc_type, _handle)
+    for exc_type in (
+        *MAPPED_ERRORS,
+        Exception,
+    ):  # Exception: answered by the outer middleware, then re-raised
+        app.add_exception_handler(exc_type, handle_error)
     app.add_middleware(
         LimitBody,
         max_body_bytes=config.limits.max_body_bytes,
-        respond=lambda exc: _error_response(to_api_error(exc)),
+        respond=lambda exc: error_response(to_api_error(exc)),
         read_timeout_s=config.read_timeout_s,
     )
     if not config.auth:  # DNS rebinding: a foreign page must not reach the keyless API through 127.0.0.1
         app.add_middleware(
             CheckHost,
             allowed_hosts=config.allowed_hosts,
-            respond=lambda exc: _error_response(to_api_error(exc)),
+            respond=lambda exc: error_response(to_api_error(exc)),
         )
-    app.add_middleware(_CountRequests, metrics=metrics)  # outside the others, so it counts the 413s too
-    app.add_middleware(_ReplicaHeader, replica=config.replica)  # outermost: every answer carries it
+    app.add_middleware(CountRequests, metrics=metrics)  # outside the others, so it counts the 413s too
+    app.add_middleware(ReplicaHeader, replica=config.replica)  # outermost: every answer carries it
 
     def chat_user(who: Caller, body: ChatCompletionRequest, header_user: str | None) -> str:
         user_id = body.user or header_user
@@ -656,46 +510,6 @@ def create_app(
     metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422
     return app
-
-
-async def _load(
-    backend: Backend, store: Any, config: ServingConfig, scheduler: Scheduler, restored: threading.Event
-) -> None:
-    """Load the model off the event loop, restore the stored plans, seed the demo user. /health says ok once
-    the plans are restored; failures leave it at 503, with a log line."""
-    try:
-        if not backend.is_ready():
-            await asyncio.to_thread(backend.load)
-        logger.info("backend %s ready: model %s", backend.name, backend.model_id)
-    except Exception:
-        logger.exception("loading the %s backend failed; /health stays 503", backend.name)
-    else:
-        try:
-            n = await asyncio.to_thread(scheduler.restore)  # plans survive restarts; builds nothing
-            logger.info("restored %d users' plans from stored KV items", n)
-            if config.freeze_heap:
-                logger.info("froze %d objects of the loaded server out of the cyclic GC", freeze_heap())
-        finally:
-            restored.set()
-    if config.seed_demo and await asyncio.to_thread(store.count, config.default_user) == 0:
-        await asyncio.to_thread(
-            store.add,
-            config.default_user,
-            texts=list(DEMO_MEMORIES),
-            session_id="demo",
-            slots=[slot_of(t) for t in DEMO_MEMORIES],
-        )
-        logger.info("seeded user %r with %d demo memories", config.default_user, len(DEMO_MEMORIES))
-
-
-def freeze_heap() -> int:
-    """Collect, then move every object alive now out of the cyclic garbage collector's reach (`gc.freeze`);
-    returns how many are frozen. A full collection in a loaded server (~390k objects: the modules, the
-    model's modules, the app) took ~0.2 s here, holding the GIL: each one that fell due stalled every stream
-    (7 of them in a 2-minute build_stall run). Objects made later are collected as before."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def page_body(result: Any) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class ServingConfig:
     extractor_api_key: str | None = field(default=None, repr=False)  # "openai": its key (never logged)
     extractor_timeout_s: float = 30.0
     seed_demo: bool = False  # give default_user a few memories at start if it has none
-    # once the model is loaded, move every object then alive out of the cyclic GC's reach (serving/app.py
+    # once the model is loaded, move every object then alive out of the cyclic GC's reach (serving/startup.py
     # `freeze_heap`); `kvmem serve` turns it on, an app embedded in another process (tests) leaves it off
     freeze_heap: bool = False
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue

@@ -1,0 +1,113 @@
+"""The one place exceptions become OpenAI-style error JSON: `to_api_error` maps any exception raised while
+serving a request, `handle_error` answers it (the app registers it for every type in MAPPED_ERRORS and for
+Exception), and a full disk or read-only data dir marks /health degraded."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvmem.errors import DependencyUnavailable
+from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreError
+from serving.backends.base import BackendError, NotReady, PoolFull, PromptTooLong, QueueFull
+from serving.limits import BodyTimeout, BodyTooLarge
+from serving.protocol import ApiError, bad_request
+from serving.storage import storage_failure
+
+logger = logging.getLogger("serving.app")
+
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait (the queue or the KV pool was full)
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
+    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+
+
+def to_api_error(exc: Exception) -> ApiError:
+    """Map any exception raised while serving a request to its OpenAI-style error."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        if isinstance(exc.body, bytes):  # FastAPI parses a body as JSON only when its Content-Type says JSON
+            return ApiError(
+                415,
+                "the request body must be JSON sent with Content-Type: application/json",
+                type="invalid_request_error",
+                code="unsupported_media_type",
+            )
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return bad_request("the request body is not valid JSON", code="invalid_json")
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc)
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
+    if isinstance(exc, StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
+    if isinstance(exc, BodyTooLarge):
+        return ApiError(413, str(exc), type="invalid_request_error", code="request_too_large")
+    if isinstance(exc, BodyTimeout):
+        return ApiError(408, str(exc), type="invalid_request_error", code="request_timeout")
+    if isinstance(exc, PromptTooLong):
+        return bad_request(str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        code = "kv_pool_full" if isinstance(exc, PoolFull) else "queue_full"
+        return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code=code)
+    if isinstance(exc, NotReady):
+        return ApiError(
+            503, f"the model is not ready: {exc}", type="service_unavailable", code="model_not_ready"
+        )
+    if isinstance(exc, DependencyUnavailable):
+        return ApiError(503, str(exc), type="service_unavailable", code="dependency_unavailable")
+    if isinstance(exc, MemoryNotFound):
+        return ApiError(404, "memory not found", type="invalid_request_error", code="memory_not_found")
+    if isinstance(exc, InvalidMemoryInput):
+        return bad_request(str(exc), code="invalid_memory")
+    what = storage_failure(exc)
+    if what is not None:  # a full disk or a read-only data dir: say so, not "internal error"
+        logger.error("storage failure: %s", what)
+        return ApiError(
+            507,
+            f"insufficient storage: a write to the data dir failed: {what}",
+            type="server_error",
+            code="insufficient_storage",
+        )
+    if isinstance(exc, (BackendError, TextStoreError)):
+        logger.error("request failed: %r", exc)
+        return ApiError(
+            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+        )
+    logger.exception("unexpected error", exc_info=exc)
+    return ApiError(500, "internal error", type="server_error", code="internal_error")
+
+
+MAPPED_ERRORS = (
+    ApiError,
+    RequestValidationError,
+    StarletteHTTPException,
+    PromptTooLong,
+    QueueFull,
+    NotReady,
+    BackendError,
+    MemoryNotFound,
+    DependencyUnavailable,
+    InvalidMemoryInput,
+    TextStoreError,
+    sqlite3.Error,  # a full disk, a read-only store (507) or else a 500, answered without a re-raise
+    OSError,
+)
+
+
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    error = to_api_error(exc)
+    if error.code == "insufficient_storage":  # /health says degraded until a write succeeds
+        request.app.state.storage_health.failed(error.message)
+    return error_response(error)
