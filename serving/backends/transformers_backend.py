@@ -217,11 +217,42 @@ class TransformersBackend(StoredBlocksBackend):
                 return found
             if self.pool is not None and adapter_id is None:  # chunked prefills in the engine's steps
                 item = self._build_in_engine(found)
-            else:
+            elif self.pool is not None and (
+                name := self._loop.call(lambda: self._hold_for_engine(user_id, adapter_id, found))
+            ):  # the same, its tokens under the adapter's delta (serving/engine/lora.py)
+                item = self._build_under_adapter(found, name)
+            else:  # no pool, or an adapter the engine cannot run (DoRA, embeddings): alone, unchunked
                 item = self._loop.call(lambda: prefill(found))  # the model's part only
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+
+    def _hold_for_engine(self, user_id: str, adapter_id: str, pending) -> str | None:
+        """Model thread: the peft name of the user's adapter, loaded if needed and held (never evicted nor
+        unloaded) for a build in the engine's steps; None when the engine cannot run it. Raises BackendError
+        when it cannot be loaded, or is not the version the block's address names."""
+        from serving.engine import lora
+
+        name, why = self.adapters.resolve(user_id, adapter_id)
+        if name is None or self.adapters.served[name] != pending.adapter:
+            raise BackendError(f"adapter {adapter_id} of user {user_id!r} cannot be loaded: {why}")
+        if not lora.supports(self.handle.model, name):
+            return None
+        self.adapters.hold(name)
+        return name
+
+    def _build_under_adapter(self, pending, name: str):
+        """The block's item under the held adapter `name`, computed in the engine's steps as a request under
+        it is: chunked, batched with the streams. The whole block is its own (the shared knowledge item is
+        the base model's, so no parent); `pending.prefix` is an earlier block of the same adapter."""
+        try:
+            kv = self._engine_kv(pending.ids, pending.prefix, 0, adapter=name)
+        finally:
+            try:
+                self._loop.call_soon(lambda: self.adapters.unhold(name))
+            except LoopClosed:  # closing: the adapters go with the model
+                pass
+        return self.builder.item_from_kv(pending, kv, None)
 
     def _build_in_engine(self, pending):
         """The block's item, its K/V computed by the engine as a request's prefill is: in chunks, in the steps
@@ -245,15 +276,15 @@ class TransformersBackend(StoredBlocksBackend):
         kv = self._engine_kv(pending.ids, pending.prefix or parent, own_from)
         return self.builder.item_from_kv(pending, kv, parent)
 
-    def _engine_kv(self, ids, prefix, own_from: int = 0) -> object:
+    def _engine_kv(self, ids, prefix, own_from: int = 0, adapter: str | None = None) -> object:
         """The K/V of `ids[own_from:]` ([layers, 2, kv_heads, n - own_from, head_dim]) from a prefill in the
-        engine's steps over the pages of `prefix` (an item whose tokens start ids, or None). Blocks the
-        calling thread."""
+        engine's steps over the pages of `prefix` (an item whose tokens start ids, or None), under the held
+        peft adapter `adapter` (None: the base model). Blocks the calling thread."""
         future: Future = Future()
-        self._loop.start(self._prefill_steps(list(ids), prefix, own_from, future))
+        self._loop.start(self._prefill_steps(list(ids), prefix, own_from, future, adapter))
         return future.result()
 
-    def _prefill_steps(self, ids, prefix, own_from: int, future: Future):
+    def _prefill_steps(self, ids, prefix, own_from: int, future: Future, adapter: str | None = None):
         """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V."""
         from kvmem.kv import Sampling
         from serving.engine.sequence import admit
@@ -270,6 +301,7 @@ class TransformersBackend(StoredBlocksBackend):
                 sampling=Sampling(max_new_tokens=1),
                 prefill_chunk_tokens=self.config.build_chunk_tokens,
                 idle_chunk_tokens=self.config.prefill_chunk_tokens,
+                adapter=adapter,
             ):
                 if seq is None:
                     yield
