@@ -39,6 +39,11 @@ def user_adapter(
     return manifest, None
 
 
+def _peft_name(served: str) -> str:
+    """A served name as peft's adapter name (peft names become module attributes)."""
+    return served.replace("/", "_").replace(".", "_")
+
+
 class AdapterSlots:
     def __init__(self, registry: AdapterRegistry, handle: Any, max_loaded: int = 8) -> None:
         self.registry, self.handle, self.max_loaded = registry, handle, max_loaded
@@ -48,27 +53,56 @@ class AdapterSlots:
         self._lock = threading.Lock()
         self.served: dict[str, str] = {}  # peft name -> the served name (what KV items built under it carry)
         self._doomed: set[str] = set()  # peft names of erased versions whose weights are still in the model
+        # weights read and verified off the model thread (`prefetch`), waiting for `resolve` to attach them:
+        # peft name -> (served name, LoadedAdapter), oldest first, at most max_loaded
+        self._read: OrderedDict[str, tuple[str, Any]] = OrderedDict()
 
     def manifest(self, user_id: str, adapter_id: str) -> tuple[AdapterManifest | None, str | None]:
         """(the user's adapter version `adapter_id`, None) or (None, why not). A JSON read; any thread."""
         return user_adapter(self.registry, user_id, adapter_id)
 
+    def prefetch(self, user_id: str, adapter_id: str) -> None:
+        """Any thread but the model's (the I/O threads): read and verify the version's weights (a file read and
+        a SHA-256 of it) ahead of `resolve`, which then only attaches them. Nothing more is read for a version
+        already loaded or read; an unusable one is left to `resolve`, which reads again and says why."""
+        manifest, _ = self.manifest(user_id, adapter_id)
+        if manifest is None:
+            return
+        name = _peft_name(manifest.name)
+        with self._lock:
+            if name in self._loaded or name in self._read:
+                return
+        try:
+            loaded = self.registry.load(manifest, self.handle.fingerprint.digest)
+        except AdapterError:
+            return
+        with self._lock:
+            self._read[name] = (manifest.name, loaded)
+            while len(self._read) > self.max_loaded:
+                self._read.popitem(last=False)
+
     def resolve(self, user_id: str, adapter_id: str) -> tuple[str | None, str | None]:
-        """(the peft adapter name to run, None) or (None, why not). Model thread only: loads if needed."""
+        """(the peft adapter name to run, None) or (None, why not). Model thread only: attaches the weights
+        `prefetch` read, else reads them here. The manifest is read here in any case (a small JSON file), so
+        a version erased since it was prefetched is refused."""
         self.purge()
         manifest, why = self.manifest(user_id, adapter_id)
         if manifest is None:
             return None, why
-        name = manifest.name.replace("/", "_").replace(".", "_")  # peft names become module attributes
+        name = _peft_name(manifest.name)
         self.served[name] = manifest.name
         with self._lock:
+            read = self._read.pop(name, None)
             if name in self._loaded:
                 self._loaded.move_to_end(name)
                 return name, None
-        try:
-            loaded = self.registry.load(manifest, self.handle.fingerprint.digest)
-        except AdapterError as exc:
-            return None, str(exc)
+        if read is not None:
+            loaded = read[1]
+        else:
+            try:
+                loaded = self.registry.load(manifest, self.handle.fingerprint.digest)
+            except AdapterError as exc:
+                return None, str(exc)
         self._attach(name, loaded)
         return name, None
 
@@ -104,6 +138,8 @@ class AdapterSlots:
         was loaded, i.e. a purge is due."""
         names = set(served_names)
         with self._lock:
+            for n in [n for n, (served, _) in self._read.items() if served in names]:
+                del self._read[n]  # read ahead, never attached: dropped
             doomed = [n for n, s in self.served.items() if s in names and n in self._loaded]
             for n in doomed:
                 del self._loaded[n]

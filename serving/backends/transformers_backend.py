@@ -217,15 +217,20 @@ class TransformersBackend(StoredBlocksBackend):
                 return found
             if self.pool is not None and adapter_id is None:  # chunked prefills in the engine's steps
                 item = self._build_in_engine(found)
-            elif self.pool is not None and (
-                name := self._loop.call(lambda: self._hold_for_engine(user_id, adapter_id, found))
-            ):  # the same, its tokens under the adapter's delta (serving/engine/lora.py)
+            elif self.pool is not None and (name := self._adapter_for_engine(user_id, adapter_id, found)):
+                # the same, its tokens under the adapter's delta (serving/engine/lora.py)
                 item = self._build_under_adapter(found, name)
             else:  # no pool, or an adapter the engine cannot run (DoRA, embeddings): alone, unchunked
                 item = self._loop.call(lambda: prefill(found))  # the model's part only
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
+
+    def _adapter_for_engine(self, user_id: str, adapter_id: str, pending) -> str | None:
+        """`_hold_for_engine` on the model thread, the adapter's weights read and verified first on an I/O
+        thread (the model thread only attaches them)."""
+        self._io.submit(self.adapters.prefetch, user_id, adapter_id).result()
+        return self._loop.call(lambda: self._hold_for_engine(user_id, adapter_id, pending))
 
     def _hold_for_engine(self, user_id: str, adapter_id: str, pending) -> str | None:
         """Model thread: the peft name of the user's adapter, loaded if needed and held (never evicted nor
@@ -374,7 +379,12 @@ class TransformersBackend(StoredBlocksBackend):
         model loop once an I/O thread loaded and verified it, and the other streams keep decoding meanwhile.
         An item already on the device is resolved on a plain thread (not behind the I/O threads' file reads and
         writes), never on the loop: the store's lock, which a resolution takes, is held during another thread's
-        device-to-host demotion, deletes and directory scans. Raises BlockNotFound."""
+        device-to-host demotion, deletes and directory scans. Raises BlockNotFound. An adapter's weights are
+        read and verified here too, on an I/O thread, so that the model thread only attaches them."""
+        if req.adapter_id is not None and self.adapters is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                self._io, self.adapters.prefetch, req.user_id, req.adapter_id
+            )
         if req.block_item_id is None or req.prompt.block_len == 0:
             return ResolvedBlock(None, None)
         resident = await asyncio.to_thread(self._resolve_if_on_device, req)

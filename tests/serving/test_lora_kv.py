@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -276,6 +277,11 @@ def test_a_block_under_an_adapter_is_built_in_the_engines_chunked_steps(tmp_path
     try:
         fp = backend.handle.fingerprint
         _, m = write_active(tmp_path, "alice", lora_model, [FactRef("dog", 1, text_sha(DOG))], fp.digest)
+        reads: list[str] = []  # the threads that read and hash the adapter's weights: I/O, never the model's
+        real_load = backend.adapters.registry.load
+        backend.adapters.registry.load = lambda *a: (
+            reads.append(threading.current_thread().name) or real_load(*a)
+        )
         shapes: list[tuple[int, ...]] = []
         hook = backend.handle.model.register_forward_pre_hook(
             lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -284,6 +290,7 @@ def test_a_block_under_an_adapter_is_built_in_the_engines_chunked_steps(tmp_path
             built = backend.build_block("alice", [PORTO, TEA], ["porto", "tea"], adapter_id=m.adapter_id)
         finally:
             hook.remove()
+        assert len(reads) == 1 and reads[0].startswith("kvmem-io")
         n = built.num_tokens
         assert n > 32 and shapes == [(1, 16)] * (n // 16) + ([(1, n % 16)] if n % 16 else [])
         item = backend.store.get(built.item_id)
@@ -301,5 +308,12 @@ def test_a_block_under_an_adapter_is_built_in_the_engines_chunked_steps(tmp_path
         )  # the adapter changed the K/V: the check can fail
         assert backend._loop.call(lambda: backend.adapters._in_use.get(name, 0)) == 0
         assert backend.pool.used_pages == backend.pool.shared.page_count()
+        # a request under another version: its weights are read on an I/O thread too, before its first step
+        _, bobs = write_active(tmp_path, "bob", lora_model, [FactRef("tea", 1, text_sha(TEA))], fp.digest)
+        prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
+        ids, result = asyncio.run(
+            _run(backend, GenerationRequest("b", "bob", prompt, None, GREEDY, bobs.adapter_id))
+        )
+        assert len(ids) > 0 and len(reads) == 2 and reads[1].startswith("kvmem-io")
     finally:
         asyncio.run(backend.aclose())

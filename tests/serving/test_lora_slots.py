@@ -52,3 +52,40 @@ def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_ha
     )
     fresh, why = slots.resolve("alice", v2.adapter_id)
     assert why is None and slots.loaded == (fresh,) and sorted(slots._peft.peft_config) == [fresh]
+
+
+def test_prefetched_weights_are_attached_without_a_read_and_an_erased_versions_are_dropped(
+    tmp_path, tiny_handle
+):
+    """`prefetch` (an I/O thread) reads and hashes a version's weights; `resolve` (the model thread) then
+    attaches them without reading them again. A version erased after its prefetch is dropped by `forget` and
+    refused by `resolve`, which reads the manifest in any case."""
+    fp = tiny_handle.fingerprint.digest
+    reg, m = write_active(
+        tmp_path, "alice", random_lora(tiny_handle, 5), [FactRef("m1", 1, text_sha(DOG))], fp
+    )
+    _, other = write_active(
+        tmp_path, "bob", random_lora(tiny_handle, 6), [FactRef("m2", 1, text_sha(DOG))], fp
+    )
+    handle = SimpleNamespace(model=copy.deepcopy(tiny_handle.model), fingerprint=tiny_handle.fingerprint)
+    slots = AdapterSlots(reg, handle)
+    reads: list[str] = []
+    real_load = reg.load
+    reg.load = lambda manifest, digest=None: reads.append(manifest.name) or real_load(manifest, digest)
+    slots.prefetch("alice", m.adapter_id)
+    slots.prefetch("alice", m.adapter_id)  # read once
+    assert reads == [m.name]
+    name, why = slots.resolve("alice", m.adapter_id)
+    assert why is None and slots.loaded == (name,) and reads == [m.name]  # attached, not read again
+    slots.prefetch("alice", m.adapter_id)  # loaded: nothing read
+    assert reads == [m.name]
+    slots.prefetch("alice", "alice/v99")  # unusable: nothing read, resolve says why
+    assert reads == [m.name] and slots.resolve("alice", "alice/v99")[0] is None
+
+    slots.prefetch("bob", other.adapter_id)
+    assert reads == [m.name, other.name]
+    assert reg.erase("bob", [other.version], "memory m2 deleted") == [other]
+    assert slots.forget([other.name]) is False  # never attached: nothing to purge, its read weights dropped
+    assert slots._read == {}
+    gone, why = slots.resolve("bob", other.adapter_id)
+    assert gone is None and "unusable" in why and reads == [m.name, other.name]
