@@ -16,7 +16,8 @@ from serving.backends.adapters import AdapterSlots  # noqa: E402
 from tests.serving.lora_helpers import DOG, random_lora, write_active  # noqa: E402
 
 
-def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_handle):
+def two_users_slots(tmp_path, tiny_handle):
+    """(registry, alice's active version, bob's, slots over a copy of the tiny llama): two random LoRAs."""
     fp = tiny_handle.fingerprint.digest
     reg, m = write_active(
         tmp_path, "alice", random_lora(tiny_handle, 5), [FactRef("m1", 1, text_sha(DOG))], fp
@@ -25,7 +26,11 @@ def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_ha
         tmp_path, "bob", random_lora(tiny_handle, 6), [FactRef("m2", 1, text_sha(DOG))], fp
     )
     handle = SimpleNamespace(model=copy.deepcopy(tiny_handle.model), fingerprint=tiny_handle.fingerprint)
-    slots = AdapterSlots(reg, handle)
+    return reg, m, other, AdapterSlots(reg, handle)
+
+
+def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_handle):
+    reg, m, other, slots = two_users_slots(tmp_path, tiny_handle)
     name, why = slots.resolve("alice", m.adapter_id)
     bob, _ = slots.resolve("bob", other.adapter_id)
     assert why is None and slots.loaded == (name, bob)
@@ -48,7 +53,11 @@ def test_an_erased_version_is_unloaded_once_no_request_runs_it(tmp_path, tiny_ha
     assert slots.loaded == () and sorted(slots._peft.peft_config) == []
     # and a new version loads into the emptied peft model
     _, v2 = write_active(
-        tmp_path, "alice", random_lora(tiny_handle, 7), [FactRef("m3", 1, text_sha(DOG))], fp
+        tmp_path,
+        "alice",
+        random_lora(tiny_handle, 7),
+        [FactRef("m3", 1, text_sha(DOG))],
+        tiny_handle.fingerprint.digest,
     )
     fresh, why = slots.resolve("alice", v2.adapter_id)
     assert why is None and slots.loaded == (fresh,) and sorted(slots._peft.peft_config) == [fresh]
@@ -60,15 +69,7 @@ def test_prefetched_weights_are_attached_without_a_read_and_an_erased_versions_a
     """`prefetch` (an I/O thread) reads and hashes a version's weights; `resolve` (the model thread) then
     attaches them without reading them again. A version erased after its prefetch is dropped by `forget` and
     refused by `resolve`, which reads the manifest in any case."""
-    fp = tiny_handle.fingerprint.digest
-    reg, m = write_active(
-        tmp_path, "alice", random_lora(tiny_handle, 5), [FactRef("m1", 1, text_sha(DOG))], fp
-    )
-    _, other = write_active(
-        tmp_path, "bob", random_lora(tiny_handle, 6), [FactRef("m2", 1, text_sha(DOG))], fp
-    )
-    handle = SimpleNamespace(model=copy.deepcopy(tiny_handle.model), fingerprint=tiny_handle.fingerprint)
-    slots = AdapterSlots(reg, handle)
+    reg, m, other, slots = two_users_slots(tmp_path, tiny_handle)
     reads: list[str] = []
     real_load = reg.load
     reg.load = lambda manifest, digest=None: reads.append(manifest.name) or real_load(manifest, digest)
