@@ -277,7 +277,7 @@ class TransformersBackend(StoredBlocksBackend):
         # the K/V after the parent's tokens only: the child's own tensor, read on the model thread. Slicing
         # and copying it here (184 MB for a 4k-token block) ran a parallel torch copy on this thread: a
         # second OpenMP team in the process, which slowed every step of the model thread's team after it
-        own_from = 0 if parent is None else parent.num_tokens
+        own_from = 0 if parent is None or parent.num_tokens >= len(pending.ids) else parent.num_tokens
         kv = self._engine_kv(pending.ids, pending.prefix or parent, own_from)
         return self.builder.item_from_kv(pending, kv, parent)
 
@@ -380,11 +380,10 @@ class TransformersBackend(StoredBlocksBackend):
         An item already on the device is resolved on a plain thread (not behind the I/O threads' file reads and
         writes), never on the loop: the store's lock, which a resolution takes, is held during another thread's
         device-to-host demotion, deletes and directory scans. Raises BlockNotFound. An adapter's weights are
-        read and verified here too, on an I/O thread, so that the model thread only attaches them."""
+        read and verified here too, on a plain thread (a LoRA's few MB, not queued behind the I/O threads'
+        item writes), so that the model thread only attaches them."""
         if req.adapter_id is not None and self.adapters is not None:
-            await asyncio.get_running_loop().run_in_executor(
-                self._io, self.adapters.prefetch, req.user_id, req.adapter_id
-            )
+            await asyncio.to_thread(self.adapters.prefetch, req.user_id, req.adapter_id)
         if req.block_item_id is None or req.prompt.block_len == 0:
             return ResolvedBlock(None, None)
         resident = await asyncio.to_thread(self._resolve_if_on_device, req)

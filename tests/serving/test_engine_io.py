@@ -205,3 +205,5 @@ def _check_a_knowledge_child(backend) -> None:
     )
     reference = build_item(backend.handle, item.token_ids, user_id="u")  # all its tokens, one prefill
     assert torch.allclose(item.kv, reference.kv[:, :, :, parent_tokens:], atol=1e-5, rtol=1e-4)
+    empty = backend.build_block("u", [], [])  # no memories: whatever its own tokens are, it builds
+    assert empty.built and backend.store.get(empty.item_id).num_tokens == empty.num_tokens
