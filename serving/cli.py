@@ -319,6 +319,9 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise UsageError(f"kvmem serve: cannot listen on {host}:{port}: {e.strerror}") from None
+    # listening before the URL is printed: a client that connects at once waits in the backlog until uvicorn
+    # accepts, instead of being refused (uvicorn listens only after the app's start-up)
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

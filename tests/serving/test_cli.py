@@ -113,6 +113,22 @@ def test_serve_port_0_prints_the_port_it_listens_on(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+def test_the_printed_port_already_listens_so_a_client_at_once_is_not_refused() -> None:
+    """`kvmem serve` prints its URL before uvicorn's start-up; the socket listens from then on, so a client
+    that connects at once waits in the backlog (CI saw 'connection refused' while it only was bound)."""
+    import socket
+
+    from serving.cli import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        with socket.create_connection(sock.getsockname(), timeout=5):  # queued, not refused
+            pass
+    finally:
+        sock.close()
+
+
 def test_serve_on_a_port_in_use_is_a_usage_error(tmp_path: Path) -> None:
     import socket
 
