@@ -89,10 +89,9 @@ class StepPlan(Cache):
             nw = torch.tensor([lengths[r] for r in wide])[:, None, None]
             mask = (k <= pw + q) & (k < pw + nw)
             mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
+            # one row whose context is one run of pages: a view of the pool, no gather
             whole = seqs[wide[0]].table.pages[: pool.pages_for(kmax)] if len(wide) == 1 else None
-            if whole is not None and _consecutive(
-                whole
-            ):  # one row whose context is one run: a view, no gather
+            if whole is not None and _consecutive(whole):
                 rows: slice | torch.Tensor = slice(whole[0] * pt, whole[0] * pt + kmax)
             else:
                 rows = torch.cat(gather).to(device)  # [B * Kmax] slots, row by row
