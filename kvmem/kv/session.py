@@ -8,6 +8,12 @@ common token prefix with its own prompt; the forward passes concatenate into new
 entry nor a stored block item it began from is ever written. When the turn ends the request *puts* its cache
 back as the session's entry.
 
+An entry's cache is a DynamicCache (a request with a cache of its own), or the engine's page table
+(serving/engine/table.py: any object with `get_seq_length()`, `nbytes` and `close()`), whose pages a next
+turn references instead of copying; such a cache is closed (its pages go back) when its entry is dropped or
+replaced, and the engine's pool drops the least recently used entry when it runs short (`drop_oldest`).
+Closing happens outside this class's lock.
+
 Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
 (memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
 requests running with them so their caches are not put back. Thread-safe. Knows nothing of HTTP or tiers.
@@ -33,7 +39,7 @@ class SessionEntry:
     user_id: str
     session_id: str
     ids: tuple[int, ...]  # the tokens the cache holds, in order
-    cache: DynamicCache
+    cache: object  # a DynamicCache, or the engine's page table (see the module docstring)
     nbytes: int
     block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
     memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
@@ -71,8 +77,22 @@ def cache_nbytes(cache: DynamicCache) -> int:
     return total
 
 
-def _croppable(cache: DynamicCache) -> bool:
-    """Only full-attention layers can be cut at any length (a sliding-window layer has dropped its past)."""
+def _size(cache) -> int:
+    return cache_nbytes(cache) if isinstance(cache, DynamicCache) else cache.nbytes
+
+
+def _close(caches: Iterable) -> None:
+    """Give back what the caches hold (an engine table's pages); a DynamicCache just goes."""
+    for cache in caches:
+        if cache is not None and not isinstance(cache, DynamicCache):
+            cache.close()
+
+
+def _croppable(cache) -> bool:
+    """Only full-attention layers can be cut at any length (a sliding-window layer has dropped its past);
+    an engine table holds full-attention pages."""
+    if not isinstance(cache, DynamicCache):
+        return True
     return bool(cache.layers) and all(
         type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) for layer in cache.layers
     )
@@ -130,84 +150,111 @@ class SessionCache:
     ) -> Lease:
         """Take the session's entry out (None if there is none) for one request carrying `memory_ids` under
         `variant` (an entry made under another variant is dropped: its K/V are not this request's)."""
+        unusable = None
         with self._lock:
             entry = self._entries.pop((user_id, session_id), None)
             if entry is not None:
                 self._bytes -= entry.nbytes
                 if entry.user_id != user_id or entry.variant != variant:  # never serve K/V made otherwise
-                    entry = None
+                    unusable, entry = entry.cache, None
             lease = Lease(
                 user_id, session_id, block_item_id, frozenset(memory_ids), entry, next(self._numbers), variant
             )
             self._leases[lease.number] = lease
-            return lease
+        _close([unusable])
+        return lease
+
+    def reuse(self, lease: Lease, prompt_ids: Sequence[int], reused: int) -> int:
+        """Prompt tokens the request starts with from its session's entry: the common prefix with the prompt
+        (at least one token left to prefill) when that covers more than `reused` (a block item's), else 0.
+        Counts a hit or a miss."""
+        entry, n = lease.entry, 0
+        if entry is not None:
+            n = min(common_prefix_tokens(entry.ids, prompt_ids), len(prompt_ids) - 1)
+            n = n if n > 0 and n >= reused else 0
+        with self._lock:
+            if n:
+                self.stats.hits += 1
+            else:
+                self.stats.misses += 1
+        return n
 
     def start(self, lease: Lease, prompt_ids: Sequence[int], block: Injection | None) -> Injection:
         """The cache the request starts from: its session entry's views up to the common prefix with the
         prompt (at least one token left to prefill) when that covers more than `block` (the block item's
         injection, or None), else `block`, else an empty cache."""
-        reused = block.reused_tokens if block is not None else 0
-        entry = lease.entry
-        if entry is not None:
-            n = min(common_prefix_tokens(entry.ids, prompt_ids), len(prompt_ids) - 1)
-            if n > 0 and n >= reused:
-                with self._lock:
-                    self.stats.hits += 1
-                return Injection(cache=view_prefix(entry.cache, n), reused_tokens=n)
-        with self._lock:
-            self.stats.misses += 1
+        n = self.reuse(lease, prompt_ids, block.reused_tokens if block is not None else 0)
+        if n:
+            return Injection(cache=view_prefix(lease.entry.cache, n), reused_tokens=n)
         return block if block is not None else Injection(cache=DynamicCache(), reused_tokens=0)
 
-    def put(self, lease: Lease, ids: Sequence[int], cache: DynamicCache) -> bool:
+    def put(self, lease: Lease, ids: Sequence[int], cache) -> bool:
         """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
-        request carried, the cache cannot be cut, or it is over the bounds. Returns whether it was kept."""
-        with self._lock:
-            self._leases.pop(lease.number, None)
-            if lease.stale or not self.enabled or not _croppable(cache):
-                return False
-            if cache.get_seq_length() != len(ids):
-                return False
-            nbytes = cache_nbytes(cache)
-            if nbytes > self.max_bytes:
-                return False
-            key = (lease.user_id, lease.session_id)
-            old = self._entries.pop(
-                key, None
-            )  # a concurrent request of the same session put one: newest wins
-            if old is not None:
-                self._bytes -= old.nbytes
-            self._entries[key] = SessionEntry(
-                lease.user_id,
-                lease.session_id,
-                tuple(ids),
-                cache,
-                nbytes,
-                lease.block_item_id,
-                lease.memory_ids,
-                lease.variant,
-            )
-            self._bytes += nbytes
-            self._evict(lease.user_id)
-            return key in self._entries
+        request carried, the cache cannot be cut, or it is over the bounds. Returns whether it was kept. The
+        entry the request took goes; a cache not kept is closed."""
+        gone = [lease.entry.cache if lease.entry is not None and lease.entry.cache is not cache else None]
+        try:
+            with self._lock:
+                self._leases.pop(lease.number, None)
+                if lease.stale or not self.enabled or not _croppable(cache):
+                    gone.append(cache)
+                    return False
+                nbytes = _size(cache)
+                if cache.get_seq_length() != len(ids) or nbytes > self.max_bytes:
+                    gone.append(cache)
+                    return False
+                key = (lease.user_id, lease.session_id)
+                # a concurrent request of the same session put one: newest wins
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= old.nbytes
+                    gone.append(old.cache)
+                self._entries[key] = SessionEntry(
+                    lease.user_id,
+                    lease.session_id,
+                    tuple(ids),
+                    cache,
+                    nbytes,
+                    lease.block_item_id,
+                    lease.memory_ids,
+                    lease.variant,
+                )
+                self._bytes += nbytes
+                gone += self._evict(lease.user_id)
+                return key in self._entries
+        finally:
+            _close(gone)
 
     def release(self, lease: Lease) -> None:
-        """The request ended without a cache to keep (failed, or nothing to store)."""
+        """The request ended without a cache to keep (failed, or nothing to store): the entry it took goes."""
         with self._lock:
             self._leases.pop(lease.number, None)
+        _close([lease.entry.cache if lease.entry is not None else None])
 
     # -- bounds and the delete cascade -----------------------------------------------------------------------
-    def _evict(self, user_id: str) -> None:
-        """Least recently used first: the user's oldest over max_per_user, then anyone's over max_bytes."""
+    def _evict(self, user_id: str) -> list:
+        """Least recently used first: the user's oldest over max_per_user, then anyone's over max_bytes.
+        Returns the caches dropped (to close outside the lock)."""
         mine = [k for k in self._entries if k[0] == user_id]
-        for key in mine[: max(0, len(mine) - self.max_per_user)]:
-            self._remove(key)
+        gone = [self._remove(key) for key in mine[: max(0, len(mine) - self.max_per_user)]]
         while self._bytes > self.max_bytes and self._entries:
-            self._remove(next(iter(self._entries)))
+            gone.append(self._remove(next(iter(self._entries))))
+        return gone
 
-    def _remove(self, key: tuple[str, str]) -> None:
+    def _remove(self, key: tuple[str, str]):
         entry = self._entries.pop(key)
         self._bytes -= entry.nbytes
         self.stats.dropped += 1
+        return entry.cache
+
+    def drop_oldest(self) -> bool:
+        """Drop the least recently used entry (the engine's pool is short of pages); False if none is held."""
+        with self._lock:
+            if not self._entries:
+                return False
+            cache = self._remove(next(iter(self._entries)))
+        _close([cache])
+        return True
 
     def forget(self, user_id: str, memory_ids: Iterable[str] | None = None) -> list[tuple[str, str]]:
         """Drop the user's entries whose ids carry any of `memory_ids` (None: all the user's), and mark the
@@ -232,6 +279,6 @@ class SessionCache:
                 if match(lease.user_id, lease.block_item_id, lease.memory_ids):
                     lease.stale = True
             keys = [k for k, e in self._entries.items() if match(e.user_id, e.block_item_id, e.memory_ids)]
-            for key in keys:
-                self._remove(key)
-            return keys
+            gone = [self._remove(key) for key in keys]
+        _close(gone)
+        return keys

@@ -170,6 +170,7 @@ class TransformersBackend(StoredBlocksBackend):
             return None
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
+        pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,
@@ -433,32 +434,34 @@ class TransformersBackend(StoredBlocksBackend):
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
-            prefix = None
+            paged = self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter))
+            prefix = source = None
             # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
             if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
-                from kvmem.kv import inject
-
                 lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
-                block = inject(item, req.prompt.ids) if item is not None else None
-                prefix = self.sessions.start(lease, req.prompt.ids, block)
+                if paged:  # its last turn's pages, by reference (kvmem/kv/session.py)
+                    source = self._session_pages(lease, item, req.prompt.ids)
+                else:
+                    from kvmem.kv import inject
+
+                    block = inject(item, req.prompt.ids) if item is not None else None
+                    prefix = self.sessions.start(lease, req.prompt.ids, block)
             args = dict(
                 item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
             )
             tokens = None  # batched: the batcher sends the tokens
-            if self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter)):
+            if paged:
                 from serving.engine.sequence import admit
 
                 if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
                     self.adapters.hold(adapter)
                     held_adapter = adapter
 
-                if prefix is not None:
-                    args["item"] = None  # the session's cache (copied into pages) covers the block
                 for seq in admit(
                     self.pool,
                     self.handle.model,
                     req.prompt.ids,
-                    injection=prefix,
+                    source=source,
                     max_new_tokens=sampling.max_new_tokens,
                     wait_s=self.config.kv_wait_s,
                     prefill_chunk_tokens=self.config.prefill_chunk_tokens,
@@ -519,7 +522,7 @@ class TransformersBackend(StoredBlocksBackend):
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
-                cache = seq.session_cache() if getattr(seq, "table", None) is not None else prefix.cache
+                cache = seq.keep_table() if paged else prefix.cache  # the engine's: its pages, not a copy
                 fed = (*req.prompt.ids, *stats.token_ids)[: cache.get_seq_length()]
                 self.sessions.put(lease, fed, cache)
                 lease = None
@@ -549,6 +552,15 @@ class TransformersBackend(StoredBlocksBackend):
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)
+
+    def _session_pages(self, lease, item, prompt_ids) -> tuple[object, int] | None:
+        """(the page table the session's last turn left, the prompt tokens it covers) when it covers more of
+        the prompt than the block item does, else None (the request starts from the item)."""
+        from kvmem.kv.inject import usable_prefix_tokens
+
+        reused = max(usable_prefix_tokens(item, prompt_ids), 0) if item is not None else 0
+        n = self.sessions.reuse(lease, prompt_ids, reused)
+        return (lease.entry.cache, n) if n else None
 
     def _logprob(self, lp) -> TokenLogprob:
         """A kvmem.kv.decode.TokenLogprobs (ids) as the wire's TokenLogprob (texts and bytes)."""

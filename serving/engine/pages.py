@@ -10,7 +10,8 @@ stay immutable: the pool holds copies, and an item's pages are dropped with it (
 
 Accounting is exact: `used_pages` is the number of pages with a reference; `shared_pages` the pages held by
 resident items; the rest are requests' private pages. When no page is free, unreferenced items are evicted
-(least recently used first); a request that still finds none waits at admission, then gets 429 (see
+(least recently used first), then live sessions' kept tables (`reclaimers`, least recently used first); a
+request that still finds none waits at admission, then gets 429 (see
 `serving/engine/sequence.py`), never an out-of-memory error in a forward. Thread-safe (one lock): requests run
 on the model thread, a delete drops an item from the event loop.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +76,9 @@ class PagePool:
         self._reserved = 0  # pages promised to admitted requests, not yet allocated
         self.lock = threading.RLock()
         self.shared = SharedPages(self)
+        # called under the lock while pages are short, after unread items went: each drops something it
+        # holds pages for (a live session's table, kvmem/kv/session.py) and says whether it did
+        self.reclaimers: list[Callable[[], bool]] = []
 
     # -- pages ---------------------------------------------------------------------------------------------
     @property
@@ -93,8 +98,7 @@ class PagePool:
         """Promise `pages` to a request (allocated later by `alloc(..., reserved=True)`); False if they are not
         there even after evicting unreferenced items."""
         with self.lock:
-            if self.free_pages < pages:
-                self.shared.evict(pages - self.free_pages)
+            self._make_room(pages)
             if self.free_pages < pages:
                 return False
             self._reserved += pages
@@ -111,14 +115,21 @@ class PagePool:
             if reserved:
                 assert n <= self._reserved, "a request allocated more pages than it reserved"
                 self._reserved -= n
-            elif self.free_pages < n:
-                self.shared.evict(n - self.free_pages)
+            else:
+                self._make_room(n)
             if len(self._free) - (0 if reserved else self._reserved) < n:
                 raise PoolFull(f"the KV pool has {self.free_pages} free pages; {n} needed")
             pages = self._take(n)
             for p in pages:
                 self._refs[p] = 1
             return pages
+
+    def _make_room(self, pages: int) -> None:
+        """Free pages until `pages` are free: unread items first, then what the reclaimers hold."""
+        while self.free_pages < pages:
+            self.shared.evict(pages - self.free_pages)
+            if self.free_pages >= pages or not any(r() for r in self.reclaimers):  # one drop per round
+                return
 
     def _take(self, n: int) -> list[int]:
         """n free pages, consecutive when the free pages hold such a run (the lowest one): a sequence's or an
@@ -222,6 +233,16 @@ class SharedPages:
             entry.users += 1
             self._entries.move_to_end(item.item_id)
             return entry.pages, entry.tokens
+
+    def hold(self, item_id: str) -> bool:
+        """One more reader of a resident item (a session's next turn over its pages); False if not resident."""
+        with self.pool.lock:
+            entry = self._entries.get(item_id)
+            if entry is None:
+                return False
+            entry.users += 1
+            self._entries.move_to_end(item_id)
+            return True
 
     def release(self, item_id: str) -> None:
         with self.pool.lock:

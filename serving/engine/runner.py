@@ -54,7 +54,7 @@ class StepPlan(Cache):
       one run (a build without a parent, a prompt without a block: pages.py allocates runs) reads a view
       of the pool instead of a gathered copy;
     - narrow rows (one token: decode steps, a chunk's last token): rows whose tables begin with the same
-      shared pages (an item's) form a prefix group whose queries attend to those pages once (a view of the
+      shared pages (an item's, or a live session's) form a prefix group whose queries attend to those pages once (a view of the
       pool when the pages are consecutive, else one gather); each row's rest (its copy-on-write page, its own
       tokens) is gathered per row; the two parts are merged exactly by their log-sum-exp. A shared block is
       read once per step, not once per row."""
@@ -108,19 +108,19 @@ class StepPlan(Cache):
         self.narrow = None
         self.narrow_bias: torch.Tensor | None = None  # the narrow rows' mask, additive (made by _narrow)
         if narrow:
-            groups: dict[tuple[str, int], list[int]] = {}
+            groups: dict[tuple[int, ...], list[int]] = {}
             for i, r in enumerate(narrow):
                 t = seqs[r].table
-                if t.shared_pages and t._item_id is not None:
-                    groups.setdefault((t._item_id, t.shared_pages), []).append(i)
+                if t.shared_pages:  # an item's or a session's pages, read once for every row that has them
+                    groups.setdefault(t.prefix_key, []).append(i)
             first = [0] * len(narrow)  # each row's first position after its prefix
             prefixes: list[tuple[torch.Tensor, slice | torch.Tensor]] = []
-            for (_, shared), rows in groups.items():
-                pages = seqs[narrow[rows[0]]].table.pages[:shared]
+            for pages, rows in groups.items():
+                shared = len(pages)
                 if _consecutive(pages):
                     slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + shared) * pt)
                 else:
-                    slots = pool.slots(pages, 0, shared * pt, device)
+                    slots = pool.slots(list(pages), 0, shared * pt, device)
                 prefixes.append((torch.tensor(rows, device=device), slots))
                 for i in rows:
                     first[i] = shared * pt

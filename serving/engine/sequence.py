@@ -1,8 +1,9 @@
 """A request's sequence whose K/V live in the page pool (pages.py) instead of a cache of its own.
 
 It is a `kvmem.kv.batch.Sequence` (the same lifecycle, sampling, chunking and stats) whose `table` holds
-its positions: an injected block's pages by reference, a live session's cache copied in, its own tokens in
-its own pages. It runs only through the engine's step (runner.py), alone or with others, one path.
+its positions: an injected block's pages by reference, or the pages a live session's last turn left (by
+reference too: `admit(source=...)`), its own tokens in its own pages; when its turn ends its table can stay
+with the session (`keep_table`). It runs only through the engine's step (runner.py), alone or with others, one path.
 Admission reserves pages for the prompt and the longest reply; `admit` waits for them (the caller yields
 between tries) and raises PoolFull (429) after `wait_s`.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from kvmem.kv.batch import Sequence
-from kvmem.kv.inject import Injection, cache_of, usable_prefix_tokens
+from kvmem.kv.inject import Injection, usable_prefix_tokens
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 
@@ -56,9 +57,12 @@ class PagedSequence(Sequence):
         """Give back its pages (idempotent)."""
         self.table.close()
 
-    def session_cache(self):
-        """Its K/V so far as a cache of its own (a copy): a live session's entry keeps it."""
-        return cache_of(self.table.read())
+    def keep_table(self) -> PageTable:
+        """Its table, trimmed to the positions written, for a live session to keep (kvmem/kv/session.py); the
+        sequence no longer holds it."""
+        table, self.table = self.table, PageTable(self.table.pool)
+        self.table.close()
+        return table.keep(table.length)
 
 
 def admit(
@@ -68,15 +72,19 @@ def admit(
     *,
     item=None,
     injection: Injection | None = None,
+    source: tuple[PageTable, int] | None = None,
     max_new_tokens: int,
     wait_s: float = 10.0,
     **kwargs,
 ) -> Iterator[PagedSequence | None]:
     """Yields None while the pool has no room (the caller gives the model loop a turn), then the sequence.
-    An injected block shares its pages; an `injection` (a session's cache) is copied into own pages."""
+    An injected block shares its pages, and so does `source` (a live session's table, and the tokens of it
+    the prompt reuses); an `injection` (a cache of its own) is copied into own pages."""
     total = len(prompt_ids) + max_new_tokens
     reuse = 0
-    if injection is not None:
+    if source is not None:
+        reuse = source[1]
+    elif injection is not None:
         reuse = injection.reused_tokens
     elif item is not None:
         reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
@@ -91,7 +99,9 @@ def admit(
                     table.close()
                     raise
             else:
-                table = PageTable.admit(pool, total, item=item, reuse=reuse)
+                table = PageTable.admit(
+                    pool, total, item=item, reuse=reuse, source=None if source is None else source[0]
+                )
             break
         except PoolFull:
             if time.monotonic() >= deadline:

@@ -2,11 +2,13 @@
 
 A sequence over a stored block starts with references to the block's pages for the positions it reuses
 (full pages only); when it reuses part of a page, that page is copied into one of its own (copy-on-write),
-since its next token goes into that page. A sequence that starts from a cache of its own (a live session's)
-copies it into its own pages. Its own pages come from a reservation made at admission (the prompt's and the
-reply's tokens), all allocated at admission (one run of pages when the pool has one), so a forward never runs
-out of pages. `close` returns every reference; it may be called
-more than once.
+since its next token goes into that page. A sequence of a live session starts the same way from the table
+its session's last turn left (`source`): that table's pages are referenced, never written again, so a
+session's history is not copied in nor out. Its own pages come from a reservation made at admission (the
+prompt's and the reply's tokens), all allocated at admission (one run of pages when the pool has one), so a
+forward never runs out of pages. When a turn ends its table can be `keep`-trimmed and kept by the session
+(kvmem/kv/session.py): it then holds its pages until the session drops it. `close` returns every
+reference; it may be called more than once.
 """
 
 from __future__ import annotations
@@ -21,19 +23,27 @@ class PageTable:
         self.pool = pool
         self.pages: list[int] = []
         self.length = 0  # positions written
-        self.shared_pages = 0  # leading pages referenced from an item (never written)
-        self._item_id: str | None = None
+        self.shared_pages = 0  # leading pages referenced from an item or a session's table (never written)
+        self.item_pages = 0  # of those, the leading pages that are the item's own entry's
+        self.prefix_key: tuple[int, ...] = ()  # the shared pages: rows with the same read them once (runner)
+        self._item_id: str | None = None  # the item entry it holds a reader's reference on
         self._reserved = 0
         self._closed = False
 
     # -- admission -----------------------------------------------------------------------------------------
     @staticmethod
-    def admit(pool: PagePool, total_tokens: int, item=None, reuse: int = 0) -> PageTable:
+    def admit(
+        pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source: PageTable | None = None
+    ) -> PageTable:
         """A table for a sequence of at most `total_tokens` positions whose first `reuse` come from `item`'s
-        pages (0: none). Raises PoolFull when the pool cannot promise its own pages."""
+        pages, or from `source`'s (a live session's table; it takes precedence), 0: none. Raises PoolFull when
+        the pool cannot promise its own pages."""
         table = PageTable(pool)
         pt = pool.page_tokens
-        shared_full = reuse // pt if item is not None else 0
+        if source is not None:
+            item = None
+            assert reuse <= source.length, "a session's table reused past its length"
+        shared_full = reuse // pt if item is not None or source is not None else 0
         need = pool.pages_for(total_tokens) - shared_full
         if item is not None and reuse and item.item_id not in pool.shared:
             need += pool.pages_for(item.num_tokens)  # the item is copied in first
@@ -43,7 +53,9 @@ class PageTable:
             )
         table._reserved = need
         try:
-            if item is not None and reuse:
+            if source is not None and reuse:
+                table._start_from_table(source, reuse, total_tokens)
+            elif item is not None and reuse:
                 table._start_from_item(item, reuse, total_tokens)
             table._grow(total_tokens)  # every own page now, in one run when the pool has one (pages.py)
         except BaseException:
@@ -52,27 +64,44 @@ class PageTable:
         return table
 
     def _start_from_item(self, item, reuse: int, total: int) -> None:
-        pool, pt = self.pool, self.pool.page_tokens
+        pool = self.pool
         with pool.lock:
             # copying the item in takes free pages (counted in the reservation): give them back first
-            resident = item.item_id in pool.shared
-            if not resident:
+            if item.item_id not in pool.shared:
                 pool.unreserve(pool.pages_for(item.num_tokens))
                 self._reserved -= pool.pages_for(item.num_tokens)
             pages, _ = pool.shared.acquire(item)
             self._item_id = item.item_id
-            full = reuse // pt
-            self.pages = list(pages[:full])
-            pool.ref(self.pages)
-            self.shared_pages = full
-            self.length = full * pt
-            if reuse > self.length:  # copy-on-write: the partly reused page becomes the sequence's own
-                self._grow(max(reuse, total))  # its own pages in one run, the copied page first
-                src = pool.slots(pages, self.length, reuse)
-                dst = pool.slots(self.pages, self.length, reuse)
-                pool.k[:, dst.to(pool.k.device)] = pool.k[:, src.to(pool.k.device)]
-                pool.v[:, dst.to(pool.v.device)] = pool.v[:, src.to(pool.v.device)]
-                self.length = reuse
+            self._start_from_pages(pages, reuse, total)
+            self.item_pages = self.shared_pages
+
+    def _start_from_table(self, source: PageTable, reuse: int, total: int) -> None:
+        """Reference the full pages of `source` (a session's table) that the first `reuse` positions fill, as
+        an item's; the item entry it began with gets one more reader, so it stays resident meanwhile."""
+        pool = self.pool
+        with pool.lock:
+            if source._item_id is not None and pool.shared.hold(source._item_id):
+                self._item_id = source._item_id
+            self._start_from_pages(source.pages, reuse, total)
+            self.item_pages = min(source.item_pages, self.shared_pages) if self._item_id is not None else 0
+
+    def _start_from_pages(self, pages: list[int], reuse: int, total: int) -> None:
+        """Reference the full pages of `pages` that the first `reuse` positions fill; copy the partly reused
+        page into an own page (copy-on-write: the next token goes into it)."""
+        pool, pt = self.pool, self.pool.page_tokens
+        full = reuse // pt
+        self.pages = list(pages[:full])
+        pool.ref(self.pages)
+        self.shared_pages = full
+        self.prefix_key = tuple(self.pages)
+        self.length = full * pt
+        if reuse > self.length:
+            self._grow(max(reuse, total))  # its own pages in one run, the copied page first
+            src = pool.slots(pages, self.length, reuse)
+            dst = pool.slots(self.pages, self.length, reuse)
+            pool.k[:, dst.to(pool.k.device)] = pool.k[:, src.to(pool.k.device)]
+            pool.v[:, dst.to(pool.v.device)] = pool.v[:, src.to(pool.v.device)]
+            self.length = reuse
 
     def load(self, kv: torch.Tensor) -> None:
         """Start from K/V of a cache of its own: [layers, 2, kv_heads, n, head_dim], copied into own pages."""
@@ -103,6 +132,29 @@ class PageTable:
         """Positions [start, end) as [layers, 2, kv_heads, n, head_dim] (a copy), e.g. for a session's cache."""
         end = self.length if end is None else end
         return self.pool.read(self.pool.slots(self.pages, start, end))
+
+    # -- a session's entry ---------------------------------------------------------------------------------
+    def keep(self, n: int) -> PageTable:
+        """Trim to positions [0, n) for a session to keep: the pages past them and the unused reservation go
+        back to the pool. Returns itself; it is not written again (a next turn references its pages)."""
+        assert n <= self.length
+        with self.pool.lock:
+            keep = self.pool.pages_for(n)
+            extra, self.pages = self.pages[keep:], self.pages[:keep]
+            self.pool.release(extra)
+            if self._reserved:
+                self.pool.unreserve(self._reserved)
+                self._reserved = 0
+            self.length = n
+        return self
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pages it holds beyond its item's (those are the resident item's, counted there)."""
+        return (len(self.pages) - self.item_pages) * self.pool.shape.page_bytes
 
     # -- end -----------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -181,9 +181,9 @@ def engine_metrics(text: str) -> dict[str, float]:
 
 
 def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
-    """Through the HTTP app and the production backend: requests with a block, without, in a session and a
-    cancelled one (max_tokens 1); afterwards the pages in use are exactly the resident blocks' pages, and
-    /metrics says so; deleting the memory drops the block's pages."""
+    """Through the HTTP app and the production backend: requests with a block, without, and two turns of a
+    live session; afterwards the pages in use are exactly the resident blocks' pages and the live session's,
+    and /metrics says so; deleting the memory drops the block's and the session's pages."""
     from tests.serving.kvstack import load_backend, served
 
     with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
@@ -197,21 +197,28 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         body = {
             "model": "default",
             "user": "alice",
-            "session_id": "s1",
             "max_tokens": 3,
             "messages": [{"role": "user", "content": "And my bees?"}],
         }
-        assert s.client.post("/v1/chat/completions", json=body).status_code == 200
+        for _ in range(2):  # a live session: its second turn starts from the pages the first left
+            r = s.client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "s1"})
+            assert r.status_code == 200, r.text
+        assert s.backend.sessions.stats.hits == 1
         pool = s.backend.pool
         block = s.plan("alice")
         assert block is not None and block["item_id"] in pool.shared
-        assert pool.used_pages == pool.shared.page_count() == pool.pages_for(block["tokens"])
+        assert pool.shared.page_count() == pool.pages_for(block["tokens"])
+        table = s.backend.sessions.peek("alice", "s1").cache
+        session_own = set(table.pages) - {p for e in pool.shared._entries.values() for p in e.pages}
+        assert len(session_own) * pool.shape.page_bytes == table.nbytes > 0
+        assert pool.used_pages == pool.shared.page_count() + len(session_own)
         m = engine_metrics(s.client.get("/metrics").text)
         assert m["kvmem_engine_kv_pages_used"] == pool.used_pages
-        assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.used_pages * pool.shape.page_bytes
-        assert m['kvmem_engine_kv_bytes{kind="private"}'] == 0
+        assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.shared.page_count() * pool.shape.page_bytes
+        assert m['kvmem_engine_kv_bytes{kind="private"}'] == table.nbytes  # the live session's own pages
         assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
         assert pool.used_pages == 0 and block["item_id"] not in pool.shared
+        assert s.backend.sessions.keys() == []
 
 
 def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, tokenizer):
