@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.common import env_info, median, print_table, write_outputs
+from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
 from benchmarks.ttft_grid import memories_for
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
 from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
@@ -52,6 +52,17 @@ def run_arm(args, pool_mb: int) -> dict:
             req = GenerationRequest("stream", "reader", prompt, None, sampling)
             stamps: list[float] = []
             build: dict = {}
+
+            store_item = backend.builder.store_item
+
+            def timed_store_item(item):  # the build's write phase (file, fsync, SHA-256 on an I/O thread)
+                build["write_start"] = time.perf_counter()
+                try:
+                    return store_item(item)
+                finally:
+                    build["write_end"] = time.perf_counter()
+
+            backend.builder.store_item = timed_store_item
 
             def do_build():
                 t = time.perf_counter()
@@ -96,10 +107,28 @@ def run_arm(args, pool_mb: int) -> dict:
         "max_over_median_outside_build": max(gaps) / median(outside) if outside else None,
         # the 5 longest gaps: their length and where they began, in seconds from the build's start
         "largest_gaps": [
-            {"gap_s": gaps[i], "from_build_start_s": stamps[i] - build["start"]} for i in largest
+            {
+                "gap_s": gaps[i],
+                "from_build_start_s": stamps[i] - build["start"],
+                "phase": _phase(build, stamps[i], stamps[i + 1]),
+            }
+            for i in largest
         ],
+        "write_s": build["write_end"] - build["write_start"],
+        "write_from_build_start_s": build["write_start"] - build["start"],
         "build_ended_before_stream": build["end"] <= stamps[-1],
     }
+
+
+def _phase(build: dict, a: float, b: float) -> str:
+    """Where the gap [a, b] fell: before the build, its model part, its write (overlapping), or after it."""
+    if b <= build["start"]:
+        return "before"
+    if a >= build["end"]:
+        return "after"
+    if b > build["write_start"] and a < build["write_end"]:
+        return "write"
+    return "model"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -118,7 +147,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--arms", nargs="+", choices=["engine", "old"], default=["engine", "old"])
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    arms = {arm: run_arm(args, args.pool_mb if arm == "engine" else 0) for arm in args.arms}
+    arms = {}
+    for arm in args.arms:
+        meter = OthersCpu()  # other processes' share of the cores (steal included): a clean run has ~0
+        meter.start()
+        arms[arm] = run_arm(args, args.pool_mb if arm == "engine" else 0)
+        arms[arm]["others_cpu_share"] = meter.share()
     print_table(
         [
             "arm",
@@ -128,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
             "max/median",
             "max/median outside",
             "build within stream",
+            "others' CPU",
         ],
         [
             [
@@ -138,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
                 r["max_over_median"],
                 r["max_over_median_outside_build"],
                 r["build_ended_before_stream"],
+                r["others_cpu_share"],
             ]
             for a, r in arms.items()
         ],

@@ -12,17 +12,18 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
-from safetensors.torch import save_file
 
 from kvmem.checksum import file_sha256
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.item import KVItem, KVItemMeta, tokens_sha
+from kvmem.kv.st_write import write_safetensors
 
 FORMAT_VERSION = 1
 
@@ -39,8 +40,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_item(item: KVItem, directory: str | os.PathLike) -> int:
-    """Write an item atomically; returns bytes written. Raises StorageError and leaves old files intact."""
+def save_item(item: KVItem, directory: str | os.PathLike, pace: Callable[[float], None] | None = None) -> int:
+    """Write an item atomically; returns bytes written. Raises StorageError and leaves old files intact.
+    `pace`: the tensor file is written in synced pieces with a pause after each (kvmem/kv/st_write.py)."""
     directory = Path(directory)
     tensor_path, manifest_path = item_paths(directory, item.item_id)
     writer = f"{os.getpid()}-{threading.get_ident()}"  # two threads may write the same item at once
@@ -54,13 +56,15 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
             "kv": own.detach().to("cpu").contiguous(),
             "token_ids": torch.tensor(item.token_ids, dtype=torch.int32),
         }
-        save_file(tensors, str(tmp_tensor), metadata={"format": str(FORMAT_VERSION), "item_id": item.item_id})
+        sha256 = write_safetensors(
+            tensors, tmp_tensor, {"format": str(FORMAT_VERSION), "item_id": item.item_id}, pace=pace
+        )
         with open(tmp_tensor, "rb+") as fh:
             os.fsync(fh.fileno())
         manifest = {
             "format": FORMAT_VERSION,
             "meta": item.meta.to_dict(),
-            "file_sha256": file_sha256(tmp_tensor),
+            "file_sha256": sha256,  # of the bytes as they were written
             "file_bytes": tmp_tensor.stat().st_size,
         }
         with open(tmp_manifest, "w") as fh:
@@ -71,7 +75,7 @@ def save_item(item: KVItem, directory: str | os.PathLike) -> int:
         os.replace(tmp_manifest, manifest_path)
         _fsync_dir(directory)
         return manifest["file_bytes"]
-    except (OSError, SafetensorError) as exc:
+    except (OSError, SafetensorError, ValueError) as exc:
         for tmp in (tmp_tensor, tmp_manifest):
             try:
                 tmp.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from kvmem.kv.eviction import EntryStats, eviction_policy
 from kvmem.kv.fingerprint import Fingerprint
 from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item, verify_item
 from kvmem.kv.item import KVItem, KVItemMeta
+from kvmem.kv.st_write import paced
 from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class TieredKVStore:
         if item.meta.parent_id is not None:
             self._check_parent(item)
         if persist:
-            save_item(item, self.directory)
+            save_item(item, self.directory, paced(self.config.write_duty))
         device_item = _own_part(item).to(self.config.device)  # a tier holds a child's own K/V only
         unlink: list[str] = []
         with self._lock:

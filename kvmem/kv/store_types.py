@@ -20,6 +20,9 @@ class KVStoreConfig:
     disk_bytes: int | None = None
     policy: str = "lru"
     verify_checksum: bool = True
+    # the share of the time an item's write may keep its thread busy: below 1 it is written in synced pieces
+    # with a pause after each (kvmem/kv/st_write.py), for a server whose streams share the cores with it
+    write_duty: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("device_bytes", "host_bytes", "disk_bytes"):
@@ -27,6 +30,8 @@ class KVStoreConfig:
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"KVStoreConfig.{name} must be a non-negative int or None, got {value!r}")
         eviction_policy(self.policy)  # raises with the supported names
+        if not 0 < self.write_duty <= 1:
+            raise ValueError(f"KVStoreConfig.write_duty must be in (0, 1], got {self.write_duty!r}")
         torch.device(self.device)
 
 

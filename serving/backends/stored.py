@@ -251,9 +251,9 @@ class StoredBlocksBackend(Backend):
         return lambda: self._drop_listeners.remove(callback) if callback in self._drop_listeners else None
 
     def _open_blocks(self, handle, **tiers) -> None:
-        """Over a loaded model `handle`: the KV store (`tiers`: KVStoreConfig's tier fields), the prompt layout
-        (with the deployment's installed knowledge) and the block builder, as self.handle, store, layout and
-        builder. Raises BackendError when the store cannot be opened."""
+        """Over a loaded model `handle`: the KV store (`tiers`: KVStoreConfig's tier fields and write_duty), the
+        prompt layout (with the deployment's installed knowledge) and the block builder, as self.handle, store,
+        layout and builder. Raises BackendError when the store cannot be opened."""
         from kvmem.errors import KvmemError
         from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
         from kvmem.kv.blocks import BlockBuilder

@@ -45,6 +45,9 @@ READ_PIECE = 512  # tokens of a finished build's K/V read from its pages per mod
 log = logging.getLogger(__name__)
 
 IO_NICE = 10  # the I/O threads' niceness, above the model thread's
+# a built item's file is written in synced 8 MB pieces, busy at most this share of the time (st_write.py): on 2
+# cores a 184 MB write at once took the CPU of a step or two of every stream (their longest gaps in a build)
+WRITE_DUTY = 0.25
 
 
 def _yield_to_the_model() -> None:
@@ -150,6 +153,7 @@ class TransformersBackend(StoredBlocksBackend):
             device_bytes=self.config.device_kv_bytes,
             host_bytes=self.config.host_kv_bytes,
             disk_bytes=self.config.disk_kv_bytes,
+            write_duty=WRITE_DUTY,
         )
         self._eos = eos_token_ids(handle.model, handle.tokenizer)
         self.max_context_tokens = handle.max_context_tokens

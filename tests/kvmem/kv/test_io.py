@@ -41,6 +41,25 @@ def test_round_trip_is_bit_identical(tmp_path, item, tiny_handle):
     assert json.loads(raw[8 : 8 + header_len])["__metadata__"]["item_id"] == item.item_id
 
 
+def test_a_paced_write_is_the_same_file_and_its_manifest_names_its_bytes(tmp_path, item, tiny_handle):
+    """The server's store writes items in synced pieces with pauses (KVStoreConfig.write_duty): the same
+    bytes as a write at once, and the manifest's SHA-256 (taken as it wrote) is the file's."""
+    from kvmem.checksum import file_sha256
+    from kvmem.kv import KVStoreConfig, TieredKVStore
+
+    whole, paced = tmp_path / "whole", tmp_path / "paced"
+    save_item(item, whole)
+    store = TieredKVStore(KVStoreConfig(directory=str(paced), write_duty=0.5), tiny_handle.fingerprint)
+    store.put(item)
+    name = f"{item.item_id}.safetensors"
+    assert (paced / name).read_bytes() == (whole / name).read_bytes()
+    manifest = json.loads((paced / f"{item.item_id}.json").read_text())
+    assert manifest["file_sha256"] == file_sha256(paced / name)
+    assert torch.equal(load_item(paced, item.item_id, tiny_handle.fingerprint).kv, item.kv)
+    with pytest.raises(ValueError, match="write_duty must be in"):
+        KVStoreConfig(directory=str(paced), write_duty=0)
+
+
 def _flip_byte(path, offset_from_end=100):
     data = bytearray(path.read_bytes())
     data[-offset_from_end] ^= 0xFF
