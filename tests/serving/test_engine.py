@@ -221,9 +221,18 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         assert s.backend.sessions.keys() == []
 
 
-def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, tokenizer):
+ADAPTER_KINDS = {
+    "lora": {"target_modules": "all-linear"},
+    "dora": {"target_modules": "all-linear", "use_dora": True},
+    "embedding": {"target_modules": ["embed_tokens", "q_proj", "v_proj"]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ADAPTER_KINDS))
+def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, tokenizer, kind):
     """Two LoRA adapters and the base model in one forward per step (serving/engine/lora.py): each request's
-    greedy tokens equal peft's own output for its adapter alone (adapter layers on, set to it)."""
+    greedy tokens equal peft's own output for its adapter alone (adapter layers on, set to it). Plain LoRA,
+    DoRA (peft's variant on the adapter's rows) and LoRA on the token embeddings."""
     import copy
 
     peft = pytest.importorskip("peft")
@@ -231,11 +240,11 @@ def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, to
 
     model = copy.deepcopy(tiny_handle.model)
     torch.manual_seed(3)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **ADAPTER_KINDS[kind])
     wrapped = peft.PeftModel(model, config, adapter_name="a")
     wrapped.add_adapter("b", config)
     for name, p in wrapped.named_parameters():
-        if "lora_B" in name:
+        if "lora_B" in name or "lora_embedding_B" in name:
             torch.nn.init.normal_(p, std=0.2)  # both adapters change the outputs
     wrapped.eval()
     lora_layers = wrapped.base_model
