@@ -2,19 +2,35 @@
 they state) and supersession cases (a short history of user turns -> which facts are current and which were
 superseded at the end), each built from templates with varied wording and a fixed seed.
 
-All text is written here. Knows nothing of any extractor: the expected facts and the resolved dates are
-computed by this module's own calendar code, not by kvmem.formation.dates.
+All text is written here and in data/formation_templates.json (the phrasing templates, as data). Knows nothing
+of any extractor: the expected facts and the resolved dates are computed by this module's own calendar code,
+not by kvmem.formation.dates.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
 
 from kvmem.formation.types import TurnInput
 
 SEED = 20261126
+
+
+def _tuples(value):
+    """JSON lists back as the tuples the templates are (nested)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+# the phrasing templates (messages with {fields}, and the facts they state), kept as data
+_TEMPLATES = _tuples(json.loads((Path(__file__).parent / "data" / "formation_templates.json").read_text()))
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _MONTHS = "January February March April May June July August September October November December".split()
 
@@ -689,127 +705,7 @@ def supersession_cases(seed: int = SEED, per_category: int = 16) -> list[Superse
 # ---- extraction cases ------------------------------------------------------------------------------------
 # (message, expected facts) templates; fields are filled from the vocabulary above.
 
-_EXTRACTION_TEMPLATES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "home": (
-        ("I live in {city}.", ("I live in {city}",)),
-        ("We live in {city} with our two kids.", ("We live in {city} with our two kids",)),
-        ("i'm based in {city}", ("I'm based in {city}",)),
-        ("I've lived in {city} for five years.", ("I've lived in {city} for five years",)),
-        ("Hi! I just moved to {city}.", ("I just moved to {city}",)),
-    ),
-    "job": (
-        ("I work as {a_job}.", ("I work as {a_job}",)),
-        ("I'm {a_job}.", ("I'm {a_job}",)),
-        ("I work at {company}.", ("I work at {company}",)),
-        ("I got a job at {company}!", ("I got a job at {company}",)),
-        ("I quit my job.", ("I quit my job",)),
-        ("I've been working as {a_job} since 2019.", ("I've been working as {a_job} since 2019",)),
-    ),
-    "pet": (
-        ("I have a {species} named {pet}.", ("I have a {species} named {pet}",)),
-        ("My {species} is called {pet}.", ("My {species} is called {pet}",)),
-        ("We adopted a {species} called {pet}.", ("We adopted a {species} called {pet}",)),
-        ("My {species}'s name is {pet} and she loves the garden.", ("My {species}'s name is {pet}",)),
-    ),
-    "preference": (
-        ("I love {obj}.", ("I love {obj}",)),
-        ("I really enjoy {obj}.", ("I really enjoy {obj}",)),
-        ("I hate {obj}.", ("I hate {obj}",)),
-        ("I don't like {obj} at all.", ("I don't like {obj} at all",)),
-        ("My favourite colour is {colour}.", ("My favourite colour is {colour}",)),
-        ("{food_cap} is my favourite food.", ("{food_cap} is my favourite food",)),
-        ("I prefer tea over coffee.", ("I prefer tea over coffee",)),
-    ),
-    "diet_health": (
-        ("I'm vegetarian.", ("I'm vegetarian",)),
-        ("I've been vegan for three years.", ("I've been vegan for three years",)),
-        ("I'm allergic to peanuts.", ("I'm allergic to peanuts",)),
-        ("I'm lactose intolerant, so no milk for me.", ("I'm lactose intolerant",)),
-        ("I have asthma.", ("I have asthma",)),
-    ),
-    "personal": (
-        ("I'm {age}.", ("I'm {age}",)),
-        ("I just turned {age}!", ("I just turned {age}",)),
-        ("My name is {name}.", ("My name is {name}",)),
-        ("Call me {name}.", ("Call me {name}",)),
-        ("My email is {email}.", ("My email is {email}",)),
-        ("My phone number is {phone}.", ("My phone number is {phone}",)),
-    ),
-    "relation": (
-        ("My {rel} lives in {city}.", ("My {rel} lives in {city}",)),
-        ("My sister is {a_job}.", ("My sister is {a_job}",)),
-        ("I'm married.", ("I'm married",)),
-        ("I have a girlfriend named {name}.", ("I have a girlfriend named {name}",)),
-        ("I have two kids.", ("I have two kids",)),
-        ("My brother works at {company}.", ("My brother works at {company}",)),
-    ),
-    "plan_event": (
-        ("We're going to Japan in May.", ("We're going to Japan in May",)),
-        ("I started learning the violin.", ("I started learning the violin",)),
-        ("I'm training for a marathon.", ("I'm training for a marathon",)),
-        ("I used to play the piano.", ("I used to play the piano",)),
-        ("I'm planning to repaint my bedroom.", ("I'm planning to repaint my bedroom",)),
-        ("I finally finished my thesis!", ("I finally finished my thesis",)),
-    ),
-    "multi_clause": (
-        ("I live in {city} and I work as {a_job}.", ("I live in {city}", "I work as {a_job}")),
-        ("I love {obj} but I hate {obj2}.", ("I love {obj}", "I hate {obj2}")),
-        ("Hi! I'm {a_job}. Can you help me write a cover letter?", ("I'm {a_job}",)),
-        (
-            "My sister lives in {city} and my brother lives in {city2}.",
-            ("My sister lives in {city}", "My brother lives in {city2}"),
-        ),
-        ("I have a {species} and a {species2}.", ("I have a {species} and a {species2}",)),
-        ("I'm {age}, I'm from {city} and I love {obj}.", ("I'm {age}", "I'm from {city}", "I love {obj}")),
-        ("Thanks! By the way, I'm vegetarian.", ("I'm vegetarian",)),
-    ),
-    "nothing_greeting": (
-        ("Hi!", ()),
-        ("Good morning!", ()),
-        ("hey there", ()),
-        ("Hello, how are you?", ()),
-        ("bye, talk later", ()),
-    ),
-    "nothing_thanks_filler": (
-        ("Thanks!", ()),
-        ("thank you so much", ()),
-        ("ok", ()),
-        ("lol", ()),
-        ("sounds good", ()),
-        ("I see.", ()),
-        ("Haha, I love it!", ()),
-        ("Got it, I'll try that.", ()),
-    ),
-    "nothing_question": (
-        ("What's the capital of Peru?", ()),
-        ("Can you recommend a good book?", ()),
-        ("How do I make {food}?", ()),
-        ("Do you think I should move to {city}?", ()),
-        ("Is it going to rain in {city} tomorrow?", ()),
-        ("What time is it in {city}?", ()),
-    ),
-    "nothing_request": (
-        ("Tell me a joke.", ()),
-        ("Write a short poem about the sea.", ()),
-        ("Please summarize this article for me.", ()),
-        ("I need a recipe for dinner.", ()),
-        ("Help me plan a trip to {city}.", ()),
-        ("Remind me to call the bank.", ()),
-    ),
-    "nothing_hypothetical": (
-        ("If I won the lottery, I'd move to {city}.", ()),
-        ("Maybe I should learn Spanish.", ()),
-        ("If I were a {species}, I'd sleep all day.", ()),
-        ("I might get a {species} someday.", ()),
-        ("I wish I lived in {city}.", ()),
-    ),
-    "nothing_about_assistant": (
-        ("You're really helpful.", ()),
-        ("I like your answers.", ()),
-        ("I think you made a mistake.", ()),
-        ("I love talking to you.", ()),
-    ),
-}
+_EXTRACTION_TEMPLATES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = _TEMPLATES["extraction_templates"]
 # assistant turns state things too; none of it is the user's
 _ASSISTANT_STATEMENTS = (
     "I live in the cloud, so I don't have a home city.",
@@ -983,182 +879,10 @@ def _date_fields(day: date) -> dict[str, str]:
 
 
 Said = tuple[str, "str | None"]
-_HELDOUT_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]] = {
-    # category: (distractor, first messages, second messages); "{a}"/"{b}" etc. from _heldout_fields
-    "move": (
-        False,
-        (
-            ("Home is {a} for me.", "Home is {a} for me"),
-            ("I've been in {a} for a few years now.", "I've been in {a} for a few years now"),
-            ("Our flat is in {a}.", "Our flat is in {a}"),
-            ("I'm living in {a} at the moment.", "I'm living in {a} at the moment"),
-        ),
-        (
-            ("We finally made the move to {b}!", "We finally made the move to {b}"),
-            ("I've relocated to {b} for work.", "I've relocated to {b} for work"),
-            ("I now call {b} home.", "I now call {b} home"),
-            (
-                "Packed everything up and moved to {b} {last_month_raw}.",
-                "Packed everything up and moved to {b} {last_month}",
-            ),
-            ("I moved over to {b} {last_week_raw}.", "I moved over to {b} {last_week}"),
-        ),
-    ),
-    "job": (
-        False,
-        (
-            ("I'm employed as {a_job}.", "I'm employed as {a_job}"),
-            ("By day I'm {a_job}.", "By day I'm {a_job}"),
-            ("I've worked as {a_job} for ten years.", "I've worked as {a_job} for ten years"),
-        ),
-        (
-            ("I switched careers and I'm {a_job2} now.", "I'm {a_job2} now"),
-            ("These days I work as {a_job2}.", "These days I work as {a_job2}"),
-            ("Started a new role as {a_job2} this month.", "Started a new role as {a_job2} {this_month}"),
-            ("I was made redundant.", "I was made redundant"),
-        ),
-    ),
-    "employer": (
-        False,
-        (
-            ("I'm at {company} at the moment.", "I'm at {company} at the moment"),
-            ("I've been working for {company} since 2021.", "I've been working for {company} since 2021"),
-        ),
-        (
-            ("I accepted an offer from {company2}.", "I accepted an offer from {company2}"),
-            ("I joined {company2} last month.", "I joined {company2} {last_month}"),
-            ("My new employer is {company2}.", "My new employer is {company2}"),
-        ),
-    ),
-    "preference": (
-        False,
-        (
-            ("{obj_cap} is my guilty pleasure.", "{obj_cap} is my guilty pleasure"),
-            ("I'm obsessed with {obj}.", "I'm obsessed with {obj}"),
-            ("I adore {obj}.", "I adore {obj}"),
-        ),
-        (
-            ("I'm so over {obj}.", "I'm so over {obj}"),
-            ("I've completely lost interest in {obj}.", "I've completely lost interest in {obj}"),
-            ("Not really into {obj} anymore.", "Not really into {obj} anymore"),
-            ("I've kind of gone off {obj} lately.", "I've kind of gone off {obj} lately"),
-        ),
-    ),
-    "pet": (
-        False,
-        (
-            ("We've got a {species} called {pet}.", "We've got a {species} called {pet}"),
-            ("My {species} {pet} is three.", "My {species} {pet} is three"),
-        ),
-        (
-            ("We renamed our {species} {pet2}.", "We renamed our {species} {pet2}"),
-            ("Correction, the {species} is called {pet2}.", "The {species} is called {pet2}"),
-            ("Oh, my {species}'s actually named {pet2}.", "My {species}'s actually named {pet2}"),
-        ),
-    ),
-    "relationship": (
-        False,
-        (
-            ("I'm in a relationship.", "I'm in a relationship"),
-            ("My boyfriend and I just moved in together.", "My boyfriend and I just moved in together"),
-        ),
-        (
-            ("I'm single again.", "I'm single again"),
-            ("We split up {last_month_raw}.", "We split up {last_month}"),
-            ("I'm newly single.", "I'm newly single"),
-        ),
-    ),
-    "correction": (
-        False,
-        (("I'm {age}.", "I'm {age}"), ("I'm based in {a}.", "I'm based in {a}")),
-        (
-            ("Oops, typo, I'm {age2}.", "I'm {age2}"),
-            ("Let me correct that: I'm based in {b}.", "I'm based in {b}"),
-        ),
-    ),
-    "diet": (
-        False,
-        (("I follow a vegan diet.", "I follow a vegan diet"),),
-        (
-            ("I've gone vegetarian.", "I've gone vegetarian"),
-            ("I eat fish again now.", "I eat fish again now"),
-            ("I went back to eating meat.", "I went back to eating meat"),
-        ),
-    ),
-    "favourite": (
-        False,
-        (
-            (
-                "{colour_cap} has always been my favourite colour.",
-                "{colour_cap} has always been my favourite colour",
-            ),
-            ("My fave food is {food}.", "My fave food is {food}"),
-        ),
-        (
-            ("My favourite colour has changed to {colour2}.", "My favourite colour has changed to {colour2}"),
-            ("My fave food these days is {food2}.", "My fave food these days is {food2}"),
-        ),
-    ),
-    "distractor_trip": (
-        True,
-        (("I live in {a}.", "I live in {a}"),),
-        (
-            ("I'm in {b} this week for work.", "I'm in {b} {this_week} for work"),
-            ("Greetings from {b}! Here for a wedding.", None),
-            ("Just got back from a week in {b}.", "Just got back from a week in {b}"),
-            ("We're spending Christmas in {b}.", "We're spending Christmas in {b}"),
-        ),
-    ),
-    "distractor_other_people": (
-        True,
-        (("I live in {a}.", "I live in {a}"), ("I work at {company}.", "I work at {company}")),
-        (
-            ("My cousin just moved to {b}.", "My cousin just moved to {b}"),
-            ("My parents are from {b}.", "My parents are from {b}"),
-            ("My ex lives in {b} now.", "My ex lives in {b} now"),
-            ("My flatmate works at {company2}.", "My flatmate works at {company2}"),
-        ),
-    ),
-    "distractor_hypothetical": (
-        True,
-        (("I live in {a}.", "I live in {a}"), ("I'm {a_job}.", "I'm {a_job}")),
-        (
-            ("I could see myself living in {b} one day.", None),
-            ("Should we move to {b}?", None),
-            ("What would happen if I quit my job?", None),
-            ("Part of me wants to be {a_job2}.", None),
-        ),
-    ),
-    "distractor_past": (
-        True,
-        (("I live in {a}.", "I live in {a}"),),
-        (
-            ("I spent five years in {b} before coming here.", "I spent five years in {b} before coming here"),
-            (
-                "Back when I lived in {b}, I cycled everywhere.",
-                "Back when I lived in {b}, I cycled everywhere",
-            ),
-        ),
-    ),
-    "distractor_more": (
-        True,
-        (
-            ("I love {obj}.", "I love {obj}"),
-            ("I have a {species} named {pet}.", "I have a {species} named {pet}"),
-        ),
-        (
-            ("I've also been enjoying {obj2}.", "I've also been enjoying {obj2}"),
-            (
-                "We're fostering a {species2} called {pet2} for a few weeks.",
-                "We're fostering a {species2} called {pet2} for a few weeks",
-            ),
-            (
-                "Our neighbour's {species2} {pet2} visits every day.",
-                "Our neighbour's {species2} {pet2} visits every day",
-            ),
-        ),
-    ),
-}
+# category: (distractor, first messages, second messages); "{a}"/"{b}" etc. from _heldout_fields
+_HELDOUT_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]] = _TEMPLATES[
+    "heldout_supersession"
+]
 
 
 _PAIRED = {"correction", "favourite"}
@@ -1219,60 +943,7 @@ def heldout_supersession_cases(seed: int = SEED, per_category: int = 12) -> list
     return cases
 
 
-_HELDOUT_EXTRACTION: dict[str, tuple[Said, ...]] = {
-    "facts": (
-        ("Me and my partner live in {city}.", "Me and my partner live in {city}"),
-        ("Been living in {city} since 2020.", "Been living in {city} since 2020"),
-        ("I'm {a_job} by trade.", "I'm {a_job} by trade"),
-        ("I'm currently employed as {a_job}.", "I'm currently employed as {a_job}"),
-        ("I teach maths at a high school.", "I teach maths at a high school"),
-        ("Got a {species} called {pet}.", "Got a {species} called {pet}"),
-        ("Our {species} {pet} is three years old.", "Our {species} {pet} is three years old"),
-        ("You can reach me at {email}.", "You can reach me at {email}"),
-        ("Name's {name}.", "Name's {name}"),
-        ("My older brother is {a_job} in {city}.", "My older brother is {a_job} in {city}"),
-        ("My wife {name} works at {company}.", "My wife {name} works at {company}"),
-        ("I've got two teenage daughters.", "I've got two teenage daughters"),
-        ("I speak Portuguese and a bit of German.", "I speak Portuguese and a bit of German"),
-        ("We just bought our first house!", "We just bought our first house"),
-    ),
-    "preferences": (
-        ("Can't stand {obj}.", "Can't stand {obj}"),
-        ("{obj_cap} is my guilty pleasure.", "{obj_cap} is my guilty pleasure"),
-        ("I'm not a fan of {obj}.", "I'm not a fan of {obj}"),
-        ("Nothing beats a good {food} on a Friday night.", "Nothing beats a good {food} on a Friday night"),
-        ("I've been vegetarian since college.", "I've been vegetarian since college"),
-        ("I'm intolerant to gluten.", "I'm intolerant to gluten"),
-        ("I'd pick {obj} over {obj2} any day.", "I'd pick {obj} over {obj2} any day"),
-    ),
-    "plans_events": (
-        ("I'm getting married next summer.", "I'm getting married next summer"),
-        ("I've signed up for a pottery class.", "I've signed up for a pottery class"),
-        ("My daughter starts school in September.", "My daughter starts school in September"),
-        ("Turned {age} {last_week_raw}!", "Turned {age} {last_week}"),
-        ("Ran my first 10k {two_days_ago_raw}.", "Ran my first 10k {two_days_ago}"),
-        ("We went camping {last_weekend_raw}.", "We went camping {last_weekend}"),
-        (
-            "My mum visited {yesterday_raw} and we baked a cake.",
-            "My mum visited {yesterday} and we baked a cake",
-        ),
-        ("I have a dentist appointment {next_week_raw}.", "I have a dentist appointment {next_week}"),
-    ),
-    "nothing": (
-        ("Nice one!", None),
-        ("Hmm, interesting.", None),
-        ("Could you explain that again?", None),
-        ("Let's do it.", None),
-        ("Any tips for staying focused?", None),
-        ("Write me an email to my landlord.", None),
-        ("Hypothetically, if I moved to {city}, would I like it?", None),
-        ("You always know what to say.", None),
-        ("I think your last answer was wrong.", None),
-        ("Wow, that's a lot to take in.", None),
-        ("Good night!", None),
-        ("Give me three ideas for a birthday gift.", None),
-    ),
-}
+_HELDOUT_EXTRACTION: dict[str, tuple[Said, ...]] = _TEMPLATES["heldout_extraction"]
 _RAW_DATES = {
     "last_week_raw": "last week",
     "two_days_ago_raw": "a couple of days ago",
@@ -1308,193 +979,9 @@ def heldout_extraction_cases(seed: int = SEED, per_template: int = 3) -> list[Ex
 # are in benchmarks/results/cpu/formation_heldout_v1.json), so it is no longer held out. This second set was
 # written after that round, in wording the rules were again not written from, and never used to change them.
 
-_HELDOUT2_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]] = {
-    "move": (
-        False,
-        (
-            ("We rent a small place in {a}.", "We rent a small place in {a}"),
-            ("I reside in {a}.", "I reside in {a}"),
-            ("Living in {a} right now.", "Living in {a} right now"),
-            ("Currently based out of {a}.", "Currently based out of {a}"),
-        ),
-        (
-            ("We've settled in {b} now.", "We've settled in {b} now"),
-            ("I've just relocated to {b}.", "I've just relocated to {b}"),
-            ("Moving day is done, we're in {b} now!", "We're in {b} now"),
-            ("Just moved to {b}, still unpacking.", "Just moved to {b}"),
-        ),
-    ),
-    "job": (
-        False,
-        (
-            ("I make a living as {a_job}.", "I make a living as {a_job}"),
-            ("I'm working as {a_job} right now.", "I'm working as {a_job} right now"),
-            ("My job is {a_job}.", "My job is {a_job}"),
-        ),
-        (
-            ("I'm now working as {a_job2}.", "I'm now working as {a_job2}"),
-            ("I left my job {last_week_raw}.", "I left my job {last_week}"),
-            ("I'm between jobs right now.", "I'm between jobs right now"),
-            ("I became {a_job2} {last_year_raw}.", "I became {a_job2} {last_year}"),
-        ),
-    ),
-    "employer": (
-        False,
-        (
-            ("I work for {company}.", "I work for {company}"),
-            ("My company is {company}.", "My company is {company}"),
-            ("I've been at {company} for three years.", "I've been at {company} for three years"),
-        ),
-        (
-            ("I'm now with {company2}.", "I'm now with {company2}"),
-            ("I switched jobs, I'm at {company2} now.", "I switched jobs||I'm at {company2} now"),
-            ("{company2_cap} hired me!", "{company2_cap} hired me"),
-            (
-                "I started working for {company2} {last_month_raw}.",
-                "I started working for {company2} {last_month}",
-            ),
-        ),
-    ),
-    "preference": (
-        False,
-        (
-            ("I really love {obj}.", "I really love {obj}"),
-            ("{obj_cap} is the best.", "{obj_cap} is the best"),
-            ("I'm crazy about {obj}.", "I'm crazy about {obj}"),
-        ),
-        (
-            ("I'm not into {obj} anymore.", "I'm not into {obj} anymore"),
-            ("Honestly I can't stand {obj} now.", "I can't stand {obj} now"),
-            ("I gave up on {obj}.", "I gave up on {obj}"),
-            ("{obj_cap} doesn't do it for me anymore.", "{obj_cap} doesn't do it for me anymore"),
-        ),
-    ),
-    "pet": (
-        False,
-        (
-            ("I have a {species} called {pet}.", "I have a {species} called {pet}"),
-            ("Our family {species} is named {pet}.", "Our family {species} is named {pet}"),
-        ),
-        (
-            ("Our {species} is now called {pet2}.", "Our {species} is now called {pet2}"),
-            ("We changed our {species}'s name to {pet2}.", "We changed our {species}'s name to {pet2}"),
-            (
-                "My {species}'s name is actually {pet2}, autocorrect got it wrong.",
-                "My {species}'s name is actually {pet2}",
-            ),
-        ),
-    ),
-    "relationship": (
-        False,
-        (
-            ("I'm married to {name}.", "I'm married to {name}"),
-            ("I've got a girlfriend.", "I've got a girlfriend"),
-            ("I'm engaged to {name}.", "I'm engaged to {name}"),
-        ),
-        (
-            ("{name} and I got divorced.", "{name} and I got divorced"),
-            ("My girlfriend broke up with me.", "My girlfriend broke up with me"),
-            ("{name} and I tied the knot {last_weekend_raw}!", "{name} and I tied the knot {last_weekend}"),
-        ),
-    ),
-    "correction": (
-        False,
-        (
-            ("I'm {age}.", "I'm {age}"),
-            ("My dog is called {pet}.", "My dog is called {pet}"),
-            ("I live in {a}.", "I live in {a}"),
-        ),
-        (
-            ("Sorry, typo: I'm {age2}.", "I'm {age2}"),
-            ("I meant to say my dog is called {pet2}.", "My dog is called {pet2}"),
-            ("Actually scratch that, I live in {b}.", "I live in {b}"),
-        ),
-    ),
-    "diet": (
-        False,
-        (
-            ("I'm vegan.", "I'm vegan"),
-            ("I'm vegetarian.", "I'm vegetarian"),
-            ("I eat everything.", "I eat everything"),
-        ),
-        (
-            (
-                "I've started eating fish again, so I'm pescatarian now.",
-                "I've started eating fish again||I'm pescatarian now",
-            ),
-            ("I've been eating meat again since the summer.", "I've been eating meat again since the summer"),
-            ("I went vegetarian {last_month_raw}.", "I went vegetarian {last_month}"),
-        ),
-    ),
-    "favourite": (
-        False,
-        (
-            ("My favourite food is {food}.", "My favourite food is {food}"),
-            ("My favourite colour is {colour}.", "My favourite colour is {colour}"),
-        ),
-        (
-            ("I'd say my favourite food is {food2} now.", "My favourite food is {food2} now"),
-            (
-                "{colour2_cap} is my favourite colour these days.",
-                "{colour2_cap} is my favourite colour these days",
-            ),
-        ),
-    ),
-    "distractor_trip": (
-        True,
-        (("I live in {a}.", "I live in {a}"),),
-        (
-            ("I'm off to {b} next week!", "I'm off to {b} {next_week}"),
-            ("Just booked flights to {b} for the summer.", "Just booked flights to {b} for the summer"),
-            ("We spent a long weekend in {b}.", "We spent a long weekend in {b}"),
-            ("I'm visiting my aunt in {b}.", "I'm visiting my aunt in {b}"),
-        ),
-    ),
-    "distractor_other_people": (
-        True,
-        (
-            ("I live in {a}.", "I live in {a}"),
-            ("I work at {company}.", "I work at {company}"),
-            ("I'm vegetarian.", "I'm vegetarian"),
-        ),
-        (
-            ("My boss lives in {b}.", "My boss lives in {b}"),
-            ("My best friend got a job at {company2}.", "My best friend got a job at {company2}"),
-            ("My mum just went vegan.", "My mum just went vegan"),
-        ),
-    ),
-    "distractor_hypothetical": (
-        True,
-        (("I live in {a}.", "I live in {a}"), ("I work at {company}.", "I work at {company}")),
-        (
-            ("If I ever leave {a}, it'll be for {b}.", None),
-            ("I'd love to work at {company2} one day.", "I'd love to work at {company2} one day"),
-            ("In another life I'd be {a_job2}.", None),
-            ("What if I moved to {b}?", None),
-        ),
-    ),
-    "distractor_past": (
-        True,
-        (("I live in {a}.", "I live in {a}"), ("I'm {a_job}.", "I'm {a_job}")),
-        (
-            ("I grew up in {b}.", "I grew up in {b}"),
-            ("As a kid I lived in {b}.", "As a kid I lived in {b}"),
-            ("I worked as {a_job2} in my twenties.", "I worked as {a_job2} in my twenties"),
-        ),
-    ),
-    "distractor_more": (
-        True,
-        (
-            ("I love {obj}.", "I love {obj}"),
-            ("I have a {species} named {pet}.", "I have a {species} named {pet}"),
-        ),
-        (
-            ("I like {obj2} too.", "I like {obj2} too"),
-            ("We have a {species2} as well, named {pet2}.", "We have a {species2} as well, named {pet2}"),
-            ("I also enjoy {obj2}.", "I also enjoy {obj2}"),
-        ),
-    ),
-}
+_HELDOUT2_SUPERSESSION: dict[str, tuple[bool, tuple[Said, ...], tuple[Said, ...]]] = _TEMPLATES[
+    "heldout2_supersession"
+]
 _PAIRED2 = {"relationship", "correction", "diet", "favourite"}
 _RAW_DATES2 = {
     "last_week_raw": "last week",
@@ -1539,58 +1026,7 @@ def heldout2_supersession_cases(seed: int = SEED, per_category: int = 12) -> lis
     return cases
 
 
-_HELDOUT2_EXTRACTION: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "facts": (
-        (
-            "I'm originally from {city} but live in {city2} now.",
-            ("I'm originally from {city}", "I live in {city2} now"),
-        ),
-        ("I have three kids and a dog.", ("I have three kids and a dog",)),
-        ("My husband is {a_job}.", ("My husband is {a_job}",)),
-        ("I've been learning Japanese for a year.", ("I've been learning Japanese for a year",)),
-        ("I work night shifts.", ("I work night shifts",)),
-        ("We're expecting our first baby in March.", ("We're expecting our first baby in March",)),
-        ("I'm left-handed.", ("I'm left-handed",)),
-        ("I own a small bakery.", ("I own a small bakery",)),
-        ("I play bass in a band.", ("I play bass in a band",)),
-        ("I've never been to Asia.", ("I've never been to Asia",)),
-        ("My parents live in {city}.", ("My parents live in {city}",)),
-        ("Email me at {email}.", ("Email me at {email}",)),
-    ),
-    "preferences": (
-        ("I'm not big on {obj}.", ("I'm not big on {obj}",)),
-        ("{obj_cap}? Love it.", ("I love {obj}",)),
-        ("I could eat {food} every day.", ("I could eat {food} every day",)),
-        ("I prefer mornings to evenings.", ("I prefer mornings to evenings",)),
-        ("I find {obj} boring.", ("I find {obj} boring",)),
-        ("Nothing relaxes me like {obj}.", ("Nothing relaxes me like {obj}",)),
-    ),
-    "plans_events": (
-        ("My sister had a baby {yesterday_raw}!", ("My sister had a baby {yesterday}",)),
-        ("I'm starting a new job {next_week_raw}.", ("I'm starting a new job {next_week}",)),
-        ("We adopted a puppy {last_week_raw}.", ("We adopted a puppy {last_week}",)),
-        ("I broke my arm {three_days_ago_raw}.", ("I broke my arm {three_days_ago}",)),
-        ("I'm seeing the dentist on Friday.", ("I'm seeing the dentist {next_friday}",)),
-        ("We got back from Lisbon {last_month_raw}.", ("We got back from Lisbon {last_month}",)),
-    ),
-    "nothing": tuple(
-        (text, ())
-        for text in (
-            "Thanks, that was useful!",
-            "lol same",
-            "Wait, what?",
-            "Can you make it shorter?",
-            "Translate this into French please.",
-            "Not sure what you mean.",
-            "Okay, next question.",
-            "Brilliant, cheers!",
-            "Do dogs dream?",
-            "What's a good name for a cat?",
-            "Say that again?",
-            "That makes sense.",
-        )
-    ),
-}
+_HELDOUT2_EXTRACTION: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = _TEMPLATES["heldout2_extraction"]
 
 
 def heldout2_extraction_cases(seed: int = SEED, per_template: int = 3) -> list[ExtractionCase]:
