@@ -189,7 +189,9 @@ def build_item(
         raise InvalidBlock(f"block has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
     model = handle.model
     fingerprint = fingerprint or handle.fingerprint
-    cache, start = DynamicCache(config=model.config), 0
+    # every position's K/V, for sliding-window layers too: the model's own mask keeps each layer's window, and
+    # a sliding cache layer (DynamicCache(config=...)) would drop the positions an item must keep
+    cache, start = DynamicCache(), 0
     if prefix is not None and prefix.meta.fingerprint == fingerprint:
         from kvmem.kv.inject import inject
 

@@ -165,12 +165,12 @@ class TransformersBackend(StoredBlocksBackend):
         log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
     def _make_pool(self, handle):
-        """The engine's KV page pool, or None (kv_pool_mb 0, or a model the step cannot batch: its requests
-        keep per-request caches)."""
-        from kvmem.kv.batch import can_batch
+        """The engine's KV page pool, or None (kv_pool_mb 0, or a model whose attention the engine cannot run:
+        its requests keep per-request caches). Sliding-window layers run in the engine."""
+        from serving.engine import runner
         from serving.engine.pages import PagePool, PoolShape
 
-        if self.config.kv_pool_mb == 0 or not can_batch(handle.model):
+        if self.config.kv_pool_mb == 0 or not runner.supports(handle.model):
             return None
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)

@@ -8,7 +8,10 @@ own position. The linear layers see T rows. In every layer, the attention functi
    group of rows that share an item's pages, read once for the whole group and merged by log-sum-exp (see
    StepPlan); GQA by grouping the query heads of each K/V head;
 3. scatters the outputs back to the packed order.
-No Python loop over sequences runs inside a layer: the indices and the mask are built once per step. The
+A layer with a sliding window (the model's attention passes `sliding_window`, as Mistral's and Qwen2's do)
+gets masks that keep each query's last `window` positions; the pages keep every position (a block item and
+a session are reused at any length). No Python loop over sequences runs inside a layer: the indices and the
+masks are built once per step (once per window). The
 logits are computed only at each row's last position, and every row's token comes out of one host sync
 (sampler.py). A chunk that is not its prompt's last yields no token, as alone.
 
@@ -41,6 +44,15 @@ Result = int | None | SequenceError
 
 def _consecutive(pages: list[int]) -> bool:
     return pages == list(range(pages[0], pages[0] + len(pages)))
+
+
+def _wide_mask(q, k, pw, nw, window: int | None) -> torch.Tensor:
+    """[B, Qmax, Kmax]: query i of a chunk after P positions sees keys 0 .. P + i (within `window` of it)."""
+    mask = (k <= pw + q) & (k < pw + nw)
+    if window is not None:
+        mask &= k > pw + q - window
+    mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
+    return mask
 
 
 class StepPlan(Cache):
@@ -87,8 +99,8 @@ class StepPlan(Cache):
             k = torch.arange(kmax)[None, None, :]
             pw = torch.tensor([pasts[r] for r in wide])[:, None, None]
             nw = torch.tensor([lengths[r] for r in wide])[:, None, None]
-            mask = (k <= pw + q) & (k < pw + nw)
-            mask[:, :, 0] |= q[:, :, 0] >= nw[:, :, 0]  # pad query rows see key 0 (discarded; no NaN)
+            self._wide_parts = (q, k, pw, nw, device)  # for a sliding window's mask (wide_mask)
+            mask = _wide_mask(q, k, pw, nw, None)
             # one row whose context is one run of pages: a view of the pool, no gather
             whole = seqs[wide[0]].table.pages[: pool.pages_for(kmax)] if len(wide) == 1 else None
             if whole is not None and _consecutive(whole):
@@ -106,7 +118,8 @@ class StepPlan(Cache):
                 torch.cat([torch.arange(starts_at[r], starts_at[r] + lengths[r]) for r in wide]).to(device),
             )
         self.narrow = None
-        self.narrow_bias: torch.Tensor | None = None  # the narrow rows' mask, additive (made by _narrow)
+        self.narrow_bias: dict = {}  # the narrow rows' masks, additive, per window (made by _narrow)
+        self._windowed: dict = {}  # masks and groups for a sliding window, per window (wide_mask, narrow_for)
         if narrow:
             groups: dict[tuple[int, ...], list[int]] = {}
             for i, r in enumerate(narrow):
@@ -114,14 +127,14 @@ class StepPlan(Cache):
                 if t.shared_pages:  # an item's or a session's pages, read once for every row that has them
                     groups.setdefault(t.prefix_key, []).append(i)
             first = [0] * len(narrow)  # each row's first position after its prefix
-            prefixes: list[tuple[torch.Tensor, slice | torch.Tensor]] = []
+            prefixes: list[tuple[torch.Tensor, slice | torch.Tensor, torch.Tensor | None]] = []
             for pages, rows in groups.items():
                 shared = len(pages)
                 if _consecutive(pages):
                     slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + shared) * pt)
                 else:
                     slots = pool.slots(list(pages), 0, shared * pt, device)
-                prefixes.append((torch.tensor(rows, device=device), slots))
+                prefixes.append((torch.tensor(rows, device=device), slots, None))
                 for i in rows:
                     first[i] = shared * pt
             ends = [pasts[r] + 1 for r in narrow]
@@ -133,6 +146,7 @@ class StepPlan(Cache):
             k = torch.arange(kmax)[None, :]
             valid = k < (torch.tensor(ends) - torch.tensor(first))[:, None]  # [B, Kmax]
             positions = torch.tensor([starts_at[r] for r in narrow])
+            self._narrow_parts = (k, torch.tensor(ends), torch.tensor(first), valid, groups, device)
             self.narrow = (
                 len(narrow),
                 kmax,
@@ -141,6 +155,42 @@ class StepPlan(Cache):
                 None if bool(valid.all()) else valid[:, None, None, None].to(device),  # [B, 1, 1, 1, K]
                 prefixes,
             )
+
+    # -- a sliding window (layers that attend to the last `window` positions only) ----------------------------
+    def wide_mask(self, window: int | None) -> torch.Tensor:
+        """The wide rows' mask, for full attention (None) or a sliding window; made once per step each."""
+        if window is None:
+            return self.wide[6]
+        if ("wide", window) not in self._windowed:
+            q, k, pw, nw, device = self._wide_parts
+            self._windowed["wide", window] = _wide_mask(q, k, pw, nw, window)[:, None].to(device)
+        return self._windowed["wide", window]
+
+    def narrow_for(self, window: int | None) -> tuple:
+        """(the narrow rows' mask [B, 1, 1, 1, K] or None, their prefix groups) for full attention (None) or
+        a sliding window of `window` positions: a row's keys are those after its position minus the window;
+        each group's shared keys get a mask for its rows whose window starts inside them, and a row whose
+        window starts after them leaves the group (it attends to its rest alone). Made once per step each."""
+        if window is None:
+            return self.narrow[4], self.narrow[5]
+        if ("narrow", window) not in self._windowed:
+            k, ends, first, valid, groups, device = self._narrow_parts
+            lo = ends - window  # a row's first key in its window: position (end - 1) - window + 1
+            inside = valid & (first[:, None] + k >= lo[:, None])
+            prefixes = []
+            for (_, slots, _), pages in zip(self.narrow[5], groups, strict=True):
+                shared = len(pages) * self.pool.page_tokens
+                kept = [i for i in groups[pages] if lo[i] < shared]
+                if not kept:
+                    continue
+                starts = lo[kept].clamp(min=0)
+                mask = None
+                if bool((starts > 0).any()):
+                    mask = (torch.arange(shared)[None, :] >= starts[:, None])[None, None, None].to(device)
+                prefixes.append((torch.tensor(kept, device=device), slots, mask))
+            mask = None if bool(inside.all()) else inside[:, None, None, None].to(device)
+            self._windowed["narrow", window] = (mask, prefixes)
+        return self._windowed["narrow", window]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return key_states, value_states  # written by the attention function
@@ -158,21 +208,25 @@ class StepPlan(Cache):
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool [B, 1, 1, 1, K] mask as the fused kernel's additive [B, 1, 1, K] mask of `dtype`."""
+def _additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor:
+    """A bool [B, 1, 1, Q, K] mask as the fused kernel's additive mask of `dtype`: [B, 1, 1, K] for one query,
+    else [B, 1, G * Q, K] (the queries of G heads per K/V head, as `_attend` lays them out)."""
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return bias.view(mask.shape[0], 1, 1, mask.shape[-1])
+    b, _, _, nq, k = mask.shape
+    if nq == 1:
+        return bias.view(b, 1, 1, k)
+    return bias.expand(b, 1, g, nq, k).reshape(b, 1, g * nq, k)
 
 
 def _attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
     """Softmax attention with its log-sum-exp, for few queries. q [B, kv, G, Q, d] (G query heads per K/V
-    head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1, K] (True: attend); `bias`: the mask already
-    made additive (`_additive`, once per step rather than per layer). Returns out [B, kv, G, Q, d] and lse
-    [B, kv, G, Q, 1] (float32)."""
+    head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1 or Q, K] (True: attend; every query sees a
+    key); `bias`: the mask already made additive (`_additive`, once per step rather than per layer). Returns
+    out [B, kv, G, Q, d] and lse [B, kv, G, Q, 1] (float32)."""
     bsz, kv, g, nq, d = q.shape
     if _CPU_FLASH is not None and q.device.type == "cpu":
         if mask is not None and bias is None:
-            bias = _additive(mask, q.dtype)
+            bias = _additive(mask, q.dtype, g)
         # it reads k and v wrongly when their last dimension is not contiguous (torch 2.13, measured): copy them
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         out, lse = _CPU_FLASH(q.reshape(bsz, kv, g * nq, d), k, v, 0.0, False, attn_mask=bias, scale=scale)
@@ -185,9 +239,10 @@ def _attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
     return (probs @ v).view(bsz, kv, g, nq, d), lse
 
 
-def _wide(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
+def _wide(st: StepPlan, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
     """Prefill chunks: [tokens, heads, d] in the order of st.wide's positions."""
-    b, qmax, kmax, gather, q_index, tokens, mask, _ = st.wide
+    b, qmax, kmax, gather, q_index, tokens, _, _ = st.wide
+    mask = st.wide_mask(window)
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
     q = query[0].index_select(1, q_index).view(heads, b, qmax, dim).transpose(0, 1)  # [B, heads, Q, d]
     if isinstance(gather, slice):  # one row over one run of pages: a view of the pool
@@ -199,9 +254,10 @@ def _wide(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
     return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
 
 
-def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
+def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
     """One-token rows: [rows, heads, d] in the order of st.narrow's positions."""
-    b, kmax, gather, positions, mask, prefixes = st.narrow
+    b, kmax, gather, positions, _, _ = st.narrow
+    mask, prefixes = st.narrow_for(window)
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
     g = heads // kv_heads
     q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
@@ -209,16 +265,16 @@ def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
     v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
     bias = None
     if mask is not None and _CPU_FLASH is not None and q.device.type == "cpu":
-        if st.narrow_bias is None or st.narrow_bias.dtype != q.dtype:  # once per step, not per layer
-            st.narrow_bias = _additive(mask, q.dtype)
-        bias = st.narrow_bias
+        bias = st.narrow_bias.get(window)
+        if bias is None or bias.dtype != q.dtype:  # once per step, not per layer
+            bias = st.narrow_bias[window] = _additive(mask, q.dtype)
     out, lse = _attend(q, k, v, mask, scale, bias)
-    for rows, slots in prefixes:  # each prefix group's shared pages, read once for all its rows
+    for rows, slots, within in prefixes:  # each prefix group's shared pages, read once for all its rows
         kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
         vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
         r = rows.shape[0]
         qg = q.index_select(0, rows).permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r, dim)
-        o_p, l_p = _attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
+        o_p, l_p = _attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], within, scale)
         o_p = o_p.view(kv_heads, g, r, 1, dim).permute(2, 0, 1, 3, 4)
         l_p = l_p.view(kv_heads, g, r, 1, 1).permute(2, 0, 1, 3, 4)
         o_r, l_r = out.index_select(0, rows), lse.index_select(0, rows)
@@ -229,7 +285,20 @@ def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float) -> torch.Tensor:
     return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)
 
 
-def _paged_attention(module, query, key, value, attention_mask, *, kvmem_step: StepPlan, scaling=None, **kw):
+def _paged_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    *,
+    kvmem_step: StepPlan,
+    scaling=None,
+    sliding_window=None,
+    **kw,
+):
+    if kw.get("softcap") is not None or kw.get("s_aux") is not None:  # `supports` keeps such models out
+        raise NotImplementedError("the engine's attention has no logit soft-capping nor attention sinks")
     st, layer = kvmem_step, module.layer_idx
     k_pool, v_pool = st.pool.k[layer], st.pool.v[layer]  # [slots, kv_heads, dim]
     k_pool.index_copy_(0, st.write, key[0].transpose(0, 1).to(k_pool.dtype))
@@ -237,14 +306,30 @@ def _paged_attention(module, query, key, value, attention_mask, *, kvmem_step: S
     heads, dim = query.shape[1], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
     out = query.new_empty(query.shape[2], heads, dim)  # [T, heads, d] in the packed order
+    window = sliding_window or None
     if st.wide is not None:
-        out.index_copy_(0, st.wide[-1], _wide(st, query, k_pool, v_pool, scale).to(out.dtype))
+        out.index_copy_(0, st.wide[-1], _wide(st, query, k_pool, v_pool, scale, window).to(out.dtype))
     if st.narrow is not None:
-        out.index_copy_(0, st.narrow[3], _narrow(st, query, k_pool, v_pool, scale).to(out.dtype))
+        out.index_copy_(0, st.narrow[3], _narrow(st, query, k_pool, v_pool, scale, window).to(out.dtype))
     return out.unsqueeze(0), None  # [1, T, heads, dim], as the attention interface returns
 
 
 AttentionInterface.register(PAGED, _paged_attention)
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """The engine runs the model's attention itself: causal self-attention over every past position, or over a
+    sliding window of them (per layer, as the model's attention modules pass it), with no logit soft-capping
+    nor attention sinks, in a model that calls its attention through transformers' attention interface."""
+    config = model.config.get_text_config()
+    if not set(getattr(config, "layer_types", None) or ["full_attention"]) <= {
+        "full_attention",
+        "sliding_attention",
+    }:
+        return False
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    return model.config._attn_implementation == "sdpa"
 
 
 def forward(model: torch.nn.Module, pool: PagePool, seqs: list, chunks: list[list[int]]) -> torch.Tensor:

@@ -348,3 +348,72 @@ def test_a_sequences_own_pages_are_one_run_and_its_prefill_reads_a_view(tiny_han
     for p in held[0] + held[2] + held[4] + held[5]:
         pool.release([p])
     assert pool.used_pages == 0
+
+
+def tiny_sliding(kind: str, vocab_size: int):
+    """A tiny model whose layers attend to a sliding window of 40 positions: every layer (mistral) or the
+    second only (qwen2, `max_window_layers` 1: full then sliding)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        sliding_window=40,
+    )
+    torch.manual_seed(0)
+    if kind == "mistral":
+        return MistralForCausalLM(MistralConfig(**shape)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=True, max_window_layers=1)).eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kind, monkeypatch):
+    """Models with sliding-window layers run in the engine: alone (with a block's pages or none, in chunks) and
+    batched (rows of one block share its pages), each request's greedy tokens equal the model's own full
+    prefill, whose mask keeps only the window; the window is shorter than every prompt and block. Rows of a
+    block whose window starts inside its shared pages attend to them masked, and rows whose window starts
+    after them leave the group: both happen."""
+    from kvmem.models import handle_for
+
+    model = tiny_sliding(kind, len(tokenizer))
+    assert runner.supports(model)
+    groups = {"masked": 0, "left": 0}
+    narrow_for = runner.StepPlan.narrow_for
+
+    def counted(plan, window):
+        mask, prefixes = narrow_for(plan, window)
+        if window is not None:
+            groups["masked"] += sum(1 for *_, within in prefixes if within is not None)
+            groups["left"] += len(plan.narrow[5]) - len(prefixes)
+        return mask, prefixes
+
+    monkeypatch.setattr(runner.StepPlan, "narrow_for", counted)
+    config = model.config.get_text_config()
+    assert config.sliding_window == 40
+    if kind == "qwen2":
+        assert config.layer_types == ["full_attention", "sliding_attention"]
+    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
+    requests = prompts_and_blocks(handle, tokenizer)
+    assert min(len(ids) for ids, _ in requests) > 40
+    sp = Sampling(max_new_tokens=8)
+    full = [list(generate(model, ids, sampling=sp)) for ids, _ in requests]
+    pool = make_pool(model)
+    for (ids, item), expected in zip(requests, full, strict=True):
+        for chunk in (None, CHUNK):
+            seqs, errors = run_engine(model, pool, [(ids, item)], [sp], [0], chunk)
+            assert errors == [] and seqs[0].stats.token_ids == expected
+            seqs[0].release()
+    # batched, two rows over the same block (a prefix group whose window starts inside its pages)
+    batch = requests + [requests[0]]
+    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
+    assert errors == [] and [s.stats.token_ids for s in seqs] == full + full[:1]
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+    assert groups["masked"] > 0 and groups["left"] > 0

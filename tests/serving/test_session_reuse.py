@@ -5,6 +5,8 @@ the cache carries drops it before the call returns (invariant 5); `session_kv_by
 
 from __future__ import annotations
 
+import pytest
+
 from kvmem.kv.inject import common_prefix_tokens
 from tests.serving.kvstack import load_backend, served
 
@@ -44,10 +46,27 @@ def seeded(s, users=("alice", "bob")) -> dict[str, dict[str, str]]:
     return ids
 
 
-def test_a_sessions_next_turn_starts_from_its_cache_with_the_same_tokens(tmp_path, tiny_model_dir):
-    with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
+@pytest.fixture(scope="module")
+def sliding_model_dir(tmp_path_factory, tokenizer):
+    """A tiny qwen2 whose second layer attends to a sliding window of 40 positions, saved as a model dir."""
+    from tests.serving.test_engine import tiny_sliding
+
+    d = tmp_path_factory.mktemp("tiny-sliding")
+    tiny_sliding("qwen2", len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("model", ["tiny_model_dir", "sliding_model_dir"])
+def test_a_sessions_next_turn_starts_from_its_cache_with_the_same_tokens(tmp_path, request, model):
+    """Also for a model with a sliding-window layer: it is served by the engine (its blocks and sessions are
+    pages) and its window is shorter than the block."""
+    with served(tmp_path, load_backend(request.getfixturevalue(model), tmp_path)) as s:
+        assert s.backend.pool is not None
         seeded(s, ["alice"])
         block_len = s.plan("alice")["tokens"]
+        window = getattr(s.backend.handle.model.config.get_text_config(), "sliding_window", None)
+        assert window is None or block_len > window
         plain = conversation(s, "alice", None)  # no session: the block item only
         assert [cached(r) for r in plain] == [block_len, block_len]
         assert s.backend.sessions.keys() == []
