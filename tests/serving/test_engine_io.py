@@ -136,12 +136,15 @@ def test_a_build_prefills_on_the_model_thread_and_writes_on_an_io_thread(disk_ba
     hook = backend.handle.model.register_forward_pre_hook(
         lambda *_: forwards.append(threading.current_thread().name)
     )
-    writes: list[tuple[str, bool]] = []  # (writing thread, whether readers could see the item mid-write)
+    # (writing thread, whether readers could see the item mid-write, whether the write was paced)
+    writes: list[tuple[str, bool, bool]] = []
     real_save = store_module.save_item
 
-    def save(item, directory):
-        writes.append((threading.current_thread().name, backend.store.contains(item.item_id)))
-        return real_save(item, directory)
+    def save(item, directory, pace=None):
+        writes.append(
+            (threading.current_thread().name, backend.store.contains(item.item_id), pace is not None)
+        )
+        return real_save(item, directory, pace)
 
     monkeypatch.setattr(store_module, "save_item", save)
     try:
@@ -149,7 +152,7 @@ def test_a_build_prefills_on_the_model_thread_and_writes_on_an_io_thread(disk_ba
     finally:
         hook.remove()
     assert built.built and forwards == ["kvmem-model"]  # one prefill, on the model thread
-    assert len(writes) == 1 and writes[0][0].startswith("kvmem-io") and writes[0][1] is False
+    assert len(writes) == 1 and writes[0][0].startswith("kvmem-io") and writes[0][1:] == (False, True)
     assert backend.store.contains(built.item_id) and backend.store.is_valid_on_disk(built.item_id)
     again = backend.build_block("u", MEMORIES[:2], ["m1", "m2"])  # stored: found, not rebuilt
     assert not again.built and again.item_id == built.item_id and len(writes) == 1
