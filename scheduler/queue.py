@@ -297,4 +297,11 @@ def make_queue(
         return InProcessQueue(max_tasks)
 
 
-__all__ = ["InProcessQueue", "RedisStreamsQueue", "Task", "make_queue", "require_redis", "unique_consumer_name"]
+__all__ = [
+    "InProcessQueue",
+    "RedisStreamsQueue",
+    "Task",
+    "make_queue",
+    "require_redis",
+    "unique_consumer_name",
+]

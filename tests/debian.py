@@ -30,7 +30,12 @@ def ensure(binary: str, package: str, find: Callable[[], str | Path | None] | No
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": _PATH}
     subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
     proc = subprocess.run(
-        ["apt-get", "install", "-y", package], check=False, capture_output=True, text=True, env=env, timeout=900
+        ["apt-get", "install", "-y", package],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     path = locate()
     if not path:

@@ -122,7 +122,16 @@ def test_a_redis_unreachable_at_start_stops_the_server_naming_it(tmp_path, capsy
     config = ServingConfig(data_dir=tmp_path, backend="fake", auth=False, scheduler_redis_url=url)
     with pytest.raises(DependencyUnavailable, match=rf"^redis at 127\.0\.0\.1:{port} is unreachable: "):
         create_app(config)
-    args = ["serve", "--backend", "fake", "--no-auth", "--data-dir", str(tmp_path), "--scheduler-redis-url", url]
+    args = [
+        "serve",
+        "--backend",
+        "fake",
+        "--no-auth",
+        "--data-dir",
+        str(tmp_path),
+        "--scheduler-redis-url",
+        url,
+    ]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"kvmem: error: DependencyUnavailable: redis at 127.0.0.1:{port} is unreachable: ")

@@ -155,9 +155,13 @@ def test_replicas_starting_together_on_a_fresh_database_migrate_it_once(pg_url):
     for t in threads:
         t.start()
     deadline = 50
-    while deadline and holder.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-    ).fetchone()[0] < 3:
+    while (
+        deadline
+        and holder.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()[0]
+        < 3
+    ):
         threading.Event().wait(0.1)
         deadline -= 1
     holder.execute("SELECT pg_advisory_unlock(%s)", (pg_schema.MIGRATE_LOCK_KEY,))
