@@ -118,3 +118,26 @@ def test_a_short_pool_drops_live_sessions_before_a_request_waits(tiny_handle, to
     assert sessions.keys() == [("bob", "s1")] and sessions.stats.dropped == 1  # the least recent went
     seqs[0].release()
     assert pool.used_pages == len(in_use(pool, sessions))
+
+
+def test_a_short_pool_drops_unread_blocks_before_live_sessions(tiny_handle, tokenizer):
+    """An unread block's pages go first: a session (the costlier to lose: its turns must be prefilled again)
+    is dropped only when they are not enough."""
+    model = tiny_handle.model
+    requests = prompts_and_blocks(tiny_handle, tokenizer)
+    ids, item = requests[3][0], requests[2][1]
+    shape = PoolShape.of_model(model, 16)
+    need = -(-(len(ids) + GREEDY.max_new_tokens) // 16)
+    block = -(-item.num_tokens // 16)
+    pool = PagePool(shape, (need + block + need // 2) * shape.page_bytes)
+    sessions = SessionCache(1 << 30)
+    pool.reclaimers.append(sessions.drop_oldest)
+    pool.shared.acquire(item)
+    pool.shared.release(item.item_id)  # resident, read by nobody
+    turn(model, pool, sessions, ids, session="s1")
+    assert item.item_id in pool.shared and sessions.keys() == [("alice", "s1")]
+    seqs, errors = run_engine(model, pool, [(ids, None)], [GREEDY], [0])
+    assert errors == [] and item.item_id not in pool.shared  # the unread block went
+    assert sessions.keys() == [("alice", "s1")]  # the session stayed: the block's pages were enough
+    seqs[0].release()
+    assert pool.used_pages == len(in_use(pool, sessions))
