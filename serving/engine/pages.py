@@ -230,8 +230,7 @@ class SharedPages:
         `release(item_id)` when done. Raises PoolFull if there is no room."""
         with self.pool.lock:
             entry = self._entry(item)
-            entry.users += 1
-            self._entries.move_to_end(item.item_id)
+            self.hold(item.item_id)
             return entry.pages, entry.tokens
 
     def hold(self, item_id: str) -> bool:

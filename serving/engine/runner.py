@@ -146,7 +146,7 @@ class StepPlan(Cache):
             k = torch.arange(kmax)[None, :]
             valid = k < (torch.tensor(ends) - torch.tensor(first))[:, None]  # [B, Kmax]
             positions = torch.tensor([starts_at[r] for r in narrow])
-            self._narrow_parts = (k, torch.tensor(ends), torch.tensor(first), valid, groups, device)
+            self._narrow_parts = (k, ends, first, valid, groups, device)  # for a sliding window (narrow_for)
             self.narrow = (
                 len(narrow),
                 kmax,
@@ -175,6 +175,7 @@ class StepPlan(Cache):
             return self.narrow[4], self.narrow[5]
         if ("narrow", window) not in self._windowed:
             k, ends, first, valid, groups, device = self._narrow_parts
+            ends, first = torch.tensor(ends), torch.tensor(first)
             lo = ends - window  # a row's first key in its window: position (end - 1) - window + 1
             inside = valid & (first[:, None] + k >= lo[:, None])
             prefixes = []

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from kvmem.kv.batch import Sequence
-from kvmem.kv.inject import Injection, usable_prefix_tokens
+from kvmem.kv.inject import usable_prefix_tokens
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 
@@ -71,7 +71,6 @@ def admit(
     prompt_ids,
     *,
     item=None,
-    injection: Injection | None = None,
     source: tuple[PageTable, int] | None = None,
     max_new_tokens: int,
     wait_s: float = 10.0,
@@ -79,29 +78,19 @@ def admit(
 ) -> Iterator[PagedSequence | None]:
     """Yields None while the pool has no room (the caller gives the model loop a turn), then the sequence.
     An injected block shares its pages, and so does `source` (a live session's table, and the tokens of it
-    the prompt reuses); an `injection` (a cache of its own) is copied into own pages."""
+    the prompt reuses)."""
     total = len(prompt_ids) + max_new_tokens
     reuse = 0
     if source is not None:
         reuse = source[1]
-    elif injection is not None:
-        reuse = injection.reused_tokens
     elif item is not None:
         reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            if injection is not None and reuse:
-                table = PageTable.admit(pool, total)
-                try:
-                    table.load(_cache_kv(injection, reuse))
-                except BaseException:
-                    table.close()
-                    raise
-            else:
-                table = PageTable.admit(
-                    pool, total, item=item, reuse=reuse, source=None if source is None else source[0]
-                )
+            table = PageTable.admit(
+                pool, total, item=item, reuse=reuse, source=None if source is None else source[0]
+            )
             break
         except PoolFull:
             if time.monotonic() >= deadline:
@@ -113,9 +102,3 @@ def admit(
         table.close()
         raise
     yield seq
-
-
-def _cache_kv(injection: Injection, n: int) -> torch.Tensor:
-    """The first n positions of a DynamicCache as [layers, 2, kv_heads, n, head_dim]."""
-    layers = injection.cache.layers
-    return torch.stack([torch.stack([la.keys[0, :, :n], la.values[0, :, :n]]) for la in layers])

@@ -103,14 +103,6 @@ class PageTable:
             pool.v[:, dst.to(pool.v.device)] = pool.v[:, src.to(pool.v.device)]
             self.length = reuse
 
-    def load(self, kv: torch.Tensor) -> None:
-        """Start from K/V of a cache of its own: [layers, 2, kv_heads, n, head_dim], copied into own pages."""
-        assert self.length == 0
-        n = kv.shape[3]
-        self._grow(n)
-        self.pool.write(self.pool.slots(self.pages, 0, n), kv)
-        self.length = n
-
     # -- steps ---------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
         """Own pages until positions [0, end) have a page."""
