@@ -1,5 +1,5 @@
-"""Memory formation on the synthetic sets of benchmarks/formation_data.py: extraction precision/recall,
-relative-date resolution, supersession accuracy and false supersessions, and extraction throughput.
+"""Memory formation on the synthetic sets of benchmarks/formation_data.py and formation_heldout.py: extraction
+precision/recall, relative-date resolution, supersession accuracy and false supersessions, and extraction throughput.
 
 Run: python -m benchmarks.formation_bench --out benchmarks/results/cpu/formation.json
      [--public benchmarks/data/formation_labels/realtalk_sample.json --data-dir DIR]
@@ -32,11 +32,13 @@ from benchmarks.formation_data import (
     ExtractionCase,
     SupersessionCase,
     extraction_cases,
+    supersession_cases,
+)
+from benchmarks.formation_heldout import (
     heldout2_extraction_cases,
     heldout2_supersession_cases,
     heldout_extraction_cases,
     heldout_supersession_cases,
-    supersession_cases,
 )
 from kvmem.formation.base import Extractor, make_extractor
 from kvmem.formation.consolidate import ExistingMemory, batch_ref, consolidate_batch
