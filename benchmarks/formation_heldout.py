@@ -87,27 +87,26 @@ def _heldout_fields(rng: random.Random) -> dict[str, str]:
     }
 
 
-def heldout_supersession_cases(seed: int = SEED, per_category: int = 12) -> list[SupersessionCase]:
-    """Held-out phrasings (see above): `per_category` cases of each of 14 categories, first statement then,
-    some days later, the second; the second supersedes the first except in distractor categories."""
-    rng = random.Random(seed + 2)
+def _supersession_set(table, paired, rng: random.Random, prefix: str, per_category: int, fields_of):
+    """`per_category` cases of each category of `table`: first statement then, some days later, the second,
+    which supersedes the first except in distractor categories. In `paired` categories the i-th second
+    message corrects or changes the i-th first one; a second fact may hold two atomic facts ("||")."""
     cases = []
-    for category, (distractor, firsts, seconds) in _HELDOUT_SUPERSESSION.items():
+    for category, (distractor, firsts, seconds) in table.items():
         for k in range(per_category):
-            case_id = f"held-{category}-{k}"
+            case_id = f"{prefix}-{category}-{k}"
             h = _History(rng, case_id, _start(rng))
-            fields = _heldout_fields(rng)
+            fields = fields_of(rng)
             i = rng.randrange(len(firsts))
             first, first_fact = firsts[i]
-            # paired categories: the i-th second message corrects or changes the i-th first one
-            second, second_fact = seconds[i] if category in _PAIRED else rng.choice(seconds)
+            second, second_fact = seconds[i] if category in paired else rng.choice(seconds)
             h.say(first.format(**fields))
             day = h.say(
                 second.format(**fields),
                 after_days=rng.randint(1, 200) if distractor else rng.randint(20, 200),
             )
             fields.update(_date_fields(day))
-            new = [second_fact.format(**fields)] if second_fact else []
+            new = second_fact.format(**fields).split("||") if second_fact else []
             old = [first_fact.format(**fields)] if first_fact else []
             current, superseded = (old + new, []) if distractor else (new, old)
             cases.append(
@@ -116,6 +115,12 @@ def heldout_supersession_cases(seed: int = SEED, per_category: int = 12) -> list
                 )
             )
     return cases
+
+
+def heldout_supersession_cases(seed: int = SEED, per_category: int = 12) -> list[SupersessionCase]:
+    """Held-out phrasings (see above): `per_category` cases of each of 14 categories (`_supersession_set`)."""
+    rng = random.Random(seed + 2)
+    return _supersession_set(_HELDOUT_SUPERSESSION, _PAIRED, rng, "held", per_category, _heldout_fields)
 
 
 _HELDOUT_EXTRACTION: dict[str, tuple[Said, ...]] = _TEMPLATES["heldout_extraction"]
@@ -169,36 +174,17 @@ _RAW_DATES2 = {
 }
 
 
+def _heldout2_fields(rng: random.Random) -> dict[str, str]:
+    fields = {**_heldout_fields(rng), **_RAW_DATES2}
+    fields["company2_cap"] = fields["company2"][0].upper() + fields["company2"][1:]
+    fields["colour2_cap"] = fields["colour2"].capitalize()
+    return fields
+
+
 def heldout2_supersession_cases(seed: int = SEED, per_category: int = 12) -> list[SupersessionCase]:
-    """The second held-out set: `per_category` cases of each of 14 categories, built like
-    `heldout_supersession_cases`."""
+    """The second held-out set: `per_category` cases of each of 14 categories, built like the first."""
     rng = random.Random(seed + 4)
-    cases = []
-    for category, (distractor, firsts, seconds) in _HELDOUT2_SUPERSESSION.items():
-        for k in range(per_category):
-            case_id = f"held2-{category}-{k}"
-            h = _History(rng, case_id, _start(rng))
-            fields = {**_heldout_fields(rng), **_RAW_DATES2}
-            fields["company2_cap"] = fields["company2"][0].upper() + fields["company2"][1:]
-            fields["colour2_cap"] = fields["colour2"].capitalize()
-            i = rng.randrange(len(firsts))
-            first, first_fact = firsts[i]
-            second, second_fact = seconds[i] if category in _PAIRED2 else rng.choice(seconds)
-            h.say(first.format(**fields))
-            day = h.say(
-                second.format(**fields),
-                after_days=rng.randint(1, 200) if distractor else rng.randint(20, 200),
-            )
-            fields.update(_date_fields(day))
-            new = second_fact.format(**fields).split("||") if second_fact else []  # "||": two atomic facts
-            old = [first_fact.format(**fields)] if first_fact else []
-            current, superseded = (old + new, []) if distractor else (new, old)
-            cases.append(
-                SupersessionCase(
-                    case_id, category, distractor, tuple(h.turns), tuple(current), tuple(superseded)
-                )
-            )
-    return cases
+    return _supersession_set(_HELDOUT2_SUPERSESSION, _PAIRED2, rng, "held2", per_category, _heldout2_fields)
 
 
 _HELDOUT2_EXTRACTION: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = _TEMPLATES["heldout2_extraction"]
