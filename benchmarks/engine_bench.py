@@ -6,7 +6,9 @@ and batched-vs-alone agreement.
    own pages) against the per-request caches of the old path (kvmem/kv/batch.py: each request's first
    forward copies the block into a buffer of its own); the target is shared == one block and a total of at
    most 1.25x one block plus the requests' own tokens.
-2. step cost: median wall time of a decode step of 1 and of --concurrent rows over the block.
+2. step cost: median wall time of a decode step of 1 and of --concurrent rows over the block; with --graphs
+   (on a CUDA device by default) again with the decode steps replayed as CUDA graphs (serving/engine/graphs.py),
+   their tokens compared with the eager steps'.
 3. agreement: --requests greedy requests of different lengths (blocks of different sizes, none) run batched
    (arriving two per step, prefill in chunks) and each alone through the same engine; outputs identical,
    and where one differs, the top-2 logit gap alone at the first differing step (a near-tie if < 1e-4).
@@ -29,6 +31,7 @@ from kvmem.kv.batch import Sequence, decode_step
 from kvmem.kv.packed import step as packed_step
 from kvmem.models import load_model
 from serving.engine import runner, sampler
+from serving.engine.graphs import DecodeGraphs
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.sequence import admit
 
@@ -76,7 +79,9 @@ def cache_bytes(seq: Sequence) -> int:
     return total
 
 
-def memory_and_steps(handle, layout, args) -> dict:
+def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
+    """`graphed`: decode steps through DecodeGraphs (CUDA graphs on a GPU; the static steps run eagerly on
+    CPU), the rest as without."""
     model = handle.model
     mems = memory_texts(args.block_tokens // 50, 38, seed=1)
     item = build_item(handle, layout.block_ids(mems), user_id="u")
@@ -87,6 +92,7 @@ def memory_and_steps(handle, layout, args) -> dict:
     ]
     sp = Sampling(max_new_tokens=args.tokens)
     pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20, device=handle.device)
+    pool.graphs = DecodeGraphs(model, pool) if graphed else None
     seqs = [admitted(pool, model, ids, item, sp) for ids in prompts]
     peak = dict(pool.stats())
     times = {1: [], args.concurrent: []}
@@ -109,6 +115,18 @@ def memory_and_steps(handle, layout, args) -> dict:
     alone = admitted(pool, model, prompts[0], item, sp)
     run_steps(model, pool, [alone], on_step)
     alone.release()
+    tokens = [s.stats.token_ids for s in seqs] + [alone.stats.token_ids]
+    if graphed:
+        g = pool.graphs
+        return {
+            "decode_step_s": {str(k): median(v) for k, v in times.items() if v},
+            "decode_steps_timed": {str(k): len(v) for k, v in times.items()},
+            "static_steps": g.steps,
+            "graph_replays": g.replays,
+            "buckets": sorted(f"{rows}x{kcap}" for rows, kcap in g.buckets),
+            "capture_failed": g.broken,
+            "tokens": tokens,
+        }
     # the old path: each request's cache after its prefill holds its own copy of the block
     old = [Sequence(model, ids, item=item, sampling=sp) for ids in prompts]
     packed_step(model, old, [])
@@ -138,6 +156,7 @@ def memory_and_steps(handle, layout, args) -> dict:
         "decode_step_s": {str(k): median(v) for k, v in times.items() if v},
         "decode_steps_timed": {str(k): len(v) for k, v in times.items()},
         "old_path_decode_step_s": {str(k): median(v) for k, v in old_times.items() if v},
+        "tokens": tokens,
     }
 
 
@@ -219,12 +238,28 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
     p.add_argument("--pool-mb", type=int, default=1024)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA by default")
+    p.add_argument(
+        "--graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also run the decode steps through serving/engine/graphs.py (auto: on a CUDA device; on CPU the "
+        "static steps run eagerly) and compare their tokens with the eager steps'",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     handle = handle or load_model(args.model, device=args.device, dtype=args.dtype)
     layout = PromptLayout(handle.tokenizer)
     with torch.inference_mode():
         mem = memory_and_steps(handle, layout, args)
+    graphs = None
+    if args.graphs == "on" or (args.graphs == "auto" and handle.device.type == "cuda"):
+        with torch.inference_mode():
+            graphs = memory_and_steps(handle, layout, args, graphed=True)
+        graphs["tokens_identical_to_eager"] = sum(
+            a == b for a, b in zip(graphs.pop("tokens"), mem["tokens"], strict=True)
+        )
+        graphs["requests"] = len(mem["tokens"])
+    mem.pop("tokens")
     agree = agreement(handle, layout, args)
     print_table(
         ["figure", "value"],
@@ -238,7 +273,15 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             ["old path caches after prefill", mem["old_path_cache_bytes_after_prefill"]],
             ["decode step s (rows: s)", mem["decode_step_s"]],
             ["agreement identical", f"{agree['outputs_identical']}/{agree['requests']}"],
-        ],
+        ]
+        + (
+            []
+            if graphs is None
+            else [
+                ["graphs: decode step s (rows: s)", graphs["decode_step_s"]],
+                ["graphs: tokens = eager", f"{graphs['tokens_identical_to_eager']}/{graphs['requests']}"],
+            ]
+        ),
     )
     env = env_info(str(handle.device))
     result = {
@@ -246,6 +289,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         "model": handle.model_id,
         "memory": mem,
         "agreement": agree,
+        "graphs": graphs,
     }
     write_outputs(result, args.out)
     return result

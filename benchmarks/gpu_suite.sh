@@ -19,8 +19,9 @@
 #   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
 #   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
 #              run cut short by its caller's limit still hands back
-# Steps run in order of what the issue asks first: engine (KV bytes, batch-8 vs batch-1 step), the MemOS
-# cells on Qwen3-8B's shape, http_load, exactness, then ttft on the default model, eager and compiled.
+# Steps run in order of what the issue asks first: engine (KV bytes, batch-8 vs batch-1 step, eager and as
+# CUDA graphs), http_load with graphs and without, the MemOS cells on Qwen3-8B's shape, exactness, then ttft
+# on the default model, eager and compiled (graphs change decode steps only, not a TTFT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/gpu}
@@ -72,11 +73,14 @@ MODEL="$OUT/model"
 RANDOM_MODEL=()
 [ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
 step model 120 "$PY" -m benchmarks.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
+# engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
 step engine 120 "$PY" -m benchmarks.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
+# the server with CUDA graphs (its default on a GPU), then without, on the same machine
+step http_load 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
+step http_load_eager 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE --no-cuda-graphs" --out "$OUT/http_load_eager.json"
 if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU only
   step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft_grid --random-preset qwen3-8b "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
 fi
-step http_load 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
 step exactness_fp32 90 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
 step exactness_bf16 120 "$PY" -m benchmarks.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
 step ttft_default 60 "$PY" -m benchmarks.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"

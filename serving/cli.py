@@ -131,6 +131,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "gets 429; 0: per-request caches",
     )
     p.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="on a CUDA device, run the engine's decode steps eagerly instead of replaying CUDA graphs",
+    )
+    p.add_argument(
         "--no-store-turns",
         action="store_true",
         help="do not keep chat turns in the conversation log, nor form memories from them (benchmarks)",
@@ -252,6 +257,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             extractor_timeout_s=args.extractor_timeout_s,
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             kv_pool_mb=args.kv_pool_mb,
+            cuda_graphs=not args.no_cuda_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,

@@ -82,6 +82,9 @@ class ServingConfig:
         1 << 30
     )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
     kv_pool_mb: int = 1024  # the engine's KV page pool (transformers backend); 0: per-request caches
+    cuda_graphs: bool = (
+        True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
+    )
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from

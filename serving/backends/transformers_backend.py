@@ -77,6 +77,9 @@ class TransformersBackendConfig:
     packed_steps: bool = True  # a step's prefill chunks and decode steps in one forward (kvmem/kv/packed.py)
     kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine); 0: per-request caches (the old path)
     kv_page_tokens: int = 16  # tokens per KV page
+    cuda_graphs: bool = (
+        True  # on a CUDA device, the engine's pure decode steps replay CUDA graphs (graphs.py)
+    )
     kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
     # a block build's prefill chunk (engine) while other requests decode: builds run in the background, so
     # theirs are small and a step that carries one delays the streams little (a 64-token chunk at ~4k tokens
@@ -167,7 +170,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
     def _make_pool(self, handle):
         """The engine's KV page pool, or None (kv_pool_mb 0, or a model whose attention the engine cannot run:
         its requests keep per-request caches). Sliding-window layers run in the engine."""
-        from serving.engine import runner
+        from serving.engine import graphs, runner
         from serving.engine.pages import PagePool, PoolShape
 
         if self.config.kv_pool_mb == 0 or not runner.supports(handle.model):
@@ -175,6 +178,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
         pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
+        if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
+            pool.graphs = graphs.DecodeGraphs(handle.model, pool)
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,

@@ -68,7 +68,9 @@ class PagePool:
             )
         self.shape, self.num_pages, self.page_tokens = shape, num_pages, shape.page_tokens
         slots = num_pages * shape.page_tokens
-        size = (shape.layers, slots, shape.kv_heads, shape.head_dim)
+        # one slot past the last page, in no page: where a decode graph's pad rows write (graphs.py)
+        self.scratch_slot = slots
+        size = (shape.layers, slots + 1, shape.kv_heads, shape.head_dim)
         self.k = torch.empty(size, dtype=shape.dtype, device=device)
         self.v = torch.empty(size, dtype=shape.dtype, device=device)
         self._refs = [0] * num_pages
@@ -79,6 +81,7 @@ class PagePool:
         # called under the lock while pages are short, after unread items went: each drops something it
         # holds pages for (a live session's table, kvmem/kv/session.py) and says whether it did
         self.reclaimers: list[Callable[[], bool]] = []
+        self.graphs = None  # the model's decode graphs (graphs.DecodeGraphs), set by its owner on a GPU
 
     # -- pages ---------------------------------------------------------------------------------------------
     @property

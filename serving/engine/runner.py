@@ -193,8 +193,23 @@ class StepPlan(Cache):
             self._windowed["narrow", window] = (mask, prefixes)
         return self._windowed["narrow", window]
 
+    def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
+        """One layer's attention for every row: the step's new K/V into the pool at their slots, then the wide
+        and the narrow rows; [1, T, heads, d] in the packed order."""
+        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]  # [slots, kv_heads, dim]
+        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
+        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
+        if self.wide is not None:
+            out.index_copy_(0, self.wide[-1], _wide(self, query, k_pool, v_pool, scale, window).to(out.dtype))
+        if self.narrow is not None:
+            out.index_copy_(
+                0, self.narrow[3], _narrow(self, query, k_pool, v_pool, scale, window).to(out.dtype)
+            )
+        return out.unsqueeze(0)
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return key_states, value_states  # written by the attention function
+        return key_states, value_states  # written by attend
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are passed explicitly
@@ -293,26 +308,17 @@ def _paged_attention(
     value,
     attention_mask,
     *,
-    kvmem_step: StepPlan,
+    kvmem_step,
     scaling=None,
     sliding_window=None,
     **kw,
 ):
     if kw.get("softcap") is not None or kw.get("s_aux") is not None:  # `supports` keeps such models out
         raise NotImplementedError("the engine's attention has no logit soft-capping nor attention sinks")
-    st, layer = kvmem_step, module.layer_idx
-    k_pool, v_pool = st.pool.k[layer], st.pool.v[layer]  # [slots, kv_heads, dim]
-    k_pool.index_copy_(0, st.write, key[0].transpose(0, 1).to(k_pool.dtype))
-    v_pool.index_copy_(0, st.write, value[0].transpose(0, 1).to(v_pool.dtype))
-    heads, dim = query.shape[1], query.shape[3]
-    scale = scaling if scaling is not None else dim**-0.5
-    out = query.new_empty(query.shape[2], heads, dim)  # [T, heads, d] in the packed order
-    window = sliding_window or None
-    if st.wide is not None:
-        out.index_copy_(0, st.wide[-1], _wide(st, query, k_pool, v_pool, scale, window).to(out.dtype))
-    if st.narrow is not None:
-        out.index_copy_(0, st.narrow[3], _narrow(st, query, k_pool, v_pool, scale, window).to(out.dtype))
-    return out.unsqueeze(0), None  # [1, T, heads, dim], as the attention interface returns
+    scale = scaling if scaling is not None else query.shape[3] ** -0.5
+    # a step's plan: this module's StepPlan, or a decode graph's StaticPlan (graphs.py)
+    out = kvmem_step.attend(module.layer_idx, query, key, value, scale, sliding_window or None)
+    return out, None  # [1, T, heads, dim], as the attention interface returns
 
 
 AttentionInterface.register(PAGED, _paged_attention)
@@ -350,22 +356,33 @@ def forward(model: torch.nn.Module, pool: PagePool, seqs: list, chunks: list[lis
             groups.setdefault(s.adapter, []).extend(range(start, start + len(c)))
         start += len(c)
     adapters = lora.mixed(model, {n: torch.tensor(p, device=device) for n, p in groups.items()})
+    with adapters if groups else nullcontext():
+        return run_model(
+            model,
+            torch.tensor([ids], dtype=torch.long, device=device),
+            torch.tensor([positions], dtype=torch.long, device=device),
+            plan,
+            torch.tensor(ends, dtype=torch.long, device=device),
+        )[0].float()
+
+
+def run_model(model: torch.nn.Module, ids, positions, plan, logits_to_keep) -> torch.Tensor:
+    """The model's forward over packed ids [1, T] at `positions` [1, T], its attention run by `plan` (a
+    StepPlan, or a decode graph's StaticPlan); logits [1, kept, vocab] in the model's dtype."""
     config = model.config
     alone = config._attn_implementation
     config._attn_implementation = PAGED
     try:
-        with adapters if groups else nullcontext():
-            out = model(
-                input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-                position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-                past_key_values=plan,
-                use_cache=True,
-                logits_to_keep=torch.tensor(ends, dtype=torch.long, device=device),
-                kvmem_step=plan,
-            )
+        return model(
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=plan,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            kvmem_step=plan,
+        ).logits
     finally:
         config._attn_implementation = alone
-    return out.logits[0].float()
 
 
 def step(model: torch.nn.Module, pool: PagePool, prefills: list, decodes: list) -> list[Result]:
@@ -377,7 +394,12 @@ def step(model: torch.nn.Module, pool: PagePool, prefills: list, decodes: list) 
     saved = [(s.table.length, s.position) for s in seqs]
     try:
         with torch.inference_mode():
-            logits = forward(model, pool, seqs, chunks)
+            logits = None
+            if pool.graphs is not None and not prefills and decodes:  # a pure decode step: a CUDA graph
+                shape = pool.graphs.bucket_for(decodes)
+                logits = None if shape is None else pool.graphs.logits(decodes, shape)
+            if logits is None:
+                logits = forward(model, pool, seqs, chunks)
             yields = [i for i, s in enumerate(seqs) if s.decoding or len(chunks[i]) == len(s._prefill)]
             tokens = sampler.sample(logits[yields], [seqs[i] for i in yields]) if yields else []
     except Exception as exc:  # noqa: BLE001 - isolated: alone, each row fails or goes on by itself

@@ -167,6 +167,9 @@ def test_device_and_dtype_reach_the_transformers_backend(tmp_path: Path) -> None
     assert (backend.config.device, backend.config.dtype) == ("cpu", "bfloat16")
     defaults = config_from_args(build_parser().parse_args(["serve"]))
     assert (defaults.device, defaults.dtype) == ("auto", "auto")
+    assert backend.config.cuda_graphs and defaults.cuda_graphs
+    eager = config_from_args(build_parser().parse_args(["serve", "--no-cuda-graphs"]))
+    assert not eager.cuda_graphs and not create_backend(eager).config.cuda_graphs
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm backend needs vllm")

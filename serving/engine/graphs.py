@@ -1,0 +1,206 @@
+"""Decode steps replayed as CUDA graphs, one per bucket of (rows, context), on a CUDA device only.
+
+A decode step of a small model on a GPU is launch-bound: measured on an H100 (benchmarks/results/gpu/h100),
+one row of the 135M default model took 43.6 ms eagerly, 30 layers of small kernels with Python between them.
+A graph records the step's kernels once and replays them with one launch. A graph needs every shape and
+address fixed, so a step that only decodes (no prefill chunk, no adapter) runs here over static buffers:
+
+- rows are padded to a bucket (1, 2, 4, 8, 16, 32); a pad row's token writes its K/V to the pool's scratch
+  slot (pages.py: one slot past the last page, never allocated) and reads only it;
+- each row reads its whole context through one slot table [rows, kcap], kcap a power of two >= 512 and at
+  least its longest context; slots past a row's length read the scratch slot under a -inf mask. Rows that
+  share a block's pages read them once each (the eager step reads them once per group, runner.py): the
+  price of fixed shapes, a gather of the block per row per layer;
+- one SDPA per layer over [rows, kv_heads, G, d] queries (the G query heads of each K/V head as its queries),
+  so grouped-query attention needs no expanded copy of K/V.
+
+The step's inputs (token ids, positions, write slots, lengths, slot table) are filled on the host into one
+int64 buffer and copied to the device in one transfer; the graph computes the mask from the lengths. Logits of
+every row (pads too) come out as float32; the sampler reads the real rows (one host sync, as eagerly).
+
+A bucket is captured the first time a step needs it (warm-up on a side stream, then capture, sharing one
+memory pool across buckets). If a capture fails, a warning is logged and every later step runs eagerly.
+Without CUDA (`capture=False`, what the CPU tests run) the same static step runs eagerly: its tokens, and
+that it makes no host sync and no data-dependent shape (what a capture forbids), are tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache
+
+log = logging.getLogger(__name__)
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
+MIN_CONTEXT = 512
+MAX_GATHER_SLOTS = 1 << 17  # rows * kcap of the largest bucket: the per-layer gather stays bounded
+
+
+def _bucket_rows(n: int) -> int | None:
+    return next((b for b in ROW_BUCKETS if b >= n), None)
+
+
+def _bucket_context(n: int) -> int:
+    return max(MIN_CONTEXT, 1 << (n - 1).bit_length())
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Graphs run models whose layers all attend to every past position (a sliding window: eager steps)."""
+    config = model.config.get_text_config()
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return set(types) == {"full_attention"}
+    return not getattr(config, "sliding_window", None)  # a window with no layer types applies to every layer
+
+
+class StaticPlan(Cache):
+    """The indices of one bucket's step in fixed device buffers; `past_key_values` and `kvmem_step` of its
+    forward, as runner.StepPlan is of an eager one."""
+
+    def __init__(self, pool, inputs: torch.Tensor, rows: int, kcap: int) -> None:
+        super().__init__(layers=[])
+        self.pool, self.rows, self.kcap = pool, rows, kcap
+        self.ids, self.positions, self.write, self.lengths = inputs[: 4 * rows].view(4, rows)
+        self.gather = inputs[4 * rows :]
+        self._keys = torch.arange(kcap, device=inputs.device)
+        self.bias: torch.Tensor | None = None
+
+    def begin(self, dtype: torch.dtype) -> None:
+        """The mask of this step, once for every layer: row i sees its first lengths[i] keys."""
+        seen = self._keys[None, :] < self.lengths[:, None]
+        zero = torch.zeros((), dtype=dtype, device=seen.device)
+        self.bias = torch.where(seen, zero, torch.full_like(zero, float("-inf")))[:, None, None, :]
+
+    def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
+        assert window is None, "graphs run full-attention models only (supports)"
+        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
+        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
+        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        rows, heads, dim = self.rows, query.shape[1], query.shape[3]
+        kv_heads = k_pool.shape[1]
+        q = query[0].transpose(0, 1).reshape(rows, kv_heads, heads // kv_heads, dim)
+        k = k_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
+        v = v_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.to(q.dtype), scale=scale)
+        return out.reshape(1, rows, heads, dim)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return key_states, value_states  # written by attend
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are passed explicitly
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+
+class _Bucket:
+    """One (rows, kcap) shape: its host and device buffers, its plan, and its graph once captured."""
+
+    def __init__(self, model, pool, rows: int, kcap: int, pinned: bool) -> None:
+        self.model, self.rows, self.kcap = model, rows, kcap
+        size = 4 * rows + rows * kcap
+        self.host = torch.empty(size, dtype=torch.long, pin_memory=pinned)
+        self.inputs = torch.empty(size, dtype=torch.long, device=pool.k.device)
+        self.plan = StaticPlan(pool, self.inputs, rows, kcap)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        self.dtype = pool.k.dtype
+        self.pad()
+
+    def pad(self) -> None:
+        """Every row a pad row (what a warm-up and a capture run over: they write the scratch slot only)."""
+        scratch = self.plan.pool.scratch_slot
+        self.host.fill_(scratch)
+        self.host[: 2 * self.rows] = 0  # ids, positions
+        self.host[3 * self.rows : 4 * self.rows] = 1  # lengths
+        self.inputs.copy_(self.host)
+
+    def fill(self, seqs: list) -> None:
+        """The real rows' inputs (each row's table grows by its new token), pads after them; one transfer."""
+        rows, kcap, pool = self.rows, self.kcap, self.plan.pool
+        ids, positions, write, lengths = self.host[: 4 * rows].view(4, rows)
+        gather = self.host[4 * rows :].view(rows, kcap)
+        gather.fill_(pool.scratch_slot)
+        write.fill_(pool.scratch_slot)
+        ids.zero_()
+        positions.zero_()
+        lengths.fill_(1)
+        for i, s in enumerate(seqs):
+            n = s.position + 1
+            write[i] = s.table.extend(1, torch.device("cpu"))[0]
+            gather[i, :n] = pool.slots(s.table.pages, 0, n)
+            ids[i], positions[i], lengths[i] = s.last_token, s.position, n
+        self.inputs.copy_(self.host, non_blocking=self.host.is_pinned())
+
+    def forward(self) -> torch.Tensor:
+        from serving.engine import runner
+
+        self.plan.begin(self.dtype)
+        logits = runner.run_model(
+            self.model, self.plan.ids[None], self.plan.positions[None], self.plan, logits_to_keep=0
+        )
+        return logits[0].float()
+
+    def capture(self, mempool) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # lazy initialisations (cuBLAS workspaces) happen outside the capture
+                self.forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (item loads) may use the device while this thread captures
+        with torch.cuda.graph(graph, pool=mempool, capture_error_mode="thread_local"):
+            self.logits = self.forward()
+        self.graph = graph
+
+
+class DecodeGraphs:
+    """The decode steps of one model over one pool (see the module docstring). `capture`: record CUDA graphs
+    (default: when the pool is on a CUDA device); False runs the same static steps eagerly."""
+
+    def __init__(self, model: torch.nn.Module, pool, capture: bool | None = None) -> None:
+        self.model, self.pool = model, pool
+        self.capture = pool.k.device.type == "cuda" if capture is None else capture
+        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self.broken = False  # a capture failed: eager steps from then on
+        self.steps = 0  # static steps run (replayed or eager)
+        self.replays = 0  # of which replayed graphs
+        self._mempool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    def bucket_for(self, decodes: list) -> tuple[int, int] | None:
+        """The (rows, kcap) a pure decode step of `decodes` runs in, or None (eager)."""
+        rows = _bucket_rows(len(decodes))
+        if rows is None or self.broken or any(getattr(s, "adapter", None) is not None for s in decodes):
+            return None
+        kcap = _bucket_context(max(s.position + 1 for s in decodes))
+        return None if rows * kcap > MAX_GATHER_SLOTS else (rows, kcap)
+
+    def logits(self, decodes: list, shape: tuple[int, int]) -> torch.Tensor | None:
+        """[len(decodes), vocab] float32: one decode step of every row (tables grow by one token each); None
+        if the bucket's capture failed (the caller runs the step eagerly; so does every later step)."""
+        bucket = self.buckets.get(shape)
+        if bucket is None:
+            bucket = _Bucket(self.model, self.pool, *shape, pinned=self.capture)
+            if self.capture:
+                try:
+                    bucket.capture(self._mempool)
+                except Exception:  # noqa: BLE001 - graphs are an optimisation: eager steps still serve
+                    log.warning(
+                        "capturing the decode graph of %s failed; decoding eagerly", shape, exc_info=True
+                    )
+                    self.broken = True
+                    return None
+            self.buckets[shape] = bucket
+        bucket.fill(decodes)
+        self.steps += 1
+        if bucket.graph is None:
+            return bucket.forward()[: len(decodes)]
+        bucket.graph.replay()
+        self.replays += 1
+        return bucket.logits[: len(decodes)]

@@ -1,0 +1,176 @@
+"""Decode steps over static buffers (serving/engine/graphs.py), what a CUDA graph records and replays. On CPU
+the same static step runs eagerly: each request's greedy tokens equal the eager engine's, the step makes no
+host sync and no data-dependent shape (what a capture forbids), pad rows write only the scratch slot, and
+pages never leak. On a CUDA machine the captured graphs give the eager engine's tokens too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvmem.kv import Sampling
+from serving.engine import graphs, runner
+from serving.engine.graphs import DecodeGraphs
+from tests.kvmem.kv.test_batch import prompts_and_blocks
+from tests.serving.test_engine import admitted, make_pool, run_engine
+
+# ops that read a device value on the host, or whose output shape depends on values: a capture fails on them
+FORBIDDEN = ("_local_scalar_dense", "is_nonzero", "aten.nonzero", "masked_select", "aten.item")
+
+
+class HostSyncs(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(f in str(func) for f in FORBIDDEN):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def workload(handle, tokenizer):
+    """Eight requests of different lengths: two blocks, none, and later ones; one crosses 512 tokens of context
+    while it decodes (its steps change bucket)."""
+    base = prompts_and_blocks(handle, tokenizer)
+    long = (base[0][0] + base[1][0][1:] + base[2][0][1:])[:500]
+    requests = base + [(base[0][0][:-3] + base[0][0][-2:], base[0][1]), (long, None), base[2], base[3]]
+    samplings = [Sampling(max_new_tokens=n) for n in (5, 12, 9, 3, 30, 24, 11, 6)]
+    return requests, samplings, [0, 0, 1, 3, 4, 4, 9, 12]
+
+
+def run(model, handle, tokenizer, graphed: bool, device="cpu"):
+    pool = make_pool(model)
+    if device != "cpu":
+        pool.k, pool.v = pool.k.to(device), pool.v.to(device)
+    pool.graphs = DecodeGraphs(model, pool, capture=device != "cpu") if graphed else None
+    requests, samplings, arrive = workload(handle, tokenizer)
+    seqs, errors = run_engine(model, pool, requests, samplings, arrive, chunk=128)
+    assert errors == []
+    tokens = [s.stats.token_ids for s in seqs]
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()  # no page leaked
+    return tokens, pool
+
+
+def test_static_decode_steps_give_the_eager_engines_tokens(tiny_handle, tokenizer):
+    model = tiny_handle.model
+    items = [item for _, item in prompts_and_blocks(tiny_handle, tokenizer) if item is not None]
+    before = [item.kv.clone() for item in items]
+    eager, _ = run(model, tiny_handle, tokenizer, graphed=False)
+    static, pool = run(model, tiny_handle, tokenizer, graphed=True)
+    assert static == eager
+    g = pool.graphs
+    assert g.steps > 20 and g.replays == 0  # CPU: the static steps run, nothing is captured
+    assert sorted(g.buckets) == [(1, 512), (2, 1024), (4, 512)]  # rows padded to 4; one row crossed 512
+    for item, kv in zip(items, before, strict=True):
+        assert torch.equal(item.kv, kv)  # the stored items are never written
+
+
+def test_a_static_step_makes_no_host_sync_and_pads_write_only_the_scratch_slot(tiny_handle, tokenizer):
+    model = tiny_handle.model
+    pool = make_pool(model)
+    pool.graphs = DecodeGraphs(model, pool, capture=False)
+    seqs = [
+        admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
+        for ids, item in prompts_and_blocks(tiny_handle, tokenizer)[:3]
+    ]
+    while any(s.prefilling for s in seqs):
+        runner.step(model, pool, [s for s in seqs if s.prefilling], [])
+    shape = pool.graphs.bucket_for(seqs)
+    assert shape == (4, 512)  # three rows, padded
+    with torch.inference_mode():
+        pool.graphs.logits(seqs, shape)  # makes the bucket
+        bucket = pool.graphs.buckets[shape]
+        bucket.fill(seqs)
+        probe = HostSyncs()
+        with probe:
+            logits = bucket.forward()
+        assert probe.ops == [] and logits.shape == (4, model.config.vocab_size)
+        real = slice(0, pool.scratch_slot)
+        k, v = pool.k[:, real].clone(), pool.v[:, real].clone()
+        bucket.pad()
+        bucket.forward()
+        assert torch.equal(pool.k[:, real], k) and torch.equal(pool.v[:, real], v)
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+
+
+def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
+    from transformers import MistralConfig, Qwen2Config
+
+    model = tiny_handle.model
+    pool = make_pool(model, mb=64)
+    g = DecodeGraphs(model, pool, capture=False)
+    short = admitted(pool, model, list(range(5, 40)), sampling=Sampling(max_new_tokens=2))
+    assert g.bucket_for([short] * 3) == (4, 512)
+    assert g.bucket_for([short] * 33) is None  # more rows than the largest bucket
+    short.adapter = "a"
+    assert g.bucket_for([short]) is None  # adapter rows run in the eager step (lora.py)
+    short.adapter = None
+    short.position = 5000
+    assert g.bucket_for([short] * 16) == (16, 8192) and g.bucket_for([short] * 17) is None  # gather bound
+    short.position = 35
+    short.release()
+    assert graphs.supports(model)
+    window = type("M", (), {"config": MistralConfig(sliding_window=40)})()
+    assert not graphs.supports(window)
+    sliding = Qwen2Config(use_sliding_window=True, sliding_window=40, max_window_layers=0)
+    assert not graphs.supports(type("M", (), {"config": sliding})())
+    assert graphs.supports(type("M", (), {"config": Qwen2Config()})())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_captured_graphs_give_the_eager_engines_tokens(tiny_handle, tokenizer):
+    model = tiny_handle.model.to("cuda")
+    try:
+        eager, _ = run(model, tiny_handle, tokenizer, graphed=False, device="cuda")
+        static, pool = run(model, tiny_handle, tokenizer, graphed=True, device="cuda")
+        assert not pool.graphs.broken and pool.graphs.replays == pool.graphs.steps > 20
+        assert static == eager
+    finally:
+        tiny_handle.model.to("cpu")
+
+
+def test_the_server_steps_through_its_pools_graphs(tmp_path, tiny_model_dir):
+    """Production wiring: the backend's own pool and step. On CPU the backend makes no graphs (CUDA only); with
+    the static steps set on its pool, the same chats (a block, none, a live session's second turn) give the
+    same replies, through them, and leave only the block's and the session's pages."""
+    from tests.serving.kvstack import load_backend, served
+
+    with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
+        pool = s.backend.pool
+        assert pool.graphs is None
+        s.add("alice", "I live in Lisbon and keep bees.")
+        s.plan("alice")
+        s.client.post("/v1/memories/plan/prewarm", params={"user_id": "alice"})
+        s.plans.flush()
+
+        def replies(session: str) -> list[str]:
+            out = [
+                s.chat(user, "Where do I live, and what do I keep?")["choices"][0]["message"]["content"]
+                for user in ("alice", "bob")
+            ]
+            body = {
+                "model": "default",
+                "user": "alice",
+                "max_tokens": 6,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "And my bees?"}],
+            }
+            for _ in range(2):
+                r = s.client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": session})
+                assert r.status_code == 200, r.text
+                out.append(r.json()["choices"][0]["message"]["content"])
+            return out
+
+        eager = replies("s1")
+        pool.graphs = DecodeGraphs(s.backend.handle.model, pool, capture=False)
+        assert replies("s2") == eager
+        assert pool.graphs.steps > 0 and pool.graphs.replays == 0
+        own = {p for e in s.backend.sessions.keys() for p in s.backend.sessions.peek(*e).cache.pages}
+        own -= {p for e in pool.shared._entries.values() for p in e.pages}
+        assert pool.used_pages == pool.shared.page_count() + len(own)
