@@ -99,6 +99,7 @@ class EngineBuilds:
                 sampling=Sampling(max_new_tokens=1),
                 prefill_chunk_tokens=self.config.build_chunk_tokens,
                 idle_chunk_tokens=self.config.prefill_chunk_tokens,
+                busy_attention_budget=self.config.build_attention_budget,
                 adapter=adapter,
             ):
                 if seq is None:

@@ -86,6 +86,10 @@ class TransformersBackendConfig:
     # of context took ~0.85 s on 2 CPU cores against a 0.09 s decode step); with nothing else decoding a
     # build takes prefill_chunk_tokens at a time
     build_chunk_tokens: int = 16
+    # and at most this many chunk tokens x tokens of context while others decode: on 2 CPU cores a 16-token
+    # chunk's attention over 3.6k tokens took ~80 ms of a step whose decode row took ~90 ms; with 32,768 the
+    # chunks stay 16 tokens up to 2k of context and shrink to 8 at 4k
+    build_attention_budget: int = 32768
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -99,10 +103,11 @@ class TransformersBackendConfig:
             or self.kv_page_tokens < 1
             or self.kv_wait_s < 0
             or self.build_chunk_tokens < 1
+            or self.build_attention_budget < 1
         ):
             raise ValueError(
-                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1, kv_wait_s >= 0 and "
-                "build_chunk_tokens >= 1"
+                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1, kv_wait_s >= 0, "
+                "build_chunk_tokens >= 1 and build_attention_budget >= 1"
             )
         if self.prefill_chunk_tokens < 1:
             raise ValueError(

@@ -166,6 +166,13 @@ class StepPlan(Cache):
             self._windowed["wide", window] = _wide_mask(q, k, pw, nw, window)[:, None].to(device)
         return self._windowed["wide", window]
 
+    def wide_bias(self, window: int | None, dtype: torch.dtype, g: int) -> torch.Tensor:
+        """The wide rows' mask, additive, for queries laid out as G heads per K/V head ([B, 1, G * Q, K]):
+        made once per step (per window), not per layer."""
+        if ("wide_bias", window) not in self._windowed or self._windowed["wide_bias", window].dtype != dtype:
+            self._windowed["wide_bias", window] = _additive(self.wide_mask(window)[:, :, None], dtype, g)
+        return self._windowed["wide_bias", window]
+
     def narrow_for(self, window: int | None) -> tuple:
         """(the narrow rows' mask [B, 1, 1, 1, K] or None, their prefix groups) for full attention (None) or
         a sliding window of `window` positions: a row's keys are those after its position minus the window;
@@ -258,15 +265,18 @@ def _attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
 def _wide(st: StepPlan, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
     """Prefill chunks: [tokens, heads, d] in the order of st.wide's positions."""
     b, qmax, kmax, gather, q_index, tokens, _, _ = st.wide
-    mask = st.wide_mask(window)
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
-    q = query[0].index_select(1, q_index).view(heads, b, qmax, dim).transpose(0, 1)  # [B, heads, Q, d]
+    g = heads // kv_heads
+    bias = st.wide_bias(window, query.dtype, g)
+    # the G query heads of each K/V head are its queries: [B, kv, G * Q, d], no expanded copy of K/V
+    q = query[0].index_select(1, q_index).view(kv_heads, g, b, qmax, dim).permute(2, 0, 1, 3, 4)
+    q = q.reshape(b, kv_heads, g * qmax, dim)
     if isinstance(gather, slice):  # one row over one run of pages: a view of the pool
         k, v = k_pool[gather][None].transpose(1, 2), v_pool[gather][None].transpose(1, 2)
     else:
         k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
         v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).view(b, heads, qmax, dim)
     return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
 
 

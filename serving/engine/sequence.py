@@ -31,12 +31,14 @@ class PagedSequence(Sequence):
         reused: int,
         adapter: str | None = None,
         idle_chunk_tokens: int | None = None,
+        busy_attention_budget: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(model, prompt_ids, **kwargs)
         # a background prefill (a block build): its chunk is `prefill_chunk_tokens` while other sequences
         # decode, so their steps stay short, and `idle_chunk_tokens` while nothing else runs (see `pace`)
         self._chunks = None if idle_chunk_tokens is None else (self.chunk, idle_chunk_tokens)
+        self._budget = busy_attention_budget
         self.adapter = adapter  # the peft adapter its tokens run under (lora.py), None: the base model
         self.cache = None  # the pool holds its K/V
         self.table = table
@@ -49,9 +51,13 @@ class PagedSequence(Sequence):
         return True
 
     def pace(self, busy: bool) -> None:
-        """Before a step: a background prefill takes small chunks when other sequences decode (`busy`)."""
+        """Before a step: a background prefill takes small chunks when other sequences decode (`busy`), and
+        with `busy_attention_budget` at most that many (chunk tokens x tokens of context): a chunk's
+        attention grows with the context it reads, so late in a long build its chunks shrink."""
         if self._chunks is not None:
             self.chunk = self._chunks[0] if busy else self._chunks[1]
+            if busy and self._budget is not None:
+                self.chunk = max(1, min(self.chunk, self._budget // max(self.position, 1)))
 
     def release(self) -> None:
         """Give back its pages (idempotent)."""

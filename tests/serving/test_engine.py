@@ -417,3 +417,33 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
         s.release()
     assert pool.used_pages == pool.shared.page_count()
     assert groups["masked"] > 0 and groups["left"] > 0
+
+
+def test_a_builds_chunks_shrink_as_its_context_grows_while_others_decode(tiny_handle):
+    """A background prefill (a block build, serving/backends/engine_builds.py) paced while others decode takes
+    at most `busy_attention_budget` chunk tokens x tokens of context: its chunks shrink late in a long build;
+    with nothing else decoding it takes its idle chunk."""
+    model = tiny_handle.model
+    pool = make_pool(model, mb=64)
+    seq = admitted(
+        pool,
+        model,
+        list(range(5, 1005)),
+        prefill_chunk_tokens=16,
+        idle_chunk_tokens=64,
+        busy_attention_budget=2048,
+    )
+    chunks, position = [], 0
+    while seq.prefilling:
+        seq.pace(busy=True)
+        chunks.append(seq.next_chunk_tokens())
+        runner.step(model, pool, [seq], [])
+    expected = []
+    while position < 1000:
+        expected.append(min(16, 1000 - position, max(1, 2048 // max(position, 1))))
+        position += expected[-1]
+    assert chunks == expected and chunks[:8] == [16] * 8 and chunks[-3:] == [2, 2, 1]  # 2048 // 999 = 2
+    seq.pace(busy=False)
+    assert seq.chunk == 64
+    seq.release()
+    assert pool.used_pages == 0
