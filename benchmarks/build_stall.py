@@ -95,6 +95,7 @@ def run_arm(args, pool_mb: int) -> dict:
     return {
         "kv_pool_mb": pool_mb,
         "build_chunk_tokens": backend.config.build_chunk_tokens,
+        "build_attention_budget": backend.config.build_attention_budget,
         "tokens": len(stamps),
         "block_tokens": build["tokens"],
         "build_s": build["end"] - build["start"],
