@@ -255,9 +255,14 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
     if args.graphs == "on" or (args.graphs == "auto" and handle.device.type == "cuda"):
         with torch.inference_mode():
             graphs = memory_and_steps(handle, layout, args, graphed=True)
-        graphs["tokens_identical_to_eager"] = sum(
-            a == b for a, b in zip(graphs.pop("tokens"), mem["tokens"], strict=True)
-        )
+        pairs = list(zip(graphs.pop("tokens"), mem["tokens"], strict=True))
+        graphs["tokens_identical_to_eager"] = sum(a == b for a, b in pairs)
+        # in bf16 the eager one-token rows round q.k to bf16 before the softmax, the graph's fused SDPA does
+        # not: a near-tie may go the other way, so where they differ the first differing token is recorded
+        graphs["first_differing_token"] = [
+            next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y) if a != b else None
+            for a, b in pairs
+        ]
         graphs["requests"] = len(mem["tokens"])
     mem.pop("tokens")
     agree = agreement(handle, layout, args)

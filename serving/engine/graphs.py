@@ -48,8 +48,15 @@ def _bucket_context(n: int) -> int:
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Graphs run models whose layers all attend to every past position (a sliding window: eager steps)."""
+    """Graphs run models whose layers all attend to every past position (a sliding window: eager steps), with
+    no step that reads a device value on the host, which a capture forbids: not rotary embeddings that rescale
+    with the positions seen (transformers' "dynamic" and "longrope" read the largest position), nor mixtures
+    of experts (their routing selects tokens by value)."""
     config = model.config.get_text_config()
+    if any(getattr(m, "rope_type", None) in ("dynamic", "longrope") for m in model.modules()):
+        return False
+    if any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return False
     types = getattr(config, "layer_types", None)
     if types is not None:
         return set(types) == {"full_attention"}
@@ -147,17 +154,25 @@ class _Bucket:
         return logits[0].float()
 
     def capture(self, mempool) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # lazy initialisations (cuBLAS workspaces) happen outside the capture
-                self.forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (item loads) may use the device while this thread captures
-        with torch.cuda.graph(graph, pool=mempool, capture_error_mode="thread_local"):
-            self.logits = self.forward()
+        device = self.inputs.device  # the model's device, which need not be the current one (cuda:1)
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # lazy initialisations (cuBLAS workspaces) happen outside the capture
+                    self.forward()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # our own stream around the capture's: if the capture fails, this thread's stream is restored;
+            # thread_local: other threads (item loads) may use the device while this thread captures
+            with torch.cuda.stream(side):
+                with torch.cuda.graph(graph, pool=mempool, stream=side, capture_error_mode="thread_local"):
+                    self.logits = self.forward()
         self.graph = graph
+
+    def replay(self) -> None:
+        with torch.cuda.device(self.inputs.device):
+            self.graph.replay()
 
 
 class DecodeGraphs:
@@ -201,6 +216,6 @@ class DecodeGraphs:
         self.steps += 1
         if bucket.graph is None:
             return bucket.forward()[: len(decodes)]
-        bucket.graph.replay()
+        bucket.replay()
         self.replays += 1
         return bucket.logits[: len(decodes)]

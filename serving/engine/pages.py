@@ -73,6 +73,8 @@ class PagePool:
         size = (shape.layers, slots + 1, shape.kv_heads, shape.head_dim)
         self.k = torch.empty(size, dtype=shape.dtype, device=device)
         self.v = torch.empty(size, dtype=shape.dtype, device=device)
+        self.k[:, slots].zero_()  # the scratch slot is read under a -inf mask: never NaN (NaN x 0 is NaN)
+        self.v[:, slots].zero_()
         self._refs = [0] * num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: low pages first
         self._reserved = 0  # pages promised to admitted requests, not yet allocated

@@ -5,6 +5,9 @@ pages never leak. On a CUDA machine the captured graphs give the eager engine's 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -13,6 +16,7 @@ from kvmem.kv import Sampling
 from serving.engine import graphs, runner
 from serving.engine.graphs import DecodeGraphs
 from tests.kvmem.kv.test_batch import prompts_and_blocks
+from serving.engine.pages import PagePool, PoolShape
 from tests.serving.test_engine import admitted, make_pool, run_engine
 
 # ops that read a device value on the host, or whose output shape depends on values: a capture fails on them
@@ -41,9 +45,7 @@ def workload(handle, tokenizer):
 
 
 def run(model, handle, tokenizer, graphed: bool, device="cpu"):
-    pool = make_pool(model)
-    if device != "cpu":
-        pool.k, pool.v = pool.k.to(device), pool.v.to(device)
+    pool = PagePool(PoolShape.of_model(model), 16 << 20, device=device)
     pool.graphs = DecodeGraphs(model, pool, capture=device != "cpu") if graphed else None
     requests, samplings, arrive = workload(handle, tokenizer)
     seqs, errors = run_engine(model, pool, requests, samplings, arrive, chunk=128)
@@ -100,7 +102,7 @@ def test_a_static_step_makes_no_host_sync_and_pads_write_only_the_scratch_slot(t
 
 
 def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
-    from transformers import MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MixtralConfig, Qwen2Config
 
     model = tiny_handle.model
     pool = make_pool(model, mb=64)
@@ -116,19 +118,30 @@ def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
     short.position = 35
     short.release()
     assert graphs.supports(model)
-    window = type("M", (), {"config": MistralConfig(sliding_window=40)})()
-    assert not graphs.supports(window)
-    sliding = Qwen2Config(use_sliding_window=True, sliding_window=40, max_window_layers=0)
-    assert not graphs.supports(type("M", (), {"config": sliding})())
-    assert graphs.supports(type("M", (), {"config": Qwen2Config()})())
+
+    def of(config):
+        return SimpleNamespace(config=config, modules=lambda: [])
+
+    assert not graphs.supports(of(MistralConfig(sliding_window=40)))
+    assert not graphs.supports(
+        of(Qwen2Config(use_sliding_window=True, sliding_window=40, max_window_layers=0))
+    )
+    assert graphs.supports(of(Qwen2Config()))
+    assert not graphs.supports(of(MixtralConfig()))  # routing by value
+    config = model.config.to_dict() | {
+        "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    }
+    dynamic = LlamaForCausalLM(LlamaConfig(**config))  # its rotary embedding reads the largest position
+    assert not graphs.supports(dynamic)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_captured_graphs_give_the_eager_engines_tokens(tiny_handle, tokenizer):
     model = tiny_handle.model.to("cuda")
+    handle = replace(tiny_handle, device=torch.device("cuda"))  # its items are built on the GPU too
     try:
-        eager, _ = run(model, tiny_handle, tokenizer, graphed=False, device="cuda")
-        static, pool = run(model, tiny_handle, tokenizer, graphed=True, device="cuda")
+        eager, _ = run(model, handle, tokenizer, graphed=False, device="cuda")
+        static, pool = run(model, handle, tokenizer, graphed=True, device="cuda")
         assert not pool.graphs.broken and pool.graphs.replays == pool.graphs.steps > 20
         assert static == eager
     finally:
