@@ -38,9 +38,14 @@ def run_arm(args, pool_mb: int) -> dict:
                 data_dir=data,
                 kv_pool_mb=pool_mb,
                 device="cpu",
-                **(
-                    {} if args.build_chunk_tokens is None else {"build_chunk_tokens": args.build_chunk_tokens}
-                ),
+                **{
+                    k: v
+                    for k, v in (
+                        ("build_chunk_tokens", args.build_chunk_tokens),
+                        ("build_attention_budget", args.build_attention_budget),
+                    )
+                    if v is not None
+                },
             )
         )
         backend.load()
@@ -144,6 +149,13 @@ def main(argv: list[str] | None = None) -> dict:
         type=int,
         default=None,
         help="the engine's build chunk (default: the backend's)",
+    )
+    p.add_argument(
+        "--build-attention-budget",
+        type=int,
+        default=None,
+        help="the engine's cap on a build chunk's tokens x context while streams decode (default: the "
+        "backend's; a large value turns it off)",
     )
     p.add_argument("--arms", nargs="+", choices=["engine", "old"], default=["engine", "old"])
     p.add_argument("--out", required=True)
