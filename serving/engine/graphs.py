@@ -30,7 +30,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import Cache
+
+from serving.engine import runner
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,12 @@ def supports(model: torch.nn.Module) -> bool:
     return not getattr(config, "sliding_window", None)  # a window with no layer types applies to every layer
 
 
-class StaticPlan(Cache):
+class StaticPlan(runner.PlanCache):
     """The indices of one bucket's step in fixed device buffers; `past_key_values` and `kvmem_step` of its
     forward, as runner.StepPlan is of an eager one."""
 
     def __init__(self, pool, inputs: torch.Tensor, rows: int, kcap: int) -> None:
-        super().__init__(layers=[])
+        super().__init__()
         self.pool, self.rows, self.kcap = pool, rows, kcap
         self.ids, self.positions, self.write, self.lengths = inputs[: 4 * rows].view(4, rows)
         self.gather = inputs[4 * rows :]
@@ -93,16 +94,6 @@ class StaticPlan(Cache):
         v = v_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.to(q.dtype), scale=scale)
         return out.reshape(1, rows, heads, dim)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return key_states, value_states  # written by attend
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are passed explicitly
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False]
 
 
 class _Bucket:
@@ -145,8 +136,6 @@ class _Bucket:
         self.inputs.copy_(self.host, non_blocking=self.host.is_pinned())
 
     def forward(self) -> torch.Tensor:
-        from serving.engine import runner
-
         self.plan.begin(self.dtype)
         logits = runner.run_model(
             self.model, self.plan.ids[None], self.plan.positions[None], self.plan, logits_to_keep=0

@@ -55,7 +55,26 @@ def _wide_mask(q, k, pw, nw, window: int | None) -> torch.Tensor:
     return mask
 
 
-class StepPlan(Cache):
+class PlanCache(Cache):
+    """A step's plan as the model's `past_key_values`: its `attend` (called by the attention function
+    registered below) writes and reads the K/V, so `update` passes them through; positions are passed
+    explicitly."""
+
+    def __init__(self) -> None:
+        super().__init__(layers=[])
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return key_states, value_states  # written by attend
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+
+class StepPlan(PlanCache):
     """The step's indices, built once: where each token's K/V go, what each row reads, and the masks. It is
     passed as `past_key_values` (its `update` leaves K/V to the attention function).
 
@@ -72,7 +91,7 @@ class StepPlan(Cache):
       read once per step, not once per row."""
 
     def __init__(self, pool: PagePool, seqs: list, chunks: list[list[int]], device: torch.device) -> None:
-        super().__init__(layers=[])
+        super().__init__()
         self.pool = pool
         pt = pool.page_tokens
         lengths = [len(c) for c in chunks]
@@ -214,16 +233,6 @@ class StepPlan(Cache):
                 0, self.narrow[3], _narrow(self, query, k_pool, v_pool, scale, window).to(out.dtype)
             )
         return out.unsqueeze(0)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return key_states, value_states  # written by attend
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are passed explicitly
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False]
 
 
 # PyTorch's fused CPU attention that also returns the log-sum-exp (what the merge of a prefix group needs):
