@@ -42,5 +42,5 @@ EOF
 du -sh "$B" >&2
 sha=$(git rev-parse --short HEAD)
 cat <<EOF
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site || exit 3; export KVMEM_GIT_SHA=$sha KVMEM_TOKENIZER_DIR=\$PWD/.gpu/tokenizer KVMEM_MINILM_DIR=\$PWD/.gpu/minilm KVMEM_MINILM_ONNX=\$PWD/.gpu/minilm/model.onnx HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 PYTHON=python3 BUDGET_S=420 PACK=\$OUT/gpu.tgz KVMEM_CACHE_DIR=/tmp/kvcache; bash benchmarks/gpu_suite.sh /tmp/gpu 2>&1 | tee \$OUT/suite.log
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site || exit 3; export KVMEM_GIT_SHA=$sha KVMEM_TOKENIZER_DIR=\$PWD/.gpu/tokenizer KVMEM_MINILM_DIR=\$PWD/.gpu/minilm KVMEM_MINILM_ONNX=\$PWD/.gpu/minilm/model.onnx HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 PYTHON=python3 BUDGET_S=480 PACK=\$OUT/gpu.tgz KVMEM_CACHE_DIR=/tmp/kvcache; bash benchmarks/gpu_suite.sh /tmp/gpu 2>&1 | tee \$OUT/suite.log
 EOF

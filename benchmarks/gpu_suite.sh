@@ -74,7 +74,7 @@ RANDOM_MODEL=()
 [ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
 step model 120 "$PY" -m benchmarks.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
 # engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
-step engine 120 "$PY" -m benchmarks.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
+step engine 180 "$PY" -m benchmarks.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
 # the server with CUDA graphs (its default on a GPU), then without, on the same machine
 step http_load 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
 step http_load_eager 150 "$PY" -m benchmarks.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE --no-cuda-graphs" --out "$OUT/http_load_eager.json"
