@@ -9,7 +9,7 @@ load average and other processes' CPU share (this machine is shared). Last line 
 
 With --served: the production Batcher (serving/engine/scheduler.py) with --requests concurrent requests, each
 replaced by the next as it finishes until --total have run, packed steps (a step's prefill chunks and decode
-rows in one forward, kvmem/kv/packed.py) against unpacked (each chunk its own forward), arms alternated:
+rows in one forward, serving/engine/percache/packed.py) vs unpacked (each chunk its own forward), arms alternated:
 
     python -m benchmarks.batch_decode --served --requests 8 --total 48 --tokens 16 --reps 3 \
         --out benchmarks/results/cpu/batch_packed.json
@@ -24,8 +24,8 @@ import time
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
 from benchmarks.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
-from kvmem.kv.batch import Sequence, decode_step
 from kvmem.models import load_model
+from serving.engine.percache.batch import Sequence, decode_step
 from serving.engine.scheduler import Batcher
 
 QUESTIONS = (

@@ -74,7 +74,9 @@ class TransformersBackendConfig:
     session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
-    packed_steps: bool = True  # a step's prefill chunks and decode steps in one forward (kvmem/kv/packed.py)
+    packed_steps: bool = (
+        True  # a step's prefill chunks and decode steps in one forward (serving/engine/percache/packed.py)
+    )
     kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine); 0: per-request caches (the old path)
     kv_page_tokens: int = 16  # tokens per KV page
     cuda_graphs: bool = (
@@ -297,8 +299,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling, generate
-        from kvmem.kv.batch import Sequence
         from serving.engine import lora
+        from serving.engine.percache.batch import Sequence
 
         final: object = None  # the result or the error, sent once the admission is released
         lease = tokens = seq = held_adapter = None

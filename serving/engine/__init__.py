@@ -10,4 +10,6 @@
 - scheduler.py: the step scheduler (prefill chunks under the token budget, then every decode row)
 - model_loop.py: the one thread that runs the model (requests' steps, block builds)
 - detok.py, stops.py: a request's incremental detokenizer and stop-string matcher
+- percache/: the per-request-cache path (each request its own DynamicCache), for what the paged engine
+  cannot run: `--kv-pool-mb 0`, models outside `runner.supports`, LoRA on convolutions
 """

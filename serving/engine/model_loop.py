@@ -4,7 +4,7 @@ Why one thread: each thread that runs torch CPU kernels gets its own OpenMP team
 ran a moment ago still spin on the cores the next forward needs. With a generation thread per request, a
 1.7k-token KV prefill ran ~45 ms slower in the server after a burst of 8 concurrent requests than in a
 one-thread process; on one thread it runs as fast. Requests are generators; each turn advances every one of
-them a step, in order, then the batcher once. A generator that yields a `Sequence` (kvmem/kv/batch.py) joins
+them a step, in order, then the batcher once. A generator that yields a `Sequence` (percache/batch.py) joins
 the batcher (scheduler.py): its sequences advance together, one batched decode forward per turn, with prefill
 chunks of new ones before it, so a new request's prefill waits for one decode step, not for generations.
 Builds are plain calls, run between turns, whose caller waits for the result.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from kvmem.kv.batch import Sequence
+from serving.engine.percache.batch import Sequence
 from serving.engine.scheduler import Batcher
 
 log = logging.getLogger(__name__)

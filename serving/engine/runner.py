@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
-from kvmem.kv.batch import SequenceError
 from serving.engine import lora, sampler
 from serving.engine.pages import PagePool
+from serving.engine.percache.batch import SequenceError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The sequences the model loop decodes together, and the step that advances them all (on the model thread).
 
-A request's generator hands its `Sequence` (kvmem/kv/batch.py) to the model loop by yielding it; from then on
+A request's generator hands its `Sequence` (percache/batch.py) to the model loop by yielding it; from then on
 the batcher resumes it with `send(token)` for each token the sequence produces and `send(None)` once the
 sequence has ended (length, stop token, cancelled). The request returns when it is done with the stream (a stop
 string, an end token, the None); an exception thrown into it is a failure of its own sequence.
@@ -8,7 +8,7 @@ string, an end token, the None); an exception thrown into it is a failure of its
 One step: cancellations are taken at the boundary; then prefill chunks of waiting sequences, oldest first,
 up to `prefill_budget_tokens` (at least one chunk, so a long prompt goes in pieces and others keep streaming);
 then one batched decode step of every decoding sequence. With `packed` (the default) the chunks and the decode
-steps of a model's sequences run as one forward (kvmem/kv/packed.py); a sequence whose prompt completes in a
+steps of a model's sequences run as one forward (percache/packed.py); a sequence whose prompt completes in a
 step then decodes from the next one. Knows nothing of HTTP or the KV store.
 """
 
@@ -18,9 +18,9 @@ import logging
 from collections.abc import Generator
 from typing import Any
 
-from kvmem.kv import packed as packing
-from kvmem.kv.batch import Sequence, SequenceError, can_batch, decode_step
 from serving.engine import runner
+from serving.engine.percache import packed as packing
+from serving.engine.percache.batch import Sequence, SequenceError, can_batch, decode_step
 from serving.engine.sequence import PagedSequence
 
 log = logging.getLogger(__name__)

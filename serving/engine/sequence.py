@@ -1,7 +1,7 @@
 """A request's sequence whose K/V live in the page pool (pages.py) instead of a cache of its own.
 
-It is a `kvmem.kv.batch.Sequence` (the same lifecycle, sampling, chunking and stats) whose `table` holds
-its positions: an injected block's pages by reference, or the pages a live session's last turn left (by
+It is a `percache.batch.Sequence` (the same lifecycle, sampling, chunking and stats) whose `table` holds its
+positions: an injected block's pages by reference, or the pages a live session's last turn left (by
 reference too: `admit(source=...)`), its own tokens in its own pages; when its turn ends its table can stay
 with the session (`keep_table`). It runs only through the engine's step (runner.py), alone or with others, one path.
 Admission reserves pages for the prompt and the longest reply; `admit` waits for them (the caller yields
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import torch
 
-from kvmem.kv.batch import Sequence
 from kvmem.kv.inject import usable_prefix_tokens
 from serving.engine.pages import PagePool, PoolFull
+from serving.engine.percache.batch import Sequence
 from serving.engine.table import PageTable
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from kvmem.kv import Sampling, generate
-from kvmem.kv.batch import SequenceError
 from serving.engine import runner
 from serving.engine.pages import PagePool, PoolFull, PoolShape
+from serving.engine.percache.batch import SequenceError
 from serving.engine.sequence import admit
-from tests.kvmem.kv.test_batch import prompts_and_blocks
+from tests.serving.percache.test_batch import prompts_and_blocks
 
 CHUNK = 32
 
@@ -128,7 +128,7 @@ def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
 
     from kvmem.kv.item import KVItem, build_item
     from kvmem.kv.layout import PromptLayout
-    from tests.kvmem.kv.test_batch import synthetic_memories
+    from tests.serving.percache.test_batch import synthetic_memories
 
     model = tiny_handle.model
     layout = PromptLayout(tiny_handle.tokenizer)

@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kvmem.kv import Sampling
 from serving.engine import graphs, runner
 from serving.engine.graphs import DecodeGraphs
-from tests.kvmem.kv.test_batch import prompts_and_blocks
 from serving.engine.pages import PagePool, PoolShape
+from tests.serving.percache.test_batch import prompts_and_blocks
 from tests.serving.test_engine import admitted, make_pool, run_engine
 
 # ops that read a device value on the host, or whose output shape depends on values: a capture fails on them

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kvmem.kv import PromptLayout, Sampling, generate
-from kvmem.kv.batch import Sequence, decode_step
 from kvmem.kv.decode import GenerationStats
-from kvmem.kv.packed import step as packed_step
+from serving.engine.percache.batch import Sequence, decode_step
+from serving.engine.percache.packed import step as packed_step
 
 
 def prompt(tokenizer, text: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""Batched decode (kvmem/kv/batch.py): sequences with different prompts, blocks (two items, or none), chunked
+"""Batched decode (serving/engine/percache/batch.py): sequences with different prompts, blocks (two items, or none), chunked
 prefills, arrivals and ends decode together with the tokens each gets alone; seeded sampling stays the
 request's own; a failing step stays with its sequence; every forward runs under inference mode."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
-from kvmem.kv.batch import Sequence, SequenceError, decode_step
+from serving.engine.percache.batch import Sequence, SequenceError, decode_step
 from tests.conftest import ForwardLog, synthetic_memories
 
 

@@ -22,9 +22,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 
 from kvmem.kv.decode import GenerationStats, Sampling, _pick
-from kvmem.kv.grow import append
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
+from serving.engine.percache.grow import append
 
 log = logging.getLogger(__name__)
 
