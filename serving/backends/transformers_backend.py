@@ -177,6 +177,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
     def _make_pool(self, handle):
         """The engine's KV page pool, or None (kv_pool_mb 0, or a model whose attention the engine cannot run:
         its requests keep per-request caches). Sliding-window layers run in the engine."""
+        import torch
+
         from serving.engine import graphs, runner
         from serving.engine.pages import PagePool, PoolShape
 
@@ -187,6 +189,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
+            with torch.inference_mode():
+                log.info("CUDA graphs of decode steps captured: %d", pool.graphs.warm())
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,

@@ -18,8 +18,9 @@ The step's inputs (token ids, positions, write slots, lengths, slot table) are f
 int64 buffer and copied to the device in one transfer; the graph computes the mask from the lengths. Logits of
 every row (pads too) come out as float32; the sampler reads the real rows (one host sync, as eagerly).
 
-A bucket is captured the first time a step needs it (warm-up on a side stream, then capture, sharing one
-memory pool across buckets). If a capture fails, a warning is logged and every later step runs eagerly.
+The server captures the buckets of up to 2,048 tokens of context at load (`warm`); a longer one is captured
+the first time a step needs it (warm-up on a side stream, then capture, sharing one memory pool across
+buckets). If a capture fails, a warning is logged and every later step runs eagerly.
 Without CUDA (`capture=False`, what the CPU tests run) the same static step runs eagerly: its tokens, and
 that it makes no host sync and no data-dependent shape (what a capture forbids), are tested on CPU.
 """
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
 MIN_CONTEXT = 512
 MAX_GATHER_SLOTS = 1 << 17  # rows * kcap of the largest bucket: the per-layer gather stays bounded
+WARM_CONTEXT = 2048  # buckets captured at load: every row count, contexts up to a default block's budget
 
 
 def _bucket_rows(n: int) -> int | None:
@@ -185,11 +187,10 @@ class DecodeGraphs:
         kcap = _bucket_context(max(s.position + 1 for s in decodes))
         return None if rows * kcap > MAX_GATHER_SLOTS else (rows, kcap)
 
-    def logits(self, decodes: list, shape: tuple[int, int]) -> torch.Tensor | None:
-        """[len(decodes), vocab] float32: one decode step of every row (tables grow by one token each); None
-        if the bucket's capture failed (the caller runs the step eagerly; so does every later step)."""
+    def _bucket(self, shape: tuple[int, int]) -> _Bucket | None:
+        """The bucket of `shape`, captured the first time; None if its capture failed (then `broken`)."""
         bucket = self.buckets.get(shape)
-        if bucket is None:
+        if bucket is None and not self.broken:
             bucket = _Bucket(self.model, self.pool, *shape, pinned=self.capture)
             if self.capture:
                 try:
@@ -201,6 +202,25 @@ class DecodeGraphs:
                     self.broken = True
                     return None
             self.buckets[shape] = bucket
+        return bucket
+
+    def warm(self, max_context: int = WARM_CONTEXT) -> int:
+        """Capture the buckets of every row count up to `max_context` tokens of context now (at load), the
+        largest first (as vLLM does: smaller graphs reuse the shared pool's memory), so serving does not
+        pause to capture them; returns how many there are. Longer contexts are captured when first needed."""
+        kcaps = [k for k in (MIN_CONTEXT << i for i in range(16)) if k <= max(max_context, MIN_CONTEXT)]
+        shapes = [(r, k) for r in ROW_BUCKETS for k in kcaps if r * k <= MAX_GATHER_SLOTS]
+        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
+            if self._bucket(shape) is None:
+                break
+        return len(self.buckets)
+
+    def logits(self, decodes: list, shape: tuple[int, int]) -> torch.Tensor | None:
+        """[len(decodes), vocab] float32: one decode step of every row (tables grow by one token each); None
+        if the bucket's capture failed (the caller runs the step eagerly; so does every later step)."""
+        bucket = self._bucket(shape)
+        if bucket is None:
+            return None
         bucket.fill(decodes)
         self.steps += 1
         if bucket.graph is None:

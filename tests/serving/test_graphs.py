@@ -118,6 +118,10 @@ def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
     short.position = 35
     short.release()
     assert graphs.supports(model)
+    assert g.warm() == 18 and sorted(g.buckets) == [
+        (r, k) for r in (1, 2, 4, 8, 16, 32) for k in (512, 1024, 2048)
+    ]
+    assert g.warm(8192) == 18 + 6 + 5  # 4096 for every row count, 8192 up to 16 rows (the gather bound)
 
     def of(config):
         return SimpleNamespace(config=config, modules=lambda: [])
