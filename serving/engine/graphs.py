@@ -86,15 +86,13 @@ class StaticPlan(runner.PlanCache):
 
     def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
         assert window is None, "graphs run full-attention models only (supports)"
-        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
-        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
-        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        k_pool, v_pool = self.write_kv(layer, key, value)
         rows, heads, dim = self.rows, query.shape[1], query.shape[3]
         kv_heads = k_pool.shape[1]
         q = query[0].transpose(0, 1).reshape(rows, kv_heads, heads // kv_heads, dim)
         k = k_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
         v = v_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.to(q.dtype), scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
         return out.reshape(1, rows, heads, dim)
 
 

@@ -63,6 +63,14 @@ class PlanCache(Cache):
     def __init__(self) -> None:
         super().__init__(layers=[])
 
+    def write_kv(self, layer: int, key, value) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's new K/V ([1, kv_heads, T, d]) into the pool at the plan's `write` slots; the layer's pool
+        tensors [slots, kv_heads, d]."""
+        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
+        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
+        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        return k_pool, v_pool
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return key_states, value_states  # written by attend
 
@@ -222,9 +230,7 @@ class StepPlan(PlanCache):
     def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
         """One layer's attention for every row: the step's new K/V into the pool at their slots, then the wide
         and the narrow rows; [1, T, heads, d] in the packed order."""
-        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]  # [slots, kv_heads, dim]
-        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
-        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        k_pool, v_pool = self.write_kv(layer, key, value)
         out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
         if self.wide is not None:
             out.index_copy_(0, self.wide[-1], _wide(self, query, k_pool, v_pool, scale, window).to(out.dtype))
