@@ -132,6 +132,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             max_workers=IO_THREADS, thread_name_prefix="kvmem-io", initializer=_yield_to_the_model
         )
         self.handle = self.layout = self.builder = self.adapters = self.pool = None
+        self.head_item = None  # the shared head item (_make_head)
         self._eos: frozenset[int] = frozenset()
         from kvmem.kv.session import SessionCache
 
@@ -171,6 +172,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         self._pieces = TokenPieces(handle.tokenizer)
         self.adapters = adapter_slots(self.config.data_dir, handle)
         self.pool = self._make_pool(handle)
+        self.head_item = self._make_head(handle)
         self._ready.set()
         log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
@@ -198,6 +200,28 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             self.config.kv_pool_mb,
         )
         return pool
+
+    def _make_head(self, handle):
+        """The K/V of the head every prompt starts with (system opening, system prompt, memory header:
+        `PromptLayout.head_ids`), built once at load and shared by reference, as a block's pages are, by every
+        engine request that has no block (a user without memories, a block not served), so that none
+        re-encodes the system prompt. It holds no user's data: owned by no user (KNOWLEDGE_OWNER), never in
+        the store, never counted as activation memory in `cached_tokens`. None without a pool, or with shared
+        knowledge installed (its head is the knowledge, which may be long: left to the blocks that have it as
+        their parent)."""
+        from kvmem.kv import build_item
+        from kvmem.kv.knowledge import KNOWLEDGE_OWNER
+
+        if self.pool is None or self.layout.knowledge_text:
+            return None
+        return build_item(handle, self.layout.head_ids, user_id=KNOWLEDGE_OWNER)
+
+    def _head_for(self, req: GenerationRequest):
+        """The head item (see `_make_head`) when `req`'s prompt starts with its tokens, else None."""
+        head = self.head_item
+        if head is None or tuple(req.prompt.ids[: head.num_tokens]) != head.token_ids:
+            return None
+        return head
 
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py), or None without a pool."""
@@ -331,6 +355,9 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
             paged = self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter))
+            head = None  # no block: the prompt's head from the shared head item (the base model's K/V)
+            if paged and item is None and adapter is None:
+                item = head = self._head_for(req)
             prefix = source = None
             # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
             if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
@@ -425,7 +452,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             final = GenerationResult(
                 finish_reason=finish,
                 prompt_tokens=len(req.prompt.ids),
-                cached_tokens=stats.reused_tokens,
+                # activation memory only: the shared head's tokens are the system prompt, no memory
+                cached_tokens=0 if head is not None and source is None else stats.reused_tokens,
                 completion_tokens=len(stats.token_ids),
                 ttft_s=stats.ttft_s or 0.0,
                 kv_fallback_reason=fallback,

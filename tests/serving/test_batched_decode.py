@@ -58,7 +58,8 @@ def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_b
     running = request(backend, "running", "Hi", 30)
     long_question = "Tell me about " + ", ".join(f"item number {i}" for i in range(25)) + "."
     newcomer = request(backend, "newcomer", long_question, 3)
-    n = len(newcomer.prompt.ids)
+    # what it prefills: its prompt after the system prompt's head, shared by every request without a block
+    n = len(newcomer.prompt.ids) - backend.head_item.num_tokens
     chunks = [CHUNK] * (n // CHUNK) + ([n % CHUNK] if n % CHUNK else [])
     assert len(chunks) >= 5
     alone = [asyncio.run(tokens_of(backend, r))[0] for r in (running, newcomer)]

@@ -49,7 +49,16 @@ def run_engine(model, pool, requests, samplings, arrive_at, chunk=CHUNK):
     return seqs, errors
 
 
-def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer):
+@pytest.fixture(params=["every prefix grouped", "production threshold"])
+def prefix_groups(request, monkeypatch):
+    """Rows read shared pages once per group for every prefix (GROUP_MIN_READS 0), or only past the
+    production threshold, which these tiny blocks fall below (each row gathers the prefix with its rest)."""
+    if request.param == "every prefix grouped":
+        monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)
+    return request.param
+
+
+def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer, prefix_groups):
     """Greedy, with and without a block, in chunks or not: the tokens of decode.generate with no block."""
     model = tiny_handle.model
     pool = make_pool(model)
@@ -63,7 +72,7 @@ def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer):
     assert pool.used_pages == pool.shared.page_count()
 
 
-def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer):
+def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer, prefix_groups):
     model = tiny_handle.model
     pool = make_pool(model)
     requests = prompts_and_blocks(tiny_handle, tokenizer)
@@ -93,7 +102,7 @@ def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer
     assert pool.used_pages == pool.shared.page_count()
 
 
-def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer):
+def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer, prefix_groups):
     """8 requests of one user over one block: the block's pages once, each request's own tokens apart."""
     model = tiny_handle.model
     pool = make_pool(model)
@@ -207,7 +216,10 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         pool = s.backend.pool
         block = s.plan("alice")
         assert block is not None and block["item_id"] in pool.shared
-        assert pool.shared.page_count() == pool.pages_for(block["tokens"])
+        # the block's pages and the system prompt's head (bob has no block), shared by every request
+        head = pool.pages_for(s.backend.head_item.num_tokens)
+        assert s.backend.head_item.item_id in pool.shared
+        assert pool.shared.page_count() == pool.pages_for(block["tokens"]) + head
         table = s.backend.sessions.peek("alice", "s1").cache
         session_own = set(table.pages) - {p for e in pool.shared._entries.values() for p in e.pages}
         assert len(session_own) * pool.shape.page_bytes == table.nbytes > 0
@@ -217,7 +229,7 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.shared.page_count() * pool.shape.page_bytes
         assert m['kvmem_engine_kv_bytes{kind="private"}'] == table.nbytes  # the live session's own pages
         assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
-        assert pool.used_pages == 0 and block["item_id"] not in pool.shared
+        assert pool.used_pages == head and block["item_id"] not in pool.shared
         assert s.backend.sessions.keys() == []
 
 
@@ -300,9 +312,11 @@ def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny
         r = s.client.post("/v1/chat/completions", json=body)
         assert r.status_code == 429 and r.json()["error"]["code"] == "kv_pool_full"
         assert r.headers["Retry-After"] == "1" and "free pages" in r.json()["error"]["message"]
+        # nothing: the system prompt's shared head too went, unread, to make room
         assert pool.used_pages == 0 and pool.free_pages == pool.num_pages
         assert s.chat("bob")["choices"][0]["finish_reason"] in ("stop", "length")
-        assert pool.used_pages == 0
+        # only the head stays resident (unread now: the first thing evicted when pages are short)
+        assert pool.used_pages == pool.shared.page_count() == pool.pages_for(backend.head_item.num_tokens)
 
 
 @pytest.mark.skipif(runner._CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
@@ -394,6 +408,7 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
         return mask, prefixes
 
     monkeypatch.setattr(runner.StepPlan, "narrow_for", counted)
+    monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
     config = model.config.get_text_config()
     assert config.sliding_window == 40
     if kind == "qwen2":

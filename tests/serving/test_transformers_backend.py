@@ -35,6 +35,13 @@ async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
     return ids, result
 
 
+def prefilled(backend, requests, results) -> list[int]:
+    """The prompt tokens each request prefilled: those after its block, or, without one, after the system
+    prompt's head the engine shares (TransformersBackend.head_item; not counted in cached_tokens)."""
+    head = backend.head_item.num_tokens
+    return [len(r.prompt.ids) - (c.cached_tokens or head) for r, c in zip(requests, results, strict=True)]
+
+
 def run_together(backend, consumers) -> list:
     """Run the coroutines concurrently, all their requests reaching the model loop before its next turn (the
     loop is held in a call until they are queued), so the batch they form does not depend on timing. An
@@ -109,7 +116,7 @@ def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(
     assert {thread for _, thread in calls} == {backend._loop.thread}
     # three prefills (what the block does not cover) packed in one forward, then 7 decode steps of all three
     # (each one forward of three rows, packed as one input: serving/engine/runner.py)
-    rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
+    rest = prefilled(backend, requests, [c for _, c in both])
     assert [shape for shape, _ in calls] == [(1, sum(rest))] + [(1, 3)] * 7
     deadline = (
         time.monotonic() + 5
@@ -160,7 +167,7 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
     # 3 prefills packed in one forward (a first token each), then decode steps: all 3 (the first ends), 2 x4
     # (the third ends), 1 x5; each step one forward of its rows packed as one input (serving/engine)
-    rest = [len(r.prompt.ids) - c.cached_tokens for r, (_, c) in zip(requests, both, strict=True)]
+    rest = prefilled(backend, requests, [c for _, c in both])
     assert rows == [1] * 11
     assert [n for n, *_ in log.calls] == [sum(rest), 3, 2, 2, 2, 2, 1, 1, 1, 1, 1]
     assert [tuple(state) for _, *state in log.calls] == [(True, False, False)] * 11
@@ -280,7 +287,7 @@ def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any
         del backend._loop.start
     assert len(other_ids) == 2 and result.completion_tokens == 300
     after = events[events.index("queued") + 1 :]
-    other_prefill = after.index(len(other_prompt.ids) + 1)
+    other_prefill = after.index(len(other_prompt.ids) - backend.head_item.num_tokens + 1)
     assert after[:other_prefill] in ([], [1], [1, 1])  # hostile decode steps before the newcomer's prefill
 
 
@@ -421,3 +428,62 @@ def test_the_io_threads_run_below_the_model_threads_priority(tmp_path, tiny_mode
         assert io and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == base + IO_NICE for t in io)
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_backend, tmp_path):
+    """The head every prompt starts with (system opening, system prompt, memory header) is K/V built once at
+    load and read by reference: a request without a block prefills only what follows it, its greedy tokens
+    are a full prefill's, cached_tokens counts it as no memory, and the stored block items are untouched.
+    Not built without a pool (the per-request path), nor with shared knowledge installed."""
+    from kvmem.kv import Sampling, generate
+
+    backend = tiny_backend
+    head = backend.head_item
+    assert head is not None and head.token_ids == tuple(backend.layout.head_ids) and head.meta.user_id == ""
+    questions = ["Who are you?", "Tell me something about the sea, please."]
+    requests = [
+        GenerationRequest(
+            f"h{i}",
+            "nobody",
+            backend.layout_prompt([], [], [{"role": "user", "content": q}]),
+            None,
+            SamplingParams(max_new_tokens=6, temperature=0.0),
+        )
+        for i, q in enumerate(questions)
+    ]
+    model = backend.handle.model
+    full = [
+        backend._loop.call(lambda r=r: list(generate(model, r.prompt.ids, sampling=Sampling(max_new_tokens=6))))
+        for r in requests
+    ]
+    shapes: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+        both = arrive_together(backend, requests)
+    finally:
+        hook.remove()
+    assert [ids for ids, _ in alone] == [ids for ids, _ in both] == full
+    assert [r.cached_tokens for _, r in alone + both] == [0, 0, 0, 0]
+    rest = [len(r.prompt.ids) - head.num_tokens for r in requests]
+    # alone: each prefill, then 5 decode steps; together: both prefills in one forward, then 5 steps of two
+    assert shapes == [(1, rest[0])] + [(1, 1)] * 5 + [(1, rest[1])] + [(1, 1)] * 5 + [(1, sum(rest))] + [
+        (1, 2)
+    ] * 5
+    assert head.item_id in backend.pool.shared
+    wait_released(backend)
+    from kvmem.kv.knowledge import install
+
+    install(tmp_path / "knowledge", ["Opening hours are 9 to 5."])
+    for config in (
+        TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "nopool"), kv_pool_mb=0),
+        TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "knowledge")),
+    ):
+        other = TransformersBackend(config)
+        other.load()
+        try:
+            assert other.head_item is None and (other.pool is None or other.layout.knowledge_text)
+        finally:
+            asyncio.run(other.aclose())
