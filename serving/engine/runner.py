@@ -3,10 +3,10 @@
 The step's tokens are packed into input_ids [1, T] (each sequence's chunk, or its last token), each with its
 own position. The linear layers see T rows. In every layer, the attention function registered below:
 1. writes the step's new K/V into the pool at each token's slot (its sequence's pages);
-2. attends: prefill chunks ("wide" rows) in one `scaled_dot_product_attention` over their gathered contexts;
-   one-token rows ("narrow": decode steps) in one batched computation over their own rest, plus one per
-   group of rows that share an item's pages, read once for the whole group and merged by log-sum-exp (see
-   StepPlan); GQA by grouping the query heads of each K/V head;
+2. attends (attention.py): prefill chunks ("wide" rows) in one `scaled_dot_product_attention` over their
+   gathered contexts; one-token rows ("narrow": decode steps), and on CPU prefill chunks too, in one batched
+   computation over their own rest, plus one per group of rows that share an item's pages, read once for the
+   whole group and merged by log-sum-exp (see StepPlan); GQA by grouping the query heads of each K/V head;
 3. scatters the outputs back to the packed order.
 A layer with a sliding window (the model's attention passes `sliding_window`, as Mistral's and Qwen2's do)
 gets masks that keep each query's last `window` positions; the pages keep every position (a block item and
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
-from serving.engine import lora, sampler
+from serving.engine import attention, lora, sampler
 from serving.engine.pages import PagePool
 from serving.engine.percache.batch import SequenceError
 
@@ -162,10 +162,10 @@ class StepPlan(PlanCache):
                 mask[:, None].to(device),
                 torch.cat([torch.arange(starts_at[r], starts_at[r] + lengths[r]) for r in wide]).to(device),
             )
-            if _CPU_FLASH is not None and device.type == "cpu":
+            if attention.CPU_FLASH is not None and device.type == "cpu":
                 self.wide_groups = self._wide_groups(seqs, wide, lengths, pasts, starts_at, device)
         self.narrow = None
-        self.narrow_bias: dict = {}  # the narrow rows' masks, additive, per window (made by _narrow)
+        self.narrow_bias: dict = {}  # the narrow rows' masks, additive, per window (made by attention.narrow)
         self._windowed: dict = {}  # masks and groups for a sliding window, per window (wide_mask, narrow_for)
         if narrow:
             # an item's or a session's pages, read once for every row that has them
@@ -268,8 +268,17 @@ class StepPlan(PlanCache):
         """The wide rows' mask, additive, for queries laid out as G heads per K/V head ([B, 1, G * Q, K]):
         made once per step (per window), not per layer."""
         if ("wide_bias", window) not in self._windowed or self._windowed["wide_bias", window].dtype != dtype:
-            self._windowed["wide_bias", window] = _additive(self.wide_mask(window)[:, :, None], dtype, g)
+            self._windowed["wide_bias", window] = attention.additive(
+                self.wide_mask(window)[:, :, None], dtype, g
+            )
         return self._windowed["wide_bias", window]
+
+    def grouped_bias(self, dtype: torch.dtype, g: int) -> torch.Tensor:
+        """The mask of the wide rows' rests when read by prefix group (`_wide_groups`), additive, for queries laid
+        out as G heads per K/V head ([B, 1, G * Q, K]): made once per step, not per layer."""
+        if ("grouped", dtype) not in self._windowed:
+            self._windowed["grouped", dtype] = attention.additive(self.wide_groups[3], dtype, g)
+        return self._windowed["grouped", dtype]
 
     def narrow_for(self, window: int | None) -> tuple:
         """(the narrow rows' mask [B, 1, 1, 1, K] or None, their prefix groups) for full attention (None) or
@@ -304,131 +313,15 @@ class StepPlan(PlanCache):
         k_pool, v_pool = self.write_kv(layer, key, value)
         out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
         if self.wide is not None:
-            wide = _wide_grouped if self.wide_groups is not None and window is None else _wide
+            wide = (
+                attention.wide_grouped if self.wide_groups is not None and window is None else attention.wide
+            )
             out.index_copy_(0, self.wide[-1], wide(self, query, k_pool, v_pool, scale, window).to(out.dtype))
         if self.narrow is not None:
             out.index_copy_(
-                0, self.narrow[3], _narrow(self, query, k_pool, v_pool, scale, window).to(out.dtype)
+                0, self.narrow[3], attention.narrow(self, query, k_pool, v_pool, scale, window).to(out.dtype)
             )
         return out.unsqueeze(0)
-
-
-# PyTorch's fused CPU attention that also returns the log-sum-exp (what the merge of a prefix group needs):
-# 2-5x faster than the softmax written out below on the 2-core CPU (8 queries over 600 keys: 188 vs 942 us).
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor:
-    """A bool [B, 1, 1, Q, K] mask as the fused kernel's additive mask of `dtype`: [B, 1, 1, K] for one query,
-    else [B, 1, G * Q, K] (the queries of G heads per K/V head, as `_attend` lays them out)."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    b, _, _, nq, k = mask.shape
-    if nq == 1:
-        return bias.view(b, 1, 1, k)
-    return bias.expand(b, 1, g, nq, k).reshape(b, 1, g * nq, k)
-
-
-def _attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
-    """Softmax attention with its log-sum-exp, for few queries. q [B, kv, G, Q, d] (G query heads per K/V
-    head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1 or Q, K] (True: attend; every query sees a
-    key); `bias`: the mask already made additive (`_additive`, once per step rather than per layer). Returns
-    out [B, kv, G, Q, d] and lse [B, kv, G, Q, 1] (float32)."""
-    bsz, kv, g, nq, d = q.shape
-    if _CPU_FLASH is not None and q.device.type == "cpu":
-        if mask is not None and bias is None:
-            bias = _additive(mask, q.dtype, g)
-        # it reads k and v wrongly when their last dimension is not contiguous (torch 2.13, measured): copy them
-        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-        out, lse = _CPU_FLASH(q.reshape(bsz, kv, g * nq, d), k, v, 0.0, False, attn_mask=bias, scale=scale)
-        return out.view(bsz, kv, g, nq, d), lse.view(bsz, kv, g, nq, 1).float()
-    scores = (q.reshape(bsz, kv, g * nq, d) @ k.transpose(-1, -2)).view(bsz, kv, g, nq, -1).float() * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - lse).to(v.dtype).view(bsz, kv, g * nq, -1)
-    return (probs @ v).view(bsz, kv, g, nq, d), lse
-
-
-def _wide(st: StepPlan, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
-    """Prefill chunks: [tokens, heads, d] in the order of st.wide's positions."""
-    b, qmax, kmax, gather, q_index, tokens, _, _ = st.wide
-    kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
-    g = heads // kv_heads
-    bias = st.wide_bias(window, query.dtype, g)
-    # the G query heads of each K/V head are its queries: [B, kv, G * Q, d], no expanded copy of K/V
-    q = query[0].index_select(1, q_index).view(kv_heads, g, b, qmax, dim).permute(2, 0, 1, 3, 4)
-    q = q.reshape(b, kv_heads, g * qmax, dim)
-    if isinstance(gather, slice):  # one row over one run of pages: a view of the pool
-        k, v = k_pool[gather][None].transpose(1, 2), v_pool[gather][None].transpose(1, 2)
-    else:
-        k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-        v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).view(b, heads, qmax, dim)
-    return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
-
-
-def _wide_grouped(st: StepPlan, query, k_pool, v_pool, scale: float, window: None) -> torch.Tensor:
-    """Prefill chunks by shared prefix (StepPlan._wide_groups): [tokens, heads, d] in the order of st.wide's
-    positions."""
-    _, qmax, _, _, q_index, tokens, _, _ = st.wide
-    b, kmax, gather, mask, prefixes = st.wide_groups
-    kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
-    g = heads // kv_heads
-    if ("grouped", query.dtype) not in st._windowed:  # once per step, not per layer
-        st._windowed["grouped", query.dtype] = _additive(mask, query.dtype, g)
-    q = query[0].index_select(1, q_index).view(kv_heads, g, b, qmax, dim).permute(2, 0, 1, 3, 4)
-    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out, lse = _attend(q, k, v, None, scale, st._windowed["grouped", query.dtype])
-    # [B, kv, G, Q, *] -> the rows' real queries, [tokens, heads, *]
-    out = out.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, dim).index_select(0, tokens)
-    lse = lse.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, 1).index_select(0, tokens)
-    for rows, packed, slots in prefixes:  # each group's shared pages, read once for all its rows' queries
-        kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
-        vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
-        n = packed.shape[0]
-        qg = query[0].index_select(1, packed).view(1, kv_heads, g, n, dim)
-        o_p, l_p = _attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
-        o_p = o_p[0].permute(2, 0, 1, 3).reshape(n, heads, dim)
-        l_p = l_p[0].permute(2, 0, 1, 3).reshape(n, heads, 1)
-        merged = _merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
-        out = out.index_copy(0, rows, merged.to(out.dtype))
-    return out
-
-
-def _merge(o_a, l_a, o_b, l_b) -> torch.Tensor:
-    """Two attentions of the same queries over disjoint keys, merged exactly by their log-sum-exps (float32)."""
-    m = torch.maximum(l_a, l_b)
-    w_a, w_b = torch.exp(l_a - m), torch.exp(l_b - m)
-    return (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b)
-
-
-def _narrow(st: StepPlan, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
-    """One-token rows: [rows, heads, d] in the order of st.narrow's positions."""
-    b, kmax, gather, positions, _, _ = st.narrow
-    mask, prefixes = st.narrow_for(window)
-    kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
-    g = heads // kv_heads
-    q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
-    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    bias = None
-    if mask is not None and _CPU_FLASH is not None and q.device.type == "cpu":
-        bias = st.narrow_bias.get(window)
-        if bias is None or bias.dtype != q.dtype:  # once per step, not per layer
-            bias = st.narrow_bias[window] = _additive(mask, q.dtype)
-    out, lse = _attend(q, k, v, mask, scale, bias)
-    for rows, slots, within in prefixes:  # each prefix group's shared pages, read once for all its rows
-        kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
-        vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
-        r = rows.shape[0]
-        qg = q.index_select(0, rows).permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r, dim)
-        o_p, l_p = _attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], within, scale)
-        o_p = o_p.view(kv_heads, g, r, 1, dim).permute(2, 0, 1, 3, 4)
-        l_p = l_p.view(kv_heads, g, r, 1, 1).permute(2, 0, 1, 3, 4)
-        merged = _merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
-        out = out.index_copy(0, rows, merged.to(out.dtype))
-    return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)
 
 
 def _paged_attention(

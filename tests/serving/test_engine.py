@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvmem.kv import Sampling, generate
-from serving.engine import runner
+from serving.engine import attention, runner
 from serving.engine.pages import PagePool, PoolFull, PoolShape
 from serving.engine.percache.batch import SequenceError
 from serving.engine.sequence import admit
@@ -319,7 +319,7 @@ def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny
         assert pool.used_pages == pool.shared.page_count() == pool.pages_for(backend.head_item.num_tokens)
 
 
-@pytest.mark.skipif(runner._CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
+@pytest.mark.skipif(attention.CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
 def test_the_fused_cpu_attention_gives_the_written_out_softmax_and_its_log_sum_exp(monkeypatch):
     torch.manual_seed(0)
     q = torch.randn(4, 3, 3, 2, 16)  # [rows, kv heads, query heads per kv head, queries, dim]
@@ -328,9 +328,9 @@ def test_the_fused_cpu_attention_gives_the_written_out_softmax_and_its_log_sum_e
     mask[..., 0] = True
     strided = k.transpose(2, 3).contiguous().transpose(2, 3)  # the kernel misreads it unless copied first
     for m, keys in ((None, k), (mask, k), (None, strided), (mask, strided)):
-        fused = runner._attend(q, keys, v, m, 0.25)
-        monkeypatch.setattr(runner, "_CPU_FLASH", None)
-        written = runner._attend(q, k, v, m, 0.25)
+        fused = attention.attend(q, keys, v, m, 0.25)
+        monkeypatch.setattr(attention, "CPU_FLASH", None)
+        written = attention.attend(q, k, v, m, 0.25)
         monkeypatch.undo()
         assert fused[0].shape == written[0].shape and fused[1].shape == written[1].shape
         assert fused[1].dtype == torch.float32
