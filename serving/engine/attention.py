@@ -82,8 +82,7 @@ def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch
     out = out.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, dim).index_select(0, tokens)
     lse = lse.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, 1).index_select(0, tokens)
     for rows, packed, slots in prefixes:  # each group's shared pages, read once for all its rows' queries
-        kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
-        vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
+        kp, vp = _read(k_pool, slots), _read(v_pool, slots)
         n = packed.shape[0]
         qg = query[0].index_select(1, packed).view(1, kv_heads, g, n, dim)
         o_p, l_p = attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
@@ -92,6 +91,11 @@ def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch
         merged = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
     return out
+
+
+def _read(pool: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
+    """A prefix group's K or V: a view of the pool for a slice, else a gather."""
+    return pool[slots] if isinstance(slots, slice) else pool.index_select(0, slots)
 
 
 def merge(o_a, l_a, o_b, l_b) -> torch.Tensor:
@@ -117,8 +121,7 @@ def narrow(st, query, k_pool, v_pool, scale: float, window: int | None) -> torch
             bias = st.narrow_bias[window] = additive(mask, q.dtype)
     out, lse = attend(q, k, v, mask, scale, bias)
     for rows, slots, within in prefixes:  # each prefix group's shared pages, read once for all its rows
-        kp = k_pool[slots] if isinstance(slots, slice) else k_pool.index_select(0, slots)
-        vp = v_pool[slots] if isinstance(slots, slice) else v_pool.index_select(0, slots)
+        kp, vp = _read(k_pool, slots), _read(v_pool, slots)
         r = rows.shape[0]
         qg = q.index_select(0, rows).permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r, dim)
         o_p, l_p = attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], within, scale)

@@ -63,6 +63,15 @@ def _prefix_groups(tables, pt: int, eligible: list[bool] | None = None) -> dict[
     return {pages: rows for pages, rows in groups.items() if len(pages) * pt * len(rows) >= GROUP_MIN_READS}
 
 
+def _prefix_slots(pool: PagePool, pages: tuple[int, ...], device) -> slice | torch.Tensor:
+    """Where a prefix group reads its shared pages: a view of the pool (a slice) when they are one run, else
+    their slots."""
+    pt = pool.page_tokens
+    if _consecutive(list(pages)):
+        return slice(pages[0] * pt, (pages[0] + len(pages)) * pt)
+    return pool.slots(list(pages), 0, len(pages) * pt, device)
+
+
 def _wide_mask(q, k, pw, nw, window: int | None) -> torch.Tensor:
     """[B, Qmax, Kmax]: query i of a chunk after P positions sees keys 0 .. P + i (within `window` of it)."""
     mask = (k <= pw + q) & (k < pw + nw)
@@ -173,14 +182,9 @@ class StepPlan(PlanCache):
             first = [0] * len(narrow)  # each row's first position after its prefix
             prefixes: list[tuple[torch.Tensor, slice | torch.Tensor, torch.Tensor | None]] = []
             for pages, rows in groups.items():
-                shared = len(pages)
-                if _consecutive(pages):
-                    slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + shared) * pt)
-                else:
-                    slots = pool.slots(list(pages), 0, shared * pt, device)
-                prefixes.append((torch.tensor(rows, device=device), slots, None))
+                prefixes.append((torch.tensor(rows, device=device), _prefix_slots(pool, pages, device), None))
                 for i in rows:
-                    first[i] = shared * pt
+                    first[i] = len(pages) * pt
             ends = [pasts[r] + 1 for r in narrow]
             kmax = max(e - f for e, f in zip(ends, first, strict=True))
             gather = [
@@ -237,10 +241,7 @@ class StepPlan(PlanCache):
             offsets.append(offsets[-1] + lengths[r])
         prefixes = []
         for pages, rows in groups.items():
-            if _consecutive(list(pages)):
-                slots: slice | torch.Tensor = slice(pages[0] * pt, (pages[0] + len(pages)) * pt)
-            else:
-                slots = self.pool.slots(list(pages), 0, len(pages) * pt, device)
+            slots = _prefix_slots(self.pool, pages, device)
             tokens = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in rows])
             packed = torch.cat(
                 [torch.arange(starts_at[wide[i]], starts_at[wide[i]] + lengths[wide[i]]) for i in rows]
