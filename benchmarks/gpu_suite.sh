@@ -19,9 +19,10 @@
 #   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
 #   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
 #              run cut short by its caller's limit still hands back
-# Steps run in order of what the issue asks first: engine (KV bytes, batch-8 vs batch-1 step, eager and as
-# CUDA graphs), http_load with graphs and without, the MemOS cells on Qwen3-8B's shape, exactness, then ttft
-# on the default model, eager and compiled (graphs change decode steps only, not a TTFT).
+# Steps run in order of what the issue asks first: the CUDA-graph tests (graphs_test), engine (KV bytes,
+# batch-8 vs batch-1 step, eager and as CUDA graphs), http_load with graphs and without, the MemOS cells on
+# Qwen3-8B's shape, exactness, then ttft on the default model, eager and compiled (graphs change decode steps
+# only, not a TTFT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/gpu}
@@ -73,6 +74,9 @@ MODEL="$OUT/model"
 RANDOM_MODEL=()
 [ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
 step model 120 "$PY" -m benchmarks.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
+if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
+  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/test_graphs.py
+fi
 # engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
 step engine 180 "$PY" -m benchmarks.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
 # the server with CUDA graphs (its default on a GPU), then without, on the same machine

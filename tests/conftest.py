@@ -3,6 +3,7 @@ forward log that records the autograd state of every forward."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -17,10 +18,14 @@ def default_model_dir():
 
 
 @pytest.fixture(scope="session")
-def tokenizer(default_model_dir):
+def tokenizer(request):
+    """The default model's tokenizer; KVMEM_TOKENIZER_DIR: a copy of its files, for a machine that cannot
+    provision the model (a lent GPU machine has no network: benchmarks/gpu_suite.sh runs the tiny-llama tests
+    of CUDA graphs there)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(default_model_dir))
+    path = os.environ.get("KVMEM_TOKENIZER_DIR") or request.getfixturevalue("default_model_dir")
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def make_tiny_llama(vocab_size: int, *, seed: int = 0, max_positions: int = 8192, layers: int = 2):
