@@ -63,8 +63,9 @@ def wide(st, query, k_pool, v_pool, scale: float, window: int | None) -> torch.T
     else:
         k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
         v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).view(b, heads, qmax, dim)
-    return out.transpose(1, 2).reshape(b * qmax, heads, dim).index_select(0, tokens)
+    # [B, kv, G * Q, d] by its shape, not its memory: CUDA's kernels lay it out [B, G * Q, kv, d]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).view(b, kv_heads, g, qmax, dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, dim).index_select(0, tokens)
 
 
 def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch.Tensor:

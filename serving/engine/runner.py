@@ -414,6 +414,8 @@ def step(model: torch.nn.Module, pool: PagePool, prefills: list, decodes: list) 
     in the order prefills + decodes: a token, None (a chunk before the prompt's last), or a SequenceError
     (the whole step failed: every row gets it, and their positions are as before the step)."""
     seqs = prefills + decodes
+    if not seqs:
+        return []
     chunks = [s._prefill[: s.next_chunk_tokens()] for s in prefills] + [[s.last_token] for s in decodes]
     saved = [(s.table.length, s.position) for s in seqs]
     try:

@@ -320,6 +320,35 @@ def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny
 
 
 @pytest.mark.skipif(attention.CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
+def test_prefill_rows_read_the_attention_output_by_shape_not_memory(tiny_handle, tokenizer, monkeypatch):
+    """CUDA's SDPA kernels return [B, H, L, d] laid out in memory as [B, L, H, d] (CPU's is contiguous): the
+    batched prefill chunks give the same tokens with the output so laid out, in one step, with no row failing
+    over to running alone (the H200 run of 2026-11-27 found `.view` refusing it there)."""
+    model = tiny_handle.model
+    pool = make_pool(model)
+    requests = prompts_and_blocks(tiny_handle, tokenizer)
+    samplings = [Sampling(max_new_tokens=n) for n in (5, 12, 9, 3)]
+    plain, errors = run_engine(model, pool, requests, samplings, arrive_at=[0, 0, 0, 0])
+    assert errors == []
+    sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
+
+    def cuda_layout(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        calls.append(out.shape[0])
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", cuda_layout)
+    failed = []
+    monkeypatch.setattr(runner.log, "warning", lambda *a, **k: failed.append(a))
+    cuda, errors = run_engine(model, pool, requests, samplings, arrive_at=[0, 0, 0, 0])
+    assert errors == [] and failed == [] and max(calls) == len(requests)  # one SDPA over the four chunks
+    assert [s.stats.token_ids for s in cuda] == [s.stats.token_ids for s in plain]
+    for s in plain + cuda:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+    assert runner.step(model, pool, [], []) == []  # no rows: each request done, the next not yet come
+
+
 def test_the_fused_cpu_attention_gives_the_written_out_softmax_and_its_log_sum_exp(monkeypatch):
     torch.manual_seed(0)
     q = torch.randn(4, 3, 3, 2, 16)  # [rows, kv heads, query heads per kv head, queries, dim]

@@ -153,14 +153,18 @@ def test_captured_graphs_give_the_eager_engines_tokens(tiny_handle, tokenizer):
 
 
 def test_the_server_steps_through_its_pools_graphs(tmp_path, tiny_model_dir):
-    """Production wiring: the backend's own pool and step. On CPU the backend makes no graphs (CUDA only); with
+    """Production wiring: the backend's own pool and step. On CPU the backend makes no graphs (CUDA only): with
     the static steps set on its pool, the same chats (a block, none, a live session's second turn) give the
-    same replies, through them, and leave only the block's and the session's pages."""
+    same replies as eager steps, through them, and leave only the block's and the session's pages. On CUDA
+    (float32, so that eager and graphed steps round alike) the graphs it captured at load do the same."""
     from tests.serving.kvstack import load_backend, served
 
-    with served(tmp_path, load_backend(tiny_model_dir, tmp_path)) as s:
+    cuda = torch.cuda.is_available()
+    with served(tmp_path, load_backend(tiny_model_dir, tmp_path, dtype="float32")) as s:
         pool = s.backend.pool
-        assert pool.graphs is None
+        captured = pool.graphs
+        assert (captured is not None) == cuda and s.backend.handle.device.type == ("cuda" if cuda else "cpu")
+        pool.graphs = None
         s.add("alice", "I live in Lisbon and keep bees.")
         s.plan("alice")
         s.client.post("/v1/memories/plan/prewarm", params={"user_id": "alice"})
@@ -185,9 +189,10 @@ def test_the_server_steps_through_its_pools_graphs(tmp_path, tiny_model_dir):
             return out
 
         eager = replies("s1")
-        pool.graphs = DecodeGraphs(s.backend.handle.model, pool, capture=False)
+        pool.graphs = captured or DecodeGraphs(s.backend.handle.model, pool, capture=False)
         assert replies("s2") == eager
-        assert pool.graphs.steps > 0 and pool.graphs.replays == 0
+        assert pool.graphs.steps > 0 and pool.graphs.replays == (pool.graphs.steps if cuda else 0)
+        assert not pool.graphs.broken
         own = {p for e in s.backend.sessions.keys() for p in s.backend.sessions.peek(*e).cache.pages}
         own -= {p for e in pool.shared._entries.values() for p in e.pages}
         assert pool.used_pages == pool.shared.page_count() + len(own)

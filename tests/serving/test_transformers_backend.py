@@ -453,7 +453,9 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
     ]
     model = backend.handle.model
     full = [
-        backend._loop.call(lambda r=r: list(generate(model, r.prompt.ids, sampling=Sampling(max_new_tokens=6))))
+        backend._loop.call(
+            lambda r=r: list(generate(model, r.prompt.ids, sampling=Sampling(max_new_tokens=6)))
+        )
         for r in requests
     ]
     shapes: list[tuple[int, int]] = []
@@ -469,16 +471,19 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
     assert [r.cached_tokens for _, r in alone + both] == [0, 0, 0, 0]
     rest = [len(r.prompt.ids) - head.num_tokens for r in requests]
     # alone: each prefill, then 5 decode steps; together: both prefills in one forward, then 5 steps of two
-    assert shapes == [(1, rest[0])] + [(1, 1)] * 5 + [(1, rest[1])] + [(1, 1)] * 5 + [(1, sum(rest))] + [
-        (1, 2)
-    ] * 5
+    assert (
+        shapes
+        == [(1, rest[0])] + [(1, 1)] * 5 + [(1, rest[1])] + [(1, 1)] * 5 + [(1, sum(rest))] + [(1, 2)] * 5
+    )
     assert head.item_id in backend.pool.shared
     wait_released(backend)
     from kvmem.kv.knowledge import install
 
     install(tmp_path / "knowledge", ["Opening hours are 9 to 5."])
     for config in (
-        TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "nopool"), kv_pool_mb=0),
+        TransformersBackendConfig(
+            model=backend.config.model, data_dir=str(tmp_path / "nopool"), kv_pool_mb=0
+        ),
         TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "knowledge")),
     ):
         other = TransformersBackend(config)
