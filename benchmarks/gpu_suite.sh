@@ -6,7 +6,7 @@
 #
 # On a lent machine with no network, `bash benchmarks/gpu_bundle.sh` here first: it puts the server's and the
 # client's wheels, the tokenizer and the embedder's files in .gpu/ and prints the command to run there.
-# Run of 2026-11-27 on an H100: benchmarks/results/gpu/h100/ (README.md there).
+# Runs of 2026-11-27: benchmarks/results/gpu/h100/ (eager) and h200/ (with CUDA graphs), a README.md in each.
 #
 # Env:
 #   PYTHON     default .venv/bin/python if present, else python3
