@@ -6,6 +6,10 @@
   rows' queries, each row's rest gathered, the two merged by log-sum-exp;
 - `narrow`: one-token rows, the same way by prefix group, with a sliding window's masks when a layer has one.
 Queries are laid out as G query heads per K/V head, so no K/V is expanded per query head.
+
+A layer with logit soft-capping (Gemma 2) or attention sinks (gpt-oss) is attended with the softmax written
+out (`attend`'s `softcap`; `sink`): the fused kernels have neither. Its prefill chunks then run `wide` over
+each row's gathered context, not by prefix group.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ def additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor
     return bias.expand(b, 1, g, nq, k).reshape(b, 1, g * nq, k)
 
 
-def attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
+def attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None, softcap: float | None = None):
     """Softmax attention with its log-sum-exp, for few queries. q [B, kv, G, Q, d] (G query heads per K/V
     head), k/v [B, kv, K, d], mask None or a bool [B, 1, 1, 1 or Q, K] (True: attend; every query sees a
-    key); `bias`: the mask already made additive (`additive`, once per step rather than per layer). Returns
-    out [B, kv, G, Q, d] and lse [B, kv, G, Q, 1] (float32)."""
+    key); `bias`: the mask already made additive (`additive`, once per step rather than per layer), for the
+    fused kernel; `softcap`: scores become softcap * tanh(scores / softcap) before the mask (the softmax
+    written out). Returns out [B, kv, G, Q, d] and lse [B, kv, G, Q, 1] (float32)."""
     bsz, kv, g, nq, d = q.shape
-    if CPU_FLASH is not None and q.device.type == "cpu":
+    if CPU_FLASH is not None and q.device.type == "cpu" and softcap is None:
         if mask is not None and bias is None:
             bias = additive(mask, q.dtype, g)
         # it reads k and v wrongly when their last dimension is not contiguous (torch 2.13, measured): copy them
@@ -42,6 +47,8 @@ def attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
         out, lse = CPU_FLASH(q.reshape(bsz, kv, g * nq, d), k, v, 0.0, False, attn_mask=bias, scale=scale)
         return out.view(bsz, kv, g, nq, d), lse.view(bsz, kv, g, nq, 1).float()
     scores = (q.reshape(bsz, kv, g * nq, d) @ k.transpose(-1, -2)).view(bsz, kv, g, nq, -1).float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
@@ -49,22 +56,37 @@ def attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None):
     return (probs @ v).view(bsz, kv, g, nq, d), lse
 
 
-def wide(st, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
+def sink(out, lse, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention sinks (gpt-oss): one more logit per query head, in the softmax's denominator and with no
+    value, which scales each head's output by exp(lse) / (exp(lse) + exp(sink)). out [B, kv, G, Q, d], lse
+    [B, kv, G, Q, 1], sinks [kv * G]."""
+    b, kv, g = out.shape[:3]
+    return out * torch.sigmoid(lse - sinks.float().view(1, kv, g, 1, 1))
+
+
+def wide(
+    st, query, k_pool, v_pool, scale: float, window: int | None, softcap=None, sinks=None
+) -> torch.Tensor:
     """Prefill chunks: [tokens, heads, d] in the order of st.wide's positions."""
     b, qmax, kmax, gather, q_index, tokens, _, _ = st.wide
     kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
     g = heads // kv_heads
-    bias = st.wide_bias(window, query.dtype, g)
-    # the G query heads of each K/V head are its queries: [B, kv, G * Q, d], no expanded copy of K/V
+    # the G query heads of each K/V head are its queries: [B, kv, G, Q, d], no expanded copy of K/V
     q = query[0].index_select(1, q_index).view(kv_heads, g, b, qmax, dim).permute(2, 0, 1, 3, 4)
-    q = q.reshape(b, kv_heads, g * qmax, dim)
     if isinstance(gather, slice):  # one row over one run of pages: a view of the pool
         k, v = k_pool[gather][None].transpose(1, 2), v_pool[gather][None].transpose(1, 2)
     else:
         k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
         v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    # [B, kv, G * Q, d] by its shape, not its memory: CUDA's kernels lay it out [B, G * Q, kv, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale).view(b, kv_heads, g, qmax, dim)
+    if softcap is not None or sinks is not None:
+        out, lse = attend(q, k, v, st.wide_mask(window)[:, :, None], scale, softcap=softcap)
+        out = out if sinks is None else sink(out, lse, sinks)
+    else:
+        bias = st.wide_bias(window, query.dtype, g)
+        q = q.reshape(b, kv_heads, g * qmax, dim)
+        # [B, kv, G * Q, d] by its shape, not its memory: CUDA's kernels lay it out [B, G * Q, kv, d]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        out = out.view(b, kv_heads, g, qmax, dim)
     return out.permute(0, 3, 1, 2, 4).reshape(b * qmax, heads, dim).index_select(0, tokens)
 
 
@@ -89,7 +111,7 @@ def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch
         o_p, l_p = attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
         o_p = o_p[0].permute(2, 0, 1, 3).reshape(n, heads, dim)
         l_p = l_p[0].permute(2, 0, 1, 3).reshape(n, heads, 1)
-        merged = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
+        merged, _ = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
     return out
 
@@ -99,14 +121,17 @@ def _read(pool: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
     return pool[slots] if isinstance(slots, slice) else pool.index_select(0, slots)
 
 
-def merge(o_a, l_a, o_b, l_b) -> torch.Tensor:
-    """Two attentions of the same queries over disjoint keys, merged exactly by their log-sum-exps (float32)."""
+def merge(o_a, l_a, o_b, l_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attentions of the same queries over disjoint keys, merged exactly by their log-sum-exps: the output
+    and the log-sum-exp of the union (float32)."""
     m = torch.maximum(l_a, l_b)
     w_a, w_b = torch.exp(l_a - m), torch.exp(l_b - m)
-    return (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b)
+    return (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b), m + torch.log(w_a + w_b)
 
 
-def narrow(st, query, k_pool, v_pool, scale: float, window: int | None) -> torch.Tensor:
+def narrow(
+    st, query, k_pool, v_pool, scale: float, window: int | None, softcap=None, sinks=None
+) -> torch.Tensor:
     """One-token rows: [rows, heads, d] in the order of st.narrow's positions."""
     b, kmax, gather, positions, _, _ = st.narrow
     mask, prefixes = st.narrow_for(window)
@@ -116,18 +141,23 @@ def narrow(st, query, k_pool, v_pool, scale: float, window: int | None) -> torch
     k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
     v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
     bias = None
-    if mask is not None and CPU_FLASH is not None and q.device.type == "cpu":
+    if mask is not None and CPU_FLASH is not None and q.device.type == "cpu" and softcap is None:
         bias = st.narrow_bias.get(window)
         if bias is None or bias.dtype != q.dtype:  # once per step, not per layer
             bias = st.narrow_bias[window] = additive(mask, q.dtype)
-    out, lse = attend(q, k, v, mask, scale, bias)
+    out, lse = attend(q, k, v, mask, scale, bias, softcap)
     for rows, slots, within in prefixes:  # each prefix group's shared pages, read once for all its rows
         kp, vp = _read(k_pool, slots), _read(v_pool, slots)
         r = rows.shape[0]
         qg = q.index_select(0, rows).permute(1, 2, 0, 3, 4).reshape(1, kv_heads, g, r, dim)
-        o_p, l_p = attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], within, scale)
+        o_p, l_p = attend(
+            qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], within, scale, softcap=softcap
+        )
         o_p = o_p.view(kv_heads, g, r, 1, dim).permute(2, 0, 1, 3, 4)
         l_p = l_p.view(kv_heads, g, r, 1, 1).permute(2, 0, 1, 3, 4)
-        merged = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
+        merged, l_m = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
+        lse = lse.index_copy(0, rows, l_m)
+    if sinks is not None:
+        out = sink(out, lse, sinks)
     return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)

@@ -51,11 +51,15 @@ def _bucket_context(n: int) -> int:
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Graphs run models whose layers all attend to every past position (a sliding window: eager steps), with
-    no step that reads a device value on the host, which a capture forbids: not rotary embeddings that rescale
+    """Graphs run models whose layers all attend to every past position (a sliding window: eager steps) with
+    a plain softmax (logit soft-capping and attention sinks: eager steps, attention.py), with no step that reads a device value on the host, which a capture forbids: not rotary embeddings that rescale
     with the positions seen (transformers' "dynamic" and "longrope" read the largest position), nor mixtures
     of experts (their routing selects tokens by value)."""
     config = model.config.get_text_config()
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        return False
     if any(getattr(m, "rope_type", None) in ("dynamic", "longrope") for m in model.modules()):
         return False
     if any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
@@ -84,8 +88,10 @@ class StaticPlan(runner.PlanCache):
         zero = torch.zeros((), dtype=dtype, device=seen.device)
         self.bias = torch.where(seen, zero, torch.full_like(zero, float("-inf")))[:, None, None, :]
 
-    def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
-        assert window is None, "graphs run full-attention models only (supports)"
+    def attend(
+        self, layer: int, query, key, value, scale: float, window: int | None, **extra
+    ) -> torch.Tensor:
+        assert window is None and not extra, "graphs run full attention with no softcap nor sinks (supports)"
         k_pool, v_pool = self.write_kv(layer, key, value)
         rows, heads, dim = self.rows, query.shape[1], query.shape[3]
         kv_heads = k_pool.shape[1]

@@ -308,20 +308,24 @@ class StepPlan(PlanCache):
             self._windowed["narrow", window] = (mask, prefixes)
         return self._windowed["narrow", window]
 
-    def attend(self, layer: int, query, key, value, scale: float, window: int | None) -> torch.Tensor:
+    def attend(
+        self, layer: int, query, key, value, scale: float, window: int | None, softcap=None, sinks=None
+    ) -> torch.Tensor:
         """One layer's attention for every row: the step's new K/V into the pool at their slots, then the wide
-        and the narrow rows; [1, T, heads, d] in the packed order."""
+        and the narrow rows; [1, T, heads, d] in the packed order. `softcap`, `sinks`: the layer's logit
+        soft-capping and attention sinks, if it has them (attention.py)."""
         k_pool, v_pool = self.write_kv(layer, key, value)
         out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
+        extra = {"softcap": softcap, "sinks": sinks}
         if self.wide is not None:
-            wide = (
-                attention.wide_grouped if self.wide_groups is not None and window is None else attention.wide
-            )
-            out.index_copy_(0, self.wide[-1], wide(self, query, k_pool, v_pool, scale, window).to(out.dtype))
+            if self.wide_groups is not None and window is None and softcap is None and sinks is None:
+                wide = attention.wide_grouped(self, query, k_pool, v_pool, scale, window)
+            else:
+                wide = attention.wide(self, query, k_pool, v_pool, scale, window, **extra)
+            out.index_copy_(0, self.wide[-1], wide.to(out.dtype))
         if self.narrow is not None:
-            out.index_copy_(
-                0, self.narrow[3], attention.narrow(self, query, k_pool, v_pool, scale, window).to(out.dtype)
-            )
+            narrow = attention.narrow(self, query, k_pool, v_pool, scale, window, **extra)
+            out.index_copy_(0, self.narrow[3], narrow.to(out.dtype))
         return out.unsqueeze(0)
 
 
@@ -337,11 +341,14 @@ def _paged_attention(
     sliding_window=None,
     **kw,
 ):
-    if kw.get("softcap") is not None or kw.get("s_aux") is not None:  # `supports` keeps such models out
-        raise NotImplementedError("the engine's attention has no logit soft-capping nor attention sinks")
     scale = scaling if scaling is not None else query.shape[3] ** -0.5
+    extra = {}  # Gemma 2's logit soft-capping, gpt-oss's attention sinks
+    if kw.get("softcap") is not None:
+        extra["softcap"] = float(kw["softcap"])
+    if kw.get("s_aux") is not None:
+        extra["sinks"] = kw["s_aux"]
     # a step's plan: this module's StepPlan, or a decode graph's StaticPlan (graphs.py)
-    out = kvmem_step.attend(module.layer_idx, query, key, value, scale, sliding_window or None)
+    out = kvmem_step.attend(module.layer_idx, query, key, value, scale, sliding_window or None, **extra)
     return out, None  # [1, T, heads, dim], as the attention interface returns
 
 
@@ -350,17 +357,19 @@ AttentionInterface.register(PAGED, _paged_attention)
 
 def supports(model: torch.nn.Module) -> bool:
     """The engine runs the model's attention itself: causal self-attention over every past position, or over a
-    sliding window of them (per layer, as the model's attention modules pass it), with no logit soft-capping
-    nor attention sinks, in a model that calls its attention through transformers' attention interface."""
+    sliding window of them (per layer, as the model's attention modules pass it), with logit soft-capping or
+    attention sinks or neither, in a model that calls its attention through transformers' attention interface
+    (its class says so, or it runs SDPA)."""
     config = model.config.get_text_config()
     if not set(getattr(config, "layer_types", None) or ["full_attention"]) <= {
         "full_attention",
         "sliding_attention",
     }:
         return False
-    if getattr(config, "attn_logit_softcapping", None):
-        return False
-    return model.config._attn_implementation == "sdpa"
+    return (
+        bool(getattr(model, "_supports_attention_backend", False))
+        or model.config._attn_implementation == "sdpa"
+    )
 
 
 def forward(model: torch.nn.Module, pool: PagePool, seqs: list, chunks: list[list[int]]) -> torch.Tensor:

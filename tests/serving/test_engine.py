@@ -463,6 +463,73 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     assert groups["masked"] > 0 and groups["left"] > 0
 
 
+def tiny_capped(kind: str, vocab_size: int):
+    """A tiny Gemma 2 (attention logits soft-capped at 1.0, so the cap changes them) or gpt-oss (attention
+    sinks drawn at random, mixture of experts): layers alternate a sliding window of 40 and full attention.
+    Both run transformers' written-out ("eager") attention, which applies the cap and the sinks (its SDPA
+    path would ignore the cap): the reference the engine must equal."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
+
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=0.2,
+        sliding_window=40,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    if kind == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(**shape, attn_logit_softcapping=1.0))
+    else:
+        model = GptOssForCausalLM(GptOssConfig(**shape, num_local_experts=4, num_experts_per_tok=2))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gpt-oss"])
+def test_soft_capped_and_sink_attention_in_the_engine_equals_a_full_prefill(tokenizer, kind, monkeypatch):
+    """Models whose attention soft-caps its logits (Gemma 2) or has sinks (gpt-oss) run in the engine, not on
+    the per-request path: alone (with a block's pages or none, in chunks) and batched with prefix groups, each
+    request's greedy tokens equal the model's own full prefill. Without the cap or the sinks they do not."""
+    from kvmem.models import handle_for
+    from serving.engine import graphs
+
+    model = tiny_capped(kind, len(tokenizer))
+    assert runner.supports(model) and not graphs.supports(model)
+    monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
+    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
+    requests = prompts_and_blocks(handle, tokenizer)
+    sp = Sampling(max_new_tokens=8)
+    full = [list(generate(model, ids, sampling=sp)) for ids, _ in requests]
+    pool = make_pool(model)
+    for (ids, item), expected in zip(requests, full, strict=True):
+        for chunk in (None, CHUNK):
+            seqs, errors = run_engine(model, pool, [(ids, item)], [sp], [0], chunk)
+            assert errors == [] and seqs[0].stats.token_ids == expected
+            seqs[0].release()
+    batch = requests + [requests[0]]  # two rows over one block: a prefix group
+    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
+    assert errors == [] and [s.stats.token_ids for s in seqs] == full + full[:1]
+    for s in seqs:
+        s.release()
+    attend = runner.StepPlan.attend
+    monkeypatch.setattr(
+        runner.StepPlan, "attend", lambda plan, *a, softcap=None, sinks=None: attend(plan, *a)
+    )  # the cap and the sinks ignored
+    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
+    assert errors == [] and [s.stats.token_ids for s in seqs] != full + full[:1]
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+
+
 def test_a_builds_chunks_shrink_as_its_context_grows_while_others_decode(tiny_handle):
     """A background prefill (a block build, serving/backends/engine_builds.py) paced while others decode takes
     at most `busy_attention_budget` chunk tokens x tokens of context: its chunks shrink late in a long build;

@@ -57,12 +57,26 @@ def sliding_model_dir(tmp_path_factory, tokenizer):
     return d
 
 
-@pytest.mark.parametrize("model", ["tiny_model_dir", "sliding_model_dir"])
+@pytest.fixture(scope="module")
+def capped_model_dir(tmp_path_factory, tokenizer):
+    """A tiny Gemma 2 (attention logits soft-capped, sliding and full layers), saved as a model dir."""
+    from tests.serving.test_engine import tiny_capped
+
+    d = tmp_path_factory.mktemp("tiny-capped")
+    tiny_capped("gemma2", len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("model", ["tiny_model_dir", "sliding_model_dir", "capped_model_dir"])
 def test_a_sessions_next_turn_starts_from_its_cache_with_the_same_tokens(tmp_path, request, model):
-    """Also for a model with a sliding-window layer: it is served by the engine (its blocks and sessions are
-    pages) and its window is shorter than the block."""
+    """Also for a model with a sliding-window layer, and one whose attention soft-caps its logits (loaded with
+    transformers' written-out attention, which applies the cap): each is served by the engine (its blocks and
+    sessions are pages) and its window is shorter than the block."""
     with served(tmp_path, load_backend(request.getfixturevalue(model), tmp_path)) as s:
         assert s.backend.pool is not None
+        if model == "capped_model_dir":
+            assert s.backend.handle.model.config._attn_implementation == "eager"
         seeded(s, ["alice"])
         block_len = s.plan("alice")["tokens"]
         window = getattr(s.backend.handle.model.config.get_text_config(), "sliding_window", None)
