@@ -492,3 +492,63 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
             assert other.head_item is None and (other.pool is None or other.layout.knowledge_text)
         finally:
             asyncio.run(other.aclose())
+
+
+def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowledge(tiny_model_dir, tmp_path):
+    """With shared knowledge installed, a request without a block starts from the stored knowledge item (once a
+    block built it), by reference as the blocks that have it as their parent do: it prefills only what follows
+    it, its greedy tokens are a full prefill's, and cached_tokens counts the knowledge, as under a block.
+    Before the item is stored, and after the knowledge changes, such a request prefills in full."""
+    from kvmem.kv import Sampling, generate
+    from kvmem.kv.knowledge import install, knowledge_item_id
+
+    install(tmp_path, ["Opening hours are 9 to 5.", "The shop is closed on Sundays."])
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path))
+    )
+    backend.load()
+    model = backend.handle.model
+
+    def ask(question: str, i: int) -> GenerationRequest:
+        prompt = backend.layout_prompt([], [], [{"role": "user", "content": question}])
+        return GenerationRequest(
+            f"k{i}", "nobody", prompt, None, SamplingParams(max_new_tokens=6, temperature=0)
+        )
+
+    def served(req: GenerationRequest) -> tuple[list[int], int, list[int]]:
+        """(its tokens, its cached_tokens, the lengths of the forwards it ran)"""
+        shapes: list[int] = []
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, kw: shapes.append(kw["input_ids"].shape[1]), with_kwargs=True
+        )
+        try:
+            ids, result = asyncio.run(tokens_of(backend, req))
+        finally:
+            hook.remove()
+        full = backend._loop.call(
+            lambda: list(generate(model, req.prompt.ids, sampling=Sampling(max_new_tokens=6)))
+        )
+        assert ids == full
+        return ids, result.cached_tokens, shapes
+
+    try:
+        assert backend.head_item is None and backend.layout.knowledge_text
+        req = ask("When are you open?", 0)
+        _, cached, shapes = served(req)  # the knowledge is not stored yet: no block was built
+        assert cached == 0 and shapes[0] == len(req.prompt.ids)
+        backend.build_block("u", ["I live in Lisbon."], ["m1"])  # builds the knowledge item, its parent
+        knowledge = backend.store.get(knowledge_item_id(backend.layout, backend.handle.fingerprint))
+        req = ask("When are you open, and on which days?", 1)
+        assert tuple(req.prompt.ids[: knowledge.num_tokens]) == knowledge.token_ids
+        _, cached, shapes = served(req)
+        assert cached == knowledge.num_tokens and shapes[0] == len(req.prompt.ids) - knowledge.num_tokens
+        assert knowledge.item_id in backend.pool.shared
+        install(tmp_path, ["Opening hours are 10 to 6."])
+        assert backend.reload_knowledge()
+        assert backend._knowledge_head == (None, None)  # the old item left the store: not held as a head
+        req = ask("When are you open?", 2)
+        _, cached, shapes = served(req)  # the new knowledge is not stored yet; the old one is not its head
+        assert cached == 0 and shapes[0] == len(req.prompt.ids)
+        wait_released(backend)
+    finally:
+        asyncio.run(backend.aclose())
