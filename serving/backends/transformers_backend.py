@@ -290,7 +290,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             elif self.pool is not None and (name := self._adapter_for_engine(user_id, adapter_id, found)):
                 # the same, its tokens under the adapter's delta (serving/engine/lora.py)
                 item = self._build_under_adapter(found, name)
-            else:  # no pool, or an adapter the engine cannot run (on convolutions): alone, unchunked
+            else:  # no pool, or an adapter the engine cannot run (on true convolutions): alone, unchunked
                 item = self._loop.call(lambda: prefill(found))  # the model's part only
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:

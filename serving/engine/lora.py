@@ -12,7 +12,8 @@ no other row:
   scaling (and the layer's embedding scale, where it has one), as peft's forward computes it.
 A row alone gets exactly peft's output for its adapter (the same operations on the same rows); in a batch the
 base layer sees more rows, as for any request. One matmul pair per adapter per layer, not per sequence.
-Adapters on other layers (convolutions) are refused by `supports`: their requests keep the step-by-step path.
+GPT-2's `Conv1D` layers are linear ones here (peft adapts them as such). Adapters on other layers (true
+convolutions) are refused by `supports`: their requests keep the step-by-step path.
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def supports(model: torch.nn.Module, name: str) -> bool:
-    """True if every layer that adapter `name` touches is a LoRA linear or embedding layer (plain or DoRA)."""
+    """True if every layer that adapter `name` touches is a LoRA linear or embedding layer (plain or DoRA). A
+    linear layer may be transformers' `Conv1D` (GPT-2's: a linear layer with its weight transposed, which peft
+    adapts as one, `fan_in_fan_out`): its delta is computed as a linear layer's."""
+    from transformers.pytorch_utils import Conv1D
+
     for m in model.modules():
         if not hasattr(m, "base_layer"):
             continue
         if name in getattr(m, "lora_embedding_A", {}):
             if not isinstance(m.base_layer, torch.nn.Embedding):
                 return False
-        elif name in getattr(m, "lora_A", {}) and not isinstance(m.base_layer, torch.nn.Linear):
+        elif name in getattr(m, "lora_A", {}) and not isinstance(m.base_layer, (torch.nn.Linear, Conv1D)):
             return False
     return True
 

@@ -240,17 +240,40 @@ ADAPTER_KINDS = {
 }
 
 
+def tiny_gpt2(vocab_size: int):
+    """A tiny GPT-2: its projections are transformers' Conv1D layers (weights transposed), absolute positions."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=4096, initializer_range=0.2
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+GPT2_ADAPTERS = {"target_modules": ["c_attn", "c_proj", "c_fc"], "fan_in_fan_out": True}
+ADAPTER_KINDS["lora on gpt-2's conv1d"] = GPT2_ADAPTERS
+ADAPTER_KINDS["dora on gpt-2's conv1d"] = GPT2_ADAPTERS | {"use_dora": True}
+
+
 @pytest.mark.parametrize("kind", sorted(ADAPTER_KINDS))
 def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, tokenizer, kind):
     """Two LoRA adapters and the base model in one forward per step (serving/engine/lora.py): each request's
     greedy tokens equal peft's own output for its adapter alone (adapter layers on, set to it). Plain LoRA,
-    DoRA (peft's variant on the adapter's rows) and LoRA on the token embeddings."""
+    DoRA (peft's variant on the adapter's rows), LoRA on the token embeddings, and both on GPT-2's Conv1D
+    layers (peft adapts them as linear layers with transposed weights)."""
     import copy
 
     peft = pytest.importorskip("peft")
+    from kvmem.models import handle_for
     from serving.engine import lora
 
-    model = copy.deepcopy(tiny_handle.model)
+    if "gpt-2" in kind:
+        model = tiny_gpt2(len(tokenizer))
+        assert runner.supports(model)
+        tiny_handle = handle_for(model, tokenizer, model_id="tiny-gpt2")
+    else:
+        model = copy.deepcopy(tiny_handle.model)
     torch.manual_seed(3)
     config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **ADAPTER_KINDS[kind])
     wrapped = peft.PeftModel(model, config, adapter_name="a")

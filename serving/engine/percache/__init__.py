@@ -3,7 +3,8 @@
 What the paged engine (serving/engine, runner.py) cannot run decodes here, one batched forward per step
 all the same: `kvmem serve --kv-pool-mb 0` (kept as the baseline the engine's figures are measured
 against), models whose attention the engine does not run (`runner.supports`: layers other than full or
-sliding-window attention, attention not called through transformers' interface) and requests under LoRA adapters on layers other than linear and embedding ones.
+sliding-window attention, attention not called through transformers' interface) and requests under LoRA
+adapters on layers other than linear (GPT-2's Conv1D included) and embedding ones.
 
 - batch.py: `Sequence` (a request's generation state: lifecycle, sampling, chunked prefill, stats; the
   engine's PagedSequence is one too) and the ragged decode step over per-request caches
