@@ -445,7 +445,6 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     prefill, whose mask keeps only the window; the window is shorter than every prompt and block. Rows of a
     block whose window starts inside its shared pages attend to them masked, and rows whose window starts
     after them leave the group: both happen."""
-    from kvmem.models import handle_for
 
     model = tiny_sliding(kind, len(tokenizer))
     assert runner.supports(model)
@@ -465,9 +464,20 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     assert config.sliding_window == 40
     if kind == "qwen2":
         assert config.layer_types == ["full_attention", "sliding_attention"]
+    pool, _, _ = equal_to_a_full_prefill(model, tokenizer, kind, min_prompt=41)
+    assert pool.used_pages == pool.shared.page_count()
+    assert groups["masked"] > 0 and groups["left"] > 0
+
+
+def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0):
+    """The four requests of prompts_and_blocks and a fifth over the first one's block (a prefix group with
+    it), alone (in chunks or not) and batched: each one's greedy tokens are the model's own full prefill's.
+    Returns (the pool, a batch runner, the full prefills' tokens of the batch)."""
+    from kvmem.models import handle_for
+
     handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
     requests = prompts_and_blocks(handle, tokenizer)
-    assert min(len(ids) for ids, _ in requests) > 40
+    assert min(len(ids) for ids, _ in requests) >= min_prompt
     sp = Sampling(max_new_tokens=8)
     full = [list(generate(model, ids, sampling=sp)) for ids, _ in requests]
     pool = make_pool(model)
@@ -476,14 +486,17 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
             seqs, errors = run_engine(model, pool, [(ids, item)], [sp], [0], chunk)
             assert errors == [] and seqs[0].stats.token_ids == expected
             seqs[0].release()
-    # batched, two rows over the same block (a prefix group whose window starts inside its pages)
-    batch = requests + [requests[0]]
-    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
-    assert errors == [] and [s.stats.token_ids for s in seqs] == full + full[:1]
-    for s in seqs:
-        s.release()
-    assert pool.used_pages == pool.shared.page_count()
-    assert groups["masked"] > 0 and groups["left"] > 0
+    batch = requests + [requests[0]]  # two rows over one block: a prefix group
+
+    def batched() -> list[list[int]]:
+        seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
+        assert errors == []
+        for s in seqs:
+            s.release()
+        return [s.stats.token_ids for s in seqs]
+
+    assert batched() == full + full[:1]
+    return pool, batched, full + full[:1]
 
 
 def tiny_capped(kind: str, vocab_size: int):
@@ -521,35 +534,17 @@ def test_soft_capped_and_sink_attention_in_the_engine_equals_a_full_prefill(toke
     """Models whose attention soft-caps its logits (Gemma 2) or has sinks (gpt-oss) run in the engine, not on
     the per-request path: alone (with a block's pages or none, in chunks) and batched with prefix groups, each
     request's greedy tokens equal the model's own full prefill. Without the cap or the sinks they do not."""
-    from kvmem.models import handle_for
     from serving.engine import graphs
 
     model = tiny_capped(kind, len(tokenizer))
     assert runner.supports(model) and not graphs.supports(model)
     monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
-    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
-    requests = prompts_and_blocks(handle, tokenizer)
-    sp = Sampling(max_new_tokens=8)
-    full = [list(generate(model, ids, sampling=sp)) for ids, _ in requests]
-    pool = make_pool(model)
-    for (ids, item), expected in zip(requests, full, strict=True):
-        for chunk in (None, CHUNK):
-            seqs, errors = run_engine(model, pool, [(ids, item)], [sp], [0], chunk)
-            assert errors == [] and seqs[0].stats.token_ids == expected
-            seqs[0].release()
-    batch = requests + [requests[0]]  # two rows over one block: a prefix group
-    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
-    assert errors == [] and [s.stats.token_ids for s in seqs] == full + full[:1]
-    for s in seqs:
-        s.release()
+    pool, batched, full = equal_to_a_full_prefill(model, tokenizer, kind)
     attend = runner.StepPlan.attend
     monkeypatch.setattr(
         runner.StepPlan, "attend", lambda plan, *a, softcap=None, sinks=None: attend(plan, *a)
     )  # the cap and the sinks ignored
-    seqs, errors = run_engine(model, pool, batch, [sp] * len(batch), [0, 1, 2, 3, 5])
-    assert errors == [] and [s.stats.token_ids for s in seqs] != full + full[:1]
-    for s in seqs:
-        s.release()
+    assert batched() != full
     assert pool.used_pages == pool.shared.page_count()
 
 

@@ -46,15 +46,19 @@ def seeded(s, users=("alice", "bob")) -> dict[str, dict[str, str]]:
     return ids
 
 
+def saved(tmp_path_factory, tokenizer, name: str, model):
+    d = tmp_path_factory.mktemp(name)
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
 @pytest.fixture(scope="module")
 def sliding_model_dir(tmp_path_factory, tokenizer):
     """A tiny qwen2 whose second layer attends to a sliding window of 40 positions, saved as a model dir."""
     from tests.serving.test_engine import tiny_sliding
 
-    d = tmp_path_factory.mktemp("tiny-sliding")
-    tiny_sliding("qwen2", len(tokenizer)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return saved(tmp_path_factory, tokenizer, "tiny-sliding", tiny_sliding("qwen2", len(tokenizer)))
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +66,7 @@ def capped_model_dir(tmp_path_factory, tokenizer):
     """A tiny Gemma 2 (attention logits soft-capped, sliding and full layers), saved as a model dir."""
     from tests.serving.test_engine import tiny_capped
 
-    d = tmp_path_factory.mktemp("tiny-capped")
-    tiny_capped("gemma2", len(tokenizer)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return saved(tmp_path_factory, tokenizer, "tiny-capped", tiny_capped("gemma2", len(tokenizer)))
 
 
 @pytest.mark.parametrize("model", ["tiny_model_dir", "sliding_model_dir", "capped_model_dir"])
