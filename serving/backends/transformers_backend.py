@@ -336,7 +336,11 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         if req.adapter_id is not None and self.adapters is not None:
             await asyncio.to_thread(self.adapters.prefetch, req.user_id, req.adapter_id)
         if req.block_item_id is None or req.prompt.block_len == 0:
-            if self.layout.knowledge_text and self._knowledge_head[0] is not self.layout:
+            if (
+                self.pool is not None
+                and self.layout.knowledge_text
+                and self._knowledge_head[0] is not self.layout
+            ):
                 await asyncio.to_thread(self._knowledge_head_for, req)
             return ResolvedBlock(None, None)
         resident = await asyncio.to_thread(self._resolve_if_on_device, req)
