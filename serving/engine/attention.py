@@ -111,7 +111,7 @@ def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch
         o_p, l_p = attend(qg, kp.permute(1, 0, 2)[None], vp.permute(1, 0, 2)[None], None, scale)
         o_p = o_p[0].permute(2, 0, 1, 3).reshape(n, heads, dim)
         l_p = l_p[0].permute(2, 0, 1, 3).reshape(n, heads, 1)
-        merged, _ = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
+        merged = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
     return out
 
@@ -121,12 +121,12 @@ def _read(pool: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
     return pool[slots] if isinstance(slots, slice) else pool.index_select(0, slots)
 
 
-def merge(o_a, l_a, o_b, l_b) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two attentions of the same queries over disjoint keys, merged exactly by their log-sum-exps: the output
-    and the log-sum-exp of the union (float32)."""
+def merge(o_a, l_a, o_b, l_b) -> torch.Tensor:
+    """Two attentions of the same queries over disjoint keys, merged exactly by their log-sum-exps (float32);
+    the union's log-sum-exp is torch.logaddexp(l_a, l_b)."""
     m = torch.maximum(l_a, l_b)
     w_a, w_b = torch.exp(l_a - m), torch.exp(l_b - m)
-    return (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b), m + torch.log(w_a + w_b)
+    return (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b)
 
 
 def narrow(
@@ -155,9 +155,11 @@ def narrow(
         )
         o_p = o_p.view(kv_heads, g, r, 1, dim).permute(2, 0, 1, 3, 4)
         l_p = l_p.view(kv_heads, g, r, 1, 1).permute(2, 0, 1, 3, 4)
-        merged, l_m = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
+        l_r = lse.index_select(0, rows)
+        merged = merge(out.index_select(0, rows), l_r, o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
-        lse = lse.index_copy(0, rows, l_m)
+        if sinks is not None:  # the union's log-sum-exp, for the sinks' scale
+            lse = lse.index_copy(0, rows, torch.logaddexp(l_r, l_p))
     if sinks is not None:
         out = sink(out, lse, sinks)
     return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)

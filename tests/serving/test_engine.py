@@ -500,10 +500,13 @@ def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0):
 
 
 def tiny_capped(kind: str, vocab_size: int):
-    """A tiny Gemma 2 (attention logits soft-capped at 1.0, so the cap changes them) or gpt-oss (attention
-    sinks drawn at random, mixture of experts): layers alternate a sliding window of 40 and full attention.
-    Both run transformers' written-out ("eager") attention, which applies the cap and the sinks (its SDPA
-    path would ignore the cap): the reference the engine must equal."""
+    """A tiny Gemma 2 (attention logits soft-capped at 1.0, scaled by 1/2 so that the cap changes them) or
+    gpt-oss (attention sinks drawn near its logits' log-sum-exps, so that they change the outputs; mixture of
+    experts): layers alternate a sliding window of 40 and full attention. Both run transformers' written-out
+    ("eager") attention, which applies the cap and the sinks (its SDPA path would ignore the cap): the
+    reference the engine must equal. Leaving out the cap or the sinks in any one of the engine's paths (prefill
+    chunks, a decode row's rest, its prefix group, the group's log-sum-exp) changes greedy tokens (checked by
+    hand, 2026-11-27)."""
     from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
 
     shape = dict(
@@ -520,12 +523,12 @@ def tiny_capped(kind: str, vocab_size: int):
     )
     torch.manual_seed(0)
     if kind == "gemma2":
-        model = Gemma2ForCausalLM(Gemma2Config(**shape, attn_logit_softcapping=1.0))
+        model = Gemma2ForCausalLM(Gemma2Config(**shape, attn_logit_softcapping=1.0, query_pre_attn_scalar=4))
     else:
         model = GptOssForCausalLM(GptOssConfig(**shape, num_local_experts=4, num_experts_per_tok=2))
         with torch.no_grad():
             for layer in model.model.layers:
-                layer.self_attn.sinks.normal_(0.0, 2.0)
+                layer.self_attn.sinks.normal_(10.0, 4.0)  # near the logits' log-sum-exps: they matter
     return model.eval()
 
 
