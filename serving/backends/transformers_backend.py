@@ -133,10 +133,6 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         )
         self.handle = self.layout = self.builder = self.adapters = self.pool = None
         self.head_item = None  # the shared head item (_make_head)
-        self._knowledge_head: tuple = (
-            None,
-            None,
-        )  # (the layout, its stored knowledge item): _knowledge_head_for
         self._eos: frozenset[int] = frozenset()
         from kvmem.kv.session import SessionCache
 
@@ -212,7 +208,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         re-encodes the system prompt. It holds no user's data: owned by no user (KNOWLEDGE_OWNER), never in
         the store, never counted as activation memory in `cached_tokens`. None without a pool, or with shared
         knowledge installed: there such a request starts from the stored knowledge item instead
-        (`_knowledge_head_for`), as the blocks that have it as their parent do."""
+        (`_knowledge_item_for`), as the blocks that have it as their parent do."""
         from kvmem.kv import build_item
         from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 
@@ -221,32 +217,30 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         return build_item(handle, self.layout.head_ids, user_id=KNOWLEDGE_OWNER)
 
     def _head_for(self, req: GenerationRequest):
-        """The item a request without a block starts from, when its prompt starts with that item's tokens: the
-        head item (`_make_head`), or with shared knowledge installed the stored knowledge item of the current
-        layout (`_knowledge_head_for` found it); else None."""
-        layout, knowledge = self._knowledge_head
-        for head in (self.head_item, knowledge if layout is self.layout else None):
-            if head is not None and tuple(req.prompt.ids[: head.num_tokens]) == head.token_ids:
-                return head
-        return None
+        """The head item (see `_make_head`) when `req`'s prompt starts with its tokens, else None."""
+        head = self.head_item
+        if head is None or tuple(req.prompt.ids[: head.num_tokens]) != head.token_ids:
+            return None
+        return head
 
-    def _knowledge_head_for(self, req: GenerationRequest) -> None:
-        """With shared knowledge installed, the stored knowledge item of the current layout, for `_head_for`
-        (engine requests without a block): found once per layout, off the model thread (a file read if it is
-        not on the device: once per layout). Not built here: the first block built under the layout builds it."""
+    def _knowledge_item_for(self, req: GenerationRequest) -> ResolvedBlock:
+        """With shared knowledge installed, what an engine request without a block starts from: the stored
+        knowledge item of the current layout when it is on the device and the prompt starts with its tokens,
+        as the blocks that have it as their parent do (held by the request while it runs, as a block is); else
+        nothing (the request prefills its prompt, knowledge included: not waiting on a file read for it, nor
+        building it: the first block built under the layout builds it). Off the model thread."""
         from kvmem.kv.knowledge import knowledge_item_id
 
-        layout = self.layout
-        if self.pool is None or req.adapter_id is not None or self._knowledge_head[0] is layout:
-            return
-        item_id = knowledge_item_id(layout, self.handle.fingerprint)
-        if item_id is None or not self.store.contains(item_id):
-            return
+        item_id = knowledge_item_id(self.layout, self.handle.fingerprint)
+        if item_id is None or not self.store.on_device(item_id):
+            return ResolvedBlock(None, None)
         try:
             item = self.store.get(item_id)
         except KVItemError:
-            return  # dropped meanwhile: the next request looks again
-        self._knowledge_head = (layout, item)
+            return ResolvedBlock(None, None)  # dropped meanwhile (the knowledge changed)
+        if tuple(req.prompt.ids[: item.num_tokens]) != item.token_ids:
+            return ResolvedBlock(None, None)  # laid out under other knowledge
+        return ResolvedBlock(item, None)
 
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py), or None without a pool."""
@@ -308,11 +302,6 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
         if self.pool is not None:  # its pages go once the requests reading them are done
             self.pool.shared.drop(item_id)
-        if self._knowledge_head[1] is not None and self._knowledge_head[1].item_id == item_id:
-            self._knowledge_head = (
-                None,
-                None,
-            )  # the knowledge item (its layout was switched): not a head now
         super().drop_block(item_id)
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
@@ -336,12 +325,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         if req.adapter_id is not None and self.adapters is not None:
             await asyncio.to_thread(self.adapters.prefetch, req.user_id, req.adapter_id)
         if req.block_item_id is None or req.prompt.block_len == 0:
-            if (
-                self.pool is not None
-                and self.layout.knowledge_text
-                and self._knowledge_head[0] is not self.layout
-            ):
-                await asyncio.to_thread(self._knowledge_head_for, req)
+            if self.pool is not None and self.layout.knowledge_text and req.adapter_id is None:
+                return await asyncio.to_thread(self._knowledge_item_for, req)
             return ResolvedBlock(None, None)
         resident = await asyncio.to_thread(self._resolve_if_on_device, req)
         if resident is not None:
@@ -391,9 +376,12 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
             paged = self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter))
-            head = None  # no block: the prompt's head from the head item or the stored knowledge (base model K/V)
-            if paged and item is None and adapter is None:
-                item = head = self._head_for(req)
+            head = None  # no block: the prompt's head, the head item's or the stored knowledge's (base model K/V)
+            if paged and adapter is None:
+                if item is None:
+                    item = head = self._head_for(req)
+                elif req.block_item_id is None or req.prompt.block_len == 0:
+                    head = item  # the stored knowledge item (_knowledge_item_for)
             system_head = head is not None and head is self.head_item
             prefix = source = None
             # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
