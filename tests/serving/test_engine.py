@@ -416,22 +416,24 @@ def test_a_sequences_own_pages_are_one_run_and_its_prefill_reads_a_view(tiny_han
     assert pool.used_pages == 0
 
 
+# the tiny models of other attention below: two layers, grouped-query heads, a sliding window of 40
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    initializer_range=0.2,
+    sliding_window=40,
+)
+
+
 def tiny_sliding(kind: str, vocab_size: int):
     """A tiny model whose layers attend to a sliding window of 40 positions: every layer (mistral) or the
     second only (qwen2, `max_window_layers` 1: full then sliding)."""
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
-        sliding_window=40,
-    )
+    shape = dict(TINY_SHAPE, vocab_size=vocab_size, tie_word_embeddings=True)
     torch.manual_seed(0)
     if kind == "mistral":
         return MistralForCausalLM(MistralConfig(**shape)).eval()
@@ -509,18 +511,7 @@ def tiny_capped(kind: str, vocab_size: int):
     hand, 2026-11-27)."""
     from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM
 
-    shape = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=0.2,
-        sliding_window=40,
-        attn_implementation="eager",
-    )
+    shape = dict(TINY_SHAPE, vocab_size=vocab_size, head_dim=16, attn_implementation="eager")
     torch.manual_seed(0)
     if kind == "gemma2":
         model = Gemma2ForCausalLM(Gemma2Config(**shape, attn_logit_softcapping=1.0, query_pre_attn_scalar=4))
