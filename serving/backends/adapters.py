@@ -56,6 +56,7 @@ class AdapterSlots:
         # weights read and verified off the model thread (`prefetch`), waiting for `resolve` to attach them:
         # peft name -> (served name, LoadedAdapter), oldest first, at most max_loaded
         self._read: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self._forgets = 0  # delete cascades seen (`forget`): `resolve` checks none erased what it attaches
 
     def manifest(self, user_id: str, adapter_id: str) -> tuple[AdapterManifest | None, str | None]:
         """(the user's adapter version `adapter_id`, None) or (None, why not). A JSON read; any thread."""
@@ -86,6 +87,8 @@ class AdapterSlots:
         `prefetch` read, else reads them here. The manifest is read here in any case (a small JSON file), so
         a version erased since it was prefetched is refused."""
         self.purge()
+        with self._lock:
+            forgets = self._forgets
         manifest, why = self.manifest(user_id, adapter_id)
         if manifest is None:
             return None, why
@@ -103,10 +106,19 @@ class AdapterSlots:
                 loaded = self.registry.load(manifest, self.handle.fingerprint.digest)
             except AdapterError as exc:
                 return None, str(exc)
-        self._attach(name, loaded)
+
+        def erased() -> bool:  # under the lock: a delete cascade since the manifest was read erased it
+            return self._forgets != forgets and self.manifest(user_id, adapter_id)[0] is None
+
+        if not self._attach(name, loaded, erased):
+            self.purge()
+            return None, f"adapter {manifest.name} was erased while it was being attached"
         return name, None
 
-    def _attach(self, name: str, loaded: Any) -> None:
+    def _attach(self, name: str, loaded: Any, erased: Callable[[], bool]) -> bool:
+        """Add the version's weights to the model and make it loaded, unless `erased()` says a delete cascade
+        erased it meanwhile (its `forget` found it not loaded yet): then it is doomed at once, never loaded
+        (False)."""
         import peft
 
         config = peft.LoraConfig(**{k: loaded.config[k] for k in _LORA_KEYS if k in loaded.config})
@@ -122,6 +134,9 @@ class AdapterSlots:
         self._peft.base_model.disable_adapter_layers()
         self._peft.eval()
         with self._lock:
+            if erased():
+                self._doomed.add(name)  # `purge` deletes its weights
+                return False
             self._loaded[name] = None
             idle = [n for n in self._loaded if not self._in_use.get(n) and n != name]
             for old in idle[: max(0, len(self._loaded) - self.max_loaded)]:
@@ -130,6 +145,7 @@ class AdapterSlots:
                 self._peft.delete_adapter(old)
                 log.info("adapter %s evicted (LRU, %d loaded)", old, self.max_loaded)
         log.info("adapter %s loaded", name)
+        return True
 
     def forget(self, served_names: Iterable[str]) -> bool:
         """The delete cascade erased these versions (served names; any thread): they leave `loaded` now, and
@@ -138,6 +154,7 @@ class AdapterSlots:
         was loaded, i.e. a purge is due."""
         names = set(served_names)
         with self._lock:
+            self._forgets += 1
             for n in [n for n, (served, _) in self._read.items() if served in names]:
                 del self._read[n]  # read ahead, never attached: dropped
             doomed = [n for n, s in self.served.items() if s in names and n in self._loaded]

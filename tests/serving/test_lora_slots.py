@@ -90,3 +90,31 @@ def test_prefetched_weights_are_attached_without_a_read_and_an_erased_versions_a
     assert slots._read == {}
     gone, why = slots.resolve("bob", other.adapter_id)
     assert gone is None and "unusable" in why and reads == [m.name, other.name]
+
+
+def test_a_version_erased_while_it_is_being_attached_is_never_loaded(tmp_path, tiny_handle):
+    """The delete cascade runs on its own thread: it can erase a version after `resolve` (the model thread) read
+    its manifest and before the weights are attached, when `forget` finds nothing loaded to drop. `resolve`
+    then refuses it, it is not loaded, and its weights leave the model (a CI run saw an erased version loaded
+    after the call that erased it had returned)."""
+    reg, m, other, slots = two_users_slots(tmp_path, tiny_handle)
+    real_load = reg.load
+
+    def load_while_erased(manifest, digest=None):
+        loaded = real_load(manifest, digest)
+        assert reg.erase("alice", [m.version], "memory m1 superseded") == [m]
+        assert slots.forget([m.name]) is False  # not loaded yet: nothing for the cascade to drop
+        return loaded
+
+    reg.load = load_while_erased
+    name, why = slots.resolve("alice", m.adapter_id)
+    assert name is None and "erased while it was being attached" in why
+    assert slots.loaded == () and sorted(slots._peft.peft_config) == [] and slots.served == {}
+
+    def load_while_another_erased(manifest, digest=None):
+        assert slots.forget([m.name]) is False  # a cascade meanwhile, of another version than this one
+        return real_load(manifest, digest)
+
+    reg.load = load_while_another_erased
+    bob, why = slots.resolve("bob", other.adapter_id)
+    assert why is None and slots.loaded == (bob,)
