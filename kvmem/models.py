@@ -382,7 +382,7 @@ def load_model(
         raise ModelLoadError(f"could not load model {path!r}: {str(exc).splitlines()[0]}") from exc
     hf_model.to(device).eval()
     if getattr(hf_model.config.get_text_config(), "attn_logit_softcapping", None):
-        # transformers' SDPA ignores the cap (Gemma 2): its blocks' K/V would not be the model's, nor the engine's
+        # transformers' SDPA ignores the cap (Gemma 2): blocks' K/V would not be the model's
         hf_model.set_attn_implementation("eager")
     if packed_linears and torch.device(device).type == "cpu":  # float32 layers only (cpu_linear.py)
         from kvmem.cpu_linear import pack_linears

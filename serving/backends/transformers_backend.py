@@ -376,7 +376,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
             paged = self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter))
-            head = None  # no block: the prompt's head, the head item's or the stored knowledge's (base model K/V)
+            head = None  # no block: the prompt's head, the head item or the stored knowledge (base model K/V)
             if paged and adapter is None:
                 if item is None:
                     item = head = self._head_for(req)

@@ -1,9 +1,10 @@
 """Decode steps replayed as CUDA graphs, one per bucket of (rows, context), on a CUDA device only.
 
-A decode step of a small model on a GPU is launch-bound: one row of the 135M default model's shape took 43.6 ms
-eagerly on an H100, 30 layers of small kernels with Python between them. A graph records the step's kernels
-once and replays them with one launch: on an H200, 4.4 ms against 29.6 eagerly (benchmarks/results/gpu/). A graph needs every shape and
-address fixed, so a step that only decodes (no prefill chunk, no adapter) runs here over static buffers:
+A decode step of a small model on a GPU is launch-bound: one row of the 135M default model's shape took
+43.6 ms eagerly on an H100, 30 layers of small kernels with Python between them. A graph records the step's
+kernels once and replays them with one launch: on an H200, 4.4 ms against 29.6 eagerly
+(benchmarks/results/gpu/). A graph needs every shape and address fixed, so a step that only decodes (no
+prefill chunk, no adapter) runs here over static buffers:
 
 - rows are padded to a bucket (1, 2, 4, 8, 16, 32); a pad row's token writes its K/V to the pool's scratch
   slot (pages.py: one slot past the last page, never allocated) and reads only it;
@@ -52,9 +53,10 @@ def _bucket_context(n: int) -> int:
 
 def supports(model: torch.nn.Module) -> bool:
     """Graphs run models whose layers all attend to every past position (a sliding window: eager steps) with
-    a plain softmax (logit soft-capping and attention sinks: eager steps, attention.py), with no step that reads a device value on the host, which a capture forbids: not rotary embeddings that rescale
-    with the positions seen (transformers' "dynamic" and "longrope" read the largest position), nor mixtures
-    of experts (their routing selects tokens by value)."""
+    a plain softmax (logit soft-capping and attention sinks: eager steps, attention.py), with no step that
+    reads a device value on the host, which a capture forbids: not rotary embeddings that rescale with the
+    positions seen (transformers' "dynamic" and "longrope" read the largest position), nor mixtures of
+    experts (their routing selects tokens by value)."""
     config = model.config.get_text_config()
     if getattr(config, "attn_logit_softcapping", None):
         return False

@@ -93,8 +93,8 @@ def test_prefetched_weights_are_attached_without_a_read_and_an_erased_versions_a
 
 
 def test_a_version_erased_while_it_is_being_attached_is_never_loaded(tmp_path, tiny_handle):
-    """The delete cascade runs on its own thread: it can erase a version after `resolve` (the model thread) read
-    its manifest and before the weights are attached, when `forget` finds nothing loaded to drop. `resolve`
+    """The delete cascade runs on its own thread: it can erase a version after `resolve` (the model thread)
+    read its manifest and before the weights are attached, when `forget` finds nothing loaded to drop. `resolve`
     then refuses it, it is not loaded, and its weights leave the model (a CI run saw an erased version loaded
     after the call that erased it had returned)."""
     reg, m, other, slots = two_users_slots(tmp_path, tiny_handle)

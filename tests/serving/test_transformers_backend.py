@@ -496,8 +496,9 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
 
 def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowledge(tiny_model_dir, tmp_path):
     """With shared knowledge installed, a request without a block starts from the stored knowledge item (once a
-    block built it, on the device), by reference as the blocks that have it as their parent do: it prefills only what follows
-    it, its greedy tokens are a full prefill's, and cached_tokens counts the knowledge, as under a block.
+    block built it, on the device), by reference as the blocks that have it as their parent do: it prefills
+    only what follows it, its greedy tokens are a full prefill's, and cached_tokens counts the knowledge, as
+    under a block.
     Before the item is stored, and after the knowledge changes, such a request prefills in full."""
     from kvmem.kv import Sampling, generate
     from kvmem.kv.knowledge import install, knowledge_item_id
