@@ -1,10 +1,13 @@
 """How far a batched decode step's logits are from the same step run alone (real model, CPU fp32).
 
+Measured on the per-request-cache design the engine replaced (benchmarks/percache/, the baseline of the
+engine's figures); the engine's own batched-vs-alone agreement is engine_bench's part 3.
+
 A batch computes the linear layers with other matrix kernels than one row alone (MKL picks them by the
 number of rows), so logits agree to within rounding, not bit for bit; attention is ragged and runs the call
 it runs alone. For N requests (blocks of different lengths, none, prompts of different lengths) decoding
 together, each step compares every row's batched logits with that row's step alone on the same cache, and
-the whole greedy outputs batched with those alone. Then the same for packed steps (serving/engine/percache/packed.py):
+the whole greedy outputs batched with those alone. Then the same for packed steps (benchmarks/percache/packed.py):
 the requests arrive two per step and prefill in chunks of --chunk tokens packed into one forward with the others'
 decode steps; every segment's logits at its last position are compared with that chunk or step alone on the
 same cache, and the greedy outputs with each request alone (same chunks). Last line of stdout: the JSON
@@ -23,11 +26,11 @@ from transformers.cache_utils import DynamicLayer
 
 from benchmarks.common import env_info, print_table, write_outputs
 from benchmarks.http_client import memory_texts
+from benchmarks.percache.batch import Sequence, _forward_one, _forward_ragged
+from benchmarks.percache.packed import _forward_packed, commit, segments_of
 from kvmem.kv import PromptLayout, Sampling, build_item
 from kvmem.kv.decode import _pick
 from kvmem.models import load_model
-from serving.engine.percache.batch import Sequence, _forward_one, _forward_ragged
-from serving.engine.percache.packed import _forward_packed, commit, segments_of
 
 QUESTIONS = (
     "Hi",

@@ -1,18 +1,14 @@
 """In-process decode throughput of N concurrent requests: the model loop's old round-robin (one forward per
 request per token) against batched decode (one forward per step for all), same requests, arms alternated.
 
-Half the requests inject a KV block, half have none; greedy; the server's path without HTTP, search or
-tokenizing. Reports tokens/s per arm, the ratio, and whether both arms' tokens are identical; records the
+Half the requests inject a KV block, half have none; greedy; the server's path before the engine (the
+per-request caches of benchmarks/percache/), without HTTP, search or tokenizing. Reports tokens/s per arm, the ratio, and whether both arms' tokens are identical; records the
 load average and other processes' CPU share (this machine is shared). Last line of stdout: the JSON.
 
     python -m benchmarks.batch_decode --requests 8 --tokens 16 --reps 3 --out benchmarks/results/cpu/batch_decode.json
 
-With --served: the production Batcher (serving/engine/scheduler.py) with --requests concurrent requests, each
-replaced by the next as it finishes until --total have run, packed steps (a step's prefill chunks and decode
-rows in one forward, serving/engine/percache/packed.py) vs unpacked (each chunk its own forward), arms alternated:
-
-    python -m benchmarks.batch_decode --served --requests 8 --total 48 --tokens 16 --reps 3 \
-        --out benchmarks/results/cpu/batch_packed.json
+Its `--served` arm (the server's batcher over per-request caches, packed steps against unpacked) went when the
+server stopped running them; its last result: benchmarks/results/cpu/batch_packed.json.
 """
 
 from __future__ import annotations
@@ -23,10 +19,9 @@ import time
 
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
 from benchmarks.http_client import memory_texts
+from benchmarks.percache.batch import Sequence, decode_step
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
-from serving.engine.percache.batch import Sequence, decode_step
-from serving.engine.scheduler import Batcher
 
 QUESTIONS = (
     "What do you remember about my plans?",
@@ -61,36 +56,12 @@ def batched(model, requests, sampling) -> list[list[int]]:
     return [s.stats.token_ids for s in seqs]
 
 
-def served(model, requests, sampling, *, packed: bool, clients: int, total: int) -> list[list[int]]:
-    """`total` requests through the server's Batcher, `clients` at a time (a finished one is replaced at once)."""
-    batcher = Batcher(512, packed=packed)
-    seqs: list[Sequence] = []
-
-    def steps(seq):
-        token = yield seq
-        while token is not None:
-            token = yield
-
-    while len(seqs) < total or len(batcher):
-        while len(batcher) < clients and len(seqs) < total:
-            ids, item = requests[len(seqs) % len(requests)]
-            seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=512)
-            gen = steps(seq)
-            next(gen)
-            batcher.add(seq, gen)
-            seqs.append(seq)
-        batcher.step()
-    return [s.stats.token_ids for s in seqs]
-
-
 def main(argv: list[str] | None = None, handle=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.batch_decode", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model", default=None)
-    p.add_argument("--served", action="store_true", help="the Batcher, packed steps against unpacked")
-    p.add_argument("--total", type=int, default=48, help="requests run per arm and rep (--served)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     handle = handle or load_model(args.model, device="cpu", dtype="float32")
@@ -103,8 +74,6 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         msgs = [{"role": "user", "content": QUESTIONS[k % len(QUESTIONS)]}]
         requests.append((layout.prompt(mems, [], msgs).ids, item if mems else None))
     sampling = Sampling(max_new_tokens=args.tokens)
-    if args.served:
-        return main_served(args, handle, requests, sampling)
     arms = {"round_robin": round_robin, "batched": batched}
     times: dict[str, list[float]] = {name: [] for name in arms}
     tokens: dict[str, list[list[int]]] = {}
@@ -155,58 +124,6 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
         ],
     )
     result = {"env": {**env_info("cpu"), "model": handle.model_id}, "decode": row}
-    write_outputs(result, args.out)
-    return result
-
-
-def main_served(args, handle, requests, sampling) -> dict:
-    arms = {"unpacked": False, "packed": True}
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    tokens: dict[str, list[list[int]]] = {}
-    others = OthersCpu()
-    others.start()
-    load_start = os.getloadavg()
-    for packed in arms.values():  # warm-up
-        served(handle.model, requests, Sampling(max_new_tokens=2), packed=packed, clients=2, total=2)
-    for _ in range(args.reps):
-        for name, packed in arms.items():
-            t0 = time.perf_counter()
-            tokens[name] = served(
-                handle.model, requests, sampling, packed=packed, clients=args.requests, total=args.total
-            )
-            times[name].append(time.perf_counter() - t0)
-    total = sum(len(t) for t in tokens["packed"])
-    row = {
-        "clients": args.requests,
-        "requests_each_arm": args.total,
-        "tokens_each": args.tokens,
-        "reps": args.reps,
-        "prompt_tokens": sorted({len(ids) for ids, _ in requests}),
-        "unpacked_s": times["unpacked"],
-        "packed_s": times["packed"],
-        "unpacked_tokens_per_s": total / median(times["unpacked"]),
-        "packed_tokens_per_s": total / median(times["packed"]),
-        "requests_identical": sum(a == b for a, b in zip(tokens["packed"], tokens["unpacked"], strict=True)),
-        "loadavg_start": list(load_start),
-        "loadavg_end": list(os.getloadavg()),
-        "others_cpu_share": others.share(),
-    }
-    row["speedup"] = row["packed_tokens_per_s"] / row["unpacked_tokens_per_s"]
-    print_table(
-        ["Clients", "Requests", "Unpacked tok/s", "Packed tok/s", "Speedup", "Identical", "Others' CPU"],
-        [
-            [
-                args.requests,
-                args.total,
-                row["unpacked_tokens_per_s"],
-                row["packed_tokens_per_s"],
-                row["speedup"],
-                row["requests_identical"],
-                row["others_cpu_share"],
-            ]
-        ],
-    )
-    result = {"env": {**env_info("cpu"), "model": handle.model_id}, "served": row}
     write_outputs(result, args.out)
     return result
 

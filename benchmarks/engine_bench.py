@@ -3,7 +3,7 @@ and batched-vs-alone agreement.
 
 1. memory: --concurrent requests of one user over one block of ~--block-tokens tokens, all admitted, run to
    the end together. Peak KV bytes of the engine (pool: shared = the block's pages, private = the requests'
-   own pages) against the per-request caches of the old path (serving/engine/percache/batch.py: each request's first
+   own pages) against the per-request caches of the old path (benchmarks/percache/batch.py: each request's first
    forward copies the block into a buffer of its own); the target is shared == one block and a total of at
    most 1.25x one block plus the requests' own tokens.
 2. step cost: median wall time of a decode step of 1 and of --concurrent rows over the block; with --graphs
@@ -26,13 +26,13 @@ import torch
 
 from benchmarks.common import env_info, median, print_table, write_outputs
 from benchmarks.http_client import memory_texts
+from benchmarks.percache.batch import Sequence, decode_step
+from benchmarks.percache.packed import step as packed_step
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
 from serving.engine import runner, sampler
 from serving.engine.graphs import DecodeGraphs
 from serving.engine.pages import PagePool, PoolShape
-from serving.engine.percache.batch import Sequence, decode_step
-from serving.engine.percache.packed import step as packed_step
 from serving.engine.sequence import admit
 
 QUESTIONS = [

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--serve-args",
         default="",
-        help='more `kvmem serve` flags for spawned servers, e.g. "--device cuda" or "--kv-pool-mb 0"',
+        help='more `kvmem serve` flags for spawned servers, e.g. "--device cuda" or "--kv-pool-mb 256"',
     )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)

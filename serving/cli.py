@@ -128,7 +128,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=1024,
         help="MiB of the engine's KV page pool (transformers backend): blocks' pages shared by every request "
         "over them, each request's own tokens in its own pages; a request that finds it full waits, then "
-        "gets 429; 0: per-request caches",
+        "gets 429 (at least 1)",
     )
     p.add_argument(
         "--no-cuda-graphs",

@@ -81,7 +81,7 @@ class ServingConfig:
     session_kv_bytes: int = (
         1 << 30
     )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
-    kv_pool_mb: int = 1024  # the engine's KV page pool (transformers backend); 0: per-request caches
+    kv_pool_mb: int = 1024  # the engine's KV page pool (transformers backend), every request's K/V
     cuda_graphs: bool = (
         True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
     )
@@ -153,8 +153,10 @@ class ServingConfig:
         for name in ("queue_size", "retrieve_top_k", "default_max_tokens", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_pool_mb < 0:
-            raise ValueError(f"kv_pool_mb must be >= 0, got {self.kv_pool_mb}")
+        if self.kv_pool_mb < 1:
+            raise ValueError(
+                f"kv_pool_mb must be >= 1 (every request's K/V lives in it), got {self.kv_pool_mb}"
+            )
         if self.session_kv_bytes < 0:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:

@@ -114,3 +114,24 @@ def synthetic_memories(num_tokens: int, tokenizer, *, seed: int = 0) -> list[str
         total += len(tokenizer(f"- {text}\n", add_special_tokens=False)["input_ids"])
         memories.append(text)
     return memories
+
+
+def prompts_and_blocks(handle, tokenizer):
+    """Four requests: two blocks of different lengths, two without a block; prompts of different lengths."""
+    from kvmem.kv import PromptLayout, build_item
+
+    layout = PromptLayout(handle.tokenizer)
+    mems_a, mems_b = synthetic_memories(200, tokenizer, seed=1), synthetic_memories(60, tokenizer, seed=2)
+    item_a = build_item(handle, layout.block_ids(mems_a), user_id="u", memory_ids=["a"])
+    item_b = build_item(handle, layout.block_ids(mems_b), user_id="u", memory_ids=["b"])
+
+    def ask(mems, text):
+        return layout.prompt(mems, [], [{"role": "user", "content": text}]).ids
+
+    long_text = " ".join(synthetic_memories(150, tokenizer, seed=3))
+    return [
+        (ask(mems_a, "Hi"), item_a),
+        (ask([], f"Tell me what you think of this: {long_text}"), None),
+        (ask(mems_b, "Which city did I mention, and what did I cook on Tuesday?"), item_b),
+        (ask([], "Where do I live?"), None),
+    ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from kvmem.adapters import AdapterError, AdapterManifest, AdapterRegistry
@@ -110,7 +110,11 @@ class AdapterSlots:
         def erased() -> bool:  # under the lock: a delete cascade since the manifest was read erased it
             return self._forgets != forgets and self.manifest(user_id, adapter_id)[0] is None
 
-        if not self._attach(name, loaded, erased):
+        try:
+            attached = self._attach(name, loaded, erased)
+        except AdapterError as exc:  # it does not fit this model, or the engine cannot run it
+            return None, str(exc)
+        if not attached:
             self.purge()
             return None, f"adapter {manifest.name} was erased while it was being attached"
         return name, None
@@ -120,6 +124,8 @@ class AdapterSlots:
         erased it meanwhile (its `forget` found it not loaded yet): then it is doomed at once, never loaded
         (False)."""
         import peft
+
+        from serving.engine import lora
 
         config = peft.LoraConfig(**{k: loaded.config[k] for k in _LORA_KEYS if k in loaded.config})
         if self._peft is None:
@@ -131,6 +137,12 @@ class AdapterSlots:
         if missing or result.unexpected_keys:
             self._peft.delete_adapter(name)
             raise AdapterError(f"adapter {name} does not fit this model ({len(missing)} missing weights)")
+        if not lora.supports(self.handle.model, name):  # the engine runs every request, adapters' too
+            self._peft.delete_adapter(name)
+            raise AdapterError(
+                f"adapter {name} adapts layers the engine cannot run an adapter on (only linear and embedding "
+                "layers: serving/engine/lora.py)"
+            )
         self._peft.base_model.disable_adapter_layers()
         self._peft.eval()
         with self._lock:
@@ -186,27 +198,6 @@ class AdapterSlots:
         with self._lock:
             self._in_use[name] -= 1
         self.purge()
-
-    def steps(self, tokens: Iterator[int], name: str) -> Iterator[int]:
-        """`tokens` (a kvmem generate) with the adapter `name` on during each of its steps and off between."""
-        lora = self._peft.base_model
-        with self._lock:
-            self._in_use[name] = self._in_use.get(name, 0) + 1
-        try:
-            while True:
-                lora.enable_adapter_layers()
-                lora.set_adapter(name)
-                try:
-                    token = next(tokens)
-                except StopIteration:
-                    return
-                finally:
-                    lora.disable_adapter_layers()
-                yield token
-        finally:
-            with self._lock:
-                self._in_use[name] -= 1
-            self.purge()
 
     def run(self, name: str, fn: Callable[[], T]) -> T:
         """`fn()` (a block prefill) with the adapter `name` on, off again after. Model thread only."""

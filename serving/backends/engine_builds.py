@@ -19,23 +19,19 @@ READ_PIECE = 512  # tokens of a finished build's K/V read from its pages per mod
 
 
 class EngineBuilds:
-    def _adapter_for_engine(self, user_id: str, adapter_id: str, pending) -> str | None:
+    def _adapter_for_engine(self, user_id: str, adapter_id: str, pending) -> str:
         """`_hold_for_engine` on the model thread, the adapter's weights read and verified first on an I/O
         thread (the model thread only attaches them)."""
         self._io.submit(self.adapters.prefetch, user_id, adapter_id).result()
         return self._loop.call(lambda: self._hold_for_engine(user_id, adapter_id, pending))
 
-    def _hold_for_engine(self, user_id: str, adapter_id: str, pending) -> str | None:
+    def _hold_for_engine(self, user_id: str, adapter_id: str, pending) -> str:
         """Model thread: the peft name of the user's adapter, loaded if needed and held (never evicted nor
-        unloaded) for a build in the engine's steps; None when the engine cannot run it. Raises BackendError
-        when it cannot be loaded, or is not the version the block's address names."""
-        from serving.engine import lora
-
+        unloaded) for a build in the engine's steps. Raises BackendError when it cannot be loaded (the engine
+        cannot run it, among others), or is not the version the block's address names."""
         name, why = self.adapters.resolve(user_id, adapter_id)
         if name is None or self.adapters.served[name] != pending.adapter:
             raise BackendError(f"adapter {adapter_id} of user {user_id!r} cannot be loaded: {why}")
-        if not lora.supports(self.handle.model, name):
-            return None
         self.adapters.hold(name)
         return name
 

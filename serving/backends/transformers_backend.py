@@ -74,10 +74,7 @@ class TransformersBackendConfig:
     session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
-    packed_steps: bool = (
-        True  # a step's prefill chunks and decode steps in one forward (serving/engine/percache/packed.py)
-    )
-    kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine); 0: per-request caches (the old path)
+    kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine), where every request's K/V lives
     kv_page_tokens: int = 16  # tokens per KV page
     cuda_graphs: bool = (
         True  # on a CUDA device, the engine's pure decode steps replay CUDA graphs (graphs.py)
@@ -101,14 +98,14 @@ class TransformersBackendConfig:
                 "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
             )
         if (
-            self.kv_pool_mb < 0
+            self.kv_pool_mb < 1
             or self.kv_page_tokens < 1
             or self.kv_wait_s < 0
             or self.build_chunk_tokens < 1
             or self.build_attention_budget < 1
         ):
             raise ValueError(
-                "TransformersBackendConfig needs kv_pool_mb >= 0, kv_page_tokens >= 1, kv_wait_s >= 0, "
+                "TransformersBackendConfig needs kv_pool_mb >= 1 (the engine's KV pages; there is no path without), kv_page_tokens >= 1, kv_wait_s >= 0, "
                 "build_chunk_tokens >= 1 and build_attention_budget >= 1"
             )
         if self.prefill_chunk_tokens < 1:
@@ -124,9 +121,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
     def __init__(self, config: TransformersBackendConfig | None = None):
         self.config = config or TransformersBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
-        self._loop = ModelLoop(
-            prefill_budget_tokens=self.config.prefill_chunk_tokens, packed=self.config.packed_steps
-        )
+        self._loop = ModelLoop(prefill_budget_tokens=self.config.prefill_chunk_tokens)
         # the store's disk work (item loads, writes, fsync, SHA-256) runs here, never on the model thread
         self._io = ThreadPoolExecutor(
             max_workers=IO_THREADS, thread_name_prefix="kvmem-io", initializer=_yield_to_the_model
@@ -177,15 +172,21 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
     def _make_pool(self, handle):
-        """The engine's KV page pool, or None (kv_pool_mb 0, or a model whose attention the engine cannot run:
-        its requests keep per-request caches). Sliding-window layers run in the engine."""
+        """The engine's KV page pool. Raises BackendError for a model whose attention the engine cannot run
+        (`runner.supports`): every request of this backend runs in the engine."""
         import torch
 
         from serving.engine import graphs, runner
         from serving.engine.pages import PagePool, PoolShape
 
-        if self.config.kv_pool_mb == 0 or not runner.supports(handle.model):
-            return None
+        if not runner.supports(handle.model):
+            config = handle.model.config.get_text_config()
+            raise BackendError(
+                f"the transformers backend cannot serve {self.model_id}: its engine runs causal attention "
+                "over every past position or a sliding window of them, called through transformers' attention "
+                f"interface, and this model has layer types {sorted(set(getattr(config, 'layer_types', None) or []))} "
+                f"and attention {handle.model.config._attn_implementation!r}; serve it with --backend vllm"
+            )
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
         pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
@@ -212,7 +213,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         from kvmem.kv import build_item
         from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 
-        if self.pool is None or self.layout.knowledge_text:
+        if self.layout.knowledge_text:
             return None
         return build_item(handle, self.layout.head_ids, user_id=KNOWLEDGE_OWNER)
 
@@ -243,7 +244,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         return ResolvedBlock(item, None)
 
     def engine_stats(self) -> dict[str, int] | None:
-        """The KV page pool's accounting (serving/engine/pages.py), or None without a pool."""
+        """The KV page pool's accounting (serving/engine/pages.py), or None before the model is loaded."""
         return None if self.pool is None else self.pool.stats()
 
     async def aclose(self) -> None:
@@ -271,21 +272,18 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             ids = None if memory_ids is None else list(memory_ids)
             from kvmem.kv.blocks import BuiltBlock
 
-            prefill, served = self.builder.prefill, None
+            served = None
             if adapter_id is not None:
-                served, prefill = under_adapter(self.adapters, self.builder, user_id, adapter_id)
+                served, _ = under_adapter(self.adapters, self.builder, user_id, adapter_id)
             found = self._io.submit(
                 self.builder.lookup, user_id, list(block_texts), ids, adapter=served
             ).result()
             if isinstance(found, BuiltBlock):  # a valid one is stored
                 return found
-            if self.pool is not None and adapter_id is None:  # chunked prefills in the engine's steps
+            if adapter_id is None:  # chunked prefills in the engine's steps
                 item = self._build_in_engine(found)
-            elif self.pool is not None and (name := self._adapter_for_engine(user_id, adapter_id, found)):
-                # the same, its tokens under the adapter's delta (serving/engine/lora.py)
-                item = self._build_under_adapter(found, name)
-            else:  # no pool, or an adapter the engine cannot run (on true convolutions): alone, unchunked
-                item = self._loop.call(lambda: prefill(found))  # the model's part only
+            else:  # the same, its tokens under the adapter's delta (serving/engine/lora.py)
+                item = self._build_under_adapter(found, self._adapter_for_engine(user_id, adapter_id, found))
             return self._io.submit(self.builder.store_item, item).result()  # visible once written
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
@@ -300,7 +298,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
 
     def drop_block(self, item_id: str) -> None:
         self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
-        if self.pool is not None:  # its pages go once the requests reading them are done
+        if self.pool is not None:  # loaded: its pages go once the requests reading them are done
             self.pool.shared.drop(item_id)
         super().drop_block(item_id)
 
@@ -325,7 +323,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         if req.adapter_id is not None and self.adapters is not None:
             await asyncio.to_thread(self.adapters.prefetch, req.user_id, req.adapter_id)
         if req.block_item_id is None or req.prompt.block_len == 0:
-            if self.pool is not None and self.layout.knowledge_text and req.adapter_id is None:
+            if self.layout.knowledge_text and req.adapter_id is None:
                 return await asyncio.to_thread(self._knowledge_item_for, req)
             return ResolvedBlock(None, None)
         resident = await asyncio.to_thread(self._resolve_if_on_device, req)
@@ -347,12 +345,11 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
-        from kvmem.kv import GenerationStats, Sampling, generate
-        from serving.engine import lora
-        from serving.engine.percache.batch import Sequence
+        from kvmem.kv import GenerationStats, Sampling
+        from serving.engine.sequence import admit
 
         final: object = None  # the result or the error, sent once the admission is released
-        lease = tokens = seq = held_adapter = None
+        lease = seq = held_adapter = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -375,62 +372,40 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
-            paged = self.pool is not None and (adapter is None or lora.supports(self.handle.model, adapter))
             head = None  # no block: the prompt's head, the head item or the stored knowledge (base model K/V)
-            if paged and adapter is None:
+            if adapter is None:
                 if item is None:
                     item = head = self._head_for(req)
                 elif req.block_item_id is None or req.prompt.block_len == 0:
                     head = item  # the stored knowledge item (_knowledge_item_for)
             system_head = head is not None and head is self.head_item
-            prefix = source = None
+            source = None
             # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
             if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
                 lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
-                if paged:  # its last turn's pages, by reference (kvmem/kv/session.py)
-                    source = self._session_pages(lease, item, req.prompt.ids)
-                else:
-                    from kvmem.kv import inject
-
-                    block = inject(item, req.prompt.ids) if item is not None else None
-                    prefix = self.sessions.start(lease, req.prompt.ids, block)
-            args = dict(
-                item=item, sampling=sampling, stop_token_ids=self._eos, should_stop=cancel.is_set, stats=stats
-            )
-            tokens = None  # batched: the batcher sends the tokens
-            if paged:
-                from serving.engine.sequence import admit
-
-                if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
-                    self.adapters.hold(adapter)
-                    held_adapter = adapter
-
-                for seq in admit(
-                    self.pool,
-                    self.handle.model,
-                    req.prompt.ids,
-                    source=source,
-                    max_new_tokens=sampling.max_new_tokens,
-                    wait_s=self.config.kv_wait_s,
-                    prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                    adapter=adapter,
-                    **args,
-                ):
-                    if seq is None:  # no pages free yet: the others run a step meanwhile
-                        yield
-                token = yield seq
-            elif adapter is None:
-                seq = Sequence(
-                    self.handle.model,
-                    req.prompt.ids,
-                    **args,
-                    injection=prefix,
-                    prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                )
-                token = yield seq  # the batcher sends each token, then None once the sequence has ended
-            else:  # an adapter's steps run alone, its layers on only during them (adapters.py): not batched
-                tokens = self.adapters.steps(generate(self.handle.model, req.prompt.ids, **args), adapter)
-                token = next(tokens, None)
+                # its last turn's pages, by reference (kvmem/kv/session.py)
+                source = self._session_pages(lease, item, req.prompt.ids)
+            if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
+                self.adapters.hold(adapter)
+                held_adapter = adapter
+            for seq in admit(
+                self.pool,
+                self.handle.model,
+                req.prompt.ids,
+                item=item,
+                source=source,
+                max_new_tokens=sampling.max_new_tokens,
+                wait_s=self.config.kv_wait_s,
+                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                adapter=adapter,
+                sampling=sampling,
+                stop_token_ids=self._eos,
+                should_stop=cancel.is_set,
+                stats=stats,
+            ):
+                if seq is None:  # no pages free yet: the others run a step meanwhile
+                    yield
+            token = yield seq  # the batcher sends each token, then None once the sequence has ended
             held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
             received = 0  # tokens taken: stats.logprobs[i] is the i-th one's (when asked for)
 
@@ -454,8 +429,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
                 if hit:
                     finish = "stop"
                     break
-                sent = yield  # the next token (one batched step later) or None; None from a plain turn
-                token = sent if tokens is None else next(tokens, None)
+                token = yield  # the next token (one step later) or None; None from a plain turn
             if not stops.hit:  # a character still incomplete at the end: as the full decode has it
                 ready, hit = stops.feed(detok.flush())
                 if ready:
@@ -470,7 +444,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
-                cache = seq.keep_table() if paged else prefix.cache  # the engine's: its pages, not a copy
+                cache = seq.keep_table()  # its pages, not a copy
                 fed = (*req.prompt.ids, *stats.token_ids)[: cache.get_seq_length()]
                 self.sessions.put(lease, fed, cache)
                 lease = None
@@ -493,12 +467,8 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
                 self.sessions.release(lease)
             if getattr(seq, "table", None) is not None:  # its pages go back to the pool
                 seq.release()
-            if held_adapter is not None:
+            if held_adapter is not None:  # its use ends now (an erased one is unloaded), not at GC
                 self.adapters.unhold(held_adapter)
-            if (
-                tokens is not None
-            ):  # an adapter's steps: its use ends now (an erased one is unloaded), not at GC
-                tokens.close()
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)

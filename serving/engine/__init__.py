@@ -10,6 +10,7 @@
 - scheduler.py: the step scheduler (prefill chunks under the token budget, then every decode row)
 - model_loop.py: the one thread that runs the model (requests' steps, block builds)
 - detok.py, stops.py: a request's incremental detokenizer and stop-string matcher
-- percache/: the per-request-cache path (each request its own DynamicCache), for what the paged engine
-  cannot run: `--kv-pool-mb 0`, models outside `runner.supports`, LoRA on convolutions
+
+Every request of the transformers backend runs here: one decode path. (The per-request-cache design it
+replaced is kept in benchmarks/percache/ as the baseline of the engine's figures, never served.)
 """

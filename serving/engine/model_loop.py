@@ -4,9 +4,9 @@ Why one thread: each thread that runs torch CPU kernels gets its own OpenMP team
 ran a moment ago still spin on the cores the next forward needs. With a generation thread per request, a
 1.7k-token KV prefill ran ~45 ms slower in the server after a burst of 8 concurrent requests than in a
 one-thread process; on one thread it runs as fast. Requests are generators; each turn advances every one of
-them a step, in order, then the batcher once. A generator that yields a `Sequence` (percache/batch.py) joins
-the batcher (scheduler.py): its sequences advance together, one batched decode forward per turn, with prefill
-chunks of new ones before it, so a new request's prefill waits for one decode step, not for generations.
+them a step, in order, then the batcher once. A generator that yields a `Sequence` (sequence.py) joins
+the batcher (scheduler.py): its sequences advance together, one forward per turn for their decode rows and
+the prefill chunks of new ones, so a new request's prefill waits for one decode step, not for generations.
 Builds are plain calls, run between turns, whose caller waits for the result.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from serving.engine.percache.batch import Sequence
 from serving.engine.scheduler import Batcher
+from serving.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,8 @@ class LoopClosed(RuntimeError):
 
 
 class ModelLoop:
-    def __init__(
-        self, name: str = "kvmem-model", prefill_budget_tokens: int = 512, packed: bool = True
-    ) -> None:
-        self._batcher = Batcher(prefill_budget_tokens, packed=packed)
+    def __init__(self, name: str = "kvmem-model", prefill_budget_tokens: int = 512) -> None:
+        self._batcher = Batcher(prefill_budget_tokens)
         self._cv = threading.Condition()
         self._incoming: deque[Iterator[Any] | tuple[Future, Callable[[], Any]]] = deque()
         self._closed = False

@@ -33,7 +33,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from serving.engine import attention, lora, sampler
 from serving.engine.pages import PagePool
-from serving.engine.percache.batch import SequenceError
+from serving.engine.sequence import SequenceError
 
 log = logging.getLogger(__name__)
 

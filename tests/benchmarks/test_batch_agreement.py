@@ -36,17 +36,3 @@ def test_batch_decode_runs_both_arms_with_identical_tokens(tmp_path, tiny_handle
     assert row["identical"] is True and (row["requests"], row["tokens_each"]) == (4, 3)
     assert row["round_robin_tokens_per_s"] > 0 and row["batched_tokens_per_s"] > 0
     assert len(row["loadavg_start"]) == 3
-
-
-def test_batch_decode_served_runs_the_batcher_packed_and_unpacked(tmp_path, tiny_handle, capsys):
-    out = tmp_path / "served.json"
-    argv = ["--served", "--requests", "3", "--total", "5", "--tokens", "4", "--reps", "1", "--out", str(out)]
-    result = batch_decode.main(argv, handle=tiny_handle)
-    assert (
-        json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result == json.loads(out.read_text())
-    )
-    row = result["served"]
-    assert (row["clients"], row["requests_each_arm"], row["tokens_each"]) == (3, 5, 4)
-    assert row["requests_identical"] == 5  # greedy: each request's tokens the same in both arms
-    assert row["packed_tokens_per_s"] > 0 and row["unpacked_tokens_per_s"] > 0
-    assert len(row["loadavg_start"]) == 3 and len(row["packed_s"]) == len(row["unpacked_s"]) == 1

@@ -1,4 +1,4 @@
-"""benchmarks/build_stall.py on the tiny llama: both arms stream while a block builds through the production
+"""benchmarks/build_stall.py on the tiny llama: a stream runs while a block builds through the production
 backend, and the figures are taken from that run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 import json
 
 
-def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
+def test_build_stall_streams_while_a_block_builds(tmp_path, tiny_model_dir):
     from benchmarks import build_stall
 
     out = tmp_path / "stall.json"
@@ -18,8 +18,8 @@ def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
     finally:
         gc.unfreeze()  # this process is the test run's, not a server's
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    for arm in ("engine", "old"):
-        r = result["arms"][arm]
+    assert list(result["arms"]) == ["engine"]
+    for r in result["arms"].values():
         assert r["tokens"] == 60 and r["block_tokens"] >= 300
         assert r["gap_max_s"] >= r["gap_median_s"] > 0
         assert len(r["largest_gaps"]) == 5 and r["largest_gaps"][0]["gap_s"] == r["gap_max_s"]
@@ -27,4 +27,4 @@ def test_build_stall_runs_both_arms(tmp_path, tiny_model_dir):
             (g["gap_s"] for g in r["largest_gaps"]), reverse=True
         )
     assert result["arms"]["engine"]["build_chunk_tokens"] == 16  # the backend's default
-    assert (result["arms"]["engine"]["kv_pool_mb"], result["arms"]["old"]["kv_pool_mb"]) == (64, 0)
+    assert result["arms"]["engine"]["kv_pool_mb"] == 64

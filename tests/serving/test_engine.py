@@ -12,9 +12,8 @@ import torch
 from kvmem.kv import Sampling, generate
 from serving.engine import attention, runner
 from serving.engine.pages import PagePool, PoolFull, PoolShape
-from serving.engine.percache.batch import SequenceError
-from serving.engine.sequence import admit
-from tests.serving.percache.test_batch import prompts_and_blocks
+from serving.engine.sequence import SequenceError, admit
+from tests.conftest import prompts_and_blocks
 
 CHUNK = 32
 
@@ -137,7 +136,7 @@ def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
 
     from kvmem.kv.item import KVItem, build_item
     from kvmem.kv.layout import PromptLayout
-    from tests.serving.percache.test_batch import synthetic_memories
+    from tests.conftest import synthetic_memories
 
     model = tiny_handle.model
     layout = PromptLayout(tiny_handle.tokenizer)
@@ -254,6 +253,23 @@ def tiny_gpt2(vocab_size: int):
 GPT2_ADAPTERS = {"target_modules": ["c_attn", "c_proj", "c_fc"], "fan_in_fan_out": True}
 ADAPTER_KINDS["lora on gpt-2's conv1d"] = GPT2_ADAPTERS
 ADAPTER_KINDS["dora on gpt-2's conv1d"] = GPT2_ADAPTERS | {"use_dora": True}
+
+
+def test_an_adapter_on_a_true_convolution_is_one_the_engine_cannot_run():
+    """`lora.supports` (what the adapter slots refuse: serving/backends/adapters.py) is False for a LoRA on a
+    torch Conv1d, True for the same model's linear layer alone."""
+    peft = pytest.importorskip("peft")
+    from serving.engine import lora
+
+    class ConvAndLinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.proj = torch.nn.Conv1d(8, 8, 3), torch.nn.Linear(8, 8)
+
+    conv = peft.LoraConfig(r=2, target_modules=["conv", "proj"])
+    model = peft.PeftModel(ConvAndLinear(), conv, adapter_name="conv")
+    model.add_adapter("linear", peft.LoraConfig(r=2, target_modules=["proj"]))
+    assert not lora.supports(model, "conv") and lora.supports(model, "linear")
 
 
 @pytest.mark.parametrize("kind", sorted(ADAPTER_KINDS))

@@ -16,7 +16,7 @@ from kvmem.kv import Sampling
 from serving.engine import graphs, runner
 from serving.engine.graphs import DecodeGraphs
 from serving.engine.pages import PagePool, PoolShape
-from tests.serving.percache.test_batch import prompts_and_blocks
+from tests.conftest import prompts_and_blocks
 from tests.serving.test_engine import admitted, make_pool, run_engine
 
 # ops that read a device value on the host, or whose output shape depends on values: a capture fails on them

@@ -118,3 +118,22 @@ def test_a_version_erased_while_it_is_being_attached_is_never_loaded(tmp_path, t
     reg.load = load_while_another_erased
     bob, why = slots.resolve("bob", other.adapter_id)
     assert why is None and slots.loaded == (bob,)
+
+
+def test_an_adapter_the_engine_cannot_run_is_refused_and_its_weights_leave_the_model(
+    tmp_path, tiny_handle, monkeypatch
+):
+    """Every request runs in the engine (one decode path), so an adapter on layers its batched LoRA cannot
+    run (true convolutions: `serving/engine/lora.py` `supports`, tested in tests/serving/test_engine.py) is
+    refused when it is attached, with the reason, and its weights leave the model; others still load."""
+    from serving.engine import lora
+
+    reg, m, other, slots = two_users_slots(tmp_path, tiny_handle)
+    runs = lora.supports
+    monkeypatch.setattr(lora, "supports", lambda model, name: False)
+    name, why = slots.resolve("alice", m.adapter_id)
+    assert name is None and "layers the engine cannot run an adapter on" in why
+    assert slots.loaded == () and sorted(slots._peft.peft_config) == []
+    monkeypatch.setattr(lora, "supports", runs)
+    bob, why = slots.resolve("bob", other.adapter_id)
+    assert why is None and slots.loaded == (bob,) and sorted(slots._peft.peft_config) == [bob]

@@ -10,7 +10,7 @@ from kvmem.kv import Sampling, generate
 from kvmem.kv.session import SessionCache
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.table import PageTable
-from tests.serving.percache.test_batch import prompts_and_blocks
+from tests.conftest import prompts_and_blocks
 from tests.serving.test_engine import admitted, make_pool, run_engine
 
 GREEDY = Sampling(max_new_tokens=6)

@@ -13,6 +13,7 @@ import torch
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError
 from serving.backends.base import (
+    BackendError,
     BlockNotFound,
     GenerationRequest,
     GenerationResult,
@@ -410,6 +411,34 @@ def test_the_model_is_loaded_on_the_model_thread(tmp_path, tiny_model_dir, monke
         asyncio.run(backend.aclose())
 
 
+def test_a_model_the_engine_cannot_run_is_refused_at_load_with_the_reason(tmp_path, tokenizer):
+    """Every request runs in the engine (serving/engine: one decode path), so a model whose layers are not
+    attention it runs (here Mamba's, `linear_attention`) is refused when it loads, naming the model, its layer
+    types and the backend that serves it; nothing is served."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    model_dir = tmp_path / "tiny-mamba"
+    config = MambaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=4)
+    MambaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    backend = TransformersBackend(
+        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path / "data"), device="cpu")
+    )
+    try:
+        with pytest.raises(
+            BackendError, match=r"cannot serve .*tiny-mamba.*linear_attention.*--backend vllm"
+        ):
+            backend.load()
+        assert not backend.is_ready()
+    finally:
+        asyncio.run(backend.aclose())
+
+
+def test_the_pool_size_must_hold_pages():
+    with pytest.raises(ValueError, match="kv_pool_mb >= 1"):
+        TransformersBackendConfig(kv_pool_mb=0)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 def test_the_io_threads_run_below_the_model_threads_priority(tmp_path, tiny_model_dir):
     import os
@@ -480,18 +509,14 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
     from kvmem.kv.knowledge import install
 
     install(tmp_path / "knowledge", ["Opening hours are 9 to 5."])
-    for config in (
-        TransformersBackendConfig(
-            model=backend.config.model, data_dir=str(tmp_path / "nopool"), kv_pool_mb=0
-        ),
-        TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "knowledge")),
-    ):
-        other = TransformersBackend(config)
-        other.load()
-        try:
-            assert other.head_item is None and (other.pool is None or other.layout.knowledge_text)
-        finally:
-            asyncio.run(other.aclose())
+    other = TransformersBackend(
+        TransformersBackendConfig(model=backend.config.model, data_dir=str(tmp_path / "knowledge"))
+    )
+    other.load()
+    try:
+        assert other.head_item is None and other.layout.knowledge_text
+    finally:
+        asyncio.run(other.aclose())
 
 
 def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowledge(tiny_model_dir, tmp_path):

@@ -1,7 +1,8 @@
 """OpenAI's logit adjustments and log-probabilities in the decode loop (kvmem/kv/decode.py `Sampling`):
 logit_bias, presence and frequency penalties against a reference that applies the same adjustment to the
-model's own logits step by step; logprobs are the log_softmax of those logits, top_logprobs their top k; in a
-batched or packed step each request gets the tokens it gets alone, with or without the parameters."""
+model's own logits step by step; logprobs are the log_softmax of those logits, top_logprobs their top k; in the
+engine's steps (serving/engine), prefill chunks and decode rows together, each request gets the tokens it gets
+alone, with or without the parameters."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import torch
 
 from kvmem.kv import PromptLayout, Sampling, generate
 from kvmem.kv.decode import GenerationStats
-from serving.engine.percache.batch import Sequence, decode_step
-from serving.engine.percache.packed import step as packed_step
+from tests.serving.test_engine import make_pool, run_engine
 
 
 def prompt(tokenizer, text: str) -> list[int]:
@@ -118,34 +118,25 @@ def samplings_mixed() -> list[Sampling]:
     ]
 
 
-def alone(model, ids, sampling) -> GenerationStats:
-    seq = Sequence(model, ids, sampling=sampling)
-    while seq.prefilling:
-        seq.prefill_step()
-    while seq.decoding:
-        decode_step(model, [seq])
-    return seq.stats
+def alone(model, pool, ids, sampling) -> GenerationStats:
+    seqs, errors = run_engine(model, pool, [(ids, None)], [sampling], [0])
+    assert errors == []
+    seqs[0].release()
+    return seqs[0].stats
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("arrive_at", [[0, 0, 0, 0], [0, 1, 1, 2]], ids=["together", "prefills with decodes"])
 def test_batched_requests_with_and_without_the_parameters_get_their_tokens_alone(
-    tiny_handle, tokenizer, packed
+    tiny_handle, tokenizer, arrive_at
 ):
     model = tiny_handle.model
+    pool = make_pool(model)
     texts = ["Hi", "Where do I live?", "Tell me what you think of this.", "What did I cook on Tuesday?"]
     requests = [prompt(tokenizer, t) for t in texts]
     samplings = samplings_mixed()
-    solo = [alone(model, ids, sp) for ids, sp in zip(requests, samplings, strict=True)]
-    seqs = [Sequence(model, ids, sampling=sp) for ids, sp in zip(requests, samplings, strict=True)]
-    if packed:  # the first prefills alone, the others' prefills pack with its decode steps
-        seqs[0].prefill_step()
-        packed_step(model, seqs[1:], [seqs[0]])
-    else:
-        for s in seqs:
-            s.prefill_step()
-    while any(s.decoding for s in seqs):
-        decoding = [s for s in seqs if s.decoding]
-        assert all(isinstance(t, int) for t in decode_step(model, decoding))
+    solo = [alone(model, pool, ids, sp) for ids, sp in zip(requests, samplings, strict=True)]
+    seqs, errors = run_engine(model, pool, [(ids, None) for ids in requests], samplings, arrive_at, chunk=4)
+    assert errors == []
     assert [s.stats.token_ids for s in seqs] == [s.token_ids for s in solo]
     assert seqs[1].stats.token_ids == [1234] * 9
     for s, one in zip(seqs, solo, strict=True):

@@ -26,8 +26,8 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
+from benchmarks.percache.batch import Sequence, SequenceError, _append, can_batch, decode_step
 from kvmem.kv.decode import _pick
-from serving.engine.percache.batch import Sequence, SequenceError, _append, can_batch, decode_step
 
 log = logging.getLogger(__name__)
 

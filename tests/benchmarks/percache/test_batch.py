@@ -1,4 +1,4 @@
-"""Batched decode (serving/engine/percache/batch.py): sequences with different prompts, blocks (two items, or none), chunked
+"""Batched decode (benchmarks/percache/batch.py): sequences with different prompts, blocks (two items, or none), chunked
 prefills, arrivals and ends decode together with the tokens each gets alone; seeded sampling stays the
 request's own; a failing step stays with its sequence; every forward runs under inference mode."""
 
@@ -7,28 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvmem.kv import PromptLayout, Sampling, build_item, generate
-from serving.engine.percache.batch import Sequence, SequenceError, decode_step
-from tests.conftest import ForwardLog, synthetic_memories
-
-
-def prompts_and_blocks(handle, tokenizer):
-    """Four requests: two blocks of different lengths, two without a block; prompts of different lengths."""
-    layout = PromptLayout(handle.tokenizer)
-    mems_a, mems_b = synthetic_memories(200, tokenizer, seed=1), synthetic_memories(60, tokenizer, seed=2)
-    item_a = build_item(handle, layout.block_ids(mems_a), user_id="u", memory_ids=["a"])
-    item_b = build_item(handle, layout.block_ids(mems_b), user_id="u", memory_ids=["b"])
-
-    def ask(mems, text):
-        return layout.prompt(mems, [], [{"role": "user", "content": text}]).ids
-
-    long_text = " ".join(synthetic_memories(150, tokenizer, seed=3))
-    return [
-        (ask(mems_a, "Hi"), item_a),
-        (ask([], f"Tell me what you think of this: {long_text}"), None),
-        (ask(mems_b, "Which city did I mention, and what did I cook on Tuesday?"), item_b),
-        (ask([], "Where do I live?"), None),
-    ]
+from benchmarks.percache.batch import Sequence, SequenceError, decode_step
+from kvmem.kv import Sampling, generate
+from tests.conftest import ForwardLog, prompts_and_blocks
 
 
 def run_alone(model, ids, item, sampling, chunk=None) -> list[int]:

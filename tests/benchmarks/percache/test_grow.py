@@ -1,4 +1,4 @@
-"""Appending K/V into a layer's own spare room (serving/engine/percache/grow.py): the same tensors DynamicLayer.update gives,
+"""Appending K/V into a layer's own spare room (benchmarks/percache/grow.py): the same tensors DynamicLayer.update gives,
 stored items and earlier views never written, and batched decode through it gives each sequence the tokens
 of transformers' own DynamicCache, for blocks and prompts of different lengths on the tiny llama."""
 
@@ -8,10 +8,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from benchmarks.percache.batch import Sequence, decode_step
+from benchmarks.percache.grow import MIN_SPARE, append
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.kv.inject import _shared_layer
-from serving.engine.percache.batch import Sequence, decode_step
-from serving.engine.percache.grow import MIN_SPARE, append
 from tests.conftest import synthetic_memories
 
 

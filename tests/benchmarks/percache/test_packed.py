@@ -1,4 +1,4 @@
-"""Packed steps (serving/engine/percache/packed.py): prefill chunks and decode steps of sequences with different prompts and
+"""Packed steps (benchmarks/percache/packed.py): prefill chunks and decode steps of sequences with different prompts and
 blocks run as one forward per step, and each sequence gets exactly its tokens alone (decode.generate on a
 DynamicCache); the injected items are never written; a failing packed forward puts every cache back and
 runs each sequence alone, an error staying with its own sequence; a seeded sampled sequence runs alone."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.percache.batch import Sequence, SequenceError
+from benchmarks.percache.packed import PACKED, step
 from kvmem.kv import Sampling, generate
-from serving.engine.percache.batch import Sequence, SequenceError
-from serving.engine.percache.packed import PACKED, step
-from tests.serving.percache.test_batch import prompts_and_blocks
+from tests.conftest import prompts_and_blocks
 
 CHUNK = 32
 

@@ -21,10 +21,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 
+from benchmarks.percache.grow import append
 from kvmem.kv.decode import GenerationStats, Sampling, _pick
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
-from serving.engine.percache.grow import append
 
 log = logging.getLogger(__name__)
 
