@@ -4,8 +4,7 @@
   `scaled_dot_product_attention`;
 - `wide_grouped` (CPU): prefill chunks by shared prefix, each group's shared pages read once for all its
   rows' queries, each row's rest gathered, the two merged by log-sum-exp;
-- `narrow`: one-token rows, the same way by prefix group, with a sliding window's masks when a layer has one;
-  on a GPU, rows in no group attend in one fused `scaled_dot_product_attention` (`fused_narrow`).
+- `narrow`: one-token rows, the same way by prefix group, with a sliding window's masks when a layer has one.
 Queries are laid out as G query heads per K/V head, so no K/V is expanded per query head.
 
 A layer with logit soft-capping (Gemma 2) or attention sinks (gpt-oss) is attended with the softmax written
@@ -21,13 +20,6 @@ import torch.nn.functional as F
 # PyTorch's fused CPU attention that also returns the log-sum-exp (what the merge of a prefix group needs):
 # 2-5x faster than the softmax written out below on the 2-core CPU (8 queries over 600 keys: 188 vs 942 us).
 CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def fused_narrow(device: torch.device) -> bool:
-    """Whether one-token rows outside a prefix group attend in one fused SDPA (no log-sum-exp to merge): on a
-    GPU, where a step is launch-bound and the written-out softmax is ~10 kernels a layer. On CPU the
-    log-sum-exp kernel (CPU_FLASH) serves both."""
-    return device.type != "cpu"
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor:
@@ -148,12 +140,6 @@ def narrow(
     q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
     k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
     v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    if not prefixes and softcap is None and sinks is None and fused_narrow(q.device):
-        # [B, kv, G, d]: a K/V head's G query heads are its queries; the output read by its shape
-        out = F.scaled_dot_product_attention(
-            q.reshape(b, kv_heads, g, dim), k, v, attn_mask=None if mask is None else mask[:, 0], scale=scale
-        )
-        return out.reshape(b, heads, dim)
     bias = None
     if mask is not None and CPU_FLASH is not None and q.device.type == "cpu" and softcap is None:
         bias = st.narrow_bias.get(window)

@@ -51,25 +51,16 @@ def _consecutive(pages: list[int]) -> bool:
 # many token reads (prefix tokens x rows) the rows gather the prefix with their rest. Measured on the 2-core
 # CPU (135M model, 8 decode rows): a 32-token system prompt read as a group of 4 made the step ~15% slower.
 GROUP_MIN_READS = 2048
-# Where the narrow rows attend in one fused kernel (a GPU: attention.fused_narrow), a step is launch-bound: a
-# group's extra kernels cost more than gathering the prefix with each row's rest, unless the group spares
-# this many token reads (32 rows over an 8k-token block: ~0.5 GB of an 8B model's K/V a layer). Measured on
-# an H200 (135M model, bf16, eager): 8 decode rows over a 1.9k-token block read as a group took 2.48x one
-# row's step.
-FUSED_GROUP_MIN_READS = 1 << 17
 
 
-def _prefix_groups(
-    tables, pt: int, eligible: list[bool] | None = None, min_reads: int | None = None
-) -> dict[tuple[int, ...], list[int]]:
+def _prefix_groups(tables, pt: int, eligible: list[bool] | None = None) -> dict[tuple[int, ...], list[int]]:
     """The rows (indices into `tables`) that read their shared pages once per group, by those pages: rows
-    with shared pages (and `eligible`), in groups reading at least `min_reads` tokens (GROUP_MIN_READS)."""
-    min_reads = GROUP_MIN_READS if min_reads is None else min_reads
+    with shared pages (and `eligible`), in groups reading at least GROUP_MIN_READS tokens."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(tables):
         if t.shared_pages and (eligible is None or eligible[i]):
             groups.setdefault(t.prefix_key, []).append(i)
-    return {pages: rows for pages, rows in groups.items() if len(pages) * pt * len(rows) >= min_reads}
+    return {pages: rows for pages, rows in groups.items() if len(pages) * pt * len(rows) >= GROUP_MIN_READS}
 
 
 def _prefix_slots(pool: PagePool, pages: tuple[int, ...], device) -> slice | torch.Tensor:
@@ -187,10 +178,7 @@ class StepPlan(PlanCache):
         self._windowed: dict = {}  # masks and groups for a sliding window, per window (wide_mask, narrow_for)
         if narrow:
             # an item's or a session's pages, read once for every row that has them
-            fused = attention.fused_narrow(device)
-            groups = _prefix_groups(
-                [seqs[r].table for r in narrow], pt, min_reads=FUSED_GROUP_MIN_READS if fused else None
-            )
+            groups = _prefix_groups([seqs[r].table for r in narrow], pt)
             first = [0] * len(narrow)  # each row's first position after its prefix
             prefixes: list[tuple[torch.Tensor, slice | torch.Tensor, torch.Tensor | None]] = []
             for pages, rows in groups.items():

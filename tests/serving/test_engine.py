@@ -487,31 +487,6 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     assert groups["masked"] > 0 and groups["left"] > 0
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral"])
-def test_on_a_gpu_rows_outside_a_prefix_group_attend_in_one_fused_kernel(
-    tiny_handle, tokenizer, kind, monkeypatch
-):
-    """Where one-token rows attend in one fused SDPA (attention.fused_narrow: a GPU; forced here on CPU), rows
-    over a block gather it with their rest below FUSED_GROUP_MIN_READS, and every row of a step attends in one
-    kernel call per layer: each request's greedy tokens, alone and batched, are still a full prefill's (with a
-    sliding window too: mistral)."""
-    model = tiny_handle.model if kind == "llama" else tiny_sliding(kind, len(tokenizer))
-    monkeypatch.setattr(attention, "fused_narrow", lambda device: True)
-    monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # would group every shared prefix, were it not fused
-    config = model.config
-    g = config.num_attention_heads // config.num_key_value_heads
-    sdpa, rows = torch.nn.functional.scaled_dot_product_attention, []
-
-    def recording(q, k, v, **kwargs):
-        if q.shape[2] == g:  # [B, kv, G, d]: the narrow rows' queries
-            rows.append(q.shape[0])
-        return sdpa(q, k, v, **kwargs)
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
-    equal_to_a_full_prefill(model, tokenizer, kind, min_prompt=41 if kind == "mistral" else 0)
-    assert rows and max(rows) == 5  # the batch's five decode rows in one call, the two over one block too
-
-
 def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0):
     """The four requests of prompts_and_blocks and a fifth over the first one's block (a prefix group with
     it), alone (in chunks or not) and batched: each one's greedy tokens are the model's own full prefill's.
