@@ -3,16 +3,14 @@
 The prompt layout keeps `[block][client system][history]` an exact token prefix of the next turn's prompt
 (kvmem/kv/layout.py), so the cache a turn leaves behind covers most of the next turn. An entry is that cache
 and the ids it holds, keyed by (user, session): never looked up across users. A request *takes* its entry
-(nobody else can use it while the request runs) and starts from views of its tensors up to the longest
-common token prefix with its own prompt; the forward passes concatenate into new tensors, so neither the
-entry nor a stored block item it began from is ever written. When the turn ends the request *puts* its cache
-back as the session's entry.
+(nobody else can use it while the request runs) and starts from its positions up to the longest common
+token prefix with its own prompt (`reuse`); the entry's pages are referenced, never written (nor is a stored
+block item it began from). When the turn ends the request *puts* its cache back as the session's entry.
 
-An entry's cache is a DynamicCache (a request with a cache of its own), or the engine's page table
-(serving/engine/table.py: any object with `get_seq_length()`, `nbytes` and `close()`), whose pages a next
-turn references instead of copying; such a cache is closed (its pages go back) when its entry is dropped or
-replaced, and the engine's pool drops the least recently used entry when it runs short (`drop_oldest`).
-Closing happens outside this class's lock.
+An entry's cache is the engine's page table (serving/engine/table.py: any object with `get_seq_length()`,
+`nbytes` and `close()`), whose pages a next turn references instead of copying; it is closed (its pages go
+back) when its entry is dropped or replaced, and the engine's pool drops the least recently used entry when
+it runs short (`drop_oldest`). Closing happens outside this class's lock.
 
 Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
 (memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
@@ -27,11 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
-from kvmem.kv.inject import Injection, SharedPrefixCache, _shared_layer, common_prefix_tokens
+from kvmem.kv.inject import common_prefix_tokens
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,7 @@ class SessionEntry:
     user_id: str
     session_id: str
     ids: tuple[int, ...]  # the tokens the cache holds, in order
-    cache: object  # a DynamicCache, or the engine's page table (see the module docstring)
+    cache: object  # the engine's page table (see the module docstring)
     nbytes: int
     block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
     memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
@@ -67,41 +61,11 @@ class SessionStats:
     dropped: int = 0  # entries dropped (LRU, bounds, delete cascade)
 
 
-def cache_nbytes(cache: DynamicCache) -> int:
-    """Bytes the cache's tensors hold (their whole storage: a view keeps its base alive)."""
-    total = 0
-    for layer in cache.layers:
-        for t in (layer.keys, layer.values):
-            if isinstance(t, torch.Tensor):
-                total += t.untyped_storage().nbytes()
-    return total
-
-
-def _size(cache) -> int:
-    return cache_nbytes(cache) if isinstance(cache, DynamicCache) else cache.nbytes
-
-
 def _close(caches: Iterable) -> None:
-    """Give back what the caches hold (an engine table's pages); a DynamicCache just goes."""
+    """Give back what the caches hold (their pages)."""
     for cache in caches:
-        if cache is not None and not isinstance(cache, DynamicCache):
+        if cache is not None:
             cache.close()
-
-
-def _croppable(cache) -> bool:
-    """Only full-attention layers can be cut at any length (a sliding-window layer has dropped its past);
-    an engine table holds full-attention pages."""
-    if not isinstance(cache, DynamicCache):
-        return True
-    return bool(cache.layers) and all(
-        type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) for layer in cache.layers
-    )
-
-
-def view_prefix(cache: DynamicCache, n: int) -> DynamicCache:
-    """A new cache whose layers are views of `cache`'s first `n` positions; updates never write into them."""
-    layers = [_shared_layer(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache.layers]
-    return SharedPrefixCache(layers)
 
 
 class SessionCache:
@@ -179,27 +143,18 @@ class SessionCache:
                 self.stats.misses += 1
         return n
 
-    def start(self, lease: Lease, prompt_ids: Sequence[int], block: Injection | None) -> Injection:
-        """The cache the request starts from: its session entry's views up to the common prefix with the
-        prompt (at least one token left to prefill) when that covers more than `block` (the block item's
-        injection, or None), else `block`, else an empty cache."""
-        n = self.reuse(lease, prompt_ids, block.reused_tokens if block is not None else 0)
-        if n:
-            return Injection(cache=view_prefix(lease.entry.cache, n), reused_tokens=n)
-        return block if block is not None else Injection(cache=DynamicCache(), reused_tokens=0)
-
     def put(self, lease: Lease, ids: Sequence[int], cache) -> bool:
         """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
-        request carried, the cache cannot be cut, or it is over the bounds. Returns whether it was kept. The
+        request carried, or it is over the bounds. Returns whether it was kept. The
         entry the request took goes; a cache not kept is closed."""
         gone = [lease.entry.cache if lease.entry is not None and lease.entry.cache is not cache else None]
         try:
             with self._lock:
                 self._leases.pop(lease.number, None)
-                if lease.stale or not self.enabled or not _croppable(cache):
+                if lease.stale or not self.enabled:
                     gone.append(cache)
                     return False
-                nbytes = _size(cache)
+                nbytes = cache.nbytes
                 if cache.get_seq_length() != len(ids) or nbytes > self.max_bytes:
                     gone.append(cache)
                     return False
