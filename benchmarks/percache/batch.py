@@ -12,7 +12,6 @@ depend on its neighbours. Knows nothing of HTTP, threads or tiers.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -25,17 +24,18 @@ from benchmarks.percache.grow import append
 from kvmem.kv.decode import GenerationStats, Sampling, _pick
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
+from serving.engine.sequence import Sequence as EngineSequence
+from serving.engine.sequence import SequenceError
 
 log = logging.getLogger(__name__)
 
 RAGGED = "kvmem_ragged"  # the attention implementation a batched decode forward runs under
 
 
-class Sequence:
-    """One request's tokens, produced by `prefill_step` (alone) and then `decode_step` (batched with others).
-
-    Lifecycle: prefilling -> decoding -> finished. `finish_reason` (also in `stats`) is "stop" after a stop
-    token, "length" after `max_new_tokens`, "cancelled" once `should_stop()` is true at a step boundary.
+class Sequence(EngineSequence):
+    """One request's tokens, produced by `prefill_step` (alone) and then `decode_step` (batched with others),
+    over a cache of its own instead of the engine's pages (its `table` is None). Lifecycle, sampling, chunks
+    and stats are the engine's Sequence's (serving/engine/sequence.py).
     """
 
     def __init__(
@@ -51,41 +51,20 @@ class Sequence:
         stats: GenerationStats | None = None,
         prefill_chunk_tokens: int | None = None,
     ) -> None:
-        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be >= 1 or None, got {prefill_chunk_tokens}")
-        if not prompt_ids:
-            raise ValueError("cannot generate from an empty prompt (0 tokens)")
-        sampling = sampling if sampling is not None else Sampling()
-        self.model, self.sampling, self.stop_token_ids = model, sampling, stop_token_ids
-        self.should_stop, self.chunk = should_stop, prefill_chunk_tokens
-        self.stats = stats if stats is not None else GenerationStats()
-        self.stats.prompt_tokens = len(prompt_ids)
-        self.device = next(model.parameters()).device
-        self.generator = None
-        if sampling.temperature > 0 and sampling.seed is not None:
-            self.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        self.started = time.perf_counter()
-        if injection is None and item is not None:
+        if injection is None and item is not None and prompt_ids:
             injection = inject(item, prompt_ids)
+        super().__init__(
+            model,
+            prompt_ids,
+            table=None,
+            reused=injection.reused_tokens if injection is not None else 0,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            should_stop=should_stop,
+            stats=stats,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+        )
         self.cache = injection.cache if injection is not None else DynamicCache()
-        reused = injection.reused_tokens if injection is not None else 0
-        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, len(prompt_ids) - reused
-        self.position = reused  # tokens the cache holds
-        self._prefill = list(prompt_ids[reused:])  # prompt tokens not yet in the cache
-        self.last_token: int | None = None
-        self.finish_reason: str | None = None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.finish_reason is None and bool(self._prefill)
-
-    @property
-    def decoding(self) -> bool:
-        return self.finish_reason is None and not self._prefill
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
     @property
     def batchable(self) -> bool:
@@ -93,16 +72,6 @@ class Sequence:
         (the same values to within rounding), and a draw near a boundary of the distribution can flip on the
         last bit; alone, its tokens are bit for bit those of the same request run alone, whatever else runs."""
         return not (self.sampling.temperature > 0 and self.sampling.seed is not None)
-
-    def next_chunk_tokens(self) -> int:
-        """How many prompt tokens the next `prefill_step` runs."""
-        return len(self._prefill) if self.chunk is None else min(self.chunk, len(self._prefill))
-
-    def check_cancel(self) -> bool:
-        """At a step boundary: end the sequence ("cancelled") if its caller asked to stop."""
-        if self.finish_reason is None and self.should_stop is not None and self.should_stop():
-            self._finish("cancelled")
-        return self.finished
 
     def prefill_step(self) -> int | None:
         """Run the next prefill chunk alone; the first generated token once the prompt is all in the cache."""
@@ -127,21 +96,6 @@ class Sequence:
         if token is not None:
             self._accept(token)
         return token
-
-    def _accept(self, token: int) -> None:
-        if not self.stats.token_ids:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.stats.ttft_s = time.perf_counter() - self.started
-        self.stats.token_ids.append(token)
-        self.last_token = token
-        if token in self.stop_token_ids:
-            self._finish("stop")
-        elif len(self.stats.token_ids) >= self.sampling.max_new_tokens:
-            self._finish("length")
-
-    def _finish(self, reason: str) -> None:
-        self.finish_reason = self.stats.finish_reason = reason
 
 
 def _append(cache: DynamicCache, keys: torch.Tensor, values: torch.Tensor, layer_idx: int):
@@ -269,11 +223,3 @@ def decode_step(model: torch.nn.Module, seqs: list[Sequence]) -> list[int | Sequ
             s.position += 1
             s._accept(token)
     return results
-
-
-class SequenceError(RuntimeError):
-    """A step failed for this sequence alone (the others in its batch are unaffected)."""
-
-    def __init__(self, seq: Sequence, cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.seq, self.cause = seq, cause
