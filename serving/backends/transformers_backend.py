@@ -105,7 +105,8 @@ class TransformersBackendConfig:
             or self.build_attention_budget < 1
         ):
             raise ValueError(
-                "TransformersBackendConfig needs kv_pool_mb >= 1 (the engine's KV pages; there is no path without), kv_page_tokens >= 1, kv_wait_s >= 0, "
+                "TransformersBackendConfig needs kv_pool_mb >= 1 (every request's K/V lives in it), "
+                "kv_page_tokens >= 1, kv_wait_s >= 0, "
                 "build_chunk_tokens >= 1 and build_attention_budget >= 1"
             )
         if self.prefill_chunk_tokens < 1:
@@ -153,6 +154,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             handle = load_model(self.config.model, device=self.config.device, dtype=self.config.dtype)
         except KvmemError as exc:
             raise BackendError(str(exc)) from exc
+        _refuse_unless_the_engine_runs(handle)  # before any store is opened for it
         self._open_blocks(
             handle,
             device=str(handle.device),  # auto resolved
@@ -172,21 +174,12 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         log.info("transformers backend ready: %s on %s (%s)", self.model_id, handle.device, handle.dtype)
 
     def _make_pool(self, handle):
-        """The engine's KV page pool. Raises BackendError for a model whose attention the engine cannot run
-        (`runner.supports`): every request of this backend runs in the engine."""
+        """The engine's KV page pool."""
         import torch
 
-        from serving.engine import graphs, runner
+        from serving.engine import graphs
         from serving.engine.pages import PagePool, PoolShape
 
-        if not runner.supports(handle.model):
-            config = handle.model.config.get_text_config()
-            raise BackendError(
-                f"the transformers backend cannot serve {self.model_id}: its engine runs causal attention "
-                "over every past position or a sliding window of them, called through transformers' attention "
-                f"interface, and this model has layer types {sorted(set(getattr(config, 'layer_types', None) or []))} "
-                f"and attention {handle.model.config._attn_implementation!r}; serve it with --backend vllm"
-            )
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
         pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
@@ -465,7 +458,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         finally:
             if lease is not None:
                 self.sessions.release(lease)
-            if getattr(seq, "table", None) is not None:  # its pages go back to the pool
+            if seq is not None:  # its pages go back to the pool (its table, or what keep_table left)
                 seq.release()
             if held_adapter is not None:  # its use ends now (an erased one is unloaded), not at GC
                 self.adapters.unhold(held_adapter)
@@ -532,3 +525,19 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         finally:
             cancel.set()
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
+
+
+def _refuse_unless_the_engine_runs(handle) -> None:
+    """Every request of this backend runs in the engine: a model whose attention it cannot run
+    (`runner.supports`) is refused with what it has and where it can be served."""
+    from serving.engine import runner
+
+    if runner.supports(handle.model):
+        return
+    layers = sorted(set(getattr(handle.model.config.get_text_config(), "layer_types", None) or []))
+    raise BackendError(
+        f"the transformers backend cannot serve {handle.model_id}: its engine runs causal attention over every "
+        "past position or a sliding window of them, called through transformers' attention interface, and this "
+        f"model has layer types {layers} and attention {handle.model.config._attn_implementation!r}; serve it "
+        "with --backend vllm"
+    )
