@@ -12,12 +12,12 @@ import torch
 
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import PromptLayout, Sampling, build_item
-from kvmem.kv.inject import common_prefix_tokens, usable_prefix_tokens
+from kvmem.kv.inject import common_prefix_tokens
 from kvmem.kv.session import SessionCache
 from serving.engine.table import PageTable
 from tests.conftest import synthetic_memories
-from tests.serving.test_engine import admitted, make_pool
-from tests.serving.test_session_pages import finish, in_use
+from tests.serving.test_engine import make_pool
+from tests.serving.test_session_pages import in_use, turn
 
 TURNS = [
     ("Hello! I just got back from a long hike in the hills.", ["I like tea.", "I swim on Sundays."]),
@@ -50,20 +50,11 @@ def converse(
         stable = len(layout.prompt(memories, [], messages, block_ids=block_ids).ids) - gen_len
         messages.append({"role": "user", "content": query})
         prompt = layout.prompt(memories, retrieved, messages, block_ids=block_ids)
-        lease = sessions.take(
-            user, session, item.item_id, [*mids, *(f"t{k}.{j}" for j in range(len(retrieved)))]
-        )
-        n = sessions.reuse(lease, prompt.ids, max(usable_prefix_tokens(item, prompt.ids), 0))
-        source = (lease.entry.cache, n) if n else None
+        memory_ids = (*mids, *(f"t{k}.{j}" for j in range(len(retrieved))))
         sampling = Sampling(max_new_tokens=max_new)
-        seq = admitted(pool, handle.model, prompt.ids, item=item, source=source, sampling=sampling)
-        finish(handle.model, pool, seq)
-        tokens = seq.stats.token_ids
-        table = seq.keep_table()
-        fed = (*prompt.ids, *tokens)[: table.length]
+        seq, _, _ = turn(handle.model, pool, sessions, prompt.ids, item, user, session, memory_ids, sampling)
+        tokens, fed = seq.stats.token_ids, sessions.peek(user, session).ids
         assert len(fed) == len(prompt.ids) + len(tokens) - 1
-        assert sessions.put(lease, fed, table)
-        seq.release()
         out.append((prompt.ids, tokens, seq.stats, stable, fed))
         messages.append(
             {"role": "assistant", "content": handle.tokenizer.decode(tokens, skip_special_tokens=True)}

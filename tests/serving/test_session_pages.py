@@ -7,6 +7,7 @@ short of pages drops live sessions, least recently used first, before a request 
 from __future__ import annotations
 
 from kvmem.kv import Sampling, generate
+from kvmem.kv.inject import usable_prefix_tokens
 from kvmem.kv.session import SessionCache
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.table import PageTable
@@ -25,15 +26,17 @@ def finish(model, pool, seq) -> None:
         assert all(isinstance(t, int | None) for t in runner.step(model, pool, prefills, decodes))
 
 
-def turn(model, pool, sessions, ids, item=None, user="alice", session="s1"):
+def turn(
+    model, pool, sessions, ids, item=None, user="alice", session="s1", memories=("m1",), sampling=GREEDY
+):
     """One turn of a session, as the backend runs it: take the entry, start from its pages when they cover
     more than the block does, run, keep the table. Returns (the sequence, tokens reused, the entry taken)."""
-    lease = sessions.take(user, session, item.item_id if item else None, ["m1"])
-    reused = min(len(item.token_ids), len(ids) - 1) if item is not None else 0
+    lease = sessions.take(user, session, item.item_id if item else None, memories)
+    reused = usable_prefix_tokens(item, ids) if item is not None else 0
     n = sessions.reuse(lease, ids, reused)
     source = (lease.entry.cache, n) if n else None
     taken = lease.entry
-    seq = admitted(pool, model, ids, item=None if source else item, source=source, sampling=GREEDY)
+    seq = admitted(pool, model, ids, item=None if source else item, source=source, sampling=sampling)
     finish(model, pool, seq)
     table = seq.keep_table()
     fed = (*ids, *seq.stats.token_ids)[: table.length]
