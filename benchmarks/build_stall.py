@@ -10,7 +10,7 @@ max against the median of the gaps outside the build (the stream's own pace: wit
 a short stream's gaps fall inside the build), the 5 longest gaps, and the build's wall time. The issue's
 target: max <= 3x median with the engine (the old path ~9x). The stream should outlast the build
 (`build_ended_before_stream` in the JSON): a build running alone takes full prefill chunks. The heap is
-frozen once the model is loaded, as `kvmem serve` does (serving/startup.py `freeze_heap`).
+frozen once the model is loaded, as `kvmem serve` does (serving/background/startup.py `freeze_heap`).
 Last line of stdout: the JSON written to --out.
 
     python -m benchmarks.build_stall --out benchmarks/results/cpu/build_stall.json
@@ -27,8 +27,8 @@ import time
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
 from benchmarks.ttft_grid import memories_for
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
-from serving.startup import freeze_heap
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+from serving.background.startup import freeze_heap
 
 
 def run_arm(args, pool_mb: int) -> dict:
@@ -50,7 +50,7 @@ def run_arm(args, pool_mb: int) -> dict:
             )
         )
         backend.load()
-        freeze_heap()  # as `kvmem serve` does once the model is loaded (serving/startup.py)
+        freeze_heap()  # as `kvmem serve` does once the model is loaded (serving/background/startup.py)
         try:
             texts = memories_for(backend.layout, args.block_tokens, seed=3)
             prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])

@@ -1,6 +1,6 @@
 """Replicas behind the router: sustained load through HAProxy with 1, 2, 3 replicas, then a replica killed.
 
-Each level starts a cluster with the product's own `serving.cluster.up` (what `scripts/cluster.sh up` runs:
+Each level starts a cluster with the product's own `serving.ops.cluster.up` (what `scripts/cluster.sh up` runs:
 PostgreSQL, Redis, N `kvmem serve` replicas over one data dir, HAProxy hashing on X-Kvmem-User), seeds
 `--users` users with memories through the router, waits until each user's block is built on the replica that
 serves them, and runs `--clients` streaming clients for `--duration-s` (client k asks as user k mod users).
@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks.common import env_info, median, write_outputs
 from benchmarks.http_client import memory_texts, one_request, seed, wait_for_block
 from benchmarks.http_load import QUESTIONS, percentile
-from serving.cluster import ClusterState, down, replica_env, up
+from serving.ops.cluster import ClusterState, down, replica_env, up
 
 
 class Load:

@@ -24,7 +24,7 @@ from benchmarks.common import git_sha, write_outputs
 from benchmarks.http_client import spawned_server, wait_for_block
 
 USER = "demo"
-QUESTIONS = (  # (question, a word the answer must contain), about serving.startup.DEMO_MEMORIES
+QUESTIONS = (  # (question, a word the answer must contain), about serving.background.startup.DEMO_MEMORIES
     ("What is my dog called?", "miso"),
     ("Where do I live?", "lisbon"),
     ("What am I allergic to?", "peanut"),

@@ -54,9 +54,9 @@ def _post(url: str, body: dict) -> dict:
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# `kvmem serve` is the console script serving.cli:main; running the entry point with this checkout first on
+# `kvmem serve` is the console script serving.ops.cli:main; running the entry point with this checkout first on
 # sys.path serves the code under test (the installed script would import whatever tree it was installed from)
-KVMEM_SERVE = (sys.executable, "-c", "import sys; from serving.cli import main; sys.exit(main())", "serve")
+KVMEM_SERVE = (sys.executable, "-c", "import sys; from serving.ops.cli import main; sys.exit(main())", "serve")
 
 
 @contextmanager

@@ -3,7 +3,7 @@ nothing changed (everything verifies; the weights must not be loaded).
 
     python -m benchmarks.offline_build --users 30 --memories 20 --out benchmarks/results/cpu/offline_build.json
 
-Each arm runs the real command line (`python -m serving.build_cli`) in a subprocess, so the wall times
+Each arm runs the real command line (`python -m serving.ops.build_cli`) in a subprocess, so the wall times
 include Python start-up and imports. The data dir is seeded with the plaintext store only (no heat): every
 user's block is the policy's choice over equally hot memories. `--extrapolate-to` scales the measured
 per-user times linearly, labelled as such in the JSON.
@@ -43,7 +43,7 @@ def seed(data: Path, users: int, memories: int) -> None:
 
 
 def run_build(data: Path, model: str | None) -> tuple[float, str]:
-    cmd = [sys.executable, "-m", "serving.build_cli", "--data-dir", str(data), "--no-progress"]
+    cmd = [sys.executable, "-m", "serving.ops.build_cli", "--data-dir", str(data), "--no-progress"]
     if model:
         cmd += ["--model", model]
     t0 = time.perf_counter()

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
-    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+    from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 
     tmp = tempfile.mkdtemp(prefix="kvmem-token-overhead-")
     backend = TransformersBackend(

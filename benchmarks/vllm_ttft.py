@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     import vllm
 
-    from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
-    from serving.backends.vllm_connector import worker_backends
+    from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig
+    from serving.backends.vllm.connector import worker_backends
 
     args = parse_args(argv)
     ctx = tuple(args.ctx or (QUICK_CTX if args.quick else MEMOS_CTX))

@@ -5,7 +5,7 @@ prefilled by the backend, in the scheduler's worker, off the request path). The 
 settings are taken by what they provide (`ServerSettings`, `BlockBackend`: protocols of the scheduler's own,
 which serving's ServingConfig and Backend satisfy), so this module imports nothing of serving, not even for
 type checking (the packages depend kvmem <- scheduler <- serving). Knows nothing of policy: which memories form a block is the
-scheduler's call; nor of HTTP (the plan's JSON body is serving.protocol.plan_dict).
+scheduler's call; nor of HTTP (the plan's JSON body is serving.http.protocol.plan_dict).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """scripts/cluster.sh: replicas of `kvmem serve` behind HAProxy, with PostgreSQL and Redis, all on loopback.
 
-The command line over serving/cluster.py (`up`, `down`, `status`); it prints what it started, the router's URL
+The command line over serving/ops/cluster.py (`up`, `down`, `status`); it prints what it started, the router's URL
 last.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from the repository root
 
-from serving.cluster import ClusterError, ClusterState, alive, down, up  # noqa: E402
+from serving.ops.cluster import ClusterError, ClusterState, alive, down, up  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

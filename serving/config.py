@@ -96,12 +96,12 @@ class ServingConfig:
     extractor_api_key: str | None = field(default=None, repr=False)  # "openai": its key (never logged)
     extractor_timeout_s: float = 30.0
     seed_demo: bool = False  # give default_user a few memories at start if it has none
-    # once the model is loaded, move every object then alive out of the cyclic GC's reach (serving/startup.py
+    # once the model is loaded, move every object then alive out of the cyclic GC's reach (serving/background/startup.py
     # `freeze_heap`); `kvmem serve` turns it on, an app embedded in another process (tests) leaves it off
     freeze_heap: bool = False
     scheduler_redis_url: str | None = None  # Redis Streams for scheduler tasks; None: in-process queue
     limits: Limits = field(default_factory=Limits)  # request sizes
-    distill: bool = False  # train users' LoRA adapters in the background (serving/distill_service.py)
+    distill: bool = False  # train users' LoRA adapters in the background (serving/background/distill.py)
     distill_interval_s: float = 600.0  # how often the background distillation looks for users to distil
     # vLLM backend: serve users' LoRA adapters (vLLM's LoRA layers on every forward); the transformers backend
     # serves them whenever peft is installed. Off: an active adapter is not served, its facts go as KV/text
@@ -109,7 +109,7 @@ class ServingConfig:
     # auth off: `Host` names answered besides the loopback ones (localhost, 127.0.0.1, [::1]); lowercase
     allowed_hosts: tuple[str, ...] = ()
     # a request's body must arrive within this many seconds of its start (else 408); also the bound on
-    # receiving a request's headers (serving/http_server.py's h11 protocol, under `kvmem serve`)
+    # receiving a request's headers (serving/http/server.py's h11 protocol, under `kvmem serve`)
     read_timeout_s: float = 30.0
     # the name this process answers with in `X-Kvmem-Replica` and /metrics (replicas behind a router);
     # "": the host name and port

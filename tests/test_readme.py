@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 from tests.serving.conftest import live_server, wait_for

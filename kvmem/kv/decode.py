@@ -163,7 +163,7 @@ def generate(
     stats: GenerationStats | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids. With `item`, its K/V covers the prompt's common prefix (zero-copy). With
-    `prefix` instead (a cache the caller made, e.g. a live session's: kvmem/kv/session.py), its cache covers
+    `prefix` instead (a cache the caller made, e.g. a live session's: serving/engine/sessions.py), its cache covers
     the prompt's first `reused_tokens`; the caller keeps it, holding every token fed, after the last yield."""
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt_ids)

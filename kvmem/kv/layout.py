@@ -6,7 +6,7 @@ conversation, one segment per message, and this turn's retrieved memories go ins
 before its text. Segments are tokenized separately and concatenated, so a block's ids are an exact prefix of
 every prompt that uses it, a block for memories [m1..mk] is a prefix of the block for [m1..mk, mk+1]
 (append-only growth keeps stored prefixes valid), and [block][client system][history] is an exact prefix of
-the next turn's prompt (a live session's KV cache covers it: kvmem/kv/session.py). The chat template's own
+the next turn's prompt (a live session's KV cache covers it: serving/engine/sessions.py). The chat template's own
 text is used for the system opening and for everything after the system message. Each message's segment is
 rendered once, after a stand-in for its predecessor, and cached: a prompt costs one small render per message
 not seen before plus the whole conversation's render and one or two of its prefixes (checks), so it is linear

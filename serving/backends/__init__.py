@@ -45,7 +45,7 @@ def _fake(config: ServingConfig) -> Backend:
 
 
 def _transformers(config: ServingConfig) -> Backend:
-    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+    from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 
     model = None if config.model == DEFAULT_MODEL else config.model
     return TransformersBackend(
@@ -65,7 +65,7 @@ def _transformers(config: ServingConfig) -> Backend:
 def _vllm(config: ServingConfig) -> Backend:
     if importlib.util.find_spec("vllm") is None:
         raise BackendError("the vllm backend needs the vllm package: pip install 'kvmem[vllm]'")
-    from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig
+    from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig
 
     model = None if config.model == DEFAULT_MODEL else config.model
     # dtype "auto" keeps the backend's own default (float32: see VllmBackendConfig.dtype)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from serving.engine.scheduler import Batcher
+from serving.engine.batcher import Batcher
 from serving.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)

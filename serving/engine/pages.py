@@ -81,7 +81,7 @@ class PagePool:
         self.lock = threading.RLock()
         self.shared = SharedPages(self)
         # called under the lock while pages are short, after unread items went: each drops something it
-        # holds pages for (a live session's table, kvmem/kv/session.py) and says whether it did
+        # holds pages for (a live session's table, serving/engine/sessions.py) and says whether it did
         self.reclaimers: list[Callable[[], bool]] = []
         self.graphs = None  # the model's decode graphs (graphs.DecodeGraphs), set by its owner on a GPU
 

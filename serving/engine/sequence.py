@@ -125,7 +125,7 @@ class Sequence:
         self.table.close()
 
     def keep_table(self) -> PageTable:
-        """Its table, trimmed to the positions written, for a live session to keep (kvmem/kv/session.py); the
+        """Its table, trimmed to the positions written, for a live session to keep (serving/engine/sessions.py); the
         sequence no longer holds it."""
         table, self.table = self.table, PageTable(self.table.pool)
         self.table.close()

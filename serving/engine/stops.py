@@ -1,7 +1,7 @@
 """Stop strings over streamed text: which text is safe to emit now, and where the first stop string ends.
 
 Owns the matching only, for every backend, so a stop string behaves the same whatever produced the text.
-How many stop strings a request may give and how long they may be is the chat path's rule (serving/chat.py).
+How many stop strings a request may give and how long they may be is the chat path's rule (serving/chat/service.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ its session's last turn left (`source`): that table's pages are referenced, neve
 session's history is not copied in nor out. Its own pages come from a reservation made at admission (the
 prompt's and the reply's tokens), all allocated at admission (one run of pages when the pool has one), so a
 forward never runs out of pages. When a turn ends its table can be `keep`-trimmed and kept by the session
-(kvmem/kv/session.py): it then holds its pages until the session drops it. `close` returns every
+(serving/engine/sessions.py): it then holds its pages until the session drops it. `close` returns every
 reference; it may be called more than once.
 """
 

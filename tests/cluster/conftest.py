@@ -1,5 +1,5 @@
 """A real cluster on loopback for the cluster tests: PostgreSQL, Redis, replicas of `kvmem serve` and HAProxy,
-started by the product's own `serving.cluster.up` (what `scripts/cluster.sh up` runs) and stopped by `down`.
+started by the product's own `serving.ops.cluster.up` (what `scripts/cluster.sh up` runs) and stopped by `down`.
 
 The module-scoped `fake_cluster` runs two replicas over the fake backend (scripted replies; what is tested
 is routing, sharing and failure, not model math); tests/cluster/test_failover_kv.py starts its own over the
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from kvmem.text.pg_server import find_bin_dir
-from serving.cluster import ClusterState, down, up
+from serving.ops.cluster import ClusterState, down, up
 from tests import debian
 
 

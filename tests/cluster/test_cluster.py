@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from serving.cluster import ClusterState, alive, start_redis, start_replica, wait_http
+from serving.ops.cluster import ClusterState, alive, start_redis, start_replica, wait_http
 from tests.cluster.conftest import chat, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgresql]

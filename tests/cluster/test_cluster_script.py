@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.cluster import ClusterState, alive
+from serving.ops.cluster import ClusterState, alive
 from tests.cluster.conftest import chat, ensure_binaries
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgresql]

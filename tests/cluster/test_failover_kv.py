@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.cluster import down
+from serving.ops.cluster import down
 from tests.cluster.conftest import chat, start_cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgresql]

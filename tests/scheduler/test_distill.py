@@ -239,7 +239,7 @@ def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
 
 @pytest.mark.slow
 def test_the_cli_prints_a_table_then_one_json_line_and_exits_3_when_refused(tmp_path, tiny_handle, capsys):
-    from serving.cli import main
+    from serving.ops.cli import main
 
     model_dir = tmp_path / "tiny"
     tiny_handle.model.save_pretrained(str(model_dir))

@@ -22,7 +22,7 @@ from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.queue import RedisStreamsQueue, Task
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture

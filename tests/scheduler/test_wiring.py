@@ -9,7 +9,7 @@ import inspect
 import scheduler.wiring
 from scheduler.wiring import BackendBlockMaker
 from serving.backends.fake import FakeBackend
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 
 
 def test_a_backend_without_stored_blocks_gets_the_interfaces_defaults():

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 import kvmem.text
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 
@@ -133,7 +133,7 @@ def tiny_backend(tiny_model_dir, tmp_path_factory):
     """The transformers backend over the tiny llama, loaded (per module)."""
     import asyncio
 
-    from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+    from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 
     backend = TransformersBackend(
         TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path_factory.mktemp("data")))

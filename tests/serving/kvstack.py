@@ -17,8 +17,8 @@ from kvmem.datadir import DataDir
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.http.app import create_app
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.auth import KeyRing, KeysFileError
+from serving.http.auth import KeyRing, KeysFileError
 from tests.serving.conftest import ALICE, BOB, MODEL, TEAM, Stack, make_stack
 
 BOB_SECRET = "bob's bank pin is 4321 and his pet is Rex"

@@ -16,7 +16,7 @@ from serving.backends.base import (
     SamplingParams,
     TokenDelta,
 )
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from tests.serving.test_transformers_backend import run_together, tokens_of, wait_released
 
 CHUNK = 16

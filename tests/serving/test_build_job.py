@@ -1,4 +1,4 @@
-"""`kvmem build --input` (serving.offline_build.run_build): builds every good line, reports bad lines by
+"""`kvmem build --input` (serving.ops.offline_build.run_build): builds every good line, reports bad lines by
 number and carries on, exits 1 if any failed, resumes (valid items skipped, corrupt ones rebuilt)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
-from serving.build_cli import main
+from serving.ops.build_cli import main
 
 
 def write_lines(path, lines):

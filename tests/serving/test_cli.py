@@ -12,7 +12,7 @@ import torch
 
 from serving.backends import BackendError, create_backend, supported_backends
 from serving.backends.fake import FakeBackend
-from serving.cli import build_parser, config_from_args, how_to_call, main
+from serving.ops.cli import build_parser, config_from_args, how_to_call, main
 from serving.config import ServingConfig
 
 
@@ -118,7 +118,7 @@ def test_the_printed_port_already_listens_so_a_client_at_once_is_not_refused() -
     that connects at once waits in the backlog (CI saw 'connection refused' while it only was bound)."""
     import socket
 
-    from serving.cli import _bind
+    from serving.ops.cli import _bind
 
     sock = _bind("127.0.0.1", 0)
     try:

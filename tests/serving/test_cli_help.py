@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from serving.cli import add_serve_arguments, main
+from serving.ops.cli import add_serve_arguments, main
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""`kvmem serve --distill` on the tiny llama: the server's own background distillation (serving/distill_service.py
+"""`kvmem serve --distill` on the tiny llama: the server's own background distillation (serving/background/distill.py
 over scheduler.distill.job's DistillThread and job). A change of a memory held by the active adapter stops it
 before the call returns and queues a new version without that memory, trained, gated and written by the real
 job; the periodic sweep queues a user whose candidates no served adapter holds, once per candidate set, and
@@ -31,8 +31,8 @@ from scheduler.distill.selection import SelectConfig  # noqa: E402
 from scheduler.distill.train import TrainConfig  # noqa: E402
 from scheduler.queue import Task  # noqa: E402
 from scheduler.wiring import make_scheduler  # noqa: E402
-from serving.app import create_app  # noqa: E402
-from serving.cli import UsageError, build_parser, config_from_args  # noqa: E402
+from serving.http.app import create_app  # noqa: E402
+from serving.ops.cli import UsageError, build_parser, config_from_args  # noqa: E402
 from serving.config import ServingConfig  # noqa: E402
 from tests.serving.kvstack import load_backend  # noqa: E402
 

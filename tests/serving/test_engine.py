@@ -256,7 +256,7 @@ ADAPTER_KINDS["dora on gpt-2's conv1d"] = GPT2_ADAPTERS | {"use_dora": True}
 
 
 def test_an_adapter_on_a_true_convolution_is_one_the_engine_cannot_run():
-    """`lora.supports` (what the adapter slots refuse: serving/backends/adapters.py) is False for a LoRA on a
+    """`lora.supports` (what the adapter slots refuse: serving/backends/transformers/adapters.py) is False for a LoRA on a
     torch Conv1d, True for the same model's linear layer alone."""
     peft = pytest.importorskip("peft")
     from serving.engine import lora
@@ -559,7 +559,7 @@ def test_soft_capped_and_sink_attention_in_the_engine_equals_a_full_prefill(toke
 
 
 def test_a_builds_chunks_shrink_as_its_context_grows_while_others_decode(tiny_handle):
-    """A background prefill (a block build, serving/backends/engine_builds.py) paced while others decode takes
+    """A background prefill (a block build, serving/backends/transformers/builds.py) paced while others decode takes
     at most `busy_attention_budget` chunk tokens x tokens of context: its chunks shrink late in a long build;
     with nothing else decoding it takes its idle chunk."""
     model = tiny_handle.model

@@ -14,7 +14,7 @@ import pytest
 
 import kvmem.kv.store as store_module
 from serving.backends.base import GenerationRequest, GenerationResult, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 
 MEMORIES = ["I live in Lisbon.", "My dog is called Miso.", "I play the violin on Tuesdays."]
 

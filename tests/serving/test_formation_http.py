@@ -16,7 +16,7 @@ from kvmem.formation.errors import ExtractionError
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import Fact, TurnInput
 from scheduler.formation import FormationConfig, FormationWorker
-from serving.app import create_app
+from serving.http.app import create_app
 from tests.serving.conftest import ALICE, MODEL, Stack, make_stack
 
 

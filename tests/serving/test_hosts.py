@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.auth import host_allowed, host_name
-from serving.cli import UsageError, build_parser, config_from_args
+from serving.http.auth import host_allowed, host_name
+from serving.ops.cli import UsageError, build_parser, config_from_args
 from tests.serving.conftest import live_server, make_stack
 
 

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.idempotency import Answer, IdempotencyCache
+from serving.http.idempotency import Answer, IdempotencyCache
 from tests.serving.conftest import ALICE, TEAM, Stack
 
 

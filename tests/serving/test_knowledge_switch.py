@@ -21,7 +21,7 @@ from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import knowledge
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from tests.serving.conftest import ALICE, BOB, make_stack
 
 OLD = ["The shop opens at 9am.", "Returns are accepted within 30 days."]

@@ -1,4 +1,4 @@
-"""The transformers backend's adapter slots (serving/backends/adapters.py) on the tiny llama: a version the delete
+"""The transformers backend's adapter slots (serving/backends/transformers/adapters.py) on the tiny llama: a version the delete
 cascade erased leaves the slots at once and its weights leave the model, but not under a request still
 running it: its weights go when that request ends. Through the server: tests/serving/test_lora_tier.py."""
 
@@ -12,7 +12,7 @@ import pytest
 peft = pytest.importorskip("peft")
 
 from kvmem.adapters import FactRef, text_sha  # noqa: E402
-from serving.backends.adapters import AdapterSlots  # noqa: E402
+from serving.backends.transformers.adapters import AdapterSlots  # noqa: E402
 from tests.serving.lora_helpers import DOG, random_lora, write_active  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from serving.backends.base import KV_FALLBACK_KINDS
-from serving.metrics import Metrics
+from serving.http.metrics import Metrics
 from tests.serving.conftest import MODEL, make_stack
 
 _LABELS = re.compile(r"^(\w+)\{(.*)\} \S+$")

@@ -19,8 +19,8 @@ from kvmem.kv.io import list_item_ids
 from kvmem.text import MemoryStore
 from scheduler import SchedulerConfig
 from scheduler.heat import HeatTable
-from serving.app import create_app
-from serving.build_cli import main as build_main
+from serving.http.app import create_app
+from serving.ops.build_cli import main as build_main
 from serving.config import ServingConfig
 
 ALICE = [
@@ -130,24 +130,24 @@ def test_a_build_with_nothing_changed_since_the_last_returns_at_once(
     """Issue 27 item 17: after a complete build, a build over an unchanged data dir says so and returns without
     opening the planner (no tokenizer, model, store or item hashing); a changed memory, a removed item,
     other settings or --recheck check every block again."""
-    import serving.offline_build
+    import serving.ops.offline_build
 
     data = tmp_path / "data"
     seed(data)
     argv = ["--data-dir", str(data), "--model", str(tiny_model_dir), "--no-progress"]
     assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
     assert "built 2, skipped 0 (already valid), failed 0 (model loaded)" in capsys.readouterr().err
-    planner = serving.offline_build.OfflinePlanner
+    planner = serving.ops.offline_build.OfflinePlanner
 
     def no_planner(*args, **kwargs):
         raise AssertionError("the fast path opened the planner")
 
-    monkeypatch.setattr(serving.offline_build, "OfflinePlanner", no_planner)
+    monkeypatch.setattr(serving.ops.offline_build, "OfflinePlanner", no_planner)
     assert build_main([*argv, "--block-token-budget", str(BUDGET)]) == 0
     err = capsys.readouterr().err
     assert "nothing changed since the last build (" in err and "2 users): nothing to build" in err
     assert "built" not in err.replace("the last build", "")
-    monkeypatch.setattr(serving.offline_build, "OfflinePlanner", planner)
+    monkeypatch.setattr(serving.ops.offline_build, "OfflinePlanner", planner)
     assert build_main([*argv, "--block-token-budget", str(BUDGET), "--recheck"]) == 0
     assert "built 0, skipped 2 (already valid), failed 0 (model not loaded)" in capsys.readouterr().err
     assert build_main([*argv, "--block-token-budget", str(BUDGET + 1)]) == 0  # other settings: checked

@@ -346,8 +346,8 @@ def test_transformers_backend_batches_requests_with_and_without_the_parameters(t
 
 def test_vllm_sampling_params_carry_the_penalties_and_logit_bias() -> None:
     pytest.importorskip("vllm")
-    from serving.backends.vllm_backend import VllmBackend
-    from serving.backends.vllm_request import sampling_params
+    from serving.backends.vllm.backend import VllmBackend
+    from serving.backends.vllm.request import sampling_params
 
     prompt = LaidOutPrompt((1, 2, 3), 0)
     sp = SamplingParams(max_new_tokens=4, presence_penalty=0.5, frequency_penalty=1.0, logit_bias=((7, 2.0),))

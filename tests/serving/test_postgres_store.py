@@ -9,9 +9,9 @@ import socket
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
-from serving.cli import main
+from serving.ops.cli import main
 from serving.config import ServingConfig
 from tests.pg import pg_server, pg_url  # noqa: F401  (fixtures)
 
@@ -86,7 +86,7 @@ def test_writes_answer_503_while_postgresql_is_away_and_resume_when_it_returns(t
 
 def test_build_and_distill_refuse_a_store_url_of_another_kind(tmp_path, capsys):
     from scheduler.distill import cli as distill_cli
-    from serving import build_cli
+    from serving.ops import build_cli
 
     assert build_cli.main(["--data-dir", str(tmp_path), "--store", "mysql://h/db"]) == 2
     assert "kvmem build: --store: store must be a postgresql://" in capsys.readouterr().err
@@ -107,7 +107,7 @@ def test_kvmem_build_over_a_postgresql_store(tmp_path, tiny_model_dir, pg_url, c
     import json
 
     from kvmem.text import MemoryStore
-    from serving import build_cli
+    from serving.ops import build_cli
 
     src = tmp_path / "blocks.jsonl"
     src.write_text(

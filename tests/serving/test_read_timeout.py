@@ -1,5 +1,5 @@
 """Slow clients: a live server closes a connection whose body (LimitBody, 408) or headers (the h11 protocol of
-serving/http_server.py) do not arrive within `read_timeout_s`. Raw sockets against 127.0.0.1."""
+serving/http/server.py) do not arrive within `read_timeout_s`. Raw sockets against 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from serving.cli import UsageError, build_parser, config_from_args
-from serving.http_server import uvicorn_config
+from serving.ops.cli import UsageError, build_parser, config_from_args
+from serving.http.server import uvicorn_config
 from tests.serving.conftest import ALICE, make_stack
 
 TIMEOUT_S = 0.5

@@ -9,8 +9,8 @@ from openai import OpenAI
 
 from kvmem.kv.io import item_paths
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
+from serving.http.app import create_app
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
 from tests.serving.conftest import TickClock, live_server, wait_for
 

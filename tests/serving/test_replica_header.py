@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.cli import build_parser, config_from_args
+from serving.ops.cli import build_parser, config_from_args
 from serving.config import ServingConfig
 from tests.serving.conftest import ALICE, MODEL, make_stack
 

@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
-from serving.protocol import plan_dict
+from serving.http.protocol import plan_dict
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 
 
@@ -113,7 +113,7 @@ def test_a_redis_unreachable_at_start_stops_the_server_naming_it(tmp_path, capsy
     import socket
 
     from kvmem.errors import DependencyUnavailable
-    from serving.cli import main
+    from serving.ops.cli import main
 
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""Live sessions' KV caches (kvmem/kv/session.py) over the engine's pages: a reused turn gives the same greedy
+"""Live sessions' KV caches (serving/engine/sessions.py) over the engine's pages: a reused turn gives the same greedy
 tokens as a cold full prefill of the same ids (invariant 1) and never writes the stored block item (invariant
 2); entries are per user and session (invariant 4), bounded, and dropped by the delete cascade (invariant 5),
 their pages going back to the pool. The server's own sessions: tests/serving/test_session_reuse.py."""
@@ -13,7 +13,7 @@ import torch
 from benchmarks.ttft_grid import reference_tokens
 from kvmem.kv import PromptLayout, Sampling, build_item
 from kvmem.kv.inject import common_prefix_tokens
-from kvmem.kv.session import SessionCache
+from serving.engine.sessions import SessionCache
 from serving.engine.table import PageTable
 from tests.conftest import synthetic_memories
 from tests.serving.test_engine import make_pool

@@ -1,4 +1,4 @@
-"""Live sessions as pages (serving/engine/table.py, kvmem/kv/session.py): a turn's table stays with its session
+"""Live sessions as pages (serving/engine/table.py, serving/engine/sessions.py): a turn's table stays with its session
 when the turn ends, and the next turn references its pages instead of copying the history in and out. The
 next turn's greedy tokens equal a full prefill's; pages in use are exactly the resident items' and the live
 sessions' (and the running requests'); a dropped, replaced or forgotten entry gives its pages back; a pool
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvmem.kv import Sampling, generate
 from kvmem.kv.inject import usable_prefix_tokens
-from kvmem.kv.session import SessionCache
+from serving.engine.sessions import SessionCache
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.table import PageTable
 from tests.conftest import prompts_and_blocks

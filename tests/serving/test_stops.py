@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from serving.chat.service import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from serving.engine.stops import StopMatcher
 
 

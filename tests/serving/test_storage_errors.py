@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.text.db import Database
-from serving.cli import main
-from serving.storage import storage_failure
+from serving.ops.cli import main
+from serving.http.storage import storage_failure
 from tests.serving.conftest import ALICE, Stack
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from kvmem.kv.io import item_paths
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.wiring import make_scheduler
-from serving.app import create_app
+from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
 from tests.serving.kvstack import load_backend, served

@@ -21,8 +21,8 @@ from serving.backends.base import (
     SamplingParams,
     TokenDelta,
 )
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig
-from serving.chat import MAX_STOP_CHARS
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+from serving.chat.service import MAX_STOP_CHARS
 from tests.conftest import ForwardLog
 
 
@@ -444,7 +444,7 @@ def test_the_io_threads_run_below_the_model_threads_priority(tmp_path, tiny_mode
     import os
     import threading
 
-    from serving.backends.transformers_backend import IO_NICE
+    from serving.backends.transformers.backend import IO_NICE
 
     backend = TransformersBackend(
         TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path))

@@ -21,7 +21,7 @@ from openai import OpenAI  # noqa: E402
 
 from kvmem.kv import Sampling, generate  # noqa: E402
 from kvmem.kv.io import item_paths  # noqa: E402
-from serving.backends import vllm_connector  # noqa: E402
+from serving.backends.vllm import connector as vllm_connector  # noqa: E402
 from serving.backends.base import (  # noqa: E402
     BlockNotFound,
     GenerationRequest,
@@ -30,8 +30,8 @@ from serving.backends.base import (  # noqa: E402
     SamplingParams,
     TokenDelta,
 )
-from serving.backends.transformers_backend import TransformersBackend, TransformersBackendConfig  # noqa: E402
-from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig  # noqa: E402
+from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig  # noqa: E402
+from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig  # noqa: E402
 from tests.conftest import synthetic_memories  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -179,7 +179,7 @@ def test_a_corrupt_item_is_a_full_prefill_with_the_same_answer_and_a_log_line(ba
     tensor_path.write_bytes(bytes(raw))
     dropped: list[tuple[str, str, str]] = []
     unsubscribe = backend.subscribe_dropped(lambda *args: dropped.append(args))
-    with caplog.at_level(logging.WARNING, logger="serving.backends.vllm_backend"):
+    with caplog.at_level(logging.WARNING, logger="serving.backends.vllm.backend"):
         bad = run(backend, "carol", prompt, built.item_id)
     unsubscribe()
     assert (bad[2].cached_tokens, bad[2].kv_fallback_reason) == (0, "corrupt")
@@ -299,7 +299,7 @@ def test_a_client_leaving_aborts_the_request_and_admission_is_bounded(backend):
 def test_the_openai_client_against_the_app_on_the_vllm_backend(backend, tmp_path):
     import kvmem.text
     from scheduler.wiring import make_scheduler
-    from serving.app import create_app
+    from serving.http.app import create_app
     from serving.config import ServingConfig
     from tests.serving.conftest import TickClock, live_server
 

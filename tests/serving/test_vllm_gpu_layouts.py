@@ -38,8 +38,8 @@ from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
 from kvmem.kv.fingerprint import Fingerprint  # noqa: E402
 from kvmem.kv.item import KVItem, KVItemMeta, tokens_sha  # noqa: E402
-from serving.backends.vllm_connector import inject_paged, paged_layers, plan_load  # noqa: E402
-from serving.backends.vllm_layouts import (  # noqa: E402
+from serving.backends.vllm.connector import inject_paged, paged_layers, plan_load  # noqa: E402
+from serving.backends.vllm.layouts import (  # noqa: E402
     SUPPORTED_GPU_BACKENDS,
     UnsupportedKVCache,
     check_engine_config,

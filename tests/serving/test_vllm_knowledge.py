@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 from kvmem.kv import Sampling, generate, knowledge  # noqa: E402
 from kvmem.kv.knowledge import knowledge_item_id  # noqa: E402
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta  # noqa: E402
-from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig  # noqa: E402
+from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig  # noqa: E402
 from tests.conftest import synthetic_memories  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -20,7 +20,7 @@ peft = pytest.importorskip("peft")
 from kvmem.adapters import FactRef, text_sha  # noqa: E402
 from kvmem.kv import Sampling, generate  # noqa: E402
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta  # noqa: E402
-from serving.backends.vllm_backend import VllmBackend, VllmBackendConfig  # noqa: E402
+from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig  # noqa: E402
 from tests.serving.lora_helpers import random_lora, write_active  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

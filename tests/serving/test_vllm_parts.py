@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serving.backends.vllm_request import (
+from serving.backends.vllm.request import (
     MAX_HASHED_FILES,
     MAX_LORA_NAMES,
     AdapterRef,
@@ -73,7 +73,7 @@ def test_an_adapter_whose_files_are_not_its_manifests_is_not_served(tmp_path, pa
     good = adapter_ref(tmp_path, "ad-1", ids)
     path = tmp_path / "ad-1" / part
     path.write_bytes(path.read_bytes() + b" ")
-    with caplog.at_level(logging.WARNING, logger="serving.backends.vllm_request"):
+    with caplog.at_level(logging.WARNING, logger="serving.backends.vllm.request"):
         assert adapter_ref(tmp_path, "ad-1", ids) is None
     assert any("do not match its manifest" in r.getMessage() for r in caplog.records)
     path.unlink()
@@ -127,7 +127,7 @@ def test_file_hashes_are_bounded_and_rehash_a_changed_or_forgotten_file(tmp_path
 
 
 def test_the_load_plan_puts_each_token_in_its_block_and_offset():
-    connector = pytest.importorskip("serving.backends.vllm_connector")
+    connector = pytest.importorskip("serving.backends.vllm.connector")
     spec = connector.plan_load("r", "item", 3, 9, block_ids=[7, 2, 5], block_size=4)
     # tokens 3..8: block 7 offset 3, block 2 offsets 0-3, block 5 offset 0
     assert spec.slots == (7 * 4 + 3, 2 * 4, 2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 5 * 4)
@@ -136,7 +136,7 @@ def test_the_load_plan_puts_each_token_in_its_block_and_offset():
 
 
 def test_a_request_asks_for_at_most_all_but_its_last_prompt_token():
-    connector = pytest.importorskip("serving.backends.vllm_connector")
+    connector = pytest.importorskip("serving.backends.vllm.connector")
 
     def request(params, num_prompt_tokens=10):
         return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=num_prompt_tokens)
@@ -149,7 +149,7 @@ def test_a_request_asks_for_at_most_all_but_its_last_prompt_token():
 
 
 def test_the_shelf_keeps_an_item_while_any_request_holds_it():
-    connector = pytest.importorskip("serving.backends.vllm_connector")
+    connector = pytest.importorskip("serving.backends.vllm.connector")
     shelf = connector.ItemShelf()
     item = SimpleNamespace(item_id="it", kv=torch.zeros(1))
     shelf.lend(item)

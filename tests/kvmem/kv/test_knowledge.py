@@ -13,7 +13,7 @@ from kvmem.kv import KVStoreConfig, PromptLayout, Sampling, TieredKVStore, gener
 from kvmem.kv.io import item_paths
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER, KnowledgeFileError, installed, parse_knowledge_file
 from kvmem.text import MemoryStore
-from serving.build_cli import main
+from serving.ops.build_cli import main
 
 KNOWLEDGE = [
     "Our shop opens at 9am and closes at 6pm.",

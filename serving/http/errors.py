@@ -15,11 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvmem.errors import DependencyUnavailable
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreError
 from serving.backends.base import BackendError, NotReady, PoolFull, PromptTooLong, QueueFull
-from serving.limits import BodyTimeout, BodyTooLarge
-from serving.protocol import ApiError, bad_request
-from serving.storage import storage_failure
+from serving.http.limits import BodyTimeout, BodyTooLarge
+from serving.http.protocol import ApiError, bad_request
+from serving.http.storage import storage_failure
 
-logger = logging.getLogger("serving.app")
+logger = logging.getLogger("serving.http.app")
 
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait (the queue or the KV pool was full)
 

@@ -1,6 +1,6 @@
 """`kvmem build`'s command line: flags, model and store set-up, exit codes (0 ok, 1 a line, a user or the job
 failed, 2 bad arguments). Without `--input`, every user's block as the server will serve it; with it, the
-lines' blocks (both jobs: serving.offline_build). The weights load only when a block
+lines' blocks (both jobs: serving.ops.offline_build). The weights load only when a block
 must be prefilled (kvmem.kv.lazy_model)."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"kvmem build: --store: {exc}", file=sys.stderr)
             return 2
-    from serving import build_stamp
+    from serving.ops import build_stamp
 
     try:
         data_dir = DataDir.at(args.data_dir)
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvmem.kv.layout import PromptLayout
     from kvmem.kv.lazy_model import LazyHandle
     from kvmem.kv.store import KVStoreConfig, TieredKVStore
-    from serving.offline_build import OfflinePlanner, run_build, run_users
+    from serving.ops.offline_build import OfflinePlanner, run_build, run_users
 
     planner = None
     try:

@@ -2,7 +2,7 @@
 
 Composes the scheduler (plans, access events), the plaintext store and the backend; computes nothing itself. Owns the order of
 a turn and what happens after it (turn logged and queued for formation, access event sent) without making the response wait for it.
-Preparing a request (plan, search, layout, the check against deletes) is serving/prepare.py's.
+Preparing a request (plan, search, layout, the check against deletes) is serving/chat/prepare.py's.
 Knows nothing of auth or routing: it is handed a user id it may serve.
 """
 
@@ -28,11 +28,11 @@ from serving.backends.base import (
     TokenLogprob,
 )
 from serving.config import DEFAULT_MODEL, ServingConfig
-from serving.limits import check_chat
-from serving.metrics import Metrics
-from serving.openai_params import check_params
-from serving.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
-from serving.protocol import (
+from serving.http.limits import check_chat
+from serving.http.metrics import Metrics
+from serving.chat.openai_params import check_params
+from serving.chat.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
+from serving.http.protocol import (
     ApiError,
     ChatCompletionRequest,
     bad_request,

@@ -27,14 +27,14 @@ from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from scheduler.queue import require_redis
 from scheduler.wiring import make_scheduler
-from serving.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
+from serving.http.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, NotReady
-from serving.chat import ChatService
+from serving.chat.service import ChatService
 from serving.config import ServingConfig
-from serving.formation_service import formation_metrics, make_formation
-from serving.http_errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
-from serving.idempotency import (
+from serving.background.formation import formation_metrics, make_formation
+from serving.http.errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
+from serving.http.idempotency import (
     MAX_KEY_CHARS,
     Answer,
     Committed,
@@ -42,11 +42,11 @@ from serving.idempotency import (
     IdempotencyCache,
     fingerprint,
 )
-from serving.limits import LimitBody, check_add, check_search, check_update
-from serving.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
-from serving.middleware import CountRequests, ReplicaHeader
-from serving.openapi import openapi_with_400
-from serving.protocol import (
+from serving.http.limits import LimitBody, check_add, check_search, check_update
+from serving.http.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
+from serving.http.middleware import CountRequests, ReplicaHeader
+from serving.http.openapi import openapi_with_400
+from serving.http.protocol import (
     AddMemoriesRequest,
     ChatCompletionRequest,
     PrewarmRequest,
@@ -55,8 +55,8 @@ from serving.protocol import (
     bad_request,
     plan_dict,
 )
-from serving.startup import load_and_restore
-from serving.storage import StorageHealth, open_store
+from serving.background.startup import load_and_restore
+from serving.http.storage import StorageHealth, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def create_app(
 ) -> FastAPI:
     """Wire a server. Pieces passed in are used as they are (and closed by their owner); the rest are built
     here from `config` and closed at shutdown. Loads the API keys file now when auth is on (KeysFileError).
-    With `config.distill`, background distillation runs (serving/distill_service.py) with `distill_config`
+    With `config.distill`, background distillation runs (serving/background/distill.py) with `distill_config`
     (a scheduler.distill.job.DistillConfig; default: the scheduler's selection thresholds, training and gate
     defaults). `formation`: the memory formation worker ("config": built from `config.extractor` and started
     here; None: turns are logged, nothing is formed)."""
@@ -123,7 +123,7 @@ def create_app(
     chat = ChatService(config, backend, store, scheduler, metrics, formation)
     distiller = None
     if config.distill:
-        from serving.distill_service import BackgroundDistill
+        from serving.background.distill import BackgroundDistill
 
         distiller = BackgroundDistill(config, store, scheduler, backend, distill_config)
     started = int(time.time())

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.config import Limits
-from serving.protocol import (
+from serving.http.protocol import (
     AddMemoriesRequest,
     ApiError,
     ChatCompletionRequest,

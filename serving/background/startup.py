@@ -14,7 +14,7 @@ from scheduler import Scheduler
 from serving.backends.base import Backend
 from serving.config import ServingConfig
 
-logger = logging.getLogger("serving.app")
+logger = logging.getLogger("serving.http.app")
 
 DEMO_MEMORIES = (
     "My name is Dana.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.metrics import UNMATCHED, Metrics
+from serving.http.metrics import UNMATCHED, Metrics
 
 
 class CountRequests:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvmem.text import ChangeEvent, SubscriberError
-from serving.protocol import ApiError
+from serving.http.protocol import ApiError
 
 logger = logging.getLogger(__name__)
 

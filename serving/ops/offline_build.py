@@ -13,7 +13,7 @@ Two jobs share one loop (`attempt`: a bad input is reported and skipped, a stora
   order. A bad line is reported with its line number and the job carries on.
 A stored item that verifies is found again by its content address and not rebuilt, so a job resumes (corrupt
 ones are rebuilt); the weights are loaded only when a block must be prefilled (kvmem.kv.lazy_model). The
-command line is serving/build_cli.py.
+command line is serving/ops/build_cli.py.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class OfflinePlanner:
         from kvmem.text import MemoryStore, TextStoreConfig
 
         serving = ServingConfig(data_dir=data_dir.root, block_token_budget=block_token_budget, store=store)
-        longest = max(serving.limits.max_memory_text_chars, serving.limits.max_message_chars)
+        longest = max(serving.http.limits.max_memory_text_chars, serving.http.limits.max_message_chars)
         self.store = MemoryStore(serving.store_path, config=TextStoreConfig(max_text_chars=longest))
         tokenizer = builder.handle.tokenizer
 

@@ -299,9 +299,9 @@ def how_to_call(config: ServingConfig, model: str) -> str:
 def serve(config: ServingConfig, log_level: str = "info") -> int:
     import uvicorn
 
-    from serving.app import create_app
-    from serving.auth import KeysFileError
-    from serving.http_server import uvicorn_config
+    from serving.http.app import create_app
+    from serving.http.auth import KeysFileError
+    from serving.http.server import uvicorn_config
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -351,8 +351,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["build"]:  # serving.build_cli owns its flags (and their exit code 2)
-            from serving import build_cli
+        if argv[:1] == ["build"]:  # serving.ops.build_cli owns its flags (and their exit code 2)
+            from serving.ops import build_cli
 
             return int(build_cli.main(argv[1:]) or 0)
         if argv[:1] == ["distill"]:  # scheduler.distill.cli owns its flags (exit 3: not activated)

@@ -28,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from serving.backends.vllm_layouts import (
+from serving.backends.vllm.layouts import (
     CPU_BACKEND,
     UnsupportedKVCache,
     check_layer_view,

@@ -2,7 +2,7 @@
 
 Owns what a request carries (`PreparedChat`: the backend request, the memories used and their tiers, the
 admission generation) and the check that none of its memories was deleted or changed while it was prepared.
-Knows nothing of HTTP, of generation or of what happens after the turn (serving/chat.py).
+Knows nothing of HTTP, of generation or of what happens after the turn (serving/chat/service.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from scheduler import Scheduler
 from scheduler.plan import Plan
 from serving.backends.base import Backend, GenerationRequest, GenerationResult, SamplingParams
 from serving.config import ServingConfig
-from serving.openai_params import sampling_extras
-from serving.protocol import ApiError, ChatCompletionRequest
+from serving.chat.openai_params import sampling_extras
+from serving.http.protocol import ApiError, ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 

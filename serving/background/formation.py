@@ -12,7 +12,7 @@ from typing import Any
 from kvmem.formation.base import make_extractor
 from scheduler.formation import FormationConfig, FormationWorker
 from serving.config import ServingConfig
-from serving.metrics import gauge_lines
+from serving.http.metrics import gauge_lines
 
 
 def make_formation(

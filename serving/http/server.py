@@ -2,7 +2,7 @@
 
 uvicorn closes idle keep-alive connections, but a connection that sends part of a request line or headers and
 stalls is held forever; this protocol closes it (with a 408) `read_timeout_s` after it began sending. The
-body's own deadline is serving/limits.py's LimitBody. Knows nothing of routes or the app.
+body's own deadline is serving/http/limits.py's LimitBody. Knows nothing of routes or the app.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.config import is_loopback
-from serving.protocol import ApiError
+from serving.http.protocol import ApiError
 
 
 class KeysFileError(ValueError):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kvmem.adapters import AdapterRegistry
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.adapters import adapter_slots, item_fits, under_adapter, unload_erased, user_adapter
+from serving.backends.transformers.adapters import adapter_slots, item_fits, under_adapter, unload_erased, user_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -33,7 +33,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.stored import StoredBlocksBackend
-from serving.backends.vllm_request import (
+from serving.backends.vllm.request import (
     cache_salt,
     fallback_after,
     lora_request_for,
@@ -44,7 +44,7 @@ from serving.engine.stops import StopMatcher
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
     from kvmem.kv.item import KVItem
-    from serving.backends.vllm_engine import RequestSink
+    from serving.backends.vllm.engine import RequestSink
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class VllmBackend(StoredBlocksBackend):
     sampling_features = frozenset({"presence_penalty", "frequency_penalty", "logit_bias"})
 
     def __init__(self, config: VllmBackendConfig | None = None):
-        from serving.backends.vllm_engine import EngineThread
+        from serving.backends.vllm.engine import EngineThread
 
         self.config = config or VllmBackendConfig()
         self._init_shared()  # model id, readiness, admission, the KV store's items (stored.py)
@@ -101,7 +101,7 @@ class VllmBackend(StoredBlocksBackend):
         with self._load_lock:
             if self._ready.is_set():
                 return
-            from serving.backends.vllm_engine import make_engine, set_cpu_env
+            from serving.backends.vllm.engine import make_engine, set_cpu_env
 
             set_cpu_env()
             from kvmem.kv import eos_token_ids
@@ -266,8 +266,8 @@ class VllmBackend(StoredBlocksBackend):
         `on_end` runs, on the engine thread). Blocking: waits for the current engine step."""
         from vllm.inputs import TokensPrompt
 
-        from serving.backends import vllm_connector
-        from serving.backends.vllm_engine import RequestSink
+        from serving.backends.vllm import connector as vllm_connector
+        from serving.backends.vllm.engine import RequestSink
 
         ends = [on_end]
         if item is not None:

@@ -2,7 +2,7 @@
 
 Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator that
 hands its sequence to the model thread, which decodes all running sequences in one batched forward per step
-and prefills new ones in chunks in between (serving/engine/scheduler.py), with block builds between steps. A bounded admission
+and prefills new ones in chunks in between (serving/engine/batcher.py), with block builds between steps. A bounded admission
 count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
+from serving.backends.transformers.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
 from serving.backends.base import (
     SAMPLING_FEATURES,
     BackendError,
@@ -31,7 +31,7 @@ from serving.backends.base import (
     TokenLogprob,
     TopLogprob,
 )
-from serving.backends.engine_builds import EngineBuilds
+from serving.backends.transformers.builds import EngineBuilds
 from serving.backends.stored import ResolvedBlock, StoredBlocksBackend
 from serving.engine.detok import IncrementalDetokenizer, TokenPieces
 from serving.engine.model_loop import ModelLoop
@@ -71,7 +71,7 @@ class TransformersBackendConfig:
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
-    session_kv_bytes: int = 1 << 30  # live sessions' KV caches (kvmem/kv/session.py), all users; 0: no reuse
+    session_kv_bytes: int = 1 << 30  # live sessions' KV caches (serving/engine/sessions.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
     kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine), where every request's K/V lives
@@ -130,7 +130,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         self.handle = self.layout = self.builder = self.adapters = self.pool = None
         self.head_item = None  # the shared head item (_make_head)
         self._eos: frozenset[int] = frozenset()
-        from kvmem.kv.session import SessionCache
+        from serving.engine.sessions import SessionCache
 
         self.sessions = SessionCache(self.config.session_kv_bytes, self.config.sessions_per_user)
 
@@ -376,7 +376,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
             # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
             if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
                 lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
-                # its last turn's pages, by reference (kvmem/kv/session.py)
+                # its last turn's pages, by reference (serving/engine/sessions.py)
                 source = self._session_pages(lease, item, req.prompt.ids)
             if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
                 self.adapters.hold(adapter)

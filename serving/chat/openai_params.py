@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from serving.backends.base import SamplingParams
-from serving.protocol import ApiError, ChatCompletionRequest, bad_request
+from serving.http.protocol import ApiError, ChatCompletionRequest, bad_request
 
 # tool calling is not served; an empty list or "none" asks for nothing and is accepted (some clients send it)
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
