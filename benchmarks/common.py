@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 def git_sha() -> str | None:
     """The checkout's short sha; $KVMEM_GIT_SHA where the tree was copied without its .git (a lent GPU
-    machine gets the working tree only: benchmarks/gpu_suite.sh passes the sha it was started from)."""
+    machine gets the working tree only: benchmarks/gpu/gpu_suite.sh passes the sha it was started from)."""
     if os.environ.get("KVMEM_GIT_SHA"):
         return os.environ["KVMEM_GIT_SHA"]
     try:

@@ -1,6 +1,6 @@
 """What a served turn tells the scheduler: the one rule that turns a turn into an `AccessEvent`.
 
-The server's chat path (serving/chat/service.py) and the simulator (benchmarks/sched_sim.py) both call `turn_access`,
+The server's chat path (serving/chat/service.py) and the simulator (benchmarks/tiers/sched_sim.py) both call `turn_access`,
 so the policy the simulator measures is the policy the server runs. Knows nothing of prompts, blocks or HTTP.
 """
 

@@ -20,7 +20,7 @@ def default_model_dir():
 @pytest.fixture(scope="session")
 def tokenizer(request):
     """The default model's tokenizer; KVMEM_TOKENIZER_DIR: a copy of its files, for a machine that cannot
-    provision the model (a lent GPU machine has no network: benchmarks/gpu_suite.sh runs the tiny-llama tests
+    provision the model (a lent GPU machine has no network: benchmarks/gpu/gpu_suite.sh runs the tiny-llama tests
     of CUDA graphs there)."""
     from transformers import AutoTokenizer
 

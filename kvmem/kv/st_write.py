@@ -2,7 +2,7 @@
 writes a built block's item (184 MB for a 4k-token block of the default model) while streams decode, and
 on a 2-core machine the CPU a write takes (the kernel's copy into the page cache, the SHA-256, the disk
 sync) comes from the model thread's OpenMP team: written at once, a block's write made its streams' longest
-gaps between tokens (0.29 s and 0.39 s against a 0.096 s median, `benchmarks/build_stall.py`). Paced, each
+gaps between tokens (0.29 s and 0.39 s against a 0.096 s median, `benchmarks/engine/build_stall.py`). Paced, each
 piece is synced to disk and followed by a pause (`pace`), so no step waits long for a core. The tensors'
 memory is handed to `write` as is (one copy, the kernel's). Files are read back with safetensors itself,
 which checks the header, offsets and sizes.

@@ -31,7 +31,7 @@ class TextStoreConfig:
         as the largest lift that keeps recall@10 on questions naming the wrong speaker within 10% of no lift
         (0.3 raised questions naming the right one 0.533 -> 0.557 and cut the others 0.485 -> 0.305).
         The hybrid defaults were chosen on the 'tune' split of REALTALK (real multi-session dialogue,
-        benchmarks/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
+        benchmarks/memory/recall_bench.py) and are reported on its 'report' split: there keyword is the stronger
         leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
         set, where the legs are the other way round, and lost to plain BM25 on real conversations.)
     time_weight: hybrid only; lift of candidates whose chat_time lies in the time the query names ("last

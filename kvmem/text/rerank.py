@@ -1,7 +1,7 @@
 """The second stage of hybrid search: reorders the first stage's top candidates.
 
 Owns the `Reranker` interface, the learning-to-rank models shipped as JSON weights (a linear model and boosted
-stumps, both fitted on the tune split of real dialogue by benchmarks/rerank_train.py), how a weights file is
+stumps, both fitted on the tune split of real dialogue by benchmarks/memory/rerank_train.py), how a weights file is
 checked at load (format, feature set and its columns, sha256 of the content, finite numbers: anything else is
 refused with a RerankerLoadError naming the file and the reason), the registry of rerankers by name and how
 scores become the final order. No pickle: weights are JSON. Knows nothing of SQL or of how features are made
@@ -118,7 +118,7 @@ def parse_weights(document: object, where: str = "weights") -> LearnedReranker:
     if document.get("feature_set") != FEATURE_SET or document.get("features") != list(FEATURES):
         raise RerankerLoadError(
             f"{where}: fitted on feature set {document.get('feature_set')!r} with other columns; this "
-            f"code computes {FEATURE_SET!r} {list(FEATURES)}: refit it (benchmarks/rerank_train.py)"
+            f"code computes {FEATURE_SET!r} {list(FEATURES)}: refit it (benchmarks/memory/rerank_train.py)"
         )
     if document.get("sha256") != content_sha256(document):
         raise RerankerLoadError(f"{where}: sha256 does not match the content (corrupt or edited by hand)")

@@ -5,7 +5,7 @@ Owns how a chat message becomes keyword terms, how each leg ranks one user's act
 caller's read snapshot, and how two rankings become one (then hands the fused top to the second stage,
 rerank_stage.py): both legs lean on neighbouring turns of the same
 session (an answer often lacks the topic words of the turn before it), rank fusion that weighs keyword above
-dense (measured on real dialogue, benchmarks/recall_bench.py), and lifts for turns spoken by someone the
+dense (measured on real dialogue, benchmarks/memory/recall_bench.py), and lifts for turns spoken by someone the
 query names and for turns of a time it names (when.py). Knows nothing of transactions, embedders, or how
 ranked rows become Memory objects.
 """

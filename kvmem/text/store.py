@@ -402,7 +402,7 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
     def search_candidates(self, user_id: str, query: str) -> Candidates | None:
         """The second stage's input for a hybrid search of `query` (the first stage's top rerank_depth with
         their features and texts), or None when the user has no candidates. For fitting and measuring
-        rerankers (benchmarks/rerank_train.py); search itself never needs it."""
+        rerankers (benchmarks/memory/rerank_train.py); search itself never needs it."""
         check_user_id(user_id)
         check_text(query, self.config.max_text_tokens, self.config.max_text_chars, "query")
         kept: list[Candidates] = []

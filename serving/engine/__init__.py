@@ -12,5 +12,5 @@
 - detok.py, stops.py: a request's incremental detokenizer and stop-string matcher
 
 Every request of the transformers backend runs here: one decode path. (The per-request-cache design it
-replaced is kept in benchmarks/percache/ as the baseline of the engine's figures, never served.)
+replaced is kept in benchmarks/engine/percache/ as the baseline of the engine's figures, never served.)
 """

@@ -15,7 +15,7 @@ masks are built once per step (once per window). The
 logits are computed only at each row's last position, and every row's token comes out of one host sync
 (sampler.py). A chunk that is not its prompt's last yields no token, as alone.
 
-Measured on the 2-core CPU (135M model; `benchmarks/engine_bench.py`): one SDPA over every row's gathered
+Measured on the 2-core CPU (135M model; `benchmarks/engine/engine_bench.py`): one SDPA over every row's gathered
 context copied a shared 1.9k-token block once per row per layer (8 decode rows: 640 ms a step against 277 ms
 for per-request caches); softmax written out for prefill chunks made a 2k-token prefill 3x slower than SDPA.
 Hence the two kinds of rows.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.ttft_grid import reference_tokens
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.ttft_grid import reference_tokens
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import knowledge
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta

@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import torch
 
-from benchmarks.ttft_grid import reference_tokens
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import PromptLayout, Sampling, build_item
 from kvmem.kv.inject import common_prefix_tokens
 from serving.engine.sessions import SessionCache

@@ -100,7 +100,7 @@ def test_kvmem_serve_vllm_enable_lora_serves_the_adapter_and_its_block_and_delet
     import time
     import urllib.request
 
-    from benchmarks.http_client import _get, _post, spawned_server
+    from benchmarks.load.http_client import _get, _post, spawned_server
 
     data = tmp_path / "data"
     with spawned_server(

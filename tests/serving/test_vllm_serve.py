@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 
 from openai import OpenAI  # noqa: E402
 
-from benchmarks.http_client import _get, spawned_server, wait_for_block  # noqa: E402
+from benchmarks.load.http_client import _get, spawned_server, wait_for_block  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

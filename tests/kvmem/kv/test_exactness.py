@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import torch
 
-from benchmarks.ttft_grid import reference_tokens
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import GenerationStats, PromptLayout, Sampling, build_item, generate
 from kvmem.models import compiled
 from tests.conftest import synthetic_memories

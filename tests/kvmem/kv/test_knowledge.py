@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.ttft_grid import reference_tokens
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, Sampling, TieredKVStore, generate
 from kvmem.kv.io import item_paths
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER, KnowledgeFileError, installed, parse_knowledge_file

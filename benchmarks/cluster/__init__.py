@@ -1,0 +1,1 @@
+"""Replicas behind HAProxy: sustained load with 1, 2 and 3 replicas, and a replica killed."""

@@ -1,0 +1,1 @@
+"""The engine's steps: KV shared vs copied, step cost by batch size, batched vs alone logits, a block build during a stream; the per-request design it replaced (percache/) as its baseline; micro-benchmarks of hot operations (micro/)."""

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU figures of the engine in one run (issue 26), at most ~8 minutes on one H100 with torch, transformers
+# and peft installed (no vLLM, no network). Writes every JSON (git sha inside) under one folder.
+#
+#   bash benchmarks/gpu/gpu_suite.sh [OUT_DIR]          # default OUT_DIR: benchmarks/results/gpu
+#
+# On a lent machine with no network, `bash benchmarks/gpu/gpu_bundle.sh` here first: it puts the server's and the
+# client's wheels, the tokenizer and the embedder's files in .gpu/ and prints the command to run there.
+# Runs of 2026-11-27: benchmarks/results/gpu/h100/ (eager) and h200/ (with CUDA graphs), a README.md in each.
+#
+# Env:
+#   PYTHON     default .venv/bin/python if present, else python3
+#   DEVICE     default cuda; cpu for a smoke run
+#   KVMEM_TOKENIZER_DIR  the default model's tokenizer files, for a machine that cannot provision the default
+#              model: it then runs seeded random weights of its shape (benchmarks/gpu/gpu_model.py --random)
+#   SMOKE=1    tiny sizes (a check of the script itself on CPU, not figures)
+#   BUDGET_S   wall-clock budget of the whole suite (default 480): a step's limit is cut to what is left, and
+#              a step with under 20 s left is skipped (recorded as failed)
+#   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
+#   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
+#              run cut short by its caller's limit still hands back
+# Steps run in order of what the issue asks first: the CUDA-graph tests (graphs_test), engine (KV bytes,
+# batch-8 vs batch-1 step, eager and as CUDA graphs), http_load with graphs and without, the MemOS cells on
+# Qwen3-8B's shape, exactness, then ttft on the default model, eager and compiled (graphs change decode steps
+# only, not a TTFT).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-benchmarks/results/gpu}
+DEVICE=${DEVICE:-cuda}
+BUDGET_S=${BUDGET_S:-480}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -z "${KVMEM_GIT_SHA:-}" ]; then
+  KVMEM_GIT_SHA=$(git rev-parse --short HEAD 2>/dev/null || true)
+  export KVMEM_GIT_SHA
+fi
+mkdir -p "$OUT"
+start=$(date +%s)
+failed=()
+pack() {
+  [ -n "${PACK:-}" ] || return 0
+  tar czf "$PACK.tmp" -C "$OUT" --exclude=./model . && mv "$PACK.tmp" "$PACK"
+}
+step() {  # step NAME SECONDS CMD...: run within min(SECONDS, what is left); a failure is recorded, the suite goes on
+  local name=$1 limit=$2 left
+  shift 2
+  if [ -n "${ONLY:-}" ] && [ "$name" != model ] && [[ " $ONLY " != *" $name "* ]]; then
+    return 0
+  fi
+  left=$((BUDGET_S - ($(date +%s) - start)))
+  if [ "$left" -lt 20 ]; then
+    echo "[gpu_suite +$(($(date +%s) - start))s] $name skipped: ${left}s of the budget left" >&2
+    failed+=("$name(skipped)")
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "[gpu_suite +$(($(date +%s) - start))s] $name (limit ${limit}s)" >&2
+  if ! timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; then
+    failed+=("$name")
+    tail -5 "$OUT/$name.log" >&2
+  fi
+  pack
+}
+if [ "${SMOKE:-0}" = 1 ]; then
+  EX=(--sizes 200 --queries 20 --new-tokens 4); GRID=(--ctx 300 --query 40 --reps 1)
+  QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
+  LOAD=(--levels 1 2 --duration-s 5)
+else
+  EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
+  QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
+  ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
+fi
+MODEL="$OUT/model"
+RANDOM_MODEL=()
+[ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
+step model 120 "$PY" -m benchmarks.gpu.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
+if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
+  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/test_graphs.py
+fi
+# engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
+step engine 180 "$PY" -m benchmarks.engine.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
+# the server with CUDA graphs (its default on a GPU), then without, on the same machine
+step http_load 150 "$PY" -m benchmarks.load.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
+step http_load_eager 150 "$PY" -m benchmarks.load.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE --no-cuda-graphs" --out "$OUT/http_load_eager.json"
+if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU only
+  step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft.ttft_grid --random-preset qwen3-8b "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
+fi
+step exactness_fp32 90 "$PY" -m benchmarks.ttft.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
+step exactness_bf16 120 "$PY" -m benchmarks.ttft.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
+step ttft_default 60 "$PY" -m benchmarks.ttft.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"
+# the torch.compile'd model (inductor; dynamic shapes, no CUDA graphs): its compile did not finish within 120 s
+# on the H100 (2026-11-27), so it runs last, on what is left of the budget
+if [ "$DEVICE" = cuda ]; then
+  step ttft_default_compiled 180 "$PY" -m benchmarks.ttft.ttft_grid --model "$MODEL" --device cuda --compile "${GRID[@]}" --out "$OUT/ttft_default_compiled.json"
+fi
+echo "[gpu_suite] done in $(($(date +%s) - start)) s; results in $OUT; failed: ${failed[*]:-none}" >&2
+echo "${failed[*]:-}" >"$OUT/failed.txt"
+pack
+[ ${#failed[@]} -eq 0 ]

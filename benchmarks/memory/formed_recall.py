@@ -1,0 +1,261 @@
+"""Retrieval recall over FORMED memories (credited through their source turns) vs over RAW turns, on REALTALK.
+
+Run: python -m benchmarks.memory.formed_recall --split report --out benchmarks/results/cpu/formed_recall.json
+Each conversation is one user (as in benchmarks.memory.recall_bench), in three stores sharing one embedder:
+  raw:    every turn added as a memory (recall_bench's load_conversations); a hit is credited with its turn.
+  formed: every turn logged (store.log_turns, role 'user' for both speakers, since both are people; name = the
+          speaker; chat_time = the turn's), then FormationWorker(store, RuleExtractor(),
+          FormationConfig(batch_turns=64)).form_user repeated until no turn is pending. A hit is credited with
+          ALL its source turns' dia_ids, in rank order, de-duplicated, cut at 10 dia_ids.
+  both:   the formed memories (formed first, so consolidation sees only formed ones) plus every raw turn added
+          as a memory, in one store; raw hits credited with their turn, formed hits with their source turns.
+Each question with evidence is searched as written (top_k 10, hybrid) and scored with recall_bench's
+score_ranking (recall@5/@10 over the credited dia_ids, MRR@10). Prints a table; the last stdout line is one
+JSON document (git sha included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import git_sha, write_outputs
+from benchmarks.memory.conversations import REALTALK_COMMIT, REALTALK_REPO, Conversation, load_split
+from benchmarks.memory.recall_bench import (
+    DEFAULT_DATA_DIR,
+    KS,
+    CachedEmbedder,
+    QuestionScore,
+    dataset_stats,
+    load_conversations,
+    score_ranking,
+    summarize,
+)
+from kvmem.formation.rules import RuleExtractor
+from kvmem.text import MemoryStore, TextStoreConfig, load_embedder
+from scheduler.formation import FormationConfig, FormationWorker
+
+MODES = ("raw", "formed", "both")
+TOP_K = max(KS)
+BATCH_TURNS = 64
+
+
+def user_of(conversation: Conversation) -> str:
+    return f"realtalk/{conversation.name}"
+
+
+def log_and_form(
+    store: MemoryStore, conversations: list[Conversation]
+) -> tuple[dict[str, dict[str, str]], dict]:
+    """Logs every turn and forms them; returns user -> log turn id -> dia_id, and formation figures."""
+    worker = FormationWorker(store, RuleExtractor(), FormationConfig(batch_turns=BATCH_TURNS))
+    turn_dia: dict[str, dict[str, str]] = {}
+    totals = dict.fromkeys(
+        ("passes", "turns_formed", "added", "duplicates", "superseded", "dropped", "failed_passes"), 0
+    )
+    start = time.perf_counter()
+    for conversation in conversations:
+        user_id = user_of(conversation)
+        turn_dia[user_id] = {}
+        for session in conversation.sessions:
+            logged = store.log_turns(
+                user_id,
+                [
+                    {"role": "user", "content": t.text, "chat_time": t.chat_time, "name": t.speaker}
+                    for t in session.turns
+                ],
+                session_id=session.session_id,
+            )
+            for turn, entry in zip(session.turns, logged, strict=True):
+                turn_dia[user_id][entry.id] = turn.dia_id
+    log_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for conversation in conversations:
+        user_id = user_of(conversation)
+        while store.pending_turns(user_id, limit=1):
+            result = worker.form_user(user_id)
+            totals["passes"] += 1
+            totals["turns_formed"] += result.num_turns
+            totals["added"] += result.num_added
+            totals["duplicates"] += result.num_duplicates
+            totals["superseded"] += result.num_superseded
+            totals["dropped"] += result.num_dropped
+            totals["failed_passes"] += result.error is not None
+    form_s = time.perf_counter() - start
+    live = sum(store.count(user_of(c)) for c in conversations)
+    return turn_dia, {
+        **totals,
+        "memories_live": live,  # superseded ones included (they are not searched)
+        "memories_served": totals["added"] - totals["superseded"],
+        "log_s": round(log_s, 3),
+        "formation_s": round(form_s, 3),
+        "turns_per_s": round(totals["turns_formed"] / form_s, 1) if form_s > 0 else None,
+    }
+
+
+def credit(hits, raw_dia: dict[str, str], turn_dia: dict[str, str], limit: int = TOP_K) -> list[str]:
+    """Hits -> dia_ids in rank order: a raw memory its turn, a formed one all its source turns; de-duplicated,
+    cut at `limit`."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for hit in hits:
+        memory = hit.memory
+        if memory.id in raw_dia:
+            dias = [raw_dia[memory.id]]
+        else:
+            dias = [turn_dia[t] for t in memory.source_turn_ids if t in turn_dia]
+        for dia in dias:
+            if dia not in seen:
+                seen.add(dia)
+                out.append(dia)
+    return out[:limit]
+
+
+def evaluate(
+    store: MemoryStore,
+    conversations: list[Conversation],
+    raw_dia: dict[str, dict[str, str]],
+    turn_dia: dict[str, dict[str, str]],
+) -> dict:
+    overall: list[QuestionScore] = []
+    by_category: dict[str, list[QuestionScore]] = defaultdict(list)
+    timings: list[float] = []
+    credited: list[int] = []
+    for conversation in conversations:
+        user_id = user_of(conversation)
+        for question in conversation.questions:
+            if not question.evidence:
+                continue
+            start = time.perf_counter()
+            hits = store.search(user_id, question.text, top_k=TOP_K, mode="hybrid")
+            timings.append(time.perf_counter() - start)
+            ranked = credit(hits, raw_dia.get(user_id, {}), turn_dia.get(user_id, {}))
+            credited.append(len(ranked))
+            score = score_ranking(ranked, list(question.evidence))
+            overall.append(score)
+            by_category[question.category].append(score)
+    out = summarize(overall)
+    out["by_category"] = {c: summarize(s) for c, s in sorted(by_category.items())}
+    out["search_ms_p50"] = round(float(np.median(timings)) * 1000, 3) if timings else None
+    out["mean_dia_ids_credited"] = round(float(np.mean(credited)), 2) if credited else None
+    return out
+
+
+def run(
+    data_dir: Path,
+    split: str,
+    embedder_spec: str,
+    vector_cache: Path | None,
+    limit_chats: int | None = None,
+) -> dict:
+    conversations = load_split(data_dir, split)
+    if limit_chats is not None:
+        conversations = conversations[:limit_chats]
+    embedder = CachedEmbedder(load_embedder(embedder_spec), vector_cache)  # one embedder for all three stores
+    config = TextStoreConfig()
+    loadavg_start = list(os.getloadavg())
+    recall: dict = {}
+    formation: dict = {}
+    timing: dict = {}
+    with tempfile.TemporaryDirectory(prefix="kvmem-formed-recall-") as tmp:
+        # raw
+        start = time.perf_counter()
+        with MemoryStore(Path(tmp) / "raw.db", embedder=embedder, config=config) as store:
+            ids = load_conversations(store, conversations)  # user -> dia_id -> memory id
+            raw_dia = {u: {m: d for d, m in by_dia.items()} for u, by_dia in ids.items()}
+            timing["raw_load_s"] = round(time.perf_counter() - start, 3)
+            embedder.save()
+            recall["raw"] = evaluate(store, conversations, raw_dia, {})
+        # formed
+        with MemoryStore(Path(tmp) / "formed.db", embedder=embedder, config=config) as store:
+            turn_dia, formation["formed"] = log_and_form(store, conversations)
+            embedder.save()
+            recall["formed"] = evaluate(store, conversations, {}, turn_dia)
+        # both: formed first (consolidation sees formed memories only), then the raw turns as memories
+        with MemoryStore(Path(tmp) / "both.db", embedder=embedder, config=config) as store:
+            turn_dia, formation["both"] = log_and_form(store, conversations)
+            ids = load_conversations(store, conversations)
+            raw_dia = {u: {m: d for d, m in by_dia.items()} for u, by_dia in ids.items()}
+            embedder.save()
+            recall["both"] = evaluate(store, conversations, raw_dia, turn_dia)
+    stats = dataset_stats(conversations)
+    formed = formation["formed"]
+    return {
+        "benchmark": "kvmem recall over formed memories (credited via source turns) vs raw turns",
+        "git_sha": git_sha(),
+        "dataset": {
+            "name": "REALTALK",
+            "source": REALTALK_REPO,
+            "commit": REALTALK_COMMIT,
+            "split": split,
+            **stats,
+        },
+        "embedder": embedder.name,
+        "extractor": RuleExtractor().name,
+        "formation_config": {"batch_turns": BATCH_TURNS},
+        "search": {"mode": "hybrid", "top_k": TOP_K, "credit_cut": TOP_K},
+        "num_turns": stats["num_turns"],
+        "num_formed_memories": formed["added"],
+        "num_formed_served": formed["memories_served"],
+        "formed_per_turn": round(formed["added"] / stats["num_turns"], 4) if stats["num_turns"] else None,
+        "formation": formation,
+        "timing": timing,
+        "loadavg_start": loadavg_start,
+        "loadavg_end": list(os.getloadavg()),
+        "cpu_count": os.cpu_count(),
+        "recall": recall,
+    }
+
+
+def print_table(result: dict) -> None:
+    ds = result["dataset"]
+    formed = result["formation"]["formed"]
+    print(
+        f"{ds['name']} split={ds['split']}: {len(ds['conversations'])} conversations, {ds['num_turns']} turns, "
+        f"{ds['num_questions_scored']} questions scored; embedder {result['embedder']}; git {result['git_sha']}"
+    )
+    print(
+        f"formed: {formed['added']} memories from {formed['turns_formed']} turns ({formed['memories_served']} "
+        f"served, {formed['duplicates']} duplicates, {formed['superseded']} superseded) in "
+        f"{formed['formation_s']:.2f} s; loadavg {result['loadavg_start'][0]:.2f} -> {result['loadavg_end'][0]:.2f}"
+    )
+    recall = result["recall"]
+    categories = sorted(recall["raw"]["by_category"])
+    header = f"{'mode':8s} {'R@5':>7s} {'R@10':>7s} {'MRR':>7s} " + " ".join(
+        f"{'cat' + c + ' R@10':>11s}" for c in categories
+    )
+    print(header)
+    print("-" * len(header))
+    for mode in MODES:
+        r = recall[mode]
+        cats = " ".join(
+            f"{r['by_category'].get(c, {}).get('recall@10', float('nan')):11.3f}" for c in categories
+        )
+        print(f"{mode:8s} {r['recall@5']:7.3f} {r['recall@10']:7.3f} {r['mrr']:7.3f} {cats}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--split", default="report", choices=("tune", "report", "all"))
+    parser.add_argument("--embedder", default="default", help="default | minilm | hash | a model directory")
+    parser.add_argument(
+        "--vector-cache", type=Path, default=None, help="npz of text vectors reused across runs"
+    )
+    parser.add_argument("--limit-chats", type=int, default=None, help="only the first N conversations")
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+    args = parser.parse_args(argv)
+    result = run(args.data_dir, args.split, args.embedder, args.vector_cache, args.limit_chats)
+    print_table(result)
+    write_outputs(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
