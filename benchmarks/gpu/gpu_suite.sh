@@ -75,7 +75,7 @@ RANDOM_MODEL=()
 [ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
 step model 120 "$PY" -m benchmarks.gpu.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
 if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
-  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/test_graphs.py
+  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py
 fi
 # engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
 step engine 180 "$PY" -m benchmarks.engine.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"

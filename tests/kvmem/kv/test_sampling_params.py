@@ -13,7 +13,7 @@ import torch
 
 from kvmem.kv import PromptLayout, Sampling, generate
 from kvmem.kv.decode import GenerationStats
-from tests.serving.test_engine import make_pool, run_engine
+from tests.serving.engine.test_engine import make_pool, run_engine
 
 
 def prompt(tokenizer, text: str) -> list[int]:

@@ -98,7 +98,7 @@ def test_served_facts_leave_the_prompt_and_a_change_stops_the_adapter_before_it_
             "tier": "lora",
         }
         assert s.client.get("/v1/memories/plan", params={"user_id": "bob"}).json()["adapter"] is None
-        s.plans.flush()  # the block of the rest is built under the adapter (tests/serving/test_lora_kv.py)
+        s.plans.flush()  # the block of the rest is built under the adapter (tests/serving/backends/test_lora_kv.py)
         block = s.plan("alice")
         assert (block["memory_ids"], block["adapter"]) == ([tea], m.name)
         reply = s.chat("alice", "What is my dog called and where do I live? Do I like tea?")

@@ -13,7 +13,7 @@ from kvmem.kv import GenerationStats, Sampling, generate
 from serving.backends.base import GenerationRequest, LaidOutPrompt, SamplingParams, TokenDelta
 from serving.engine.detok import TokenPieces
 from tests.serving.conftest import ALICE, MODEL, Stack
-from tests.serving.test_transformers_backend import arrive_together, tokens_of
+from tests.serving.backends.test_transformers_backend import arrive_together, tokens_of
 
 
 def body(content: str = "hello", **extra) -> dict:

@@ -4,7 +4,7 @@ before the call returns and queues a new version without that memory, trained, g
 job; the periodic sweep queues a user whose candidates no served adapter holds, once per candidate set, and
 never one whose adapter holds them all. The tiny model's adapters fail the recall gate (it learns nothing in 2
 steps), so the tests check what was written and that it was not activated; activation itself is the job's
-(tests/scheduler/test_distill.py) and is served as tests/serving/test_lora_tier.py shows."""
+(tests/scheduler/test_distill.py) and is served as tests/serving/backends/test_lora_tier.py shows."""
 
 from __future__ import annotations
 

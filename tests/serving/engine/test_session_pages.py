@@ -12,7 +12,7 @@ from serving.engine.sessions import SessionCache
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.table import PageTable
 from tests.conftest import prompts_and_blocks
-from tests.serving.test_engine import admitted, make_pool, run_engine
+from tests.serving.engine.test_engine import admitted, make_pool, run_engine
 
 GREEDY = Sampling(max_new_tokens=6)
 

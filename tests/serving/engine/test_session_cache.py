@@ -1,7 +1,7 @@
 """Live sessions' KV caches (serving/engine/sessions.py) over the engine's pages: a reused turn gives the same greedy
 tokens as a cold full prefill of the same ids (invariant 1) and never writes the stored block item (invariant
 2); entries are per user and session (invariant 4), bounded, and dropped by the delete cascade (invariant 5),
-their pages going back to the pool. The server's own sessions: tests/serving/test_session_reuse.py."""
+their pages going back to the pool. The server's own sessions: tests/serving/chat/test_session_reuse.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from kvmem.kv.inject import common_prefix_tokens
 from serving.engine.sessions import SessionCache
 from serving.engine.table import PageTable
 from tests.conftest import synthetic_memories
-from tests.serving.test_engine import make_pool
-from tests.serving.test_session_pages import in_use, turn
+from tests.serving.engine.test_engine import make_pool
+from tests.serving.engine.test_session_pages import in_use, turn
 
 TURNS = [
     ("Hello! I just got back from a long hike in the hills.", ["I like tea.", "I swim on Sundays."]),

@@ -1,6 +1,6 @@
 """The transformers backend's adapter slots (serving/backends/transformers/adapters.py) on the tiny llama: a version the delete
 cascade erased leaves the slots at once and its weights leave the model, but not under a request still
-running it: its weights go when that request ends. Through the server: tests/serving/test_lora_tier.py."""
+running it: its weights go when that request ends. Through the server: tests/serving/backends/test_lora_tier.py."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_an_adapter_the_engine_cannot_run_is_refused_and_its_weights_leave_the_m
     tmp_path, tiny_handle, monkeypatch
 ):
     """Every request runs in the engine (one decode path), so an adapter on layers its batched LoRA cannot
-    run (true convolutions: `serving/engine/lora.py` `supports`, tested in tests/serving/test_engine.py) is
+    run (true convolutions: `serving/engine/lora.py` `supports`, tested in tests/serving/engine/test_engine.py) is
     refused when it is attached, with the reason, and its weights leave the model; others still load."""
     from serving.engine import lora
 

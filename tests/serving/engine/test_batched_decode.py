@@ -17,7 +17,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
-from tests.serving.test_transformers_backend import run_together, tokens_of, wait_released
+from tests.serving.backends.test_transformers_backend import run_together, tokens_of, wait_released
 
 CHUNK = 16
 

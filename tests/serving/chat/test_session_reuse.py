@@ -56,7 +56,7 @@ def saved(tmp_path_factory, tokenizer, name: str, model):
 @pytest.fixture(scope="module")
 def sliding_model_dir(tmp_path_factory, tokenizer):
     """A tiny qwen2 whose second layer attends to a sliding window of 40 positions, saved as a model dir."""
-    from tests.serving.test_engine import tiny_sliding
+    from tests.serving.engine.test_engine import tiny_sliding
 
     return saved(tmp_path_factory, tokenizer, "tiny-sliding", tiny_sliding("qwen2", len(tokenizer)))
 
@@ -64,7 +64,7 @@ def sliding_model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def capped_model_dir(tmp_path_factory, tokenizer):
     """A tiny Gemma 2 (attention logits soft-capped, sliding and full layers), saved as a model dir."""
-    from tests.serving.test_engine import tiny_capped
+    from tests.serving.engine.test_engine import tiny_capped
 
     return saved(tmp_path_factory, tokenizer, "tiny-capped", tiny_capped("gemma2", len(tokenizer)))
 

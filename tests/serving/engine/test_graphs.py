@@ -17,7 +17,7 @@ from serving.engine import graphs, runner
 from serving.engine.graphs import DecodeGraphs
 from serving.engine.pages import PagePool, PoolShape
 from tests.conftest import prompts_and_blocks
-from tests.serving.test_engine import admitted, make_pool, run_engine
+from tests.serving.engine.test_engine import admitted, make_pool, run_engine
 
 # ops that read a device value on the host, or whose output shape depends on values: a capture fails on them
 FORBIDDEN = ("_local_scalar_dense", "is_nonzero", "aten.nonzero", "masked_select", "aten.item")
