@@ -30,7 +30,7 @@ from kvmem.text.pg_server import PgServer, PgServerError, find_bin_dir, start_se
 
 STATE_FILE = "cluster.json"
 DATABASE = "kvmem"
-HAPROXY_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy.cfg"
+HAPROXY_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
 
 
 class ClusterError(RuntimeError):

@@ -224,7 +224,7 @@ class OfflinePlanner:
         from kvmem.text import MemoryStore, TextStoreConfig
 
         serving = ServingConfig(data_dir=data_dir.root, block_token_budget=block_token_budget, store=store)
-        longest = max(serving.http.limits.max_memory_text_chars, serving.http.limits.max_message_chars)
+        longest = max(serving.limits.max_memory_text_chars, serving.limits.max_message_chars)
         self.store = MemoryStore(serving.store_path, config=TextStoreConfig(max_text_chars=longest))
         tokenizer = builder.handle.tokenizer
 
