@@ -26,10 +26,10 @@ from transformers.cache_utils import DynamicLayer
 
 from benchmarks.common import env_info, print_table, write_outputs
 from benchmarks.load.http_client import memory_texts
-from benchmarks.engine.percache.batch import Sequence, _forward_one, _forward_ragged
+from benchmarks.engine.percache.batch import CacheSequence, _forward_one, _forward_ragged
 from benchmarks.engine.percache.packed import _forward_packed, commit, segments_of
 from kvmem.kv import PromptLayout, Sampling, build_item
-from kvmem.kv.decode import _pick
+from kvmem.kv.sampling import pick
 from kvmem.models import load_model
 
 QUESTIONS = (
@@ -53,9 +53,9 @@ def shallow_copy(cache: DynamicCache) -> DynamicCache:
     return copy
 
 
-def logits_alone(seq: Sequence) -> torch.Tensor:
+def logits_alone(seq: CacheSequence) -> torch.Tensor:
     """The logits its next chunk or decode step gets alone, on a copy of its cache (the sequence unchanged)."""
-    copy = Sequence.__new__(Sequence)
+    copy = CacheSequence.__new__(CacheSequence)
     copy.__dict__.update(seq.__dict__)
     copy.cache = shallow_copy(seq.cache)
     if not seq.prefilling:
@@ -73,26 +73,26 @@ def logits_alone(seq: Sequence) -> torch.Tensor:
 
 def run_alone(model, ids, item, sampling, chunk: int | None = None) -> list[int]:
     """One request's greedy tokens, every prefill chunk and decode step alone (the reference)."""
-    seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
+    seq = CacheSequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
     while seq.prefilling:
         seq.prefill_step()
     with torch.inference_mode():
         while seq.decoding:
             row = _forward_one(seq)
             seq.position += 1
-            seq._accept(_pick(row, sampling, None))
+            seq._accept(pick(row, sampling, None))
     return seq.stats.token_ids
 
 
 def packed_agreement(model, requests, sampling, chunk: int) -> dict:
     """Requests arrive two per step; each step is one packed forward of every chunk and decode step."""
     alone = [run_alone(model, ids, item, sampling, chunk) for ids, item in requests]
-    seqs: list[Sequence] = []
+    seqs: list[CacheSequence] = []
     max_abs, same_top1, segments_compared, chunks_compared, mixed_steps = 0.0, 0, 0, 0, 0
     with torch.inference_mode():
         while len(seqs) < len(requests) or any(not s.finished for s in seqs):
             for ids, item in requests[len(seqs) : len(seqs) + 2]:
-                seqs.append(Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk))
+                seqs.append(CacheSequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk))
             live = [s for s in seqs if s.prefilling] + [s for s in seqs if s.decoding]
             ref = [logits_alone(s) for s in live]
             segments = segments_of(live)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
 
     alone = [run_alone(model, ids, item, sampling) for ids, item in requests]
 
-    seqs = [Sequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
+    seqs = [CacheSequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
     for seq in seqs:
         seq.prefill_step()
     max_abs, same_top1, rows = 0.0, 0, 0
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
             live = [s for s in seqs if s.decoding]
             ref = []
             for s in live:
-                copy = Sequence.__new__(Sequence)
+                copy = CacheSequence.__new__(CacheSequence)
                 copy.__dict__.update(s.__dict__)
                 copy.cache = shallow_copy(s.cache)
                 ref.append(_forward_one(copy))
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None, handle=None) -> dict:
                 same_top1 += int(a.argmax() == b.argmax())
                 rows += 1
                 s.position += 1
-                s._accept(_pick(b, sampling, None))
+                s._accept(pick(b, sampling, None))
     identical = sum(s.stats.token_ids == a for s, a in zip(seqs, alone, strict=True))
     row = {
         "requests": len(requests),

@@ -19,7 +19,7 @@ import time
 
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
 from benchmarks.load.http_client import memory_texts
-from benchmarks.engine.percache.batch import Sequence, decode_step
+from benchmarks.engine.percache.batch import CacheSequence, decode_step
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
 
@@ -47,7 +47,7 @@ def round_robin(model, requests, sampling) -> list[list[int]]:
 
 def batched(model, requests, sampling) -> list[list[int]]:
     """The batcher's schedule: prefills (a first token each), then one decode forward per step for all."""
-    seqs = [Sequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
+    seqs = [CacheSequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
     for s in seqs:
         while s.prefilling:
             s.prefill_step()

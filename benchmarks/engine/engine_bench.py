@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.common import env_info, median, print_table, write_outputs
 from benchmarks.load.http_client import memory_texts
-from benchmarks.engine.percache.batch import Sequence, decode_step
+from benchmarks.engine.percache.batch import CacheSequence, decode_step
 from benchmarks.engine.percache.packed import step as packed_step
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
@@ -67,7 +67,7 @@ def run_steps(model, pool, seqs, on_step=None):
             on_step(prefills, decodes, time.perf_counter() - t)
 
 
-def cache_bytes(seq: Sequence) -> int:
+def cache_bytes(seq: CacheSequence) -> int:
     """Bytes of the tensors a request's own cache holds (its buffers; views of the item not counted)."""
     seen, total = set(), 0
     for layer in seq.cache.layers:
@@ -128,11 +128,11 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
             "tokens": tokens,
         }
     # the old path: each request's cache after its prefill holds its own copy of the block
-    old = [Sequence(model, ids, item=item, sampling=sp) for ids in prompts]
+    old = [CacheSequence(model, ids, item=item, sampling=sp) for ids in prompts]
     packed_step(model, old, [])
     old_bytes = sum(cache_bytes(s) for s in old)
     old_times = {args.concurrent: [], 1: []}
-    for group in (old, [Sequence(model, prompts[0], item=item, sampling=sp)]):
+    for group in (old, [CacheSequence(model, prompts[0], item=item, sampling=sp)]):
         while group[0].prefilling:
             group[0].prefill_step()
         while any(s.decoding for s in group):

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from serving.engine.errors import PoolFull as PoolFull  # the engine's, re-exported for the backends
+
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
@@ -21,10 +23,6 @@ class BackendError(RuntimeError):
 
 class QueueFull(BackendError):
     """The backend's bounded request queue is full; the caller may retry later (HTTP 429)."""
-
-
-class PoolFull(QueueFull):
-    """Not enough free KV pages in the engine's pool for a request (HTTP 429 kv_pool_full: retry later)."""
 
 
 class NotReady(BackendError):

@@ -7,9 +7,11 @@
 - graphs.py: on a GPU, pure decode steps replayed as CUDA graphs over static buffers (bucketed shapes)
 - sampler.py: every row's token with one host sync
 - lora.py: requests under different LoRA adapters and none in one forward
-- scheduler.py: the step scheduler (prefill chunks under the token budget, then every decode row)
+- batcher.py: the step scheduler (prefill chunks under the token budget, then every decode row)
 - model_loop.py: the one thread that runs the model (requests' steps, block builds)
 - detok.py, stops.py: a request's incremental detokenizer and stop-string matcher
+- sessions.py: live sessions' page tables, kept between a conversation's turns (bounded, per user)
+- errors.py: what the engine raises to the layers above it (PoolFull)
 
 Every request of the transformers backend runs here: one decode path. (The per-request-cache design it
 replaced is kept in benchmarks/engine/percache/ as the baseline of the engine's figures, never served.)

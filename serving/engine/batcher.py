@@ -1,6 +1,6 @@
 """The sequences the model loop decodes together, and the step that advances them all (on the model thread).
 
-A request's generator hands its `Sequence` (sequence.py) to the model loop by yielding it; from then on
+A request's generator hands its `EngineSequence` (sequence.py) to the model loop by yielding it; from then on
 the batcher resumes it with `send(token)` for each token the sequence produces and `send(None)` once the
 sequence has ended (length, stop token, cancelled). The request returns when it is done with the stream (a stop
 string, an end token, the None); an exception thrown into it is a failure of its own sequence.
@@ -19,7 +19,7 @@ from collections.abc import Generator
 from typing import Any
 
 from serving.engine import runner
-from serving.engine.sequence import Sequence, SequenceError
+from serving.engine.sequence import EngineSequence, SequenceError
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,12 @@ class Batcher:
         if prefill_budget_tokens < 1:
             raise ValueError(f"prefill_budget_tokens must be >= 1, got {prefill_budget_tokens}")
         self.prefill_budget_tokens = prefill_budget_tokens
-        self._members: dict[Sequence, RequestSteps] = {}  # insertion order: the prefill queue's order
+        self._members: dict[EngineSequence, RequestSteps] = {}  # insertion order: the prefill queue's order
 
     def __len__(self) -> int:
         return len(self._members)
 
-    def add(self, seq: Sequence, steps: RequestSteps) -> None:
+    def add(self, seq: EngineSequence, steps: RequestSteps) -> None:
         """`steps` yielded `seq` and waits for its first token (or None)."""
         assert seq not in self._members
         self._members[seq] = steps
@@ -68,7 +68,7 @@ class Batcher:
                 ):
                     self._settle(seq, token)
 
-    def _settle(self, seq: Sequence, token: int | SequenceError | None) -> None:
+    def _settle(self, seq: EngineSequence, token: int | SequenceError | None) -> None:
         if isinstance(token, SequenceError):
             self._fail(seq, token.cause)
         elif token is not None:
@@ -80,7 +80,7 @@ class Batcher:
         for steps in members.values():
             steps.close()
 
-    def _deliver(self, seq: Sequence, token: int | None) -> None:
+    def _deliver(self, seq: EngineSequence, token: int | None) -> None:
         """Resume the request with `token`; once the sequence has ended, with None; drop it when it returns."""
         steps = self._members[seq]
         try:
@@ -95,7 +95,7 @@ class Batcher:
             log.exception("a request's steps raised out of the batcher; request dropped")
             self._drop(seq)
 
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+    def _fail(self, seq: EngineSequence, exc: BaseException) -> None:
         """The sequence's own step failed: the request gets the exception (it reports it and returns)."""
         steps = self._members[seq]
         try:
@@ -110,7 +110,7 @@ class Batcher:
                 log.error("a request's sequence failed: %s", exc)
         self._drop(seq)
 
-    def _drop(self, seq: Sequence) -> None:
+    def _drop(self, seq: EngineSequence) -> None:
         steps = self._members.pop(seq, None)
         if steps is not None:
             steps.close()

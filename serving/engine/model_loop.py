@@ -4,8 +4,8 @@ Why one thread: each thread that runs torch CPU kernels gets its own OpenMP team
 ran a moment ago still spin on the cores the next forward needs. With a generation thread per request, a
 1.7k-token KV prefill ran ~45 ms slower in the server after a burst of 8 concurrent requests than in a
 one-thread process; on one thread it runs as fast. Requests are generators; each turn advances every one of
-them a step, in order, then the batcher once. A generator that yields a `Sequence` (sequence.py) joins
-the batcher (scheduler.py): its sequences advance together, one forward per turn for their decode rows and
+them a step, in order, then the batcher once. A generator that yields an `EngineSequence` (sequence.py) joins
+the batcher (batcher.py): its sequences advance together, one forward per turn for their decode rows and
 the prefill chunks of new ones, so a new request's prefill waits for one decode step, not for generations.
 Builds are plain calls, run between turns, whose caller waits for the result.
 """
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from serving.engine.batcher import Batcher
-from serving.engine.sequence import Sequence
+from serving.engine.sequence import EngineSequence
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ModelLoop:
 
     def start(self, steps: Iterator[Any]) -> None:
         """Advance `steps` one `next` per turn on the model thread until it is exhausted, or until it yields a
-        `Sequence`: from then on the batcher resumes it with that sequence's tokens (scheduler.py). It must handle
+        `EngineSequence`: from then on the batcher resumes it with that sequence's tokens (batcher.py). It must handle
         its own errors (an exception out of it is logged and the generator dropped)."""
         self._put(steps)
 
@@ -89,7 +89,7 @@ class ModelLoop:
             for _ in range(len(active)):  # one turn each, in order
                 steps = active.popleft()
                 yielded = self._step(steps)
-                if isinstance(yielded, Sequence):
+                if isinstance(yielded, EngineSequence):
                     self._batcher.add(yielded, steps)
                 elif yielded:
                     active.append(steps)
@@ -116,11 +116,11 @@ class ModelLoop:
             future.set_exception(exc)
 
     @staticmethod
-    def _step(steps: Iterator[Any]) -> Sequence | bool:
-        """One step: the Sequence it yielded, else True; False once it is done (or failed, which it should not)."""
+    def _step(steps: Iterator[Any]) -> EngineSequence | bool:
+        """One step: the EngineSequence it yielded, else True; False once it is done (or failed, which it should not)."""
         try:
             yielded = next(steps)
-            return yielded if isinstance(yielded, Sequence) else True
+            return yielded if isinstance(yielded, EngineSequence) else True
         except StopIteration:
             return False
         except Exception:  # noqa: BLE001 - the loop must outlive any one request

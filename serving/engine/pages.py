@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from serving.backends.base import PoolFull
+from serving.engine.errors import PoolFull
 
 DEFAULT_PAGE_TOKENS = 16
 __all__ = ["DEFAULT_PAGE_TOKENS", "PagePool", "PoolFull", "PoolShape", "SharedPages"]

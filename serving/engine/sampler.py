@@ -2,7 +2,8 @@
 
 Rows are grouped by what they need: greedy rows with no bias, penalty or logprobs take one `argmax` over
 all of them; every other row is adjusted (logit_bias, penalties) and drawn as a tensor (temperature, top-p,
-its own seeded generator), never read back alone. The tokens of all rows are read with one `.tolist()`.
+its own seeded generator), never read back alone: kvmem/kv/sampling.py's functions, the one place sampling is
+written. The tokens of all rows are read with one `.tolist()`.
 Log-probabilities, asked for by few requests, are computed after it from the adjusted logits.
 
 What a seed guarantees: the same request run alone gives the same tokens every time (its generator draws
@@ -15,19 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvmem.kv.decode import adjust_logits, token_logprobs
-
-
-def _draw(logits: torch.Tensor, sampling, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id as a 1-element tensor (no host sync): temperature and top-p, as kvmem.kv.decode._choose."""
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
-        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
-        return order[choice]
-    return torch.multinomial(probs, 1, generator=generator)
+from kvmem.kv.sampling import adjust_logits, draw, token_logprobs
 
 
 def sample(logits: torch.Tensor, seqs: list) -> list[int]:
@@ -50,7 +39,7 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
         if s.sampling.temperature == 0.0:
             picks[i] = torch.argmax(row).reshape(1)
         else:
-            picks[i] = _draw(row, s.sampling, s.generator).reshape(1)
+            picks[i] = draw(row, s.sampling, s.generator).reshape(1)
     tokens = torch.cat(picks).tolist()  # the step's one host sync
     for i, row in adjusted.items():
         s = seqs[i]

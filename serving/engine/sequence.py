@@ -1,6 +1,6 @@
 """A request's sequence: its generation state, its K/V in the page pool (pages.py), and its admission.
 
-A `Sequence` holds a request's lifecycle (prefilling -> decoding -> finished), sampling (with its own seeded
+An `EngineSequence` holds a request's lifecycle (prefilling -> decoding -> finished), sampling (with its own seeded
 generator), chunked prefill and stats; its `table` holds its positions: an injected block's pages by
 reference, or the pages a live session's last turn left (by reference too: `admit(source=...)`), its own
 tokens in its own pages; when its turn ends its table can stay with the session (`keep_table`). It runs only
@@ -17,13 +17,13 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from kvmem.kv.decode import GenerationStats, Sampling
+from kvmem.kv.sampling import GenerationStats, Sampling
 from kvmem.kv.inject import usable_prefix_tokens
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 
 
-class Sequence:
+class EngineSequence:
     """One request's tokens, produced by the engine's steps (runner.step).
 
     `finish_reason` (also in `stats`) is "stop" after a stop token, "length" after `max_new_tokens`,
@@ -142,7 +142,7 @@ def admit(
     max_new_tokens: int,
     wait_s: float = 10.0,
     **kwargs,
-) -> Iterator[Sequence | None]:
+) -> Iterator[EngineSequence | None]:
     """Yields None while the pool has no room (the caller gives the model loop a turn), then the sequence.
     An injected block shares its pages, and so does `source` (a live session's table, and the tokens of it
     the prompt reuses)."""
@@ -164,7 +164,7 @@ def admit(
                 raise
             yield None
     try:
-        seq = Sequence(model, prompt_ids, table=table, reused=reuse, **kwargs)
+        seq = EngineSequence(model, prompt_ids, table=table, reused=reuse, **kwargs)
     except BaseException:
         table.close()
         raise
@@ -174,6 +174,6 @@ def admit(
 class SequenceError(RuntimeError):
     """A step failed for this sequence alone (the others in its step are unaffected)."""
 
-    def __init__(self, seq: Sequence, cause: BaseException) -> None:
+    def __init__(self, seq: EngineSequence, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.seq, self.cause = seq, cause

@@ -58,7 +58,7 @@ def to_api_error(exc: Exception) -> ApiError:
         return ApiError(408, str(exc), type="invalid_request_error", code="request_timeout")
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, QueueFull | PoolFull):
         code = "kv_pool_full" if isinstance(exc, PoolFull) else "queue_full"
         return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code=code)
     if isinstance(exc, NotReady):
@@ -95,6 +95,7 @@ MAPPED_ERRORS = (
     StarletteHTTPException,
     PromptTooLong,
     QueueFull,
+    PoolFull,
     NotReady,
     BackendError,
     MemoryNotFound,

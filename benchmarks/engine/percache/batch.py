@@ -1,6 +1,6 @@
 """Batched decode: many requests' next tokens from one forward, each request with its own cache.
 
-A `Sequence` is one request's generation state (its own cache, which may start as views of an injected KV
+A `CacheSequence` is one request's generation state (its own cache, which may start as views of an injected KV
 item, its position, sampling and seeded generator). Its prompt is prefilled alone, in chunks of a fixed size
 counted from the start of the prefill, so a long prompt never holds the model for its whole length and the
 chunk boundaries never depend on what else is running. `decode_step` then runs the decode step of every
@@ -21,10 +21,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 
 from benchmarks.engine.percache.grow import append
-from kvmem.kv.decode import GenerationStats, Sampling, _pick
+from kvmem.kv.sampling import GenerationStats, Sampling, pick
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
-from serving.engine.sequence import Sequence as EngineSequence
+from serving.engine.sequence import EngineSequence
 from serving.engine.sequence import SequenceError
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 RAGGED = "kvmem_ragged"  # the attention implementation a batched decode forward runs under
 
 
-class Sequence(EngineSequence):
+class CacheSequence(EngineSequence):
     """One request's tokens, produced by `prefill_step` (alone) and then `decode_step` (batched with others),
     over a cache of its own instead of the engine's pages (its `table` is None). Lifecycle, sampling, chunks
-    and stats are the engine's Sequence's (serving/engine/sequence.py).
+    and stats are the engine's EngineSequence's (serving/engine/sequence.py).
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class Sequence(EngineSequence):
             token = (
                 None
                 if self._prefill
-                else _pick(out.logits[0, -1].float(), self.sampling, self.generator, self.stats)
+                else pick(out.logits[0, -1].float(), self.sampling, self.generator, self.stats)
             )
             del out
         self.position += n
@@ -153,7 +153,7 @@ def can_batch(model: torch.nn.Module) -> bool:
     return model.config._attn_implementation == "sdpa"
 
 
-def _forward_one(seq: Sequence) -> torch.Tensor:
+def _forward_one(seq: CacheSequence) -> torch.Tensor:
     """A decode step alone, exactly as decode.generate runs it; the next-token logits [vocab] float32."""
     out = seq.model(
         input_ids=torch.tensor([[seq.last_token]], dtype=torch.long, device=seq.device),
@@ -165,7 +165,7 @@ def _forward_one(seq: Sequence) -> torch.Tensor:
     return out.logits[0, -1].float()
 
 
-def _forward_ragged(model: torch.nn.Module, seqs: list[Sequence]) -> torch.Tensor:
+def _forward_ragged(model: torch.nn.Module, seqs: list[CacheSequence]) -> torch.Tensor:
     """One forward for every sequence's decode step; logits [batch, vocab] float32."""
     device = seqs[0].device
     rows = _RaggedCache([s.cache for s in seqs])
@@ -187,7 +187,7 @@ def _forward_ragged(model: torch.nn.Module, seqs: list[Sequence]) -> torch.Tenso
     return out.logits[:, -1].float()
 
 
-def decode_step(model: torch.nn.Module, seqs: list[Sequence]) -> list[int | SequenceError]:
+def decode_step(model: torch.nn.Module, seqs: list[CacheSequence]) -> list[int | SequenceError]:
     """The next token of every sequence (all decoding), from one forward; each is accepted into its sequence.
 
     With one sequence (or a model `can_batch` refuses) each runs alone, as does a seeded sampled one. If the batched forward raises, every
@@ -214,7 +214,7 @@ def decode_step(model: torch.nn.Module, seqs: list[Sequence]) -> list[int | Sequ
         for i, s in enumerate(seqs):
             try:
                 row = logits[i] if i in logits else _forward_one(s)
-                results.append(_pick(row, s.sampling, s.generator, s.stats))
+                results.append(pick(row, s.sampling, s.generator, s.stats))
             except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
                 s._finish("error")
                 results.append(SequenceError(s, exc))

@@ -1,6 +1,6 @@
 """One forward for a whole step: every decoding sequence's next token and every admitted prefill chunk.
 
-`Sequence.prefill_step` runs a chunk alone and `decode_step` a batch of 1-token rows; each prefill forward
+`CacheSequence.prefill_step` runs a chunk alone and `decode_step` a batch of 1-token rows; each prefill forward
 reads every weight again for a few dozen tokens. `step` packs them: input_ids [1, T] where T is the decode
 rows (1 token each) plus the chunk tokens of each prefilling sequence, each segment with its own positions.
 The linear layers see T rows; attention is split by segment, and each segment runs the very call its
@@ -26,8 +26,8 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
-from benchmarks.engine.percache.batch import Sequence, SequenceError, _append, can_batch, decode_step
-from kvmem.kv.decode import _pick
+from benchmarks.engine.percache.batch import CacheSequence, SequenceError, _append, can_batch, decode_step
+from kvmem.kv.sampling import pick
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ Result = int | None | SequenceError  # a token, no token (a chunk before the pro
 class _Segment:
     """One sequence's part of the packed input: tokens [start, start + length), cache holding `past` before."""
 
-    def __init__(self, seq: Sequence, ids: list[int], start: int) -> None:
+    def __init__(self, seq: CacheSequence, ids: list[int], start: int) -> None:
         self.seq, self.ids, self.start = seq, ids, start
         self.length, self.past = len(ids), seq.position
         self.prefill = seq.prefilling
@@ -123,7 +123,7 @@ def _forward_packed(model: torch.nn.Module, segments: list[_Segment]) -> torch.T
     return out.logits[0].float()
 
 
-def _alone(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Sequence]) -> list[Result]:
+def _alone(model: torch.nn.Module, prefills: list[CacheSequence], decodes: list[CacheSequence]) -> list[Result]:
     """The old path: each chunk by `prefill_step`, then `decode_step` of the decoding sequences."""
     results: list[Result] = []
     for s in prefills:
@@ -135,7 +135,7 @@ def _alone(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Seque
     return results + (decode_step(model, decodes) if decodes else [])
 
 
-def segments_of(seqs: list[Sequence]) -> list[_Segment]:
+def segments_of(seqs: list[CacheSequence]) -> list[_Segment]:
     """Each sequence's segment of a packed input: its next prefill chunk, or its last token."""
     segments, start = [], 0
     for s in seqs:
@@ -150,7 +150,7 @@ def commit(g: _Segment, row: torch.Tensor) -> Result:
     `row`, its logits at its last position, accepted into its sequence."""
     s = g.seq
     try:
-        token = _pick(row, s.sampling, s.generator, s.stats) if g.yields else None
+        token = pick(row, s.sampling, s.generator, s.stats) if g.yields else None
     except Exception as exc:  # noqa: BLE001 - this sequence's error, handed to its caller
         s._finish("error")
         return SequenceError(s, exc)
@@ -162,7 +162,7 @@ def commit(g: _Segment, row: torch.Tensor) -> Result:
     return token
 
 
-def step(model: torch.nn.Module, prefills: list[Sequence], decodes: list[Sequence]) -> list[Result]:
+def step(model: torch.nn.Module, prefills: list[CacheSequence], decodes: list[CacheSequence]) -> list[Result]:
     """One prefill chunk of each of `prefills` and one decode step of each of `decodes` (all of `model`),
     packed into one forward where they can be; results in the order prefills + decodes (see the docstring)."""
     assert all(s.prefilling for s in prefills) and all(s.decoding for s in decodes)

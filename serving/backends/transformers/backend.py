@@ -335,7 +335,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         cancel: threading.Event,
         resolved: tuple[object, str | None] = (None, None),
     ) -> Generator[object, int | None, None]:
-        """On the model thread: yield the request's Sequence, then take its tokens as the batcher sends them
+        """On the model thread: yield the request's EngineSequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling
@@ -476,7 +476,7 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
         return (lease.entry.cache, n) if n else None
 
     def _logprob(self, lp) -> TokenLogprob:
-        """A kvmem.kv.decode.TokenLogprobs (ids) as the wire's TokenLogprob (texts and bytes)."""
+        """A kvmem.kv.sampling.TokenLogprobs (ids) as the wire's TokenLogprob (texts and bytes)."""
         text, raw = self._pieces(lp.token_id)
         top = []
         for token_id, logprob in lp.top:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.engine.percache.batch import Sequence, SequenceError, decode_step
+from benchmarks.engine.percache.batch import CacheSequence, SequenceError, decode_step
 from kvmem.kv import Sampling, generate
 from tests.conftest import ForwardLog, prompts_and_blocks
 
 
 def run_alone(model, ids, item, sampling, chunk=None) -> list[int]:
-    seq = Sequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
+    seq = CacheSequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
     while seq.prefilling:
         seq.prefill_step()
     while seq.decoding:
@@ -21,17 +21,17 @@ def run_alone(model, ids, item, sampling, chunk=None) -> list[int]:
     return seq.stats.token_ids
 
 
-def run_staggered(model, requests, samplings, chunk, arrive_at) -> tuple[list[Sequence], list[int]]:
-    """Sequence k joins at step arrive_at[k]; each step: one prefill chunk per prefilling sequence, then one
+def run_staggered(model, requests, samplings, chunk, arrive_at) -> tuple[list[CacheSequence], list[int]]:
+    """CacheSequence k joins at step arrive_at[k]; each step: one prefill chunk per prefilling sequence, then one
     decode step of all decoding ones. Returns the sequences and the batch size of every decode forward."""
-    seqs: list[Sequence] = []
+    seqs: list[CacheSequence] = []
     sizes: list[int] = []
     step = 0
     while len(seqs) < len(requests) or any(not s.finished for s in seqs):
         for k, (ids, item) in enumerate(requests):
             if arrive_at[k] == step:
                 seqs.append(
-                    Sequence(model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=chunk)
+                    CacheSequence(model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=chunk)
                 )
         for s in seqs:
             if s.prefilling:
@@ -121,7 +121,7 @@ def test_a_failing_batched_forward_is_retried_alone_and_an_error_stays_with_its_
     requests = prompts_and_blocks(tiny_handle, tokenizer)[:3]
     sp = Sampling(max_new_tokens=6)
     alone = [run_alone(model, ids, item, sp) for ids, item in requests]
-    seqs = [Sequence(model, ids, item=item, sampling=sp) for ids, item in requests]
+    seqs = [CacheSequence(model, ids, item=item, sampling=sp) for ids, item in requests]
     for s in seqs:
         s.prefill_step()
     broken = seqs[1]
@@ -151,7 +151,7 @@ def test_a_failing_batched_forward_is_retried_alone_and_an_error_stays_with_its_
 def test_cancel_is_taken_at_a_step_boundary(tiny_handle, tokenizer):
     ids, item = prompts_and_blocks(tiny_handle, tokenizer)[1]
     stop = []
-    seq = Sequence(
+    seq = CacheSequence(
         tiny_handle.model,
         ids,
         sampling=Sampling(max_new_tokens=50),
@@ -163,9 +163,9 @@ def test_cancel_is_taken_at_a_step_boundary(tiny_handle, tokenizer):
     stop.append(1)
     assert seq.check_cancel() and seq.finish_reason == "cancelled" and not seq.prefilling
     with pytest.raises(ValueError, match="empty prompt"):
-        Sequence(tiny_handle.model, [])
+        CacheSequence(tiny_handle.model, [])
     with pytest.raises(ValueError, match="prefill_chunk_tokens must be >= 1"):
-        Sequence(tiny_handle.model, ids, prefill_chunk_tokens=0)
+        CacheSequence(tiny_handle.model, ids, prefill_chunk_tokens=0)
 
 
 @pytest.mark.slow

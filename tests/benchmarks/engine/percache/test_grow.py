@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from benchmarks.engine.percache.batch import Sequence, decode_step
+from benchmarks.engine.percache.batch import CacheSequence, decode_step
 from benchmarks.engine.percache.grow import MIN_SPARE, append
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.kv.inject import _shared_layer
@@ -105,7 +105,7 @@ def test_batched_decode_through_the_grown_layers_gives_the_tokens_of_dynamic_cac
     n_tokens = 2 * MIN_SPARE + 5  # past the first buffer's spare room
     sampling = Sampling(max_new_tokens=n_tokens)
     reference = [list(generate(model, ids, item=item, sampling=sampling)) for ids, item in requests]
-    seqs = [Sequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
+    seqs = [CacheSequence(model, ids, item=item, sampling=sampling) for ids, item in requests]
     for s in seqs:
         while s.prefilling:
             s.prefill_step()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.engine.percache.batch import Sequence, SequenceError
+from benchmarks.engine.percache.batch import CacheSequence, SequenceError
 from benchmarks.engine.percache.packed import PACKED, step
 from kvmem.kv import Sampling, generate
 from tests.conftest import prompts_and_blocks
@@ -17,10 +17,10 @@ CHUNK = 32
 
 
 def run_packed(model, requests, samplings, arrive_at, hook=None):
-    """Sequence k joins at step arrive_at[k]; each step is one `packed.step` of one chunk per prefilling
+    """CacheSequence k joins at step arrive_at[k]; each step is one `packed.step` of one chunk per prefilling
     sequence and one decode step per decoding one. Returns the sequences, per step ((sequence, chunk tokens)
     of each prefill, the decoding sequences), the input shape of every forward and the errors."""
-    seqs: list[Sequence] = []
+    seqs: list[CacheSequence] = []
     steps, shapes, errors = [], [], []
     record = model.register_forward_pre_hook(
         lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -30,7 +30,7 @@ def run_packed(model, requests, samplings, arrive_at, hook=None):
             for k, (ids, item) in enumerate(requests):
                 if arrive_at[k] == len(steps):
                     seqs.append(
-                        Sequence(model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=CHUNK)
+                        CacheSequence(model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=CHUNK)
                     )
             prefills = [s for s in seqs if s.prefilling]
             decodes = [s for s in seqs if s.decoding]
@@ -82,7 +82,7 @@ def test_a_failing_packed_forward_restores_every_cache_and_errors_stay_with_thei
         list(generate(model, ids, item=item, sampling=sp))
         for (ids, item), sp in zip(requests, samplings, strict=True)
     ]
-    broken = Sequence(model, requests[2][0], item=requests[2][1], prefill_chunk_tokens=CHUNK)._prefill
+    broken = CacheSequence(model, requests[2][0], item=requests[2][1], prefill_chunk_tokens=CHUNK)._prefill
     assert len(broken) < CHUNK
     state = {"failed": 0}
 
