@@ -7,10 +7,9 @@ and the ids it holds, keyed by (user, session): never looked up across users. A 
 token prefix with its own prompt (`reuse`); the entry's pages are referenced, never written (nor is a stored
 block item it began from). When the turn ends the request *puts* its cache back as the session's entry.
 
-An entry's cache is the engine's page table (serving/engine/table.py: any object with `get_seq_length()`,
-`nbytes` and `close()`), whose pages a next turn references instead of copying; it is closed (its pages go
-back) when its entry is dropped or replaced, and the engine's pool drops the least recently used entry when
-it runs short (`drop_oldest`). Closing happens outside this class's lock.
+An entry's cache is the sequence's page table (table.py), whose pages a next turn references instead of
+copying; it is closed (its pages go back) when its entry is dropped or replaced, and the engine's pool drops
+the least recently used entry when it runs short (`drop_oldest`). Closing happens outside this class's lock.
 
 Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
 (memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
@@ -24,8 +23,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvmem.kv.inject import common_prefix_tokens
+
+if TYPE_CHECKING:
+    from serving.engine.table import PageTable
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class SessionEntry:
     user_id: str
     session_id: str
     ids: tuple[int, ...]  # the tokens the cache holds, in order
-    cache: object  # the engine's page table (see the module docstring)
+    cache: PageTable  # the turn's page table: its pages hold `ids`' K/V
     nbytes: int
     block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
     memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
@@ -143,7 +146,7 @@ class SessionCache:
                 self.stats.misses += 1
         return n
 
-    def put(self, lease: Lease, ids: Sequence[int], cache) -> bool:
+    def put(self, lease: Lease, ids: Sequence[int], cache: PageTable) -> bool:
         """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
         request carried, or it is over the bounds. Returns whether it was kept. The
         entry the request took goes; a cache not kept is closed."""
