@@ -4,6 +4,7 @@
 - table.py: one sequence's page table (shared pages, copy-on-write, its own pages from a reservation)
 - sequence.py: a request's sequence over the pool, and its admission (wait for pages, then 429)
 - runner.py: one forward per step, one attention computation per layer over the pages
+- plan.py: a step's plan (where each row's K/V lives, what it attends over), read by every layer
 - graphs.py: on a GPU, pure decode steps replayed as CUDA graphs over static buffers (bucketed shapes)
 - sampler.py: every row's token with one host sync
 - lora.py: requests under different LoRA adapters and none in one forward

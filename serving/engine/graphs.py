@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from serving.engine import runner
+from serving.engine.plan import PlanCache
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,9 @@ def supports(model: torch.nn.Module) -> bool:
     return not getattr(config, "sliding_window", None)  # a window with no layer types applies to every layer
 
 
-class StaticPlan(runner.PlanCache):
+class StaticPlan(PlanCache):
     """The indices of one bucket's step in fixed device buffers; `past_key_values` and `kvmem_step` of its
-    forward, as runner.StepPlan is of an eager one."""
+    forward, as plan.StepPlan is of an eager one."""
 
     def __init__(self, pool, inputs: torch.Tensor, rows: int, kcap: int) -> None:
         super().__init__()

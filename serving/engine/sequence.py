@@ -17,8 +17,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from kvmem.kv.sampling import GenerationStats, Sampling
 from kvmem.kv.inject import usable_prefix_tokens
+from kvmem.kv.sampling import GenerationStats, Sampling
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 

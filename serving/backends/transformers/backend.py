@@ -1,9 +1,10 @@
 """The transformers backend: the embedded default engine (CPU-capable), with KV-item injection.
 
 Owns the model, the tiered KV store and the model thread (model_loop.py): every request is a generator that
-hands its sequence to the model thread, which decodes all running sequences in one batched forward per step
-and prefills new ones in chunks in between (serving/engine/batcher.py), with block builds between steps. A bounded admission
-count gives 429s; a missing, corrupt or mismatched KV item means full prefill.
+hands its sequence to the model thread (steps.py), which decodes all running sequences in one batched forward
+per step and prefills new ones in chunks in between (serving/engine/batcher.py), with block builds between
+steps (builds.py). A bounded admission count gives 429s; a missing, corrupt or mismatched KV item means full
+prefill.
 """
 
 from __future__ import annotations
@@ -12,30 +13,23 @@ import asyncio
 import logging
 import os
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.transformers.adapters import adapter_slots, under_adapter, unload_erased, with_adapter
 from serving.backends.base import (
     SAMPLING_FEATURES,
     BackendError,
     GenerationRequest,
-    GenerationResult,
-    PoolFull,
-    StreamItem,
-    TokenDelta,
-    TokenLogprob,
-    TopLogprob,
 )
-from serving.backends.transformers.builds import EngineBuilds
 from serving.backends.stored import ResolvedBlock, StoredBlocksBackend
-from serving.engine.detok import IncrementalDetokenizer, TokenPieces
+from serving.backends.transformers.adapters import adapter_slots, under_adapter, unload_erased
+from serving.backends.transformers.builds import EngineBuilds
+from serving.backends.transformers.steps import EngineRequests
+from serving.engine.detok import TokenPieces
 from serving.engine.model_loop import ModelLoop
-from serving.engine.stops import StopMatcher
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -115,7 +109,7 @@ class TransformersBackendConfig:
             )
 
 
-class TransformersBackend(EngineBuilds, StoredBlocksBackend):
+class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
     name = "transformers"
     sampling_features = frozenset(SAMPLING_FEATURES)  # the decode loop applies them all (kvmem/kv/decode.py)
 
@@ -327,204 +321,6 @@ class TransformersBackend(EngineBuilds, StoredBlocksBackend):
     def _resolve_if_on_device(self, req: GenerationRequest) -> ResolvedBlock | None:
         """_resolve_item when the item (and its parent, the knowledge, if any) is on the device, else None."""
         return self._resolve_item(req) if self.store.on_device(req.block_item_id) else None
-
-    def _steps(
-        self,
-        req: GenerationRequest,
-        emit: Callable[[object], None],
-        cancel: threading.Event,
-        resolved: tuple[object, str | None] = (None, None),
-    ) -> Generator[object, int | None, None]:
-        """On the model thread: yield the request's EngineSequence, then take its tokens as the batcher sends them
-        (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
-        request's admission when done, however it ends, before the last item."""
-        from kvmem.kv import GenerationStats, Sampling
-        from serving.engine.sequence import admit
-
-        final: object = None  # the result or the error, sent once the admission is released
-        lease = seq = held_adapter = None
-        try:
-            if cancel.is_set():  # the client left while the request waited for its first turn
-                return
-            item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
-            room = self.max_context_tokens - len(req.prompt.ids)
-            max_new = min(req.sampling.max_new_tokens, room)
-            sp = req.sampling
-            sampling = Sampling(
-                max_new_tokens=max(1, max_new),
-                temperature=sp.temperature,
-                top_p=sp.top_p,
-                seed=sp.seed,
-                presence_penalty=sp.presence_penalty,
-                frequency_penalty=sp.frequency_penalty,
-                logit_bias=sp.logit_bias,
-                top_logprobs=sp.top_logprobs,
-            )
-            stats = GenerationStats()
-            detok = IncrementalDetokenizer(self.handle.tokenizer)
-            stops = StopMatcher(sp.stop)
-            finish = None
-            item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
-            head = None  # no block: the prompt's head, the head item or the stored knowledge (base model K/V)
-            if adapter is None:
-                if item is None:
-                    item = head = self._head_for(req)
-                elif req.block_item_id is None or req.prompt.block_len == 0:
-                    head = item  # the stored knowledge item (_knowledge_item_for)
-            system_head = head is not None and head is self.head_item
-            source = None
-            # a live session starts from its cache; not under an adapter (its K/V are the adapted model's)
-            if req.session_id is not None and req.adapter_id is None and self.sessions.enabled:
-                lease = self.sessions.take(req.user_id, req.session_id, req.block_item_id, req.memory_ids)
-                # its last turn's pages, by reference (serving/engine/sessions.py)
-                source = self._session_pages(lease, item, req.prompt.ids)
-            if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
-                self.adapters.hold(adapter)
-                held_adapter = adapter
-            for seq in admit(
-                self.pool,
-                self.handle.model,
-                req.prompt.ids,
-                item=item,
-                source=source,
-                max_new_tokens=sampling.max_new_tokens,
-                wait_s=self.config.kv_wait_s,
-                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                adapter=adapter,
-                sampling=sampling,
-                stop_token_ids=self._eos,
-                should_stop=cancel.is_set,
-                stats=stats,
-            ):
-                if seq is None:  # no pages free yet: the others run a step meanwhile
-                    yield
-            token = yield seq  # the batcher sends each token, then None once the sequence has ended
-            held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
-            received = 0  # tokens taken: stats.logprobs[i] is the i-th one's (when asked for)
-
-            def delta(text: str) -> TokenDelta:
-                """The held tokens as one delta, with their logprobs; clears them."""
-                first = received - len(held)
-                lps = stats.logprobs[first:received] if sampling.top_logprobs is not None else []
-                out = TokenDelta(text=text, token_ids=tuple(held), logprobs=tuple(map(self._logprob, lps)))
-                held.clear()
-                return out
-
-            while token is not None:
-                if token in self._eos:
-                    finish = "stop"
-                    break
-                received += 1
-                ready, hit = stops.feed(detok.add(token))
-                held.append(token)
-                if ready:
-                    emit(delta(ready))
-                if hit:
-                    finish = "stop"
-                    break
-                token = yield  # the next token (one step later) or None; None from a plain turn
-            if not stops.hit:  # a character still incomplete at the end: as the full decode has it
-                ready, hit = stops.feed(detok.flush())
-                if ready:
-                    emit(delta(ready))
-                finish = "stop" if hit else finish
-            if finish != "stop" or not stops.hit:
-                tail = stops.flush()
-                if tail:
-                    emit(delta(tail))
-                if held and sampling.top_logprobs is not None:  # tokens with no text (specials) at the end
-                    emit(delta(""))
-            if finish is None:
-                finish = "stop" if stats.finish_reason == "stop" else "length"
-            if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
-                cache = seq.keep_table()  # its pages, not a copy
-                fed = (*req.prompt.ids, *stats.token_ids)[: cache.get_seq_length()]
-                self.sessions.put(lease, fed, cache)
-                lease = None
-            final = GenerationResult(
-                finish_reason=finish,
-                prompt_tokens=len(req.prompt.ids),
-                # activation memory only: the shared head's tokens are the system prompt, no memory (the
-                # stored knowledge item's count, as they do under a block that has it as its parent)
-                cached_tokens=0 if system_head and source is None else stats.reused_tokens,
-                completion_tokens=len(stats.token_ids),
-                ttft_s=stats.ttft_s or 0.0,
-                kv_fallback_reason=fallback,
-            )
-        except GeneratorExit:  # the model loop closed
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
-            final = exc
-        finally:
-            if lease is not None:
-                self.sessions.release(lease)
-            if seq is not None:  # its pages go back to the pool (its table, or what keep_table left)
-                seq.release()
-            if held_adapter is not None:  # its use ends now (an erased one is unloaded), not at GC
-                self.adapters.unhold(held_adapter)
-            self._release()
-        if final is not None:  # after the release: a client may send its next request as soon as it sees this
-            emit(final)
-
-    def _session_pages(self, lease, item, prompt_ids) -> tuple[object, int] | None:
-        """(the page table the session's last turn left, the prompt tokens it covers) when it covers more of
-        the prompt than the block item does, else None (the request starts from the item)."""
-        from kvmem.kv.inject import usable_prefix_tokens
-
-        reused = max(usable_prefix_tokens(item, prompt_ids), 0) if item is not None else 0
-        n = self.sessions.reuse(lease, prompt_ids, reused)
-        return (lease.entry.cache, n) if n else None
-
-    def _logprob(self, lp) -> TokenLogprob:
-        """A kvmem.kv.sampling.TokenLogprobs (ids) as the wire's TokenLogprob (texts and bytes)."""
-        text, raw = self._pieces(lp.token_id)
-        top = []
-        for token_id, logprob in lp.top:
-            top_text, top_raw = self._pieces(token_id)
-            top.append(TopLogprob(top_text, logprob, top_raw))
-        return TokenLogprob(text, lp.logprob, raw, tuple(top))
-
-    async def stream(
-        self, req: GenerationRequest, is_disconnected: Callable[[], Awaitable[bool]] | None = None
-    ) -> AsyncIterator[StreamItem]:
-        self._require_ready()
-        self._admit()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-
-        def emit(obj: object) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, obj)
-
-        started = time.perf_counter()
-        try:
-            resolved = await self._resolve_off_model_thread(req)
-            self._loop.start(self._steps(req, emit, cancel, resolved))
-        except BaseException:
-            self._release()
-            raise
-        try:
-            while True:
-                try:
-                    obj = await asyncio.wait_for(queue.get(), timeout=0.25)
-                except asyncio.TimeoutError:
-                    if is_disconnected is not None and await is_disconnected():
-                        log.info("client disconnected; stopping request %s", req.request_id)
-                        return
-                    continue
-                if isinstance(obj, PoolFull):  # no KV pages within kv_wait_s: 429, the client retries
-                    raise obj
-                if isinstance(obj, BaseException):
-                    raise BackendError(f"generation failed: {obj}") from obj
-                yield obj
-                if isinstance(obj, GenerationResult):
-                    return
-                if is_disconnected is not None and await is_disconnected():
-                    log.info("client disconnected; stopping request %s", req.request_id)
-                    return
-        finally:
-            cancel.set()
-            log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)
 
 
 def _refuse_unless_the_engine_runs(handle) -> None:

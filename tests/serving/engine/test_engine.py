@@ -11,6 +11,7 @@ import torch
 
 from kvmem.kv import Sampling, generate
 from serving.engine import attention, runner
+from serving.engine import plan as step_plan
 from serving.engine.pages import PagePool, PoolFull, PoolShape
 from serving.engine.sequence import SequenceError, admit
 from tests.conftest import prompts_and_blocks
@@ -53,7 +54,7 @@ def prefix_groups(request, monkeypatch):
     """Rows read shared pages once per group for every prefix (GROUP_MIN_READS 0), or only past the
     production threshold, which these tiny blocks fall below (each row gathers the prefix with its rest)."""
     if request.param == "every prefix grouped":
-        monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)
+        monkeypatch.setattr(step_plan, "GROUP_MIN_READS", 0)
     return request.param
 
 
@@ -419,7 +420,7 @@ def test_a_sequences_own_pages_are_one_run_and_its_prefill_reads_a_view(tiny_han
     pages = seq.table.pages
     assert len(pages) == pool.pages_for(len(ids) + 6) > 2
     assert pages == list(range(pages[0], pages[0] + len(pages)))
-    plan = runner.StepPlan(pool, [seq], [seq._prefill[:CHUNK]], torch.device("cpu"))
+    plan = step_plan.StepPlan(pool, [seq], [seq._prefill[:CHUNK]], torch.device("cpu"))
     seq.table.length, seq.position = 0, 0  # the plan above only looked: undo its extend
     assert isinstance(plan.wide[3], slice)
     while not seq.finished:
@@ -467,7 +468,7 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     model = tiny_sliding(kind, len(tokenizer))
     assert runner.supports(model)
     groups = {"masked": 0, "left": 0}
-    narrow_for = runner.StepPlan.narrow_for
+    narrow_for = step_plan.StepPlan.narrow_for
 
     def counted(plan, window):
         mask, prefixes = narrow_for(plan, window)
@@ -476,8 +477,8 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
             groups["left"] += len(plan.narrow[5]) - len(prefixes)
         return mask, prefixes
 
-    monkeypatch.setattr(runner.StepPlan, "narrow_for", counted)
-    monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
+    monkeypatch.setattr(step_plan.StepPlan, "narrow_for", counted)
+    monkeypatch.setattr(step_plan, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
     config = model.config.get_text_config()
     assert config.sliding_window == 40
     if kind == "qwen2":
@@ -548,11 +549,11 @@ def test_soft_capped_and_sink_attention_in_the_engine_equals_a_full_prefill(toke
 
     model = tiny_capped(kind, len(tokenizer))
     assert runner.supports(model) and not graphs.supports(model)
-    monkeypatch.setattr(runner, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
+    monkeypatch.setattr(step_plan, "GROUP_MIN_READS", 0)  # every shared prefix read as a group
     pool, batched, full = equal_to_a_full_prefill(model, tokenizer, kind)
-    attend = runner.StepPlan.attend
+    attend = step_plan.StepPlan.attend
     monkeypatch.setattr(
-        runner.StepPlan, "attend", lambda plan, *a, softcap=None, sinks=None: attend(plan, *a)
+        step_plan.StepPlan, "attend", lambda plan, *a, softcap=None, sinks=None: attend(plan, *a)
     )  # the cap and the sinks ignored
     assert batched() != full
     assert pool.used_pages == pool.shared.page_count()
