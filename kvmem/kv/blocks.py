@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import KVItem, build_item, item_from_kv, item_id_for
+from kvmem.kv.item import KVItem, item_from_kv, item_id_for
 from kvmem.kv.layout import PromptLayout
+from kvmem.kv.prefill import build_item
 from kvmem.kv.store import TieredKVStore
 
 if TYPE_CHECKING:

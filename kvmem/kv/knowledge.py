@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError, KvmemError
-from kvmem.kv.item import KVItem, build_item, item_id_for
+from kvmem.kv.item import KVItem, item_id_for
+from kvmem.kv.prefill import build_item
 
 if TYPE_CHECKING:
     from kvmem.kv.layout import PromptLayout

@@ -12,7 +12,7 @@ import torch
 from kvmem.errors import ModelLoadError
 from kvmem.kv import fingerprint
 from kvmem.kv.fingerprint import Fingerprint
-from kvmem.kv.item import build_item
+from kvmem.kv.prefill import build_item
 from kvmem.models import load_model, parse_dtype, resolve_device
 
 

@@ -135,8 +135,9 @@ def test_requests_over_one_block_share_its_pages(tiny_handle, tokenizer, prefix_
 def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
     from dataclasses import replace
 
-    from kvmem.kv.item import KVItem, build_item
+    from kvmem.kv.item import KVItem
     from kvmem.kv.layout import PromptLayout
+    from kvmem.kv.prefill import build_item
     from tests.conftest import synthetic_memories
 
     model = tiny_handle.model
