@@ -17,6 +17,8 @@ from kvmem.text.errors import (
     EmbedderMismatch,
     InvalidMemoryInput,
     MemoryNotFound,
+    RerankerLoadError,
+    RerankerUnavailable,
     StoreUnavailable,
     SubscriberError,
     TextStoreError,
@@ -34,7 +36,7 @@ from kvmem.text.records import (
     Turn,
     TurnPage,
 )
-from kvmem.text.rerank import Reranker, RerankerLoadError, RerankerUnavailable
+from kvmem.text.rerank import Reranker
 from kvmem.text.store import MemoryStore
 
 __all__ = [

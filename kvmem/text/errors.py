@@ -42,3 +42,11 @@ class StoreUnavailable(TextStoreError, DependencyUnavailable):
     committed). `dependency` names it ("postgresql"), `where` its host:port; the message holds no password.
     A kvmem.errors.DependencyUnavailable, so serving answers 503 `dependency_unavailable`; the store's next
     call reconnects by itself."""
+
+
+class RerankerLoadError(TextStoreError, ValueError):
+    """A reranker could not be built: weights missing, corrupt, or fitted on another feature set."""
+
+
+class RerankerUnavailable(TextStoreError):
+    """A reranker could not score this query (its endpoint failed); search keeps the first-stage order."""

@@ -9,11 +9,10 @@ store's. Knows nothing of search.
 
 from __future__ import annotations
 
-import io
 import os
 import sqlite3
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import numpy as np
 
@@ -34,9 +33,6 @@ from kvmem.text.rows import (
     row_to_memory,
 )
 from kvmem.text.vectors import VectorCache
-
-if TYPE_CHECKING:
-    from kvmem.text.store import MemoryStore
 
 ON_CONFLICT = ("error", "skip")
 
@@ -153,10 +149,3 @@ def import_vectors(
         for i, vector in zip(chunk, embedder.embed([records[i].memory.text for i in chunk]), strict=False):
             out[i] = np.asarray(vector, dtype=np.float32)  # [dim]
     return out  # type: ignore[return-value]
-
-
-def dumps_jsonl(store: MemoryStore, user_id: str | None = None) -> str:
-    """A dump as one string (small stores, tests)."""
-    buffer = io.StringIO()
-    store.export_jsonl(buffer, user_id)
-    return buffer.getvalue()

@@ -19,20 +19,14 @@ from typing import Protocol
 
 import numpy as np
 
-from kvmem.text.errors import TextStoreError
+from kvmem.text.errors import RerankerLoadError
+from kvmem.text.errors import RerankerUnavailable as RerankerUnavailable  # lives in errors.py; re-exported
 from kvmem.text.rerank_features import FEATURE_SET, FEATURES, NUM_FEATURES
+from kvmem.text.rerank_llm import LLMJudge
 
 WEIGHTS_FORMAT = "kvmem-rerank/1"
 DEFAULT_WEIGHTS = Path(__file__).with_name("rerank_weights.json")
 RERANKERS = ("none", "ltr", "llm")
-
-
-class RerankerLoadError(TextStoreError, ValueError):
-    """A reranker could not be built: weights missing, corrupt, or fitted on another feature set."""
-
-
-class RerankerUnavailable(TextStoreError):
-    """A reranker could not score this query (its endpoint failed); search keeps the first-stage order."""
 
 
 class Reranker(Protocol):
@@ -196,8 +190,6 @@ def build_reranker(
     if name == "ltr":
         return load_weights(weights)
     if name == "llm":
-        from kvmem.text.rerank_llm import LLMJudge
-
         if not llm_url:
             raise RerankerLoadError("the 'llm' reranker needs rerank_llm_url (an OpenAI-compatible base URL)")
         return LLMJudge(llm_url, llm_model)

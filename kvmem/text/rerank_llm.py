@@ -18,7 +18,7 @@ import urllib.request
 
 import numpy as np
 
-from kvmem.text.rerank import RerankerUnavailable
+from kvmem.text.errors import RerankerUnavailable
 
 _TEXT_CHARS = 300
 INSTRUCTIONS = (

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.text.rerank import Reranker, RerankerUnavailable, apply_scores
+from kvmem.text.errors import RerankerUnavailable
+from kvmem.text.rerank import Reranker, apply_scores
 from kvmem.text.rerank_features import LegScores, candidate_features
 from kvmem.text.vectors import UserVectors
 

@@ -1,22 +1,23 @@
 """MemoryStore: every memory of every user, in one SQLite file (WAL) or one PostgreSQL database (a
 `postgresql://` URL: several replicas share it), with hybrid search and change events.
 
-Owns the public API and each call's shape: checks (filters.py), then one transaction (db.py) of row
-statements (rows.py), so a failure writes nothing and a returned write is durable; then the in-process
-caches are brought in step. Every query carries the user id, so no call returns another user's memory.
-Subscribers hear (memory id, user, added/updated/deleted) after the commit and before the call returns
-(DESIGN invariant 5). Search, dumps and embedder bookkeeping live in search.py, jsonl.py,
-store_embeddings.py; the conversation log's calls (log.py), formation's writes and supersession (formed.py)
-and deletes (deletes.py) are mixed in. Knows nothing of HTTP, KV items or scheduling.
+Owns opening the store and its writes (add, update, import): checks (filters.py), then one transaction
+(db.py) of row statements (rows.py), so a failure writes nothing and a returned write is durable; then the
+in-process caches are brought in step. Subscribers hear (memory id, user, added/updated/deleted) after the
+commit and before the call returns (DESIGN invariant 5). The reads and search (reads.py), the conversation
+log's calls (log.py), formation's writes and supersession (formed.py) and deletes (deletes.py) are mixed in;
+ranking, dumps and embedder bookkeeping live in search.py, jsonl.py, store_embeddings.py. Every query carries
+the user id, so no call returns another user's memory. Knows nothing of HTTP, KV items or scheduling.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
@@ -29,65 +30,43 @@ from kvmem.text.db import Database
 from kvmem.text.deletes import MemoryDeletes
 from kvmem.text.dialect import is_postgres_url
 from kvmem.text.embedders import Embedder, default_embedder
-from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
+from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound, RerankerLoadError
 from kvmem.text.filters import (
-    SearchFilters,
-    check_int,
     check_memory_id,
     check_metadata,
-    check_min_score,
     check_optional_id,
     check_slots,
     check_tags,
     check_text,
     check_user_id,
-    filter_sql,
     format_time,
-    merge_session_id,
     parse_add_items,
-    parse_filters,
 )
 from kvmem.text.formed import FormationWrites
-from kvmem.text.jsonl import ON_CONFLICT, dumps_jsonl, export_jsonl, import_jsonl
+from kvmem.text.jsonl import ON_CONFLICT, export_jsonl, import_jsonl
 from kvmem.text.log import ConversationLog
-from kvmem.text.records import ChangeEvent, Memory, MemoryVersion, Page, SearchHit
-from kvmem.text.rerank import Reranker, RerankerLoadError, build_reranker
+from kvmem.text.reads import MemoryReads
+from kvmem.text.records import ChangeEvent, Memory
+from kvmem.text.rerank import Reranker, build_reranker
 from kvmem.text.rerank_features import speaker_of
-from kvmem.text.rerank_stage import Candidates
-from kvmem.text.rows import (
-    COLUMNS,
-    CURRENT,
-    LIVE,
-    active_by_rowids,
-    bump_generation,
-    find_live,
-    insert_memory,
-    live_by_ids,
-    read_versions,
-    row_to_memory,
-    write_version,
-)
+from kvmem.text.rows import bump_generation, find_live, insert_memory, write_version
 from kvmem.text.schema import migrate
-from kvmem.text.search import SEARCH_MODES, rank_rows
 from kvmem.text.store_embeddings import TextVectorCache, embed_texts, reconcile_embedder
 from kvmem.text.vectors import VectorCache
 
-__all__ = ["MemoryStore", "dumps_jsonl"]  # dumps_jsonl lives in jsonl.py; importable from here as before
-
 logger = logging.getLogger(__name__)
 
-_LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 
-
-class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
+class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes):
     """The plaintext memory store. Thread-safe: a database connection per thread, writes serialized by a lock
     (across processes too). `path`: a SQLite file, or a `postgresql://user@host:port/db` URL (same behaviour;
     StoreUnavailable when the server cannot be reached, and the next call reconnects).
 
         Served memories (active, not superseded) are what search, list and memories_by_ids return by default;
-        `get` and `count` also see superseded ones. The conversation log (log_turns, ...) and formation's writes
-        (commit_formed, supersede, slot_candidates) and deletes with their cascade to the log (delete,
-        delete_session, delete_user) come from the mixins ConversationLog, FormationWrites and MemoryDeletes.
+        `get` and `count` also see superseded ones. The reads (get, list, search, ...), the conversation log
+        (log_turns, ...) and formation's writes (commit_formed, supersede, slot_candidates) and deletes with
+        their cascade to the log (delete, delete_session, delete_user) come from the mixins MemoryReads,
+        ConversationLog, FormationWrites and MemoryDeletes.
 
         Raises InvalidMemoryInput for bad arguments (nothing written), MemoryNotFound for an id that is not a
         live memory of this user, SubscriberError if a subscriber raised (the write stands).
@@ -243,41 +222,6 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
     # add's and import's insert path (rows.insert_memory); a class attribute, so tests can make it fail mid-batch.
     _insert = staticmethod(insert_memory)
 
-    # ----------------------------------------------------------------- read one
-
-    def get(self, user_id: str, memory_id: str) -> Memory:
-        """The live memory `memory_id` of `user_id`, superseded or not (its valid_to and superseded_by say);
-        MemoryNotFound if absent, deleted or another user's."""
-        check_user_id(user_id)
-        check_memory_id(memory_id)
-        found = find_live(self._conn(), user_id, memory_id)
-        if found is None:
-            raise MemoryNotFound(memory_id, user_id)
-        return found.memory
-
-    def history(self, user_id: str, memory_id: str) -> list[MemoryVersion]:
-        """Previous versions of a memory, oldest first (the current one is `get`)."""
-        check_user_id(user_id)
-        check_memory_id(memory_id)
-        with self._db.snapshot() as conn:
-            found = find_live(conn, user_id, memory_id)
-            if found is None:
-                raise MemoryNotFound(memory_id, user_id)
-            return read_versions(conn, found.rowid)
-
-    def memories_by_ids(
-        self, user_id: str, ids: Iterable[str], include_superseded: bool = False
-    ) -> list[Memory]:
-        """This user's live memories with these ids, in the given order; missing ids are skipped, and so are
-        superseded memories unless `include_superseded` (the KV tiers build only from what is served)."""
-        check_user_id(user_id)
-        ids = list(ids)
-        for memory_id in ids:
-            check_memory_id(memory_id)
-        with self._db.snapshot() as conn:
-            found = live_by_ids(conn, user_id, list(dict.fromkeys(ids)), include_superseded)
-        return [found[i] for i in ids if i in found]
-
     # ----------------------------------------------------------------- update
 
     def update(
@@ -341,137 +285,6 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
             tx.events.append(ChangeEvent(memory_id, user_id, "updated", text_changed=said))
         return new
 
-    # ----------------------------------------------------------------- list and count
-
-    def list(
-        self,
-        user_id: str,
-        *,
-        session_id: str | None = None,
-        page: int = 1,
-        page_size: int = 20,
-        filters: dict | SearchFilters | None = None,
-        state: str = "active",
-        include_superseded: bool = False,
-    ) -> Page:
-        """This user's memories, newest first (created_at, then insertion order); state: active|archived|all.
-        Superseded memories are left out unless `include_superseded`."""
-        check_user_id(user_id)
-        check_optional_id(session_id, "session_id")
-        check_int(page, "page", 1, 2**31)
-        check_int(page_size, "page_size", 1, self.config.max_page_size)
-        if state not in _LIST_STATES:
-            raise InvalidMemoryInput(f"state must be one of {sorted(_LIST_STATES)}, got {state!r}")
-        clause, params = filter_sql(merge_session_id(parse_filters(filters), session_id), self._db.dialect)
-        current = "" if include_superseded else f" AND {CURRENT}"
-        where = f"m.user_id = ? AND {_LIST_STATES[state]}{current}{clause}"
-        with self._db.snapshot() as conn:
-            total = conn.execute(
-                f"SELECT count(*) FROM memories m WHERE {where}", (user_id, *params)
-            ).fetchone()[0]
-            rows = conn.execute(
-                f"SELECT {COLUMNS} FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.rowid DESC "
-                "LIMIT ? OFFSET ?",
-                (user_id, *params, page_size, (page - 1) * page_size),
-            ).fetchall()
-        return Page(items=[row_to_memory(r) for r in rows], page=page, page_size=page_size, total=total)
-
-    def count(self, user_id: str) -> int:
-        """How many live (active or archived) memories this user has, superseded ones included."""
-        check_user_id(user_id)
-        return (
-            self._conn()
-            .execute(f"SELECT count(*) FROM memories m WHERE m.user_id = ? AND {LIVE}", (user_id,))
-            .fetchone()[0]
-        )
-
-    def count_by_user(self) -> dict[str, int]:
-        """Live memories per user, for every user in the file (an operator view: it names all users)."""
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT m.user_id, count(*) FROM memories m WHERE {LIVE} "
-                "GROUP BY m.user_id ORDER BY m.user_id"
-            )
-            .fetchall()
-        )
-        return dict(rows)
-
-    # ----------------------------------------------------------------- search
-
-    def search_candidates(self, user_id: str, query: str) -> Candidates | None:
-        """The second stage's input for a hybrid search of `query` (the first stage's top rerank_depth with
-        their features and texts), or None when the user has no candidates. For fitting and measuring
-        rerankers (benchmarks/memory/rerank_train.py); search itself never needs it."""
-        check_user_id(user_id)
-        check_text(query, self.config.max_text_tokens, self.config.max_text_chars, "query")
-        kept: list[Candidates] = []
-        with self._db.snapshot() as conn:
-            rank_rows(
-                conn,
-                self._vectors,
-                self.embedder.dim,
-                user_id,
-                query,
-                self._embed([query])[0],
-                parse_filters(None),
-                "hybrid",
-                10,
-                self.config,
-                self._clock,
-                keep_candidates=kept,
-            )
-        return kept[0] if kept else None
-
-    def search(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        top_k: int = 10,
-        filters: dict | SearchFilters | None = None,
-        min_score: float | None = None,
-        mode: str = "hybrid",
-        include_superseded: bool = False,
-    ) -> list[SearchHit]:
-        """This user's served memories best matching `query`, best first; with `include_superseded`, every
-        active one, superseded ones too (for questions about the past; not cached, so slower).
-
-        mode: keyword (FTS5 BM25), dense (cosine over embeddings) or hybrid (the two fused, with
-        conversational context: see search.fuse_legs; score in [0, 1]). min_score applies to that mode's
-        score.
-        """
-        check_user_id(user_id)
-        check_text(query, self.config.max_text_tokens, self.config.max_text_chars, "query")
-        check_int(top_k, "top_k", 1, self.config.max_top_k)
-        if mode not in SEARCH_MODES:
-            raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
-        check_min_score(min_score)
-        query_vector = self._embed([query])[0] if mode != "keyword" else None
-        with self._db.snapshot() as conn:
-            ranked = rank_rows(
-                conn,
-                self._vectors,
-                self.embedder.dim,
-                user_id,
-                query,
-                query_vector,
-                parse_filters(filters),
-                mode,
-                top_k,
-                self.config,
-                self._clock,
-                include_superseded,
-                self._reranker() if mode == "hybrid" else None,
-            )
-        if min_score is not None:
-            ranked = [(r, s) for r, s in ranked if s >= min_score]
-        ranked = ranked[:top_k]
-        if not ranked:
-            return []
-        by_rowid = active_by_rowids(self._conn(), user_id, [r for r, _ in ranked], include_superseded)
-        return [SearchHit(memory=by_rowid[r], score=s) for r, s in ranked if r in by_rowid]
-
     # ----------------------------------------------------------------- export and import
 
     def export_jsonl(self, fp_or_path: str | os.PathLike | IO[str], user_id: str | None = None) -> int:
@@ -500,3 +313,10 @@ class MemoryStore(ConversationLog, FormationWrites, MemoryDeletes):
             on_conflict=on_conflict,
             insert=self._insert,
         )
+
+
+def dumps_jsonl(store: MemoryStore, user_id: str | None = None) -> str:
+    """A dump as one string (small stores, tests)."""
+    buffer = io.StringIO()
+    store.export_jsonl(buffer, user_id)
+    return buffer.getvalue()
