@@ -6,8 +6,9 @@ Owns the request path onto vLLM: the cache salt (user + block item, so no user r
 and a changed block is never served from an old one), the item hand-off to the connector (verified by the same
 tiered store the transformers backend uses), sampling, stop strings, 429 admission and aborts, and block builds
 (the KV item is prefilled by transformers, as `kvmem build` does, then made resident in vLLM). Engine stepping
-is vllm_engine.py's, the paged-cache write vllm_connector.py's, what a request carries (salt, sampling, LoRA
-name, fallback kind) vllm_request.py's. vLLM is imported only in these modules.
+is engine.py's, the paged-cache write connector.py's, what a request carries (salt, sampling, LoRA name,
+fallback kind) request.py's, the settings (VllmBackendConfig) config.py's. vLLM is imported only in these
+modules.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvmem.adapters import AdapterRegistry
 from kvmem.datadir import DataDir
 from kvmem.errors import KVItemError, KvmemError
-from serving.backends.transformers.adapters import adapter_slots, item_fits, under_adapter, unload_erased, user_adapter
 from serving.backends.base import (
     BackendError,
     GenerationRequest,
@@ -33,6 +32,14 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.stored import StoredBlocksBackend
+from serving.backends.transformers.adapters import (
+    adapter_slots,
+    item_fits,
+    under_adapter,
+    unload_erased,
+    user_adapter,
+)
+from serving.backends.vllm.config import VllmBackendConfig
 from serving.backends.vllm.request import (
     cache_salt,
     fallback_after,
@@ -47,37 +54,6 @@ if TYPE_CHECKING:
     from serving.backends.vllm.engine import RequestSink
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VllmBackendConfig:
-    model: str | None = None  # local safetensors dir or HF id; None = the default model (provisioned)
-    data_dir: str = ".kvmem"
-    max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
-    kv_cache_bytes: int = 1 << 30  # vLLM's paged KV cache (on CPU: host memory)
-    block_size: int | None = None  # vLLM's KV block size; None = the platform default (128 on CPU)
-    max_model_len: int | None = None  # None = the model's context length
-    system_prompt: str | None = None
-    enable_lora: bool = False
-    max_lora_rank: int = 8
-    seed: int = 0  # vLLM seeds this process's global RNGs with it (the engine runs in-process)
-    # vLLM's model dtype. float32 on CPU (bf16 is ~10x slower there); on a CUDA GPU float32 runs vLLM's Triton
-    # attention, bfloat16/float16 its FlashAttention (FlashInfer on Blackwell): all three take stored KV.
-    # `kvmem serve --dtype` sets it; its "auto" keeps this default
-    dtype: str = "float32"
-    host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
-
-    def __post_init__(self) -> None:
-        if self.max_queue < 1:
-            raise ValueError(f"VllmBackendConfig.max_queue must be >= 1, got {self.max_queue}")
-        if self.kv_cache_bytes < 1 << 20:
-            raise ValueError(f"VllmBackendConfig.kv_cache_bytes must be >= 1 MiB, got {self.kv_cache_bytes}")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"VllmBackendConfig.block_size must be >= 1, got {self.block_size}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"VllmBackendConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
-            )
 
 
 class VllmBackend(StoredBlocksBackend):

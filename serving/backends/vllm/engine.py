@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from serving.engine.model_loop import LoopClosed, ModelLoop
 
 if TYPE_CHECKING:
-    from serving.backends.vllm.backend import VllmBackendConfig
+    from serving.backends.vllm.config import VllmBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +184,8 @@ def make_engine(path: str, max_len: int, config: VllmBackendConfig) -> Any:
     from vllm.v1.engine.llm_engine import LLMEngine
     from vllm.v1.executor import Executor
 
-    from serving.backends.vllm import connector as vllm_connector
     from serving.backends.base import BackendError
+    from serving.backends.vllm import connector as vllm_connector
     from serving.backends.vllm.layouts import check_engine_config
 
     # the connector writes the CPU backend's cache (vLLM's CPU op) and CUDA's FlashAttention, FlashInfer and
