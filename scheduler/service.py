@@ -4,7 +4,8 @@ Request path: `get` (a dict read, plus a check that the block is still stored an
 off; a user's first read in this process also looks for their stored block, which never prefills) and
 `record_access` / `session_start` / `report_unservable` (an enqueue). Store changes arrive through
 `on_change`, which stops serving every affected block *before it returns* (worker.invalidate) and enqueues
-the rebuild. Composes the parts; computes nothing itself. Knows nothing of HTTP.
+the rebuild. Composes the parts; computes nothing itself. The served adapter's view and poll are mixed in
+(served_adapters.py); the stats record is stats.py's. Knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,43 +22,19 @@ from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
-from scheduler.plan import AdapterPlan, Plan, PlanBook
+from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task, make_queue
+from scheduler.served_adapters import ServedAdapters
+from scheduler.stats import SchedulerStats
 from scheduler.worker import MemorySource, TaskQueue, Worker
 
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
 )
 RESTORE_WAIT_S = 2.0  # how long a read waits for the same user's first-read restore under way elsewhere
-ADAPTER_POLL_S = 1.0  # how often the worker stats held users' adapter pointers (another process may move one)
 
 
-@dataclass(frozen=True)
-class SchedulerStats:
-    num_blocks: int  # activation tier: users with a published block ...
-    block_memories: int  # ... the memories those blocks hold ...
-    block_tokens: int
-    block_bytes: int
-    tracked_memories: int  # plaintext tier: memories the scheduler has heat for
-    plan_reads: int
-    plan_hits: int  # reads that found a block
-    queue_depth: int
-    tasks_done: int
-    task_p50_s: float
-    task_p99_s: float
-    task_max_s: float
-    builds: int  # blocks the worker asked for (a stored one found again counts too) ...
-    prefills: int  # ... and those of them that were prefilled
-    discarded_builds: int
-    distill_candidates: int
-    dropped_tasks: int = 0  # tasks and access events the bounded in-process queue dropped (queue.py)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.plan_hits / self.plan_reads if self.plan_reads else 0.0
-
-
-class Scheduler:
+class Scheduler(ServedAdapters):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -262,39 +239,6 @@ class Scheduler:
             self.worker.guard.retract(user_id, plan.block.item_id, rebuild=False)
         return plan if why is None else replace(plan, block=None)
 
-    def served_adapter(self, user_id: str, *, fresh: bool = True) -> AdapterPlan | None:
-        """The user's served adapter, or None; None too when the builder's backend applies no adapter (its
-        `serves_adapters`): the adapter's facts then stay in the user's block or go as text. `fresh`
-        (a plan read, the distillation sweep): a pointer stat, and a version's check when it changed
-        (ActiveAdapters.check), not recorded, so the worker still notices the move and rebuilds (`poll_adapters`);
-        else what the worker last found, a dict read (ActiveAdapters.peek)."""
-        if not self._serves_adapters():
-            return None
-        return _adapter_plan(self.adapters.check(user_id) if fresh else self.adapters.peek(user_id).manifest)
-
-    def _worker_adapter(self, user_id: str) -> AdapterPlan | None:
-        """The worker's read of the user's served adapter (ActiveAdapters.get): recorded, since the refresh that
-        asks for it acts on it (builds the block under it, or without its facts)."""
-        return _adapter_plan(self.adapters.get(user_id)) if self._serves_adapters() else None
-
-    def _serves_adapters(self) -> bool:
-        return self.adapters is not None and self.builder.serves_adapters
-
-    def _with_adapter(self, plan: Plan) -> tuple[bool, Plan]:
-        """`plan` with the adapter the worker last found served (one stat of the pointer file, no registry
-        read, no hash), and whether that is checked. A pointer moved since (another process activated or
-        rolled back a version, or the cascade stopped one) is unchecked: the plan then serves neither an
-        adapter nor a block (text) until the worker's check (ActiveAdapters.get)."""
-        if not self._serves_adapters():
-            return True, plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
-        seen = self.adapters.peek(plan.user_id)
-        if not seen.current:
-            return False, replace(plan, block=None, adapter=None, adapter_id=None)
-        adapter = _adapter_plan(seen.manifest)
-        if adapter is None:
-            return True, plan if plan.adapter is None else replace(plan, adapter=None, adapter_id=None)
-        return True, replace(plan, adapter=adapter, adapter_id=adapter.adapter_id)
-
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
         if why != "fence_unreadable":  # lasting: retract it for every reader and rebuild
@@ -314,14 +258,6 @@ class Scheduler:
             self.adapters.drop_covering(user_id, None, "all the user's memories were deleted")
             self.adapters.erase_stale(user_id, None, "all the user's memories were deleted")
         return self.worker.forget_user(user_id)  # every block of the user's, under an adapter or not
-
-    def _drop_adapter_block(self, user_id: str) -> None:
-        """The user's adapter stopped: a block built under it (its K/V carry the adapter's facts) stops being
-        served and is deleted before the store call returns."""
-        block = self.plans.get(user_id).block
-        if block is not None and block.adapter is not None:
-            self.worker.guard.retract(user_id, block.item_id)
-            self.builder.drop_block(block.item_id)
 
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))
@@ -360,25 +296,6 @@ class Scheduler:
     def _between_tasks(self) -> None:
         self.poll_layout()
         self.poll_adapters()
-
-    def poll_adapters(self, *, force: bool = False) -> list[str]:
-        """At most every `ADAPTER_POLL_S` (unless `force`), on the worker: stat the adapter pointer of every user
-        the plan book holds (ActiveAdapters.get; a new version is checked here, hashes included, never on the
-        request path) and enqueue a refresh for each user whose served adapter changed. Returns those users."""
-        now = time.monotonic()
-        if self.adapters is None or (not force and now - self._adapters_polled < ADAPTER_POLL_S):
-            return []
-        self._adapters_polled = now
-        changed = []
-        for user_id in self.plans.users():
-            seen = self.adapters.peek(user_id)
-            if seen.current:
-                continue
-            after = self.adapters.get(user_id)
-            if (seen.manifest and seen.manifest.name) != (after and after.name):
-                changed.append(user_id)
-                self.queue.put(Task("refresh", user_id))
-        return changed
 
     # -- the builder's layout (worker thread, between tasks) -------------------------------------------------
     def poll_layout(self, *, force: bool = False) -> bool:
@@ -498,19 +415,6 @@ class Scheduler:
             distill_candidates=sum(len(v) for v in self.worker.distill.values()),
             dropped_tasks=int(getattr(self.queue, "dropped", 0)),
         )
-
-
-def _adapter_plan(manifest: Any) -> AdapterPlan | None:
-    """The plan's view of an adapter manifest (kvmem.adapters.AdapterManifest), or None."""
-    if manifest is None:
-        return None
-    return AdapterPlan(
-        manifest.adapter_id,
-        manifest.version,
-        manifest.name,
-        manifest.served_memory_ids,
-        manifest.memory_ids,
-    )
 
 
 __all__ = ["AccessEvent", "Scheduler", "SchedulerStats"]

@@ -1,8 +1,9 @@
 """The worker: runs the scheduler's tasks (apply access, rebuild, prewarm, evict) and the synchronous invalidation.
 
 Owns the per-user generation counter that makes a build racing a store change discard its result, the only
-writes to heat and plans, and the delete cascade beyond the current plan (every stored block built from a
-changed memory). Blocks are built through an injected `BlockMaker` (block_maker.py: serving's adapter over its
+writes to heat and plans, and the refresh that chooses, builds and publishes a user's block. Mixed in: the
+synchronous invalidation and the delete cascade beyond the current plan (invalidate.py) and the overall cap
+(total_cap.py). Blocks are built through an injected `BlockMaker` (block_maker.py: serving's adapter over its
 backend; a fake in tests and the simulator); what keeps published blocks servable is guard.py; the queue and
 the thread that drains it belong to the facade in service.py.
 """
@@ -10,19 +11,17 @@ the thread that drains it belong to the facade in service.py.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvmem.errors import DependencyUnavailable
 from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import BlockGuard, Fence
-from scheduler.heat import AccessEvent, HeatStats, HeatTable
+from scheduler.heat import AccessEvent, HeatTable
+from scheduler.invalidate import Invalidation, memory_time
 from scheduler.plan import AdapterPlan, BlockPlan, Plan, PlanBook
 from scheduler.policy import (
     BlockDecision,
@@ -33,6 +32,7 @@ from scheduler.policy import (
     user_cap_tokens,
 )
 from scheduler.queue import Task
+from scheduler.total_cap import TotalCap
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
@@ -56,18 +56,7 @@ class TaskQueue(Protocol):  # scheduler.queue.InProcessQueue / RedisStreamsQueue
     def __len__(self) -> int: ...
 
 
-def _ts(value: Any) -> float:
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-
-
-_CHANGE_KINDS = {"add": "added", "update": "updated", "delete": "deleted"}
-
-
-class Worker:
+class Worker(Invalidation, TotalCap):
     """Every task is idempotent: a refresh recomputes the block from the store and heat, so running it twice
     (coalesced queue, Redis redelivery) publishes the same plan and builds nothing the second time."""
 
@@ -178,94 +167,6 @@ class Worker:
                 live = {m.id for m in by_ids(event.user_id, wanted, include_superseded=True)}
             return self.heat.apply(event, live=live)
 
-    # -- invalidation (synchronous, on the store's thread) -------------------------------------------------
-    def invalidate(self, event: Any) -> str | None:
-        """Apply a store ChangeEvent (or its whole `batch`: every memory one transaction deleted, in one
-        cascade). In this order, before returning: if a changed memory is in the user's block, publish a
-        block-less plan and drop the item; run the cascade (every stored block built from them); then the heat
-        bookkeeping, which is logged and never raised when it fails (a heat store that cannot be written must
-        not fail the store call or keep a deleted memory servable). Returns the dropped item id. The caller
-        enqueues the rebuild. Raises FenceUnavailable (the cascade's)."""
-        kind = _CHANGE_KINDS.get(event.kind, event.kind)
-        user_id, now = event.user_id, self.clock()
-        ids = tuple(getattr(event, "batch", ()) or (event.memory_id,))
-        if kind == "added":
-            with self._lock:
-                self._bookkeep(user_id, kind, self.heat.seen_many, user_id, [(m, now) for m in ids])
-            return None
-        dropped = None
-        with self._lock:
-            self._changed(user_id)
-            plan = self.plans.get(user_id)
-            if plan.block is not None and not set(ids).isdisjoint(plan.block.memory_ids):
-                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, now))
-                dropped = plan.block.item_id
-        if dropped is not None:
-            self.builder.drop_block(dropped)
-            log.info("user %r: block %s stopped serving (%d memories %s)", user_id, dropped, len(ids), kind)
-        try:
-            self._cascade(user_id, list(ids))
-        finally:
-            with (
-                self._lock
-            ):  # under the lock: an access event is applied against the heat as it is after this
-                if kind == "deleted":
-                    self._bookkeep(user_id, kind, self.heat.forget_many, user_id, ids)
-                else:
-                    self._bookkeep(user_id, kind, self.heat.seen_many, user_id, [(m, now) for m in ids])
-        return dropped
-
-    def _prior(self, memory: Any) -> HeatStats:
-        """The heat a memory without a row starts from (its row could not be written): the recency prior."""
-        at = _ts(memory.created_at)
-        return HeatStats(self.heat.recency_prior, at, 0, 0, at, None, at)
-
-    @staticmethod
-    def _bookkeep(user_id: str, kind: str, write: Callable[..., None], *args: Any) -> None:
-        """Run a heat write that must not fail the caller: heat is advisory (a lost write costs ranking, not
-        correctness), so a failure is logged with its traceback and the call goes on."""
-        try:
-            write(*args)
-        except (sqlite3.Error, OSError, DependencyUnavailable):
-            log.exception(
-                "user %r: heat bookkeeping for a %s memory failed; serving is unaffected", user_id, kind
-            )
-
-    def forget_user(self, user_id: str) -> list[str]:
-        """Every stored block of the user stops being served, and is deleted, before this returns."""
-        with self._lock:
-            self._changed(user_id)
-            plan = self.plans.get(user_id)
-            if plan.block is not None:
-                self.plans.publish(Plan(user_id, None, plan.adapter_id, plan.version + 1, self.clock()))
-            self.guard.forget_stamp(user_id)
-        if plan.block is not None:
-            self.builder.drop_block(plan.block.item_id)
-        return self._cascade(user_id, None)
-
-    def _cascade(self, user_id: str, memory_ids: list[str] | None) -> list[str]:
-        """DESIGN invariant 5 beyond the current plan: every stored block built from these memories (blocks of
-        earlier plans, offline builds, blocks from before a restart or of another replica) is deleted, and
-        the shared fence (if any) moves, so other replicas stop serving too. Raises FenceUnavailable."""
-        forgotten = self.builder.forget(user_id, memory_ids)
-        if forgotten:
-            log.info("user %r: %d stored block(s) forgotten: %s", user_id, len(forgotten), forgotten)
-        if self.fence is not None:
-            self.fence.bump(user_id)
-        return forgotten
-
-    def forget_adapters(self, user_id: str, names: Sequence[str]) -> list[str]:
-        """The cascade for adapter versions erased from disk: every stored block built under one of them (their
-        K/V carry its facts) is deleted before this returns, and the fence moves. Raises FenceUnavailable."""
-        forgotten = self.builder.forget_adapters(user_id, list(names)) if names else []
-        if forgotten:
-            log.info(
-                "user %r: %d block(s) under erased adapters forgotten: %s", user_id, len(forgotten), forgotten
-            )
-            if self.fence is not None:
-                self.fence.bump(user_id)
-        return forgotten
-
     # -- rebuild -------------------------------------------------------------------------------------------
     def _memories(self, user_id: str) -> list[Any]:
         """The user's memories. Incremental where it can be: with a source that says the user's generation
@@ -337,7 +238,7 @@ class Worker:
         now = self.clock()
         memories = {m.id: m for m in self._memories(user_id)}
         stats = self.heat.stats(user_id)
-        unseen = [(mid, _ts(m.created_at)) for mid, m in memories.items() if mid not in stats]
+        unseen = [(mid, memory_time(m.created_at)) for mid, m in memories.items() if mid not in stats]
         if unseen:  # one transaction; none when a change raced this read (a deleted memory's row stays gone)
             with self._lock:
                 if self._changes.get(user_id, 0) == generation:
@@ -476,9 +377,3 @@ class Worker:
         if own > 0:
             self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / own)
         self.header_tokens = max(self.header_tokens, own - memory_tokens)
-
-    def enforce_total_cap(self) -> list[str]:
-        """Drop whole blocks until every user's blocks fit the overall cap (scheduler/total_cap.py)."""
-        from scheduler.total_cap import enforce_total_cap
-
-        return enforce_total_cap(self)
