@@ -25,7 +25,7 @@ import threading
 import time
 
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
-from benchmarks.ttft.ttft_grid import memories_for
+from benchmarks.ttft.memos_grid import memories_for
 from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.background.startup import freeze_heap

@@ -37,7 +37,7 @@ def _write_random(out: Path, tokenizer_dir: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from benchmarks.ttft.ttft_grid import RANDOM_PRESETS
+    from benchmarks.ttft.random_models import RANDOM_PRESETS
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     spec = dict(RANDOM_PRESETS["smollm2-135m"])

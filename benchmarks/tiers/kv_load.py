@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 from benchmarks.common import env_info, median, print_table, timed, write_outputs
-from benchmarks.ttft.ttft_grid import memories_for
+from benchmarks.ttft.memos_grid import memories_for
 from kvmem.kv import PromptLayout, build_item
 from kvmem.kv.io import load_item, save_item
 

@@ -14,7 +14,8 @@ import sys
 import torch
 
 from benchmarks.common import env_info, print_table, write_outputs
-from benchmarks.ttft.ttft_grid import memories_for, query_for, reference_tokens
+from benchmarks.ttft.memos_grid import memories_for, query_for
+from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import PromptLayout, Sampling, build_item, generate, inject
 
 

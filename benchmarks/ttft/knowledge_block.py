@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from benchmarks.ttft.ttft_grid import first_token_s, memories_for, query_for, reference_tokens
+from benchmarks.ttft.memos_grid import memories_for, query_for
+from benchmarks.ttft.ttft_grid import first_token_s, reference_tokens
 
 
 def dir_bytes(path: Path) -> int:

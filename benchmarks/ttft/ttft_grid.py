@@ -3,6 +3,8 @@
 Per cell (memory context size x query size): the one-off build time of the KV item, TTFT of each arm
 (median after warm-up), speedup %, whether greedy outputs are identical (ours vs transformers' generate
 over the full prompt), and the ideal bound: prefilling only the query over a cache already in place.
+The grid's cells and prompts are memos_grid.py's, the random-weight models random_models.py's, the vLLM
+backend's arms vllm_ttft.py's (`--backend vllm` hands the run to it).
 
     python -m benchmarks.ttft.ttft_grid --quick --out out/ttft_quick.json
     python -m benchmarks.ttft.ttft_grid --model M --device cuda --dtype bfloat16 --out out/ttft_gpu.json
@@ -11,13 +13,10 @@ over the full prompt), and the ideal bound: prefilling only the query over a cac
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -32,6 +31,17 @@ from benchmarks.common import (
     timed,
     write_outputs,
 )
+from benchmarks.ttft.memos_grid import MEMOS_ANCHOR as MEMOS_ANCHOR  # the grid lives there; re-exported
+from benchmarks.ttft.memos_grid import (
+    MEMOS_CTX,
+    MEMOS_QUERY,
+    MEMOS_QWEN3_8B,
+    QUICK_CTX,
+    QUICK_QUERY,
+    memories_for,
+    query_for,
+)
+from benchmarks.ttft.random_models import random_handle
 from benchmarks.ttft.ttft_plot import plot
 from kvmem.kv import (
     GenerationStats,
@@ -43,36 +53,6 @@ from kvmem.kv import (
     generate,
 )
 from kvmem.models import compiled
-
-MEMOS_CTX = (583, 2773, 6064)
-MEMOS_QUERY = (167, 303, 953)
-QUICK_CTX = (583, 2773)
-QUICK_QUERY = (167, 303)
-# MemOS's published KV-cache TTFT table, copied byte for byte (tests/benchmarks checks it against
-# ../shared/anchors when that exists); figures are read from it, never retyped.
-MEMOS_ANCHOR = Path(__file__).resolve().parents[1] / "anchors" / "memos_kv_ttft.json"
-
-
-def memos_speedups(model: str = "Qwen3-8B", path: Path = MEMOS_ANCHOR) -> dict[tuple[int, int], float]:
-    """MemOS's speedups (%) for `model`, keyed (ctx, query) as this grid names its cells: the source's query
-    sizes 302.7 and 952.7 are averages, rounded to 303 and 953."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return {
-        (int(c["ctx_tokens"]), round(c["query_tokens"])): float(c["speedup_pct"])
-        for c in cells
-        if c["model"] == model
-    }
-
-
-# The target to meet or beat, cell by cell.
-MEMOS_QWEN3_8B = memos_speedups()
-assert set(MEMOS_QWEN3_8B) == {(c, q) for c in MEMOS_CTX for q in MEMOS_QUERY}, MEMOS_QWEN3_8B
-
-_WORDS = (
-    "apartment mortgage renovation kitchen tiles budget contractor garden sister Lisbon marathon violin "
-    "allergy peanut teacher daughter birthday October coffee bicycle manager deadline vacation Kyoto "
-    "hiking sourdough recipe cat piano dentist insurance neighbour balcony paint flooring"
-).split()
 
 
 @dataclass
@@ -96,32 +76,6 @@ class Cell:
     others_cpu_share: float | None  # other processes' share of the cores during the timed reps
     attempts: int  # timed-rep rounds run (more than 1: others' load spoiled the earlier ones)
     waited_quiet_s: float
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
-
-
-def memories_for(layout: PromptLayout, target_tokens: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    memories: list[str] = []
-    while len(layout.block_ids(memories)) < target_tokens:
-        memories.append(
-            f"Memory {len(memories) + 1}: the user talked about {_sentence(rng, rng.randint(8, 18))}."
-        )
-    return memories
-
-
-def query_for(layout: PromptLayout, memories: list[str], target_tokens: int, seed: int) -> list[dict]:
-    """A user message whose prompt remainder after the block is about `target_tokens` tokens."""
-    rng = random.Random(seed)
-    block_len = len(layout.block_ids(memories))
-    parts = ["Given what you know about me, what should I do next?"]
-    while True:
-        messages = [{"role": "user", "content": " ".join(parts)}]
-        if len(layout.prompt(memories, [], messages).ids) - block_len >= target_tokens:
-            return messages
-        parts.append(f"Also consider the {_sentence(rng, 6)}.")
 
 
 def ideal_first_token(model, item, remainder: list[int], device: str) -> tuple[float, int]:
@@ -266,55 +220,10 @@ def run_grid(
     return cells
 
 
-RANDOM_PRESETS = {
-    # Qwen3-8B's shape (the model of MemOS's table) with seeded random weights: TTFT depends on the shape,
-    # not the values, so this reproduces the compute of the MemOS cells without downloading the model.
-    # the default model's shape (SmolLM2-135M): benchmarks/gpu/gpu_model.py on a machine that cannot provision it
-    "smollm2-135m": dict(
-        model_type="llama",
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-8b": dict(
-        model_type="qwen3",
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    ),
-}
-
-
-def random_handle(preset: str, device: str, dtype: str | None):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from kvmem.models import handle_for, parse_dtype, provision
-
-    if preset not in RANDOM_PRESETS:
-        raise SystemExit(f"unknown --random-preset {preset!r}; supported: {', '.join(RANDOM_PRESETS)}")
-    # KVMEM_TOKENIZER_DIR: a tokenizer carried to a machine that cannot provision the default model
-    tokenizer = AutoTokenizer.from_pretrained(os.environ.get("KVMEM_TOKENIZER_DIR") or str(provision()))
-    spec = dict(RANDOM_PRESETS[preset])
-    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), **spec)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype, device)).eval()
-    return handle_for(model, tokenizer, model_id=f"{preset}-random", weights_digest=f"random:{preset}:seed0")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft.ttft_grid", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ttft.ttft_grid", description=__doc__.splitlines()[0]
+    )
     p.add_argument(
         "--quick", action="store_true", help="ctx 583/2773 x query 167/303, 1 rep (< 5 min on CPU)"
     )

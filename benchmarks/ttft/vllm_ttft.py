@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.common import OthersCpu, env_info, median, p90, print_table, write_outputs
-from benchmarks.ttft.ttft_grid import (
+from benchmarks.ttft.memos_grid import (
     MEMOS_CTX,
     MEMOS_QUERY,
     MEMOS_QWEN3_8B,
@@ -157,7 +157,9 @@ def run_grid(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft.vllm_ttft", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ttft.vllm_ttft", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--quick", action="store_true", help="ctx 583/2773 x query 167/303, 1 rep")
     p.add_argument("--model", default=None, help="local safetensors dir (default: SmolLM2-135M, provisioned)")
     p.add_argument("--ctx", type=int, nargs="+", default=None, help="context sizes in tokens")

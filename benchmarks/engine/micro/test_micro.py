@@ -64,7 +64,7 @@ def test_planbook_read(benchmark):
 
 @pytest.mark.parametrize("block_tokens", [500, 2000])
 def test_kv_load_from_disk(benchmark, tmp_path, tiny, block_tokens):
-    from benchmarks.ttft.ttft_grid import memories_for
+    from benchmarks.ttft.memos_grid import memories_for
     from kvmem.kv import PromptLayout, build_item
     from kvmem.kv.io import load_item, save_item
 
@@ -76,7 +76,7 @@ def test_kv_load_from_disk(benchmark, tmp_path, tiny, block_tokens):
 
 @pytest.mark.parametrize("block_tokens", [500, 2000])
 def test_kv_recompute(benchmark, tiny, block_tokens):
-    from benchmarks.ttft.ttft_grid import memories_for
+    from benchmarks.ttft.memos_grid import memories_for
     from kvmem.kv import PromptLayout, build_item
 
     layout = PromptLayout(tiny.tokenizer)
