@@ -5,7 +5,8 @@ the device tier on get; demotion device -> host -> dropped-from-RAM; disk overfl
 item leaves a tier is the pluggable eviction policy's call. Items the store drops on its own (evicted,
 corrupt, mismatched, files gone) are reported to drop listeners; `forget` is the delete cascade. Thread-safe:
 one lock guards the indexes; disk loads, file deletes, directory scans and listener calls run outside it.
-Items are immutable, so readers share them freely. Knows nothing of memories' text, plans or HTTP.
+Items are immutable, so readers share them freely. The index (scan, adopt, lookups, sizes) is mixed in from
+store_index.py. Knows nothing of memories' text, plans or HTTP.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItem
 from kvmem.kv.cascade import disk_metas, matcher
 from kvmem.kv.eviction import EntryStats, eviction_policy
 from kvmem.kv.fingerprint import Fingerprint
-from kvmem.kv.io import delete_item_files, list_item_ids, load_item, read_manifest, save_item, verify_item
+from kvmem.kv.io import delete_item_files, list_item_ids, load_item, save_item, verify_item
 from kvmem.kv.item import KVItem, KVItemMeta
 from kvmem.kv.st_write import paced
+from kvmem.kv.store_index import StoreIndex
 from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ def _own_part(item: KVItem) -> KVItem:
     return KVItem(item.meta, item.token_ids, item.kv[:, :, :, k:].clone())
 
 
-class TieredKVStore:
+class TieredKVStore(StoreIndex):
     """get / put / remove / contains / size_info / check_integrity over three tiers.
 
     `get` raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch (all KVItemError): callers fall back
@@ -80,63 +82,6 @@ class TieredKVStore:
             raise StorageError(f"KV store directory {self.directory} is not writable")
         self._scanned_at: int | None = None  # the directory's mtime at the last rescan
         self._scan()
-
-    # -- index ---------------------------------------------------------------------------------------
-    def _scan(self) -> None:
-        for item_id in list_item_ids(self.directory):
-            try:
-                meta = KVItemMeta.from_dict(read_manifest(self.directory, item_id)["meta"])
-            except KVItemError as exc:
-                log.warning("ignoring unreadable KV manifest %s: %s", item_id, exc)
-                continue
-            self._on_disk[item_id] = meta
-            self._stats[item_id] = self._new_stats(meta)
-
-    def adopt(self, item_id: str) -> bool:
-        """Index `item_id` if another process (a peer replica over the shared data dir, `kvmem build`) wrote
-        it after this store's scan; True when it is indexed now. The manifest is read outside the lock."""
-        if self.contains(item_id):
-            return True
-        try:
-            meta = KVItemMeta.from_dict(read_manifest(self.directory, item_id)["meta"])
-        except KVItemError:
-            return False
-        self._index_found({item_id: meta})
-        return True
-
-    def rescan(self) -> int:
-        """Index every item other processes wrote since this store's scan (their manifests are read outside
-        the lock); returns how many were new. For a user this process has no block for yet."""
-        try:
-            stamp = self.directory.stat().st_mtime_ns  # a file added or removed changes it
-        except OSError:
-            return 0
-        if stamp == self._scanned_at:  # nothing was added since the last look: no listing of the directory
-            return 0
-        with self._lock:
-            indexed = set(self._indexed_metas())
-        found = self._index_found(disk_metas(self.directory, skip=indexed))
-        self._scanned_at = stamp
-        return found
-
-    def _index_found(self, metas: dict[str, KVItemMeta]) -> int:
-        with self._lock:
-            new = {i: m for i, m in metas.items() if i not in self._indexed_metas()}
-            for item_id, meta in new.items():
-                self._on_disk[item_id] = meta
-                self._stats[item_id] = self._new_stats(meta)
-        return len(new)
-
-    def _new_stats(self, meta: KVItemMeta) -> EntryStats:
-        now = next(self._clock)
-        return EntryStats(
-            num_bytes=meta.stored_bytes, num_tokens=meta.num_tokens, hits=0, last_access=now, inserted=now
-        )
-
-    def _touch(self, item_id: str) -> None:
-        stats = self._stats[item_id]
-        stats.hits += 1
-        stats.last_access = next(self._clock)
 
     def _tier_bytes(self, tier: str) -> int:
         if tier == "disk":
@@ -378,28 +323,6 @@ class TieredKVStore:
             parent = None if item is None else item.meta.parent_id
             return item is not None and (parent is None or parent in self._resident["device"])
 
-    def meta(self, item_id: str) -> KVItemMeta:
-        with self._lock:
-            for tier in ("device", "host"):
-                if item_id in self._resident[tier]:
-                    return self._resident[tier][item_id].meta
-            if item_id in self._on_disk:
-                return self._on_disk[item_id]
-        raise KVItemNotFound(f"KV item {item_id} is not stored")
-
-    def tier_of(self, item_id: str) -> str | None:
-        with self._lock:
-            for tier in ("device", "host"):
-                if item_id in self._resident[tier]:
-                    return tier
-            return "disk" if item_id in self._on_disk else None
-
-    def contains(self, item_id: str) -> bool:
-        return self.tier_of(item_id) is not None
-
-    def __contains__(self, item_id: str) -> bool:
-        return self.contains(item_id)
-
     def is_valid_on_disk(self, item_id: str) -> bool:
         """True when the item's files verify (resumable builds, restores): io.verify_item, which does not read
         the K/V into memory; `get` verifies again when it loads the item."""
@@ -417,13 +340,6 @@ class TieredKVStore:
             indexed = self._drop(item_id, unlink)
         return self._delete_files(unlink) or indexed
 
-    def _indexed_metas(self) -> dict[str, KVItemMeta]:
-        """Every indexed item's metadata, whatever its tier. Lock held."""
-        return {
-            **self._on_disk,
-            **{i: it.meta for t in ("device", "host") for i, it in self._resident[t].items()},
-        }
-
     def _all_metas(self) -> dict[str, KVItemMeta]:
         """Every item's metadata, indexed or only on disk (written after the start-up scan by another process:
         `kvmem build`, a peer server). The directory scan and the manifest reads run outside the lock; the
@@ -433,12 +349,6 @@ class TieredKVStore:
         on_disk = disk_metas(self.directory, skip=indexed)
         with self._lock:
             return {**on_disk, **self._indexed_metas()}
-
-    def item_ids(self, user_id: str | None = None) -> list[str]:
-        """Indexed items (those `get` may serve), optionally of one user."""
-        with self._lock:
-            metas = self._indexed_metas()
-        return sorted(i for i, m in metas.items() if user_id is None or m.user_id == user_id)
 
     def items_containing(self, user_id: str, memory_id: str) -> list[str]:
         """Ids of this user's items built from `memory_id`, indexed or only on disk (the delete cascade)."""
@@ -467,20 +377,6 @@ class TieredKVStore:
     def remove_user(self, user_id: str) -> int:
         """Forget every item of `user_id`; returns how many there were."""
         return len(self.forget(user_id))
-
-    def size_info(self) -> SizeInfo:
-        with self._lock:
-            sizes = {}
-            for tier in ("device", "host"):
-                items = self._resident[tier].values()
-                sizes[tier] = TierSize(
-                    len(items), sum(i.meta.num_tokens for i in items), sum(i.meta.stored_bytes for i in items)
-                )
-            metas = self._on_disk.values()
-            sizes["disk"] = TierSize(
-                len(metas), sum(m.num_tokens for m in metas), sum(m.stored_bytes for m in metas)
-            )
-        return SizeInfo(**sizes)
 
     def check_integrity(self, *, drop_corrupt: bool = True) -> IntegrityReport:
         """Verify every item on disk (checksum, shapes, fingerprint); optionally drop the bad ones."""
