@@ -1,15 +1,14 @@
-"""The FastAPI app: OpenAI routes, memory routes, health and metrics.
+"""The FastAPI app: OpenAI routes, health and metrics; the memory routes are registered from memory_routes.py.
 
 `create_app(config, backend=None, store=None, scheduler=None)` wires the pieces (tests pass fakes and a
-scheduler they drive). Routes only authenticate, pick the user and delegate: the chat path lives in chat.py,
-storage in kvmem.text, errors become JSON in http_errors.py, the start-up work is in startup.py and the ASGI
-middleware in middleware.py.
+scheduler they drive). Routes only authenticate, pick the user and delegate: the chat path lives in
+serving/chat, storage in kvmem.text, errors become JSON in errors.py, the routes' shared parameters are
+deps.py's, the start-up work is in serving/background/startup.py and the ASGI middleware in middleware.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -17,63 +16,34 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from kvmem.errors import DependencyUnavailable
-from kvmem.formation.rules import slot_of
 from kvmem.text import TextStoreConfig
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from scheduler.queue import require_redis
 from scheduler.wiring import make_scheduler
-from serving.http.auth import ANYONE, Caller, CheckHost, KeyRing, check_user
 from serving.backends import create_backend
 from serving.backends.base import Backend, NotReady
+from serving.background.formation import formation_metrics, make_formation
+from serving.background.startup import load_and_restore
 from serving.chat.service import ChatService
 from serving.config import ServingConfig
-from serving.background.formation import formation_metrics, make_formation
+from serving.http.auth import Caller, CheckHost, KeyRing, check_user
+from serving.http.deps import CallerDep
 from serving.http.errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
-from serving.http.idempotency import (
-    MAX_KEY_CHARS,
-    Answer,
-    Committed,
-    EventCollector,
-    IdempotencyCache,
-    fingerprint,
-)
-from serving.http.limits import LimitBody, check_add, check_search, check_update
+from serving.http.idempotency import EventCollector, IdempotencyCache
+from serving.http.limits import LimitBody
+from serving.http.memory_routes import add_memory_routes
 from serving.http.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
 from serving.http.middleware import CountRequests, ReplicaHeader
 from serving.http.openapi import openapi_with_400
-from serving.http.protocol import (
-    AddMemoriesRequest,
-    ChatCompletionRequest,
-    PrewarmRequest,
-    SearchMemoriesRequest,
-    UpdateMemoryRequest,
-    bad_request,
-    plan_dict,
-)
-from serving.background.startup import load_and_restore
+from serving.http.protocol import ChatCompletionRequest, bad_request
 from serving.http.storage import StorageHealth, open_store
 
 logger = logging.getLogger(__name__)
-
-UserId = Annotated[str, Query(min_length=1, max_length=256)]
-# memory writes: a repeat with the same key (same user, method and path) gets the first answer
-IdempotencyKey = Annotated[
-    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_CHARS)
-]
-
-
-def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    keyring: KeyRing | None = request.app.state.keyring
-    return keyring.caller(authorization) if keyring is not None else ANYONE
-
-
-CallerDep = Annotated[Caller, Depends(_caller)]
-
 
 # -- the app ------------------------------------------------------------------------------------------------------
 
@@ -258,268 +228,11 @@ def create_app(
             )
         return JSONResponse(await chat.complete(prepared, body.model, request.is_disconnected))
 
-    # -- memory routes ----------------------------------------------------------------------------------------
-    def tier_of(user_id: str) -> Any:
-        covered = scheduler.peek(user_id).covered_ids  # a read: never queues a build; called in a thread
-        return lambda memory_id: "kv" if memory_id in covered else "text"
-
-    async def answer_write(
-        key: str | None, user_id: str, request: Request, asked: Any, write: Any
-    ) -> JSONResponse:
-        """Run `write()` (-> Answer), or replay the first answer to this Idempotency-Key."""
-        if key is None:
-            answer, replayed = await write(), False
-        else:
-            scope_key = (user_id, request.method, request.url.path, key)
-            answer, replayed = await idempotent.run(scope_key, fingerprint(asked), write)
-        headers = {"Idempotent-Replayed": "true"} if replayed else None
-        return JSONResponse(answer.body, status_code=answer.status, headers=headers)
-
-    def committed(body: dict[str, Any], done: Committed) -> dict[str, Any]:
-        """`body`, plus a warning when the write was committed but a post-commit hook failed."""
-        if done.hook_error is None:
-            return body
-        warning = f"the write was committed, but a post-commit hook failed: {done.hook_error}"
-        return {**body, "warnings": [warning]}
-
-    def read_back(user_id: str, done: Committed, kind: str) -> list[Any]:
-        """The memories a write committed, from its change events (its return value was lost to the hook)."""
-        ids = dict.fromkeys(e.memory_id for e in done.events if e.kind == kind and e.user_id == user_id)
-        return [store.get(user_id, memory_id) for memory_id in ids]
-
-    def num_deleted(done: Committed) -> int:
-        if done.hook_error is None:
-            return done.value
-        return len({e.memory_id for e in done.events if e.kind == "deleted"})
-
-    @app.post("/v1/memories", status_code=201, response_model=None)
-    async def add_memories(
-        body: AddMemoriesRequest, request: Request, who: CallerDep, idempotency_key: IdempotencyKey = None
-    ) -> JSONResponse:
-        check_user(who, body.user_id)
-        check_add(body, config.limits)
-        if (body.text is None) == (body.messages is None):
-            raise bad_request("give exactly one of `text` or `messages`", param="text")
-        messages = None if body.messages is None else [m.model_dump(exclude_none=True) for m in body.messages]
-        texts = [body.text] if body.text is not None else [m["content"] for m in messages or []]
-
-        async def write() -> Answer:
-            done = await asyncio.to_thread(
-                write_events.committed_write,
-                store.add,
-                body.user_id,
-                body.text,
-                messages=messages,
-                session_id=body.session_id,
-                chat_time=body.chat_time,
-                tags=body.tags,
-                metadata=body.metadata,
-                slots=[slot_of(t) for t in texts],  # so a fact formed later can supersede it
-            )
-            added = done.value
-            if done.hook_error is not None:
-                added = await asyncio.to_thread(read_back, body.user_id, done, "added")
-            return Answer(201, committed({"memories": [m.to_dict() for m in added]}, done))
-
-        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
-
-    @app.post("/v1/memories/search")
-    async def search_memories(body: SearchMemoriesRequest, who: CallerDep) -> dict[str, Any]:
-        check_user(who, body.user_id)
-        check_search(body, config.limits)
-        filters = None if body.filters is None else body.filters.model_dump(exclude_none=True)
-        hits = await asyncio.to_thread(
-            store.search,
-            body.user_id,
-            body.query,
-            top_k=body.top_k,
-            filters=filters,
-            include_superseded=body.include_superseded,
-        )
-        tier = await asyncio.to_thread(tier_of, body.user_id)
-        return {
-            "results": [{**h.memory.to_dict(), "score": h.score, "tier": tier(h.memory.id)} for h in hits]
-        }
-
-    @app.get("/v1/memories")
-    async def list_memories(
-        who: CallerDep,
-        user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
-        page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
-        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
-        include_superseded: bool = False,
-    ) -> dict[str, Any]:
-        check_user(who, user_id)
-        result = await asyncio.to_thread(
-            store.list,
-            user_id,
-            session_id=session_id,
-            page=page,
-            page_size=page_size,
-            include_superseded=include_superseded,
-        )
-        return page_body(result)
-
-    @app.delete("/v1/memories", response_model=None)
-    async def delete_memories(
-        request: Request,
-        who: CallerDep,
-        user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        check_user(who, user_id)
-
-        async def write() -> Answer:
-            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
-            if session_id is None:  # and the user's conversation log
-                done = await asyncio.to_thread(write_events.committed_write, store.delete_user, user_id)
-                await asyncio.to_thread(scheduler.forget_user, user_id)  # also blocks no live memory id names
-                if formation is not None:
-                    formation.forget(user_id)
-            else:
-                done = await asyncio.to_thread(
-                    write_events.committed_write, store.delete_session, user_id, session_id
-                )
-            return Answer(200, committed({"deleted": num_deleted(done)}, done))
-
-        return await answer_write(idempotency_key, user_id, request, {"session_id": session_id}, write)
-
-    @app.get("/v1/memories/plan")
-    async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
-        check_user(who, user_id)
-        body = plan_dict(await asyncio.to_thread(scheduler.peek, user_id))  # never queues a build; may wait
-        st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
-        body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
-        return body
-
-    @app.post("/v1/memories/plan/prewarm", status_code=202)
-    async def prewarm_plan(body: PrewarmRequest, who: CallerDep) -> dict[str, Any]:
-        """Ask the scheduler to (re)compute the user's plan now, in the background, and make its block
-        resident (what a session's first turn does). Reading a plan never builds one; a client that knows a
-        user is about to chat (a login, a benchmark over a data dir seeded before the start) says so here."""
-        check_user(who, body.user_id)
-        scheduler.session_start(body.user_id)
-        return {"queued": True}
-
-    @app.get("/v1/memories/formation")
-    async def formation_status(who: CallerDep, user_id: UserId) -> dict[str, Any]:
-        """The user's turns waiting to be formed into memories, and the dead-lettered ones with the reason."""
-        check_user(who, user_id)
-        counts = await asyncio.to_thread(store.formation_counts, user_id)
-        dead = await asyncio.to_thread(store.dead_turns, user_id)
-        return {
-            "user_id": user_id,
-            "extractor": formation.extractor.name if formation is not None else None,
-            "pending": counts.pending,
-            "dead_letter": [
-                {"turn_id": t.id, "reason": t.error, "attempts": t.attempts, "updated_at": t.updated_at}
-                for t in dead
-            ],
-        }
-
-    @app.post("/v1/memories/formation/retry")
-    async def formation_retry(who: CallerDep, user_id: UserId) -> dict[str, Any]:
-        """Put the user's dead-lettered turns back in formation (after fixing the extractor)."""
-        check_user(who, user_id)
-        requeued = await asyncio.to_thread(store.requeue_dead_turns, user_id)
-        if requeued and formation is not None:
-            formation.submit(user_id)
-        return {"requeued": requeued}
-
-    @app.get("/v1/memories/turns")
-    async def list_turns(
-        who: CallerDep,
-        user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
-        page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
-        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
-        start: Annotated[str | None, Query(max_length=64)] = None,
-        end: Annotated[str | None, Query(max_length=64)] = None,
-    ) -> dict[str, Any]:
-        """The user's conversation log (chat turns as said, newest first; said in [start, end] if given, ISO
-        8601): not memories."""
-        check_user(who, user_id)
-        result = await asyncio.to_thread(
-            store.list_turns,
-            user_id,
-            session_id=session_id,
-            page=page,
-            page_size=page_size,
-            start=start,
-            end=end,
-        )
-        return page_body(result)
-
-    @app.get("/v1/memories/{memory_id}")
-    async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:
-        check_user(who, user_id)
-        return (await asyncio.to_thread(store.get, user_id, memory_id)).to_dict()
-
-    @app.patch("/v1/memories/{memory_id}", response_model=None)
-    async def update_memory(
-        memory_id: str,
-        body: UpdateMemoryRequest,
-        request: Request,
-        who: CallerDep,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        check_user(who, body.user_id)
-        check_update(body, config.limits)
-
-        async def write() -> Answer:
-            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
-            done = await asyncio.to_thread(
-                write_events.committed_write,
-                store.update,
-                body.user_id,
-                memory_id,
-                text=body.text,
-                tags=body.tags,
-                metadata=body.metadata,
-            )
-            memory = done.value
-            if done.hook_error is not None:  # an update keeps the id: the new version is read back
-                memory = await asyncio.to_thread(store.get, body.user_id, memory_id)
-            return Answer(200, committed(memory.to_dict(), done))
-
-        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
-
-    @app.delete("/v1/memories/{memory_id}", response_model=None)
-    async def delete_memory(
-        memory_id: str,
-        request: Request,
-        who: CallerDep,
-        user_id: UserId,
-        keep_turns: bool = False,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        """Deletes the memory and, unless keep_turns, the log turns it was formed from."""
-        check_user(who, user_id)
-
-        async def write() -> Answer:
-            await asyncio.to_thread(scheduler.check_fence)  # replicas: 503 if they could not be told
-            done = await asyncio.to_thread(
-                write_events.committed_write, store.delete, user_id, memory_id, delete_turns=not keep_turns
-            )
-            return Answer(200, committed({"deleted": num_deleted(done)}, done))
-
-        return await answer_write(idempotency_key, user_id, request, {"keep_turns": keep_turns}, write)
+    add_memory_routes(app, config, store, scheduler, formation, write_events, idempotent)
 
     metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
     app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422
     return app
-
-
-def page_body(result: Any) -> dict[str, Any]:
-    """A listing's JSON: its items' dicts and the page it is (a Page of memories, a TurnPage of log turns)."""
-    return {
-        "data": [item.to_dict() for item in result.items],
-        "page": result.page,
-        "page_size": result.page_size,
-        "total": result.total,
-    }
 
 
 def _scheduler_metrics(scheduler: Scheduler) -> str:
