@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from scheduler.distill.answers import chat_ids, greedy_text, recall, recall_hits
 from scheduler.distill.data import Example, declines
-from scheduler.distill.train import chat_ids, greedy_text, recall, recall_hits
 
 GENERIC_GATE = (
     "What is the capital of France?",

@@ -15,7 +15,8 @@ LoRA weights of the best validation point are kept, and training stops once ever
 recalled with no more non-declining answers to the unanswerable validation questions than the base model
 gives, or once validation stops improving. Trains a deep copy: the caller's model is never modified. Runs in
 whatever thread calls it, with `num_threads` torch threads: the scheduler calls it off the request path.
-Knows nothing of stores, registries or gates.
+The greedy answers and the recall measures it validates with are answers.py's. Knows nothing of stores,
+registries or gates.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from typing import Any
 
 import torch
 
-from scheduler.distill.data import Example, Fact, declines, recalled, valid_questions
+from scheduler.distill.answers import chat_ids, greedy_ids, not_declined, recall, reply_ids
+from scheduler.distill.answers import greedy_text as greedy_text  # lives in answers.py; re-exported
+from scheduler.distill.data import Example, Fact, declines, valid_questions
 
 log = logging.getLogger(__name__)
 
@@ -153,18 +156,6 @@ class TrainResult:
     targets: Targets | None = None  # the base model's targets it trained on (pass them to a second attempt)
 
 
-def reply_ids(tokenizer, reply: str) -> list[int]:
-    """The reply's ids as the chat template ends an assistant turn (its end-of-turn token)."""
-    ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return ids + ([eos] if eos is not None else [])
-
-
-def chat_ids(layout, fact_texts: Sequence[str], question: str) -> list[int]:
-    """The serving layout of one user question, with these memory texts in the block."""
-    return list(layout.prompt(list(fact_texts), [], [{"role": "user", "content": question}]).ids)
-
-
 @torch.no_grad()
 def _top_k(model, ids: list[int], n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's top-k log-probs at the n positions predicting the last n tokens of `ids`."""
@@ -201,58 +192,6 @@ def _loss(model, batch: list[tuple[_Seq, float, float]]) -> torch.Tensor:
             gold = torch.tensor(s.ids[end - s.n :], device=device)[:, None]
             total = total - ce_w * student.gather(-1, gold).mean()
     return total
-
-
-def greedy_ids(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) -> list[int]:
-    """The model's greedy reply, as ids, ending with its stop token when it stopped before the limit."""
-    from kvmem.kv import Sampling, eos_token_ids, generate
-
-    stop = eos_token_ids(model, tokenizer)
-    out = []
-    for t in generate(
-        model, list(ids), sampling=Sampling(max_new_tokens=max_new_tokens), stop_token_ids=stop
-    ):
-        out.append(t)
-        if t in stop:
-            break
-    return out
-
-
-def greedy_text(model, tokenizer, ids: Sequence[int], max_new_tokens: int = 24) -> str:
-    from kvmem.kv import eos_token_ids
-
-    stop = eos_token_ids(model, tokenizer)
-    out = greedy_ids(model, tokenizer, ids, max_new_tokens)
-    return tokenizer.decode([t for t in out if t not in stop], skip_special_tokens=True)
-
-
-def recall_hits(
-    model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str], max_new_tokens: int
-) -> list[bool]:
-    """Per question: whether its greedy answer (these memory texts in the prompt) contains the fact's answer."""
-    return [
-        recalled(
-            greedy_text(model, tokenizer, chat_ids(layout, fact_texts, ex.question), max_new_tokens),
-            ex.answer or "",
-        )
-        for ex in questions
-    ]
-
-
-def recall(
-    model, tokenizer, layout, questions: Sequence[Example], fact_texts: Sequence[str], max_new_tokens: int
-) -> float:
-    """Share of `questions` whose greedy answer (these memory texts in the prompt) contains the fact's answer."""
-    hits = recall_hits(model, tokenizer, layout, questions, fact_texts, max_new_tokens)
-    return sum(hits) / len(hits) if hits else 0.0
-
-
-def not_declined(model, tokenizer, layout, questions: Sequence[Example], max_new_tokens: int) -> int:
-    """How many of `questions` (no memory in the prompt) get a greedy reply that does not decline."""
-    return sum(
-        not declines(greedy_text(model, tokenizer, chat_ids(layout, [], q.question), max_new_tokens))
-        for q in questions
-    )
 
 
 def _own_reply(model, tokenizer, layout, question: str, config: TrainConfig) -> _Seq | None:
