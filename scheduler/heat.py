@@ -328,9 +328,9 @@ def _is_postgres_url(path: object) -> bool:
 
 
 def _open_postgres(url: str):
-    """A connection to the store's PostgreSQL database (kvmem.text.pg: sqlite3's statements, reconnects
+    """A connection to the store's PostgreSQL database (kvmem.text.db.pg: sqlite3's statements, reconnects
     after an outage) with the heat tables made if missing; StoreUnavailable if the server cannot be reached."""
-    from kvmem.text.pg import MIGRATE_LOCK_KEY, PgConnection
+    from kvmem.text.db.pg import MIGRATE_LOCK_KEY, PgConnection
 
     conn = PgConnection(url)
     conn.execute("BEGIN")

@@ -118,7 +118,7 @@ class ServingConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if self.store is not None:
-            from kvmem.text.dialect import check_store_location  # kvmem.text: only when a store is named
+            from kvmem.text.db.dialect import check_store_location  # kvmem.text: only when a store is named
 
             check_store_location(self.store)  # ValueError naming the bad value
         if self.api_keys_file is not None:
@@ -202,6 +202,6 @@ class ServingConfig:
         SQLite file."""
         if self.store is None:
             return self.data_dir / "memories.sqlite"
-        from kvmem.text.dialect import is_postgres_url
+        from kvmem.text.db.dialect import is_postgres_url
 
         return self.store if is_postgres_url(self.store) else Path(self.store)

@@ -34,7 +34,7 @@ EOF
 "$PY" - <<'EOF'
 import shutil
 
-from kvmem.text.embedders import minilm_model_dir, minilm_onnx_path
+from kvmem.text.search.embedders import minilm_model_dir, minilm_onnx_path
 
 shutil.copy(minilm_model_dir() / "tokenizer.json", ".gpu/minilm/tokenizer.json")
 shutil.copy(minilm_onnx_path(), ".gpu/minilm/model.onnx")

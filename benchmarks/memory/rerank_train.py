@@ -1,7 +1,7 @@
 """Fits and chooses hybrid search's second stage (learning to rank over the first stage's top candidates).
 
 Run: python -m benchmarks.memory.rerank_train --split tune --vector-cache V.npz \
-        --weights-out kvmem/text/rerank_weights.json --out benchmarks/results/cpu/recall_bench/rerank_train_tune.json
+        --weights-out kvmem/text/search/rerank_weights.json --out benchmarks/results/cpu/recall_bench/rerank_train_tune.json
 Loads the split as benchmarks.memory.recall_bench does (one user per chat, one memory per turn), then for every
 question with evidence takes the first stage's top rerank_depth (100) with their features
 (MemoryStore.search_candidates, the code search runs) and labels a candidate 1 when it is an evidence turn.
@@ -13,7 +13,7 @@ them may also be trained on the wrong-name questions (`<model>+wrong_name`).
 Each is also scored on the speaker probe (questions naming one of the two speakers, as written and with the
 other's name: recall_bench.speaker_probe); a model may not lower the wrong-name recall@10 more than
 WRONG_NAME_SLACK below the first stage's. Of those, the best cross-validated recall@10 is refitted on the whole split and written as JSON weights
-(kvmem.text.rerank.write_weights; no pickle). Only numpy. The last stdout line is one JSON document.
+(kvmem.text.search.rerank.write_weights; no pickle). Only numpy. The last stdout line is one JSON document.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from benchmarks.common import git_sha, write_outputs
 from benchmarks.memory.conversations import load_split
 from benchmarks.memory.recall_bench import DEFAULT_DATA_DIR, CachedEmbedder, load_conversations, parse_overrides
 from kvmem.text import MemoryStore, TextStoreConfig, load_embedder
-from kvmem.text.rerank import write_weights
-from kvmem.text.rerank_features import FEATURE_SET, FEATURES
+from kvmem.text.search.rerank import write_weights
+from kvmem.text.search.rerank_features import FEATURE_SET, FEATURES
 
 SEED = 0
 # a model may not lower R@10 on questions naming the wrong speaker by more than this below the first stage's
@@ -93,7 +93,7 @@ def reciprocal_rank(order: np.ndarray, query: Query, k: int = TOP_K) -> float:
 
 
 def order_by(scores: np.ndarray) -> np.ndarray:
-    """Best first; ties keep the first stage's order (as kvmem.text.rerank.apply_scores)."""
+    """Best first; ties keep the first stage's order (as kvmem.text.search.rerank.apply_scores)."""
     return np.lexsort((np.arange(scores.shape[0]), -scores))
 
 

@@ -17,7 +17,7 @@ document (git sha included). Then the index time: 100 adds of one chat message e
 
 Backends: `--backends sqlite postgresql` times the same data on each, side by side (`backends` in the JSON;
 with sqlite alone the figures stay at the top level, as before). PostgreSQL is a throwaway server on loopback
-started here (kvmem/text/pg_server.py, as the tests' fixture; as root it runs as the `postgres` user), or
+started here (kvmem/text/db/pg_server.py, as the tests' fixture; as root it runs as the `postgres` user), or
 the database `--store postgresql://...` names (its memories tables must be empty). `--quick`: store_bench's
 QUICK sizes (5k memories, 1k for the timed user), to check the script runs.
 """
@@ -38,8 +38,8 @@ from benchmarks.common import OthersCpu, env_info, write_outputs
 from benchmarks.memory.memory_dataset import generate
 from benchmarks.tiers.store_bench import FULL, QUICK, write_bulk_dump
 from kvmem.text import MemoryStore, load_embedder
-from kvmem.text.dialect import is_postgres_url
-from kvmem.text.pg_server import start_server
+from kvmem.text.db.dialect import is_postgres_url
+from kvmem.text.db.pg_server import start_server
 
 # first_stage: hybrid without its second stage (rerank='none'), timed in the same run as hybrid with it;
 # before_issue28: hybrid as it was before the second stage (its first stage over 50 candidates per leg, speaker

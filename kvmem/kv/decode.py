@@ -44,6 +44,8 @@ __all__ = [
     "token_logprobs",
 ]
 
+DEFAULT_SAMPLING = Sampling()  # greedy, 32 tokens
+
 
 def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
@@ -62,7 +64,7 @@ def generate(
     *,
     item: KVItem | None = None,
     prefix: Injection | None = None,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = DEFAULT_SAMPLING,
     stop_token_ids: frozenset[int] = frozenset(),
     should_stop: Callable[[], bool] | None = None,
     stats: GenerationStats | None = None,

@@ -5,14 +5,6 @@ of HTTP, KV items or scheduling policy.
 """
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.embedders import (
-    Embedder,
-    HashEmbedder,
-    OnnxMiniLMEmbedder,
-    SentenceTransformerEmbedder,
-    default_embedder,
-    load_embedder,
-)
 from kvmem.text.errors import (
     EmbedderMismatch,
     InvalidMemoryInput,
@@ -36,7 +28,15 @@ from kvmem.text.records import (
     Turn,
     TurnPage,
 )
-from kvmem.text.rerank import Reranker
+from kvmem.text.search.embedders import (
+    Embedder,
+    HashEmbedder,
+    OnnxMiniLMEmbedder,
+    SentenceTransformerEmbedder,
+    default_embedder,
+    load_embedder,
+)
+from kvmem.text.search.rerank import Reranker
 from kvmem.text.store import MemoryStore
 
 __all__ = [

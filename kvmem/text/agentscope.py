@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.embedders import Embedder
 from kvmem.text.errors import InvalidMemoryInput, TextStoreError
 from kvmem.text.records import Memory
+from kvmem.text.search.embedders import Embedder
 from kvmem.text.store import MemoryStore
 
 _PAGING_KEYS = ("page_num", "page_size")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 _SYNC_MODES = ("FULL", "NORMAL")
 _FUSIONS = ("rrf",)
-_RERANKERS = ("none", "ltr", "llm")  # kvmem.text.rerank.RERANKERS
+_RERANKERS = ("none", "ltr", "llm")  # kvmem.text.search.rerank.RERANKERS
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,13 @@ class TextStoreConfig:
         leg, so it weighs double, with the usual k=60. (The earlier k=5, keyword 0.5 came from the synthetic
         set, where the legs are the other way round, and lost to plain BM25 on real conversations.)
     time_weight: hybrid only; lift of candidates whose chat_time lies in the time the query names ("last
-        week", "in May", "29 Dec 2023": kvmem/text/when.py), its end extended by time_slack_days (what
+        week", "in May", "29 Dec 2023": kvmem/text/search/when.py), its end extended by time_slack_days (what
         happened on a day is often told the next).
     window_weight: hybrid only; RRF weight of a third leg, the windowed dense leg: the query's cosine with a
         turn's vector summed with its previous and next turn's (search.window_leg). 0 leaves the leg out.
     rerank: hybrid's second stage over the first stage's top rerank_depth: 'ltr' (learning to rank over
         features the first stage has, weights from rerank_weights: None = the JSON shipped in the package,
-        kvmem/text/rerank_weights.json), 'llm' (the served LLM as a pointwise judge, rerank_llm_url /
+        kvmem/text/search/rerank_weights.json), 'llm' (the served LLM as a pointwise judge, rerank_llm_url /
         rerank_llm_model; off by default) or 'none'. Weights that are missing, corrupt or for another
         feature set are refused when the store opens, with a log line, and search keeps the first stage.
         rerank_depth: how many of the first stage's best the second stage reorders (the rest keep the first

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kvmem.text.db import Database
+from kvmem.text.conversation.turns import delete_turn_ids, delete_turns_where
+from kvmem.text.db.connections import Database
+from kvmem.text.db.rows import bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_memory_id, check_optional_id, check_user_id, format_time
 from kvmem.text.records import ChangeEvent
-from kvmem.text.rows import bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
-from kvmem.text.turns import delete_turn_ids, delete_turns_where
-from kvmem.text.vectors import VectorCache
+from kvmem.text.search.vectors import VectorCache
 
 
 class MemoryDeletes:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from kvmem.text.dialect import SQLITE, Dialect
+from kvmem.text.db.dialect import SQLITE, Dialect
 from kvmem.text.errors import InvalidMemoryInput
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)

@@ -16,12 +16,8 @@ from typing import IO
 
 import numpy as np
 
-from kvmem.text.db import Database
-from kvmem.text.dump import DumpRecord, decode_line, encode_line
-from kvmem.text.embedders import Embedder
-from kvmem.text.errors import InvalidMemoryInput
-from kvmem.text.records import ChangeEvent, Memory
-from kvmem.text.rows import (
+from kvmem.text.db.connections import Database
+from kvmem.text.db.rows import (
     COLUMNS,
     LIVE,
     NUM_COLUMNS,
@@ -32,7 +28,11 @@ from kvmem.text.rows import (
     read_versions,
     row_to_memory,
 )
-from kvmem.text.vectors import VectorCache
+from kvmem.text.dump import DumpRecord, decode_line, encode_line
+from kvmem.text.errors import InvalidMemoryInput
+from kvmem.text.records import ChangeEvent, Memory
+from kvmem.text.search.embedders import Embedder
+from kvmem.text.search.vectors import VectorCache
 
 ON_CONFLICT = ("error", "skip")
 

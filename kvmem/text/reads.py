@@ -14,8 +14,17 @@ from datetime import datetime
 import numpy as np
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.db import Database
-from kvmem.text.embedders import Embedder
+from kvmem.text.db.connections import Database
+from kvmem.text.db.rows import (
+    COLUMNS,
+    CURRENT,
+    LIVE,
+    active_by_rowids,
+    find_live,
+    live_by_ids,
+    read_versions,
+    row_to_memory,
+)
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
 from kvmem.text.filters import (
     SearchFilters,
@@ -30,20 +39,11 @@ from kvmem.text.filters import (
     parse_filters,
 )
 from kvmem.text.records import Memory, MemoryVersion, Page, SearchHit
-from kvmem.text.rerank import Reranker
-from kvmem.text.rerank_stage import Candidates
-from kvmem.text.rows import (
-    COLUMNS,
-    CURRENT,
-    LIVE,
-    active_by_rowids,
-    find_live,
-    live_by_ids,
-    read_versions,
-    row_to_memory,
-)
-from kvmem.text.search import SEARCH_MODES, rank_rows
-from kvmem.text.vectors import VectorCache
+from kvmem.text.search.embedders import Embedder
+from kvmem.text.search.hybrid import SEARCH_MODES, rank_rows
+from kvmem.text.search.rerank import Reranker
+from kvmem.text.search.rerank_stage import Candidates
+from kvmem.text.search.vectors import VectorCache
 
 _LIST_STATES = {"active": "m.state = 'active'", "archived": "m.state = 'archived'", "all": LIVE}
 

@@ -24,12 +24,14 @@ from typing import IO
 
 import numpy as np
 
-from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.db import Database
+from kvmem.text.conversation.formed import FormationWrites
+from kvmem.text.conversation.log import ConversationLog
+from kvmem.text.db.connections import Database
+from kvmem.text.db.dialect import is_postgres_url
+from kvmem.text.db.rows import bump_generation, find_live, insert_memory, write_version
+from kvmem.text.db.schema import migrate
 from kvmem.text.deletes import MemoryDeletes
-from kvmem.text.dialect import is_postgres_url
-from kvmem.text.embedders import Embedder, default_embedder
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound, RerankerLoadError
 from kvmem.text.filters import (
     check_memory_id,
@@ -42,17 +44,15 @@ from kvmem.text.filters import (
     format_time,
     parse_add_items,
 )
-from kvmem.text.formed import FormationWrites
 from kvmem.text.jsonl import ON_CONFLICT, export_jsonl, import_jsonl
-from kvmem.text.log import ConversationLog
 from kvmem.text.reads import MemoryReads
 from kvmem.text.records import ChangeEvent, Memory
-from kvmem.text.rerank import Reranker, build_reranker
-from kvmem.text.rerank_features import speaker_of
-from kvmem.text.rows import bump_generation, find_live, insert_memory, write_version
-from kvmem.text.schema import migrate
+from kvmem.text.search.bm25 import num_tokens
+from kvmem.text.search.embedders import Embedder, default_embedder
+from kvmem.text.search.rerank import Reranker, build_reranker
+from kvmem.text.search.rerank_features import speaker_of
+from kvmem.text.search.vectors import VectorCache
 from kvmem.text.store_embeddings import TextVectorCache, embed_texts, reconcile_embedder
-from kvmem.text.vectors import VectorCache
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvmem.text.embedders import Embedder
+from kvmem.text.db.rows import LIVE
 from kvmem.text.errors import EmbedderMismatch, TextStoreError
-from kvmem.text.rows import LIVE
+from kvmem.text.search.embedders import Embedder
 
 logger = logging.getLogger(__name__)
 

@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvmem.kv.layout import PromptLayout
     from kvmem.models import load_model
     from kvmem.text import MemoryStore
-    from kvmem.text.dialect import check_store_location, is_postgres_url
+    from kvmem.text.db.dialect import check_store_location, is_postgres_url
     from scheduler.config import SchedulerConfig
     from scheduler.distill.job import DistillConfig, distill_user
     from scheduler.distill.selection import SelectConfig

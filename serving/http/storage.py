@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from kvmem.text import MemoryStore, TextStoreConfig
-from kvmem.text.dialect import is_postgres_url
+from kvmem.text.db.dialect import is_postgres_url
 
 _SQLITE_STORAGE = {  # sqlite3 messages that mean the disk, not the request
     "database or disk is full": "the disk is full",

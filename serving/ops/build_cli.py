@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kvmem build: --block-token-budget must be >= 0", file=sys.stderr)
         return 2
     if args.store is not None:
-        from kvmem.text.dialect import check_store_location
+        from kvmem.text.db.dialect import check_store_location
 
         try:
             check_store_location(args.store)

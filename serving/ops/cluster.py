@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvmem.text.pg_server import PgServer, PgServerError, find_bin_dir, start_server
+from kvmem.text.db.pg_server import PgServer, PgServerError, find_bin_dir, start_server
 
 STATE_FILE = "cluster.json"
 DATABASE = "kvmem"

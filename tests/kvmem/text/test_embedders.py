@@ -13,7 +13,7 @@ from kvmem.text import (
     default_embedder,
     load_embedder,
 )
-from kvmem.text.embedders import minilm_model_dir
+from kvmem.text.search.embedders import minilm_model_dir
 
 PARAPHRASES = [
     "I adopted a beagle named Max last weekend.",

@@ -10,8 +10,8 @@ import sqlite3
 import pytest
 
 from kvmem.text import HashEmbedder, InvalidMemoryInput, MemoryStore
+from kvmem.text.db.schema import MIGRATIONS
 from kvmem.text.records import FormationCounts, FormedMemory, Turn
-from kvmem.text.schema import MIGRATIONS
 
 
 def test_a_v1_file_migrates_to_v2(tmp_path):

@@ -8,8 +8,9 @@ import threading
 
 import pytest
 
-from kvmem.text import HashEmbedder, MemoryStore, StoreUnavailable, TextStoreError, pg, pg_schema, schema
-from kvmem.text.terms import term_counts
+from kvmem.text import HashEmbedder, MemoryStore, StoreUnavailable, TextStoreError
+from kvmem.text.db import pg, pg_schema, schema
+from kvmem.text.search.terms import term_counts
 
 pytestmark = pytest.mark.postgresql
 

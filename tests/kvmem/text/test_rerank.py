@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvmem.text import HashEmbedder, MemoryStore, TextStoreConfig
-from kvmem.text.rerank import (
+from kvmem.text.search.rerank import (
     DEFAULT_WEIGHTS,
     LearnedReranker,
     RerankerLoadError,
@@ -21,8 +21,8 @@ from kvmem.text.rerank import (
     load_weights,
     write_weights,
 )
-from kvmem.text.rerank_features import FEATURE_SET, FEATURES, NUM_FEATURES, speaker_of
-from kvmem.text.rerank_llm import parse_grades
+from kvmem.text.search.rerank_features import FEATURE_SET, FEATURES, NUM_FEATURES, speaker_of
+from kvmem.text.search.rerank_llm import parse_grades
 
 COL = {name: i for i, name in enumerate(FEATURES)}
 
@@ -182,7 +182,7 @@ def test_an_unavailable_reranker_keeps_the_first_stage_with_a_log_line(tmp_path,
             raise RerankerUnavailable("connection refused")
 
     store._rerankers = {k: Down() for k in store._rerankers}
-    with caplog.at_level(logging.WARNING, logger="kvmem.text.rerank_stage"):
+    with caplog.at_level(logging.WARNING, logger="kvmem.text.search.rerank_stage"):
         assert _order(store) == first
     assert any("reranker down unavailable (connection refused)" in r.message for r in caplog.records)
     store.close()
@@ -270,7 +270,7 @@ def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, new_l
     finally:
         server.shutdown()
         server.server_close()
-    with caplog.at_level(logging.WARNING, logger="kvmem.text.rerank_stage"):
+    with caplog.at_level(logging.WARNING, logger="kvmem.text.search.rerank_stage"):
         assert _order(store) == first  # the endpoint is gone: the first stage's order
     assert any("reranker llm unavailable" in r.message for r in caplog.records)
     store.close()

@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from kvmem.text import EmbedderMismatch, HashEmbedder, MemoryStore, TextStoreConfig, TextStoreError
-from kvmem.text.schema import SCHEMA_VERSION
+from kvmem.text.db.schema import SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # PRAGMAs: PostgreSQL's version is test_postgres.py's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvmem.text import SearchFilters, TimeRange
-from kvmem.text.search import fts_match_expression, keyword_terms, reciprocal_rank_fusion
+from kvmem.text.search.hybrid import fts_match_expression, keyword_terms, reciprocal_rank_fusion
 
 
 def test_keyword_terms_drop_stopwords():
@@ -135,7 +135,7 @@ def test_vector_cache_sees_other_processes_writes(store_location, clock):
 def _rows(sessions, speakers=None):
     import numpy as np
 
-    from kvmem.text.vectors import UserVectors
+    from kvmem.text.search.vectors import UserVectors
 
     n = len(sessions)
     return UserVectors(
@@ -159,7 +159,7 @@ def test_neighbours_stay_inside_a_session():
 def test_spread_to_neighbours_exact_scores():
     import numpy as np
 
-    from kvmem.text.search import spread_to_neighbours
+    from kvmem.text.search.hybrid import spread_to_neighbours
 
     rows = _rows(["a", "a", "a", "b", "b"])  # rowids 10..14
     spread = spread_to_neighbours([(11, 4.0), (13, 2.0)], rows, 0.5, None)
@@ -280,7 +280,7 @@ def test_dense_candidates_lean_on_their_neighbours():
     """cosine + w/2 * (cosine of the previous turn + of the next), within a session; exact scores."""
     import numpy as np
 
-    from kvmem.text.vectors import UserVectors, top_k_by_dot
+    from kvmem.text.search.vectors import UserVectors, top_k_by_dot
 
     basis = np.eye(3, dtype=np.float32)
     rows = UserVectors(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvmem.text.rows import active_by_rowids
-from kvmem.text.vectors import BLOCK_ALIGN_ROWS, dot_rows
+from kvmem.text.db.rows import active_by_rowids
+from kvmem.text.search.vectors import BLOCK_ALIGN_ROWS, dot_rows
 from tests.kvmem.text.conftest import open_store
 
 
@@ -120,7 +120,7 @@ def _gen(store, user):
 
 
 def test_term_cache_is_bounded_in_bytes():
-    from kvmem.text.term_cache import TermCache, term_matches
+    from kvmem.text.search.term_cache import TermCache, term_matches
 
     def matches(n):
         return term_matches(np.arange(n), np.ones(n), "t")
@@ -137,7 +137,7 @@ def test_term_cache_is_bounded_in_bytes():
 
 
 def test_term_cache_holds_at_most_max_terms():
-    from kvmem.text.term_cache import MAX_TERMS, TermCache, term_matches
+    from kvmem.text.search.term_cache import MAX_TERMS, TermCache, term_matches
 
     cache = TermCache(max_bytes=1 << 30)
     for i in range(MAX_TERMS + 10):
@@ -149,7 +149,7 @@ def test_term_cache_holds_at_most_max_terms():
 
 
 def test_entry_bytes_count_the_term_cache_bound():
-    from kvmem.text.vectors import MIN_TERM_CACHE_BYTES, UserVectors
+    from kvmem.text.search.vectors import MIN_TERM_CACHE_BYTES, UserVectors
 
     n = 10_000
     entry = UserVectors(
@@ -165,8 +165,8 @@ def test_entry_bytes_count_the_term_cache_bound():
 
 
 def test_spread_with_a_limit_is_the_head_of_the_full_spread_ties_included():
-    from kvmem.text.search import spread_to_neighbours
-    from kvmem.text.vectors import UserVectors
+    from kvmem.text.search.hybrid import spread_to_neighbours
+    from kvmem.text.search.vectors import UserVectors
 
     rng = np.random.default_rng(0)
     n = 400
@@ -212,8 +212,8 @@ def test_forget_terms_empties_the_term_caches_and_keeps_the_rows(store):
 
 
 def test_named_speakers_with_and_without_a_named_speaker():
-    from kvmem.text.search import named_speakers
-    from kvmem.text.vectors import UserVectors
+    from kvmem.text.search.hybrid import named_speakers
+    from kvmem.text.search.vectors import UserVectors
 
     speakers = ["ana", "", "ben", "ana"]
     entry = UserVectors(

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from kvmem.text import HashEmbedder, MemoryStore, TextStoreConfig
-from kvmem.text.when import parse_query_time
+from kvmem.text.search.when import parse_query_time
 
 WEDNESDAY = datetime(2024, 3, 13, 15, 30, tzinfo=timezone.utc)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.dialect import SQLITE, Dialect, is_postgres_url
+from kvmem.text.db.dialect import SQLITE, Dialect, is_postgres_url
 from kvmem.text.errors import SubscriberError, TextStoreError
 from kvmem.text.records import ChangeEvent
 
@@ -46,7 +46,7 @@ class Database:
         if isinstance(path, str):
             assert is_postgres_url(path), path
             try:
-                from kvmem.text import pg  # psycopg is imported only where PostgreSQL is used
+                from kvmem.text.db import pg  # psycopg is imported only where PostgreSQL is used
             except ImportError as e:
                 raise TextStoreError(
                     f"the PostgreSQL store needs psycopg 3 ({e}); pip install 'kvmem[postgres]'"

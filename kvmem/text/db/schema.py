@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from kvmem.text.dialect import dialect_of
+from kvmem.text.db.dialect import dialect_of
 from kvmem.text.errors import TextStoreError
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Applies pending migrations, each in one transaction; returns the file's schema version. A
     PostgreSQL connection (pg.py) is migrated by pg_schema.py's migrations instead."""
     if dialect_of(conn).name == "postgresql":
-        from kvmem.text import pg_schema  # psycopg is imported only where PostgreSQL is used
+        from kvmem.text.db import pg_schema  # psycopg is imported only where PostgreSQL is used
 
         return pg_schema.migrate(conn)
     current = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 from psycopg import conninfo
 
-from kvmem.text.dialect import is_postgres_url  # noqa: F401  (re-exported: pg.is_postgres_url)
+from kvmem.text.db.dialect import is_postgres_url  # noqa: F401  (re-exported: pg.is_postgres_url)
 from kvmem.text.errors import StoreUnavailable
-from kvmem.text.terms import query_tokens, term_counts
+from kvmem.text.search.terms import query_tokens, term_counts
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
+from kvmem.text.db.pg import MIGRATE_LOCK_KEY, PgConnection
 from kvmem.text.errors import TextStoreError
-from kvmem.text.pg import MIGRATE_LOCK_KEY, PgConnection
 
 logger = logging.getLogger(__name__)
 

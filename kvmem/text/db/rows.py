@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvmem.text.dialect import dialect_of
+from kvmem.text.db.dialect import dialect_of
 from kvmem.text.records import Memory, MemoryVersion
 
 # The memories columns in Memory's field order, over the table aliased `m`.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.text.vectors import UserVectors, dot_rows
+from kvmem.text.search.vectors import UserVectors, dot_rows
 
 FEATURE_SET = "kvmem-ltr-v1"
 FEATURES = (

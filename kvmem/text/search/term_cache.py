@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvmem.text.terms import term_counts
+from kvmem.text.search.terms import term_counts
 
 # Per-term bookkeeping counted against the bound besides the arrays (dict slot, tuple, two array headers).
 _TERM_OVERHEAD_BYTES = 320

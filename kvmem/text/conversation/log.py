@@ -14,9 +14,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kvmem.text import turns
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.db import Database
+from kvmem.text.conversation import turns
+from kvmem.text.db.connections import Database
+from kvmem.text.db.rows import erased_generation
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import (
     TURN_MESSAGE_KEYS,
@@ -28,7 +29,6 @@ from kvmem.text.filters import (
     parse_time,
 )
 from kvmem.text.records import FormationCounts, Turn, TurnPage
-from kvmem.text.rows import erased_generation
 
 
 def check_id_list(ids: Any, field_name: str) -> list[str]:

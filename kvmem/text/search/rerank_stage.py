@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmem.text.errors import RerankerUnavailable
-from kvmem.text.rerank import Reranker, apply_scores
-from kvmem.text.rerank_features import LegScores, candidate_features
-from kvmem.text.vectors import UserVectors
+from kvmem.text.search.rerank import Reranker, apply_scores
+from kvmem.text.search.rerank_features import LegScores, candidate_features
+from kvmem.text.search.vectors import UserVectors
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmem.text.term_cache import TermCache
+from kvmem.text.search.term_cache import TermCache
 
 # An entry's term cache holds at most an eighth of its matrix's bytes (~1.9 MB for 10k rows of 384), at least
 # this; the bound is counted in the entry's num_bytes, so VectorCache's byte bound covers it.

@@ -22,15 +22,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvmem.text import bm25
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.dialect import dialect_of, owner_token
+from kvmem.text.db.dialect import dialect_of, owner_token
 from kvmem.text.filters import SearchFilters, filter_sql
-from kvmem.text.rerank import Reranker
-from kvmem.text.rerank_features import LegScores, speaker_of
-from kvmem.text.rerank_stage import Candidates, second_stage
-from kvmem.text.vectors import UserVectors, VectorCache, dot_rows, top_k_by_dot
-from kvmem.text.when import parse_query_time
+from kvmem.text.search import bm25
+from kvmem.text.search.rerank import Reranker
+from kvmem.text.search.rerank_features import LegScores, speaker_of
+from kvmem.text.search.rerank_stage import Candidates, second_stage
+from kvmem.text.search.vectors import UserVectors, VectorCache, dot_rows, top_k_by_dot
+from kvmem.text.search.when import parse_query_time
 
 SEARCH_MODES = ("hybrid", "keyword", "dense")
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from kvmem.text.errors import RerankerLoadError
 from kvmem.text.errors import RerankerUnavailable as RerankerUnavailable  # lives in errors.py; re-exported
-from kvmem.text.rerank_features import FEATURE_SET, FEATURES, NUM_FEATURES
-from kvmem.text.rerank_llm import LLMJudge
+from kvmem.text.search.rerank_features import FEATURE_SET, FEATURES, NUM_FEATURES
+from kvmem.text.search.rerank_llm import LLMJudge
 
 WEIGHTS_FORMAT = "kvmem-rerank/1"
 DEFAULT_WEIGHTS = Path(__file__).with_name("rerank_weights.json")

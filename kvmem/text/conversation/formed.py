@@ -18,10 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.text import turns
-from kvmem.text.bm25 import num_tokens
 from kvmem.text.config import TextStoreConfig
-from kvmem.text.db import Database, Tx
+from kvmem.text.conversation import turns
+from kvmem.text.conversation.log import check_id_list
+from kvmem.text.db.connections import Database, Tx
+from kvmem.text.db.rows import (
+    COLUMNS,
+    SERVED,
+    add_provenance,
+    bump_generation,
+    find_live,
+    find_served,
+    row_to_memory,
+    supersede_row,
+)
 from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
 from kvmem.text.filters import (
     check_int,
@@ -32,19 +42,9 @@ from kvmem.text.filters import (
     format_time,
     parse_time,
 )
-from kvmem.text.log import check_id_list
 from kvmem.text.records import ChangeEvent, CommitResult, FormedMemory, Memory
-from kvmem.text.rows import (
-    COLUMNS,
-    SERVED,
-    add_provenance,
-    bump_generation,
-    find_live,
-    find_served,
-    row_to_memory,
-    supersede_row,
-)
-from kvmem.text.vectors import VectorCache, speaker_key
+from kvmem.text.search.bm25 import num_tokens
+from kvmem.text.search.vectors import VectorCache, speaker_key
 
 FORMED_ROLE = "user"  # formed memories are what the user said
 

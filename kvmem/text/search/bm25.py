@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.text.dialect import dialect_of
-from kvmem.text.term_cache import TermMatches, single_tokens, term_matches
-from kvmem.text.vectors import UserVectors
+from kvmem.text.db.dialect import dialect_of
+from kvmem.text.search.term_cache import TermMatches, single_tokens, term_matches
+from kvmem.text.search.vectors import UserVectors
 
 K1 = 1.2
 B = 0.75
