@@ -53,5 +53,5 @@ fi
 step "provisioning the default model (the first time: a download and a conversion; then a check)"
 "$VENV/bin/python" -c "from kvmem.models import provision; print('setup: default model at', provision())" >&2
 step "provisioning the embedder"
-"$VENV/bin/python" -c "from kvmem.text.embedders import minilm_model_dir; print('setup: embedder at', minilm_model_dir())" >&2
+"$VENV/bin/python" -c "from kvmem.text.search.embedders import minilm_model_dir; print('setup: embedder at', minilm_model_dir())" >&2
 step "done"

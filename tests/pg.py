@@ -3,7 +3,7 @@
 Use from any test module: `from tests.pg import pg_server, pg_url  # noqa: F401` (pytest finds fixtures
 imported into the module; a test taking them as arguments then needs `# noqa: F811` for ruff), then take
 `pg_url` (a new empty database's URL, `postgresql://postgres@127.0.0.1:<port>/<db>`) or `pg_server`
-(kvmem.text.pg_server.PgServer: `.url(db)`, `.create_database(name)`, `.port`, `.stop()` / `.start()` to take
+(kvmem.text.db.pg_server.PgServer: `.url(db)`, `.create_database(name)`, `.port`, `.stop()` / `.start()` to take
 it away and bring it back; `pg_url` restarts it if a test left it stopped). The server binaries come from Debian's
 `postgresql` package, installed with apt if missing (the test skips if that fails); as root the server runs
 as the `postgres` system user (PostgreSQL refuses root).
@@ -15,7 +15,7 @@ import itertools
 
 import pytest
 
-from kvmem.text.pg_server import PgServer, PgServerError, find_bin_dir, start_server
+from kvmem.text.db.pg_server import PgServer, PgServerError, find_bin_dir, start_server
 from tests import debian
 
 _names = itertools.count()

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvmem.text.pg_server import find_bin_dir
+from kvmem.text.db.pg_server import find_bin_dir
 from serving.ops.cluster import ClusterState, down, up
 from tests import debian
 

@@ -15,8 +15,8 @@ from benchmarks.memory.rerank_train import (
     order_by,
     score_with,
 )
-from kvmem.text.rerank import load_weights, write_weights
-from kvmem.text.rerank_features import FEATURES, NUM_FEATURES
+from kvmem.text.search.rerank import load_weights, write_weights
+from kvmem.text.search.rerank_features import FEATURES, NUM_FEATURES
 
 COL = {name: i for i, name in enumerate(FEATURES)}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from kvmem.text.rerank import write_weights
-from kvmem.text.rerank_features import FEATURES
+from kvmem.text.search.rerank import write_weights
+from kvmem.text.search.rerank_features import FEATURES
 from tests.serving.conftest import ALICE, MODEL, make_stack
 
 TEXTS = (

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from kvmem.text.db import Database
+from kvmem.text.db.connections import Database
 from serving.ops.cli import main
 from serving.http.storage import storage_failure
 from tests.serving.conftest import ALICE, Stack
