@@ -10,6 +10,13 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets one torch thread: the workers already share the cores, and two
+    threads each would contend for them (scripts/test.sh runs one worker per core)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def default_model_dir():
     from kvmem.models import provision

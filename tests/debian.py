@@ -6,6 +6,7 @@ machine without the package registry); CI's machines reach it, so there the test
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -27,6 +28,17 @@ def ensure(binary: str, package: str, find: Callable[[], str | Path | None] | No
     path = locate()
     if path:
         return str(path)
+    # one apt at a time on this machine: test workers running side by side (pytest-xdist) would otherwise
+    # fail on dpkg's lock; the second finds the package installed once the first is done
+    with open("/tmp/kvmem-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = locate()
+        if path:
+            return str(path)
+        return _install(package, locate)
+
+
+def _install(package: str, locate: Callable[[], str | Path | None]) -> str:
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": _PATH}
     subprocess.run(["apt-get", "update"], check=False, capture_output=True, env=env, timeout=600)
     proc = subprocess.run(

@@ -10,12 +10,17 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.serving.conftest import ALICE, MODEL, make_stack
+
+# schemathesis makes one item per operation, all with one node id, which pytest-xdist cannot tell apart (it
+# would run one of them): scripts/test.sh runs the `serial` tests in one process after the workers' share
+pytestmark = pytest.mark.serial
 
 _STACK = make_stack(Path(tempfile.mkdtemp(prefix="kvmem-fuzz-")), auth=False)
 _STACK.store.add("demo", texts=["demo likes tea", "demo has a dog"])
