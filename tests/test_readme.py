@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
+from serving.http.app import create_app
 from tests.serving.conftest import live_server, wait_for
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -25,9 +25,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from benchmarks.common import env_info, print_table, write_outputs
-from benchmarks.load.http_client import memory_texts
 from benchmarks.engine.percache.batch import CacheSequence, _forward_one, _forward_ragged
 from benchmarks.engine.percache.packed import _forward_packed, commit, segments_of
+from benchmarks.load.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item
 from kvmem.kv.sampling import pick
 from kvmem.models import load_model

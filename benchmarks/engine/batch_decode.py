@@ -18,8 +18,8 @@ import os
 import time
 
 from benchmarks.common import OthersCpu, env_info, median, print_table, write_outputs
-from benchmarks.load.http_client import memory_texts
 from benchmarks.engine.percache.batch import CacheSequence, decode_step
+from benchmarks.load.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
 

@@ -25,9 +25,9 @@ import time
 import torch
 
 from benchmarks.common import env_info, median, print_table, write_outputs
-from benchmarks.load.http_client import memory_texts
 from benchmarks.engine.percache.batch import CacheSequence, decode_step
 from benchmarks.engine.percache.packed import step as packed_step
+from benchmarks.load.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
 from serving.engine import runner, sampler

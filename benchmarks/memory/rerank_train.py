@@ -29,7 +29,12 @@ import numpy as np
 
 from benchmarks.common import git_sha, write_outputs
 from benchmarks.memory.conversations import load_split
-from benchmarks.memory.recall_bench import DEFAULT_DATA_DIR, CachedEmbedder, load_conversations, parse_overrides
+from benchmarks.memory.recall_bench import (
+    DEFAULT_DATA_DIR,
+    CachedEmbedder,
+    load_conversations,
+    parse_overrides,
+)
 from kvmem.text import MemoryStore, TextStoreConfig, load_embedder
 from kvmem.text.search.rerank import write_weights
 from kvmem.text.search.rerank_features import FEATURE_SET, FEATURES

@@ -17,8 +17,8 @@ from kvmem.errors import DependencyUnavailable
 from scheduler import Scheduler
 from scheduler.plan import Plan
 from serving.backends.base import Backend, GenerationRequest, GenerationResult, SamplingParams
-from serving.config import ServingConfig
 from serving.chat.openai_params import sampling_extras
+from serving.config import ServingConfig
 from serving.http.protocol import ApiError, ChatCompletionRequest
 
 logger = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ from serving.backends.base import (
     TokenDelta,
     TokenLogprob,
 )
+from serving.chat.openai_params import check_params
+from serving.chat.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
 from serving.config import DEFAULT_MODEL, ServingConfig
 from serving.http.limits import check_chat
 from serving.http.metrics import Metrics
-from serving.chat.openai_params import check_params
-from serving.chat.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
 from serving.http.protocol import (
     ApiError,
     ChatCompletionRequest,

@@ -22,9 +22,9 @@ from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.queue import RedisStreamsQueue, Task
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
+from serving.http.app import create_app
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 from tests.scheduler.test_scheduler import FakeBuilder
 

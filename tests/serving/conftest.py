@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 import kvmem.text
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
+from serving.http.app import create_app
 
 KEYS = {"sk-alice-0000": ["alice"], "sk-bob-00000": ["bob"], "sk-team-0000": ["alice", "bob"]}
 ALICE = {"Authorization": "Bearer sk-alice-0000"}

@@ -17,9 +17,9 @@ from kvmem.datadir import DataDir
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
+from serving.http.app import create_app
 
 
 def save_tiny_model(directory: Path, handle: Any) -> Path:

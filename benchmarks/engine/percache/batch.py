@@ -21,11 +21,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_utils import AttentionInterface
 
 from benchmarks.engine.percache.grow import append
-from kvmem.kv.sampling import GenerationStats, Sampling, pick
 from kvmem.kv.inject import Injection, inject
 from kvmem.kv.item import KVItem
-from serving.engine.sequence import EngineSequence
-from serving.engine.sequence import SequenceError
+from kvmem.kv.sampling import GenerationStats, Sampling, pick
+from serving.engine.sequence import EngineSequence, SequenceError
 
 log = logging.getLogger(__name__)
 

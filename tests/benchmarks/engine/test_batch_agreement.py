@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.engine import batch_agreement
-
-from benchmarks.engine import batch_decode
+from benchmarks.engine import batch_agreement, batch_decode
 
 
 def test_batch_agreement_runs_and_writes_contract_json(tmp_path, tiny_handle, capsys):

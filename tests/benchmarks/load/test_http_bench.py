@@ -8,7 +8,6 @@ import json
 import pytest
 
 from benchmarks.load import http_load
-
 from benchmarks.ttft import http_ttft
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.memory.conversations import REALTALK_COMMIT, SPLITS, Conversation, Session, Turn, load_conversation
+from benchmarks.memory.conversations import (
+    REALTALK_COMMIT,
+    SPLITS,
+    Conversation,
+    Session,
+    Turn,
+    load_conversation,
+)
 from benchmarks.memory.formation_public import (
     DEFAULT_DATA_DIR,
     FACT_KINDS,

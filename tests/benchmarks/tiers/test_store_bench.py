@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks.tiers import store_bench
 from benchmarks.memory.memory_dataset import generate
+from benchmarks.tiers import store_bench
 
 
 def test_tiny_run_json_shape(tmp_path, capsys, monkeypatch):

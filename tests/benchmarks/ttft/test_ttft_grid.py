@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks.tiers import kv_load
-
 from benchmarks.ttft import ttft_grid
 from kvmem.kv import PromptLayout
 

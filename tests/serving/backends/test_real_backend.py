@@ -9,9 +9,9 @@ from openai import OpenAI
 
 from kvmem.kv.io import item_paths
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.config import ServingConfig
+from serving.http.app import create_app
 from tests.serving.conftest import TickClock, live_server, wait_for
 
 MEMORIES = [

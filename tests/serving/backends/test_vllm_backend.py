@@ -21,7 +21,6 @@ from openai import OpenAI  # noqa: E402
 
 from kvmem.kv import Sampling, generate  # noqa: E402
 from kvmem.kv.io import item_paths  # noqa: E402
-from serving.backends.vllm import connector as vllm_connector  # noqa: E402
 from serving.backends.base import (  # noqa: E402
     BlockNotFound,
     GenerationRequest,
@@ -31,6 +30,7 @@ from serving.backends.base import (  # noqa: E402
     TokenDelta,
 )
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig  # noqa: E402
+from serving.backends.vllm import connector as vllm_connector  # noqa: E402
 from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig  # noqa: E402
 from tests.conftest import synthetic_memories  # noqa: E402
 
@@ -299,8 +299,8 @@ def test_a_client_leaving_aborts_the_request_and_admission_is_bounded(backend):
 def test_the_openai_client_against_the_app_on_the_vllm_backend(backend, tmp_path):
     import kvmem.text
     from scheduler.wiring import make_scheduler
-    from serving.http.app import create_app
     from serving.config import ServingConfig
+    from serving.http.app import create_app
     from tests.serving.conftest import TickClock, live_server
 
     texts = ["I live in Lisbon with my sister.", "My dog is a golden retriever called Miso."]

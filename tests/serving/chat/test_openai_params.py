@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from kvmem.kv import GenerationStats, Sampling, generate
 from serving.backends.base import GenerationRequest, LaidOutPrompt, SamplingParams, TokenDelta
 from serving.engine.detok import TokenPieces
-from tests.serving.conftest import ALICE, MODEL, Stack
 from tests.serving.backends.test_transformers_backend import arrive_together, tokens_of
+from tests.serving.conftest import ALICE, MODEL, Stack
 
 
 def body(content: str = "hello", **extra) -> dict:

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
+from serving.http.app import create_app
 from serving.http.protocol import plan_dict
 from tests.scheduler.test_redis_queue import redis_url  # noqa: F401 - the live redis-server fixture
 

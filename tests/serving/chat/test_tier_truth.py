@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from kvmem.kv.io import item_paths
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.wiring import make_scheduler
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.config import ServingConfig
+from serving.http.app import create_app
 from tests.serving.kvstack import load_backend, served
 
 NO_BLOCK = None  # the plan route's block when there is none (API.md)

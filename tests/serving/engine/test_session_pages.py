@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from kvmem.kv import Sampling, generate
 from kvmem.kv.inject import usable_prefix_tokens
-from serving.engine.sessions import SessionCache
 from serving.engine.pages import PagePool, PoolShape
+from serving.engine.sessions import SessionCache
 from serving.engine.table import PageTable
 from tests.conftest import prompts_and_blocks
 from tests.serving.engine.test_engine import admitted, make_pool, run_engine

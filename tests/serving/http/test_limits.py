@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.text.store import dumps_jsonl
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
 from serving.chat.service import MAX_STOP_CHARS
 from serving.config import Limits, ServingConfig
+from serving.http.app import create_app
 from tests.serving.conftest import ALICE, MODEL, Stack, make_stack
 
 

@@ -15,8 +15,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from serving.ops.cli import UsageError, build_parser, config_from_args
 from serving.http.server import uvicorn_config
+from serving.ops.cli import UsageError, build_parser, config_from_args
 from tests.serving.conftest import ALICE, make_stack
 
 TIMEOUT_S = 0.5

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.ops.cli import build_parser, config_from_args
 from serving.config import ServingConfig
+from serving.ops.cli import build_parser, config_from_args
 from tests.serving.conftest import ALICE, MODEL, make_stack
 
 

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.text.db.connections import Database
-from serving.ops.cli import main
 from serving.http.storage import storage_failure
+from serving.ops.cli import main
 from tests.serving.conftest import ALICE, Stack
 
 

@@ -12,8 +12,8 @@ import torch
 
 from serving.backends import BackendError, create_backend, supported_backends
 from serving.backends.fake import FakeBackend
-from serving.ops.cli import build_parser, config_from_args, how_to_call, main
 from serving.config import ServingConfig
+from serving.ops.cli import build_parser, config_from_args, how_to_call, main
 
 
 @pytest.mark.parametrize(

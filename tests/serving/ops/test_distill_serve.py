@@ -31,9 +31,9 @@ from scheduler.distill.selection import SelectConfig  # noqa: E402
 from scheduler.distill.train import TrainConfig  # noqa: E402
 from scheduler.queue import Task  # noqa: E402
 from scheduler.wiring import make_scheduler  # noqa: E402
+from serving.config import ServingConfig  # noqa: E402
 from serving.http.app import create_app  # noqa: E402
 from serving.ops.cli import UsageError, build_parser, config_from_args  # noqa: E402
-from serving.config import ServingConfig  # noqa: E402
 from tests.serving.kvstack import load_backend  # noqa: E402
 
 DOG, PORTO, ACME = "My dog is called Miso.", "I live in Porto.", "I work at Acme."

@@ -19,9 +19,9 @@ from kvmem.kv.io import list_item_ids
 from kvmem.text import MemoryStore
 from scheduler import SchedulerConfig
 from scheduler.heat import HeatTable
+from serving.config import ServingConfig
 from serving.http.app import create_app
 from serving.ops.build_cli import main as build_main
-from serving.config import ServingConfig
 
 ALICE = [
     "Alice lives in Lisbon.",

@@ -9,10 +9,10 @@ import socket
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.http.app import create_app
 from serving.backends.fake import FakeBackend
-from serving.ops.cli import main
 from serving.config import ServingConfig
+from serving.http.app import create_app
+from serving.ops.cli import main
 from tests.pg import pg_server, pg_url  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.postgresql
