@@ -22,6 +22,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -207,8 +208,19 @@ class PagePool:
 class _Entry:
     pages: list[int]  # the pool's reference to each (the entry's own), covering tokens [0, tokens)
     tokens: int
-    users: int = 0  # sequences reading it now
-    parent: str | None = None
+    item_id: str = ""
+    users: int = 0  # readers now: sequences, session tables, resident children
+    parent: _Entry | None = None  # the knowledge parent whose full pages it references
+
+
+class SharedRead(NamedTuple):
+    """One reader's share of a resident item: its pages, its tokens, and the entry the reader holds, which
+    `release` and `hold` take (not the item's id: an item dropped and rebuilt under the same id while this
+    reader reads is a new entry, whose readers this one's release must not touch)."""
+
+    pages: list[int]
+    tokens: int
+    entry: _Entry
 
 
 class SharedPages:
@@ -230,30 +242,30 @@ class SharedPages:
         with self.pool.lock:
             return item_id in self._entries
 
-    def acquire(self, item) -> tuple[list[int], int]:
-        """(the pages of `item`, its tokens), one more reader; copies it into pages if it is not resident.
-        `release(item_id)` when done. Raises PoolFull if there is no room."""
+    def acquire(self, item) -> SharedRead:
+        """The pages of `item` and its tokens, one more reader; copies it into pages if it is not resident.
+        `release(read.entry)` when done. Raises PoolFull if there is no room."""
         with self.pool.lock:
             entry = self._entry(item)
-            self.hold(item.item_id)
-            return entry.pages, entry.tokens
+            entry.users += 1
+            self._entries.move_to_end(item.item_id)
+            return SharedRead(entry.pages, entry.tokens, entry)
 
-    def hold(self, item_id: str) -> bool:
-        """One more reader of a resident item (a session's next turn over its pages); False if not resident."""
+    def hold(self, entry: _Entry) -> bool:
+        """One more reader of `entry` (a session's next turn over its pages) while it is still the resident
+        entry of its item; False once it was dropped (even if its item is resident again, as a new entry)."""
         with self.pool.lock:
-            entry = self._entries.get(item_id)
-            if entry is None:
+            if self._entries.get(entry.item_id) is not entry:
                 return False
             entry.users += 1
-            self._entries.move_to_end(item_id)
+            self._entries.move_to_end(entry.item_id)
             return True
 
-    def release(self, item_id: str) -> None:
+    def release(self, entry: _Entry) -> None:
+        """One reader of `entry` is done: exactly the entry it took, resident or dropped since."""
         with self.pool.lock:
-            entry = self._entries.get(item_id)
-            if entry is not None:
-                entry.users -= 1
-                assert entry.users >= 0
+            entry.users -= 1
+            assert entry.users >= 0, f"item {entry.item_id} released more often than read"
 
     def drop(self, item_id: str) -> bool:
         """The item is gone (deleted, evicted from the store): its pages go once its readers are done."""
@@ -264,6 +276,7 @@ class SharedPages:
             self.pool.release(entry.pages)
             if entry.parent is not None:
                 self.release(entry.parent)
+                entry.parent = None
             return True
 
     def evict(self, pages_wanted: int) -> None:
@@ -280,7 +293,8 @@ class SharedPages:
                 pages_wanted -= len(self.pool._free) - before
 
     def _is_parent(self, item_id: str) -> bool:
-        return any(e.parent == item_id for e in self._entries.values())
+        entry = self._entries.get(item_id)
+        return any(e.parent is entry for e in self._entries.values())
 
     def _entry(self, item) -> _Entry:
         entry = self._entries.get(item.item_id)
@@ -288,12 +302,12 @@ class SharedPages:
             return entry
         pt = self.pool.page_tokens
         pages: list[int] = []
-        parent_id, start = None, 0
+        parent_entry, start = None, 0
         if item.parent is not None:
             parent = self._entry(item.parent)
             full = min(item.own_start, parent.tokens) // pt  # the parent's full pages this child starts with
             if full:
-                parent_id = item.parent.item_id
+                parent_entry = parent
                 parent.users += 1  # the child reads the parent's pages as long as it is resident
                 pages = list(parent.pages[:full])
                 self.pool.ref(pages)
@@ -303,13 +317,13 @@ class SharedPages:
         except PoolFull:
             if pages:
                 self.pool.release(pages)
-                self.release(parent_id)
+                self.release(parent_entry)
             raise
         pages += own
         if item.num_tokens > start:
             self.pool.write(
                 self.pool.slots(pages, start, item.num_tokens), item.kv_range(start, item.num_tokens)
             )
-        entry = _Entry(pages, item.num_tokens, parent=parent_id)
+        entry = _Entry(pages, item.num_tokens, item_id=item.item_id, parent=parent_entry)
         self._entries[item.item_id] = entry
         return entry

@@ -26,7 +26,7 @@ class PageTable:
         self.shared_pages = 0  # leading pages referenced from an item or a session's table (never written)
         self.item_pages = 0  # of those, the leading pages that are the item's own entry's
         self.prefix_key: tuple[int, ...] = ()  # the shared pages: rows with the same read them once (runner)
-        self._item_id: str | None = None  # the item entry it holds a reader's reference on
+        self._shared = None  # the shared item entry it holds a reader's reference on (pages.SharedRead.entry)
         self._reserved = 0
         self._closed = False
 
@@ -70,8 +70,7 @@ class PageTable:
             if item.item_id not in pool.shared:
                 pool.unreserve(pool.pages_for(item.num_tokens))
                 self._reserved -= pool.pages_for(item.num_tokens)
-            pages, _ = pool.shared.acquire(item)
-            self._item_id = item.item_id
+            pages, _, self._shared = pool.shared.acquire(item)
             self._start_from_pages(pages, reuse, total)
             self.item_pages = self.shared_pages
 
@@ -80,10 +79,10 @@ class PageTable:
         an item's; the item entry it began with gets one more reader, so it stays resident meanwhile."""
         pool = self.pool
         with pool.lock:
-            if source._item_id is not None and pool.shared.hold(source._item_id):
-                self._item_id = source._item_id
+            if source._shared is not None and pool.shared.hold(source._shared):
+                self._shared = source._shared
             self._start_from_pages(source.pages, reuse, total)
-            self.item_pages = min(source.item_pages, self.shared_pages) if self._item_id is not None else 0
+            self.item_pages = min(source.item_pages, self.shared_pages) if self._shared is not None else 0
 
     def _start_from_pages(self, pages: list[int], reuse: int, total: int) -> None:
         """Reference the full pages of `pages` that the first `reuse` positions fill; copy the partly reused
@@ -159,6 +158,6 @@ class PageTable:
             if self._reserved:
                 self.pool.unreserve(self._reserved)
                 self._reserved = 0
-            if self._item_id is not None:
-                self.pool.shared.release(self._item_id)
-                self._item_id = None
+            if self._shared is not None:
+                self.pool.shared.release(self._shared)  # exactly the entry it took
+                self._shared = None

@@ -162,12 +162,19 @@ class EngineRequests:
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
             final = exc
         finally:
-            if lease is not None:
-                self.sessions.release(lease)
-            if seq is not None:  # its pages go back to the pool (its table, or what keep_table left)
-                seq.release()
-            if held_adapter is not None:  # its use ends now (an erased one is unloaded), not at GC
-                self.adapters.unhold(held_adapter)
+            # each release is tried on its own: a failure in one (a bug in the bookkeeping) is logged and never
+            # skips the others, the admission's release or the final message, so no client hangs on it
+            releases = (
+                (lease is not None, lambda: self.sessions.release(lease)),
+                (seq is not None, lambda: seq.release()),  # its pages back to the pool (its table, or the rest)
+                (held_adapter is not None, lambda: self.adapters.unhold(held_adapter)),  # an erased one unloads
+            )
+            for due, release in releases:
+                if due:
+                    try:
+                        release()
+                    except Exception:  # noqa: BLE001 - logged; the request still ends
+                        log.exception("request %s: releasing what it held failed", req.request_id)
             self._release()
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)

@@ -4,6 +4,7 @@ with the same greedy tokens as alone, every forward in inference mode, admission
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import time
@@ -577,3 +578,26 @@ def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowled
         wait_released(backend)
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_a_failing_release_still_ends_the_request_and_frees_its_admission(tiny_backend, monkeypatch, caplog):
+    """Issue 42 item 1: a failure in a request's bookkeeping (here its sequence's release raises) is logged;
+    the request still gets its final result and its admission slot is released, so no client hangs and the
+    429s of leaked slots never come."""
+    from serving.engine.sequence import EngineSequence
+
+    backend = tiny_backend
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
+    req = GenerationRequest("r", "u", prompt, None, SamplingParams(max_new_tokens=3, temperature=0.0))
+    real = EngineSequence.release
+
+    def broken(seq):
+        real(seq)
+        raise AssertionError("bookkeeping bug")
+
+    monkeypatch.setattr(EngineSequence, "release", broken)
+    with caplog.at_level(logging.ERROR, logger="serving.backends.transformers.backend"):
+        ids, result = asyncio.run(tokens_of(backend, req))
+    wait_released(backend)
+    assert len(ids) == 3 and result.completion_tokens == 3
+    assert any("releasing what it held failed" in r.getMessage() for r in caplog.records)

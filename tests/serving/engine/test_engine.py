@@ -152,12 +152,12 @@ def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
     child = KVItem(meta, whole.token_ids, whole.kv[:, :, :, k:].clone(), parent)
     assert child.own_start == k and k % 16 != 0  # the parent's last page is partly the child's
     pool = make_pool(model)
-    pages, tokens = pool.shared.acquire(child)
+    pages, tokens, entry = pool.shared.acquire(child)
     full = min(child.own_start, parent.num_tokens) // pool.page_tokens
     assert pages[:full] == pool.shared._entries[parent.item_id].pages[:full]
     got = pool.read(pool.slots(pages, 0, tokens))
     assert torch.equal(got, child.kv_range(0, child.num_tokens))
-    pool.shared.release(child.item_id)
+    pool.shared.release(entry)
     assert pool.shared.drop(child.item_id) and pool.shared.drop(parent.item_id) and pool.used_pages == 0
 
 
@@ -588,3 +588,24 @@ def test_a_builds_chunks_shrink_as_its_context_grows_while_others_decode(tiny_ha
     assert seq.chunk == 64
     seq.release()
     assert pool.used_pages == 0
+
+
+def test_a_reader_releases_the_entry_it_took_not_a_rebuild_under_the_same_id(tiny_handle, tokenizer):
+    """Issue 42 item 1: an item dropped while a request reads it and built again under the same id (the
+    scheduler's designed path) is a new entry; the first reader's close must not count against the new
+    entry's readers, whose own close would then fail an assertion inside the request's `finally`."""
+    ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
+    model = tiny_handle.model
+    pool = make_pool(model)
+    first = admitted(pool, model, ids, item=item, sampling=Sampling(max_new_tokens=2))
+    old = pool.shared._entries[item.item_id]
+    assert old.users == 1
+    assert pool.shared.drop(item.item_id)  # deleted while `first` reads it
+    second = admitted(pool, model, ids, item=item, sampling=Sampling(max_new_tokens=2))
+    new = pool.shared._entries[item.item_id]
+    assert new is not old and new.users == 1 and old.users == 1
+    first.release()  # the first reader lets go of the entry it took, the dropped one
+    assert old.users == 0 and new.users == 1
+    second.release()
+    assert new.users == 0
+    assert pool.shared.drop(item.item_id) and pool.used_pages == 0

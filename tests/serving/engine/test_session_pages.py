@@ -135,8 +135,8 @@ def test_a_short_pool_drops_unread_blocks_before_live_sessions(tiny_handle, toke
     pool = PagePool(shape, (need + block + need // 2) * shape.page_bytes)
     sessions = SessionCache(1 << 30)
     pool.reclaimers.append(sessions.drop_oldest)
-    pool.shared.acquire(item)
-    pool.shared.release(item.item_id)  # resident, read by nobody
+    read = pool.shared.acquire(item)
+    pool.shared.release(read.entry)  # resident, read by nobody
     turn(model, pool, sessions, ids, session="s1")
     assert item.item_id in pool.shared and sessions.keys() == [("alice", "s1")]
     seqs, errors = run_engine(model, pool, [(ids, None)], [GREEDY], [0])
