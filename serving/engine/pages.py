@@ -242,6 +242,11 @@ class SharedPages:
         with self.pool.lock:
             return item_id in self._entries
 
+    def resident(self, item_id: str) -> _Entry | None:
+        """The item's resident entry, or None (`hold` it to keep it resident)."""
+        with self.pool.lock:
+            return self._entries.get(item_id)
+
     def acquire(self, item) -> SharedRead:
         """The pages of `item` and its tokens, one more reader; copies it into pages if it is not resident.
         `release(read.entry)` when done. Raises PoolFull if there is no room."""

@@ -45,32 +45,41 @@ class PageTable:
             assert reuse <= source.length, "a session's table reused past its length"
         shared_full = reuse // pt if item is not None or source is not None else 0
         need = pool.pages_for(total_tokens) - shared_full
-        if item is not None and reuse and item.item_id not in pool.shared:
-            need += pool.pages_for(item.num_tokens)  # the item is copied in first
-        if not pool.reserve(need):
-            raise PoolFull(
-                f"the KV pool has {pool.free_pages} free pages of {pt} tokens; this request needs {need}"
-            )
-        table._reserved = need
-        try:
-            if source is not None and reuse:
-                table._start_from_table(source, reuse, total_tokens)
-            elif item is not None and reuse:
-                table._start_from_item(item, reuse, total_tokens)
-            table._grow(total_tokens)  # every own page now, in one run when the pool has one (pages.py)
-        except BaseException:
-            table.close()
-            raise
+        # residency and reservation are one decision, under the pool's lock: a resident item is held (a
+        # reader) before the reservation may evict unread items, so it cannot be the one evicted
+        with pool.lock:
+            if item is not None and reuse:
+                table._shared = pool.shared.resident(item.item_id)
+                if table._shared is not None:
+                    pool.shared.hold(table._shared)
+                else:
+                    need += pool.pages_for(item.num_tokens)  # the item is copied in first
+            if not pool.reserve(need):
+                table.close()  # lets go of the held item
+                raise PoolFull(
+                    f"the KV pool has {pool.free_pages} free pages of {pt} tokens; this request needs {need}"
+                )
+            table._reserved = need
+            try:
+                if source is not None and reuse:
+                    table._start_from_table(source, reuse, total_tokens)
+                elif item is not None and reuse:
+                    table._start_from_item(item, reuse, total_tokens)
+                table._grow(total_tokens)  # every own page now, in one run when the pool has one (pages.py)
+            except BaseException:
+                table.close()
+                raise
         return table
 
     def _start_from_item(self, item, reuse: int, total: int) -> None:
         pool = self.pool
         with pool.lock:
-            # copying the item in takes free pages (counted in the reservation): give them back first
-            if item.item_id not in pool.shared:
+            if self._shared is not None:  # resident at admission, and held since
+                pages = self._shared.pages
+            else:  # copying the item in takes free pages (counted in the reservation): give them back first
                 pool.unreserve(pool.pages_for(item.num_tokens))
                 self._reserved -= pool.pages_for(item.num_tokens)
-            pages, _, self._shared = pool.shared.acquire(item)
+                pages, _, self._shared = pool.shared.acquire(item)
             self._start_from_pages(pages, reuse, total)
             self.item_pages = self.shared_pages
 

@@ -609,3 +609,26 @@ def test_a_reader_releases_the_entry_it_took_not_a_rebuild_under_the_same_id(tin
     second.release()
     assert new.users == 0
     assert pool.shared.drop(item.item_id) and pool.used_pages == 0
+
+
+def test_admission_never_evicts_the_resident_block_it_is_about_to_reuse(tiny_handle, tokenizer):
+    """Issue 42 item 2: the item is resident and unread when a request over it is admitted; the reservation
+    may evict unread items to make room, and must not evict that one (it then found the item gone and failed
+    an assertion: a 500 for a request that fits on retry). Too little room is a PoolFull (429), enough room
+    reads the resident pages without copying the item again."""
+    from serving.engine.table import PageTable
+
+    ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
+    shape = PoolShape.of_model(tiny_handle.model, 16)
+    item_pages = -(-item.num_tokens // 16)
+    pool = PagePool(shape, (item_pages + 4) * shape.page_bytes)
+    read = pool.shared.acquire(item)
+    pool.shared.release(read.entry)  # resident, read by nobody: evictable
+    reuse = (item.num_tokens // 16) * 16
+    with pytest.raises(PoolFull):  # 5 own pages wanted, 4 free beside the item
+        PageTable.admit(pool, reuse + 5 * 16, item=item, reuse=reuse)
+    assert pool.shared.resident(item.item_id) is read.entry and read.entry.users == 0
+    table = PageTable.admit(pool, reuse + 4 * 16, item=item, reuse=reuse)
+    assert table.pages[: reuse // 16] == read.entry.pages[: reuse // 16] and read.entry.users == 1
+    table.close()
+    assert read.entry.users == 0 and pool.free_pages == 4
