@@ -71,6 +71,10 @@ def test_static_decode_steps_give_the_eager_engines_tokens(tiny_handle, tokenize
         assert torch.equal(item.kv, kv)  # the stored items are never written
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
 def test_a_static_step_makes_no_host_sync_and_pads_write_only_the_scratch_slot(tiny_handle, tokenizer):
     model = tiny_handle.model
     pool = make_pool(model)
@@ -95,7 +99,9 @@ def test_a_static_step_makes_no_host_sync_and_pads_write_only_the_scratch_slot(t
         k, v = pool.k[:, real].clone(), pool.v[:, real].clone()
         bucket.pad()
         bucket.forward()
-        assert torch.equal(pool.k[:, real], k) and torch.equal(pool.v[:, real], v)
+        # bit for bit: slots no request wrote hold whatever the pool's memory held, NaN patterns included
+        # (NaN != NaN, so torch.equal on the floats failed in one CI run with nothing written there)
+        assert same_bits(pool.k[:, real], k) and same_bits(pool.v[:, real], v)
     for s in seqs:
         s.release()
     assert pool.used_pages == pool.shared.page_count()
