@@ -32,7 +32,7 @@ from serving.background.startup import load_and_restore
 from serving.chat.service import ChatService
 from serving.config import ServingConfig
 from serving.http.auth import Caller, CheckHost, KeyRing, check_user
-from serving.http.deps import CallerDep
+from serving.http.deps import CallerDep, HeaderUser
 from serving.http.errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
 from serving.http.idempotency import EventCollector, IdempotencyCache
 from serving.http.limits import LimitBody
@@ -211,11 +211,11 @@ def create_app(
         body: ChatCompletionRequest,
         request: Request,
         who: CallerDep,
+        header_user: HeaderUser,
         x_session_id: Annotated[str | None, Header(max_length=256)] = None,
-        x_user_id: Annotated[str | None, Header(max_length=256)] = None,
     ) -> Response:
         started_at = time.perf_counter()
-        user_id = chat_user(who, body, x_user_id)
+        user_id = chat_user(who, body, header_user)
         chat.validate(body)
         if not backend.is_ready():
             raise NotReady("still loading")

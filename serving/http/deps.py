@@ -1,5 +1,6 @@
 """The routes' shared request parameters: the caller (from the Authorization header), a user id in the query,
-and the Idempotency-Key header of memory writes.
+the user header a chat may name its user by (the one the router hashes on), and the Idempotency-Key header of
+memory writes.
 
 Owns how each is read and bounded; what a caller may do is auth.py's, what a repeated key answers
 idempotency.py's. Knows nothing of the routes that take them.
@@ -13,6 +14,12 @@ from fastapi import Depends, Header, Query, Request
 
 from serving.http.auth import ANYONE, Caller, KeyRing
 from serving.http.idempotency import MAX_KEY_CHARS
+from serving.http.protocol import bad_request
+
+# The user header: the chat route's user when the body names none, and what the router (deploy/haproxy.cfg)
+# hashes on. X-User-Id is its deprecated alias (read by both, so an old client is still routed by its user).
+USER_HEADER = "X-Kvmem-User"
+DEPRECATED_USER_HEADER = "X-User-Id"
 
 UserId = Annotated[str, Query(min_length=1, max_length=256)]
 # memory writes: a repeat with the same key (same user, method and path) gets the first answer
@@ -27,3 +34,24 @@ def _caller(request: Request, authorization: Annotated[str | None, Header()] = N
 
 
 CallerDep = Annotated[Caller, Depends(_caller)]
+
+
+def _header_user(
+    x_kvmem_user: Annotated[str | None, Header(alias=USER_HEADER, max_length=256)] = None,
+    x_user_id: Annotated[
+        str | None, Header(alias=DEPRECATED_USER_HEADER, max_length=256, deprecated=True)
+    ] = None,
+) -> str | None:
+    """The user the user header names (X-Kvmem-User, or its deprecated alias X-User-Id); None if neither is
+    sent. Both, naming different users, is 400: the router would hash one and the server act for the other."""
+    if x_kvmem_user is not None and x_user_id is not None and x_kvmem_user != x_user_id:
+        raise bad_request(
+            f"{USER_HEADER} names {x_kvmem_user!r} but {DEPRECATED_USER_HEADER} names {x_user_id!r}: send one "
+            f"({DEPRECATED_USER_HEADER} is a deprecated alias of {USER_HEADER})",
+            param=USER_HEADER,
+            code="conflicting_user_headers",
+        )
+    return x_kvmem_user if x_kvmem_user is not None else x_user_id
+
+
+HeaderUser = Annotated[str | None, Depends(_header_user)]
