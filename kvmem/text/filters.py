@@ -22,6 +22,10 @@ _FILTER_KEYS = ("session_id", "agent_id", "role", "tags", "metadata", "time_rang
 _SCALARS = (str, int, float, bool, type(None))
 _MESSAGE_KEYS = ("role", "content", "chat_time")
 TURN_MESSAGE_KEYS = ("role", "content", "chat_time", "name")  # a log turn may name its speaker
+# how deep objects and lists may nest in a memory's metadata, the metadata object itself the first level: JSON
+# encoders and decoders recurse (pydantic refuses to serialize past about 250 levels, Python past about 1,000),
+# so a deeper value could be stored but not read back
+MAX_METADATA_DEPTH = 32
 
 
 def count_tokens(text: str) -> int:
@@ -116,12 +120,30 @@ def check_tags(tags: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def json_depth(value: Any) -> int:
+    """How deep dicts and lists nest in `value`: 0 for a scalar, 1 for {} or [1], 2 for {"a": []}. Counted level
+    by level, without recursion, so any depth can be measured."""
+    depth, level = 0, [value]
+    while True:
+        containers = [v for v in level if isinstance(v, (dict, list, tuple))]
+        if not containers:
+            return depth
+        depth += 1
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
+
+
 def check_metadata(metadata: Any) -> dict:
-    """Metadata as a JSON object with string keys; values must survive a JSON round trip unchanged."""
+    """Metadata as a JSON object with string keys, nested at most MAX_METADATA_DEPTH levels; values must survive
+    a JSON round trip unchanged."""
     if metadata is None:
         return {}
     if not isinstance(metadata, dict):
         raise InvalidMemoryInput(f"metadata must be a JSON object (dict), got {type(metadata).__name__}")
+    depth = json_depth(metadata)
+    if depth > MAX_METADATA_DEPTH:
+        raise InvalidMemoryInput(
+            f"metadata is nested {depth} levels deep, over the limit of {MAX_METADATA_DEPTH} (max_metadata_depth)"
+        )
     for key in metadata:
         if not isinstance(key, str):
             raise InvalidMemoryInput(f"metadata keys must be strings, got {key!r}")

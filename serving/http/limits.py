@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvmem.text.filters import MAX_METADATA_DEPTH, json_depth
 from serving.config import Limits
 from serving.http.protocol import (
     AddMemoriesRequest,
@@ -161,8 +162,17 @@ def _check_tags(param: str, tags: Sequence[str] | None, limits: Limits) -> None:
 
 
 def _check_metadata(metadata: dict[str, Any] | None, limits: Limits) -> None:
+    """Its depth (the store's bound, kvmem.text's MAX_METADATA_DEPTH: checked first, as JSON encoders recurse)
+    and its size."""
     if metadata is None:
         return
+    depth = json_depth(metadata)
+    if depth > MAX_METADATA_DEPTH:
+        raise bad_request(
+            f"metadata is nested {depth} levels deep, over the limit of {MAX_METADATA_DEPTH} (max_metadata_depth)",
+            param="metadata",
+            code="object_above_max_depth",
+        )
     num_bytes = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     if num_bytes > limits.max_metadata_bytes:
         raise bad_request(

@@ -11,6 +11,7 @@ from kvmem.text import (
     TextStoreConfig,
     TextStoreError,
 )
+from kvmem.text.filters import MAX_METADATA_DEPTH, json_depth
 from kvmem.text.store import dumps_jsonl
 
 
@@ -221,3 +222,31 @@ def test_closed_store_refuses(store_location):
     s.close()
     with pytest.raises(TextStoreError, match="is closed"):
         s.count("alice")
+
+
+def _nested(depth: int) -> dict:
+    """A metadata object nested `depth` levels deep (the object itself the first): {"a": {"a": ... {}}}."""
+    metadata: dict = {}
+    for _ in range(depth - 1):
+        metadata = {"a": metadata}
+    return metadata
+
+
+def test_metadata_nested_past_the_depth_limit_is_refused_and_the_store_is_left_as_it_was(store):
+    (kept,) = store.add("alice", "I keep bees", metadata={"k": [1, {"x": []}]})
+    assert json_depth(kept.metadata) == 4 and json_depth(_nested(300)) == 300
+    before = dumps_jsonl(store)
+    for call in (
+        lambda: store.add("alice", "I keep wasps", metadata=_nested(300)),
+        lambda: store.add("alice", "I keep wasps", metadata={"list": [_nested(32)]}),  # 34 levels
+        lambda: store.update("alice", kept.id, metadata=_nested(33)),
+    ):
+        with pytest.raises(InvalidMemoryInput) as info:
+            call()
+        assert str(info.value).startswith("metadata is nested ")
+        assert str(info.value).endswith(" levels deep, over the limit of 32 (max_metadata_depth)")
+    assert dumps_jsonl(store) == before
+    assert [m.id for m in store.list("alice").items] == [kept.id]
+    assert [h.memory.id for h in store.search("alice", "bees")] == [kept.id]
+    deepest = store.update("alice", kept.id, metadata=_nested(MAX_METADATA_DEPTH))  # at the limit: kept
+    assert store.get("alice", kept.id).metadata == deepest.metadata == _nested(32)

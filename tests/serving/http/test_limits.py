@@ -293,3 +293,50 @@ def test_over_sized_memory_requests_are_400s_and_leave_the_store_exactly_as_it_w
         ).status_code
         == 200
     )
+
+
+def test_metadata_nested_past_the_depth_limit_is_a_400_and_list_and_search_still_answer(
+    stack: Stack, client: TestClient
+) -> None:
+    """300 levels were stored (201) and then broke the user's list and search (500), deeper was a 500 on add
+    and edit: the depth is bounded like the other metadata limits, and nothing stored changes."""
+    added = client.post(
+        "/v1/memories",
+        json={"user_id": "alice", "text": "I keep bees", "metadata": {"k": [1]}},
+        headers=ALICE,
+    )
+    assert added.status_code == 201
+    memory_id = added.json()["memories"][0]["id"]
+    before = dumps_jsonl(stack.store)
+
+    def nested(depth: int) -> dict:
+        metadata: dict = {}
+        for _ in range(depth - 1):
+            metadata = {"a": metadata}
+        return metadata
+
+    for depth in (33, 300, 900):
+        expected = error(
+            400,
+            f"metadata is nested {depth} levels deep, over the limit of 32 (max_metadata_depth)",
+            "metadata",
+            "object_above_max_depth",
+        )
+        body = json.dumps({"user_id": "alice", "text": "I keep wasps", "metadata": nested(depth)})
+        json_headers = {**ALICE, "content-type": "application/json"}
+        r = client.post("/v1/memories", content=body, headers=json_headers)
+        assert (r.status_code, r.json()) == expected
+        body = json.dumps({"user_id": "alice", "metadata": nested(depth)})
+        r = client.patch(f"/v1/memories/{memory_id}", content=body, headers=json_headers)
+        assert (r.status_code, r.json()) == expected
+    assert dumps_jsonl(stack.store) == before
+    listed = client.get("/v1/memories", params={"user_id": "alice"}, headers=ALICE)
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [memory_id]
+    found = client.post("/v1/memories/search", json={"user_id": "alice", "query": "bees"}, headers=ALICE)
+    assert found.status_code == 200 and [m["id"] for m in found.json()["results"]] == [memory_id]
+    r = client.patch(
+        f"/v1/memories/{memory_id}", json={"user_id": "alice", "metadata": nested(32)}, headers=ALICE
+    )
+    assert r.status_code == 200 and r.json()["metadata"] == nested(32)  # at the limit: stored and read back
+    listed = client.get("/v1/memories", params={"user_id": "alice"}, headers=ALICE)
+    assert listed.status_code == 200 and listed.json()["data"][0]["metadata"] == nested(32)
