@@ -102,6 +102,10 @@ class StepPlan(PlanCache):
         super().__init__()
         self.pool = pool
         pt = pool.page_tokens
+        # what a row's gathered context is padded with: the scratch slot (pages.py: zeroed, in no page), never
+        # slot 0, the first page's (another request's K/V, or memory no one wrote: a NaN there, masked out,
+        # still turned a padded row's output to NaN, as NaN x 0 is NaN)
+        pad = pool.scratch_slot
         lengths = [len(c) for c in chunks]
         pasts = [s.position for s in seqs]
         starts_at, start = [], 0
@@ -120,7 +124,7 @@ class StepPlan(PlanCache):
             gather, q_index, tokens = [], [], []
             for r in wide:
                 n, p = lengths[r], pasts[r]
-                gather.append(F.pad(pool.slots(seqs[r].table.pages, 0, p + n), (0, kmax - p - n)))
+                gather.append(F.pad(pool.slots(seqs[r].table.pages, 0, p + n), (0, kmax - p - n), value=pad))
                 q_index.append(F.pad(torch.arange(starts_at[r], starts_at[r] + n), (0, qmax - n)))
                 tokens.append(torch.arange(n) + len(tokens) * qmax)
             q = torch.arange(qmax)[None, :, None]
@@ -162,7 +166,7 @@ class StepPlan(PlanCache):
             ends = [pasts[r] + 1 for r in narrow]
             kmax = max(e - f for e, f in zip(ends, first, strict=True))
             gather = [
-                F.pad(pool.slots(seqs[r].table.pages, f, e), (0, kmax - e + f))
+                F.pad(pool.slots(seqs[r].table.pages, f, e), (0, kmax - e + f), value=pad)
                 for r, f, e in zip(narrow, first, ends, strict=True)
             ]
             k = torch.arange(kmax)[None, :]
@@ -203,7 +207,7 @@ class StepPlan(PlanCache):
         ends = [pasts[r] + lengths[r] for r in wide]
         kmax = max(e - f for e, f in zip(ends, first, strict=True))
         gather = [
-            F.pad(self.pool.slots(seqs[r].table.pages, f, e), (0, kmax - e + f))
+            F.pad(self.pool.slots(seqs[r].table.pages, f, e), (0, kmax - e + f), value=self.pool.scratch_slot)
             for r, f, e in zip(wide, first, ends, strict=True)
         ]
         q = torch.arange(qmax)[None, :, None]
