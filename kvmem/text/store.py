@@ -45,6 +45,7 @@ from kvmem.text.filters import (
     parse_add_items,
 )
 from kvmem.text.jsonl import ON_CONFLICT, export_jsonl, import_jsonl
+from kvmem.text.keyed_writes import KeyedWrites
 from kvmem.text.reads import MemoryReads
 from kvmem.text.records import ChangeEvent, Memory
 from kvmem.text.search.bm25 import num_tokens
@@ -57,7 +58,7 @@ from kvmem.text.store_embeddings import TextVectorCache, embed_texts, reconcile_
 logger = logging.getLogger(__name__)
 
 
-class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes):
+class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, KeyedWrites):
     """The plaintext memory store. Thread-safe: a database connection per thread, writes serialized by a lock
     (across processes too). `path`: a SQLite file, or a `postgresql://user@host:port/db` URL (same behaviour;
     StoreUnavailable when the server cannot be reached, and the next call reconnects).
@@ -65,8 +66,9 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes):
         Served memories (active, not superseded) are what search, list and memories_by_ids return by default;
         `get` and `count` also see superseded ones. The reads (get, list, search, ...), the conversation log
         (log_turns, ...) and formation's writes (commit_formed, supersede, slot_candidates) and deletes with
-        their cascade to the log (delete, delete_session, delete_user) come from the mixins MemoryReads,
-        ConversationLog, FormationWrites and MemoryDeletes.
+        their cascade to the log (delete, delete_session, delete_user) and keyed writes' receipts
+        (find_receipt, keyed_write, ...) come from the mixins MemoryReads, ConversationLog, FormationWrites,
+        MemoryDeletes and KeyedWrites.
 
         Raises InvalidMemoryInput for bad arguments (nothing written), MemoryNotFound for an id that is not a
         live memory of this user, SubscriberError if a subscriber raised (the write stands).

@@ -34,7 +34,7 @@ from serving.config import ServingConfig
 from serving.http.auth import Caller, CheckHost, KeyRing, check_user
 from serving.http.deps import CallerDep, HeaderUser
 from serving.http.errors import MAPPED_ERRORS, error_response, handle_error, to_api_error
-from serving.http.idempotency import EventCollector, IdempotencyCache
+from serving.http.idempotency import EventCollector, IdempotentWrites
 from serving.http.limits import LimitBody
 from serving.http.memory_routes import add_memory_routes
 from serving.http.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
@@ -86,7 +86,7 @@ def create_app(
     metrics = Metrics()
     storage_health = StorageHealth()
     write_events = EventCollector()  # the events of a write whose post-commit hook failed: what was committed
-    idempotent = IdempotencyCache()
+    idempotent = IdempotentWrites(store)
     if hasattr(store, "subscribe"):
         store.subscribe(storage_health.recovered)  # a committed write: the disk takes writes again
         store.subscribe(write_events)

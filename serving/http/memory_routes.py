@@ -21,7 +21,8 @@ from scheduler.formation import FormationWorker
 from serving.config import ServingConfig
 from serving.http.auth import check_user
 from serving.http.deps import CallerDep, IdempotencyKey, UserId
-from serving.http.idempotency import Answer, Committed, EventCollector, IdempotencyCache, fingerprint
+from kvmem.text.keyed_writes import TxView
+from serving.http.idempotency import Answer, Committed, EventCollector, IdempotentWrites, fingerprint
 from serving.http.limits import check_add, check_search, check_update
 from serving.http.protocol import (
     AddMemoriesRequest,
@@ -40,7 +41,7 @@ def add_memory_routes(
     scheduler: Scheduler,
     formation: FormationWorker | None,
     write_events: EventCollector,
-    idempotent: IdempotencyCache,
+    idempotent: IdempotentWrites,
 ) -> None:
     """Register the memory routes on `app` (after the OpenAI routes, in this order: the fixed paths under
     /v1/memories before /v1/memories/{memory_id})."""
@@ -51,14 +52,15 @@ def add_memory_routes(
         return lambda memory_id: "kv" if memory_id in covered else "text"
 
     async def answer_write(
-        key: str | None, user_id: str, request: Request, asked: Any, write: Any
+        key: str | None, user_id: str, request: Request, asked: Any, write: Any, recorded: Any
     ) -> JSONResponse:
-        """Run `write()` (-> Answer), or replay the first answer to this Idempotency-Key."""
+        """Run `write()` (-> Answer), or replay the first answer to this Idempotency-Key. `recorded(view)` is
+        the same answer, made inside the write's transaction, where a keyed write's answer is recorded."""
         if key is None:
             answer, replayed = await write(), False
         else:
-            scope_key = (user_id, request.method, request.url.path, key)
-            answer, replayed = await idempotent.run(scope_key, fingerprint(asked), write)
+            scope = f"{request.method} {request.url.path}"
+            answer, replayed = await idempotent.run(user_id, scope, key, fingerprint(asked), write, recorded)
         headers = {"Idempotent-Replayed": "true"} if replayed else None
         return JSONResponse(answer.body, status_code=answer.status, headers=headers)
 
@@ -78,6 +80,10 @@ def add_memory_routes(
         if done.hook_error is None:
             return done.value
         return len({e.memory_id for e in done.events if e.kind == "deleted"})
+
+    def deleted_in(user_id: str) -> Any:
+        """A delete's answer from inside its transaction (a keyed write's recorded answer)."""
+        return lambda view: Answer(200, {"deleted": len(view.event_ids("deleted", user_id))})
 
     @app.post("/v1/memories", status_code=201, response_model=None)
     async def add_memories(
@@ -108,7 +114,12 @@ def add_memory_routes(
                 added = await asyncio.to_thread(read_back, body.user_id, done, "added")
             return Answer(201, committed({"memories": [m.to_dict() for m in added]}, done))
 
-        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
+        def recorded(view: TxView) -> Answer:
+            ids = view.event_ids("added", body.user_id)
+            return Answer(201, {"memories": [view.memory(body.user_id, i).to_dict() for i in ids]})
+
+        asked = body.model_dump(mode="json")
+        return await answer_write(idempotency_key, body.user_id, request, asked, write, recorded)
 
     @app.post("/v1/memories/search")
     async def search_memories(body: SearchMemoriesRequest, who: CallerDep) -> dict[str, Any]:
@@ -171,7 +182,8 @@ def add_memory_routes(
                 )
             return Answer(200, committed({"deleted": num_deleted(done)}, done))
 
-        return await answer_write(idempotency_key, user_id, request, {"session_id": session_id}, write)
+        asked = {"session_id": session_id}
+        return await answer_write(idempotency_key, user_id, request, asked, write, deleted_in(user_id))
 
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
@@ -271,7 +283,11 @@ def add_memory_routes(
                 memory = await asyncio.to_thread(store.get, body.user_id, memory_id)
             return Answer(200, committed(memory.to_dict(), done))
 
-        return await answer_write(idempotency_key, body.user_id, request, body.model_dump(mode="json"), write)
+        def recorded(view: TxView) -> Answer:
+            return Answer(200, view.memory(body.user_id, memory_id).to_dict())
+
+        asked = body.model_dump(mode="json")
+        return await answer_write(idempotency_key, body.user_id, request, asked, write, recorded)
 
     @app.delete("/v1/memories/{memory_id}", response_model=None)
     async def delete_memory(
@@ -292,7 +308,8 @@ def add_memory_routes(
             )
             return Answer(200, committed({"deleted": num_deleted(done)}, done))
 
-        return await answer_write(idempotency_key, user_id, request, {"keep_turns": keep_turns}, write)
+        asked = {"keep_turns": keep_turns}
+        return await answer_write(idempotency_key, user_id, request, asked, write, deleted_in(user_id))
 
 
 def page_body(result: Any) -> dict[str, Any]:

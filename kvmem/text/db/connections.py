@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmem.text.config import TextStoreConfig
+from kvmem.text.db import receipts
 from kvmem.text.db.dialect import SQLITE, Dialect, is_postgres_url
 from kvmem.text.errors import SubscriberError, TextStoreError
 from kvmem.text.records import ChangeEvent
@@ -103,15 +104,33 @@ class Database:
             else:
                 conn.execute("BEGIN IMMEDIATE")
             tx = Tx(conn)
+            claim = getattr(self._local, "claim", None)
+            if claim is not None and claim.receipt is not None:
+                claim = None  # recorded by an earlier transaction of the same call
             try:
                 yield tx
+                receipt = None if claim is None else receipts.record_receipt(conn, claim, tx.events)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            if claim is not None:
+                claim.receipt = receipt
             for hook in tx.after_commit:
                 hook()
         self._emit(tx.events)
+
+    @contextmanager
+    def receipt(self, claim: receipts.ReceiptClaim) -> Iterator[receipts.ReceiptClaim]:
+        """The first write transaction this thread commits inside the block records `claim`'s receipt in that
+        same transaction (receipts.py); one that finds a live receipt of the key rolls back and raises
+        receipts.ReceiptTaken. `claim.receipt` is None after the block if no write transaction committed."""
+        assert getattr(self._local, "claim", None) is None, "receipt blocks do not nest"
+        self._local.claim = claim
+        try:
+            yield claim
+        finally:
+            self._local.claim = None
 
     @contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:

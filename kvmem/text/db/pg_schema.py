@@ -101,9 +101,24 @@ _V3 = """
 ALTER TABLE user_generation ADD COLUMN erased_gen BIGINT NOT NULL DEFAULT 0
 """
 
+# V4: as schema.py's V4 (write receipts).
+_V4 = f"""
+CREATE TABLE write_receipts (
+    user_id {_T} NOT NULL,
+    scope {_T} NOT NULL,
+    key {_T} NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    stored_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (user_id, scope, key)
+);
+CREATE INDEX write_receipts_by_age ON write_receipts (stored_at)
+"""
+
 # Migration i (1-based) brings a database from version i-1 to i. Append, never edit; keep in step with
 # schema.MIGRATIONS (a test checks the counts agree).
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -92,8 +92,24 @@ _V3 = """
 ALTER TABLE user_generation ADD COLUMN erased_gen INTEGER NOT NULL DEFAULT 0;
 """
 
+# V4: write receipts (receipts.py): the answer a keyed write (Idempotency-Key) gave, recorded in the write's
+# own transaction, so a repeat through any process sharing the store finds it.
+_V4 = """
+CREATE TABLE write_receipts (
+    user_id TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    stored_at REAL NOT NULL,
+    PRIMARY KEY (user_id, scope, key)
+);
+CREATE INDEX write_receipts_by_age ON write_receipts (stored_at);
+"""
+
 # Migration i (1-based) brings a file from user_version i-1 to i. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

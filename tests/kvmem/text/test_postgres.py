@@ -64,7 +64,7 @@ def test_server_away_mid_run_fails_the_call_and_the_store_recovers_when_it_retur
 def test_a_fresh_database_is_created_at_the_current_version(pg_url):
     with _open(pg_url) as store:
         conn = store._conn()
-        assert pg_schema.schema_version(conn) == pg_schema.SCHEMA_VERSION == schema.SCHEMA_VERSION == 3
+        assert pg_schema.schema_version(conn) == pg_schema.SCHEMA_VERSION == schema.SCHEMA_VERSION
         tables = {
             r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
         }
@@ -76,9 +76,10 @@ def test_a_fresh_database_is_created_at_the_current_version(pg_url):
             "user_generation",
             "memory_terms",
             "turns",
+            "write_receipts",
         }
         assert dict(conn.execute("SELECT key, value FROM meta")) == {
-            "schema_version": "3",
+            "schema_version": str(schema.SCHEMA_VERSION),
             "embedder": "hash-bow-64",
             "dim": "64",
         }

@@ -11,7 +11,7 @@ from kvmem.text.db.schema import SCHEMA_VERSION
 @pytest.mark.parametrize("backend", ["sqlite"])  # PRAGMAs: PostgreSQL's version is test_postgres.py's
 def test_schema_version_and_wal(store):
     conn = store._conn()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
@@ -27,7 +27,7 @@ def test_newer_schema_is_refused(tmp_path):
     conn = sqlite3.connect(tmp_path / "m.db")
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(TextStoreError, match="schema version 99, newer than this code's 3"):
+    with pytest.raises(TextStoreError, match=f"schema version 99, newer than this code's {SCHEMA_VERSION}"):
         MemoryStore(tmp_path / "m.db", embedder=HashEmbedder())
 
 
@@ -54,7 +54,7 @@ def test_a_file_written_by_the_previous_code_opens_as_is(tmp_path):
     path = tmp_path / "memories.db"
     shutil.copy(Path(__file__).parent / "data" / "v1_main_119c6d6.db", path)
     with MemoryStore(path, embedder=HashEmbedder()) as s:
-        assert s._conn().execute("PRAGMA user_version").fetchone()[0] == 3
+        assert s._conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert s.count_by_user() == {"alice": 4, "bob": 30}
         texts = [h.memory.text for h in s.search("alice", "apple banana", mode="keyword")]
         # the old code ranked the bananas first (bob made 'apple' common in the whole file); within

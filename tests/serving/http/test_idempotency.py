@@ -9,7 +9,8 @@ import sqlite3
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.http.idempotency import Answer, IdempotencyCache
+from kvmem.text.keyed_writes import TxView
+from serving.http.idempotency import Answer, EventCollector, IdempotentWrites
 from tests.serving.conftest import ALICE, TEAM, Stack
 
 
@@ -95,30 +96,38 @@ def test_a_failed_write_is_not_remembered(
     assert stack.store.count("alice") == 1
 
 
-def test_cache_bounds_and_concurrent_repeats() -> None:
-    now = [0.0]
-    cache = IdempotencyCache(ttl_s=10.0, max_entries=2, clock=lambda: now[0])
+def test_concurrent_repeats_run_once_and_answers_expire(stack: Stack) -> None:
+    now = [1_000.0]
+    writes = IdempotentWrites(stack.store, ttl_s=10.0, clock=lambda: now[0])
+    collector = EventCollector()
+    stack.store.subscribe(collector)
     calls: list[str] = []
 
-    def writer(name: str):
+    def writer(text: str):
         async def write() -> Answer:
-            calls.append(name)
-            await asyncio.sleep(0.01)
-            return Answer(201, {"n": len(calls)})
+            calls.append(text)
+            await asyncio.sleep(0.01)  # the repeat arrives while this one runs
+            done = await asyncio.to_thread(collector.committed_write, stack.store.add, "alice", text)
+            return Answer(201, {"ids": [m.id for m in done.value]})
 
         return write
 
+    def recorded(view: TxView) -> Answer:
+        return Answer(201, {"ids": view.event_ids("added", "alice")})
+
     async def scenario() -> None:
         a1, a2 = await asyncio.gather(
-            cache.run(("u", "a"), "f", writer("a")), cache.run(("u", "a"), "f", writer("a"))
+            writes.run("alice", "POST /x", "a", "f", writer("one"), recorded),
+            writes.run("alice", "POST /x", "a", "f", writer("one"), recorded),
         )
-        assert calls == ["a"] and a1 == (Answer(201, {"n": 1}), False) and a2 == (Answer(201, {"n": 1}), True)
-        await cache.run(("u", "b"), "f", writer("b"))
-        await cache.run(("u", "c"), "f", writer("c"))  # over max_entries: "a", the oldest, is forgotten
-        assert len(cache) == 2
-        assert (await cache.run(("u", "a"), "f", writer("a")))[1] is False
-        now[0] = 11.0  # past the TTL: "c" runs again
-        assert (await cache.run(("u", "c"), "f", writer("c")))[1] is False
-        assert calls == ["a", "b", "c", "a", "c"]
+        assert calls == ["one"] and a1[1] is False and a2 == (a1[0], True)
+        assert stack.store.count("alice") == 1
+        now[0] += 10.0  # at the TTL: still answered
+        assert (await writes.run("alice", "POST /x", "a", "f", writer("one"), recorded)) == (a1[0], True)
+        now[0] += 0.5  # past it: the key is free again, and its old receipt is replaced
+        again = await writes.run("alice", "POST /x", "a", "f", writer("one"), recorded)
+        assert again[1] is False and again[0] != a1[0] and calls == ["one", "one"]
+        assert (await writes.run("alice", "POST /x", "a", "f", writer("one"), recorded)) == (again[0], True)
+        assert stack.store.count("alice") == 2
 
     asyncio.run(scenario())
