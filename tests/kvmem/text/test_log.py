@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from kvmem.text import HashEmbedder, InvalidMemoryInput, MemoryStore
-from kvmem.text.db.schema import MIGRATIONS
+from kvmem.text.db.schema import MIGRATIONS, SCHEMA_VERSION
 from kvmem.text.records import FormationCounts, FormedMemory, Turn
 
 
@@ -30,7 +30,7 @@ def test_a_v1_file_migrates_to_v2(tmp_path):
     conn.commit()
     conn.close()
     with MemoryStore(path, embedder=HashEmbedder()) as store:
-        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == 3  # and on to 3
+        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # and on to the latest
         m = store.get("alice", "m1")
         assert (m.valid_from, m.valid_to, m.superseded_by) == ("2023-12-31T10:00:00.000000Z", None, None)
         assert (m.source, m.source_turn_ids, m.slot, m.slot_value) == ("api", (), None, None)
