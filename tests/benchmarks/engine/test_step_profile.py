@@ -1,0 +1,33 @@
+"""benchmarks/engine/step_profile.py on the tiny llama: its op counts are what one step dispatches, counted
+the same way each time, and a layer's share is part of the step's."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_step_profile_counts_ops_per_step_and_per_layer(tmp_path, tiny_handle):
+    from benchmarks.engine import step_profile
+
+    out = tmp_path / "profile.json"
+    argv = "--rows 1 3 --decode-ctx 20 --chunks 8 --ctx 0 40 --reps 1 --profile-steps 2 --pool-mb 16".split()
+    result = step_profile.main([*argv, "--out", str(out)], handle=tiny_handle)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    cases = result["cases"]
+    assert [(c["kind"], c.get("rows", c.get("chunk")), c["ctx"]) for c in cases] == [
+        ("decode", 1, 20),
+        ("decode", 3, 20),
+        ("prefill", 8, 0),
+        ("prefill", 8, 40),
+    ]
+    assert [c["rows_decoding"] for c in cases[:2]] == [1, 3]
+    layers = result["layers"]
+    for c in cases:
+        # every step dispatches ops in each layer; layer 0's are part of the step's, and each layer runs the
+        # same code, so the layers together account for at most the whole step
+        assert 0 < c["aten_ops_layer0_top_level"] <= c["aten_ops_layer0"]
+        assert 0 < c["aten_ops_top_level"] <= c["aten_ops"]
+        assert layers * c["aten_ops_layer0"] <= c["aten_ops"]
+    again = step_profile.main(argv, handle=tiny_handle)
+    counts = [(c["aten_ops"], c["aten_ops_layer0"]) for c in cases]
+    assert [(c["aten_ops"], c["aten_ops_layer0"]) for c in again["cases"]] == counts
