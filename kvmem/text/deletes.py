@@ -1,7 +1,9 @@
 """Deleting memories, mixed into MemoryStore, and the cascade to the conversation log.
 
 Owns delete, delete_session and delete_user: live memories become tombstones (rows.tombstone) and the log
-turns they came from, or the session's, or the user's whole log, are hard-deleted in the same transaction.
+turns they came from, with the replies to those turns and the replies generated with the memories, or the
+session's, or the user's whole log, are hard-deleted in the same transaction. A deleted session or user is
+fenced: a turn of a request admitted before the delete is not logged into it after (log_turns).
 Deleting a memory that superseded another leaves the old one superseded (its valid_to is history, and
 un-superseding would need a judgement the store does not make). Knows nothing of search or formation.
 """
@@ -12,7 +14,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kvmem.text.conversation.turns import delete_turn_ids, delete_turns_where
+from kvmem.text.conversation.turns import (
+    delete_turn_ids,
+    delete_turns_where,
+    mark_session_erased,
+    replies_to,
+    turns_using,
+)
 from kvmem.text.db.connections import Database
 from kvmem.text.db.rows import bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
 from kvmem.text.errors import InvalidMemoryInput
@@ -44,14 +52,19 @@ class MemoryDeletes:
     def delete(self, user_id: str, memory_id: str, *, delete_turns: bool = True) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user. With
         `delete_turns`, the log turns it was formed from (its source_turn_ids, this user's only) are deleted
-        too, whatever other memories cite them. A memory this one superseded stays superseded."""
+        too, whatever other memories cite them, and so are the replies to those turns and every reply
+        generated with the memory (log_turns' `reply_to` and `used_memory_ids`): they repeat it. Without,
+        the log is left as it is. A memory this one superseded stays superseded."""
         check_user_id(user_id)
         check_memory_id(memory_id)
         return self._delete_where(user_id, "m.id = ?", [memory_id], source_turns=delete_turns)
 
     def delete_session(self, user_id: str, session_id: str) -> int:
         """Deletes every memory of one session of this user, the session's log turns and the turns those
-        memories were formed from; returns how many memories."""
+        memories were formed from (with their replies and the replies made with them); returns how many
+        memories. The user's generation moves even when the session had only log turns, and is recorded as
+        the one the session was erased at: a turn of a request admitted before this call is not logged into
+        the session after it (log_turns' `admitted_generation`)."""
         check_user_id(user_id)
         if check_optional_id(session_id, "session_id") is None:
             raise InvalidMemoryInput("session_id must be a non-empty string, got None")
@@ -81,18 +94,27 @@ class MemoryDeletes:
         source turns (`source_turns`), one session's (`session`) or all the user's (`whole_log`). Subscribers
         hear 'deleted' before this returns, each event naming the whole `batch` when several were deleted."""
         with self._db.write() as tx:
+            bumped = False
             if whole_log:
                 delete_turns_where(tx.conn, user_id, None)
                 mark_erased(tx.conn, user_id)  # bumps the generation, memories or not
+                bumped = True
             elif session is not None:
                 delete_turns_where(tx.conn, user_id, session)
+                # bumps the generation, memories or not: a turn of a request admitted before is not logged
+                # into the session after this returns (log_turns' admitted_generation)
+                mark_session_erased(tx.conn, user_id, session, bump_generation(tx.conn, user_id))
+                bumped = True
             ids = live_ids(tx.conn, user_id, where, params)
             if not ids:
                 return 0
             if source_turns and not whole_log:
-                delete_turn_ids(tx.conn, user_id, source_turn_ids(tx.conn, user_id, where, params))
+                sources = source_turn_ids(tx.conn, user_id, where, params)
+                # the replies to its source turns and the replies made with it repeat it: they go too
+                replies = [*replies_to(tx.conn, user_id, sources), *turns_using(tx.conn, user_id, ids)]
+                delete_turn_ids(tx.conn, user_id, [*sources, *replies])
             tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
-            if not whole_log:  # mark_erased bumped it
+            if not bumped:
                 bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))
             batch = tuple(ids) if len(ids) > 1 else ()  # subscribers may cascade once for the whole delete

@@ -1,7 +1,8 @@
 """The chat path: plan + search -> prompt ids -> backend stream -> OpenAI JSON or SSE; then store the turn.
 
 Composes the scheduler (plans, access events), the plaintext store and the backend; computes nothing itself. Owns the order of
-a turn and what happens after it (turn logged and queued for formation, access event sent) without making the response wait for it.
+a turn: the user's message is logged (and queued for formation) before the answer's first byte, so an acknowledged turn is
+durable; the reply is logged and the access event sent after it, without making the response wait for them.
 Preparing a request (plan, search, layout, the check against deletes) is serving/chat/prepare.py's.
 Knows nothing of auth or routing: it is handed a user id it may serve.
 """
@@ -15,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler import Scheduler, turn_access
@@ -142,9 +144,10 @@ class ChatService:
 
     # -- generation -------------------------------------------------------------------------------------------
     async def _generate(
-        self, prepared: PreparedChat, is_disconnected: IsDisconnected | None
+        self, prepared: PreparedChat, is_disconnected: IsDisconnected | None, turn: _LoggedTurn
     ) -> AsyncIterator[StreamItem]:
-        """The backend stream with metrics around it; stores the turn once it completes."""
+        """The backend stream with metrics around it; logs the reply once it completes (`turn`: the user's
+        turn it answers, logged by `_started` before anything reached the client)."""
         self._metrics.change_in_flight(+1)
         text: list[str] = []
         first = True
@@ -157,7 +160,7 @@ class ChatService:
                     if isinstance(item, TokenDelta):
                         text.append(item.text)
                     else:
-                        self._after_turn(prepared, "".join(text), item)
+                        self._after_turn(prepared, "".join(text), item, turn)
                     yield item
         finally:
             self._metrics.change_in_flight(-1)
@@ -170,9 +173,14 @@ class ChatService:
         it; nothing was generated) is reported, counted as a not_found fallback, and the request prepared again
         without it: its texts go through the store's check like any, so a deleted one is never prefilled.
         Raises ApiError 503 memories_changed when that repeats MAX_PREPARES times, 499 when the client left
-        before the first item."""
+        before the first item.
+
+        Once the first item is in, the user's turn is logged (committed) before this returns, so before the
+        first byte of a stream or the non-streamed answer reaches the client: an acknowledged turn survives a
+        crash (DESIGN invariant 9). The reply is logged after it, in the background."""
         for _ in range(MAX_PREPARES):
-            items = self._generate(prepared, is_disconnected)
+            turn = _LoggedTurn()
+            items = self._generate(prepared, is_disconnected, turn)
             try:
                 first = await anext(items)
             except BlockNotFound as exc:
@@ -194,6 +202,12 @@ class ChatService:
                 raise ApiError(
                     499, "client disconnected", type="invalid_request_error", code="client_disconnected"
                 ) from None
+            except BaseException:
+                await items.aclose()
+                raise
+            try:
+                if self._config.store_turns:
+                    turn.user_turn_id = await asyncio.to_thread(self._log_user_turn, prepared)
             except BaseException:
                 await items.aclose()
                 raise
@@ -291,8 +305,10 @@ class ChatService:
             await items.aclose()  # type: ignore[attr-defined]
 
     # -- after the turn ---------------------------------------------------------------------------------------
-    def _after_turn(self, prepared: PreparedChat, reply: str, result: GenerationResult) -> None:
-        """Metrics now; the turn and the access event off the response path."""
+    def _after_turn(
+        self, prepared: PreparedChat, reply: str, result: GenerationResult, turn: _LoggedTurn
+    ) -> None:
+        """Metrics now; the reply and the access event off the response path."""
         self._metrics.observe_generation(
             result.prompt_tokens, result.cached_tokens, result.kv_fallback_reason
         )
@@ -311,8 +327,8 @@ class ChatService:
             # off the event loop: dropping the block takes the KV store's lock and unlinks its files
             user_id, item_id = prepared.request.user_id, prepared.request.block_item_id
             self._in_background(self._scheduler.report_unservable, user_id, item_id)
-        if self._config.store_turns:
-            self._in_background(self._store_turn, prepared, reply)
+        if self._config.store_turns and turn.user_turn_id is not None:
+            self._in_background(self._store_reply, prepared, reply, result, turn.user_turn_id)
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the default executor; `drain` waits for it."""
@@ -320,34 +336,67 @@ class ChatService:
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 
-    def _store_turn(self, prepared: PreparedChat, reply: str) -> None:
-        """The turn goes to the conversation log (not the memories); the user's message is formed into
-        memories in the background. Assistant replies are logged, never formed."""
-        messages = [{"role": "user", "content": prepared.query}, {"role": "assistant", "content": reply}]
+    def _log_user_turn(self, prepared: PreparedChat) -> str | None:
+        """The user's message goes to the conversation log (not the memories), queued for formation; returns
+        its turn id, or None when the user, or the session, was deleted after the request was admitted
+        (nothing is logged). A failure to log it raises: the turn is not acknowledged."""
         user_id = prepared.request.user_id
-        try:
-            logged = self._store.log_turns(
-                user_id,
-                messages,
-                session_id=prepared.session_id,
-                form_roles=("user",) if self._formation is not None else (),
-                admitted_generation=prepared.admitted_generation,
-            )
-        except Exception:
-            logger.exception("logging the turn of %s failed", prepared.request.request_id)
-            return
-        if not logged:  # the user's memories and log were deleted after the request was admitted
+        logged = self._store.log_turns(
+            user_id,
+            [{"role": "user", "content": prepared.query}],
+            session_id=prepared.session_id,
+            form_roles=("user",) if self._formation is not None else (),
+            admitted_generation=prepared.admitted_generation,
+        )
+        if not logged:  # the user's (or the session's) log was deleted after the request was admitted
             logger.info(
-                "the turn of %s is not logged: its user was deleted since", prepared.request.request_id
+                "the turn of %s is not logged: its user or session was deleted since",
+                prepared.request.request_id,
             )
-            return
+            return None
         if self._formation is not None:
             self._formation.submit(user_id)
+        return logged[0].id
+
+    def _store_reply(
+        self, prepared: PreparedChat, reply: str, result: GenerationResult, user_turn_id: str
+    ) -> None:
+        """The assistant's reply goes to the log as the answer to `user_turn_id`, with the memories it was
+        generated with (a delete of one of them removes it); never formed. Not logged if that turn or one of
+        those memories was deleted meanwhile."""
+        if not reply:  # nothing was generated: nothing to log
+            return
+        used = [u["id"] for u in prepared.memory_dict(result)["used"]]
+        try:
+            logged = self._store.log_turns(
+                prepared.request.user_id,
+                [{"role": "assistant", "content": reply}],
+                session_id=prepared.session_id,
+                form_roles=(),
+                admitted_generation=prepared.admitted_generation,
+                reply_to=user_turn_id,
+                used_memory_ids=used,
+            )
+        except Exception:
+            logger.exception("logging the reply of %s failed", prepared.request.request_id)
+            return
+        if not logged:
+            logger.info(
+                "the reply of %s is not logged: its turn, or a memory it used, was deleted since",
+                prepared.request.request_id,
+            )
 
     async def drain(self) -> None:
         """Wait for turns still being stored and fallbacks still being reported (tests, shutdown)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+@dataclass
+class _LoggedTurn:
+    """The user's turn of one request, once logged (None: not logged, or not yet)."""
+
+    user_turn_id: str | None = None
 
 
 async def _prepend(first: StreamItem, rest: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:

@@ -17,7 +17,7 @@ from typing import Any
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.conversation import turns
 from kvmem.text.db.connections import Database
-from kvmem.text.db.rows import erased_generation
+from kvmem.text.db.rows import erased_generation, live_by_ids
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import (
     TURN_MESSAGE_KEYS,
@@ -66,6 +66,8 @@ class ConversationLog:
         chat_time: str | datetime | None = None,
         form_roles: tuple[str, ...] = ("user",),
         admitted_generation: int | None = None,
+        reply_to: str | None = None,
+        used_memory_ids: list[str] | tuple[str, ...] = (),
     ) -> list[Turn]:
         """Appends one turn per chat message `{role, content, chat_time?, name?}` (name: the speaker's),
         in order; returns them. chat_time: the message's own, else the call's, else now. Turns whose role is
@@ -75,7 +77,14 @@ class ConversationLog:
         `admitted_generation`: the user's `generation()` when the request these turns come from was admitted.
         If the user was wholly deleted since (`delete_user`), nothing is appended and [] is returned: the
         check and the append are one transaction, so a turn in flight during a delete-all is never stored
-        after the delete returned.
+        after the delete returned. The same holds for a session: if `session_id` was deleted
+        (`delete_session`) after that generation, nothing is appended.
+
+        `reply_to`: the id of the turn these messages answer (a reply); `used_memory_ids`: the memories they
+        were generated with. Both are what a memory's delete reaches (deletes.py: the replies to its source
+        turns and the replies that used it go with it). If `reply_to` is no longer a turn of this user, or a
+        memory in `used_memory_ids` was deleted, nothing is appended and [] is returned: a reply to a turn
+        that is gone, or made from a memory that is gone, is not logged after its delete returned.
         """
         check_user_id(user_id)
         check_optional_id(session_id, "session_id")
@@ -104,10 +113,22 @@ class ConversationLog:
         ]
         if admitted_generation is not None:
             check_int(admitted_generation, "admitted_generation", 0, 2**63 - 1)
+        check_optional_id(reply_to, "reply_to")
+        used = check_id_list(used_memory_ids, "used_memory_ids")
         with self._db.write() as tx:
-            if admitted_generation is not None and erased_generation(tx.conn, user_id) > admitted_generation:
+            if admitted_generation is not None and (
+                erased_generation(tx.conn, user_id) > admitted_generation
+                or (
+                    session_id is not None
+                    and turns.session_erased_generation(tx.conn, user_id, session_id) > admitted_generation
+                )
+            ):
                 return []
-            turns.insert_turns(tx.conn, logged)
+            if reply_to is not None and not turns.existing_turn_ids(tx.conn, user_id, [reply_to]):
+                return []
+            if used and len(live_by_ids(tx.conn, user_id, used)) < len(used):
+                return []
+            turns.insert_turns(tx.conn, logged, reply_to, used)
         return logged
 
     def list_turns(

@@ -29,11 +29,17 @@ def row_to_turn(row: tuple) -> Turn:
     return Turn(*row)
 
 
-def insert_turns(conn: sqlite3.Connection, turns: list[Turn]) -> None:
-    """Appends these turns to the log, in order (rowids grow, so insertion order breaks chat_time ties)."""
+def insert_turns(
+    conn: sqlite3.Connection,
+    turns: list[Turn],
+    reply_to: str | None = None,
+    used_memory_ids: Iterable[str] = (),
+) -> None:
+    """Appends these turns to the log, in order (rowids grow, so insertion order breaks chat_time ties); each
+    answers the turn `reply_to` if given, and was generated with the memories `used_memory_ids`."""
     conn.executemany(
         "INSERT INTO turns (id, user_id, session_id, role, speaker, text, chat_time, created_at, formation, "
-        "attempts, error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "attempts, error, updated_at, reply_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
                 t.id,
@@ -48,9 +54,55 @@ def insert_turns(conn: sqlite3.Connection, turns: list[Turn]) -> None:
                 t.attempts,
                 t.error,
                 t.updated_at,
+                reply_to,
             )
             for t in turns
         ],
+    )
+    used = list(dict.fromkeys(used_memory_ids))
+    if used:
+        conn.executemany(
+            "INSERT INTO turn_uses (turn_id, user_id, memory_id) VALUES (?, ?, ?)",
+            [(t.id, t.user_id, memory_id) for t in turns for memory_id in used],
+        )
+
+
+def _select_ids(conn: sqlite3.Connection, sql: str, user_id: str, ids: Iterable[str]) -> list[str]:
+    """The first column of `sql` (which ends in `IN (` and takes the user id first) over `ids`, in chunks."""
+    ids = list(dict.fromkeys(ids))
+    found: list[str] = []
+    for start in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[start : start + _ID_CHUNK]
+        found.extend(r[0] for r in conn.execute(f"{sql}{','.join('?' * len(chunk))})", (user_id, *chunk)))
+    return list(dict.fromkeys(found))
+
+
+def replies_to(conn: sqlite3.Connection, user_id: str, turn_ids: Iterable[str]) -> list[str]:
+    """This user's turns logged as replies to any of `turn_ids`."""
+    return _select_ids(conn, "SELECT id FROM turns WHERE user_id = ? AND reply_to IN (", user_id, turn_ids)
+
+
+def turns_using(conn: sqlite3.Connection, user_id: str, memory_ids: Iterable[str]) -> list[str]:
+    """This user's turns (replies) generated with any of `memory_ids`."""
+    return _select_ids(
+        conn, "SELECT turn_id FROM turn_uses WHERE user_id = ? AND memory_id IN (", user_id, memory_ids
+    )
+
+
+def session_erased_generation(conn: sqlite3.Connection, user_id: str, session_id: str) -> int:
+    """The user's generation at which this session of theirs was last deleted; 0 if never."""
+    row = conn.execute(
+        "SELECT erased_gen FROM erased_sessions WHERE user_id = ? AND session_id = ?", (user_id, session_id)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def mark_session_erased(conn: sqlite3.Connection, user_id: str, session_id: str, generation: int) -> None:
+    """Records that this session of the user was deleted at `generation` (session_erased_generation)."""
+    conn.execute(
+        "INSERT INTO erased_sessions (user_id, session_id, erased_gen) VALUES (?, ?, ?) "
+        "ON CONFLICT (user_id, session_id) DO UPDATE SET erased_gen = excluded.erased_gen",
+        (user_id, session_id, generation),
     )
 
 

@@ -116,9 +116,28 @@ CREATE TABLE write_receipts (
 CREATE INDEX write_receipts_by_age ON write_receipts (stored_at)
 """
 
+# V5: as schema.py's V5 (a reply's turn and the memories it used; deleted sessions' generations).
+_V5 = f"""
+ALTER TABLE turns ADD COLUMN reply_to {_T};
+CREATE INDEX turns_by_reply ON turns (user_id, reply_to);
+CREATE TABLE turn_uses (
+    turn_id {_T} NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
+    user_id {_T} NOT NULL,
+    memory_id {_T} NOT NULL,
+    PRIMARY KEY (turn_id, memory_id)
+);
+CREATE INDEX turn_uses_by_memory ON turn_uses (user_id, memory_id);
+CREATE TABLE erased_sessions (
+    user_id {_T} NOT NULL,
+    session_id {_T} NOT NULL,
+    erased_gen BIGINT NOT NULL,
+    PRIMARY KEY (user_id, session_id)
+)
+"""
+
 # Migration i (1-based) brings a database from version i-1 to i. Append, never edit; keep in step with
 # schema.MIGRATIONS (a test checks the counts agree).
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -108,8 +108,29 @@ CREATE TABLE write_receipts (
 CREATE INDEX write_receipts_by_age ON write_receipts (stored_at);
 """
 
+# V5: what a delete must reach in the log (issue 42 items 10, 27): the turn a reply answers (`reply_to`), the
+# memories a reply was generated with (`turn_uses`, gone with its turn), and the generation at which a
+# session was deleted (`erased_sessions`: a turn of a request admitted before is not logged into it after).
+_V5 = """
+ALTER TABLE turns ADD COLUMN reply_to TEXT;
+CREATE INDEX turns_by_reply ON turns (user_id, reply_to);
+CREATE TABLE turn_uses (
+    turn_id TEXT NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
+    user_id TEXT NOT NULL,
+    memory_id TEXT NOT NULL,
+    PRIMARY KEY (turn_id, memory_id)
+);
+CREATE INDEX turn_uses_by_memory ON turn_uses (user_id, memory_id);
+CREATE TABLE erased_sessions (
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    erased_gen INTEGER NOT NULL,
+    PRIMARY KEY (user_id, session_id)
+);
+"""
+
 # Migration i (1-based) brings a file from user_version i-1 to i. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

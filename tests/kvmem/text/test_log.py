@@ -30,7 +30,7 @@ def test_a_v1_file_migrates_to_v2(tmp_path):
     conn.commit()
     conn.close()
     with MemoryStore(path, embedder=HashEmbedder()) as store:
-        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # and on to the latest
+        assert store._conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # the latest
         m = store.get("alice", "m1")
         assert (m.valid_from, m.valid_to, m.superseded_by) == ("2023-12-31T10:00:00.000000Z", None, None)
         assert (m.source, m.source_turn_ids, m.slot, m.slot_value) == ("api", (), None, None)
@@ -311,3 +311,65 @@ def test_list_turns_by_time_range(store) -> None:
     assert [t.text for t in store.list_turns("u", start="2026-11-20T00:00:00Z").items] == ["turn on day 22"]
     with pytest.raises(InvalidMemoryInput, match="end is not an ISO 8601 time: 'last week'"):
         store.list_turns("u", end="last week")
+
+
+def test_a_turn_admitted_before_a_session_delete_is_not_logged_into_it_after(store):
+    """Issue 42 item 10: a request admitted at generation g into session s1 logs nothing into s1 once s1 was
+    deleted after g (the session had only log turns, or memories too); other sessions, other users, and
+    requests admitted after the delete log as before."""
+    hi = [{"role": "user", "content": "hi"}]
+    store.log_turns("alice", hi, session_id="s1")
+    before = store.generation("alice")
+    assert store.delete_session("alice", "s1") == 0  # only log turns: the generation moves all the same
+    assert store.generation("alice") == before + 1
+    assert store.log_turns("alice", hi, session_id="s1", admitted_generation=before) == []
+    assert store.list_turns("alice").total == 0
+    [other] = store.log_turns("alice", hi, session_id="s2", admitted_generation=before)
+    assert store.log_turns("bob", hi, session_id="s1", admitted_generation=0) != []
+    after = store.generation("alice")
+    [again] = store.log_turns("alice", hi, session_id="s1", admitted_generation=after)
+    assert _turn_ids(store, "alice") == {other.id, again.id}
+    _formed(store, "alice", "I live in Oslo", [again], session_id="s1")
+    admitted = store.generation("alice")
+    assert store.delete_session("alice", "s1") == 1
+    assert store.log_turns("alice", hi, session_id="s1", admitted_generation=admitted) == []
+    assert _turn_ids(store, "alice") == {other.id}
+
+
+def test_a_memory_delete_removes_the_replies_that_repeat_it(store):
+    """Issue 42 item 27: deleting a memory deletes its source turns, the replies to them, and every reply
+    generated with it (log_turns' reply_to and used_memory_ids), in the delete's transaction; a reply to a
+    deleted turn, or made with a deleted memory, is not logged after the delete."""
+    [said] = store.log_turns("alice", [{"role": "user", "content": "I am allergic to peanuts."}])
+    [echo] = store.log_turns(
+        "alice", [{"role": "assistant", "content": "Noted: peanuts."}], reply_to=said.id, form_roles=()
+    )
+    allergy = _formed(store, "alice", "I am allergic to peanuts.", [said])
+    [cat] = store.add("alice", "My cat is called Pixel.")
+    [ask] = store.log_turns("alice", [{"role": "user", "content": "What can I eat?"}])
+    [used] = store.log_turns(
+        "alice",
+        [{"role": "assistant", "content": "Anything without peanuts."}],
+        reply_to=ask.id,
+        used_memory_ids=[allergy.id, cat.id],
+    )
+    [other_ask] = store.log_turns("alice", [{"role": "user", "content": "My cat?"}])
+    [other] = store.log_turns(
+        "alice",
+        [{"role": "assistant", "content": "Pixel."}],
+        reply_to=other_ask.id,
+        used_memory_ids=[cat.id],
+    )
+    assert _turn_ids(store, "alice") == {said.id, echo.id, ask.id, used.id, other_ask.id, other.id}
+    assert store.delete("alice", allergy.id) == 1
+    assert _turn_ids(store, "alice") == {ask.id, other_ask.id, other.id}
+    # a reply finishing after the delete is not logged: its turn is gone, or it used the deleted memory
+    late = [{"role": "assistant", "content": "Peanuts, again."}]
+    assert store.log_turns("alice", late, reply_to=said.id) == []
+    assert store.log_turns("alice", late, reply_to=ask.id, used_memory_ids=[allergy.id]) == []
+    assert _turn_ids(store, "alice") == {ask.id, other_ask.id, other.id}
+    # keep_turns leaves the log as it is, replies included
+    assert store.delete("alice", cat.id, delete_turns=False) == 1
+    assert _turn_ids(store, "alice") == {ask.id, other_ask.id, other.id}
+    with pytest.raises(InvalidMemoryInput, match="used_memory_ids must be a list of ids"):
+        store.log_turns("alice", late, used_memory_ids="m1")

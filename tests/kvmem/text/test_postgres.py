@@ -77,6 +77,8 @@ def test_a_fresh_database_is_created_at_the_current_version(pg_url):
             "memory_terms",
             "turns",
             "write_receipts",
+            "turn_uses",
+            "erased_sessions",
         }
         assert dict(conn.execute("SELECT key, value FROM meta")) == {
             "schema_version": str(schema.SCHEMA_VERSION),
@@ -95,7 +97,7 @@ def test_an_older_database_migrates_one_transaction_per_version(pg_url):
     )
     conn.close()
     with _open(pg_url) as store:
-        assert pg_schema.schema_version(store._conn()) == 3
+        assert pg_schema.schema_version(store._conn()) == schema.SCHEMA_VERSION
         memory = store.get("alice", "m1")
         assert (memory.valid_from, memory.source, memory.source_turn_ids) == (
             "2023-05-01T00:00:00Z",
@@ -110,7 +112,8 @@ def test_a_newer_database_is_refused_and_left_as_it_was(pg_url):
         store.add("alice", "kept")
         store._conn().execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(
-        TextStoreError, match="has store schema version 99, newer than this code's 3; upgrade kvmem"
+        TextStoreError,
+        match=f"has store schema version 99, newer than this code's {schema.SCHEMA_VERSION}; upgrade kvmem",
     ):
         _open(pg_url)
     conn = pg.PgConnection(pg_url)
