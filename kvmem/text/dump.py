@@ -56,6 +56,7 @@ def encode_line(
 ) -> str:
     record: dict[str, Any] = memory.to_dict()
     record["slot_value"] = memory.slot_value  # not in to_dict (the API's shape), but a dump loads back whole
+    record["state"] = memory.state  # as stored: to_dict shows a superseded one's (valid_to says it)
     record["history"] = [v.to_dict() for v in history]
     if vector_bytes is not None and embedder_name is not None:
         record["embedding"] = {

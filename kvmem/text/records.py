@@ -53,7 +53,15 @@ class Memory:
         """Active and not superseded: what search, listings and the KV tiers hand out by default."""
         return self.state == "active" and self.valid_to is None
 
+    @property
+    def shown_state(self) -> str:
+        """The state the API shows: 'superseded' for an active memory a newer one superseded (valid_to set),
+        else the stored state ('active' or 'archived'). The stored column stays 'active' (a delete of the newer
+        memory leaves it superseded; see MemoryDeletes.delete)."""
+        return "superseded" if self.state == "active" and self.valid_to is not None else self.state
+
     def to_dict(self) -> dict[str, Any]:
+        """The API's JSON form (`state` is shown_state); a dump adds what it needs to load back whole."""
         return {
             "id": self.id,
             "user_id": self.user_id,
@@ -66,7 +74,7 @@ class Memory:
             "updated_at": self.updated_at,
             "tags": list(self.tags),
             "metadata": dict(self.metadata),
-            "state": self.state,
+            "state": self.shown_state,
             "version": self.version,
             "valid_from": self.valid_from,
             "valid_to": self.valid_to,

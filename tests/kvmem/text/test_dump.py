@@ -116,3 +116,18 @@ def test_import_conflicts(store, tmp_path):
         store.import_jsonl(io.StringIO(dump.getvalue()))
     assert store.import_jsonl(io.StringIO(dump.getvalue()), on_conflict="skip") == 0
     assert store.count_by_user() == {"alice": 3, "bob": 1}
+
+
+def test_a_superseded_memory_dumps_its_stored_state_and_loads_back_superseded(store, tmp_path):
+    """The API shows a superseded memory's state as "superseded" (Memory.to_dict); a dump keeps the stored one,
+    which its import accepts, and the copy is superseded as the original was."""
+    old, new = store.add("alice", texts=["I live in Oslo", "I live in Bergen"])
+    store.supersede("alice", old.id, new.id)
+    assert store.get("alice", old.id).to_dict()["state"] == "superseded"
+    path = tmp_path / "dump.jsonl"
+    assert store.export_jsonl(path) == 2
+    assert sorted(json.loads(line)["state"] for line in path.read_text().splitlines()) == ["active", "active"]
+    with MemoryStore(tmp_path / "copy.db", embedder=HashEmbedder()) as copy:
+        assert copy.import_jsonl(path) == 2
+        assert copy.get("alice", old.id) == store.get("alice", old.id)
+        assert [m.id for m in copy.list("alice").items] == [new.id]

@@ -159,3 +159,30 @@ def test_memory_route_errors(client: TestClient) -> None:
         assert (r.status_code, r.json()["error"]["type"]) == (400, "invalid_request_error"), raw
     r = client.get("/v1/memories/nope", params={"user_id": "alice"}, headers=ALICE)
     assert (r.status_code, r.json()["error"]["code"]) == (404, "memory_not_found")
+
+
+def test_a_superseded_memory_lists_its_state_as_superseded(stack: Stack, client: TestClient) -> None:
+    """It listed "state": "active" (the stored column) while it was neither served nor current."""
+    old, new = stack.store.add("alice", texts=["I live in Berlin", "I live in Paris"])
+    stack.store.supersede("alice", old.id, new.id)
+    shown = {"user_id": "alice", "include_superseded": "true"}
+    listed = client.get("/v1/memories", params=shown, headers=ALICE).json()["data"]
+    assert sorted((m["text"], m["state"], m["superseded_by"]) for m in listed) == [
+        ("I live in Berlin", "superseded", new.id),
+        ("I live in Paris", "active", None),
+    ]
+    got = client.get(f"/v1/memories/{old.id}", params={"user_id": "alice"}, headers=ALICE).json()
+    assert (got["state"], got["superseded_by"]) == ("superseded", new.id)
+    hits = client.post(
+        "/v1/memories/search",
+        json={"user_id": "alice", "query": "where do I live", "include_superseded": True},
+        headers=ALICE,
+    ).json()["results"]
+    assert {m["text"]: m["state"] for m in hits} == {
+        "I live in Berlin": "superseded",
+        "I live in Paris": "active",
+    }
+    stack.store.update("alice", new.id, state="archived")  # archived by the user: says so, superseded or not
+    assert client.get(f"/v1/memories/{new.id}", params={"user_id": "alice"}, headers=ALICE).json()[
+        "state"
+    ] == ("archived")
