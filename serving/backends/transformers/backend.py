@@ -13,12 +13,13 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError, KvmemError
+from kvmem.kv.cascade import matcher
 from serving.backends.base import (
     SAMPLING_FEATURES,
     BackendError,
@@ -33,8 +34,10 @@ from serving.engine.model_loop import ModelLoop
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
+    from kvmem.kv.item import KVItemMeta
 
 IO_THREADS = 2  # item loads and writes at once (each reads or writes one file; more would just contend)
+POOLED_NOTES = 4096  # resolved items' metadata kept for the delete cascade before the non-resident ones go
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,10 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         )
         self.handle = self.layout = self.builder = self.adapters = self.pool = None
         self.head_item = None  # the shared head item (_make_head)
+        # the metadata of the items requests resolved, by id: what the delete cascade matches pool entries by
+        # when the store no longer holds them (`_unpool`)
+        self._pooled: dict[str, KVItemMeta] = {}
+        self._pooled_lock = threading.Lock()
         self._eos: frozenset[int] = frozenset()
         from serving.engine.sessions import SessionCache
 
@@ -290,13 +297,43 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         super().drop_block(item_id)
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
+        """The delete cascade: the store's (stored.py), live sessions' caches, and the page pool (`_unpool`)."""
         self.sessions.forget(user_id, memory_ids)  # the delete cascade reaches live sessions' caches too
-        return super().forget(user_id, memory_ids)
+        forgotten = super().forget(user_id, memory_ids)
+        self._unpool(forgotten, matcher(user_id, memory_ids))
+        return forgotten
 
     def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
         forgotten = super().forget_adapters(user_id, adapters)
+        self._unpool(forgotten, matcher(user_id, [], adapters))
         unload_erased(self.adapters, adapters, self._loop.call_soon)  # their weights leave the model too
         return forgotten
+
+    def _unpool(self, item_ids: Sequence[str], match: Callable[[KVItemMeta], bool]) -> None:
+        """Before a delete returns, every resident pool entry of what it deleted leaves the pool's index (no new
+        reader takes it; its pages free once its readers are done, SharedPages.drop): the items the store's
+        cascade named (earlier plans' blocks, not only the current one), and the items that requests resolved
+        whose metadata `match`es though the store no longer holds them (dropped by the store, or dropped by a
+        plan change while a request that had resolved them was admitted: the store cannot name them)."""
+        if self.pool is None:
+            return
+        with self._pooled_lock:
+            matched = [i for i, meta in self._pooled.items() if match(meta)]
+            for item_id in [*item_ids, *matched]:
+                self._pooled.pop(item_id, None)
+        for item_id in dict.fromkeys([*item_ids, *matched]):
+            self.pool.shared.drop(item_id)
+
+    def _resolve_item(self, req: GenerationRequest) -> ResolvedBlock:
+        """stored.py's, noting the metadata of the item a request will take into the pool (`_unpool`)."""
+        resolved = super()._resolve_item(req)
+        if resolved.item is not None:
+            with self._pooled_lock:
+                if len(self._pooled) >= POOLED_NOTES:  # keep the notes of the entries still resident
+                    resident = [i for i in self._pooled if i in self.pool.shared]
+                    self._pooled = {i: self._pooled[i] for i in resident}
+                self._pooled[resolved.item.item_id] = resolved.item.meta
+        return resolved
 
     # -- generation --------------------------------------------------------------------------------------------
     async def _resolve_off_model_thread(self, req: GenerationRequest) -> ResolvedBlock:

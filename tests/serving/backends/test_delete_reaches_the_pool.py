@@ -1,0 +1,72 @@
+"""The delete cascade reaches the engine's page pool (serving/backends/transformers/backend.py `forget`): every
+resident entry whose block carries a deleted memory leaves the pool before the delete returns, not only the
+current plan's block; an entry being read leaves the index at once and its pages free when its reader is done;
+an entry that carries none of the deleted memories stays."""
+
+from __future__ import annotations
+
+import asyncio
+
+from serving.backends.base import GenerationRequest, SamplingParams
+from tests.serving.backends.test_transformers_backend import tokens_of, wait_released
+
+
+def chat_over(backend, user: str, texts: list[str], block) -> GenerationRequest:
+    prompt = backend.layout_prompt(
+        texts, [], [{"role": "user", "content": "Where do I live?"}], block.token_ids
+    )
+    return GenerationRequest(
+        f"r-{block.item_id[:8]}",
+        user,
+        prompt,
+        block.item_id,
+        SamplingParams(max_new_tokens=8, temperature=0.0),
+    )
+
+
+def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backend):
+    backend, user = tiny_backend, "pool-delete"
+    shared = backend.pool.shared
+    texts = {"m": "I live in Porto.", "x": "I keep bees.", "y": "My dog is Miso.", "z": "I cook on Tuesdays."}
+
+    def build(*ids: str):
+        block = backend.build_block(user, [texts[i] for i in ids], list(ids))
+        return block, [texts[i] for i in ids]
+
+    # two builds carrying m: an earlier plan's block, then the later plan's that replaced it; and one without m
+    earlier, later, other = build("m", "x"), build("m", "y"), build("x", "y")
+    alone = {}
+    for block, block_texts in (earlier, later, other):
+        alone[block.item_id] = asyncio.run(tokens_of(backend, chat_over(backend, user, block_texts, block)))[
+            0
+        ]
+        assert block.item_id in shared  # resident in the pool, unread once its request ended
+    (earlier, earlier_texts), later, other = earlier, later[0], other[0]
+    # a block of m that the store no longer holds, resident again: a request that resolved it before its
+    # drop was admitted after (the store's index cannot name it to the cascade any more)
+    racing, racing_texts = build("m", "z")
+    item = backend._resolve_item(chat_over(backend, user, racing_texts, racing)).item
+    backend.drop_block(racing.item_id)
+    shared.release(shared.acquire(item).entry)
+    assert racing.item_id in shared and not backend.has_block(racing.item_id)
+    pages = list(shared.resident(earlier.item_id).pages)
+
+    async def delete_while_a_request_reads_the_earlier_block():
+        stream = backend.stream(chat_over(backend, user, earlier_texts, earlier))
+        ids = list((await anext(stream)).token_ids)  # the request holds the earlier block's pages
+        forgotten = backend.forget(user, ["m"])
+        assert earlier.item_id not in shared  # no new reader takes it
+        assert any(backend.pool.refs(p) for p in pages)  # the reader's pages stay until it is done
+        async for out in stream:
+            ids.extend(getattr(out, "token_ids", ()))
+        return forgotten, ids
+
+    forgotten, ids = asyncio.run(delete_while_a_request_reads_the_earlier_block())
+
+    assert forgotten == sorted([earlier.item_id, later.item_id])  # the store's cascade, as before
+    assert ids == alone[earlier.item_id]  # the reader finished as it would have
+    assert earlier.item_id not in shared and later.item_id not in shared and racing.item_id not in shared
+    assert other.item_id in shared  # carries x and y only
+    wait_released(backend)
+    assert not any(backend.pool.refs(p) for p in pages)  # freed once the reader was done
+    assert backend.pool.used_pages == shared.page_count()
