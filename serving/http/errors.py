@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -44,11 +45,16 @@ def to_api_error(exc: Exception) -> ApiError:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
-            return bad_request("the request body is not valid JSON", code="invalid_json")
+            return _invalid_json(_where_in_json(exc.body, first))
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         where = ".".join(loc)
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
         return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
+    if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, UnicodeDecodeError):
+        cause = exc.__cause__  # FastAPI's "There was an error parsing the body": JSON must be UTF-8
+        return _invalid_json(f"not UTF-8 (byte 0x{cause.object[cause.start]:02x} at position {cause.start})")
+    if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, RecursionError):
+        return _invalid_json("arrays and objects nested too deeply to parse")
     if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
@@ -87,6 +93,22 @@ def to_api_error(exc: Exception) -> ApiError:
         )
     logger.exception("unexpected error", exc_info=exc)
     return ApiError(500, "internal error", type="server_error", code="internal_error")
+
+
+def _invalid_json(where: str) -> ApiError:
+    return bad_request(f"the request body is not valid JSON: {where}", code="invalid_json")
+
+
+def _where_in_json(doc: Any, error: dict[str, Any]) -> str:
+    """What the JSON parser found wrong and where, as Python's JSONDecodeError says it: `msg at line L column C
+    (char N)`, from FastAPI's json_invalid error (its loc ends with the character position) and the text."""
+    msg = str(error.get("ctx", {}).get("error") or "invalid JSON")
+    pos = error.get("loc", ())[-1] if error.get("loc") else None
+    if not isinstance(doc, str) or not isinstance(pos, int):
+        return msg
+    line = doc.count("\n", 0, pos) + 1
+    column = pos - doc.rfind("\n", 0, pos)
+    return f"{msg} at line {line} column {column} (char {pos})"
 
 
 MAPPED_ERRORS = (
