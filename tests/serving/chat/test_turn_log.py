@@ -78,3 +78,78 @@ def test_the_users_turn_is_logged_before_a_non_streamed_answer(tmp_path) -> None
     finally:
         release.set()
         stack.scheduler.stop()
+
+
+def test_a_chat_in_flight_in_a_deleted_session_is_never_logged_nor_formed(tmp_path) -> None:
+    """Item 10: the chat in session s1 is admitted and held in the backend; DELETE /v1/memories?session_id=s1
+    returns; the chat then completes: neither its turn nor its reply is logged, and nothing is formed. The
+    same chat in session s2 is logged and formed as before."""
+    stack = make_stack(tmp_path)
+    chat = stack.app.state.chat
+    try:
+        with live_server(stack.app) as url:
+            stack.backend.hold.set()
+            answers: list[int] = []
+            body = _chat("My cat is called Pixel.")
+            held = threading.Thread(
+                target=lambda: answers.append(
+                    httpx.post(
+                        f"{url}/v1/chat/completions",
+                        json=body,
+                        headers={**ALICE, "X-Session-Id": "s1"},
+                        timeout=30,
+                    ).status_code
+                )
+            )
+            held.start()
+            try:
+                wait_for(lambda: stack.backend.num_in_flight == 1, "the chat to be admitted and held")
+                params = {"user_id": "alice", "session_id": "s1"}
+                deleted = httpx.delete(f"{url}/v1/memories", params=params, headers=ALICE)
+                assert deleted.json() == {"deleted": 0}
+            finally:
+                stack.backend.hold.clear()
+                held.join(timeout=30)
+            assert answers == [200]
+            wait_for(lambda: not chat._background, "the held chat's reply to be handled")
+            assert stack.app.state.formation.wait_idle(20)
+            assert _log(stack) == [] and stack.store.list("alice").total == 0
+            headers = {**ALICE, "X-Session-Id": "s2"}
+            assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers).status_code == 200
+            wait_for(lambda: not chat._background, "the next reply to be logged")
+            wait_for(lambda: stack.store.list("alice").total == 1, "the next turn to be formed")
+            assert _log(stack) == [("user", "My cat is called Pixel."), ("assistant", "Hello from kvmem.")]
+    finally:
+        stack.backend.hold.clear()
+        stack.scheduler.stop()
+
+
+def test_a_deleted_memory_takes_its_echo_and_the_replies_that_used_it(tmp_path) -> None:
+    """Item 27: a formed memory's source turn was echoed by the bot, and later answers used the memory: the
+    delete removes the source turn and all those replies from GET /v1/memories/turns before it returns; the
+    user's other turns stay (a reply that used other memories only stays too: tests/kvmem/text/test_log.py)."""
+    stack = make_stack(tmp_path)
+    stack.backend.reply = "Noted: peanuts."
+    try:
+        with TestClient(stack.app) as client:
+            client.post("/v1/chat/completions", json=_chat("I am allergic to peanuts."), headers=ALICE)
+            client.portal.call(client.app.state.chat.drain)
+            assert client.app.state.formation.wait_idle(20)
+            [allergy] = stack.store.list("alice").items
+            stack.backend.reply = "Anything without peanuts."
+            r = client.post("/v1/chat/completions", json=_chat("What can I eat? peanuts"), headers=ALICE)
+            assert {"id": allergy.id, "tier": "text"} in r.json()["memory"]["used"]
+            stack.backend.reply = "Hello."
+            r = client.post("/v1/chat/completions", json=_chat("Hi there"), headers=ALICE)
+            assert r.json()["memory"]["used"] == [{"id": allergy.id, "tier": "text"}]  # all she has
+            client.portal.call(client.app.state.chat.drain)
+            assert client.app.state.formation.wait_idle(20)
+            r = client.delete(f"/v1/memories/{allergy.id}", params={"user_id": "alice"}, headers=ALICE)
+            assert r.json() == {"deleted": 1}
+            listed = client.get("/v1/memories/turns", params={"user_id": "alice"}, headers=ALICE).json()
+            assert [(t["role"], t["text"]) for t in reversed(listed["data"])] == [
+                ("user", "What can I eat? peanuts"),
+                ("user", "Hi there"),
+            ]
+    finally:
+        stack.scheduler.stop()
