@@ -96,6 +96,19 @@ class BlockGuard:
             self.queue.put(Task("refresh", user_id))
         return hit
 
+    def withdraw(self, user_id: str, item_id: str, why: str, *, rebuild: bool = True) -> bool:
+        """Stop serving a block `unservable_reason` refused for a lasting reason (`why`: "not_found" or
+        "stale"); returns whether the plan changed. A stale block is also deleted from the store, its file in
+        the shared data dir included: another replica changed the user's memories after it was read (its
+        fence bump says so), and the block may hold one that replica deleted, whose cascade ran before this
+        block's file was written and so could not delete it."""
+        assert why in ("not_found", "stale"), why
+        hit = self.retract(user_id, item_id, rebuild=rebuild)
+        if hit and why == "stale":
+            self.builder.drop_block(item_id)
+            log.info("user %r: block %s was built before another replica's change; deleted", user_id, item_id)
+        return hit
+
     def on_dropped(self, item_id: str, user_id: str, reason: str) -> None:
         """The block store dropped an item on its own (builder's `subscribe_dropped`)."""
         if self.retract(user_id, item_id, rebuild=reason != "evicted"):

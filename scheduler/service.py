@@ -236,13 +236,13 @@ class Scheduler(ServedAdapters):
             return replace(plan, block=None)
         why = self.worker.guard.unservable_reason(plan)
         if why is not None and why != "fence_unreadable":  # lasting: retracted, rebuilt at the next `get`
-            self.worker.guard.retract(user_id, plan.block.item_id, rebuild=False)
+            self.worker.guard.withdraw(user_id, plan.block.item_id, why, rebuild=False)
         return plan if why is None else replace(plan, block=None)
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
-        if why != "fence_unreadable":  # lasting: retract it for every reader and rebuild
-            self.worker.guard.retract(plan.user_id, plan.block.item_id)
+        if why != "fence_unreadable":  # lasting: retract it for every reader (a stale one is deleted), rebuild
+            self.worker.guard.withdraw(plan.user_id, plan.block.item_id, why)
         return replace(plan, block=None)
 
     def report_unservable(self, user_id: str, item_id: str) -> bool:

@@ -5,6 +5,7 @@ redis-server on loopback (started by the fixture), fake backends (the fence is p
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -75,9 +76,11 @@ def test_a_build_racing_a_change_on_another_replica_is_never_served(tmp_path):
     assert fence.gen == {"alice": 1}
     b.builder.gate.set()
     building.join(10)
-    assert set(b.plans.get("alice").block.memory_ids) == set(ids)  # published, stamped before the bump ...
+    stale = b.plans.get("alice").block
+    assert set(stale.memory_ids) == set(ids)  # published, stamped before the bump ...
     assert b.get("alice").block is None  # ... so never served
     assert b.plans.get("alice").block is None  # and retracted for every reader, a rebuild enqueued
+    assert b.builder.dropped == [stale.item_id]  # and deleted: it holds the memory A deleted
     assert b.run_pending() == 1
     assert b.get("alice").block.memory_ids == (ids[1],)
 
@@ -89,6 +92,61 @@ def test_a_build_racing_a_change_on_another_replica_is_never_served(tmp_path):
         sched.stop()
     store_a.close()
     store_b.close()
+
+
+def test_a_stale_block_built_after_the_other_replicas_cascade_is_deleted_from_the_shared_data_dir(
+    tmp_path, tiny_model_dir
+):
+    """Issue 42 item 15, over the real KV store: B's build of alice's block writes its file after A's delete
+    ran its cascade (which found no file to delete). B's next read finds the block stale (the fence moved):
+    it is retracted and its file deleted from the shared data dir; the rebuild holds only what is left."""
+    from kvmem.datadir import DataDir
+    from tests.serving.kvstack import load_backend
+
+    fence = SharedFence()
+    store_a = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    store_b = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder())
+    a_backend, b_backend = (load_backend(tiny_model_dir, tmp_path) for _ in range(2))
+    config = ServingConfig(data_dir=tmp_path, backend="transformers", auth=False)
+    a = make_scheduler(config, store_a, a_backend, fence=fence)
+    b = make_scheduler(config, store_b, b_backend, fence=fence)
+    for sched in (a, b):
+        sched.start(thread=False)
+    kv_dir = DataDir.at(tmp_path).kv_dir
+    ids = [m.id for m in store_a.add("alice", texts=["my cat is named Miso", "I live in Lisbon"])]
+    gate, entered = threading.Event(), threading.Event()
+    real_build = b.builder.build_block
+
+    def gated_build(*args, **kwargs):
+        entered.set()
+        assert gate.wait(30)
+        return real_build(*args, **kwargs)
+
+    b.builder.build_block = gated_build
+    try:
+        building = threading.Thread(target=b.worker.refresh, args=("alice",))
+        building.start()
+        assert entered.wait(30)  # B read both memories and is about to build
+        assert store_a.delete("alice", ids[0]) == 1  # A's cascade: nothing of B's on disk yet
+        gate.set()
+        building.join(60)
+        stale = b.plans.get("alice").block
+        assert set(stale.memory_ids) == set(ids)
+        assert any(p.name.startswith(stale.item_id) for p in kv_dir.iterdir())  # its file, with Miso's K/V
+        assert b.get("alice").block is None
+        assert b.plans.get("alice").block is None
+        assert not any(p.name.startswith(stale.item_id) for p in kv_dir.iterdir())  # deleted
+        assert not b_backend.has_block(stale.item_id)
+        b.run_pending()
+        assert b.get("alice").block.memory_ids == (ids[1],)
+    finally:
+        gate.set()
+        for sched in (a, b):
+            sched.stop()
+        for backend in (a_backend, b_backend):
+            asyncio.run(backend.aclose())
+        store_a.close()
+        store_b.close()
 
 
 # -- two apps over one data dir and a real Redis ------------------------------------------------------------
