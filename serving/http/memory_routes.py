@@ -16,12 +16,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from kvmem.formation.rules import slot_of
+from kvmem.text import MemoryNotFound
+from kvmem.text.keyed_writes import TxView
 from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from serving.config import ServingConfig
 from serving.http.auth import check_user
 from serving.http.deps import CallerDep, IdempotencyKey, UserId
-from kvmem.text.keyed_writes import TxView
 from serving.http.idempotency import Answer, Committed, EventCollector, IdempotentWrites, fingerprint
 from serving.http.limits import check_add, check_search, check_update
 from serving.http.protocol import (
@@ -306,10 +307,18 @@ def add_memory_routes(
             done = await asyncio.to_thread(
                 write_events.committed_write, store.delete, user_id, memory_id, delete_turns=not keep_turns
             )
+            if num_deleted(done) == 0:  # absent, already deleted or another user's: 404, as GET and PATCH
+                raise MemoryNotFound(memory_id, user_id)
             return Answer(200, committed({"deleted": num_deleted(done)}, done))
 
+        def recorded(view: TxView) -> Answer:
+            """Raises inside the transaction when it deleted nothing: a 404 is not a key's recorded answer."""
+            if not view.event_ids("deleted", user_id):
+                raise MemoryNotFound(memory_id, user_id)
+            return deleted_in(user_id)(view)
+
         asked = {"keep_turns": keep_turns}
-        return await answer_write(idempotency_key, user_id, request, asked, write, deleted_in(user_id))
+        return await answer_write(idempotency_key, user_id, request, asked, write, recorded)
 
 
 def page_body(result: Any) -> dict[str, Any]:

@@ -186,3 +186,41 @@ def test_a_superseded_memory_lists_its_state_as_superseded(stack: Stack, client:
     assert client.get(f"/v1/memories/{new.id}", params={"user_id": "alice"}, headers=ALICE).json()[
         "state"
     ] == ("archived")
+
+
+def test_delete_of_an_unknown_memory_is_a_404_like_patch(stack: Stack, client: TestClient) -> None:
+    """It answered 200 {"deleted": 0} where PATCH answered 404; the delete of all of a user's memories (or a
+    session's) still counts what it deleted, 0 included."""
+    not_found = {
+        "error": {
+            "message": "memory not found",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "memory_not_found",
+        }
+    }
+    (kept,) = stack.store.add("alice", "I keep bees")
+    (bobs,) = stack.store.add("bob", "bob keeps wasps")
+    alice = {"user_id": "alice"}
+    for memory_id in ("no-such-id", bobs.id):  # absent, and another user's
+        r = client.patch(f"/v1/memories/{memory_id}", json={**alice, "text": "x"}, headers=ALICE)
+        assert (r.status_code, r.json()) == (404, not_found)
+        r = client.delete(f"/v1/memories/{memory_id}", params=alice, headers=ALICE)
+        assert (r.status_code, r.json()) == (404, not_found)
+    assert stack.store.get("bob", bobs.id) == bobs
+
+    keyed = {**ALICE, "Idempotency-Key": "k1"}
+    r = client.delete(f"/v1/memories/{kept.id}", params=alice, headers=keyed)
+    assert (r.status_code, r.json()) == (200, {"deleted": 1})
+    r = client.delete(f"/v1/memories/{kept.id}", params=alice, headers=keyed)  # a retry: the first answer
+    assert (r.status_code, r.json(), r.headers["Idempotent-Replayed"]) == (200, {"deleted": 1}, "true")
+    r = client.delete(f"/v1/memories/{kept.id}", params=alice, headers=ALICE)  # deleted: not found now
+    assert (r.status_code, r.json()) == (404, not_found)
+    for _ in range(2):  # a keyed delete of an unknown id: 404, and nothing recorded for its key
+        r = client.delete("/v1/memories/no-such-id", params=alice, headers={**ALICE, "Idempotency-Key": "k2"})
+        assert (r.status_code, r.json()) == (404, not_found) and "Idempotent-Replayed" not in r.headers
+
+    r = client.delete("/v1/memories", params={**alice, "session_id": "nothing-here"}, headers=ALICE)
+    assert (r.status_code, r.json()) == (200, {"deleted": 0})
+    r = client.delete("/v1/memories", params=alice, headers=ALICE)
+    assert (r.status_code, r.json()) == (200, {"deleted": 0})
