@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock
 
 
+class BuildsStopped(RuntimeError):
+    """`build_block` called after `cancel_builds` (the scheduler is shutting down)."""
+
+
 class BlockMaker(ABC):
     """One level above kvmem's `BlockBuilder` (which is behind a backend in serving). Every method may be
     called from the scheduler's worker thread; `ready`, `has_block` also from request threads."""
@@ -57,6 +61,11 @@ class BlockMaker(ABC):
 
     def warm_block(self, item_id: str) -> None:
         """Move a stored block to the fastest tier (a session started). Default: nothing to move."""
+        return None
+
+    def cancel_builds(self) -> None:
+        """Shutting down: a `build_block` under way ends soon by raising (nothing stored; a restart rebuilds
+        what it needs), and so does any called after this. Default: builds cannot be cancelled."""
         return None
 
     def has_block(self, item_id: str) -> bool:

@@ -92,6 +92,7 @@ class Scheduler(ServedAdapters):
         self._restoring: dict[str, threading.Event] = {}
         self._restoring_lock = threading.Lock()
         self._stop = threading.Event()
+        self.worker.stopping = self._stop
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._unsubscribe_drops: Callable[[], None] | None = None
@@ -114,7 +115,10 @@ class Scheduler(ServedAdapters):
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the worker: a block build under way is cancelled, not waited for (a restart rebuilds what it
+        needs), and the thread is joined."""
         self._stop.set()
+        self.builder.cancel_builds()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None

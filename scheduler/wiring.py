@@ -10,12 +10,13 @@ scheduler's call; nor of HTTP (the plan's JSON body is serving.http.protocol.pla
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from scheduler.block_maker import BlockMaker
+from scheduler.block_maker import BlockMaker, BuildsStopped
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.service import Scheduler
@@ -46,6 +47,7 @@ class BlockBackend(Protocol):
         self, user_id: str, block_texts: Sequence[str], memory_ids=None, adapter_id=None
     ) -> Any: ...
     def drop_block(self, item_id: str) -> None: ...
+    def cancel_builds(self) -> int: ...
     def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> Any: ...
     def stored_memory_ids(self, user_id: str) -> list: ...
     def warm_block(self, item_id: str) -> None: ...
@@ -65,6 +67,7 @@ class BackendBlockMaker(BlockMaker):
         self.backend = backend
         # the scheduler restores plans only over a backend whose blocks outlive it (the fake stores nothing)
         self.finds_stored_blocks = backend.finds_stored_blocks
+        self._cancelled = False  # cancel_builds: no build starts after it
 
     def layout_generation(self) -> int:
         """The backend's layout generation, after it checked the installed knowledge (a stat)."""
@@ -88,12 +91,21 @@ class BackendBlockMaker(BlockMaker):
     def build_block(
         self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str], adapter_id: str | None = None
     ) -> BuiltBlock:
+        if self._cancelled:
+            raise BuildsStopped(f"not building the block of user {user_id!r}: the scheduler is shutting down")
         if adapter_id is not None:
             return self.backend.build_block(user_id, list(texts), list(memory_ids), adapter_id=adapter_id)
         return self.backend.build_block(user_id, list(texts), list(memory_ids))
 
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
+
+    def cancel_builds(self) -> None:
+        """The backend cancels its builds in flight (those of other schedulers over it too: it is shutting
+        down with this one); this maker starts no more."""
+        self._cancelled = True
+        if self.backend.cancel_builds():
+            logging.getLogger(__name__).info("shutting down: block builds in flight cancelled")
 
     def find_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> BuiltBlock | None:
         return self.backend.find_block(user_id, texts, memory_ids)

@@ -96,6 +96,7 @@ class Worker(Invalidation, TotalCap):
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
         self.between_tasks: Callable[[], None] = lambda: None  # the facade's cheap checks (service.py)
+        self.stopping = threading.Event()  # the facade's stop (service.py): a task that fails then was cancelled
 
     def _forget_user_state(self, user_id: str) -> None:
         """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their
@@ -146,8 +147,11 @@ class Worker(Invalidation, TotalCap):
                 self.enforce_total_cap()
             else:
                 log.error("unknown scheduler task kind %r; dropped", task.kind)
-        except Exception:  # noqa: BLE001 - the worker must outlive any one task; logged with its traceback
-            log.exception("scheduler task %s for %r failed", task.kind, task.user_id)
+        except Exception as exc:  # noqa: BLE001 - the worker must outlive any one task; logged with its traceback
+            if self.stopping.is_set():  # shutting down: its build was cancelled (Scheduler.stop)
+                log.info("scheduler task %s for %r ended by the shutdown: %s", task.kind, task.user_id, exc)
+            else:
+                log.exception("scheduler task %s for %r failed", task.kind, task.user_id)
         finally:
             self.queue.ack(task)  # after the task ran (or failed for good): at-least-once with Redis
             self.in_task = False

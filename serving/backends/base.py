@@ -29,6 +29,10 @@ class NotReady(BackendError):
     """The model is not loaded yet, or failed to load (HTTP 503)."""
 
 
+class BuildCancelled(BackendError):
+    """A block build was cancelled (`cancel_builds`: the server is shutting down); nothing of it was stored."""
+
+
 class BlockNotFound(BackendError):
     """The request's block item is not stored (dropped since the request was prepared: a delete's cascade, an
     eviction). Raised by `stream` before its first item, nothing generated: the prompt holds the block's texts,
@@ -295,6 +299,12 @@ class Backend(ABC):
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""
         return None
+
+    def cancel_builds(self) -> int:
+        """Cancel the block builds in flight (a shutdown does not wait for them: a restart rebuilds what it
+        needs): each `build_block` under way raises BuildCancelled soon, with nothing stored; builds started
+        later run. Returns how many were cancelled. Default: 0, this backend's builds cannot be cancelled."""
+        return 0
 
     @abstractmethod
     def drop_block(self, item_id: str) -> None:

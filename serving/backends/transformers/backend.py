@@ -130,6 +130,9 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         # when the store no longer holds them (`_unpool`)
         self._pooled: dict[str, KVItemMeta] = {}
         self._pooled_lock = threading.Lock()
+        # the builds in flight, each with the event that cancels it (cancel_builds: shutdown)
+        self._build_cancels: set[threading.Event] = set()
+        self._build_cancels_lock = threading.Lock()
         self._eos: frozenset[int] = frozenset()
         from serving.engine.sessions import SessionCache
 

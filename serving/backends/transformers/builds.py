@@ -10,9 +10,10 @@ builder and adapter slots.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 
-from serving.backends.base import BackendError
+from serving.backends.base import BackendError, BuildCancelled
 from serving.engine.model_loop import LoopClosed
 
 READ_PIECE = 512  # tokens of a finished build's K/V read from its pages per model-loop turn (_read_steps)
@@ -70,18 +71,39 @@ class EngineBuilds:
         kv = self._engine_kv(pending.ids, pending.prefix or parent, own_from)
         return self.builder.item_from_kv(pending, kv, parent)
 
+    def cancel_builds(self) -> int:
+        """Cancel the builds in flight: each ends at its next step boundary (its pages go back) and its
+        `build_block` raises BuildCancelled; nothing of it is stored. Builds started later run. Returns how
+        many were cancelled (shutdown: a restart rebuilds what it needs)."""
+        with self._build_cancels_lock:
+            cancels = list(self._build_cancels)
+        for cancel in cancels:
+            cancel.set()
+        return len(cancels)
+
     def _engine_kv(self, ids, prefix, own_from: int = 0, adapter: str | None = None) -> object:
         """The K/V of `ids[own_from:]` ([layers, 2, kv_heads, n - own_from, head_dim]) from a prefill in the
         engine's steps over the pages of `prefix` (an item whose tokens start ids, or None), under the held
-        peft adapter `adapter` (None: the base model). Blocks the calling thread."""
+        peft adapter `adapter` (None: the base model). Blocks the calling thread; raises BuildCancelled after
+        `cancel_builds`."""
         future: Future = Future()
-        self._loop.start(self._prefill_steps(list(ids), prefix, own_from, future, adapter))
-        return future.result()
+        cancel = threading.Event()
+        with self._build_cancels_lock:
+            self._build_cancels.add(cancel)
+        try:
+            self._loop.start(self._prefill_steps(list(ids), prefix, own_from, future, adapter, cancel))
+            return future.result()
+        finally:
+            with self._build_cancels_lock:
+                self._build_cancels.discard(cancel)
 
-    def _prefill_steps(self, ids, prefix, own_from: int, future: Future, adapter: str | None = None):
-        """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V."""
+    def _prefill_steps(
+        self, ids, prefix, own_from: int, future: Future, adapter: str | None, cancel: threading.Event
+    ):
+        """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V;
+        BuildCancelled once `cancel` is set (checked at each step boundary)."""
         from kvmem.kv import Sampling
-        from serving.engine.sequence import admit
+        from serving.engine.sequence import EngineSequence, admit
 
         seq = None
         try:
@@ -97,10 +119,16 @@ class EngineBuilds:
                 idle_chunk_tokens=self.config.prefill_chunk_tokens,
                 busy_attention_budget=self.config.build_attention_budget,
                 adapter=adapter,
+                should_stop=cancel.is_set,
             ):
                 if seq is None:
                     yield
+            if not isinstance(seq, EngineSequence):  # admission gave up: cancelled while it waited for pages
+                seq = None
+                raise BuildCancelled("the build was cancelled before it was admitted")
             yield seq  # the batcher sends its token once every id's K/V is in its pages
+            if seq.finish_reason == "cancelled":
+                raise BuildCancelled("the build was cancelled between two of its steps")
             self._loop.start(self._read_steps(seq, own_from, len(ids), future))  # the pages are its now
             seq = None
         except GeneratorExit:
