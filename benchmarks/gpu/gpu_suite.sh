@@ -19,7 +19,9 @@
 #   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
 #   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
 #              run cut short by its caller's limit still hands back
-# Steps run in order of what the issue asks first: the CUDA-graph tests (graphs_test), engine (KV bytes,
+# Steps run in order of what the issue asks first: the CUDA-graph tests (graphs_test), graph_tokens (greedy
+# tokens of decode steps replayed as CUDA graphs against eager ones, float32 and bfloat16, with every reachable
+# bucket captured at load as the server does; issue 42 item 8), engine (KV bytes,
 # batch-8 vs batch-1 step, eager and as CUDA graphs), http_load with graphs and without, the MemOS cells on
 # Qwen3-8B's shape, exactness, then ttft on the default model, eager and compiled (graphs change decode steps
 # only, not a TTFT).
@@ -64,11 +66,12 @@ step() {  # step NAME SECONDS CMD...: run within min(SECONDS, what is left); a f
 if [ "${SMOKE:-0}" = 1 ]; then
   EX=(--sizes 200 --queries 20 --new-tokens 4); GRID=(--ctx 300 --query 40 --reps 1)
   QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
-  LOAD=(--levels 1 2 --duration-s 5)
+  LOAD=(--levels 1 2 --duration-s 5); GT=(--smoke)
 else
   EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
   QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
   ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
+  GT=()
 fi
 MODEL="$OUT/model"
 RANDOM_MODEL=()
@@ -77,6 +80,8 @@ step model 120 "$PY" -m benchmarks.gpu.gpu_model --out "$MODEL" "${RANDOM_MODEL[
 if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
   step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py
 fi
+# graphs' and eager steps' greedy tokens, float32 and bfloat16 (on CPU: the script, with the static steps uncaptured)
+step graph_tokens 150 "$PY" -m benchmarks.gpu.graph_tokens --model "$MODEL" --device "$DEVICE" "${GT[@]}" --out "$OUT/graph_tokens.json"
 # engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
 step engine 180 "$PY" -m benchmarks.engine.engine_bench --model "$MODEL" --device "$DEVICE" "${ENG[@]}" --out "$OUT/engine_bench.json"
 # the server with CUDA graphs (its default on a GPU), then without, on the same machine

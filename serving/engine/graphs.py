@@ -19,9 +19,13 @@ The step's inputs (token ids, positions, write slots, lengths, slot table) are f
 int64 buffer and copied to the device in one transfer; the graph computes the mask from the lengths. Logits of
 every row (pads too) come out as float32; the sampler reads the real rows (one host sync, as eagerly).
 
-The server captures the buckets of up to 2,048 tokens of context at load (`warm`); a longer one is captured
-the first time a step needs it (warm-up on a side stream, then capture, sharing one memory pool across
-buckets). If a capture fails, a warning is logged and every later step runs eagerly.
+The server captures at load (`warm`) every bucket a step can reach: row counts up to its admission bound,
+contexts up to what one row can hold (the model's positions, the pool's tokens), the largest first (warm-up
+on a side stream, then capture, sharing one memory pool across buckets); nothing is captured later on the
+model thread, where the I/O threads copy to the same device meanwhile: a step of a shape not captured at load
+runs eagerly. If a capture fails, a warning is logged and that bucket's steps run eagerly; the other buckets
+keep their graphs. (A DecodeGraphs that was not warmed, as in a benchmark, captures a bucket when a step
+first needs it.)
 Without CUDA (`capture=False`, what the CPU tests run) the same static step runs eagerly: its tokens, and
 that it makes no host sync and no data-dependent shape (what a capture forbids), are tested on CPU.
 """
@@ -41,7 +45,6 @@ log = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
 MIN_CONTEXT = 512
 MAX_GATHER_SLOTS = 1 << 17  # rows * kcap of the largest bucket: the per-layer gather stays bounded
-WARM_CONTEXT = 2048  # buckets captured at load: every row count, contexts up to a default block's budget
 
 
 def _bucket_rows(n: int) -> int | None:
@@ -50,6 +53,18 @@ def _bucket_rows(n: int) -> int | None:
 
 def _bucket_context(n: int) -> int:
     return max(MIN_CONTEXT, 1 << (n - 1).bit_length())
+
+
+def reachable_shapes(max_context: int, max_rows: int) -> list[tuple[int, int]]:
+    """Every (rows, kcap) bucket a pure decode step can run in when no row has more than `max_context` tokens
+    of context and no step more than `max_rows` rows, the largest first (as vLLM captures: smaller graphs
+    reuse the shared pool's memory). Steps past them (more rows than the largest bucket, a gather past
+    MAX_GATHER_SLOTS) run eagerly."""
+    top_rows = _bucket_rows(min(max(max_rows, 1), ROW_BUCKETS[-1]))
+    top_kcap = _bucket_context(max(max_context, 1))
+    kcaps = [MIN_CONTEXT << i for i in range(top_kcap.bit_length()) if MIN_CONTEXT << i <= top_kcap]
+    shapes = [(r, k) for r in ROW_BUCKETS if r <= top_rows for k in kcaps if r * k <= MAX_GATHER_SLOTS]
+    return sorted(shapes, key=lambda s: (s[0] * s[1], s[0]), reverse=True)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -181,50 +196,68 @@ class DecodeGraphs:
         self.model, self.pool = model, pool
         self.capture = pool.k.device.type == "cuda" if capture is None else capture
         self.buckets: dict[tuple[int, int], _Bucket] = {}
-        self.broken = False  # a capture failed: eager steps from then on
+        self.failed: set[tuple[int, int]] = set()  # buckets whose capture failed: their steps run eagerly
+        self.warmed = False  # `warm` ran: a bucket it did not capture is never captured later (eager steps)
         self.steps = 0  # static steps run (replayed or eager)
         self.replays = 0  # of which replayed graphs
         self._mempool = torch.cuda.graph_pool_handle() if self.capture else None
 
+    @property
+    def broken(self) -> bool:
+        """Some bucket's capture failed (its steps run eagerly; the others' replay)."""
+        return bool(self.failed)
+
     def bucket_for(self, decodes: list) -> tuple[int, int] | None:
-        """The (rows, kcap) a pure decode step of `decodes` runs in, or None (eager)."""
+        """The (rows, kcap) a pure decode step of `decodes` runs in, or None (eager): more rows than the largest
+        bucket, an adapter row, a gather past the bound, a bucket whose capture failed, or one not captured at
+        load (`warm`)."""
         rows = _bucket_rows(len(decodes))
-        if rows is None or self.broken or any(getattr(s, "adapter", None) is not None for s in decodes):
+        if rows is None or any(getattr(s, "adapter", None) is not None for s in decodes):
             return None
         kcap = _bucket_context(max(s.position + 1 for s in decodes))
-        return None if rows * kcap > MAX_GATHER_SLOTS else (rows, kcap)
+        shape = (rows, kcap)
+        if rows * kcap > MAX_GATHER_SLOTS or shape in self.failed:
+            return None
+        if self.warmed and self.capture and shape not in self.buckets:
+            return None  # not reachable when it was warmed: not captured on the model thread now
+        return shape
 
     def _bucket(self, shape: tuple[int, int]) -> _Bucket | None:
-        """The bucket of `shape`, captured the first time; None if its capture failed (then `broken`)."""
+        """The bucket of `shape`, captured the first time; None if its capture failed (then in `failed`)."""
         bucket = self.buckets.get(shape)
-        if bucket is None and not self.broken:
-            bucket = _Bucket(self.model, self.pool, *shape, pinned=self.capture)
+        if bucket is None and shape not in self.failed:
+            bucket = _Bucket(self.model, self.pool, *shape, pinned=self.capture and self.pool.k.is_cuda)
             if self.capture:
                 try:
                     bucket.capture(self._mempool)
                 except Exception:  # noqa: BLE001 - graphs are an optimisation: eager steps still serve
                     log.warning(
-                        "capturing the decode graph of %s failed; decoding eagerly", shape, exc_info=True
+                        "capturing the decode graph of %s (rows, context) failed; its steps run eagerly",
+                        shape,
+                        exc_info=True,
                     )
-                    self.broken = True
+                    self.failed.add(shape)
                     return None
             self.buckets[shape] = bucket
         return bucket
 
-    def warm(self, max_context: int = WARM_CONTEXT) -> int:
-        """Capture the buckets of every row count up to `max_context` tokens of context now (at load), the
-        largest first (as vLLM does: smaller graphs reuse the shared pool's memory), so serving does not
-        pause to capture them; returns how many there are. Longer contexts are captured when first needed."""
-        kcaps = [k for k in (MIN_CONTEXT << i for i in range(16)) if k <= max(max_context, MIN_CONTEXT)]
-        shapes = [(r, k) for r in ROW_BUCKETS for k in kcaps if r * k <= MAX_GATHER_SLOTS]
-        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
-            if self._bucket(shape) is None:
-                break
+    def warm(self, max_context: int | None = None, max_rows: int = ROW_BUCKETS[-1]) -> int:
+        """Capture now (at load) every bucket a step can reach (`reachable_shapes`): contexts up to `max_context`
+        tokens (default: what one row can hold, the model's positions and the pool's tokens, the smaller),
+        `max_rows` rows (the most sequences decoding at once), so serving never pauses to capture one. A
+        failed capture leaves the others. Returns how many buckets are captured."""
+        if max_context is None:
+            config = self.model.config.get_text_config()
+            positions = int(getattr(config, "max_position_embeddings", 0) or 0) or MAX_GATHER_SLOTS
+            max_context = min(positions, self.pool.num_pages * self.pool.page_tokens)
+        for shape in reachable_shapes(max_context, max_rows):
+            self._bucket(shape)
+        self.warmed = True
         return len(self.buckets)
 
     def logits(self, decodes: list, shape: tuple[int, int]) -> torch.Tensor | None:
         """[len(decodes), vocab] float32: one decode step of every row (tables grow by one token each); None
-        if the bucket's capture failed (the caller runs the step eagerly; so does every later step)."""
+        if the bucket's capture failed (the caller runs the step eagerly, as every later step of that bucket)."""
         bucket = self._bucket(shape)
         if bucket is None:
             return None

@@ -189,8 +189,13 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
-            with torch.inference_mode():
-                log.info("CUDA graphs of decode steps captured: %d", pool.graphs.warm())
+            with torch.inference_mode():  # every bucket a step can reach: no capture after load
+                captured = pool.graphs.warm(max_rows=self.config.max_queue)
+            log.info(
+                "CUDA graphs of decode steps captured: %d buckets; failed (eager steps): %s",
+                captured,
+                sorted(pool.graphs.failed) or "none",
+            )
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,

@@ -124,7 +124,7 @@ def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
     short.position = 35
     short.release()
     assert graphs.supports(model)
-    assert g.warm() == 18 and sorted(g.buckets) == [
+    assert g.warm(2048) == 18 and sorted(g.buckets) == [
         (r, k) for r in (1, 2, 4, 8, 16, 32) for k in (512, 1024, 2048)
     ]
     assert g.warm(8192) == 18 + 6 + 5  # 4096 for every row count, 8192 up to 16 rows (the gather bound)
@@ -152,7 +152,7 @@ def test_captured_graphs_give_the_eager_engines_tokens(tiny_handle, tokenizer):
     try:
         eager, _ = run(model, handle, tokenizer, graphed=False, device="cuda")
         static, pool = run(model, handle, tokenizer, graphed=True, device="cuda")
-        assert not pool.graphs.broken and pool.graphs.replays == pool.graphs.steps > 20
+        assert pool.graphs.failed == set() and pool.graphs.replays == pool.graphs.steps > 20
         assert static == eager
     finally:
         tiny_handle.model.to("cpu")
@@ -198,7 +198,87 @@ def test_the_server_steps_through_its_pools_graphs(tmp_path, tiny_model_dir):
         pool.graphs = captured or DecodeGraphs(s.backend.handle.model, pool, capture=False)
         assert replies("s2") == eager
         assert pool.graphs.steps > 0 and pool.graphs.replays == (pool.graphs.steps if cuda else 0)
-        assert not pool.graphs.broken
+        assert pool.graphs.failed == set()
         own = {p for e in s.backend.sessions.keys() for p in s.backend.sessions.peek(*e).cache.pages}
         own -= {p for e in pool.shared._entries.values() for p in e.pages}
         assert pool.used_pages == pool.shared.page_count() + len(own)
+
+
+def faked_captures(monkeypatch, failing: tuple[int, int]) -> list:
+    """_Bucket.capture replaced (no CUDA here): the bucket `failing` raises, as a failed capture does; the others
+    are recorded and left uncaptured (their static steps run eagerly). Returns the record, in order."""
+    captured: list = []
+
+    def capture(bucket, _mempool):
+        if (bucket.rows, bucket.kcap) == failing:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        captured.append((bucket.rows, bucket.kcap))
+
+    monkeypatch.setattr(graphs._Bucket, "capture", capture)
+    return captured
+
+
+def capturing(model, pool) -> DecodeGraphs:
+    g = DecodeGraphs(model, pool, capture=False)
+    g.capture = True  # every new bucket goes through _Bucket.capture (faked)
+    return g
+
+
+def test_a_failed_capture_turns_off_graphs_for_its_bucket_only(tiny_handle, tokenizer, monkeypatch):
+    """The workload's steps fall in three buckets; the capture of (4, 512) fails: its steps run eagerly, the
+    two others' still run as static steps, and every request gets the eager engine's tokens (before: one
+    failure turned graphs off for every bucket, for the life of the process)."""
+    model = tiny_handle.model
+    eager, _ = run(model, tiny_handle, tokenizer, graphed=False)
+    captured = faked_captures(monkeypatch, failing=(4, 512))
+    pool = PagePool(PoolShape.of_model(model), 16 << 20)
+    pool.graphs = g = capturing(model, pool)
+    requests, samplings, arrive = workload(tiny_handle, tokenizer)
+    seqs, errors = run_engine(model, pool, requests, samplings, arrive, chunk=128)
+    assert errors == [] and [s.stats.token_ids for s in seqs] == eager
+    assert sorted(g.buckets) == sorted(captured) == [(1, 512), (2, 1024)]  # the two others kept
+    assert g.failed == {(4, 512)}
+    assert g.steps > 0  # static steps of the two buckets kept
+    for s in seqs:
+        s.release()
+    assert pool.used_pages == pool.shared.page_count()
+
+
+def test_warm_captures_every_reachable_bucket_and_nothing_after(tiny_handle, tokenizer, monkeypatch):
+    """At load every bucket a step can reach is captured, the largest first; one that fails is left out and
+    the rest still captured. After that, a step of a bucket not captured (past the rows or the context it was
+    warmed for, or the failed one) runs eagerly: nothing is captured on the model thread (before: the first
+    failure stopped the warm-up, and buckets past 2,048 tokens were captured when a step first needed them)."""
+    model = tiny_handle.model
+    assert graphs.reachable_shapes(2048, 4) == [
+        (4, 2048), (4, 1024), (2, 2048), (4, 512), (2, 1024), (1, 2048), (2, 512), (1, 1024), (1, 512)
+    ]  # fmt: skip
+    assert graphs.reachable_shapes(200_000, 64)[:3] == [
+        (32, 4096),
+        (16, 8192),
+        (8, 16384),
+    ]  # the gather bound
+    assert len(graphs.reachable_shapes(200_000, 64)) == 39 and graphs.reachable_shapes(1, 1) == [(1, 512)]
+    captured = faked_captures(monkeypatch, failing=(2, 1024))
+    pool = make_pool(model, mb=64)
+    g = capturing(model, pool)
+    assert g.warm(2048, max_rows=4) == 8
+    assert captured == [s for s in graphs.reachable_shapes(2048, 4) if s != (2, 1024)]
+    assert g.failed == {(2, 1024)} and sorted(g.buckets) == sorted(captured)
+    row = admitted(pool, model, list(range(5, 40)), sampling=Sampling(max_new_tokens=2))
+    assert g.bucket_for([row] * 2) == (2, 512)
+    row.position = 700
+    assert g.bucket_for([row] * 2) is None  # the failed bucket: eager
+    assert g.bucket_for([row] * 3) == (4, 1024)
+    assert g.bucket_for([row] * 5) is None  # 8 rows: more than it was warmed for
+    row.position = 3000
+    assert g.bucket_for([row]) is None  # 4,096 tokens of context: past what it was warmed for
+    row.position = 35
+    row.release()
+    assert len(captured) == 8  # nothing captured after load
+    # by default, contexts up to what one row can hold: the model's 8,192 positions, or the pool's tokens
+    g = DecodeGraphs(model, make_pool(model, mb=64), capture=False)
+    assert g.warm(max_rows=2) == 10 and max(k for _, k in g.buckets) == 8192
+    small = make_pool(model, mb=1)  # 128 pages of 16 tokens
+    g = DecodeGraphs(model, small, capture=False)
+    assert g.warm(max_rows=2) == 6 and max(k for _, k in g.buckets) == 2048
