@@ -37,7 +37,14 @@ from serving.http.errors import MAPPED_ERRORS, error_response, handle_error, to_
 from serving.http.idempotency import EventCollector, IdempotentWrites
 from serving.http.limits import LimitBody
 from serving.http.memory_routes import add_memory_routes
-from serving.http.metrics import CONTENT_TYPE, UNMATCHED, Metrics, engine_lines, gauge_lines, replica_lines
+from serving.http.metrics import (
+    CONTENT_TYPE,
+    Metrics,
+    engine_lines,
+    gauge_lines,
+    replica_lines,
+    route_template,
+)
 from serving.http.middleware import CountRequests, ReplicaHeader
 from serving.http.openapi import openapi_with_400
 from serving.http.protocol import ChatCompletionRequest, bad_request
@@ -230,7 +237,7 @@ def create_app(
 
     add_memory_routes(app, config, store, scheduler, formation, write_events, idempotent)
 
-    metrics.set_routes(getattr(route, "path", UNMATCHED) for route in app.routes)
+    metrics.set_routes(route_template(route) for route in app.routes)
     app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422
     return app
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from kvmem.errors import DependencyUnavailable
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreError
@@ -26,8 +29,22 @@ RETRY_AFTER_S = 1  # what a 429 tells the client to wait (the queue or the KV po
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+    headers = {
+        **(error.headers or {}),
+        **({"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else {}),
+    }
+    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers or None)
+
+
+def allowed_methods(routes: Iterable[BaseRoute], scope: Scope) -> str:
+    """The `Allow` of a 405: the methods of every route whose path matches the request's. Starlette's own names
+    only the first such route's, and FastAPI makes a route per method (GET and DELETE /v1/memories are two)."""
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 def to_api_error(exc: Exception) -> ApiError:
@@ -57,7 +74,9 @@ def to_api_error(exc: Exception) -> ApiError:
         return _invalid_json("arrays and objects nested too deeply to parse")
     if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return ApiError(exc.status_code, str(exc.detail), type="invalid_request_error", code=code)
+        return ApiError(
+            exc.status_code, str(exc.detail), type="invalid_request_error", code=code, headers=exc.headers
+        )
     if isinstance(exc, BodyTooLarge):
         return ApiError(413, str(exc), type="invalid_request_error", code="request_too_large")
     if isinstance(exc, BodyTimeout):
@@ -131,6 +150,11 @@ MAPPED_ERRORS = (
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:
     error = to_api_error(exc)
+    if error.status == 405:
+        error.headers = {
+            **(error.headers or {}),
+            "Allow": allowed_methods(request.app.router.routes, request.scope),
+        }
     if error.code == "insufficient_storage":  # /health says degraded until a write succeeds
         request.app.state.storage_health.failed(error.message)
     return error_response(error)

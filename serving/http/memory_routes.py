@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from kvmem.formation.rules import slot_of
 from kvmem.text import MemoryNotFound
@@ -33,6 +34,19 @@ from serving.http.protocol import (
     bad_request,
     plan_dict,
 )
+
+# the fixed paths one segment under /v1/memories: no memory id, so that a method they do not take is a 405
+# naming theirs (GET /v1/memories/search was a look-up of a memory named "search")
+FIXED_NAMES = ("search", "plan", "formation", "turns")
+
+
+class MemoryIdConvertor(StringConvertor):
+    """A `{memory_id:memory_id}` path segment: any but FIXED_NAMES."""
+
+    regex = f"(?!(?:{'|'.join(FIXED_NAMES)})$)[^/]+"
+
+
+register_url_convertor("memory_id", MemoryIdConvertor())
 
 
 def add_memory_routes(
@@ -205,14 +219,22 @@ def add_memory_routes(
 
     @app.get("/v1/memories/formation")
     async def formation_status(who: CallerDep, user_id: UserId) -> dict[str, Any]:
-        """The user's turns waiting to be formed into memories, and the dead-lettered ones with the reason."""
+        """The user's turns waiting to be formed into memories (`retrying`: those a failure sent back, with its
+        reason), and the dead-lettered ones with the reason. Reasons may quote the extractor's reply, so only
+        the user's own caller sees them (/health has a failure's kind and time only)."""
         check_user(who, user_id)
         counts = await asyncio.to_thread(store.formation_counts, user_id)
         dead = await asyncio.to_thread(store.dead_turns, user_id)
+        pending = await asyncio.to_thread(store.pending_turns, user_id, 100)
         return {
             "user_id": user_id,
             "extractor": formation.extractor.name if formation is not None else None,
             "pending": counts.pending,
+            "retrying": [
+                {"turn_id": t.id, "reason": t.error, "attempts": t.attempts, "updated_at": t.updated_at}
+                for t in pending
+                if t.error is not None
+            ],
             "dead_letter": [
                 {"turn_id": t.id, "reason": t.error, "attempts": t.attempts, "updated_at": t.updated_at}
                 for t in dead
@@ -252,12 +274,12 @@ def add_memory_routes(
         )
         return page_body(result)
 
-    @app.get("/v1/memories/{memory_id}")
+    @app.get("/v1/memories/{memory_id:memory_id}")
     async def get_memory(memory_id: str, who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
         return (await asyncio.to_thread(store.get, user_id, memory_id)).to_dict()
 
-    @app.patch("/v1/memories/{memory_id}", response_model=None)
+    @app.patch("/v1/memories/{memory_id:memory_id}", response_model=None)
     async def update_memory(
         memory_id: str,
         body: UpdateMemoryRequest,
@@ -290,7 +312,7 @@ def add_memory_routes(
         asked = body.model_dump(mode="json")
         return await answer_write(idempotency_key, body.user_id, request, asked, write, recorded)
 
-    @app.delete("/v1/memories/{memory_id}", response_model=None)
+    @app.delete("/v1/memories/{memory_id:memory_id}", response_model=None)
     async def delete_memory(
         memory_id: str,
         request: Request,

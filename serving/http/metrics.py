@@ -12,6 +12,7 @@ import bisect
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from serving.backends.base import KV_FALLBACK_KINDS
 
@@ -19,6 +20,12 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})  # any other: "other"
 UNMATCHED = "unmatched"  # the route label of a request no route template matched
+
+
+def route_template(route: Any) -> str:
+    """A route's label: its path template as documented, without a parameter's convertor
+    ("/v1/memories/{memory_id}" for "/v1/memories/{memory_id:memory_id}"); UNMATCHED for no route."""
+    return getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
 
 
 def _label(value: str) -> str:

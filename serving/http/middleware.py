@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.http.metrics import UNMATCHED, Metrics
+from serving.http.metrics import Metrics, route_template
 
 
 class CountRequests:
@@ -28,8 +28,7 @@ class CountRequests:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            self.metrics.observe_request(scope["method"], getattr(route, "path", UNMATCHED), status)
+            self.metrics.observe_request(scope["method"], route_template(scope.get("route")), status)
 
 
 class ReplicaHeader:

@@ -22,10 +22,19 @@ class ApiError(Exception):
     """An error with its OpenAI-style status, type and code; the app turns it into error JSON."""
 
     def __init__(
-        self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """`headers`: sent with the error (a 405's `Allow`)."""
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = headers
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
