@@ -198,7 +198,8 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    # text, not JSON: Prometheus's text exposition format (0.0.4), what a scraper reads; the schema says so
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_route() -> Response:
         try:
             counts = await asyncio.to_thread(store.formation_counts)
