@@ -1,23 +1,30 @@
 """Memory formation in the background: a user's pending log turns -> atomic memories, deduplicated and
 superseding what they contradict, never on the request path (DESIGN invariant 8).
 
-Owns the queue of users with pending turns (bounded, coalesced per user), the thread that drains it, retries
-with backoff and the dead-letter rule. The turns themselves wait in the store's conversation log (state
-'pending'), so nothing is lost when the queue is full or the process stops: a full queue refuses the user,
-counts it (`overflowed`), and the next rescan of the log (every `rescan_interval_s`, and at start) picks the
-user up. What a turn says is the extractor's business (kvmem.formation); what a new fact does to old ones is
-consolidation's (kvmem.formation.consolidate); the store commits both in one transaction. Knows nothing of
-HTTP.
+Owns the queue of users with pending turns (bounded, coalesced per user), the thread that drains it, and what
+a failure does. The turns themselves wait in the store's conversation log (state 'pending'), so nothing is
+lost when the queue is full or the process stops: a full queue refuses the user, counts it (`overflowed`), and
+the next rescan of the log (every `rescan_interval_s`, and at start) picks the user up. A transient failure
+(the extractor is down) never dead-letters: the turns stay pending, the user backs off (up to
+`max_backoff_s`), and after `circuit_failures` such failures in a row the circuit opens (no pass at all) until
+one probe pass gets an answer, which resumes every user. A permanent failure (a malformed reply) bisects the
+batch, so only the single turns that fail alone are dead-lettered. What a turn says is the extractor's business
+(kvmem.formation); what a new fact does to old ones is consolidation's (kvmem.formation.consolidate); the
+store commits both in one transaction. A failure's kind and time are public (/health); its text, which may
+quote a reply that repeats a user's words, is kept with that user's turns only, and never logged. Knows
+nothing of HTTP.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -32,27 +39,36 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FormationConfig:
-    """Bounds and retry rule of the formation worker.
+    """Bounds and failure rules of the formation worker.
 
-    A batch that fails with a transient error is retried after `retry_backoff_s * 2**(attempts-1)` seconds, up
-    to `max_attempts` attempts in all; a permanent error, or the last attempt, dead-letters its turns with the
-    reason (`GET /v1/memories/formation`, `/health`, `/metrics`); `requeue_dead` puts them back.
+    A batch that fails with a transient error stays pending and its user is tried again after
+    `retry_backoff_s * 2**(attempts-1)` seconds, at most `max_backoff_s`; `circuit_failures` transient failures
+    in a row (any users) open the circuit: no pass for `retry_backoff_s`, doubling per failed probe up to
+    `max_backoff_s`, then one probe pass; an answer closes it and every queued user is due at once. A batch
+    that fails with a permanent error is split in halves, each formed on its own, down to single turns, which
+    are dead-lettered with the reason (`GET /v1/memories/formation`); `requeue_dead` puts them back.
     """
 
     max_queued_users: int = 10_000
     batch_turns: int = 32  # turns handed to the extractor at once (one user's, oldest first)
-    max_attempts: int = 3
     retry_backoff_s: float = 2.0
+    max_backoff_s: float = 300.0
+    circuit_failures: int = 3
     rescan_interval_s: float = 30.0
     num_dense_candidates: int = 5  # nearest served memories checked as near-duplicates of each new fact
 
     def __post_init__(self) -> None:
-        for name in ("max_queued_users", "batch_turns", "max_attempts", "num_dense_candidates"):
+        for name in ("max_queued_users", "batch_turns", "circuit_failures", "num_dense_candidates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"FormationConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("retry_backoff_s", "rescan_interval_s"):
+        for name in ("retry_backoff_s", "max_backoff_s", "rescan_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"FormationConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_backoff_s < self.retry_backoff_s:
+            raise ValueError(
+                f"FormationConfig.max_backoff_s must be >= retry_backoff_s ({self.retry_backoff_s}), "
+                f"got {self.max_backoff_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -64,8 +80,13 @@ class PassResult:
     num_duplicates: int
     num_superseded: int
     num_dropped: int  # facts whose turns were deleted while they were formed
-    error: str | None = None  # the extractor's failure (the turns stay pending or were dead-lettered)
-    dead: bool = False
+    error: str | None = None  # the extractor's last failure (its turns stay pending or were dead-lettered)
+    num_dead: int = 0  # turns dead-lettered (each failed alone with a permanent error)
+    transient: bool = False  # the pass stopped at a transient failure: the rest of the batch is pending
+
+    @property
+    def dead(self) -> bool:
+        return self.num_dead > 0
 
 
 @dataclass
@@ -80,9 +101,26 @@ class FormationStats:
     failures_total: int = 0
     dead_lettered_total: int = 0
     overflowed_total: int = 0
-    last_error: str | None = None
+    last_error_kind: str | None = None  # ExtractionError.kind, or "store:<exception type>"; never user text
+    last_error_at: str | None = None  # when (UTC, ISO 8601)
+    circuit: str = "closed"  # "closed" | "open" (no pass but one probe from circuit_until on)
+    circuit_until: str | None = None  # when an open circuit lets a probe through (UTC, ISO 8601)
+    circuit_open: int = 0  # 1 while not "closed" (a gauge)
     extractor: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Tally:
+    """What a pass's sub-batches did, summed."""
+
+    added: int = 0
+    duplicates: int = 0
+    superseded: int = 0
+    dropped: int = 0
+    dead: int = 0
+    error: str | None = None
+    transient: bool = False
 
 
 def slots_touched(fact: Fact) -> tuple[str, ...]:
@@ -113,8 +151,14 @@ def to_input(turn: Any) -> TurnInput:
     )
 
 
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 class FormationWorker:
-    """One thread forming memories for the users queued with `submit`. Thread-safe."""
+    """One thread forming memories for the users queued with `submit`. Thread-safe.
+
+    `clock` (monotonic seconds) times backoffs and the circuit; `wall_clock` stamps the last error's time."""
 
     def __init__(
         self,
@@ -123,16 +167,19 @@ class FormationWorker:
         config: FormationConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.store, self.extractor = store, extractor
         self.config = config or FormationConfig()
-        self.clock = clock
+        self.clock, self.wall_clock = clock, wall_clock
         self._queue: OrderedDict[str, float] = OrderedDict()  # user -> not before (clock), oldest first
         self._cond = threading.Condition()
         self._busy: str | None = None  # the user being formed now
         self._stop = False
         self._thread: threading.Thread | None = None
         self._next_rescan = 0.0
+        self._failures_in_row = 0  # transient failures since the extractor last answered (any users)
+        self._circuit_until: float | None = None  # open until then (clock); None: closed
         self.stats = FormationStats(extractor=extractor.name)
 
     # -- queue ------------------------------------------------------------------------------------------------
@@ -164,6 +211,14 @@ class FormationWorker:
         users = self.store.users_with_pending_turns()
         return sum(self.submit(u) for u in users)
 
+    def requeue_all_dead(self) -> int:
+        """An operator's call: every user's dead-lettered turns go back to formation (pending, attempts 0),
+        and their users are queued; returns how many turns."""
+        requeued = self.store.requeue_all_dead_turns()
+        if requeued:
+            self.rescan()
+        return requeued
+
     # -- the thread -------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Queue the users the log holds pending turns for (work left by a stop), then start the thread. A
@@ -186,10 +241,9 @@ class FormationWorker:
             self._thread = None
 
     def idle(self) -> bool:
-        """Nothing queued that is due, and no pass running."""
+        """Nothing queued that may run now (due, and the circuit lets it through), and no pass running."""
         with self._cond:
-            now = self.clock()
-            return self._busy is None and not any(t <= now for t in self._queue.values())
+            return self._busy is None and self._due(self.clock())[0] is None
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Block until `idle()` (tests, benchmarks); False on timeout."""
@@ -200,8 +254,41 @@ class FormationWorker:
             time.sleep(0.01)
         return self.idle()
 
+    def _due(self, now: float) -> tuple[str | None, float]:
+        """(the user to form now, or None; when to look again) under self._cond. An open circuit lets nothing
+        through until it half-opens; then the user due first is the probe, due or not."""
+        if self._circuit_until is not None:
+            if now < self._circuit_until:
+                return None, self._circuit_until
+            if self._queue:
+                return min(self._queue, key=self._queue.__getitem__), now
+        due = next((u for u, t in self._queue.items() if t <= now), None)
+        return due, min(self._queue.values(), default=math.inf)
+
+    def _take(self, now: float) -> str | None:
+        """Pop the user `_due` names and mark it busy (under self._cond)."""
+        user, _ = self._due(now)
+        if user is not None:
+            del self._queue[user]
+            self.stats.queued_users = len(self._queue)
+            self._busy = user
+        return user
+
+    def run_once(self) -> PassResult | None:
+        """The pass the thread would run now, if any user may be formed now (tests, tools); synchronous."""
+        with self._cond:
+            user = self._take(self.clock())
+        if user is None:
+            return None
+        try:
+            return self._pass(user)
+        finally:
+            with self._cond:
+                self._busy = None
+                self._cond.notify_all()
+
     def _next_user(self) -> str | None:
-        """The first due user, or None after waiting (under self._cond)."""
+        """The next user to form, or None once stopped, waiting as long as there is none (under self._cond)."""
         while not self._stop:
             now = self.clock()
             if now >= self._next_rescan:
@@ -214,13 +301,10 @@ class FormationWorker:
                 finally:
                     self._cond.acquire()
                 continue
-            due = next((u for u, t in self._queue.items() if t <= now), None)
-            if due is not None:
-                del self._queue[due]
-                self.stats.queued_users = len(self._queue)
-                self._busy = due
-                return due
-            wake = min([*self._queue.values(), self._next_rescan]) - now
+            user = self._take(now)
+            if user is not None:
+                return user
+            wake = min(self._due(now)[1], self._next_rescan) - now
             self._cond.wait(timeout=max(0.001, min(wake, 1.0)))
         return None
 
@@ -231,18 +315,25 @@ class FormationWorker:
             if user is None:
                 return
             try:
-                result = self.form_user(user)
-                if result.num_turns == self.config.batch_turns and result.error is None:
-                    self.submit(user)  # more pending than one batch
-            except Exception as e:  # a store failure: the turns stay pending; try again later
-                log.exception("formation: forming %r failed", user)
-                self.stats.failures_total += 1
-                self.stats.last_error = f"{type(e).__name__}: {e}"
-                self.submit(user, not_before=self.clock() + self.config.retry_backoff_s)
+                self._pass(user)
             finally:
                 with self._cond:
                     self._busy = None
                     self._cond.notify_all()
+
+    def _pass(self, user: str) -> PassResult | None:
+        """form_user, requeueing the user when more is pending; a store failure leaves the turns pending and
+        tries again later (logged by its exception type only: its message may quote a turn)."""
+        try:
+            result = self.form_user(user)
+        except Exception as e:
+            log.error("formation: forming %r failed (%s); its turns stay pending", user, type(e).__name__)
+            self._record_error(f"store:{type(e).__name__}")
+            self.submit(user, not_before=self.clock() + self.config.retry_backoff_s)
+            return None
+        if result.num_turns == self.config.batch_turns and not result.transient:
+            self.submit(user)  # more pending than one batch
+        return result
 
     # -- one pass ---------------------------------------------------------------------------------------------
     def form_user(self, user_id: str) -> PassResult:
@@ -250,11 +341,43 @@ class FormationWorker:
         turns = self.store.pending_turns(user_id, limit=self.config.batch_turns)
         if not turns:
             return PassResult(0, 0, 0, 0, 0)
-        ids = [t.id for t in turns]
+        tally = _Tally()
+        self._form(user_id, list(turns), tally)
+        return PassResult(
+            len(turns),
+            tally.added,
+            tally.duplicates,
+            tally.superseded,
+            tally.dropped,
+            error=tally.error,
+            num_dead=tally.dead,
+            transient=tally.transient,
+        )
+
+    def _form(self, user_id: str, turns: list[Any], tally: _Tally) -> bool:
+        """Extract and commit these turns, bisecting on a permanent failure down to single turns, which are
+        dead-lettered; False when a transient failure stopped the pass (the turns not formed stay pending)."""
         try:
             facts = self.extractor.extract([to_input(t) for t in turns])
         except ExtractionError as e:
-            return self._failed(user_id, turns, e)
+            tally.error = f"{self.extractor.name}: {e}"
+            if e.transient:
+                self._transient(user_id, turns, e, tally.error)
+                tally.transient = True
+                return False
+            self._answered()  # the extractor answered: its endpoint is up
+            if len(turns) > 1:
+                half = len(turns) // 2
+                return self._form(user_id, turns[:half], tally) and self._form(user_id, turns[half:], tally)
+            self.store.fail_turns(user_id, [t.id for t in turns], tally.error, dead=True)
+            self.stats.failures_total += 1
+            self.stats.dead_lettered_total += 1
+            self._record_error(e.kind)
+            tally.dead += 1
+            log.warning("formation: a turn of %r dead-lettered (%s)", user_id, e.kind)
+            return True
+        self._answered()
+        ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
         adds, duplicates, supersessions = self._consolidate(user_id, facts, said)
         result = self.store.commit_formed(
@@ -264,27 +387,57 @@ class FormationWorker:
         self.stats.memories_added_total += len(result.added)
         self.stats.superseded_total += len(result.superseded_ids)
         self.stats.duplicates_total += len(duplicates)
-        return PassResult(
-            len(ids), len(result.added), len(duplicates), len(result.superseded_ids), result.dropped
-        )
+        tally.added += len(result.added)
+        tally.duplicates += len(duplicates)
+        tally.superseded += len(result.superseded_ids)
+        tally.dropped += result.dropped
+        return True
 
-    def _failed(self, user_id: str, turns: Sequence[Any], error: ExtractionError) -> PassResult:
+    def _transient(self, user_id: str, turns: Sequence[Any], error: ExtractionError, reason: str) -> None:
+        """The turns stay pending (attempts + 1, the reason kept with them); the user backs off, and enough
+        failures in a row open the circuit."""
         attempts = 1 + max(t.attempts for t in turns)
-        dead = not error.transient or attempts >= self.config.max_attempts
-        reason = f"{self.extractor.name}: {error}"
-        self.store.fail_turns(user_id, [t.id for t in turns], reason, dead=dead)
+        self.store.fail_turns(user_id, [t.id for t in turns], reason, dead=False)
         self.stats.failures_total += 1
-        self.stats.last_error = reason
-        if dead:
-            self.stats.dead_lettered_total += len(turns)
-            log.warning("formation: %d turn(s) of %r dead-lettered: %s", len(turns), user_id, reason)
-        else:
-            delay = self.config.retry_backoff_s * 2 ** (attempts - 1)
-            log.info(
-                "formation: %r failed (attempt %d), retrying in %.1f s: %s", user_id, attempts, delay, reason
+        self._record_error(error.kind)
+        now = self.clock()
+        delay = min(self.config.max_backoff_s, self.config.retry_backoff_s * 2 ** (attempts - 1))
+        with self._cond:
+            self._failures_in_row += 1
+            beyond = self._failures_in_row - self.config.circuit_failures
+            if beyond >= 0:
+                wait = min(self.config.max_backoff_s, self.config.retry_backoff_s * 2**beyond)
+                self._circuit_until = now + wait
+                self.stats.circuit, self.stats.circuit_open = "open", 1
+                self.stats.circuit_until = _utc(self.wall_clock() + timedelta(seconds=wait))
+        log.info(
+            "formation: %r failed (%s, attempt %d), retrying in %.1f s", user_id, error.kind, attempts, delay
+        )
+        if beyond >= 0:
+            log.warning(
+                "formation: the extractor failed %d times in a row (%s): circuit open",
+                beyond + self.config.circuit_failures,
+                error.kind,
             )
-            self.submit(user_id, not_before=self.clock() + delay)
-        return PassResult(len(turns), 0, 0, 0, 0, error=reason, dead=dead)
+        self.submit(user_id, not_before=now + delay)
+
+    def _answered(self) -> None:
+        """The extractor answered: failures in a row end; an open circuit closes and every queued user is due."""
+        with self._cond:
+            self._failures_in_row = 0
+            if self._circuit_until is None:
+                return
+            self._circuit_until = None
+            self.stats.circuit, self.stats.circuit_open, self.stats.circuit_until = "closed", 0, None
+            now = self.clock()
+            for user in self._queue:
+                self._queue[user] = min(self._queue[user], now)
+            self._cond.notify_all()
+        log.warning("formation: the extractor answers again: circuit closed")
+
+    def _record_error(self, kind: str) -> None:
+        self.stats.last_error_kind = kind
+        self.stats.last_error_at = _utc(self.wall_clock())
 
     def _consolidate(
         self, user_id: str, facts: list[Fact], said: dict[str, str]

@@ -86,6 +86,12 @@ def _slot_part(raw: object) -> str | None:
     return "_".join(raw.strip().lower().split())
 
 
+def _timed_out(error: BaseException) -> bool:
+    """Whether a urllib failure was a timeout (URLError wraps the socket's)."""
+    reason = getattr(error, "reason", None)
+    return isinstance(error, TimeoutError) or isinstance(reason, TimeoutError)
+
+
 class OpenAIExtractor:
     """Facts from an OpenAI-compatible chat endpoint.
 
@@ -170,7 +176,7 @@ class OpenAIExtractor:
     def _post(self, payload: dict) -> str:
         """The reply's message content, after this extractor's own retries."""
         body = json.dumps(payload).encode()
-        reason = ""
+        reason, kind = "", "connection"
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -188,11 +194,14 @@ class OpenAIExtractor:
                     return self._post({k: v for k, v in payload.items() if k != "response_format"})
                 if e.code != 429 and e.code < 500:
                     raise ExtractionError(
-                        f"openai extractor: HTTP {e.code} from {self.endpoint}: {detail}", transient=False
+                        f"openai extractor: HTTP {e.code} from {self.endpoint}: {detail}",
+                        transient=False,
+                        kind=f"http_{e.code}",
                     ) from None
-                reason = f"HTTP {e.code}"
+                reason, kind = f"HTTP {e.code}", f"http_{e.code}"
             except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out (URLError too)
                 reason = self._redact(f"{type(e).__name__}: {e}")
+                kind = "timeout" if _timed_out(e) else "connection"
             else:
                 return self._content(raw)
             logger.warning(
@@ -205,6 +214,7 @@ class OpenAIExtractor:
         raise ExtractionError(
             f"openai extractor: {reason} from {self.endpoint} after {self.max_retries + 1} attempts",
             transient=True,
+            kind=kind,
         )
 
     def _content(self, raw: bytes) -> str:
@@ -214,11 +224,13 @@ class OpenAIExtractor:
             raise ExtractionError(
                 f"openai extractor: reply from {self.endpoint} is not a chat completion: {raw[:200]!r}",
                 transient=False,
+                kind="not_a_chat_completion",
             ) from None
         if not isinstance(content, str):
             raise ExtractionError(
                 f"openai extractor: reply from {self.endpoint} has no text content: {content!r}",
                 transient=False,
+                kind="no_text_content",
             )
         return content
 
@@ -235,6 +247,7 @@ class OpenAIExtractor:
             raise ExtractionError(
                 f"openai extractor: reply content is not a facts array ({e}): {content[:200]!r}",
                 transient=False,
+                kind="malformed_reply",
             ) from None
         turn_ids = tuple(t.id for t in user_turns)
         chat_time = user_turns[-1].chat_time

@@ -46,11 +46,35 @@ _STATS = (  # (metric, help, FormationStats field): the worker's counters since 
         "failures_total",
     ),
     (
+        "kvmem_formation_circuit_open",
+        "1 while the extractor's circuit is open (it failed repeatedly; one probe pass at a time).",
+        "circuit_open",
+    ),
+    (
         "kvmem_formation_overflowed_total",
         "Users refused by the full formation queue (picked up by the next rescan).",
         "overflowed_total",
     ),
 )
+
+
+def formation_health(worker: FormationWorker | None, counts: Any) -> dict[str, Any]:
+    """/health's `formation`: the extractor, the log's pending and dead-lettered turns (None: the store's
+    server is away), the circuit, and the last failure's kind and time. Never a failure's text: it may quote
+    an extractor's reply, which may repeat what a user said (the user's own `GET /v1/memories/formation` has
+    it)."""
+    stats = worker.stats if worker is not None else None
+    last_error = None
+    if stats is not None and stats.last_error_kind is not None:
+        last_error = {"kind": stats.last_error_kind, "at": stats.last_error_at}
+    return {
+        "extractor": worker.extractor.name if worker is not None else None,
+        "pending_turns": counts.pending if counts else None,
+        "dead_turns": counts.dead if counts else None,
+        "circuit": stats.circuit if stats is not None else None,
+        "circuit_until": stats.circuit_until if stats is not None else None,
+        "last_error": last_error,
+    }
 
 
 def formation_metrics(worker: FormationWorker | None, counts: Any) -> str:

@@ -27,7 +27,7 @@ from scheduler.queue import require_redis
 from scheduler.wiring import make_scheduler
 from serving.backends import create_backend
 from serving.backends.base import Backend, NotReady
-from serving.background.formation import formation_metrics, make_formation
+from serving.background.formation import formation_health, formation_metrics, make_formation
 from serving.background.startup import load_and_restore
 from serving.chat.service import ChatService
 from serving.config import ServingConfig
@@ -188,14 +188,7 @@ def create_app(
             body["storage_error"] = storage_error
             if ready:
                 body["status"] = "degraded"
-        body["formation"] = {
-            "extractor": formation.extractor.name if formation is not None else None,
-            "pending_turns": counts.pending if counts else None,
-            "dead_turns": counts.dead
-            if counts
-            else None,  # dead-lettered: GET /v1/memories/formation says why
-            "last_error": formation.stats.last_error if formation is not None else None,
-        }
+        body["formation"] = formation_health(formation, counts)  # no user's words: kinds and times only
         return JSONResponse(body, status_code=200 if ready else 503)
 
     # text, not JSON: Prometheus's text exposition format (0.0.4), what a scraper reads; the schema says so

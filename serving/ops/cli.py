@@ -202,6 +202,12 @@ DISTILL_HELP = (
 )
 
 
+REQUEUE_HELP = (
+    "put every user's dead-lettered conversation turns back in memory formation (an operator's call after "
+    "an extractor was fixed); running servers form them at their next rescan (30 s)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvmem",
@@ -224,7 +230,31 @@ def build_parser() -> argparse.ArgumentParser:
         description=PROVISION_DESCRIPTION,
     )
     sub.add_parser("distill", help=DISTILL_HELP, description=DISTILL_HELP)
+    requeue = sub.add_parser("requeue-dead", help=REQUEUE_HELP, description=REQUEUE_HELP)
+    requeue.add_argument("--data-dir", type=Path, default=Path(".kvmem"), help="the server's data dir")
+    requeue.add_argument(
+        "--store",
+        default=None,
+        help="the memory store, as `kvmem serve --store` (default: DATA_DIR's SQLite)",
+    )
     return parser
+
+
+def requeue_dead(data_dir: Path, store: str | None) -> int:
+    """Every user's dead-lettered log turns back to formation; returns how many (the store's, shared with
+    running servers: their next rescan forms them)."""
+    from kvmem.datadir import DataDir
+    from kvmem.text import MemoryStore
+    from kvmem.text.db.dialect import check_store_location, is_postgres_url
+
+    try:
+        location = check_store_location(store) if store is not None else str(DataDir.at(data_dir).text_db)
+    except ValueError as e:
+        raise UsageError(f"kvmem requeue-dead: --store: {e}") from None
+    if not is_postgres_url(location) and not Path(location).exists():
+        raise UsageError(f"kvmem requeue-dead: no memory store at {location} (wrong --data-dir or --store?)")
+    with MemoryStore(location) as memories:
+        return memories.requeue_all_dead_turns()
 
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
@@ -338,6 +368,9 @@ def _run(args: argparse.Namespace) -> int:
         if config.backend != "fake":
             check_device(config.device)
         return serve(config, args.log_level)
+    if args.command == "requeue-dead":
+        print(f"kvmem: {requeue_dead(args.data_dir, args.store)} dead-lettered turn(s) requeued")
+        return 0
     if args.command == "provision":
         from kvmem import models
 

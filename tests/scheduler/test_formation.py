@@ -1,17 +1,23 @@
 """The formation worker over a real store: one pass forms, merges and supersedes exactly; the queue is bounded
-and coalesced, overflowed users come back with the rescan; failures retry with backoff, then dead-letter."""
+and coalesced, overflowed users come back with the rescan; transient failures back off and open a circuit that
+closes by itself, a permanent one bisects the batch before dead-lettering a turn."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from kvmem.formation.errors import ExtractionError
+from kvmem.formation.llm import OpenAIExtractor
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import Fact, TurnInput
 from kvmem.text import HashEmbedder, MemoryStore
+from kvmem.text.records import FormationCounts
 from scheduler.formation import FormationConfig, FormationWorker
 
 
@@ -112,33 +118,191 @@ class Failing:
         return RuleExtractor().extract(turns)
 
 
-def test_transient_failures_back_off_then_dead_letter(store: MemoryStore) -> None:
+def test_transient_failures_back_off_to_minutes_and_never_dead_letter(store: MemoryStore) -> None:
+    """Issue 42 item 11: an extractor that stays down used to dead-letter the turn at its third attempt
+    (about 6 s). The turn stays pending however long it lasts; the user's wait doubles up to max_backoff_s."""
     clock = FakeClock()
-    config = FormationConfig(max_attempts=3, retry_backoff_s=2.0)
+    config = FormationConfig(retry_backoff_s=2.0, max_backoff_s=300.0, circuit_failures=100)
     worker = FormationWorker(store, Failing(transient=True), config, clock=clock)
     [turn] = say(store, "u", "I live in Lisbon.")
-    first = worker.form_user("u")
-    assert (first.error, first.dead) == ("failing: timed out after 30 s", False)
-    assert worker._queue["u"] == 102.0  # retried after 2 s
-    worker.forget("u")
-    assert not worker.form_user("u").dead
-    assert worker._queue["u"] == 104.0  # then after 4 s
-    third = worker.form_user("u")
-    assert third.dead
-    [dead] = store.dead_turns("u")
-    assert (dead.id, dead.attempts, dead.error) == (turn, 3, "failing: timed out after 30 s")
-    assert store.formation_counts("u").pending == 0 and store.formation_counts("u").dead == 1
-    assert worker.stats.dead_lettered_total == 1 and worker.stats.failures_total == 3
-    assert served(store) == []  # nothing formed, nothing lost: the turn is in the log
-    assert store.requeue_dead_turns("u") == 1
+    waits = []
+    for _ in range(12):
+        result = worker.form_user("u")
+        assert (result.error, result.dead, result.transient) == ("failing: timed out after 30 s", False, True)
+        waits.append(worker._queue["u"] - clock.now)
+        worker.forget("u")
+    assert waits == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0, 300.0, 300.0]
+    [pending] = store.pending_turns("u")
+    assert (pending.id, pending.attempts, pending.error) == (turn, 12, "failing: timed out after 30 s")
+    assert store.formation_counts("u").dead == 0 and worker.stats.dead_lettered_total == 0
+    assert worker.stats.failures_total == 12 and worker.stats.last_error_kind == "extractor_error"
     worker.extractor.failures = 0
     assert worker.form_user("u").num_added == 1 and served(store) == ["I live in Lisbon."]
 
 
-def test_a_permanent_failure_dead_letters_at_once(store: MemoryStore) -> None:
-    worker = FormationWorker(store, Failing(transient=False), FormationConfig(max_attempts=3))
+def test_a_permanent_failure_dead_letters_a_single_turn_at_once(store: MemoryStore) -> None:
+    worker = FormationWorker(store, Failing(transient=False))
     say(store, "u", "I live in Lisbon.")
-    assert worker.form_user("u").dead and store.formation_counts("u").dead == 1
+    result = worker.form_user("u")
+    assert (result.num_dead, result.transient) == (1, False) and store.formation_counts("u").dead == 1
+
+
+class Poisoned:
+    """Extracts by the rules, except that a batch holding a turn that says POISON gets a malformed reply."""
+
+    name = "poisoned"
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def extract(self, turns: Sequence[TurnInput]) -> list[Fact]:
+        self.batches.append(len(turns))
+        if any("POISON" in t.text for t in turns):
+            raise ExtractionError(
+                "reply content is not a facts array", transient=False, kind="malformed_reply"
+            )
+        return RuleExtractor().extract(turns)
+
+
+def test_a_malformed_reply_bisects_the_batch_and_dead_letters_only_the_turn_that_fails_alone(
+    store: MemoryStore,
+) -> None:
+    """One malformed reply used to dead-letter the whole batch. The batch is split in halves down to the turn
+    whose reply is malformed on its own; every other turn is formed."""
+    worker = FormationWorker(store, Poisoned(), FormationConfig(batch_turns=8))
+    texts = [
+        "I live in Lisbon.",
+        "My cat is called Pixel.",
+        "I am allergic to peanuts.",
+        "POISON",
+        "I work as a nurse.",
+        "My dog is called Rex.",
+    ]
+    ids = say(store, "u", *texts)
+    result = worker.form_user("u")
+    assert (result.num_turns, result.num_added, result.num_dead) == (6, 5, 1)
+    assert worker.extractor.batches == [6, 3, 3, 1, 2]  # [6] -> [3] formed + [3] -> [1] dead + [2] formed
+    [dead] = store.dead_turns("u")
+    assert (dead.id, dead.attempts, dead.error) == (ids[3], 1, "poisoned: reply content is not a facts array")
+    assert store.formation_counts("u").pending == 0
+    assert served(store) == [
+        "I am allergic to peanuts.",
+        "I live in Lisbon.",
+        "I work as a nurse.",
+        "My cat is called Pixel.",
+        "My dog is called Rex.",
+    ]
+    assert worker.stats.dead_lettered_total == 1 and worker.stats.last_error_kind == "malformed_reply"
+
+
+class FakeEndpoint:
+    """An OpenAI-compatible chat endpoint on loopback: 503 while `down`, else one fact per user line."""
+
+    def __init__(self) -> None:
+        self.down, self.requests = True, 0
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.requests += 1
+                if endpoint.down:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                lines = body["messages"][-1]["content"].splitlines()[1:]
+                facts = [{"text": line.split("] user: ", 1)[1], "kind": "fact"} for line in lines]
+                content = json.dumps({"facts": facts})
+                reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(reply.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoint():
+    e = FakeEndpoint()
+    yield e
+    e.close()
+
+
+def test_an_extractor_outage_opens_the_circuit_and_formation_resumes_by_itself(
+    store: MemoryStore, endpoint: FakeEndpoint
+) -> None:
+    """The endpoint answers 503 (the extractor's own retries off): after 3 failures in a row the circuit opens
+    and no pass runs, not even for a user who just said something; at each reopening one probe runs, and the
+    probe's wait doubles. Once the endpoint is back, the next probe forms and every user resumes at once,
+    their own backoffs notwithstanding; nothing was dead-lettered, nobody requeued anything."""
+    clock = FakeClock()
+    wall = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    config = FormationConfig(retry_backoff_s=2.0, max_backoff_s=60.0, circuit_failures=3)
+    extractor = OpenAIExtractor(endpoint.url, "m", max_retries=0, sleep=lambda s: None)
+    worker = FormationWorker(store, extractor, config, clock=clock, wall_clock=lambda: wall)
+    for user in ("a", "b", "c"):
+        say(store, user, f"I am user {user}.")
+        worker.submit(user)
+    for _ in range(3):  # three failures in a row, one per user
+        result = worker.run_once()
+        assert result is not None and result.transient
+    assert endpoint.requests == 3 and worker.stats.circuit == "open" and worker.stats.circuit_open == 1
+    assert worker.stats.circuit_until == "2026-11-26T12:00:02.000000Z"
+    assert (worker.stats.last_error_kind, worker.stats.last_error_at) == (
+        "http_503",
+        "2026-11-26T12:00:00.000000Z",
+    )
+    say(store, "d", "I am user d.")
+    worker.submit("d")
+    assert worker.run_once() is None and worker.idle()  # open: nothing runs, nothing is due
+    clock.now += 2.0
+    assert worker.run_once().transient and endpoint.requests == 4  # the probe fails: open for 4 s
+    clock.now += 3.9
+    assert worker.run_once() is None
+    clock.now += 0.1
+    assert worker.run_once().transient and endpoint.requests == 5  # open for 8 s now
+    endpoint.down = False
+    clock.now += 7.0
+    assert worker.run_once() is None  # still open: nobody asks the endpoint
+    clock.now += 1.0
+    assert worker.run_once().num_added == 1  # the probe: the extractor is back, the circuit closes
+    assert worker.stats.circuit == "closed" and worker.stats.circuit_until is None
+    while worker.run_once() is not None:  # every other user is due at once
+        pass
+    assert [served(store, u) for u in "abcd"] == [
+        ["I am user a."],
+        ["I am user b."],
+        ["I am user c."],
+        ["I am user d."],
+    ]
+    assert store.formation_counts() == FormationCounts(pending=0, dead=0)
+    assert worker.stats.dead_lettered_total == 0
+
+
+def test_requeue_all_dead_puts_every_users_dead_turns_back(store: MemoryStore) -> None:
+    worker = FormationWorker(store, Failing(transient=False, failures=2))
+    say(store, "a", "I live in Lisbon.")
+    say(store, "b", "I live in Porto.")
+    worker.form_user("a")
+    worker.form_user("b")
+    assert store.formation_counts() == FormationCounts(pending=0, dead=2)
+    assert worker.requeue_all_dead() == 2
+    assert set(worker._queue) == {"a", "b"}
+    while worker.run_once() is not None:
+        pass
+    assert served(store, "a") == ["I live in Lisbon."] and served(store, "b") == ["I live in Porto."]
+    assert worker.requeue_all_dead() == 0
 
 
 def test_the_thread_forms_what_is_submitted(store: MemoryStore) -> None:
@@ -166,10 +330,12 @@ def test_pending_turns_are_resumed_at_start(store: MemoryStore) -> None:
 
 
 def test_config_is_validated() -> None:
-    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
-        FormationConfig(max_attempts=0)
+    with pytest.raises(ValueError, match="circuit_failures must be >= 1, got 0"):
+        FormationConfig(circuit_failures=0)
     with pytest.raises(ValueError, match="retry_backoff_s must be > 0"):
         FormationConfig(retry_backoff_s=0)
+    with pytest.raises(ValueError, match=r"max_backoff_s must be >= retry_backoff_s \(2.0\), got 1.0"):
+        FormationConfig(max_backoff_s=1.0)
 
 
 def test_newer_is_when_it_was_said_not_the_date_it_names(store: MemoryStore) -> None:

@@ -115,7 +115,7 @@ class ConversationLog:
             check_int(admitted_generation, "admitted_generation", 0, 2**63 - 1)
         check_optional_id(reply_to, "reply_to")
         used = check_id_list(used_memory_ids, "used_memory_ids")
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             if admitted_generation is not None and (
                 erased_generation(tx.conn, user_id) > admitted_generation
                 or (
@@ -175,7 +175,7 @@ class ConversationLog:
             raise InvalidMemoryInput(f"error must be a string, got {type(error).__name__}")
         if not isinstance(dead, bool):
             raise InvalidMemoryInput(f"dead must be a bool, got {dead!r}")
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             turns.fail(tx.conn, user_id, ids, error, dead, format_time(self._clock()))
 
     def dead_turns(self, user_id: str, limit: int = 100) -> list[Turn]:
@@ -187,8 +187,14 @@ class ConversationLog:
     def requeue_dead_turns(self, user_id: str) -> int:
         """Puts this user's dead turns back in the queue (pending, attempts 0, error cleared); returns how many."""
         check_user_id(user_id)
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             return turns.requeue_dead(tx.conn, user_id, format_time(self._clock()))
+
+    def requeue_all_dead_turns(self) -> int:
+        """Every user's dead turns go back in the queue (an operator's call, after an extractor outage or fix);
+        returns how many."""
+        with self._db.write() as tx:
+            return turns.requeue_dead(tx.conn, None, format_time(self._clock()))
 
     def formation_counts(self, user_id: str | None = None) -> FormationCounts:
         """How many turns wait for formation and how many were given up on: one user's, or all (None)."""

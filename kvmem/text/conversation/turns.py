@@ -217,12 +217,14 @@ def mark_formed(conn: sqlite3.Connection, user_id: str, ids: list[str], now: str
     )
 
 
-def requeue_dead(conn: sqlite3.Connection, user_id: str, now: str) -> int:
-    """This user's dead turns go back to 'pending' with attempts 0 and no error; returns how many."""
+def requeue_dead(conn: sqlite3.Connection, user_id: str | None, now: str) -> int:
+    """This user's dead turns (every user's: None) go back to 'pending' with attempts 0 and no error; returns
+    how many."""
+    where, params = ("user_id = ? AND ", [user_id]) if user_id is not None else ("", [])
     return conn.execute(
         "UPDATE turns SET formation = 'pending', attempts = 0, error = NULL, updated_at = ? "
-        "WHERE user_id = ? AND formation = 'dead'",
-        (now, user_id),
+        f"WHERE {where}formation = 'dead'",
+        (now, *params),
     ).rowcount
 
 
