@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from serving.engine.errors import PoolFull as PoolFull  # the engine's, re-exported for the backends
+from serving.engine.errors import PoolTooSmall as PoolTooSmall
 
 if TYPE_CHECKING:
     from kvmem.kv.blocks import BuiltBlock

@@ -10,6 +10,17 @@ up to `prefill_budget_tokens` (at least one chunk, so a long prompt goes in piec
 and the decode row of every decoding sequence, all in one forward of the engine per model (runner.step); a
 sequence whose prompt completes in a step then decodes from the next one. Knows nothing of HTTP or the KV
 store.
+
+Pages (table.py): a sequence holds pages for the tokens it has, not for its longest reply. Before a step,
+each sequence in it gets a page for the tokens it writes, oldest admitted first; when the pool has none
+(after evicting unread items and live sessions), the newest admitted sequence that holds own pages is
+preempted, then the next newest, as vLLM does (so the oldest requests finish first and the newest, which
+have done the least work, redo it): its own pages go back and, once admitted again, it prefills its prompt
+and the tokens it generated again (recompute, as nano-vllm) and goes on from there; its stream sees no gap
+but time. A sequence that is itself the newest holding pages is preempted when it finds none. Preempted
+sequences are admitted again oldest first, before any new request (a new request waits while one is
+preempted: PageTable.admit). If every member is preempted and the oldest cannot get its pages back because
+a younger preempted one holds pages (the shared pages it reads), that younger one fails with PoolFull.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from collections.abc import Generator
 from typing import Any
 
 from serving.engine import runner
+from serving.engine.pages import PoolFull
 from serving.engine.sequence import EngineSequence, SequenceError
 
 log = logging.getLogger(__name__)
@@ -32,6 +44,7 @@ class Batcher:
             raise ValueError(f"prefill_budget_tokens must be >= 1, got {prefill_budget_tokens}")
         self.prefill_budget_tokens = prefill_budget_tokens
         self._members: dict[EngineSequence, RequestSteps] = {}  # insertion order: the prefill queue's order
+        self._stalled: dict[object, int] | None = None  # every member preempted: each pool's generation then
 
     def __len__(self) -> int:
         return len(self._members)
@@ -41,11 +54,17 @@ class Batcher:
         assert seq not in self._members
         self._members[seq] = steps
 
+    def idle(self) -> bool:
+        """Every member is preempted and no pool has had room appear since they last failed to get pages: a
+        step would do nothing (the model loop waits for a pool's change instead of stepping)."""
+        return self._stalled is not None and all(p.generation == g for p, g in self._stalled.items())
+
     def step(self) -> None:
         """Advance every member by at most one model step (see the module docstring)."""
         for seq in list(self._members):
             if seq.check_cancel():
                 self._deliver(seq, None)
+        self._readmit()
         budget, chunks = self.prefill_budget_tokens, []
         busy = any(s.decoding for s in self._members)
         for seq in self._members:
@@ -57,6 +76,8 @@ class Batcher:
             if seq.prefilling:
                 budget -= seq.next_chunk_tokens()
                 chunks.append(seq)
+        self._make_room(chunks)
+        chunks = [s for s in chunks if not s.preempted]
         members = list(self._members)
         for model in {id(s.model): s.model for s in members}.values():  # the engine: one forward per model
             prefills = [s for s in chunks if s.model is model]
@@ -67,6 +88,54 @@ class Batcher:
                     prefills + decodes, runner.step(model, pool, prefills, decodes), strict=True
                 ):
                     self._settle(seq, token)
+
+    def _readmit(self) -> None:
+        """Preempted members get their pages back, oldest first, while the pool has them (a younger one never
+        goes before an older one that waits)."""
+        self._stalled = None
+        waiting = [s for s in self._members if s.preempted]
+        blocked = set()  # pools whose oldest preempted member found no room
+        for seq in waiting:
+            if seq.table.pool not in blocked and not seq.readmit():
+                blocked.add(seq.table.pool)
+        if not blocked or any(not s.preempted for s in self._members):
+            return
+        # nothing runs, so no page comes back by a step: a younger preempted member holding pages (the shared
+        # ones it reads) fails, else the members wait for the pool to change (a finished build's pages)
+        for pool in blocked:
+            holders = [s for s in self._members if s.preempted and s.table.pool is pool and s.table.pages]
+            if len(holders) > 1:
+                seq = holders[-1]
+                self._fail(seq, PoolFull("preempted, and the KV pool cannot hold it with the older requests"))
+                return
+        self._stalled = {s.table.pool: s.table.pool.generation for s in self._members}
+        # generations are read after the failed tries: a change since then makes `idle` false
+
+    def _make_room(self, chunks: list[EngineSequence]) -> None:
+        """A page for every position the step writes, oldest admitted first; the newest admitted members
+        holding own pages are preempted for them when the pool has none (see the module docstring)."""
+        members = list(self._members)
+        stepping = set(chunks)
+        for i, seq in enumerate(members):
+            if seq.preempted or not (seq in stepping or seq.decoding):
+                continue
+            end = seq.position + seq.step_tokens()
+            while not seq.table.grow(end):
+                victim = next(
+                    (
+                        v
+                        for v in reversed(members[i + 1 :])
+                        if not v.preempted
+                        and not v.finished
+                        and v.table.pool is seq.table.pool
+                        and v.table.own_pages() > 0
+                    ),
+                    None,
+                )
+                if victim is None:
+                    seq.preempt()
+                    break
+                victim.preempt()
 
     def _settle(self, seq: EngineSequence, token: int | SequenceError | None) -> None:
         if isinstance(token, SequenceError):

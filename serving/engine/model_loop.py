@@ -7,20 +7,24 @@ one-thread process; on one thread it runs as fast. Requests are generators; each
 them a step, in order, then the batcher once. A generator that yields an `EngineSequence` (sequence.py) joins
 the batcher (batcher.py): its sequences advance together, one forward per turn for their decode rows and
 the prefill chunks of new ones, so a new request's prefill waits for one decode step, not for generations.
-Builds are plain calls, run between turns, whose caller waits for the result.
+Builds are plain calls, run between turns, whose caller waits for the result. A generator waiting for pages
+yields an `AdmissionWait` (sequence.py): it is parked, not stepped, until the wait is ready, and the thread
+sleeps while nothing else runs, woken by `wake` (the page pool calls it when room may have appeared, a
+request's stream when its client left) or by the nearest deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 from serving.engine.batcher import Batcher
-from serving.engine.sequence import EngineSequence
+from serving.engine.sequence import AdmissionWait, EngineSequence
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,17 @@ class ModelLoop:
         self._put((future, fn))
         return future
 
+    def wake(self) -> None:
+        """Something a parked generator waits for may have happened: look again (any thread)."""
+        with self._cv:
+            self._cv.notify()
+
+    def _listen(self, pool) -> None:
+        """Be woken by `pool` when room may appear in it (a parked admission, a stalled batcher wait for it)."""
+        with pool.lock:
+            if self.wake not in pool.listeners:
+                pool.listeners.append(self.wake)
+
     def close(self) -> None:
         """Stop after the current step; requests still running are dropped, waiting calls get LoopClosed."""
         with self._cv:
@@ -73,14 +88,28 @@ class ModelLoop:
 
     def _run(self) -> None:
         active: deque[Iterator[Any]] = deque()
+        parked: list[tuple[Iterator[Any], AdmissionWait]] = []  # waiting for pages (or a stop, or a deadline)
         while True:
             with self._cv:
-                while not self._incoming and not active and not self._batcher and not self._closed:
-                    self._cv.wait()
+                while True:
+                    ready = [p for p in parked if p[1].ready()]
+                    if (
+                        self._incoming
+                        or active
+                        or ready
+                        or (self._batcher and not self._batcher.idle())
+                        or self._closed
+                    ):
+                        break
+                    deadline = min((w.deadline for _, w in parked), default=None)
+                    self._cv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 if self._closed:
                     break
                 new = list(self._incoming)
                 self._incoming.clear()
+            for steps, wait in ready:
+                parked.remove((steps, wait))
+                active.append(steps)
             for job in new:
                 if isinstance(job, tuple):
                     self._call(*job)
@@ -90,12 +119,16 @@ class ModelLoop:
                 steps = active.popleft()
                 yielded = self._step(steps)
                 if isinstance(yielded, EngineSequence):
+                    self._listen(yielded.table.pool)
                     self._batcher.add(yielded, steps)
+                elif isinstance(yielded, AdmissionWait):
+                    self._listen(yielded.pool)
+                    parked.append((steps, yielded))
                 elif yielded:
                     active.append(steps)
-            if self._batcher:
+            if self._batcher and not self._batcher.idle():
                 self._batcher.step()
-        for steps in active:
+        for steps in [*active, *(steps for steps, _ in parked)]:
             steps.close()
         self._batcher.close()
         with self._cv:
@@ -116,11 +149,12 @@ class ModelLoop:
             future.set_exception(exc)
 
     @staticmethod
-    def _step(steps: Iterator[Any]) -> EngineSequence | bool:
-        """One step: the EngineSequence it yielded, else True; False once it is done (or failed, which it should not)."""
+    def _step(steps: Iterator[Any]) -> EngineSequence | AdmissionWait | bool:
+        """One step: the EngineSequence or AdmissionWait it yielded, else True; False once it is done (or
+        failed, which it should not)."""
         try:
             yielded = next(steps)
-            return yielded if isinstance(yielded, EngineSequence) else True
+            return yielded if isinstance(yielded, EngineSequence | AdmissionWait) else True
         except StopIteration:
             return False
         except Exception:  # noqa: BLE001 - the loop must outlive any one request

@@ -10,26 +10,31 @@ stay immutable: the pool holds copies, and an item's pages are dropped with it (
 
 Accounting is exact: `used_pages` is the number of pages with a reference; `shared_pages` the pages held by
 resident items; the rest are requests' private pages. When no page is free, unreferenced items are evicted
-(least recently used first), then live sessions' kept tables (`reclaimers`, least recently used first); a
-request that still finds none waits at admission, then gets 429 (see
-`serving/engine/sequence.py`), never an out-of-memory error in a forward. Thread-safe (one lock): requests run
-on the model thread, a delete drops an item from the event loop.
+(least recently used first), then live sessions' kept tables (`reclaimers`, least recently used first),
+and nothing is evicted when even all of that could not make enough room. A sequence takes pages as it
+crosses into them (table.py); one that finds none preempts the newest sequence (batcher.py), a new request
+that finds none waits at admission, then gets 429, and one that could never fit gets 400 (sequence.py):
+never an out-of-memory error in a forward. Free pages are kept as runs (`_FreeRuns`) and the counts
+`stats` reads are kept as pages come and go, so each operation costs what it touches, not the pool's size
+(100k+ pages on a large GPU). Thread-safe (one lock): requests run on the model thread, a delete drops an
+item from the event loop.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
 from serving.engine.errors import PoolFull
 
 DEFAULT_PAGE_TOKENS = 16
-__all__ = ["DEFAULT_PAGE_TOKENS", "PagePool", "PoolFull", "PoolShape", "SharedPages"]
+__all__ = ["DEFAULT_PAGE_TOKENS", "PagePool", "PoolFull", "PoolShape", "Reclaimer", "SharedPages"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,98 @@ class PoolShape:
         return cls(config.num_hidden_layers, kv_heads, head_dim, dtype, page_tokens)
 
 
+class Reclaimer(Protocol):
+    """Something that holds pages it can give back when the pool runs short (a live session's kept tables,
+    serving/engine/sessions.py)."""
+
+    def drop_oldest(self) -> bool:
+        """Drop one thing it holds pages for (least recently used first); False if it holds none."""
+
+    def reclaimable_bytes(self) -> int:
+        """At most how many bytes of pages dropping everything it holds could free."""
+
+
+class _FreeRuns:
+    """The free pages as runs of consecutive pages: `take` finds a run of n in O(log runs), not by sorting
+    every free page (100k pages on a large GPU). Runs are kept by start and by end (a freed page merges with
+    its neighbours in O(1)) and in a heap by length, longest first (entries checked when popped: a run that
+    merged or was taken since is skipped). Single free pages are kept apart and used first for one-page
+    takes (a decode crossing into a page), so the long runs stay long for prompts and builds."""
+
+    def __init__(self, num_pages: int) -> None:
+        self._length: dict[int, int] = {}  # start -> length
+        self._start: dict[int, int] = {}  # end (exclusive) -> start
+        self._heap: list[tuple[int, int]] = []  # (-length, start), stale entries skipped
+        self._singles: dict[int, None] = {}  # starts of the runs of length 1 (an ordered set)
+        self.count = 0
+        if num_pages:
+            self._add_run(0, num_pages)
+            self.count = num_pages
+
+    def _add_run(self, start: int, length: int) -> None:
+        self._length[start] = length
+        self._start[start + length] = start
+        if length == 1:
+            self._singles[start] = None
+        else:
+            heapq.heappush(self._heap, (-length, start))
+            if len(self._heap) > 2 * len(self._length) + 64:  # drop the stale entries now and then
+                self._heap = [(-n, s) for s, n in self._length.items() if n > 1]
+                heapq.heapify(self._heap)
+
+    def _remove_run(self, start: int) -> int:
+        length = self._length.pop(start)
+        del self._start[start + length]
+        self._singles.pop(start, None)
+        return length
+
+    def add(self, page: int) -> None:
+        """One page is free again (merged with the runs either side of it)."""
+        start, length = page, 1
+        left = self._start.get(page)
+        if left is not None:
+            length += self._remove_run(left)
+            start = left
+        if page + 1 in self._length:
+            length += self._remove_run(page + 1)
+        self._add_run(start, length)
+        self.count += 1
+
+    def _longest(self) -> tuple[int, int] | None:
+        while self._heap:
+            negative, start = self._heap[0]
+            if self._length.get(start) == -negative:
+                return start, -negative
+            heapq.heappop(self._heap)
+        return None
+
+    def take(self, n: int) -> list[int]:
+        """n free pages (the caller checked `count`): a single page when one is apart, else the first n of
+        the longest run, which is one run when any run has n; else the longest runs' pages until n."""
+        assert n <= self.count
+        out: list[int] = []
+        while len(out) < n:
+            if n - len(out) == 1 and self._singles:
+                start = next(iter(self._singles))
+                self._remove_run(start)
+                out.append(start)
+                continue
+            found = self._longest()
+            if found is None:  # only single pages are left
+                start = next(iter(self._singles))
+                self._remove_run(start)
+                out.append(start)
+                continue
+            start, length = found
+            k = min(length, n - len(out))
+            self._remove_run(start)
+            if length > k:
+                self._add_run(start + k, length - k)
+            out.extend(range(start, start + k))
+        self.count -= n
+        return out
+
+
 class PagePool:
     """Pages with reference counts over two preallocated tensors (see the module docstring)."""
 
@@ -77,78 +174,73 @@ class PagePool:
         self.k[:, slots].zero_()  # the scratch slot is read under a -inf mask: never NaN (NaN x 0 is NaN)
         self.v[:, slots].zero_()
         self._refs = [0] * num_pages
-        self._free = list(range(num_pages - 1, -1, -1))  # a stack: low pages first
-        self._reserved = 0  # pages promised to admitted requests, not yet allocated
+        self._free = _FreeRuns(num_pages)
         self.lock = threading.RLock()
         self.shared = SharedPages(self)
-        # called under the lock while pages are short, after unread items went: each drops something it
-        # holds pages for (a live session's table, serving/engine/sessions.py) and says whether it did
-        self.reclaimers: list[Callable[[], bool]] = []
+        # asked, under the lock, while pages are short and unread items went: each drops something it holds
+        # pages for (a live session's table, serving/engine/sessions.py)
+        self.reclaimers: list[Reclaimer] = []
+        # the page tables of preempted sequences waiting to be admitted again (serving/engine/batcher.py):
+        # while one waits, a new request is not admitted (a preempted sequence goes first)
+        self.preempted: set = set()
+        # bumped, and the listeners called (under the lock: they must not take it), whenever room may have
+        # appeared: a page freed, an item's last reader gone, a preempted table admitted again or closed. A
+        # request waiting for admission waits for it to change (serving/engine/sequence.py)
+        self.generation = 0
+        self.listeners: list[Callable[[], None]] = []
         self.graphs = None  # the model's decode graphs (graphs.DecodeGraphs), set by its owner on a GPU
 
     # -- pages ---------------------------------------------------------------------------------------------
     @property
     def free_pages(self) -> int:
         with self.lock:
-            return len(self._free) - self._reserved
+            return self._free.count
 
     @property
     def used_pages(self) -> int:
         with self.lock:
-            return self.num_pages - len(self._free)
+            return self.num_pages - self._free.count
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_tokens)
 
-    def reserve(self, pages: int) -> bool:
-        """Promise `pages` to a request (allocated later by `alloc(..., reserved=True)`); False if they are not
-        there even after evicting unreferenced items."""
+    def changed(self) -> None:
+        """Room may have appeared: bump `generation` and tell the listeners (see __init__)."""
         with self.lock:
-            self._make_room(pages)
-            if self.free_pages < pages:
-                return False
-            self._reserved += pages
-            return True
+            self.generation += 1
+            for listener in self.listeners:
+                listener()
 
-    def unreserve(self, pages: int) -> None:
+    def alloc(self, n: int) -> list[int]:
+        """n fresh pages, each with one reference, one run when the free pages hold one; unread items are
+        evicted and reclaimers asked first when fewer are free. Raises PoolFull."""
         with self.lock:
-            assert 0 <= pages <= self._reserved
-            self._reserved -= pages
-
-    def alloc(self, n: int, *, reserved: bool = False) -> list[int]:
-        """n fresh pages, each with one reference. `reserved`: taken from the caller's reservation."""
-        with self.lock:
-            if reserved:
-                assert n <= self._reserved, "a request allocated more pages than it reserved"
-                self._reserved -= n
-            else:
-                self._make_room(n)
-            if len(self._free) - (0 if reserved else self._reserved) < n:
-                raise PoolFull(f"the KV pool has {self.free_pages} free pages; {n} needed")
-            pages = self._take(n)
+            self.make_room(n)
+            if self._free.count < n:
+                raise PoolFull(f"the KV pool has {self._free.count} free pages; {n} needed")
+            pages = self._free.take(n)
             for p in pages:
                 self._refs[p] = 1
             return pages
 
-    def _make_room(self, pages: int) -> None:
-        """Free pages until `pages` are free: unread items first, then what the reclaimers hold."""
-        while self.free_pages < pages:
-            self.shared.evict(pages - self.free_pages)
-            if self.free_pages >= pages or not any(r() for r in self.reclaimers):  # one drop per round
-                return
-
-    def _take(self, n: int) -> list[int]:
-        """n free pages, consecutive when the free pages hold such a run (the lowest one): a sequence's or an
-        item's pages in one run are read as a view of the pool, without a gather (runner.py)."""
-        if n > 1:
-            free = sorted(self._free)
-            for i in range(len(free) - n + 1):
-                if free[i + n - 1] - free[i] == n - 1:
-                    run = free[i : i + n]
-                    taken = set(run)
-                    self._free = [p for p in self._free if p not in taken]
-                    return run
-        return [self._free.pop() for _ in range(n)]
+    def make_room(self, pages: int) -> bool:
+        """Free pages until `pages` are free: unread items first (least recently used), then what the
+        reclaimers hold. Evicts nothing when even all of that could not free enough (a request that waits
+        must not empty the pool of blocks and sessions on every try). Whether `pages` are free."""
+        with self.lock:
+            if self._free.count >= pages:
+                return True
+            bound = (
+                self.shared.unread_pages()
+                + sum(r.reclaimable_bytes() for r in self.reclaimers) // self.shape.page_bytes
+            )
+            if self._free.count + bound < pages:
+                return False
+            while self._free.count < pages:
+                self.shared.evict(pages - self._free.count)
+                if self._free.count >= pages or not any(r.drop_oldest() for r in self.reclaimers):
+                    break  # one drop per round
+            return self._free.count >= pages
 
     def ref(self, pages: list[int]) -> None:
         with self.lock:
@@ -158,11 +250,15 @@ class PagePool:
 
     def release(self, pages: list[int]) -> None:
         with self.lock:
+            freed = False
             for p in pages:
                 assert self._refs[p] > 0, f"page {p} released more often than referenced"
                 self._refs[p] -= 1
                 if self._refs[p] == 0:
-                    self._free.append(p)
+                    self._free.add(p)
+                    freed = True
+            if freed:
+                self.changed()
 
     def refs(self, page: int) -> int:
         with self.lock:
@@ -190,8 +286,9 @@ class PagePool:
 
     # -- accounting ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        """Counts kept as pages come and go: O(1), not a pass over the pages per scrape."""
         with self.lock:
-            used = self.num_pages - len(self._free)
+            used = self.num_pages - self._free.count
             shared = self.shared.page_count()
             pb = self.shape.page_bytes
             return {
@@ -227,16 +324,27 @@ class SharedPages:
     """Resident items' pages: an item is copied into pages on its first request and read by reference after.
 
     A child of a knowledge parent references the parent's full pages and owns the rest (from the last full
-    parent page on). Entries nobody reads stay until their pages are needed (LRU) or their item is dropped."""
+    parent page on); it counts as a reader of its parent while it is resident, so a parent is never evicted
+    before its children. Entries nobody reads stay until their pages are needed (LRU) or their item is
+    dropped. The distinct pages of resident entries and the pages of unread ones are counted as entries come,
+    go and change readers (`page_count`, `unread_pages`: O(1))."""
 
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._holders = [0] * pool.num_pages  # resident entries holding each page
+        self._distinct = 0  # pages with a holder
+        self._unread = 0  # pages of resident entries nobody reads (each entry's, summed)
 
     def page_count(self) -> int:
         """Distinct pages held by resident items."""
         with self.pool.lock:
-            return len({p for e in self._entries.values() for p in e.pages})
+            return self._distinct
+
+    def unread_pages(self) -> int:
+        """Pages of resident items nobody reads (an upper bound of what evicting them all frees)."""
+        with self.pool.lock:
+            return self._unread
 
     def __contains__(self, item_id: str) -> bool:
         with self.pool.lock:
@@ -247,12 +355,20 @@ class SharedPages:
         with self.pool.lock:
             return self._entries.get(item_id)
 
+    def _is_resident(self, entry: _Entry) -> bool:
+        return self._entries.get(entry.item_id) is entry
+
+    def _read(self, entry: _Entry) -> None:
+        if entry.users == 0 and self._is_resident(entry):
+            self._unread -= len(entry.pages)
+        entry.users += 1
+
     def acquire(self, item) -> SharedRead:
         """The pages of `item` and its tokens, one more reader; copies it into pages if it is not resident.
         `release(read.entry)` when done. Raises PoolFull if there is no room."""
         with self.pool.lock:
             entry = self._entry(item)
-            entry.users += 1
+            self._read(entry)
             self._entries.move_to_end(item.item_id)
             return SharedRead(entry.pages, entry.tokens, entry)
 
@@ -260,9 +376,9 @@ class SharedPages:
         """One more reader of `entry` (a session's next turn over its pages) while it is still the resident
         entry of its item; False once it was dropped (even if its item is resident again, as a new entry)."""
         with self.pool.lock:
-            if self._entries.get(entry.item_id) is not entry:
+            if not self._is_resident(entry):
                 return False
-            entry.users += 1
+            self._read(entry)
             self._entries.move_to_end(entry.item_id)
             return True
 
@@ -271,13 +387,23 @@ class SharedPages:
         with self.pool.lock:
             entry.users -= 1
             assert entry.users >= 0, f"item {entry.item_id} released more often than read"
+            if entry.users == 0 and self._is_resident(entry):
+                self._unread += len(entry.pages)
+                self.pool.changed()  # evictable now
 
     def drop(self, item_id: str) -> bool:
         """The item is gone (deleted, evicted from the store): its pages go once its readers are done."""
         with self.pool.lock:
-            entry = self._entries.pop(item_id, None)
+            entry = self._entries.get(item_id)
             if entry is None:
                 return False
+            if entry.users == 0:
+                self._unread -= len(entry.pages)
+            del self._entries[item_id]
+            for p in entry.pages:
+                self._holders[p] -= 1
+                if self._holders[p] == 0:
+                    self._distinct -= 1
             self.pool.release(entry.pages)
             if entry.parent is not None:
                 self.release(entry.parent)
@@ -285,21 +411,16 @@ class SharedPages:
             return True
 
     def evict(self, pages_wanted: int) -> None:
-        """Drop unread entries, least recently used first, until `pages_wanted` pages are free or none is left."""
+        """Drop unread entries, least recently used first, until `pages_wanted` more pages are free or none is
+        left. Each victim is the first unread entry in LRU order: a pass over the entries read now (requests move
+        theirs to the end), not over every entry per victim."""
         with self.pool.lock:
-            for item_id in list(self._entries):
-                if pages_wanted <= 0:
-                    break
-                entry = self._entries.get(item_id)
-                if entry is None or entry.users > 0 or self._is_parent(item_id):
-                    continue
-                before = len(self.pool._free)
-                self.drop(item_id)
-                pages_wanted -= len(self.pool._free) - before
-
-    def _is_parent(self, item_id: str) -> bool:
-        entry = self._entries.get(item_id)
-        return any(e.parent is entry for e in self._entries.values())
+            goal = self.pool.free_pages + pages_wanted
+            while self.pool.free_pages < goal:
+                victim = next((e for e in self._entries.values() if e.users == 0), None)
+                if victim is None:
+                    return
+                self.drop(victim.item_id)
 
     def _entry(self, item) -> _Entry:
         entry = self._entries.get(item.item_id)
@@ -313,7 +434,7 @@ class SharedPages:
             full = min(item.own_start, parent.tokens) // pt  # the parent's full pages this child starts with
             if full:
                 parent_entry = parent
-                parent.users += 1  # the child reads the parent's pages as long as it is resident
+                self._read(parent)  # the child reads the parent's pages as long as it is resident
                 pages = list(parent.pages[:full])
                 self.pool.ref(pages)
                 start = full * pt
@@ -331,4 +452,9 @@ class SharedPages:
             )
         entry = _Entry(pages, item.num_tokens, item_id=item.item_id, parent=parent_entry)
         self._entries[item.item_id] = entry
+        for p in pages:
+            if self._holders[p] == 0:
+                self._distinct += 1
+            self._holders[p] += 1
+        self._unread += len(pages)  # no reader yet: acquire makes it one
         return entry

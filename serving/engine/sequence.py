@@ -4,9 +4,16 @@ An `EngineSequence` holds a request's lifecycle (prefilling -> decoding -> finis
 generator), chunked prefill and stats; its `table` holds its positions: an injected block's pages by
 reference, or the pages a live session's last turn left (by reference too: `admit(source=...)`), its own
 tokens in its own pages; when its turn ends its table can stay with the session (`keep_table`). It runs only
-through the engine's step (runner.py), alone or with others: the server's one decode path. Admission reserves
-pages for the prompt and the longest reply; `admit` waits for them (the caller yields between tries) and
-raises PoolFull (429) after `wait_s`.
+through the engine's step (runner.py), alone or with others: the server's one decode path. A sequence the
+batcher preempts (its pages are needed by an older one) gives its own pages back and, once admitted again,
+prefills its prompt and the tokens it generated so far again (recompute), then samples its next token from
+their last position, as its decode step would have: its stream goes on where it was.
+
+Admission (`admit`) takes pages for the prompt only; a request whose prompt and longest reply could never fit
+in the whole pool is refused at once (PoolTooSmall, 400). One that does not fit now waits: it yields an
+`AdmissionWait`, on which the model loop parks it until the pool's room may have changed, its caller
+cancelled or its deadline passed (no spin, no eviction on every try), and raises PoolFull (429) after
+`wait_s`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 
 from kvmem.kv.inject import usable_prefix_tokens
 from kvmem.kv.sampling import GenerationStats, Sampling
+from serving.engine.errors import PoolTooSmall
 from serving.engine.pages import PagePool, PoolFull
 from serving.engine.table import PageTable
 
@@ -70,17 +78,42 @@ class EngineSequence:
         self.table = table
         self.stats.reused_tokens, self.stats.prefilled_tokens = reused, len(prompt_ids) - reused
         self.position = reused  # positions its table holds
+        self.prompt_ids = list(prompt_ids)
         self._prefill = list(prompt_ids[reused:])  # prompt tokens not yet in the pool
+        self.preempted = False  # its own pages went back; it waits to be admitted again (batcher.py)
+        self.num_preemptions = 0
         self.last_token: int | None = None
         self.finish_reason: str | None = None
 
     @property
     def prefilling(self) -> bool:
-        return self.finish_reason is None and bool(self._prefill)
+        return self.finish_reason is None and bool(self._prefill) and not self.preempted
 
     @property
     def decoding(self) -> bool:
-        return self.finish_reason is None and not self._prefill
+        return self.finish_reason is None and not self._prefill and not self.preempted
+
+    def step_tokens(self) -> int:
+        """Positions its next step writes: its next chunk's, or one (a decode step)."""
+        return self.next_chunk_tokens() if self._prefill else 1
+
+    def preempt(self) -> None:
+        """Give back its own pages (table.preempt) and prefill again, once readmitted, every token after the
+        ones it reuses: the rest of its prompt and all it generated (the last of which its next decode step
+        would have fed)."""
+        self.table.preempt()
+        self.position = self.table.length
+        self._prefill = (self.prompt_ids + self.stats.token_ids)[self.position :]
+        self.preempted = True
+        self.num_preemptions += 1
+
+    def readmit(self) -> bool:
+        """Pages again for everything it prefills again, in one run when the pool has one; False when the pool
+        does not have them (it stays preempted)."""
+        if not self.table.readmit(self.position + len(self._prefill)):
+            return False
+        self.preempted = False
+        return True
 
     @property
     def finished(self) -> bool:
@@ -132,6 +165,34 @@ class EngineSequence:
         return table.keep(table.length)
 
 
+class AdmissionWait:
+    """What a request waiting for pages yields: the model loop (model_loop.py) steps it again once `ready`,
+    i.e. the pool's room may have changed (`pool.generation` moved on: pages freed, an item's last reader
+    gone, a preempted sequence admitted again), its caller asked to stop, or its deadline passed; meanwhile
+    it costs nothing. `ready` takes no lock (the loop calls it under its own)."""
+
+    def __init__(
+        self, pool: PagePool, generation: int, deadline: float, should_stop: Callable[[], bool] | None
+    ) -> None:
+        self.pool, self.generation, self.deadline, self.should_stop = pool, generation, deadline, should_stop
+
+    def ready(self) -> bool:
+        return (
+            self.pool.generation != self.generation
+            or (self.should_stop is not None and self.should_stop())
+            or time.monotonic() >= self.deadline
+        )
+
+
+def pages_needed(pool: PagePool, total_tokens: int, item=None, reuse: int = 0) -> int:
+    """Pages a sequence of `total_tokens` positions holds at its longest: its table's, and the rest of the
+    item whose first `reuse` positions it reads."""
+    need = pool.pages_for(total_tokens)
+    if item is not None and reuse:
+        need += pool.pages_for(item.num_tokens) - reuse // pool.page_tokens
+    return need
+
+
 def admit(
     pool: PagePool,
     model: torch.nn.Module,
@@ -141,30 +202,39 @@ def admit(
     source: tuple[PageTable, int] | None = None,
     max_new_tokens: int,
     wait_s: float = 10.0,
+    should_stop: Callable[[], bool] | None = None,
     **kwargs,
-) -> Iterator[EngineSequence | None]:
-    """Yields None while the pool has no room (the caller gives the model loop a turn), then the sequence.
-    An injected block shares its pages, and so does `source` (a live session's table, and the tokens of it
-    the prompt reuses)."""
+) -> Iterator[EngineSequence | AdmissionWait]:
+    """Yields an AdmissionWait while the pool has no room for the prompt (the caller yields it to the model
+    loop), then the sequence; returns without one if `should_stop()` turns true while it waits (a client
+    that left). An injected block shares its pages, and so does `source` (a live session's table, and the
+    tokens of it the prompt reuses). Raises PoolTooSmall at once when the prompt and `max_new_tokens` could
+    never fit in the whole pool, PoolFull once it waited `wait_s`."""
     total = len(prompt_ids) + max_new_tokens
     reuse = 0
     if source is not None:
         reuse = source[1]
     elif item is not None:
         reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
+    need = pages_needed(pool, total, item if source is None else None, reuse)
+    if need > pool.num_pages:
+        raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens)
     deadline = time.monotonic() + wait_s
     while True:
+        generation = pool.generation  # read before the try: a release after it wakes the wait below
         try:
             table = PageTable.admit(
-                pool, total, item=item, reuse=reuse, source=None if source is None else source[0]
+                pool, len(prompt_ids), item=item, reuse=reuse, source=None if source is None else source[0]
             )
             break
         except PoolFull:
+            if should_stop is not None and should_stop():
+                return
             if time.monotonic() >= deadline:
                 raise
-            yield None
+            yield AdmissionWait(pool, generation, deadline, should_stop)
     try:
-        seq = EngineSequence(model, prompt_ids, table=table, reused=reuse, **kwargs)
+        seq = EngineSequence(model, prompt_ids, table=table, reused=reuse, should_stop=should_stop, **kwargs)
     except BaseException:
         table.close()
         raise

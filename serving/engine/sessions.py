@@ -9,7 +9,8 @@ block item it began from). When the turn ends the request *puts* its cache back 
 
 An entry's cache is the sequence's page table (table.py), whose pages a next turn references instead of
 copying; it is closed (its pages go back) when its entry is dropped or replaced, and the engine's pool drops
-the least recently used entry when it runs short (`drop_oldest`). Closing happens outside this class's lock.
+the least recently used entry when it runs short (it is the pool's `Reclaimer`: `drop_oldest`,
+`reclaimable_bytes`). Closing happens outside this class's lock.
 
 Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
 (memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
@@ -204,6 +205,10 @@ class SessionCache:
         self._bytes -= entry.nbytes
         self.stats.dropped += 1
         return entry.cache
+
+    def reclaimable_bytes(self) -> int:
+        """Bytes of pages its entries hold beyond their items' (what dropping them all could free at most)."""
+        return self._bytes
 
     def drop_oldest(self) -> bool:
         """Drop the least recently used entry (the engine's pool is short of pages); False if none is held."""

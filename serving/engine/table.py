@@ -4,11 +4,14 @@ A sequence over a stored block starts with references to the block's pages for t
 (full pages only); when it reuses part of a page, that page is copied into one of its own (copy-on-write),
 since its next token goes into that page. A sequence of a live session starts the same way from the table
 its session's last turn left (`source`): that table's pages are referenced, never written again, so a
-session's history is not copied in nor out. Its own pages come from a reservation made at admission (the
-prompt's and the reply's tokens), all allocated at admission (one run of pages when the pool has one), so a
-forward never runs out of pages. When a turn ends its table can be `keep`-trimmed and kept by the session
-(serving/engine/sessions.py): it then holds its pages until the session drops it. `close` returns every
-reference; it may be called more than once.
+session's history is not copied in nor out. Its own pages are allocated as it crosses into them: its
+prompt's at admission (one run of pages when the pool has one), then one page each time its reply crosses
+into a new one (`extend`, `grow`); nothing is promised for the reply up front, so a pool runs as many
+sequences as their tokens so far fit, and a sequence that finds no page is preempted (`preempt`: its own
+pages go back, the shared ones and its copy-on-write page stay) and admitted again later (`readmit`), as
+the batcher decides (serving/engine/batcher.py). When a turn ends its table can be `keep`-trimmed and kept
+by the session (serving/engine/sessions.py): it then holds its pages until the session drops it. `close`
+returns every reference; it may be called more than once.
 """
 
 from __future__ import annotations
@@ -23,49 +26,56 @@ class PageTable:
         self.pool = pool
         self.pages: list[int] = []
         self.length = 0  # positions written
+        self.reused = 0  # leading positions taken from an item or a session's table (kept when preempted)
         self.shared_pages = 0  # leading pages referenced from an item or a session's table (never written)
         self.item_pages = 0  # of those, the leading pages that are the item's own entry's
         self.prefix_key: tuple[int, ...] = ()  # the shared pages: rows with the same read them once (runner)
         self._shared = None  # the shared item entry it holds a reader's reference on (pages.SharedRead.entry)
-        self._reserved = 0
         self._closed = False
 
     # -- admission -----------------------------------------------------------------------------------------
     @staticmethod
     def admit(
-        pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source: PageTable | None = None
+        pool: PagePool, prompt_tokens: int, item=None, reuse: int = 0, source: PageTable | None = None
     ) -> PageTable:
-        """A table for a sequence of at most `total_tokens` positions whose first `reuse` come from `item`'s
-        pages, or from `source`'s (a live session's table; it takes precedence), 0: none. Raises PoolFull when
-        the pool cannot promise its own pages."""
+        """A table for a sequence whose first `reuse` of `prompt_tokens` positions come from `item`'s pages,
+        or from `source`'s (a live session's table; it takes precedence), 0: none, with its own pages for the
+        rest of the prompt allocated now (its reply's come as it crosses into them: `extend`). Raises PoolFull
+        when the pool cannot give them now, or while a preempted sequence waits to be admitted again (it
+        goes first)."""
         table = PageTable(pool)
         pt = pool.page_tokens
         if source is not None:
             item = None
             assert reuse <= source.length, "a session's table reused past its length"
-        shared_full = reuse // pt if item is not None or source is not None else 0
-        need = pool.pages_for(total_tokens) - shared_full
-        # residency and reservation are one decision, under the pool's lock: a resident item is held (a
-        # reader) before the reservation may evict unread items, so it cannot be the one evicted
+        if item is None and source is None:
+            reuse = 0
+        need = pool.pages_for(prompt_tokens) - reuse // pt
+        # residency and room are one decision, under the pool's lock: a resident item is held (a reader)
+        # before unread items may be evicted to make room, so it cannot be the one evicted
         with pool.lock:
+            if pool.preempted:
+                raise PoolFull(
+                    f"the KV pool has {pool.free_pages} free pages of {pt} tokens; "
+                    f"{len(pool.preempted)} preempted sequences wait for pages first"
+                )
             if item is not None and reuse:
                 table._shared = pool.shared.resident(item.item_id)
                 if table._shared is not None:
                     pool.shared.hold(table._shared)
                 else:
                     need += pool.pages_for(item.num_tokens)  # the item is copied in first
-            if not pool.reserve(need):
+            if not pool.make_room(need):
+                free = pool.free_pages
                 table.close()  # lets go of the held item
-                raise PoolFull(
-                    f"the KV pool has {pool.free_pages} free pages of {pt} tokens; this request needs {need}"
-                )
-            table._reserved = need
+                raise PoolFull(f"the KV pool has {free} free pages of {pt} tokens; this request needs {need}")
             try:
+                table.reused = reuse
                 if source is not None and reuse:
-                    table._start_from_table(source, reuse, total_tokens)
+                    table._start_from_table(source, reuse, prompt_tokens)
                 elif item is not None and reuse:
-                    table._start_from_item(item, reuse, total_tokens)
-                table._grow(total_tokens)  # every own page now, in one run when the pool has one (pages.py)
+                    table._start_from_item(item, reuse, prompt_tokens)
+                table._grow(prompt_tokens)  # the prompt's own pages now, in one run when the pool has one
             except BaseException:
                 table.close()
                 raise
@@ -76,9 +86,7 @@ class PageTable:
         with pool.lock:
             if self._shared is not None:  # resident at admission, and held since
                 pages = self._shared.pages
-            else:  # copying the item in takes free pages (counted in the reservation): give them back first
-                pool.unreserve(pool.pages_for(item.num_tokens))
-                self._reserved -= pool.pages_for(item.num_tokens)
+            else:  # copied in now (its pages were counted in the room made at admission)
                 pages, _, self._shared = pool.shared.acquire(item)
             self._start_from_pages(pages, reuse, total)
             self.item_pages = self.shared_pages
@@ -113,13 +121,44 @@ class PageTable:
 
     # -- steps ---------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
-        """Own pages until positions [0, end) have a page."""
+        """Own pages until positions [0, end) have a page (one run when the pool has one). Raises PoolFull."""
         missing = self.pool.pages_for(end) - len(self.pages)
         if missing > 0:
-            if missing > self._reserved:
-                raise PoolFull("a sequence outgrew its reservation")  # a bug, not a full pool
-            self.pages += self.pool.alloc(missing, reserved=True)
-            self._reserved -= missing
+            self.pages += self.pool.alloc(missing)
+
+    def grow(self, end: int) -> bool:
+        """Pages for positions [0, end), evicting unread items and live sessions when the pool is short;
+        False (nothing taken) when they are not there even then."""
+        try:
+            self._grow(end)
+        except PoolFull:
+            return False
+        return True
+
+    def own_pages(self) -> int:
+        """Pages a preemption would give back: past the shared ones and the copy-on-write page."""
+        return max(0, len(self.pages) - self.pool.pages_for(self.reused))
+
+    def preempt(self) -> None:
+        """Give back its own pages but the copy-on-write one (recompute: the sequence prefills its tokens
+        after `reused` again once `readmit`ted); the shared pages and the item it reads stay held, so nothing
+        it reuses is evicted or dropped from under it. The table waits in `pool.preempted` until then."""
+        with self.pool.lock:
+            keep = self.pool.pages_for(self.reused)
+            extra, self.pages = self.pages[keep:], self.pages[:keep]
+            self.length = self.reused
+            self.pool.preempted.add(self)
+            self.pool.release(extra)
+
+    def readmit(self, end: int) -> bool:
+        """A preempted table gets pages for positions [0, end) again (one run when the pool has one); False
+        (nothing taken) when they are not there."""
+        with self.pool.lock:
+            if not self.grow(end):
+                return False
+            self.pool.preempted.discard(self)
+            self.pool.changed()
+            return True
 
     def extend(self, n: int, device: torch.device) -> torch.Tensor:
         """Room for n more positions; their slots (the forward writes them). `length` moves on by n."""
@@ -135,16 +174,13 @@ class PageTable:
 
     # -- a session's entry ---------------------------------------------------------------------------------
     def keep(self, n: int) -> PageTable:
-        """Trim to positions [0, n) for a session to keep: the pages past them and the unused reservation go
-        back to the pool. Returns itself; it is not written again (a next turn references its pages)."""
+        """Trim to positions [0, n) for a session to keep: the pages past them go back to the pool. Returns
+        itself; it is not written again (a next turn references its pages)."""
         assert n <= self.length
         with self.pool.lock:
             keep = self.pool.pages_for(n)
             extra, self.pages = self.pages[keep:], self.pages[:keep]
             self.pool.release(extra)
-            if self._reserved:
-                self.pool.unreserve(self._reserved)
-                self._reserved = 0
             self.length = n
         return self
 
@@ -164,9 +200,9 @@ class PageTable:
         with self.pool.lock:
             self.pool.release(self.pages)
             self.pages = []
-            if self._reserved:
-                self.pool.unreserve(self._reserved)
-                self._reserved = 0
+            if self in self.pool.preempted:
+                self.pool.preempted.discard(self)
+                self.pool.changed()  # a new request need not wait for it any more
             if self._shared is not None:
                 self.pool.shared.release(self._shared)  # exactly the entry it took
                 self._shared = None

@@ -18,9 +18,9 @@ from starlette.types import Scope
 
 from kvmem.errors import DependencyUnavailable
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreError
-from serving.backends.base import BackendError, NotReady, PoolFull, PromptTooLong, QueueFull
+from serving.backends.base import BackendError, NotReady, PoolFull, PoolTooSmall, PromptTooLong, QueueFull
 from serving.http.limits import BodyTimeout, BodyTooLarge
-from serving.http.protocol import ApiError, bad_request
+from serving.http.protocol import NON_BLANK, ApiError, bad_request
 from serving.http.storage import storage_failure
 
 logger = logging.getLogger("serving.http.app")
@@ -65,7 +65,8 @@ def to_api_error(exc: Exception) -> ApiError:
             return _invalid_json(_where_in_json(exc.body, first))
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         where = ".".join(loc)
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        message = _validation_message(first)
+        message = f"{where}: {message}" if where else message
         return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
     if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, UnicodeDecodeError):
         cause = exc.__cause__  # FastAPI's "There was an error parsing the body": JSON must be UTF-8
@@ -83,6 +84,8 @@ def to_api_error(exc: Exception) -> ApiError:
         return ApiError(408, str(exc), type="invalid_request_error", code="request_timeout")
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, PoolTooSmall):  # never fits, however long it waits: not a 429 to retry
+        return bad_request(str(exc), param="max_tokens", code="kv_pool_too_small")
     if isinstance(exc, QueueFull | PoolFull):
         code = "kv_pool_full" if isinstance(exc, PoolFull) else "queue_full"
         return ApiError(429, f"server busy: {exc}; retry later", type="rate_limit_error", code=code)
@@ -114,6 +117,17 @@ def to_api_error(exc: Exception) -> ApiError:
     return ApiError(500, "internal error", type="server_error", code="internal_error")
 
 
+def _validation_message(error: dict[str, Any]) -> str:
+    """Pydantic's message for one validation error, said plainly where it is not: a blank string (the NON_BLANK
+    pattern) and a model validator's ValueError (without pydantic's "Value error, ")."""
+    msg = str(error.get("msg"))
+    if error.get("type") == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == NON_BLANK:
+        return "must not be empty or only whitespace"
+    if error.get("type") == "value_error":
+        return msg.removeprefix("Value error, ")
+    return msg
+
+
 def _invalid_json(where: str) -> ApiError:
     return bad_request(f"the request body is not valid JSON: {where}", code="invalid_json")
 
@@ -137,6 +151,7 @@ MAPPED_ERRORS = (
     PromptTooLong,
     QueueFull,
     PoolFull,
+    PoolTooSmall,
     NotReady,
     BackendError,
     MemoryNotFound,

@@ -186,7 +186,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
 
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
-        pool.reclaimers.append(self.sessions.drop_oldest)  # live sessions' pages go before a request waits
+        pool.reclaimers.append(self.sessions)  # live sessions' pages go before a request waits
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
             with torch.inference_mode():  # every bucket a step can reach: no capture after load

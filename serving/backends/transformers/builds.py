@@ -103,7 +103,7 @@ class EngineBuilds:
         """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V;
         BuildCancelled once `cancel` is set (checked at each step boundary)."""
         from kvmem.kv import Sampling
-        from serving.engine.sequence import EngineSequence, admit
+        from serving.engine.sequence import AdmissionWait, EngineSequence, admit
 
         seq = None
         try:
@@ -121,8 +121,8 @@ class EngineBuilds:
                 adapter=adapter,
                 should_stop=cancel.is_set,
             ):
-                if seq is None:
-                    yield
+                if isinstance(seq, AdmissionWait):  # no room yet: parked until the pool's room changes
+                    yield seq
             if not isinstance(seq, EngineSequence):  # admission gave up: cancelled while it waited for pages
                 seq = None
                 raise BuildCancelled("the build was cancelled before it was admitted")

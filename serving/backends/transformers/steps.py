@@ -19,6 +19,7 @@ from serving.backends.base import (
     GenerationRequest,
     GenerationResult,
     PoolFull,
+    PoolTooSmall,
     StreamItem,
     TokenDelta,
     TokenLogprob,
@@ -45,7 +46,7 @@ class EngineRequests:
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling
-        from serving.engine.sequence import admit
+        from serving.engine.sequence import AdmissionWait, EngineSequence, admit
 
         final: object = None  # the result or the error, sent once the admission is released
         lease = seq = held_adapter = None
@@ -102,8 +103,11 @@ class EngineRequests:
                 should_stop=cancel.is_set,
                 stats=stats,
             ):
-                if seq is None:  # no pages free yet: the others run a step meanwhile
-                    yield
+                if isinstance(seq, AdmissionWait):  # no room yet: parked until the pool's room changes
+                    yield seq
+            if not isinstance(seq, EngineSequence):  # its client left while it waited for pages
+                seq = None
+                return
             token = yield seq  # the batcher sends each token, then None once the sequence has ended
             held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
             received = 0  # tokens taken: stats.logprobs[i] is the i-th one's (when asked for)
@@ -225,7 +229,7 @@ class EngineRequests:
                         log.info("client disconnected; stopping request %s", req.request_id)
                         return
                     continue
-                if isinstance(obj, PoolFull):  # no KV pages within kv_wait_s: 429, the client retries
+                if isinstance(obj, PoolFull | PoolTooSmall):  # 429 (no pages within kv_wait_s), 400 (never)
                     raise obj
                 if isinstance(obj, BaseException):
                     raise BackendError(f"generation failed: {obj}") from obj
@@ -237,4 +241,5 @@ class EngineRequests:
                     return
         finally:
             cancel.set()
+            self._loop.wake()  # a request parked for pages sees its client left and frees its slot now
             log.debug("request %s held the backend for %.3fs", req.request_id, time.perf_counter() - started)

@@ -18,6 +18,7 @@ from serving.backends.base import (
     BlockNotFound,
     GenerationRequest,
     GenerationResult,
+    PoolFull,
     QueueFull,
     SamplingParams,
     TokenDelta,
@@ -601,3 +602,55 @@ def test_a_failing_release_still_ends_the_request_and_frees_its_admission(tiny_b
     wait_released(backend)
     assert len(ids) == 3 and result.completion_tokens == 3
     assert any("releasing what it held failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_leaving_while_its_request_waits_for_pages_frees_its_slot_at_once(tiny_backend, monkeypatch):
+    """Issue 42 item 5: a request waiting for KV pages whose client disconnects leaves the wait at once and
+    frees its admission slot (the wait ignored the cancel: the slot stayed taken for `kv_wait_s`)."""
+    from serving.engine.table import PageTable
+
+    backend = tiny_backend
+    config = backend.config
+    backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_wait_s": 600.0})
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
+    req = GenerationRequest("waits", "u", prompt, None, SamplingParams(max_new_tokens=4, temperature=0.0))
+    tried, real = threading.Event(), PageTable.admit
+
+    def admit(*args, **kwargs):
+        tried.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(PageTable, "admit", staticmethod(admit))
+    pool = backend.pool
+
+    def take_every_page() -> list[int]:  # unread blocks and sessions' caches evicted for them too
+        held = []
+        while True:
+            try:
+                held += pool.alloc(1)
+            except PoolFull:
+                return held
+
+    held = backend._loop.call(take_every_page)  # the request waits
+
+    async def leave_while_waiting():
+        gone = asyncio.Event()
+
+        async def disconnected() -> bool:
+            return gone.is_set()
+
+        stream = backend.stream(req, is_disconnected=disconnected)
+        first = asyncio.ensure_future(anext(stream))
+        assert await asyncio.to_thread(tried.wait, 30)  # it tried and waits for pages
+        gone.set()
+        with pytest.raises(StopAsyncIteration):
+            await first
+
+    try:
+        asyncio.run(leave_while_waiting())
+        wait_released(backend)
+    finally:
+        backend._loop.call(lambda: pool.release(held))
+        backend.config = config
+    ids, result = asyncio.run(tokens_of(backend, req))
+    assert len(ids) == 4 and result.completion_tokens == 4

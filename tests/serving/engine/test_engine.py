@@ -12,6 +12,7 @@ import torch
 from kvmem.kv import Sampling, generate
 from serving.engine import attention, runner
 from serving.engine import plan as step_plan
+from serving.engine.errors import PoolTooSmall
 from serving.engine.pages import PagePool, PoolFull, PoolShape
 from serving.engine.sequence import SequenceError, admit
 from tests.conftest import prompts_and_blocks
@@ -167,8 +168,18 @@ def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_hand
     pool = PagePool(shape, 6 * shape.page_bytes)  # 96 tokens
     ids = prompts_and_blocks(tiny_handle, tokenizer)[3][0]
     sp = Sampling(max_new_tokens=len(ids) + 100)
+    with pytest.raises(PoolTooSmall) as never:  # at once, however long it may wait (issue 42 item 4)
+        next(admit(pool, model, ids, max_new_tokens=sp.max_new_tokens, sampling=sp, wait_s=600))
+    total = len(ids) + sp.max_new_tokens
+    assert str(never.value) == (
+        f"this request needs {total} tokens of KV (its prompt and max_tokens; {-(-total // 16)} pages of 16 "
+        "tokens with the block it reads) and the KV pool holds 96 tokens (6 pages): lower max_tokens or "
+        "shorten the conversation"
+    )
+    held = pool.alloc(5)  # another request's: room for 1 page now, the request needs more
     with pytest.raises(PoolFull, match="free pages"):
-        list(admit(pool, model, ids, max_new_tokens=sp.max_new_tokens, sampling=sp, wait_s=0))
+        list(admit(pool, model, ids, max_new_tokens=4, sampling=Sampling(max_new_tokens=4), wait_s=0))
+    pool.release(held)
     assert pool.used_pages == 0 and pool.free_pages == 6
     seq = admitted(pool, model, ids, sampling=Sampling(max_new_tokens=4))
     boom = model.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
@@ -335,15 +346,19 @@ def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, to
     assert pool.used_pages == 0
 
 
-def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny_model_dir):
-    """Through the HTTP app: a reply that needs more pages than the pool has waits `kv_wait_s`, then gets 429
-    kv_pool_full with Retry-After; nothing is left allocated, and a request that fits is served after it."""
+def test_a_request_the_pool_can_never_hold_gets_400_at_once(tmp_path, tiny_model_dir):
+    """Issue 42 item 4, through the HTTP app: a reply that needs more pages than the whole pool has is refused
+    at once with 400 kv_pool_too_small naming its size and the pool's (it waited `kv_wait_s`, evicting every
+    resident block on each try, then got a retryable 429); nothing was evicted for it."""
     from tests.serving.kvstack import load_backend, served
 
     backend = load_backend(tiny_model_dir, tmp_path, kv_pool_mb=1, kv_wait_s=0.0)
     with served(tmp_path, backend) as s:
         pool = backend.pool
         capacity = pool.num_pages * pool.page_tokens
+        head_pages = pool.pages_for(backend.head_item.num_tokens)
+        s.chat("bob")  # the system prompt's shared head is resident, unread
+        assert pool.used_pages == pool.shared.page_count() == head_pages
         body = {
             "model": "default",
             "user": "bob",
@@ -351,10 +366,36 @@ def test_a_request_the_pool_cannot_hold_gets_429_with_retry_after(tmp_path, tiny
             "messages": [{"role": "user", "content": "Tell me everything."}],
         }
         r = s.client.post("/v1/chat/completions", json=body)
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["code"], error["param"]) == ("kv_pool_too_small", "max_tokens")
+        assert error["message"].startswith("this request needs ") and error["message"].endswith(
+            f"and the KV pool holds {capacity} tokens ({pool.num_pages} pages): lower max_tokens or shorten "
+            "the conversation"
+        )
+        assert pool.used_pages == pool.shared.page_count() == head_pages  # nothing evicted for it
+
+
+def test_a_request_that_finds_the_pool_full_gets_429_with_retry_after(tmp_path, tiny_model_dir):
+    """Through the HTTP app: a request that fits the pool but finds its pages held waits `kv_wait_s`, then
+    gets 429 kv_pool_full with Retry-After; nothing is left allocated for it, and it is served once the pages
+    are back."""
+    from tests.serving.kvstack import load_backend, served
+
+    backend = load_backend(tiny_model_dir, tmp_path, kv_pool_mb=1, kv_wait_s=0.0)
+    with served(tmp_path, backend) as s:
+        pool = backend.pool
+        held = pool.alloc(pool.num_pages)  # another's pages, every one (the unread head went for them)
+        body = {
+            "model": "default",
+            "user": "bob",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+        }
+        r = s.client.post("/v1/chat/completions", json=body)
         assert r.status_code == 429 and r.json()["error"]["code"] == "kv_pool_full"
         assert r.headers["Retry-After"] == "1" and "free pages" in r.json()["error"]["message"]
-        # nothing: the system prompt's shared head too went, unread, to make room
-        assert pool.used_pages == 0 and pool.free_pages == pool.num_pages
+        assert pool.used_pages == pool.num_pages
+        pool.release(held)
         assert s.chat("bob")["choices"][0]["finish_reason"] in ("stop", "length")
         # only the head stays resident (unread now: the first thing evicted when pages are short)
         assert pool.used_pages == pool.shared.page_count() == pool.pages_for(backend.head_item.num_tokens)

@@ -55,7 +55,7 @@ def test_a_sessions_next_turn_references_its_pages_and_answers_as_a_full_prefill
     model = tiny_handle.model
     pool = make_pool(model)
     sessions = SessionCache(1 << 30)
-    pool.reclaimers.append(sessions.drop_oldest)
+    pool.reclaimers.append(sessions)
     first_ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
     first, n1, _ = turn(model, pool, sessions, first_ids, item)
     assert n1 == 0 and first.stats.reused_tokens == len(item.token_ids)  # the block's pages, no session yet
@@ -112,7 +112,7 @@ def test_a_short_pool_drops_live_sessions_before_a_request_waits(tiny_handle, to
     need = -(-(len(ids) + GREEDY.max_new_tokens) // 16)
     pool = PagePool(shape, (2 * need + 1) * shape.page_bytes)  # room for two sessions' turns, not three
     sessions = SessionCache(1 << 30)
-    pool.reclaimers.append(sessions.drop_oldest)
+    pool.reclaimers.append(sessions)
     turn(model, pool, sessions, ids, session="s1")
     turn(model, pool, sessions, ids, user="bob", session="s1")
     assert sessions.keys() == [("alice", "s1"), ("bob", "s1")]
@@ -134,7 +134,7 @@ def test_a_short_pool_drops_unread_blocks_before_live_sessions(tiny_handle, toke
     block = -(-item.num_tokens // 16)
     pool = PagePool(shape, (need + block + need // 2) * shape.page_bytes)
     sessions = SessionCache(1 << 30)
-    pool.reclaimers.append(sessions.drop_oldest)
+    pool.reclaimers.append(sessions)
     read = pool.shared.acquire(item)
     pool.shared.release(read.entry)  # resident, read by nobody
     turn(model, pool, sessions, ids, session="s1")
