@@ -93,7 +93,7 @@ class MemoryDeletes:
         """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: the memories'
         source turns (`source_turns`), one session's (`session`) or all the user's (`whole_log`). Subscribers
         hear 'deleted' before this returns, each event naming the whole `batch` when several were deleted."""
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             bumped = False
             if whole_log:
                 delete_turns_where(tx.conn, user_id, None)

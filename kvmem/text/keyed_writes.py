@@ -42,17 +42,18 @@ class KeyedWrites:
 
     def record_receipt(self, claim: ReceiptClaim) -> Receipt:
         """Records `claim` in a transaction of its own (a keyed call that wrote nothing); ReceiptTaken as above."""
-        with self._db.receipt(claim), self._db.write():
+        with self._db.receipt(claim), self._db.write(claim.user_id):
             pass
         assert claim.receipt is not None
         return claim.receipt
 
     def amend_receipt(self, claim: ReceiptClaim, body: dict[str, Any]) -> None:
         """Replaces the body of `claim`'s recorded receipt (a warning learnt after the write committed)."""
-        with self._db.write() as tx:
+        with self._db.write(claim.user_id) as tx:
             receipts.amend_receipt(tx.conn, claim, body)
 
     def prune_receipts(self, before_s: float) -> int:
-        """Deletes the receipts recorded before `before_s`; returns how many."""
+        """Deletes the receipts recorded before `before_s`; returns how many. Every user's: it waits for every
+        writer (an hourly call)."""
         with self._db.write() as tx:
             return receipts.prune_receipts(tx.conn, before_s)

@@ -202,7 +202,7 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
             )
             for (role, body, when), slot in zip(items, slot_pairs, strict=True)
         ]
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             rowids = [
                 self._insert(tx.conn, memory, vector.tobytes())
                 for memory, vector in zip(memories, vectors, strict=False)
@@ -254,7 +254,7 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
         new_tags = check_tags(tags) if tags is not None else None
         new_metadata = check_metadata(metadata) if metadata is not None else None
         vector = self._embed([text])[0] if text is not None else None
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             found = find_live(tx.conn, user_id, memory_id)
             if found is None:
                 raise MemoryNotFound(memory_id, user_id)

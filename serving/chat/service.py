@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 # the text a backend holds back and its matcher's work per token (serving/engine/stops.py).
 MAX_STOP_CHARS = 64
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+# Threads for the work after a turn (logging the reply, reporting a block that could not be served): their own,
+# so a slow store makes that work queue here instead of taking the default executor's threads, which prepare
+# requests (plan, search); and at most this many of the store's connections.
+BACKGROUND_THREADS = 2
 
 IsDisconnected = Callable[[], Awaitable[bool]]
 
@@ -75,6 +80,7 @@ class ChatService:
         self._formation = formation  # forms memories from the logged turns, in the background
         self._preparer = ChatPreparer(config, backend, store, scheduler)
         self._background: set[asyncio.Future[Any]] = set()
+        self._background_threads = ThreadPoolExecutor(BACKGROUND_THREADS, thread_name_prefix="kvmem-after-turn")
         # (user, session) pairs seen, least recent first, for prewarm on a session's first turn: at most
         # config.max_sessions (the header is the client's choice); a forgotten session that returns prewarms
         # again. Touched only on the event loop, so no lock.
@@ -331,8 +337,9 @@ class ChatService:
             self._in_background(self._store_reply, prepared, reply, result, turn.user_turn_id)
 
     def _in_background(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run `fn(*args)` on the default executor; `drain` waits for it."""
-        future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        """Run `fn(*args)` on the background threads (BACKGROUND_THREADS, not the request path's default
+        executor); `drain` waits for it."""
+        future = asyncio.get_running_loop().run_in_executor(self._background_threads, fn, *args)
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 

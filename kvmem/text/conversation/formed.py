@@ -208,7 +208,7 @@ class FormationWrites:
         ]
         vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
         now = format_time(self._clock())
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             cited = [
                 *ids,
                 *(t for a in adds for t in a.source_turn_ids),
@@ -297,7 +297,7 @@ class FormationWrites:
             raise InvalidMemoryInput(
                 f"a memory cannot supersede itself: old_id and new_id are both {old_id!r}"
             )
-        with self._db.write() as tx:
+        with self._db.write(user_id) as tx:
             old = find_served(tx.conn, user_id, old_id)
             if old is None:
                 raise MemoryNotFound(old_id, user_id)

@@ -1,8 +1,9 @@
 """Database plumbing of the plaintext store: per-thread connections, write transactions, read snapshots.
 
 Owns the connections to one SQLite file or one PostgreSQL database (pg.py's connections, which take the
-same statements), the lock that serializes this process's writers (across processes: SQLite's
-`BEGIN IMMEDIATE`, PostgreSQL's advisory lock), and the change-event subscribers that hear a write once it
+same statements), the locks that serialize this process's writers (SQLite: one, as its file takes one writer at
+a time; PostgreSQL: one per user, as replicas' writers lock per user, pg.begin_write; across processes:
+SQLite's `BEGIN IMMEDIATE`, PostgreSQL's advisory locks), and the change-event subscribers that hear a write once it
 is committed (DESIGN invariant 5). Knows nothing of the tables beyond what callers execute, nor of search or
 embeddings.
 """
@@ -12,8 +13,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +37,31 @@ class Tx:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
 
+WRITE_LOCK_STRIPES = 64  # PostgreSQL: this process's user writes run at once unless their users share a stripe
+
+
+class _WriteLocks:
+    """This process's side of the write lock: re-entrant locks, one per stripe of users. A user's write holds
+    its user's stripe; a write of no one user holds all of them, in order. One stripe: every write alone."""
+
+    def __init__(self, num_stripes: int) -> None:
+        self._stripes = [threading.RLock() for _ in range(num_stripes)]
+
+    @contextmanager
+    def hold(self, user_id: str | None) -> Iterator[None]:
+        if user_id is None or len(self._stripes) == 1:
+            held = self._stripes
+        else:
+            held = [self._stripes[zlib.crc32(user_id.encode("utf-8")) % len(self._stripes)]]
+        with ExitStack() as stack:
+            for lock in held:
+                stack.enter_context(lock)
+            yield
+
+
 class Database:
     """One store file. Thread-safe: a connection per thread, since a transaction belongs to a connection
-    and threads must not share one; writes serialized by a lock."""
+    and threads must not share one; writes serialized by a lock (on PostgreSQL, per user)."""
 
     def __init__(self, path: Path | str, config: TextStoreConfig) -> None:
         """`path`: the SQLite file, or a `postgresql://` URL (pg.is_postgres_url)."""
@@ -58,7 +82,7 @@ class Database:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self._write_lock = threading.RLock()
+        self._write_locks = _WriteLocks(WRITE_LOCK_STRIPES if self._pg is not None else 1)
         self._subscribers: list[Callable[[ChangeEvent], None]] = []
         self._subscribers_lock = threading.Lock()
         self._closed = False
@@ -91,16 +115,18 @@ class Database:
         return conn
 
     @contextmanager
-    def write(self) -> Iterator[Tx]:
+    def write(self, user_id: str | None = None) -> Iterator[Tx]:
         """One write transaction; on any exception it rolls back and nothing is written or emitted.
 
-        After COMMIT the `after_commit` hooks run under the write lock (so in-process caches change in
-        commit order), then subscribers hear `events` before the caller's `with` block is left.
+        `user_id`: the one user whose rows it writes (on PostgreSQL it then waits only for that user's
+        writes); None: any rows (it waits for every writer). After COMMIT the `after_commit` hooks run under
+        the write lock (so a user's in-process caches change in commit order), then subscribers hear `events`
+        before the caller's `with` block is left.
         """
         conn = self.conn()
-        with self._write_lock:
+        with self._write_locks.hold(user_id):
             if self._pg is not None:
-                self._pg.begin_write(conn)
+                self._pg.begin_write(conn, user_id)
             else:
                 conn.execute("BEGIN IMMEDIATE")
             tx = Tx(conn)

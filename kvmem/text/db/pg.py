@@ -3,7 +3,8 @@ statements, and PostgreSQL's dialect (dialect.py's interface).
 
 Owns turning `?` placeholders into psycopg's, reconnecting after the server went away (StoreUnavailable for
 the call that hit it, a fresh connection for the next), the write lock every replica shares (a transaction-
-scoped advisory lock, so writers serialize as SQLite's `BEGIN IMMEDIATE` does), and the keyword index as a
+scoped advisory lock per user, so one user's writers serialize as SQLite's `BEGIN IMMEDIATE` makes them, while
+different users' writes run at once), and the keyword index as a
 term table `memory_terms(user_id, term, rowid, tf)` filled with FTS5's own stems (terms.py), so per-user
 BM25 scores match SQLite's. Knows nothing of the store's operations; psycopg is imported here only.
 """
@@ -11,6 +12,7 @@ BM25 scores match SQLite's. Knows nothing of the store's operations; psycopg is 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from typing import Any
 
@@ -23,7 +25,9 @@ from kvmem.text.search.terms import query_tokens, term_counts
 
 logger = logging.getLogger(__name__)
 
-# pg_advisory_xact_lock keys (any fixed 64-bit numbers; the same in every replica).
+# pg_advisory_xact_lock keys (any fixed 64-bit numbers; the same in every replica). A user's write holds
+# WRITE_LOCK_KEY shared and its user's key (user_lock_key) exclusive; a write of no one user (the embedder's
+# bookkeeping, an import, pruning receipts) holds WRITE_LOCK_KEY exclusive, so it waits for every user's.
 WRITE_LOCK_KEY = 0x6B766D656D5F7700  # "kvmem_w\0"
 MIGRATE_LOCK_KEY = 0x6B766D656D5F6D00  # "kvmem_m\0"
 _CONNECT_TIMEOUT_S = 5
@@ -200,7 +204,7 @@ _EMPTY: Any = _Empty()
 
 
 class PostgresDialect:
-    """The keyword index is `memory_terms`; JSON filters use jsonb; writers take the shared advisory lock."""
+    """The keyword index is `memory_terms`; JSON filters use jsonb; writers take advisory locks (begin_write)."""
 
     name = "postgresql"
     terms_table = "memory_terms"
@@ -258,10 +262,23 @@ class PostgresDialect:
 POSTGRES = PostgresDialect()
 
 
-def begin_write(conn: PgConnection) -> None:
-    """BEGIN, then the advisory lock every replica's writers take: one writer at a time, as on SQLite."""
+def user_lock_key(user_id: str) -> int:
+    """The advisory lock key of a user's writes: 64 bits of a digest of the id (two users that share one only
+    wait for each other)."""
+    digest = hashlib.blake2b(user_id.encode("utf-8"), digest_size=8, person=b"kvmem-user-lock").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def begin_write(conn: PgConnection, user_id: str | None = None) -> None:
+    """BEGIN, then the advisory locks every replica's writers take (held until COMMIT or ROLLBACK): a user's
+    write waits only for that user's other writes (and for a write of no user), so one user's writes are
+    serialized, in one commit order, as on SQLite; `user_id` None: a write of no one user, alone."""
     conn.execute("BEGIN")
-    conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK_KEY,))
+    if user_id is None:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK_KEY,))
+        return
+    conn.execute("SELECT pg_advisory_xact_lock_shared(?)", (WRITE_LOCK_KEY,))
+    conn.execute("SELECT pg_advisory_xact_lock(?)", (user_lock_key(user_id),))
 
 
 def begin_read(conn: PgConnection) -> None:

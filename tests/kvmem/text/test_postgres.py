@@ -180,10 +180,12 @@ def test_replicas_starting_together_on_a_fresh_database_migrate_it_once(pg_url):
         store.close()
 
 
-def test_change_events_are_heard_in_commit_order(pg_url):
+def test_change_events_are_heard_in_each_users_commit_order(pg_url):
+    """Writers lock per user (pg.begin_write): one user's writes commit, and are heard, one after another;
+    different users' run at once, so their relative order is not fixed."""
     store = _open(pg_url)
-    heard: list[str] = []
-    store.subscribe(lambda event: heard.append(event.memory_id))
+    heard: list[tuple[str, str]] = []
+    store.subscribe(lambda event: heard.append((event.user_id, event.memory_id)))
 
     def work(n: int) -> None:
         for i in range(10):
@@ -196,7 +198,9 @@ def test_change_events_are_heard_in_commit_order(pg_url):
         t.join()
     rowid = dict(store._conn().execute("SELECT id, rowid FROM memories"))
     assert len(heard) == 40
-    assert [rowid[i] for i in heard] == sorted(rowid.values())  # rowids are handed out in commit order
+    for n in range(4):  # a user's rowids are handed out in their commit order
+        theirs = [rowid[i] for user, i in heard if user == f"user{n}"]
+        assert len(theirs) == 10 and theirs == sorted(theirs)
     store.close()
 
 
@@ -258,3 +262,52 @@ def test_a_connection_lost_mid_transaction_writes_nothing_and_the_next_call_reco
     assert [m.text for m in store.add("alice", texts=["d"])] == ["d"]
     assert store.count("alice") == 2
     store.close()
+
+
+def test_writers_lock_per_user_one_users_writes_wait_for_each_other_only(pg_url):
+    """Issue 42 item 18: while a write of alice's is open (its keyed answer is computed inside its transaction),
+    bob's write through the same replica commits, and alice's next write, through another replica, waits on
+    her advisory lock until the first commits; her writes commit in order."""
+    from kvmem.text.keyed_writes import ReceiptClaim
+
+    one, two = _open(pg_url), _open(pg_url)
+    inside, release = threading.Event(), threading.Event()
+
+    def held(view):
+        inside.set()
+        release.wait(30)
+        return 201, {"ids": view.event_ids("added", "alice")}
+
+    def first() -> None:
+        with one.keyed_write(ReceiptClaim("alice", "POST /x", "k", "f", held, now_s=0.0, ttl_s=60.0)):
+            one.add("alice", "first")
+
+    def add(store: MemoryStore, user: str, text: str) -> threading.Thread:
+        thread = threading.Thread(target=store.add, args=(user, text))
+        thread.start()
+        return thread
+
+    opened = threading.Thread(target=first)
+    opened.start()
+    try:
+        assert inside.wait(30)  # alice's transaction is open, her lock held
+        bob = add(one, "bob", "bob's note")
+        bob.join(30)
+        assert not bob.is_alive() and [m.text for m in two.list("bob").items] == ["bob's note"]
+        second = add(two, "alice", "second")
+        waiting = 0
+        for _ in range(300):  # bounded: until alice's second write waits on her advisory lock
+            waiting = two._conn().execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()[0]
+            if waiting:
+                break
+            threading.Event().wait(0.02)
+        assert waiting == 1 and second.is_alive()
+    finally:
+        release.set()
+        opened.join(30)
+    second.join(30)
+    assert [m.text for m in two.list("alice").items] == ["second", "first"]  # newest first
+    one.close()
+    two.close()
