@@ -234,6 +234,7 @@ def main(argv=None, handle=None) -> dict:
     p.add_argument(
         "--random-preset", default=None, help="a random-weight shape (benchmarks/ttft/random_models.py)"
     )
+    p.add_argument("--model", default=None, help="a model id or directory (default: the default model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
@@ -256,7 +257,7 @@ def main(argv=None, handle=None) -> dict:
     else:
         from kvmem.models import load_model
 
-        handle = load_model(device=args.device, dtype=args.dtype)
+        handle = load_model(args.model, device=args.device, dtype=args.dtype)
     model = handle.model
     vocab = model.config.get_text_config().vocab_size
     pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20, device=handle.device)

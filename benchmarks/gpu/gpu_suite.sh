@@ -67,11 +67,12 @@ if [ "${SMOKE:-0}" = 1 ]; then
   EX=(--sizes 200 --queries 20 --new-tokens 4); GRID=(--ctx 300 --query 40 --reps 1)
   QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
   LOAD=(--levels 1 2 --duration-s 5); GT=(--smoke)
+  PROF=(--rows 1 2 --chunks 16 --ctx 0 64 --reps 1 --profile-steps 1 --pool-mb 256)
 else
   EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
   QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
   ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
-  GT=()
+  GT=(); PROF=()
 fi
 MODEL="$OUT/model"
 RANDOM_MODEL=()
@@ -87,7 +88,10 @@ step engine 180 "$PY" -m benchmarks.engine.engine_bench --model "$MODEL" --devic
 # the server with CUDA graphs (its default on a GPU), then without, on the same machine
 step http_load 150 "$PY" -m benchmarks.load.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE" --out "$OUT/http_load.json"
 step http_load_eager 150 "$PY" -m benchmarks.load.http_load --spawn --model "$MODEL" "${LOAD[@]}" --serve-args "--device $DEVICE --no-cuda-graphs" --out "$OUT/http_load_eager.json"
+# where a step's time goes (issue 43): kernels or aten ops per layer, host and device time per step
+step step_profile 90 "$PY" -m benchmarks.engine.step_profile --model "$MODEL" --device "$DEVICE" "${PROF[@]}" --out "$OUT/step_profile.json"
 if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU only
+  step step_profile_qwen3_8b 120 "$PY" -m benchmarks.engine.step_profile --random-preset qwen3-8b --dtype bfloat16 --device cuda "${PROF[@]}" --pool-mb 8192 --out "$OUT/step_profile_qwen3_8b.json"
   step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft.ttft_grid --random-preset qwen3-8b "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
 fi
 step exactness_fp32 90 "$PY" -m benchmarks.ttft.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
