@@ -19,7 +19,7 @@ from scheduler.plan import Plan
 from serving.backends.base import Backend, GenerationRequest, GenerationResult, SamplingParams
 from serving.chat.openai_params import sampling_extras
 from serving.config import ServingConfig
-from serving.http.protocol import ApiError, ChatCompletionRequest
+from serving.http.protocol import ApiError, ChatCompletionRequest, bad_request
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,15 @@ class ChatPreparer:
         )
         room = self._backend.max_context_tokens - len(prompt.ids)
         wanted = body.max_completion_tokens or body.max_tokens or self._config.default_max_tokens
+        if (body.max_completion_tokens or body.max_tokens) and wanted > room:  # asked for: refused, as OpenAI
+            field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            raise bad_request(
+                f"{field} is {wanted} and the prompt has {len(prompt.ids)} tokens; the model's context length "
+                f"is {self._backend.max_context_tokens} tokens, so at most {room} can be generated: lower "
+                f"{field}",
+                param=field,
+                code="context_length_exceeded",
+            )
         sampling = SamplingParams(
             max_new_tokens=max(1, min(wanted, room)),
             temperature=1.0 if body.temperature is None else body.temperature,

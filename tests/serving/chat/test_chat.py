@@ -110,12 +110,30 @@ def test_stop_string_is_cut(stack: Stack, client: TestClient) -> None:
     assert text == "Hello"
 
 
-def test_max_tokens_clamped_to_context(tmp_path: Path) -> None:
+def test_max_tokens_past_the_context_is_400_and_the_default_is_clamped(tmp_path: Path) -> None:
+    """Issue 42 item 23: a max_tokens the context cannot hold after the prompt is refused with 400 naming the
+    limit, as OpenAI does (10^9 was accepted and generated for minutes); the server's default reply length is
+    clamped to the room left, and a max_tokens that fits is taken as it is."""
     s = make_stack(tmp_path, backend=FakeBackend(max_context_tokens=80))
     with TestClient(s.app) as client:
-        r = chat(client, "hi", max_tokens=1000)
+        r = chat(client, "hi", max_tokens=1)
+        assert r.status_code == 200, r.text
         prompt_tokens = len(s.backend.requests[-1].prompt.ids)
-        assert s.backend.requests[-1].sampling.max_new_tokens == 80 - prompt_tokens
+        room = 80 - prompt_tokens
+        served = len(s.backend.requests)
+        for field, value in (("max_tokens", room + 1), ("max_completion_tokens", 10**9)):
+            r = chat(client, "hi", **{field: value})
+            error = r.json()["error"]
+            assert r.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", field)
+            assert error["message"] == (
+                f"{field} is {value} and the prompt has {prompt_tokens} tokens; the model's context length is "
+                f"80 tokens, so at most {room} can be generated: lower {field}"
+            )
+        assert len(s.backend.requests) == served  # nothing reached the backend
+        chat(client, "hi", max_tokens=room)
+        assert s.backend.requests[-1].sampling.max_new_tokens == room
+        chat(client, "hi")  # the default reply length (256) is clamped to what is left
+        assert s.backend.requests[-1].sampling.max_new_tokens == room
         r = chat(client, "x" * 100)
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
