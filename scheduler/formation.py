@@ -379,10 +379,12 @@ class FormationWorker:
         self._answered()
         ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
-        adds, duplicates, supersessions = self._consolidate(user_id, facts, said)
+        adds, duplicates, supersessions, outdated = self._consolidate(user_id, facts, said)
         result = self.store.commit_formed(
-            user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name
+            user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name, outdated=outdated
         )
+        if result.requeued:  # restatements of a memory deleted meanwhile: formed again on their own
+            self.submit(user_id)
         self.stats.formed_turns_total += len(ids)
         self.stats.memories_added_total += len(result.added)
         self.stats.superseded_total += len(result.superseded_ids)
@@ -441,9 +443,10 @@ class FormationWorker:
 
     def _consolidate(
         self, user_id: str, facts: list[Fact], said: dict[str, str]
-    ) -> tuple[list[Any], list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[Any], list[Any], list[tuple[int, str]]]:
         """Decisions for the batch against the user's served memories with the slots the facts set (or clear)
-        and the nearest ones by embedding; returns commit_formed's adds, duplicates and supersessions.
+        and the nearest ones by embedding; returns commit_formed's adds, duplicates, supersessions and
+        outdated (a fact said before a newer memory of its slot: added already superseded by it).
 
         Which of two statements is newer goes by when each was said (`said`: turn id -> chat_time; a
         memory's chat_time), not by the date a fact names: "I moved to Berlin last month" said today retires
@@ -451,7 +454,7 @@ class FormationWorker:
         from kvmem.text.records import FormedMemory
 
         if not facts:
-            return [], [], []
+            return [], [], [], []
         existing: dict[str, ExistingMemory] = {}
 
         def consider(m: Any) -> None:
@@ -476,11 +479,14 @@ class FormationWorker:
         adds: list[Any] = []
         index_of: dict[int, int] = {}  # fact index -> add index
         duplicates: list[tuple[str, tuple[str, ...]]] = []
+        outdated: list[tuple[int, str]] = []
         for i, (fact, decision) in enumerate(zip(facts, batch.decisions, strict=True)):
             if decision.kind == "duplicate":
                 # a duplicate of a fact of this batch adds nothing; of a stored memory, its turns
                 duplicates.extend((t, fact.turn_ids) for t in decision.target_ids if t in existing)
                 continue
+            if decision.kind == "outdated":
+                outdated.append((len(adds), decision.target_ids[0]))
             index_of[i] = len(adds)
             adds.append(
                 FormedMemory(
@@ -504,7 +510,7 @@ class FormationWorker:
                     supersessions.append((index_of[batch_index[s.old_id]], index_of[s.new_index]))
             elif s.old_id in existing:
                 supersessions.append((s.old_id, index_of[s.new_index]))
-        return adds, duplicates, supersessions
+        return adds, duplicates, supersessions, outdated
 
     def _similarity(self, fact_texts: list[str], other_texts: list[str]) -> Callable[[str, str], float]:
         """Cosine of the store's embeddings, for the texts of this batch (one embedding call)."""

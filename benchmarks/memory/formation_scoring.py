@@ -151,6 +151,9 @@ def consolidate_history(
             new_id = f"m{len(texts)}"
             ids[batch_ref(index)] = new_id
             texts[new_id] = fact.text
+            if decision.kind == "outdated":  # added already superseded by a newer memory: history
+                superseded.append(new_id)
+                continue
             current[new_id] = ExistingMemory(
                 new_id, fact.text, fact.slot, fact.value, fact.valid_from, when if pass_said_at else ""
             )

@@ -163,6 +163,13 @@ def _decide(
         ]
         if targets:
             return Decision("supersede", tuple(targets))
+        newer = [
+            m
+            for m in pool
+            if m.slot == fact.slot and _contradicts(fact, m, config) and m.id not in ordered_ids
+        ]
+        if newer:  # every one of them is newer (else it would be a target): the fact is history already
+            return Decision("outdated", (max(newer, key=lambda m: m.said_at or m.valid_from).id,))
     if similarity is not None:
         near = [
             m.id
@@ -187,8 +194,10 @@ def consolidate(
 
     1. "duplicate" of every memory with the same normalized text, or the same slot and value;
     2. "supersede" every memory with the same slot and another value (or cleared by a `ClearRule`) that is
-       not newer than the fact (an older fact, e.g. from an imported old log, supersedes nothing). A fact
-       without a slot never supersedes. "Newer" compares `said_at` (when the fact was said: its latest
+       not newer than the fact; else "outdated" when memories with the same slot and another value are all
+       newer than the fact (a backlog fact, e.g. from an imported old log, or a turn formed late): it is added
+       already superseded by the newest of them, so a single-valued slot never has two current values. A
+       fact without a slot never supersedes. "Newer" compares `said_at` (when the fact was said: its latest
        turn's chat_time) with the memory's `said_at` where both are given, else the two `valid_from`: a
        fact's valid_from may be the past day it names ("I moved to Porto last year" -> that year's first
        day), which can precede a memory said before it ("I live in Lisbon"), so pass `said_at` where known;
@@ -250,7 +259,7 @@ def consolidate_batch(
         fact_said_at = said_at[index] if said_at is not None else None
         decision = _decide(fact, pool, similarity, config, fact_said_at, frozenset(batch_ids))
         decisions.append(decision)
-        if decision.kind == "duplicate":
+        if decision.kind in ("duplicate", "outdated"):  # an outdated fact is not current: not in the pool
             continue
         if decision.kind == "supersede":
             retired = set(decision.target_ids)

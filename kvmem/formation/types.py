@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DECISIONS = ("add", "duplicate", "supersede")
+DECISIONS = ("add", "duplicate", "supersede", "outdated")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,9 @@ class Fact:
 @dataclass(frozen=True)
 class Decision:
     """What consolidation does with a new fact: add it; drop it as a duplicate of `target_ids` (their
-    provenance gains its turns); or add it and supersede `target_ids` (they get valid_to and superseded_by)."""
+    provenance gains its turns); add it and supersede `target_ids` (they get valid_to and superseded_by); or
+    add it already superseded by `target_ids[0]` ("outdated": a newer memory sets its slot otherwise, so it is
+    history, never served)."""
 
     kind: str  # one of DECISIONS
     target_ids: tuple[str, ...] = ()

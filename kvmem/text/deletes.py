@@ -10,6 +10,7 @@ un-superseding would need a judgement the store does not make). Knows nothing of
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -22,11 +23,47 @@ from kvmem.text.conversation.turns import (
     turns_using,
 )
 from kvmem.text.db.connections import Database
-from kvmem.text.db.rows import bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
+from kvmem.text.db.rows import LIVE, bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_memory_id, check_optional_id, check_user_id, format_time
 from kvmem.text.records import ChangeEvent
 from kvmem.text.search.vectors import VectorCache
+
+# a tombstone's metadata when its fact was forgotten (delete, turns not kept): a formation pass that judged a
+# turn to restate it retires that turn as well (commit_formed)
+FORGOTTEN = '{"forgotten": true}'
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def restating_turns(conn: Any, user_id: str, where: str, params: list[Any]) -> list[str]:
+    """This user's turns still waiting for formation (pending or dead) whose words contain, in order, all the
+    words of a live memory matching `where`: a fact said again and not yet formed, retired with the memory so
+    that it does not come back. A restatement in other words is caught when a pass forms it (commit_formed)."""
+    texts = [
+        _words(r[0])
+        for r in conn.execute(
+            f"SELECT m.text FROM memories m WHERE m.user_id = ? AND {LIVE} AND {where}", [user_id, *params]
+        )
+    ]
+    texts = [t for t in texts if t]
+    if not texts:
+        return []
+    waiting = conn.execute(
+        "SELECT id, text FROM turns WHERE user_id = ? AND formation IN ('pending', 'dead')", (user_id,)
+    ).fetchall()
+    return [i for i, text in waiting if any(f" {t} " in f" {_words(text)} " for t in texts)]
+
+
+def mark_forgotten(conn: Any, user_id: str, ids: list[str]) -> None:
+    """These tombstones of this user forgot their fact (FORGOTTEN)."""
+    for memory_id in ids:
+        conn.execute(
+            "UPDATE memories SET metadata = ? WHERE user_id = ? AND id = ? AND state = 'deleted'",
+            (FORGOTTEN, user_id, memory_id),
+        )
 
 
 class MemoryDeletes:
@@ -52,9 +89,11 @@ class MemoryDeletes:
     def delete(self, user_id: str, memory_id: str, *, delete_turns: bool = True) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user. With
         `delete_turns`, the log turns it was formed from (its source_turn_ids, this user's only) are deleted
-        too, whatever other memories cite them, and so are the replies to those turns and every reply
-        generated with the memory (log_turns' `reply_to` and `used_memory_ids`): they repeat it. Without,
-        the log is left as it is. A memory this one superseded stays superseded."""
+        too, whatever other memories cite them, and so are the replies to those turns, every reply
+        generated with the memory (log_turns' `reply_to` and `used_memory_ids`): they repeat it, and the turns
+        still waiting for formation that say it again (`restating_turns`; a pass forming one meanwhile retires
+        it at its commit): the fact does not come back. Without, the log is left as it is. A memory this one
+        superseded stays superseded."""
         check_user_id(user_id)
         check_memory_id(memory_id)
         return self._delete_where(user_id, "m.id = ?", [memory_id], source_turns=delete_turns)
@@ -108,12 +147,16 @@ class MemoryDeletes:
             ids = live_ids(tx.conn, user_id, where, params)
             if not ids:
                 return 0
+            forget = source_turns and not whole_log and session is None  # this fact, not a conversation
             if source_turns and not whole_log:
                 sources = source_turn_ids(tx.conn, user_id, where, params)
                 # the replies to its source turns and the replies made with it repeat it: they go too
                 replies = [*replies_to(tx.conn, user_id, sources), *turns_using(tx.conn, user_id, ids)]
-                delete_turn_ids(tx.conn, user_id, [*sources, *replies])
+                restated = restating_turns(tx.conn, user_id, where, params) if forget else []
+                delete_turn_ids(tx.conn, user_id, [*sources, *replies, *restated])
             tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
+            if forget:  # a pass forming a restatement of it meanwhile retires that turn too (commit_formed)
+                mark_forgotten(tx.conn, user_id, ids)
             if not bumped:
                 bump_generation(tx.conn, user_id)
             tx.after_commit.append(lambda: self._vectors.invalidate(user_id))

@@ -209,8 +209,12 @@ class FormedMemory:
 @dataclass(frozen=True)
 class CommitResult:
     """What commit_formed wrote: the memories added (in the order of the adds kept), the ids of the memories
-    they superseded, and how many adds were dropped because a turn they cite was deleted meanwhile."""
+    they superseded (or that were added superseded), how many adds were dropped because a turn they cite was
+    deleted meanwhile, how many turns restating a memory deleted meanwhile were left pending to be formed
+    again (`requeued`) or deleted with the fact they restate (`retired`)."""
 
     added: list[Memory]
     superseded_ids: list[str]
     dropped: int
+    requeued: int = 0
+    retired: int = 0

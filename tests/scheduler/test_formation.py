@@ -351,3 +351,87 @@ def test_newer_is_when_it_was_said_not_the_date_it_names(store: MemoryStore) -> 
         and berlin.chat_time == "2026-11-26T12:00:00.000000Z"
     )
     assert store.get("u", lisbon.id).superseded_by == berlin.id
+
+
+def test_a_backlog_fact_said_before_a_newer_memory_of_its_slot_is_added_superseded(
+    store: MemoryStore,
+) -> None:
+    """Issue 42 item 12: "I live in Lisbon" said on Nov 20 is formed after "I moved to Berlin" said on Nov 25
+    (a backlog): it used to be added as current, two current home cities. It is history: added superseded by
+    Berlin, never served."""
+    worker = FormationWorker(store, RuleExtractor())
+    store.log_turns(
+        "u", [{"role": "user", "content": "I moved to Berlin.", "chat_time": "2026-11-25T10:00:00Z"}]
+    )
+    worker.form_user("u")
+    [berlin] = store.list("u").items
+    store.log_turns(
+        "u", [{"role": "user", "content": "I live in Lisbon.", "chat_time": "2026-11-20T10:00:00Z"}]
+    )
+    result = worker.form_user("u")
+    assert (result.num_added, result.num_superseded) == (1, 1)
+    assert served(store) == ["I moved to Berlin."]
+    lisbon = next(m for m in store.list("u", include_superseded=True).items if m.id != berlin.id)
+    assert (lisbon.text, lisbon.superseded_by, lisbon.valid_to) == (
+        "I live in Lisbon.",
+        berlin.id,
+        berlin.valid_from,
+    )
+    assert store.get("u", berlin.id).superseded_by is None
+
+
+def _delete_before_commit(store: MemoryStore, delete) -> None:
+    """Make the next commit_formed run `delete()` first: a delete landing while a pass is formed."""
+    commit = store.commit_formed
+
+    def hooked(*args, **kwargs):
+        store.commit_formed = commit
+        delete()
+        return commit(*args, **kwargs)
+
+    store.commit_formed = hooked
+
+
+def test_a_fact_said_twice_and_deleted_while_the_second_waits_does_not_come_back(store: MemoryStore) -> None:
+    """Item 20: "I am allergic to peanuts" said twice; the first is formed, the memory deleted while the
+    second turn waits for formation (or while it is being formed): the second turn is retired with the
+    memory, and nothing comes back."""
+    worker = FormationWorker(store, RuleExtractor())
+    say(store, "u", "I am allergic to peanuts.")
+    worker.form_user("u")
+    [allergy] = store.list("u").items
+    say(store, "u", "Hi! I am allergic to peanuts. And I live in Lisbon.")
+    assert store.delete("u", allergy.id) == 1
+    assert store.list_turns("u").total == 0  # the pending restatement went with it
+    assert worker.form_user("u").num_turns == 0 and served(store) == []
+    # deleted while the pass forms it: the pass judged it a restatement, and retires it
+    say(store, "u", "I am allergic to cats.")
+    worker.form_user("u")
+    [cats] = store.list("u").items
+    say(store, "u", "Oh and I am allergic to cats!")
+    _delete_before_commit(store, lambda: store.delete("u", cats.id))
+    worker.form_user("u")
+    assert served(store) == [] and store.list_turns("u").total == 0
+    assert store.formation_counts("u").pending == 0
+
+
+def test_a_restatement_of_a_memory_deleted_otherwise_before_the_commit_is_not_lost(
+    store: MemoryStore,
+) -> None:
+    """Item 13: the second turn is judged a duplicate of the memory, which is deleted before the commit by a
+    delete that forgets no fact (keep_turns: the memory goes, the conversation stays): the restatement used to
+    be marked formed and lost. It stays pending and the next pass forms it on its own."""
+    worker = FormationWorker(store, RuleExtractor())
+    say(store, "u", "My cat is called Pixel.")
+    worker.form_user("u")
+    [pixel] = store.list("u").items
+    [again] = say(store, "u", "My cat is called Pixel.")
+    _delete_before_commit(store, lambda: store.delete("u", pixel.id, delete_turns=False))
+    result = worker.form_user("u")
+    assert (result.num_added, result.num_duplicates) == (0, 1)
+    assert [t.id for t in store.pending_turns("u")] == [again]
+    assert "u" in worker._queue  # queued again
+    assert worker.form_user("u").num_added == 1
+    [formed] = store.list("u").items
+    assert (formed.text, formed.source_turn_ids) == ("My cat is called Pixel.", (again,))
+    assert formed.id != pixel.id and store.formation_counts("u").pending == 0

@@ -10,6 +10,7 @@ readable for questions about the past. Knows nothing of how facts are extracted 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 import uuid
 from collections.abc import Callable
@@ -154,6 +155,19 @@ def _formed_memory(
     )
 
 
+def deleted_how(conn: sqlite3.Connection, user_id: str, memory_id: str) -> str | None:
+    """How this user's memory was deleted: "forgotten" (`delete` without keep_turns: its tombstone says so,
+    deletes.FORGOTTEN), "deleted" (a session's delete, or with its turns kept), None if it is no tombstone of
+    theirs."""
+    row = conn.execute(
+        "SELECT metadata FROM memories WHERE user_id = ? AND id = ? AND state = 'deleted'",
+        (user_id, memory_id),
+    ).fetchone()
+    if row is None:
+        return None
+    return "forgotten" if json.loads(row[0]).get("forgotten") is True else "deleted"
+
+
 class FormationWrites:
     """commit_formed, supersede and slot_candidates on MemoryStore; the store provides what is declared here."""
 
@@ -173,6 +187,7 @@ class FormationWrites:
         supersessions: list[tuple[str | int, int]],
         *,
         extractor: str,
+        outdated: list[tuple[int, str]] | tuple[()] = (),
     ) -> CommitResult:
         """Commits one formation pass over this user's log turns `turn_ids`, in one transaction.
 
@@ -180,12 +195,18 @@ class FormationWrites:
           citing a turn that is not (or no longer) a turn of this user, e.g. deleted meanwhile, is dropped,
           and so is every supersession by it.
         - duplicates: (memory id, turn ids): an existing memory said again; its source_turn_ids gain those
-          of the turns that still exist (no new version, no event). A memory no longer live is skipped.
+          of the turns that still exist (no new version, no event). If the memory was deleted meanwhile, the
+          restatement is not lost: when its delete forgot the fact (`delete`, turns not kept) the turns go
+          too, retired as its own turns went (`retired`); else (a session's delete, keep_turns) they stay
+          pending (`requeued`), for the next pass to form on their own.
         - supersessions: (old memory id, index into adds): if the old memory is still served, it gets
           valid_to (the add's valid_from, or now if the old one's valid_from is later) and superseded_by,
           as a new version; subscribers hear ChangeEvent(old id, "updated", text_changed=True). The old
           side may instead be an index into adds (a later fact of the batch supersedes an earlier one): that
           add is inserted already superseded (version 1, never served, no 'updated' event).
+        - outdated: (index into adds, memory id): a newer memory sets the add's slot otherwise, so the add is
+          inserted already superseded by it (valid_to: that memory's valid_from, or now if the add's is later)
+          if it is still live; else it is added as current.
         A memory is superseded once: the first pair naming it wins. The turns among `turn_ids` still pending
         or dead become 'formed'. Events after the commit: 'added' per memory added, in order, then 'updated'
         per existing memory superseded. superseded_ids lists both kinds, in the order of `supersessions`.
@@ -206,6 +227,11 @@ class FormationWrites:
             )
             for i, (old, index) in enumerate(_check_pairs(supersessions, "supersessions"))
         ]
+        outdated_by: dict[int, str] = {}
+        for i, (index, newer) in enumerate(_check_pairs(outdated, "outdated")):
+            outdated_by.setdefault(
+                check_int(index, f"outdated[{i}][0]", 0, len(adds) - 1), check_memory_id(newer)
+            )
         vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
         now = format_time(self._clock())
         with self._db.write(user_id) as tx:
@@ -221,16 +247,28 @@ class FormationWrites:
                 if all(t in existing for t in add.source_turn_ids)
             }
             born_superseded = _within_batch(adds, new_ids, supersessions, now)
+            for i, newer_id in outdated_by.items():  # history already: a newer memory says otherwise
+                newer = find_live(tx.conn, user_id, newer_id)
+                if i in new_ids and i not in born_superseded and newer is not None:
+                    assert newer.memory.valid_from is not None, newer_id
+                    valid_to = superseded_until(adds[i].valid_from, newer.memory.valid_from, now)
+                    born_superseded[i] = (newer_id, valid_to)
             added = {
                 i: _formed_memory(adds[i], memory_id, user_id, extractor, now, born_superseded.get(i))
                 for i, memory_id in new_ids.items()
             }
             rowids = [self._insert(tx.conn, m, vectors[i].tobytes()) for i, m in added.items()]
+            retired: list[str] = []  # restatements of a fact forgotten meanwhile: they go as its turns did
+            held: list[str] = []  # restatements of a memory deleted otherwise: formed again on their own
             for memory_id, gained in duplicates:
                 found = find_live(tx.conn, user_id, memory_id)
                 gained = [t for t in gained if t in existing]
                 if found is not None and gained:
                     add_provenance(tx.conn, found, gained)
+                elif found is None and gained:
+                    how = deleted_how(tx.conn, user_id, memory_id)
+                    if how is not None:
+                        (retired if how == "forgotten" else held).extend(gained)
             superseded: list[str] = []  # every memory superseded here, in the order of `supersessions`
             updated: list[str] = []  # the existing ones among them
             for old, index in supersessions:
@@ -246,7 +284,11 @@ class FormationWrites:
                     supersede_row(tx.conn, found, added[index].id, valid_to, now)
                     superseded.append(old)
                     updated.append(old)
-            turns.mark_formed(tx.conn, user_id, ids, now)
+            for i, newer_id in outdated_by.items():
+                if i in added and added[i].superseded_by == newer_id:
+                    superseded.append(added[i].id)
+            turns.delete_turn_ids(tx.conn, user_id, retired)
+            turns.mark_formed(tx.conn, user_id, [t for t in ids if t not in set(held)], now)
             if added:
                 kept = vectors[list(added)]  # [len(added), dim]
                 self._refresh_vectors(tx, user_id, rowids, list(added.values()), kept, bool(superseded))
@@ -254,7 +296,11 @@ class FormationWrites:
             tx.events.extend(ChangeEvent(old_id, user_id, "updated", text_changed=True) for old_id in updated)
         superseded = list(dict.fromkeys(superseded))
         return CommitResult(
-            added=list(added.values()), superseded_ids=superseded, dropped=len(adds) - len(added)
+            added=list(added.values()),
+            superseded_ids=superseded,
+            dropped=len(adds) - len(added),
+            requeued=len(set(held) - set(retired)),
+            retired=len(set(retired)),
         )
 
     def _refresh_vectors(

@@ -48,9 +48,13 @@ def test_same_slot_other_value_supersedes_every_such_memory() -> None:
     assert got == Decision("supersede", ("m2",))
 
 
-def test_an_older_fact_supersedes_nothing() -> None:
+def test_an_older_fact_supersedes_nothing_and_is_outdated() -> None:
+    """Issue 42 item 12: an older fact about a slot a newer memory sets otherwise was "add": two current
+    values of one slot. It is "outdated": added already superseded by the newest such memory."""
     old = fact("I moved to Berlin", "user|home_city", "berlin", valid_from="2025-01-01T00:00:00.000000Z")
-    assert consolidate(old, [LISBON]) == Decision("add")
+    assert consolidate(old, [LISBON]) == Decision("outdated", ("m1",))
+    newest = ExistingMemory("m8", "I live in Porto", "user|home_city", "porto", T2)
+    assert consolidate(old, [LISBON, newest, COFFEE]) == Decision("outdated", ("m8",))
     same_time = fact("I moved to Berlin", "user|home_city", "berlin", valid_from=T1)
     assert consolidate(same_time, [LISBON]) == Decision("supersede", ("m1",))
     unknown = ExistingMemory("m6", "I live in Lisbon", "user|home_city", "lisbon", "")
@@ -63,9 +67,11 @@ def test_said_at_decides_where_both_are_known() -> None:
     moved = fact(
         "My sister moved to Porto in 2025", "sister|home_city", "porto", "2025-01-01T00:00:00.000000Z"
     )
-    assert consolidate(moved, [rome]) == Decision("add")  # by valid_from alone: older
+    assert consolidate(moved, [rome]) == Decision("outdated", ("m7",))  # by valid_from alone: older
     assert consolidate(moved, [rome], said_at=T2) == Decision("supersede", ("m7",))
-    assert consolidate(moved, [rome], said_at="2025-06-01T00:00:00Z") == Decision("add")  # an old log
+    assert consolidate(moved, [rome], said_at="2025-06-01T00:00:00Z") == Decision(
+        "outdated", ("m7",)
+    )  # old log
 
 
 def test_a_fact_without_a_slot_never_supersedes() -> None:
@@ -101,7 +107,7 @@ def test_near_duplicates_need_similarity_and_overlap() -> None:
     # never across two values of one slot, however similar
     older = fact("I moved to Berlin", "user|home_city", "berlin", valid_from="2020-01-01T00:00:00Z")
     lisbon_moved = ExistingMemory("m12", "I moved to Lisbon", "user|home_city", "lisbon", T1)
-    assert consolidate(older, [lisbon_moved], close) == Decision("add")
+    assert consolidate(older, [lisbon_moved], close) == Decision("outdated", ("m12",))
 
 
 def test_word_overlap_keeps_negations() -> None:

@@ -115,7 +115,7 @@ def test_delete_erases_content_and_history(store):
     store.delete("alice", m.id)
     conn = store._conn()
     assert conn.execute("SELECT text, tags, metadata, state FROM memories").fetchall() == [
-        ("", "[]", "{}", "deleted")
+        ("", "[]", '{"forgotten": true}', "deleted")  # no content; the fact was forgotten (deletes.FORGOTTEN)
     ]
     assert conn.execute("SELECT count(*) FROM memory_versions").fetchone()[0] == 0
     assert conn.execute(f"SELECT count(*) FROM {store._db.dialect.terms_table}").fetchone()[0] == 0
