@@ -140,7 +140,14 @@ def test_not_ready_is_503(tmp_path: Path) -> None:
         assert e503.value.status_code == 503
         assert e503.value.code == "model_not_ready"
         stack.backend.set_ready(True)
-        formation = {"extractor": "rules", "pending_turns": 0, "dead_turns": 0, "last_error": None}
+        formation = {
+            "extractor": "rules",
+            "pending_turns": 0,
+            "dead_turns": 0,
+            "circuit": "closed",
+            "circuit_until": None,
+            "last_error": None,
+        }
         assert httpx.get(f"{url}/health").json() == {
             "status": "ok",
             "model": MODEL,
