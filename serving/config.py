@@ -81,7 +81,10 @@ class ServingConfig:
     session_kv_bytes: int = (
         1 << 30
     )  # live sessions' KV caches (transformers backend); 0: no conversation reuse
-    kv_pool_mb: int = 1024  # the engine's KV page pool (transformers backend), every request's K/V
+    # the engine's KV page pool (transformers backend), every request's K/V; None: 1024 MiB on CPU, on a GPU
+    # kv_pool_fraction of the device memory free once the model is loaded (less the KV store's device tier)
+    kv_pool_mb: int | None = None
+    kv_pool_fraction: float = 0.8
     cuda_graphs: bool = (
         True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
     )
@@ -153,10 +156,12 @@ class ServingConfig:
         for name in ("queue_size", "retrieve_top_k", "default_max_tokens", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_pool_mb < 1:
+        if self.kv_pool_mb is not None and self.kv_pool_mb < 1:
             raise ValueError(
                 f"kv_pool_mb must be >= 1 (every request's K/V lives in it), got {self.kv_pool_mb}"
             )
+        if not 0 < self.kv_pool_fraction <= 1:
+            raise ValueError(f"kv_pool_fraction must be in (0, 1], got {self.kv_pool_fraction}")
         if self.session_kv_bytes < 0:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:

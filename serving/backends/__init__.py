@@ -57,6 +57,7 @@ def _transformers(config: ServingConfig) -> Backend:
             max_queue=config.queue_size,
             session_kv_bytes=config.session_kv_bytes,
             kv_pool_mb=config.kv_pool_mb,
+            kv_pool_fraction=config.kv_pool_fraction,
             cuda_graphs=config.cuda_graphs,
         )
     )

@@ -34,7 +34,29 @@ import torch
 from serving.engine.errors import PoolFull
 
 DEFAULT_PAGE_TOKENS = 16
-__all__ = ["DEFAULT_PAGE_TOKENS", "PagePool", "PoolFull", "PoolShape", "Reclaimer", "SharedPages"]
+CPU_POOL_MB = 1024  # the pool's size on CPU when none is given
+DEVICE_POOL_FRACTION = 0.8  # of a GPU's free memory, when no size is given (see pool_bytes_on_device)
+__all__ = [
+    "CPU_POOL_MB",
+    "DEFAULT_PAGE_TOKENS",
+    "DEVICE_POOL_FRACTION",
+    "PagePool",
+    "PoolFull",
+    "PoolShape",
+    "Reclaimer",
+    "SharedPages",
+    "pool_bytes_on_device",
+]
+
+
+def pool_bytes_on_device(free_bytes: int, fraction: float, reserved_bytes: int = 0) -> int:
+    """The pool's size on a GPU when none is given, as vLLM's `gpu_memory_utilization` sizes its KV cache:
+    `fraction` of the device memory free once the model is loaded, less `reserved_bytes` that other things
+    will take later (the KV store's device tier), so that the rest (a step's activations, CUDA graphs'
+    buffers, adapters) has room. 0 when nothing is left (PagePool then refuses it by name)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"the KV pool's fraction of free device memory must be in (0, 1], got {fraction}")
+    return max(0, int((free_bytes - reserved_bytes) * fraction))
 
 
 @dataclass(frozen=True)

@@ -125,10 +125,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-pool-mb",
         type=int,
-        default=1024,
+        default=None,
         help="MiB of the engine's KV page pool (transformers backend): blocks' pages shared by every request "
         "over them, each request's own tokens in its own pages; a request that finds it full waits, then "
-        "gets 429 (at least 1)",
+        "gets 429, one that could never fit gets 400 (at least 1; default: 1024 on CPU, on a GPU "
+        "--kv-pool-fraction of its free memory once the model is loaded)",
+    )
+    p.add_argument(
+        "--kv-pool-fraction",
+        type=float,
+        default=0.8,
+        help="without --kv-pool-mb, on a GPU: the share of the device memory free after the model loaded (less "
+        "the KV store's device tier) that the KV page pool takes, as vLLM's gpu_memory_utilization (0-1]",
     )
     p.add_argument(
         "--no-cuda-graphs",
@@ -287,6 +295,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             extractor_timeout_s=args.extractor_timeout_s,
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             kv_pool_mb=args.kv_pool_mb,
+            kv_pool_fraction=args.kv_pool_fraction,
             cuda_graphs=not args.no_cuda_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,

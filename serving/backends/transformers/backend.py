@@ -71,7 +71,10 @@ class TransformersBackendConfig:
     session_kv_bytes: int = 1 << 30  # live sessions' KV caches (serving/engine/sessions.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
-    kv_pool_mb: int = 1024  # the engine's KV page pool (serving/engine), where every request's K/V lives
+    # the engine's KV page pool (serving/engine), where every request's K/V lives; None: 1024 MiB on CPU, on a
+    # GPU kv_pool_fraction of the device memory free after the model loaded, less device_kv_bytes
+    kv_pool_mb: int | None = None
+    kv_pool_fraction: float = 0.8  # serving.engine.pages.DEVICE_POOL_FRACTION
     kv_page_tokens: int = 16  # tokens per KV page
     cuda_graphs: bool = (
         True  # on a CUDA device, the engine's pure decode steps replay CUDA graphs (graphs.py)
@@ -94,8 +97,12 @@ class TransformersBackendConfig:
             raise ValueError(
                 "TransformersBackendConfig needs session_kv_bytes >= 0 and sessions_per_user >= 1"
             )
+        if not 0 < self.kv_pool_fraction <= 1:
+            raise ValueError(
+                f"TransformersBackendConfig.kv_pool_fraction must be in (0, 1], got {self.kv_pool_fraction}"
+            )
         if (
-            self.kv_pool_mb < 1
+            (self.kv_pool_mb is not None and self.kv_pool_mb < 1)
             or self.kv_page_tokens < 1
             or self.kv_wait_s < 0
             or self.build_chunk_tokens < 1
@@ -185,7 +192,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         from serving.engine.pages import PagePool, PoolShape
 
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
-        pool = PagePool(shape, self.config.kv_pool_mb << 20, device=handle.device)
+        pool = PagePool(shape, self._pool_bytes(handle), device=handle.device)
         pool.reclaimers.append(self.sessions)  # live sessions' pages go before a request waits
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
@@ -200,9 +207,24 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,
             shape.page_tokens,
-            self.config.kv_pool_mb,
+            pool.num_pages * shape.page_bytes >> 20,
         )
         return pool
+
+    def _pool_bytes(self, handle) -> int:
+        """`kv_pool_mb` when given; else on a GPU `kv_pool_fraction` of its free memory now (the model is
+        loaded) less the KV store's device tier, which fills later (pages.pool_bytes_on_device); else 1 GiB."""
+        import torch
+
+        from serving.engine.pages import CPU_POOL_MB, pool_bytes_on_device
+
+        if self.config.kv_pool_mb is not None:
+            return self.config.kv_pool_mb << 20
+        device = torch.device(handle.device)
+        if device.type != "cuda":
+            return CPU_POOL_MB << 20
+        free, _ = torch.cuda.mem_get_info(device)
+        return pool_bytes_on_device(free, self.config.kv_pool_fraction, self.config.device_kv_bytes or 0)
 
     def _make_head(self, handle):
         """The K/V of the head every prompt starts with (system opening, system prompt, memory header:

@@ -654,3 +654,28 @@ def test_a_client_leaving_while_its_request_waits_for_pages_frees_its_slot_at_on
         backend.config = config
     ids, result = asyncio.run(tokens_of(backend, req))
     assert len(ids) == 4 and result.completion_tokens == 4
+
+
+def test_the_pool_is_1_gib_on_cpu_and_a_fraction_of_free_memory_on_a_gpu(tiny_backend, monkeypatch):
+    """Issue 42 item 4: with no kv_pool_mb the pool is 1 GiB on CPU, as before; on a GPU it is
+    kv_pool_fraction of the device memory free after the model loaded, less the KV store's device tier (the
+    free memory given here: this machine may have no GPU)."""
+    from types import SimpleNamespace
+
+    backend = tiny_backend
+    assert backend.config.kv_pool_mb is None
+    assert backend.pool.num_pages == (1024 << 20) // backend.pool.shape.page_bytes
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * gib, 80 * gib))
+    gpu = SimpleNamespace(device="cuda:0")
+    assert backend._pool_bytes(gpu) == int((40 * gib - backend.config.device_kv_bytes) * 0.8)
+    config = backend.config
+    try:
+        backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_pool_fraction": 0.5})
+        assert backend._pool_bytes(gpu) == int((40 * gib - config.device_kv_bytes) * 0.5)
+        backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_pool_mb": 64})
+        assert backend._pool_bytes(gpu) == 64 << 20  # a size given is taken as it is
+    finally:
+        backend.config = config
+    with pytest.raises(ValueError, match=r"kv_pool_fraction must be in \(0, 1\], got 0"):
+        TransformersBackendConfig(kv_pool_fraction=0)

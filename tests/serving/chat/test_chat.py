@@ -124,7 +124,10 @@ def test_max_tokens_past_the_context_is_400_and_the_default_is_clamped(tmp_path:
         for field, value in (("max_tokens", room + 1), ("max_completion_tokens", 10**9)):
             r = chat(client, "hi", **{field: value})
             error = r.json()["error"]
-            assert r.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", field)
+            assert r.status_code == 400 and (error["code"], error["param"]) == (
+                "context_length_exceeded",
+                field,
+            )
             assert error["message"] == (
                 f"{field} is {value} and the prompt has {prompt_tokens} tokens; the model's context length is "
                 f"80 tokens, so at most {room} can be generated: lower {field}"

@@ -247,3 +247,23 @@ def test_stats_count_shared_pages_without_a_pass_over_them(tiny_handle, tokenize
     assert pool.shared.unread_pages() == pages
     pool.shared.drop(item.item_id)
     assert pool.stats()["pages_shared"] == 0 == pool.shared.unread_pages() and pool.used_pages == 0
+
+
+def test_a_gpu_pool_is_a_fraction_of_the_free_device_memory():
+    """Issue 42 item 4: without a size, a GPU's pool is `fraction` of the device memory free once the model
+    is loaded, less the KV store's device tier (as vLLM's gpu_memory_utilization); a 1 GiB pool (the old
+    default) held 8,192 tokens of an 8B llama in bf16."""
+    import torch
+
+    from serving.engine.pages import pool_bytes_on_device
+
+    llama_8b = PoolShape(layers=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    assert (1 << 30) // llama_8b.page_bytes * llama_8b.page_tokens == 8192
+    gib = 1 << 30
+    free = 125 * gib  # an H200 (141 GiB) after 16 GiB of weights
+    assert pool_bytes_on_device(free, 0.8, 2 * gib) == int(123 * gib * 0.8)
+    assert pool_bytes_on_device(free, 0.8, 2 * gib) // llama_8b.page_bytes * 16 == 806_080  # tokens
+    assert pool_bytes_on_device(gib, 0.8, 2 * gib) == 0  # nothing left: PagePool refuses it by name
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match=r"fraction of free device memory must be in \(0, 1\]"):
+            pool_bytes_on_device(free, bad)
