@@ -7,7 +7,10 @@ last.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from the repository root
@@ -33,7 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.action == "up":
-            state = up(args.dir, args.replicas, serve_args, wait_s=args.wait_s)
+            with _stopped_by_signals() as signalled:
+                try:
+                    state = up(args.dir, args.replicas, serve_args, wait_s=args.wait_s)
+                except Interrupted:  # `up` stopped what it had started before letting this through
+                    sys.stderr.write(
+                        f"cluster: error: interrupted by {signalled[0]}; what was started is stopped again\n"
+                    )
+                    return 128 + signal.Signals[signalled[0]].value
             for r in state.replicas:
                 print(f"replica {r.id}: {r.url} (pid {r.pid}, log {r.log})")
             print(f"postgresql: {state.store_url}\nredis: {state.redis_url}")
@@ -53,6 +63,29 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"cluster: error: {e}\n")
         return 1
     return 0
+
+
+class Interrupted(BaseException):
+    """SIGTERM, SIGHUP or SIGINT arrived while `up` ran (a BaseException, so `up` cleans up and re-raises)."""
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[list[str]]:
+    """While `up` runs, SIGTERM, SIGHUP and SIGINT raise Interrupted in it, so it stops what it started (a
+    killed `up` used to leave PostgreSQL, Redis and replicas running); the list gets the signal's name."""
+    received: list[str] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not received:
+            received.append(signal.Signals(signum).name)
+            raise Interrupted
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

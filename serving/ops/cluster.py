@@ -3,7 +3,9 @@
 `scripts/cluster.sh up|down|status` (its command line: scripts/cluster.py). `up` starts every part under one directory
 (default `.kvmem-cluster`), waits until each replica answers /health, writes what it started to
 `cluster.json` there and prints the router's URL as its last line; `down` stops them all (replicas first,
-then the router, Redis and PostgreSQL). The replicas share PostgreSQL (memories, heat: `--store`), Redis
+then the router, Redis and PostgreSQL). `cluster.json` names each part before it is started (PostgreSQL by its
+directory, whose postmaster.pid `down` stops it by), so a failed or interrupted `up` stops everything it
+started, and `down` stops it all even after an `up` that was killed. The replicas share PostgreSQL (memories, heat: `--store`), Redis
 (tasks, fences: `--scheduler-redis-url`) and one data dir (KV items are content-addressed and immutable, so
 any replica loads any user's block); HAProxy routes each user to one replica by consistent hashing
 (`deploy/haproxy.cfg`). Every child runs in its own session with its output in `logs/`, so `up` returns and
@@ -207,12 +209,14 @@ def pg_location(root: Path) -> Path:
     directory under the system temp dir, remembered in `root/pg-location` so a later `up` finds it again."""
     pointer = root / "pg-location"
     if pointer.is_file():
-        return Path(pointer.read_text().strip())
+        where = Path(pointer.read_text().strip())
+        # written by an older `up`: the temp dir, not the PostgreSQL directory inside it
+        return where / "pg" if (where / "pg").is_dir() and not (where / "data").is_dir() else where
     if os.geteuid() != 0 or _others_can_reach(root):
         return root / "pg"
     where = Path(tempfile.mkdtemp(prefix="kvmem-cluster-pg-"))
     where.chmod(0o755)
-    pointer.write_text(f"{where}\n")
+    pointer.write_text(f"{where / 'pg'}\n")
     return where / "pg"
 
 
@@ -232,6 +236,8 @@ def up(root: Path, replicas: int, serve_args: list[str], *, wait_s: float = 600.
         )
     haproxy = need("haproxy", "haproxy")
     need("redis-server", "redis-server")
+    if old is not None:  # a cluster whose replicas are gone (an `up` that was killed): stop what is left
+        down(root)
     try:
         return _start(root, replicas, serve_args, haproxy, wait_s)
     except BaseException:
@@ -243,20 +249,22 @@ def _start(root: Path, replicas: int, serve_args: list[str], haproxy: str, wait_
     root.mkdir(parents=True, exist_ok=True)
     logs = root / "logs"
     pg_root = pg_location(root)
+    state = ClusterState(
+        root=str(root), router_port=free_port(), router_pid=0, redis_port=free_port(), redis_pid=0,
+        pg_root=str(pg_root), pg_port=0, pg_as_postgres=os.geteuid() == 0, serve_args=list(serve_args),
+    )  # fmt: skip
+    state.save()  # before anything starts: from here on, `down` can stop what was started
     try:
         if (pg_root / "data").is_dir():  # a cluster brought down before: its memories are kept
-            pg = PgServer(pg_root, free_port(), find_bin_dir() or Path("/nonexistent"), os.geteuid() == 0)
+            pg = PgServer(pg_root, free_port(), find_bin_dir() or Path("/nonexistent"), state.pg_as_postgres)
             pg.start()
         else:
             pg = start_server(pg_root)
             pg.create_database(DATABASE)
     except PgServerError as e:
         raise ClusterError(f"PostgreSQL could not be started in {pg_root}: {e}") from e
-    state = ClusterState(
-        root=str(root), router_port=free_port(), router_pid=0, redis_port=free_port(), redis_pid=0,
-        pg_root=str(pg_root), pg_port=pg.port, pg_as_postgres=pg.as_postgres, serve_args=list(serve_args),
-    )  # fmt: skip
-    state.save()  # from here on, `down` can stop what was started
+    state.pg_port = pg.port
+    state.save()
     state.redis_pid = start_redis(state)
     state.save()
     state.replicas = [start_replica(state, f"r{i + 1}", num_replicas=replicas) for i in range(replicas)]
@@ -338,12 +346,15 @@ def down(root: Path) -> list[str]:
         stopped.append("router")
     if stop_pid(state.redis_pid):
         stopped.append("redis")
-    try:
-        pg = state.pg()
-        if (Path(state.pg_root) / "data" / "postmaster.pid").exists():
+    if (Path(state.pg_root) / "data" / "postmaster.pid").exists():  # started, or starting
+        pg = state.pg()  # ClusterError if its binaries are gone: cluster.json stays for the next `down`
+        if pg.running():
             pg.stop()
+            if pg.running():
+                raise ClusterError(
+                    f"PostgreSQL in {state.pg_root} did not stop (see its server.log); cluster.json is kept, "
+                    "so `scripts/cluster.sh down` can be run again"
+                )
             stopped.append("postgresql")
-    except ClusterError:
-        pass
     (Path(state.root) / STATE_FILE).unlink(missing_ok=True)
     return stopped
