@@ -214,6 +214,13 @@ class ChatService:
             try:
                 if self._config.store_turns:
                     turn.user_turn_id = await asyncio.to_thread(self._log_user_turn, prepared)
+            except Exception as exc:  # the store takes no writes (a full disk, its server away): chats are
+                # still served in that degraded mode (docs/API.md), without their turn in the log
+                logger.error(
+                    "the turn of %s could not be logged (%s); answered without it",
+                    prepared.request.request_id,
+                    type(exc).__name__,
+                )
             except BaseException:
                 await items.aclose()
                 raise
@@ -346,7 +353,7 @@ class ChatService:
     def _log_user_turn(self, prepared: PreparedChat) -> str | None:
         """The user's message goes to the conversation log (not the memories), queued for formation; returns
         its turn id, or None when the user, or the session, was deleted after the request was admitted
-        (nothing is logged). A failure to log it raises: the turn is not acknowledged."""
+        (nothing is logged). Raises what the store raises when it takes no writes."""
         user_id = prepared.request.user_id
         logged = self._store.log_turns(
             user_id,

@@ -4,6 +4,7 @@ takes the replies that repeat it (item 27). Over the fake backend and the server
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -151,5 +152,25 @@ def test_a_deleted_memory_takes_its_echo_and_the_replies_that_used_it(tmp_path) 
                 ("user", "What can I eat? peanuts"),
                 ("user", "Hi there"),
             ]
+    finally:
+        stack.scheduler.stop()
+
+
+def test_a_store_that_takes_no_writes_still_answers_the_chat(tmp_path) -> None:
+    """The degraded mode docs/API.md promises (a full disk, the store's server away): the chat is answered,
+    its turn is not in the log, and the log line names the failure, not the user's words."""
+    stack = make_stack(tmp_path)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    stack.store.log_turns = full
+    try:
+        with TestClient(stack.app) as client:
+            r = client.post("/v1/chat/completions", json=_chat("My PIN is 4711."), headers=ALICE)
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["message"]["content"] == "Hello from kvmem."
+            client.portal.call(client.app.state.chat.drain)
+            assert _log(stack) == []
     finally:
         stack.scheduler.stop()
