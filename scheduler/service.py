@@ -245,7 +245,7 @@ class Scheduler(ServedAdapters):
 
     def _without_block(self, plan: Plan, why: str) -> Plan:
         """The plan to serve instead of one whose block must not be served."""
-        if why != "fence_unreadable":  # lasting: retract it for every reader (a stale one is deleted), rebuild
+        if why != "fence_unreadable":  # lasting: retracted for every reader (a stale one deleted), rebuilt
             self.worker.guard.withdraw(plan.user_id, plan.block.item_id, why)
         return replace(plan, block=None)
 

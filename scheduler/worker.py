@@ -96,7 +96,7 @@ class Worker(Invalidation, TotalCap):
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
         self.bytes_per_token: float = config.bytes_per_token
         self.between_tasks: Callable[[], None] = lambda: None  # the facade's cheap checks (service.py)
-        self.stopping = threading.Event()  # the facade's stop (service.py): a task that fails then was cancelled
+        self.stopping = threading.Event()  # the facade's stop (service.py): a task failing then was cancelled
 
     def _forget_user_state(self, user_id: str) -> None:
         """Bounded with the plan book: a user whose plan it dropped loses the caches kept for them here (their

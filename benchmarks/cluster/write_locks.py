@@ -98,9 +98,21 @@ def run_arm(server, name: str, arm: str, num_users: int, warmup_s: float, durati
     users = [f"user{u:02d}" for u in range(num_users)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.cluster.write_locks", "--replica", url, "--arm", arm,
-             "--replica-users", ",".join(users[r::REPLICAS]), "--warmup-s", str(warmup_s),
-             "--duration-s", str(duration_s)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.cluster.write_locks",
+                "--replica",
+                url,
+                "--arm",
+                arm,
+                "--replica-users",
+                ",".join(users[r::REPLICAS]),
+                "--warmup-s",
+                str(warmup_s),
+                "--duration-s",
+                str(duration_s),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

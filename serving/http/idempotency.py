@@ -74,7 +74,9 @@ class IdempotentWrites:
     transaction and is rolled back (ReceiptTaken), then replayed. Event-loop only (not thread-safe).
     """
 
-    def __init__(self, store: Any, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Any, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.time
+    ) -> None:
         """`clock`: wall-clock seconds (replicas compare the times they record)."""
         assert ttl_s > 0, ttl_s
         self.store, self.ttl_s, self._clock = store, ttl_s, clock
@@ -163,7 +165,9 @@ class IdempotentWrites:
         try:
             await asyncio.to_thread(self.store.prune_receipts, now - self.ttl_s)
         except Exception:
-            logger.exception("pruning expired Idempotency-Key answers failed; retried in %.0f s", PRUNE_EVERY_S)
+            logger.exception(
+                "pruning expired Idempotency-Key answers failed; retried in %.0f s", PRUNE_EVERY_S
+            )
 
 
 def _as_pair(answer: Answer) -> tuple[int, dict[str, Any]]:

@@ -37,7 +37,8 @@ class Tx:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
 
-WRITE_LOCK_STRIPES = 64  # PostgreSQL: this process's user writes run at once unless their users share a stripe
+# PostgreSQL: this process's writes of different users run at once unless their users share a stripe
+WRITE_LOCK_STRIPES = 64
 
 
 class _WriteLocks:

@@ -51,7 +51,9 @@ class TxView:
 
     def event_ids(self, kind: str, user_id: str) -> list[str]:
         """The ids of this user's memories the transaction changed with `kind`, in event order, once each."""
-        return list(dict.fromkeys(e.memory_id for e in self.events if e.kind == kind and e.user_id == user_id))
+        return list(
+            dict.fromkeys(e.memory_id for e in self.events if e.kind == kind and e.user_id == user_id)
+        )
 
 
 @dataclass

@@ -17,7 +17,9 @@ def test_both_arms_write_through_two_replicas(tmp_path, capsys) -> None:
     pytest.importorskip("psycopg")
     _ensure_binaries()
     out = tmp_path / "write_locks.json"
-    write_locks.main(["--rounds", "1", "--users", "4", "--duration-s", "1", "--warmup-s", "0.2", "--out", str(out)])
+    write_locks.main(
+        ["--rounds", "1", "--users", "4", "--duration-s", "1", "--warmup-s", "0.2", "--out", str(out)]
+    )
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert [(row["round"], row["arm"]) for row in result["rows"]] == [(0, "global"), (0, "per_user")]

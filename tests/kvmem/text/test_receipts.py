@@ -52,4 +52,7 @@ def test_a_failed_write_records_no_receipt(store) -> None:
     broken.answer = lambda view: 1 / 0  # the answer fails inside the transaction: the write is rolled back
     with pytest.raises(ZeroDivisionError), store.keyed_write(broken):
         store.add("alice", "I like tea.")
-    assert store.count("alice") == 0 and store.find_receipt("alice", "POST /v1/memories", "k3", 100.0, 60.0) is None
+    assert (
+        store.count("alice") == 0
+        and store.find_receipt("alice", "POST /v1/memories", "k3", 100.0, 60.0) is None
+    )

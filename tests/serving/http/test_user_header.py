@@ -48,7 +48,9 @@ def test_the_chat_route_acts_for_the_user_the_router_hashed(stack: Stack, client
     assert r.status_code == 200, r.text
     r = client.post("/v1/chat/completions", json=ASK, headers={**TEAM, DEPRECATED_USER_HEADER: "alice"})
     assert r.status_code == 200, r.text
-    r = client.post("/v1/chat/completions", json={**ASK, "user": "alice"}, headers={**TEAM, USER_HEADER: "bob"})
+    r = client.post(
+        "/v1/chat/completions", json={**ASK, "user": "alice"}, headers={**TEAM, USER_HEADER: "bob"}
+    )
     assert r.status_code == 200, r.text  # the body's user wins, as the router's last match does
     assert [req.user_id for req in stack.backend.requests] == ["bob", "alice", "alice"]
     r = client.post("/v1/chat/completions", json=ASK, headers={**ALICE, USER_HEADER: "bob"})
