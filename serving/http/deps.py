@@ -14,14 +14,17 @@ from fastapi import Depends, Header, Query, Request
 
 from serving.http.auth import ANYONE, Caller, KeyRing
 from serving.http.idempotency import MAX_KEY_CHARS
-from serving.http.protocol import bad_request
+from serving.http.protocol import NON_BLANK, bad_request
 
 # The user header: the chat route's user when the body names none, and what the router (deploy/haproxy.cfg)
 # hashes on. X-User-Id is its deprecated alias (read by both, so an old client is still routed by its user).
 USER_HEADER = "X-Kvmem-User"
 DEPRECATED_USER_HEADER = "X-User-Id"
 
-UserId = Annotated[str, Query(min_length=1, max_length=256)]
+UserId = Annotated[str, Query(min_length=1, max_length=256, pattern=NON_BLANK)]
+SessionId = Annotated[str | None, Query(min_length=1, max_length=256, pattern=NON_BLANK)]
+# an ISO 8601 time (the store parses it and names the parameter it refuses); documented as RFC 3339 date-time
+TimeParam = Annotated[str | None, Query(max_length=64, json_schema_extra={"format": "date-time"})]
 # memory writes: a repeat with the same key (same user, method and path) gets the first answer
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_CHARS)

@@ -20,7 +20,7 @@ from kvmem.errors import DependencyUnavailable
 from kvmem.text import InvalidMemoryInput, MemoryNotFound, TextStoreError
 from serving.backends.base import BackendError, NotReady, PoolFull, PoolTooSmall, PromptTooLong, QueueFull
 from serving.http.limits import BodyTimeout, BodyTooLarge
-from serving.http.protocol import ApiError, bad_request
+from serving.http.protocol import NON_BLANK, ApiError, bad_request
 from serving.http.storage import storage_failure
 
 logger = logging.getLogger("serving.http.app")
@@ -63,9 +63,12 @@ def to_api_error(exc: Exception) -> ApiError:
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
             return _invalid_json(_where_in_json(exc.body, first))
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        loc = [str(p) for p in first.get("loc", ())]
+        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):  # where in the request, not a name
+            loc = loc[1:]  # (a body field named `query` keeps its name)
         where = ".".join(loc)
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        message = _validation_message(first)
+        message = f"{where}: {message}" if where else message
         return bad_request(f"invalid request: {message}", param=where or None, code="invalid_value")
     if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, UnicodeDecodeError):
         cause = exc.__cause__  # FastAPI's "There was an error parsing the body": JSON must be UTF-8
@@ -114,6 +117,17 @@ def to_api_error(exc: Exception) -> ApiError:
         )
     logger.exception("unexpected error", exc_info=exc)
     return ApiError(500, "internal error", type="server_error", code="internal_error")
+
+
+def _validation_message(error: dict[str, Any]) -> str:
+    """Pydantic's message for one validation error, said plainly where it is not: a blank string (the NON_BLANK
+    pattern) and a model validator's ValueError (without pydantic's "Value error, ")."""
+    msg = str(error.get("msg"))
+    if error.get("type") == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == NON_BLANK:
+        return "must not be empty or only whitespace"
+    if error.get("type") == "value_error":
+        return msg.removeprefix("Value error, ")
+    return msg
 
 
 def _invalid_json(where: str) -> ApiError:

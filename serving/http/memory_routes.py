@@ -23,7 +23,7 @@ from scheduler import Scheduler
 from scheduler.formation import FormationWorker
 from serving.config import ServingConfig
 from serving.http.auth import check_user
-from serving.http.deps import CallerDep, IdempotencyKey, UserId
+from serving.http.deps import CallerDep, IdempotencyKey, SessionId, TimeParam, UserId
 from serving.http.idempotency import Answer, Committed, EventCollector, IdempotentWrites, fingerprint
 from serving.http.limits import check_add, check_search, check_update
 from serving.http.protocol import (
@@ -158,7 +158,7 @@ def add_memory_routes(
     async def list_memories(
         who: CallerDep,
         user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        session_id: SessionId = None,
         page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
         include_superseded: bool = False,
@@ -179,7 +179,7 @@ def add_memory_routes(
         request: Request,
         who: CallerDep,
         user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        session_id: SessionId = None,
         idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
         check_user(who, user_id)
@@ -254,11 +254,11 @@ def add_memory_routes(
     async def list_turns(
         who: CallerDep,
         user_id: UserId,
-        session_id: Annotated[str | None, Query(max_length=256)] = None,
+        session_id: SessionId = None,
         page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
-        start: Annotated[str | None, Query(max_length=64)] = None,
-        end: Annotated[str | None, Query(max_length=64)] = None,
+        start: TimeParam = None,
+        end: TimeParam = None,
     ) -> dict[str, Any]:
         """The user's conversation log (chat turns as said, newest first; said in [start, end] if given, ISO
         8601): not memories."""

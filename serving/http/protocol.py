@@ -1,7 +1,10 @@
 """Wire formats: OpenAI chat request/response shapes, the memory routes' bodies, and the error type.
 
 Pydantic models validate strictly (a string where a number belongs is a 400, not a coercion); unknown OpenAI
-fields are ignored. Response builders return plain dicts in exactly OpenAI's shapes. No behaviour lives here.
+fields are ignored. The models carry the constraints the server enforces, so /openapi.json refuses what the
+server refuses: those pydantic checks itself, and (as `json_schema_extra`) those a later check refuses with a
+message of its own (ChatService.validate, the routes, the store). Response builders return plain dicts in exactly
+OpenAI's shapes. No behaviour lives here.
 """
 
 from __future__ import annotations
@@ -10,12 +13,36 @@ import math
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from scheduler import Plan
 
-NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+NON_BLANK = r"\S"  # a pattern: a character other than whitespace (the store refuses empty and blank strings)
+NonBlank = Annotated[str, StringConstraints(min_length=1, pattern=NON_BLANK)]
+NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NON_BLANK)]  # a user id
+# an ISO 8601 time, parsed by the store (kvmem.text.filters.parse_time, which names the field it refuses); the
+# schema says RFC 3339 date-time, the ISO 8601 profile every client writes
+Time = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+
+
+def _integral(value: Any) -> Any:
+    """A float with no fractional part as the int it is: JSON (and JSON Schema's "integer") does not tell 94.0 from
+    94, and strict validation would refuse it. Anything else goes on to strict validation as it came."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[
+    int, BeforeValidator(_integral)
+]  # constraints go before the validator: Annotated[int, Field(..), ...]
 
 
 class ApiError(Exception):
@@ -64,7 +91,8 @@ def _reject_unencodable(value: Any) -> None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # python-re: patterns mean what they mean to the store's Python (str.strip's whitespace is re's \s)
+    model_config = ConfigDict(strict=True, extra="ignore", regex_engine="python-re")
 
     @model_validator(mode="before")
     @classmethod
@@ -75,10 +103,13 @@ class _Strict(BaseModel):
 
 class ContentPart(_Strict):
     """A content part of any type, so an image or audio part reaches ChatService.validate and is refused
-    there by name (400 unsupported_content) rather than as a schema mismatch; only "text" parts are served."""
+    there by name (400 unsupported_content) rather than as a schema mismatch; only "text" parts, with their
+    text, are served (and documented)."""
 
-    type: str
-    text: str | None = None
+    model_config = ConfigDict(json_schema_extra={"required": ["type", "text"]})
+
+    type: Annotated[str, WithJsonSchema({"const": "text"})]
+    text: Annotated[str | None, WithJsonSchema({"type": "string"})] = None
 
 
 class ChatMessage(_Strict):
@@ -97,32 +128,94 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
+# a user message among the messages (ChatService.validate)
+_HAS_USER = {"contains": {"type": "object", "properties": {"role": {"const": "user"}}, "required": ["role"]}}
+_NULL = {"type": "null"}
+# top_logprobs only with logprobs: true (openai_params.check_params)
+_TOP_LOGPROBS_NEED_LOGPROBS = {
+    "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+}
+
+
 class ChatCompletionRequest(_Strict):
+    """The schema states, besides pydantic's own checks, what ChatService.validate and check_params refuse by
+    name (tools, n, stop, seed, modalities, audio, response_format, logit_bias); a backend's own limits (its
+    sampling features, vocabulary and context) are its own."""
+
+    model_config = ConfigDict(json_schema_extra=_TOP_LOGPROBS_NEED_LOGPROBS)
+
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, json_schema_extra=_HAS_USER)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = None
+    max_tokens: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = None
+    stop: Annotated[
+        str | list[str] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "maxLength": 64},
+                    {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 4},
+                    _NULL,
+                ]
+            }
+        ),
+    ] = None  # serving.chat.service: MAX_STOP_STRINGS, MAX_STOP_CHARS
+    seed: Annotated[
+        Int | None,
+        WithJsonSchema({"anyOf": [{"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}, _NULL]}),
+    ] = None  # SEED_RANGE
+    n: Annotated[Int | None, WithJsonSchema({"anyOf": [{"const": 1}, _NULL]})] = None  # only n=1
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100]
+    logit_bias: Annotated[
+        dict[str, float] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "propertyNames": {"pattern": "^[0-9]+$"},
+                        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+                        "maxProperties": 300,
+                    },
+                    _NULL,
+                ]
+            }
+        ),
+    ] = None  # token id (a decimal string) -> bias in [-100, 100]
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None  # only {"type": "text"} is served
-    # declared so that ChatService.validate refuses them by name instead of ignoring them (no tool calling)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    modalities: list[str] | None = None  # only ["text"] is served
-    audio: dict[str, Any] | None = None  # audio output: refused
+    top_logprobs: Annotated[int, Field(ge=0, le=20), BeforeValidator(_integral)] | None = None
+    response_format: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
+                    _NULL,
+                ]
+            }
+        ),
+    ] = None  # only {"type": "text"} is served
+    # declared so that ChatService.validate refuses them by name instead of ignoring them (no tool calling):
+    # documented as what is accepted, nothing (null, [] or "none")
+    tools: Annotated[
+        list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0}, _NULL]})
+    ] = None
+    tool_choice: Annotated[Any, WithJsonSchema({"enum": [None, [], "none"]})] = None
+    functions: Annotated[
+        list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0}, _NULL]})
+    ] = None
+    function_call: Annotated[Any, WithJsonSchema({"enum": [None, [], "none"]})] = None
+    modalities: Annotated[
+        list[str] | None, WithJsonSchema({"anyOf": [{"type": "array", "items": {"const": "text"}}, _NULL]})
+    ] = None  # only ["text"] is served
+    audio: Annotated[dict[str, Any] | None, WithJsonSchema(_NULL)] = None  # audio output: refused
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -131,36 +224,49 @@ class ChatCompletionRequest(_Strict):
 
 
 class MemoryMessage(_Strict):
-    role: str
-    content: str
-    chat_time: str | None = None
+    role: NonBlank
+    content: NonBlank
+    chat_time: Time | Annotated[str, StringConstraints(max_length=0)] | None = None  # "": the call's
 
 
 class TimeRange(_Strict):
-    start: str | None = None
-    end: str | None = None
+    """Inclusive bounds on chat_time (the store refuses an inverted range: a rule across fields, not stated)."""
+
+    start: Time | None = None
+    end: Time | None = None
 
 
 class SearchFilters(_Strict):
-    session_id: str | None = None
-    tags: list[str] | None = None
+    session_id: NonBlank | None = None
+    tags: list[NonBlank] | None = None
     time_range: TimeRange | None = None
 
 
+# exactly one of text and messages, each not null (the add route's check)
+_TEXT_OR_MESSAGES = {
+    "oneOf": [
+        {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+        {"properties": {"messages": {"type": "array"}}, "required": ["messages"]},
+    ]
+}
+
+
 class AddMemoriesRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_TEXT_OR_MESSAGES)
+
     user_id: NonEmpty
-    session_id: str | None = None
-    text: str | None = None
-    messages: list[MemoryMessage] | None = None
-    chat_time: str | None = None
-    tags: list[str] | None = None
+    session_id: NonBlank | None = None
+    text: NonBlank | None = None
+    messages: list[MemoryMessage] | None = Field(default=None, min_length=1)
+    chat_time: Time | None = None
+    tags: list[NonBlank] | None = None
     metadata: dict[str, Any] | None = None
 
 
 class SearchMemoriesRequest(_Strict):
     user_id: NonEmpty
-    query: str
-    top_k: int = Field(default=10, ge=1, le=100)
+    query: NonBlank
+    top_k: Int = Field(default=10, ge=1, le=100)
     filters: SearchFilters | None = None
     include_superseded: bool = False  # also memories a newer one superseded (for questions about the past)
 
@@ -169,11 +275,29 @@ class PrewarmRequest(_Strict):
     user_id: NonEmpty
 
 
+# at least one of text, tags and metadata, not null (an update of nothing is refused)
+_SOME_CHANGE = {
+    "anyOf": [
+        {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+        {"properties": {"tags": {"type": "array"}}, "required": ["tags"]},
+        {"properties": {"metadata": {"type": "object"}}, "required": ["metadata"]},
+    ]
+}
+
+
 class UpdateMemoryRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_SOME_CHANGE)
+
     user_id: NonEmpty
-    text: str | None = None
-    tags: list[str] | None = None
+    text: NonBlank | None = None
+    tags: list[NonBlank] | None = None
     metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> UpdateMemoryRequest:
+        if self.text is None and self.tags is None and self.metadata is None:
+            raise ValueError("give at least one of `text`, `tags` or `metadata`")
+        return self
 
 
 # -- response builders -------------------------------------------------------------------------------------
