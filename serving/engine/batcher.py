@@ -94,6 +94,8 @@ class Batcher:
         goes before an older one that waits)."""
         self._stalled = None
         waiting = [s for s in self._members if s.preempted]
+        # read before the tries: room that appears after them (another thread's release) makes `idle` false
+        generations = {s.table.pool: s.table.pool.generation for s in waiting}
         blocked = set()  # pools whose oldest preempted member found no room
         for seq in waiting:
             if seq.table.pool not in blocked and not seq.readmit():
@@ -108,8 +110,7 @@ class Batcher:
                 seq = holders[-1]
                 self._fail(seq, PoolFull("preempted, and the KV pool cannot hold it with the older requests"))
                 return
-        self._stalled = {s.table.pool: s.table.pool.generation for s in self._members}
-        # generations are read after the failed tries: a change since then makes `idle` false
+        self._stalled = generations
 
     def _make_room(self, chunks: list[EngineSequence]) -> None:
         """A page for every position the step writes, oldest admitted first; the newest admitted members

@@ -7,7 +7,11 @@ backends re-export them (serving/backends/base.py) and serving/http/errors.py an
 
 
 class PoolFull(RuntimeError):
-    """Not enough free KV pages in the engine's pool for a request (HTTP 429 kv_pool_full: retry later)."""
+    """Not enough free KV pages in the engine's pool for a request (HTTP 429 kv_pool_full: retry later).
+    `generation`: the pool's generation when admission gave up (pages.PagePool.generation), what a waiting
+    request waits to change; None where no admission set it."""
+
+    generation: int | None = None
 
 
 class PoolTooSmall(ValueError):

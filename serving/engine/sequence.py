@@ -221,18 +221,18 @@ def admit(
         raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens)
     deadline = time.monotonic() + wait_s
     while True:
-        generation = pool.generation  # read before the try: a release after it wakes the wait below
         try:
             table = PageTable.admit(
                 pool, len(prompt_ids), item=item, reuse=reuse, source=None if source is None else source[0]
             )
             break
-        except PoolFull:
+        except PoolFull as full:
             if should_stop is not None and should_stop():
                 return
             if time.monotonic() >= deadline:
                 raise
-            yield AdmissionWait(pool, generation, deadline, should_stop)
+            # the generation when it gave up, under the pool's lock: a change after it wakes the wait
+            yield AdmissionWait(pool, full.generation, deadline, should_stop)
     try:
         seq = EngineSequence(model, prompt_ids, table=table, reused=reuse, should_stop=should_stop, **kwargs)
     except BaseException:

@@ -43,6 +43,16 @@ class PageTable:
         rest of the prompt allocated now (its reply's come as it crosses into them: `extend`). Raises PoolFull
         when the pool cannot give them now, or while a preempted sequence waits to be admitted again (it
         goes first)."""
+        with pool.lock:
+            try:
+                return PageTable._admit(pool, prompt_tokens, item, reuse, source)
+            except PoolFull as full:
+                # after its own releases (a held item let go is a change): what a waiting request waits on
+                full.generation = pool.generation
+                raise
+
+    @staticmethod
+    def _admit(pool: PagePool, prompt_tokens: int, item, reuse: int, source: PageTable | None) -> PageTable:
         table = PageTable(pool)
         pt = pool.page_tokens
         if source is not None:

@@ -142,10 +142,14 @@ def test_a_new_request_waits_while_a_preempted_one_does(tiny_handle, tokenizer):
     assert pool.used_pages == 0
 
 
-def test_a_waiting_request_parks_until_pages_are_freed_and_evicts_nothing_meanwhile(tiny_handle, tokenizer):
+@pytest.mark.parametrize("over_the_block", [False, True])
+def test_a_waiting_request_parks_until_pages_are_freed_and_evicts_nothing_meanwhile(
+    tiny_handle, tokenizer, over_the_block
+):
     """Issue 42 item 4: a request that finds no room waits on the pool's changes: the model loop does not try
     it again (it tried 59,296 times a second, evicting every unread block on each try) until pages are freed,
-    and a try that could not succeed even by evicting every unread item evicts none."""
+    and a try that could not succeed even by evicting every unread item evicts none. Over the block: its try
+    holds the resident block and lets it go, which is no room for it to wake on."""
     model = tiny_handle.model
     cases = prompts_and_blocks(tiny_handle, tokenizer)
     ids, item = cases[1][0], cases[2][1]
@@ -167,8 +171,11 @@ def test_a_waiting_request_parks_until_pages_are_freed_and_evicts_nothing_meanwh
     out: list[int] = []
     done = threading.Event()
 
+    if over_the_block:
+        ids = cases[2][0]  # its prompt over the block, with more own pages than are free
+
     def steps():
-        yield from request_steps(pool, model, ids, None, 3, out, wait_s=600)
+        yield from request_steps(pool, model, ids, item if over_the_block else None, 3, out, wait_s=600)
         done.set()
 
     PageTable.admit = staticmethod(counted)
