@@ -679,3 +679,54 @@ def test_the_pool_is_1_gib_on_cpu_and_a_fraction_of_free_memory_on_a_gpu(tiny_ba
         backend.config = config
     with pytest.raises(ValueError, match=r"kv_pool_fraction must be in \(0, 1\], got 0"):
         TransformersBackendConfig(kv_pool_fraction=0)
+
+
+def test_requests_the_pool_cannot_hold_at_once_are_preempted_and_stream_their_tokens_alone(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Issue 42 item 3, through the backend: three replies that do not fit the pool together (1 MiB: 2,048
+    tokens of the tiny llama) all stream to the end, one or more preempted and prefilled again on the way,
+    each with the greedy tokens it has alone; every admission and page is given back."""
+    from serving.engine.sequence import EngineSequence
+    from tests.serving.kvstack import load_backend
+
+    backend = load_backend(tiny_model_dir, tmp_path, kv_pool_mb=1)
+    preempted: list[str] = []
+    real = EngineSequence.preempt
+
+    def counted(seq):
+        preempted.append(seq)
+        real(seq)
+
+    monkeypatch.setattr(EngineSequence, "preempt", counted)
+    try:
+        questions = ["Hi", "Tell me about your day, in detail.", "What is the capital of Portugal and why?"]
+        requests = [
+            GenerationRequest(
+                f"r{i}",
+                "u",
+                backend.layout_prompt([], [], [{"role": "user", "content": q}]),
+                None,
+                SamplingParams(max_new_tokens=750, temperature=0.0),
+            )
+            for i, q in enumerate(questions)
+        ]
+        pool = backend.pool
+        assert all(pool.pages_for(len(r.prompt.ids) + 750) < pool.num_pages for r in requests)
+        assert sum(pool.pages_for(len(r.prompt.ids) + 750) for r in requests) > pool.num_pages
+        alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+        assert not preempted
+        together = arrive_together(backend, requests)
+        assert [ids for ids, _ in together] == [ids for ids, _ in alone]
+        assert [len(ids) for ids, _ in alone] == [750] * 3  # no early stop: the pool ran dry
+        assert preempted
+        wait_released(backend)
+        assert backend._loop.call(
+            lambda: (pool.used_pages, pool.shared.page_count(), len(pool.preempted))
+        ) == (
+            pool.pages_for(backend.head_item.num_tokens),
+            pool.pages_for(backend.head_item.num_tokens),
+            0,
+        )
+    finally:
+        asyncio.run(backend.aclose())
