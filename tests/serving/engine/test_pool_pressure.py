@@ -274,3 +274,35 @@ def test_a_gpu_pool_is_a_fraction_of_the_free_device_memory():
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match=r"fraction of free device memory must be in \(0, 1\]"):
             pool_bytes_on_device(free, bad)
+
+
+def test_when_nothing_runs_a_younger_preempted_request_holding_pages_fails_for_the_older(
+    tiny_handle, tokenizer
+):
+    """Every member preempted and the oldest cannot get its pages back because a younger one holds pages
+    (the block it reads, its copied page): the younger fails with PoolFull and gives them back, and the
+    oldest then runs to the end with its tokens alone (nothing runs otherwise: no step would free a page)."""
+    model = tiny_handle.model
+    cases = prompts_and_blocks(tiny_handle, tokenizer)
+    (ids1, item1), (ids2, item2) = cases[0], cases[2]
+    shape = PoolShape.of_model(model, 16)
+    alone = run_batched(PagePool(shape, 256 * shape.page_bytes), model, [(ids1, item1)], 8)[0][0]
+    pool = PagePool(shape, 64 * shape.page_bytes)
+    batcher = Batcher(prefill_budget_tokens=32)
+    out1, out2 = [], []
+    steps1 = request_steps(pool, model, ids1, item1, 8, out1, prefill_chunk_tokens=32)
+    steps2 = request_steps(pool, model, ids2, item2, 8, out2, prefill_chunk_tokens=32)
+    seq1, seq2 = next(steps1), next(steps2)
+    batcher.add(seq1, steps1)
+    batcher.add(seq2, steps2)
+    seq1.preempt()
+    seq2.preempt()
+    held = pool.alloc(pool.free_pages)  # another's: no page is free, the blocks are read (not evictable)
+    batcher.step()
+    assert len(batcher) == 1 and seq2.table._closed and out2 == []  # the younger failed and let go
+    assert pool.shared.resident(item2.item_id).users == 0 and seq1.preempted
+    while len(batcher):
+        batcher.step()
+    assert out1 == alone and seq1.num_preemptions == 1
+    pool.release(held)
+    assert not pool.preempted and pool.used_pages == pool.shared.page_count()
