@@ -192,6 +192,9 @@ class PageTable:
             extra, self.pages = self.pages[keep:], self.pages[:keep]
             self.pool.release(extra)
             self.length = n
+            if self in self.pool.preempted:  # a preempted turn that ended (cancelled): nothing waits for it
+                self.pool.preempted.discard(self)
+                self.pool.changed()
         return self
 
     def get_seq_length(self) -> int:

@@ -140,6 +140,13 @@ def test_a_new_request_waits_while_a_preempted_one_does(tiny_handle, tokenizer):
     assert not pool.preempted
     PageTable.admit(pool, len(ids)).close()
     assert pool.used_pages == 0
+    seq = next(admit(pool, model, ids, max_new_tokens=4, sampling=Sampling(max_new_tokens=4)))
+    seq.preempt()  # then cancelled: its turn ends and its session keeps what it has
+    kept = seq.keep_table()
+    assert not pool.preempted and kept.length == 0
+    PageTable.admit(pool, len(ids)).close()
+    kept.close()
+    assert pool.used_pages == 0
 
 
 @pytest.mark.parametrize("over_the_block", [False, True])
