@@ -13,7 +13,10 @@ REPLY_CHARS = 20_000
 
 
 def test_disconnect_stops_generation(tmp_path: Path) -> None:
-    stack = make_stack(tmp_path, backend=FakeBackend(reply="x" * REPLY_CHARS, token_delay_s=0.001))
+    stack = make_stack(
+        tmp_path,
+        backend=FakeBackend(reply="x" * REPLY_CHARS, token_delay_s=0.001, max_context_tokens=2 * REPLY_CHARS),
+    )
     body = {
         "model": MODEL,
         "stream": True,
