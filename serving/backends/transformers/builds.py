@@ -103,11 +103,11 @@ class EngineBuilds:
         """On the model thread: a sequence that prefills `ids` (one token sampled and dropped), then its K/V;
         BuildCancelled once `cancel` is set (checked at each step boundary)."""
         from kvmem.kv import Sampling
-        from serving.engine.sequence import AdmissionWait, EngineSequence, admit
+        from serving.engine.sequence import AdmissionWait, admit
 
         seq = None
         try:
-            for seq in admit(
+            for got in admit(
                 self.pool,
                 self.handle.model,
                 ids,
@@ -121,10 +121,11 @@ class EngineBuilds:
                 adapter=adapter,
                 should_stop=cancel.is_set,
             ):
-                if isinstance(seq, AdmissionWait):  # no room yet: parked until the pool's room changes
-                    yield seq
-            if not isinstance(seq, EngineSequence):  # admission gave up: cancelled while it waited for pages
-                seq = None
+                if isinstance(got, AdmissionWait):  # no room yet: parked until the pool's room changes
+                    yield got
+                else:
+                    seq = got
+            if seq is None:  # admission gave up: cancelled while it waited for pages
                 raise BuildCancelled("the build was cancelled before it was admitted")
             yield seq  # the batcher sends its token once every id's K/V is in its pages
             if seq.finish_reason == "cancelled":

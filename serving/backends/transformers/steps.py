@@ -46,7 +46,7 @@ class EngineRequests:
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
         request's admission when done, however it ends, before the last item."""
         from kvmem.kv import GenerationStats, Sampling
-        from serving.engine.sequence import AdmissionWait, EngineSequence, admit
+        from serving.engine.sequence import AdmissionWait, admit
 
         final: object = None  # the result or the error, sent once the admission is released
         lease = seq = held_adapter = None
@@ -88,7 +88,7 @@ class EngineRequests:
             if adapter is not None:  # its tokens get the adapter's delta in the shared step (lora.py)
                 self.adapters.hold(adapter)
                 held_adapter = adapter
-            for seq in admit(
+            for got in admit(
                 self.pool,
                 self.handle.model,
                 req.prompt.ids,
@@ -103,10 +103,11 @@ class EngineRequests:
                 should_stop=cancel.is_set,
                 stats=stats,
             ):
-                if isinstance(seq, AdmissionWait):  # no room yet: parked until the pool's room changes
-                    yield seq
-            if not isinstance(seq, EngineSequence):  # its client left while it waited for pages
-                seq = None
+                if isinstance(got, AdmissionWait):  # no room yet: parked until the pool's room changes
+                    yield got
+                else:
+                    seq = got
+            if seq is None:  # its client left while it waited for pages
                 return
             token = yield seq  # the batcher sends each token, then None once the sequence has ended
             held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)

@@ -730,3 +730,32 @@ def test_requests_the_pool_cannot_hold_at_once_are_preempted_and_stream_their_to
         )
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_a_request_that_waits_past_kv_wait_s_gets_pool_full_and_releases_cleanly(tiny_backend, caplog):
+    """A request that waited for pages (parked) and found none by `kv_wait_s` gets PoolFull (429), frees its
+    slot, and its end logs no failed release (its last wait is not a sequence to release)."""
+    backend = tiny_backend
+    config = backend.config
+    backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_wait_s": 0.2})
+    prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Hi"}])
+    req = GenerationRequest("late", "u", prompt, None, SamplingParams(max_new_tokens=4, temperature=0.0))
+    pool = backend.pool
+
+    def take_every_page() -> list[int]:
+        held = []
+        while True:
+            try:
+                held += pool.alloc(1)
+            except PoolFull:
+                return held
+
+    held = backend._loop.call(take_every_page)
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(PoolFull, match="free pages"):
+            asyncio.run(tokens_of(backend, req))
+        wait_released(backend)
+    finally:
+        backend._loop.call(lambda: pool.release(held))
+        backend.config = config
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
