@@ -80,7 +80,9 @@ class ChatService:
         self._formation = formation  # forms memories from the logged turns, in the background
         self._preparer = ChatPreparer(config, backend, store, scheduler)
         self._background: set[asyncio.Future[Any]] = set()
-        self._background_threads = ThreadPoolExecutor(BACKGROUND_THREADS, thread_name_prefix="kvmem-after-turn")
+        self._background_threads = ThreadPoolExecutor(
+            BACKGROUND_THREADS, thread_name_prefix="kvmem-after-turn"
+        )
         # (user, session) pairs seen, least recent first, for prewarm on a session's first turn: at most
         # config.max_sessions (the header is the client's choice); a forgotten session that returns prewarms
         # again. Touched only on the event loop, so no lock.

@@ -64,7 +64,13 @@ def to_api_error(exc: Exception) -> ApiError:
         if first.get("type") == "json_invalid":
             return _invalid_json(_where_in_json(exc.body, first))
         loc = [str(p) for p in first.get("loc", ())]
-        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):  # where in the request, not a name
+        if loc and loc[0] in (
+            "body",
+            "query",
+            "path",
+            "header",
+            "cookie",
+        ):  # where in the request, not a name
             loc = loc[1:]  # (a body field named `query` keeps its name)
         where = ".".join(loc)
         message = _validation_message(first)

@@ -68,7 +68,9 @@ class TransformersBackendConfig:
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
-    session_kv_bytes: int = 1 << 30  # live sessions' KV caches (serving/engine/sessions.py), all users; 0: no reuse
+    session_kv_bytes: int = (
+        1 << 30
+    )  # live sessions' KV caches (serving/engine/sessions.py), all users; 0: no reuse
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
     # the engine's KV page pool (serving/engine), where every request's K/V lives; None: 1024 MiB on CPU, on a

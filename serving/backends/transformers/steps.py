@@ -171,8 +171,14 @@ class EngineRequests:
             # skips the others, the admission's release or the final message, so no client hangs on it
             releases = (
                 (lease is not None, lambda: self.sessions.release(lease)),
-                (seq is not None, lambda: seq.release()),  # its pages back to the pool (its table, or the rest)
-                (held_adapter is not None, lambda: self.adapters.unhold(held_adapter)),  # an erased one unloads
+                (
+                    seq is not None,
+                    lambda: seq.release(),
+                ),  # its pages back to the pool (its table, or the rest)
+                (
+                    held_adapter is not None,
+                    lambda: self.adapters.unhold(held_adapter),
+                ),  # an erased one unloads
             )
             for due, release in releases:
                 if due:

@@ -297,9 +297,11 @@ def test_writers_lock_per_user_one_users_writes_wait_for_each_other_only(pg_url)
         second = add(two, "alice", "second")
         waiting = 0
         for _ in range(300):  # bounded: until alice's second write waits on her advisory lock
-            waiting = two._conn().execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone()[0]
+            waiting = (
+                two._conn()
+                .execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                .fetchone()[0]
+            )
             if waiting:
                 break
             threading.Event().wait(0.02)
