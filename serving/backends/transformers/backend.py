@@ -139,6 +139,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         # when the store no longer holds them (`_unpool`)
         self._pooled: dict[str, KVItemMeta] = {}
         self._pooled_lock = threading.Lock()
+        self._gone: dict[str, None] = {}  # the last POOLED_NOTES item ids a delete took from the pool
         # the builds in flight, each with the event that cancels it (cancel_builds: shutdown)
         self._build_cancels: set[threading.Event] = set()
         self._build_cancels_lock = threading.Lock()
@@ -353,7 +354,18 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
             matched = [i for i, meta in self._pooled.items() if match(meta)]
             for item_id in [*item_ids, *matched]:
                 self._pooled.pop(item_id, None)
+                self._gone[item_id] = None
+            while len(self._gone) > POOLED_NOTES:
+                del self._gone[next(iter(self._gone))]
         for item_id in dict.fromkeys([*item_ids, *matched]):
+            self.pool.shared.drop(item_id)
+
+    def _unpool_if_gone(self, item_id: str) -> None:
+        """When a request ends: the item it read leaves the pool if a delete took it meanwhile (a request that
+        resolved it before the delete and was admitted after it put it back)."""
+        with self._pooled_lock:
+            gone = item_id in self._gone
+        if gone and self.pool is not None:
             self.pool.shared.drop(item_id)
 
     def _resolve_item(self, req: GenerationRequest) -> ResolvedBlock:

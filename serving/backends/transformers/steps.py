@@ -49,7 +49,7 @@ class EngineRequests:
         from serving.engine.sequence import AdmissionWait, admit
 
         final: object = None  # the result or the error, sent once the admission is released
-        lease = seq = held_adapter = None
+        lease = seq = held_adapter = item = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
@@ -175,6 +175,9 @@ class EngineRequests:
                     seq is not None,
                     lambda: seq.release(),
                 ),  # its pages back to the pool (its table, or the rest)
+                # a block deleted after this request resolved it and before its admission put it back in the
+                # pool: it leaves the pool now that its reader is done (backend.py `_unpool`)
+                (item is not None, lambda: self._unpool_if_gone(item.item_id)),
                 (
                     held_adapter is not None,
                     lambda: self.adapters.unhold(held_adapter),

@@ -70,3 +70,26 @@ def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backe
     wait_released(backend)
     assert not any(backend.pool.refs(p) for p in pages)  # freed once the reader was done
     assert backend.pool.used_pages == shared.page_count()
+
+
+def test_a_block_deleted_between_a_requests_resolution_and_its_admission_leaves_the_pool_when_it_ends(
+    tiny_backend, monkeypatch
+):
+    backend, user = tiny_backend, "pool-race"
+    shared = backend.pool.shared
+    texts = ["I work at the harbour.", "My cat is Tofu."]
+    block = backend.build_block(user, texts, ["h", "t"])
+    req = chat_over(backend, user, texts, block)
+    resolve = backend._resolve_item
+
+    def resolved_then_deleted(request):  # the delete lands after the resolution, before the admission
+        found = resolve(request)
+        assert backend.forget(user, ["h"]) == [block.item_id]
+        assert block.item_id not in shared  # nothing in the pool yet for the cascade to drop
+        return found
+
+    monkeypatch.setattr(backend, "_resolve_item", resolved_then_deleted)
+    asyncio.run(tokens_of(backend, req))  # served from the block it resolved
+    assert block.item_id not in shared  # its admission put the block in the pool; its end took it out
+    wait_released(backend)
+    assert backend.pool.used_pages == shared.page_count()
