@@ -42,6 +42,9 @@ def test_scheduler_plans_through_http(tmp_path):
         scheduler.flush()
         plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert plan["block"]["tier"] == "kv" and sorted(plan["block"]["memory_ids"]) == sorted(ids)
+        builds = plan["scheduler"][
+            "builds"
+        ]  # one, or more when the worker saw the add's rows apart (busy machine)
         out = client.post(
             "/v1/chat/completions",
             json={"model": "default", "user": "alice", "messages": [{"role": "user", "content": "cat?"}]},
@@ -61,9 +64,11 @@ def test_scheduler_plans_through_http(tmp_path):
         scheduler.flush()
         plan = client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert plan["block"]["memory_ids"] == [ids[1]]
-        assert plan["scheduler"]["num_blocks"] == 1 and plan["scheduler"]["builds"] == 2
+        # rebuilt (more than once when a build raced the delete's rows and was found stale); /metrics agrees
+        rebuilt = plan["scheduler"]["builds"]
+        assert plan["scheduler"]["num_blocks"] == 1 and rebuilt > builds >= 1
         metrics = client.get("/metrics").text
-        assert "kvmem_scheduler_blocks 1" in metrics and "kvmem_scheduler_builds_total 2" in metrics
+        assert "kvmem_scheduler_blocks 1" in metrics and f"kvmem_scheduler_builds_total {rebuilt}" in metrics
         assert plan_dict(scheduler.get("bob"))["block"] is None  # API.md: null when there is no block
     scheduler.stop()
     store.close()
