@@ -5,15 +5,15 @@ For decode steps of `--rows` rows (each over a `--decode-ctx`-token prompt) and 
 engine's own step (serving/engine/runner.step over its page pool) is
 1. timed: the median wall time of `--reps` steps (a CUDA device is synchronised after each), and on CUDA the
    time the host takes to return from the step before the device is done (its launch time);
-2. profiled once (torch.profiler): the aten ops the step dispatches (all of them, and the top-level ones, the
-   calls made from Python), the same inside one decoder layer (layer 0, marked by forward hooks), the time
+2. profiled once (torch.profiler): the operators the step dispatches (aten's, and mkldnn's prepacked linear
+   layers on a CPU; all of them, and the top-level ones, the calls made from Python), the same inside one decoder layer (layer 0, marked by forward hooks), the time
    inside the model's forward against the step's rest (planning, gathering, sampling, bookkeeping), the
    ops' own time against the host time around them, and on CUDA the kernels launched and their device time;
    the ten ops with the most self time and the ten called most often.
 This is how the fast path is steered on a CPU machine: fewer ops per layer and less host time per step show
 here before a GPU is at hand. Figures are per step; the profiled times include the profiler's own overhead
 (compare them with each other, and take `step_ms`, timed without the profiler, as the step's time);
-`host_outside_aten_us` is that step time less the ops' own (profiled) time: the host's share on a CPU, where
+`host_outside_ops_us` is that step time less the ops' own (profiled) time: the host's share on a CPU, where
 Python, dispatch and the engine's bookkeeping around the kernels go. Last line of stdout: the JSON written to --out (git sha,
 device and load average in `env`).
 
@@ -86,14 +86,18 @@ def _within(evt, outer) -> bool:
     )
 
 
-def _is_aten(evt) -> bool:
-    return evt.name.startswith("aten::") and evt.device_type == DeviceType.CPU
+def _is_op(evt) -> bool:
+    """A dispatched operator (aten::, and mkldnn:: for the prepacked linear layers torch runs on a CPU), not one
+    of this script's ranges."""
+    return (
+        "::" in evt.name and not evt.name.startswith("step_profile::") and evt.device_type == DeviceType.CPU
+    )
 
 
 def _top_level(evt) -> bool:
     parent = evt.cpu_parent
     while parent is not None:
-        if parent.name.startswith("aten::"):
+        if _is_op(parent):
             return False
         parent = parent.cpu_parent
     return True
@@ -121,9 +125,9 @@ def profile_steps(model, pool, step_fn, steps: int, device: torch.device) -> dic
         for name in ("step_profile::step", FORWARD_MARK, LAYER_MARK)
     }
     step_ranges, forward_ranges, layer_ranges = (by_name[n] for n in by_name)
-    aten = [e for e in events if _is_aten(e)]
-    top = [e for e in aten if _top_level(e)]
-    in_layer = [e for e in aten if any(_within(e, r) for r in layer_ranges)]
+    ops = [e for e in events if _is_op(e)]
+    top = [e for e in ops if _top_level(e)]
+    in_layer = [e for e in ops if any(_within(e, r) for r in layer_ranges)]
     in_layer_top = [e for e in in_layer if _top_level(e)]
 
     def us(ranges):
@@ -131,23 +135,23 @@ def profile_steps(model, pool, step_fn, steps: int, device: torch.device) -> dic
 
     step_us = us(step_ranges)
     forward_us = us(forward_ranges)
-    self_us = sum(e.self_cpu_time_total for e in aten) / steps
+    self_us = sum(e.self_cpu_time_total for e in ops) / steps
     out = {
         "steps_profiled": steps,
-        "aten_ops": len(aten) / steps,
-        "aten_ops_top_level": len(top) / steps,
-        "aten_ops_layer0": len(in_layer) / steps,
-        "aten_ops_layer0_top_level": len(in_layer_top) / steps,
+        "ops": len(ops) / steps,
+        "ops_top_level": len(top) / steps,
+        "ops_layer0": len(in_layer) / steps,
+        "ops_layer0_top_level": len(in_layer_top) / steps,
         "profiled_step_us": step_us,
         "forward_us": forward_us,
         "outside_forward_us": step_us - forward_us,
         "layer0_us": us(layer_ranges),
-        "aten_self_us": self_us,
-        "host_outside_aten_profiled_us": step_us - self_us,
+        "ops_self_us": self_us,
+        "host_outside_ops_profiled_us": step_us - self_us,
         "top_self_time": [
             [name, round(t / steps, 1)]
             for name, t in Counter(
-                {n: sum(e.self_cpu_time_total for e in aten if e.name == n) for n in {e.name for e in aten}}
+                {n: sum(e.self_cpu_time_total for e in ops if e.name == n) for n in {e.name for e in ops}}
             ).most_common(10)
         ],
         "top_calls": [[n, c / steps] for n, c in Counter(e.name for e in top).most_common(10)],
@@ -203,7 +207,7 @@ def decode_case(handle, pool, rows: int, ctx: int, reps: int, profile_n: int, vo
             step()
         out = timed(step, reps, device)
         out.update(profile_steps(model, pool, step, profile_n, device))
-        out["host_outside_aten_us"] = 1e3 * out["step_ms"] - out["aten_self_us"]
+        out["host_outside_ops_us"] = 1e3 * out["step_ms"] - out["ops_self_us"]
         out["rows_decoding"] = sum(s.decoding for s in seqs)
         return out
     finally:
@@ -229,7 +233,7 @@ def prefill_case(handle, pool, chunk: int, ctx: int, reps: int, profile_n: int, 
     step()  # warm; the block's pages stay resident in the pool between steps
     out = timed(step, reps, device)
     out.update(profile_steps(model, pool, step, profile_n, device))
-    out["host_outside_aten_us"] = 1e3 * out["step_ms"] - out["aten_self_us"]
+    out["host_outside_ops_us"] = 1e3 * out["step_ms"] - out["ops_self_us"]
     return out
 
 
@@ -293,11 +297,11 @@ def main(argv=None, handle=None) -> dict:
             "rows/chunk",
             "ctx",
             "step ms",
-            "aten ops",
+            "ops",
             "top-level",
             "layer0 ops",
             "outside fwd us",
-            "host outside aten us",
+            "host outside ops us",
         ],
         [
             [
@@ -305,11 +309,11 @@ def main(argv=None, handle=None) -> dict:
                 c.get("rows", c.get("chunk")),
                 c["ctx"],
                 round(c["step_ms"], 2),
-                c["aten_ops"],
-                c["aten_ops_top_level"],
-                c["aten_ops_layer0"],
+                c["ops"],
+                c["ops_top_level"],
+                c["ops_layer0"],
                 round(c["outside_forward_us"]),
-                round(c["host_outside_aten_us"]),
+                round(c["host_outside_ops_us"]),
             ]
             for c in cases
         ],

@@ -25,9 +25,9 @@ def test_step_profile_counts_ops_per_step_and_per_layer(tmp_path, tiny_handle):
     for c in cases:
         # every step dispatches ops in each layer; layer 0's are part of the step's, and each layer runs the
         # same code, so the layers together account for at most the whole step
-        assert 0 < c["aten_ops_layer0_top_level"] <= c["aten_ops_layer0"]
-        assert 0 < c["aten_ops_top_level"] <= c["aten_ops"]
-        assert layers * c["aten_ops_layer0"] <= c["aten_ops"]
+        assert 0 < c["ops_layer0_top_level"] <= c["ops_layer0"]
+        assert 0 < c["ops_top_level"] <= c["ops"]
+        assert layers * c["ops_layer0"] <= c["ops"]
     again = step_profile.main(argv, handle=tiny_handle)
-    counts = [(c["aten_ops"], c["aten_ops_layer0"]) for c in cases]
-    assert [(c["aten_ops"], c["aten_ops_layer0"]) for c in again["cases"]] == counts
+    counts = [(c["ops"], c["ops_layer0"]) for c in cases]
+    assert [(c["ops"], c["ops_layer0"]) for c in again["cases"]] == counts
