@@ -9,8 +9,8 @@ the next rescan of the log (every `rescan_interval_s`, and at start) picks the u
 `max_backoff_s`), and after `circuit_failures` such failures in a row the circuit opens (no pass at all) until
 one probe pass gets an answer, which resumes every user. A permanent failure (a malformed reply) bisects the
 batch, so only the single turns that fail alone are dead-lettered. What a turn says is the extractor's business
-(kvmem.formation); what a new fact does to old ones is consolidation's (kvmem.formation.consolidate); the
-store commits both in one transaction. A failure's kind and time are public (/health); its text, which may
+(kvmem.formation); what a new fact does to old ones is consolidation's (kvmem.formation.consolidate, over
+the candidates formation_decisions.py gathers); the store commits both in one transaction. A failure's kind and time are public (/health); its text, which may
 quote a reply that repeats a user's words, is kept with that user's turns only, and never logged. Knows
 nothing of HTTP.
 """
@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import numpy as np
-
 from kvmem.formation.base import Extractor
-from kvmem.formation.consolidate import DEFAULT_CLEARS, ExistingMemory, batch_ref, consolidate_batch
 from kvmem.formation.errors import ExtractionError
-from kvmem.formation.types import Fact, TurnInput
+from kvmem.formation.types import TurnInput
+from scheduler.formation_decisions import decide
 
 log = logging.getLogger(__name__)
 
@@ -121,22 +119,6 @@ class _Tally:
     dead: int = 0
     error: str | None = None
     transient: bool = False
-
-
-def slots_touched(fact: Fact) -> tuple[str, ...]:
-    """The slots a fact may supersede: its own, and those its value clears (consolidate.DEFAULT_CLEARS; a
-    name ending in '|' is a prefix: every slot of that subject)."""
-    if not fact.slot:
-        return ()
-    cleared = [c for r in DEFAULT_CLEARS if r.slot == fact.slot and fact.value in r.values for c in r.clears]
-    return (fact.slot, *cleared)
-
-
-def as_sentence(text: str) -> str:
-    """A memory's text as a sentence: extractors return clauses ("I live in Lisbon"); a memory line reads
-    better, and tokenizes like the memories users add, with its full stop."""
-    text = text.strip()
-    return text if not text or text[-1] in ".!?" else text + "."
 
 
 def to_input(turn: Any) -> TurnInput:
@@ -379,7 +361,9 @@ class FormationWorker:
         self._answered()
         ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
-        adds, duplicates, supersessions, outdated = self._consolidate(user_id, facts, said)
+        adds, duplicates, supersessions, outdated = decide(
+            self.store, user_id, facts, said, self.config.num_dense_candidates
+        )
         result = self.store.commit_formed(
             user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name, outdated=outdated
         )
@@ -440,89 +424,3 @@ class FormationWorker:
     def _record_error(self, kind: str) -> None:
         self.stats.last_error_kind = kind
         self.stats.last_error_at = _utc(self.wall_clock())
-
-    def _consolidate(
-        self, user_id: str, facts: list[Fact], said: dict[str, str]
-    ) -> tuple[list[Any], list[Any], list[Any], list[tuple[int, str]]]:
-        """Decisions for the batch against the user's served memories with the slots the facts set (or clear)
-        and the nearest ones by embedding; returns commit_formed's adds, duplicates, supersessions and
-        outdated (a fact said before a newer memory of its slot: added already superseded by it).
-
-        Which of two statements is newer goes by when each was said (`said`: turn id -> chat_time; a
-        memory's chat_time), not by the date a fact names: "I moved to Berlin last month" said today retires
-        "I live in Lisbon" said last week."""
-        from kvmem.text.records import FormedMemory
-
-        if not facts:
-            return [], [], [], []
-        existing: dict[str, ExistingMemory] = {}
-
-        def consider(m: Any) -> None:
-            existing.setdefault(
-                m.id,
-                ExistingMemory(
-                    m.id, m.text, m.slot, m.slot_value, m.valid_from or m.chat_time, said_at=m.chat_time
-                ),
-            )
-
-        for slot in sorted({s for f in facts for s in slots_touched(f)}):
-            for m in self.store.slot_candidates(user_id, slot.rstrip("|"), prefix=slot.endswith("|")):
-                consider(m)
-        for fact in facts:
-            for hit in self.store.search(
-                user_id, fact.text, top_k=self.config.num_dense_candidates, mode="dense"
-            ):
-                consider(hit.memory)
-        similarity = self._similarity([f.text for f in facts], [e.text for e in existing.values()])
-        said_at = [max(said.get(t, "") for t in f.turn_ids) for f in facts]
-        batch = consolidate_batch(facts, list(existing.values()), similarity, said_at=said_at)
-        adds: list[Any] = []
-        index_of: dict[int, int] = {}  # fact index -> add index
-        duplicates: list[tuple[str, tuple[str, ...]]] = []
-        outdated: list[tuple[int, str]] = []
-        for i, (fact, decision) in enumerate(zip(facts, batch.decisions, strict=True)):
-            if decision.kind == "duplicate":
-                # a duplicate of a fact of this batch adds nothing; of a stored memory, its turns
-                duplicates.extend((t, fact.turn_ids) for t in decision.target_ids if t in existing)
-                continue
-            if decision.kind == "outdated":
-                outdated.append((len(adds), decision.target_ids[0]))
-            index_of[i] = len(adds)
-            adds.append(
-                FormedMemory(
-                    text=as_sentence(fact.text),
-                    source_turn_ids=fact.turn_ids,
-                    valid_from=fact.valid_from,
-                    chat_time=said_at[i] or fact.valid_from,  # when it was said
-                    session_id=None,
-                    slot=fact.slot,
-                    slot_value=fact.value,
-                    kind=fact.kind,
-                )
-            )
-        batch_index = {batch_ref(i): i for i in range(len(facts))}
-        supersessions: list[tuple[str | int, int]] = []
-        for s in batch.supersessions:
-            if s.new_index not in index_of:
-                continue
-            if s.old_id in batch_index:  # an earlier fact of this batch: added already superseded
-                if batch_index[s.old_id] in index_of:
-                    supersessions.append((index_of[batch_index[s.old_id]], index_of[s.new_index]))
-            elif s.old_id in existing:
-                supersessions.append((s.old_id, index_of[s.new_index]))
-        return adds, duplicates, supersessions, outdated
-
-    def _similarity(self, fact_texts: list[str], other_texts: list[str]) -> Callable[[str, str], float]:
-        """Cosine of the store's embeddings, for the texts of this batch (one embedding call)."""
-        texts = list(dict.fromkeys([*fact_texts, *other_texts]))
-        if not texts:
-            return lambda a, b: 0.0
-        vectors = self.store.embedder.embed(texts)  # [n, dim], unit rows
-        row = {t: i for i, t in enumerate(texts)}
-
-        def cosine(a: str, b: str) -> float:
-            if a not in row or b not in row:
-                return 0.0
-            return float(np.dot(vectors[row[a]], vectors[row[b]]))
-
-        return cosine

@@ -232,9 +232,9 @@ def test_a_request_whose_caller_stops_while_it_waits_leaves_at_once(tiny_handle,
 def test_free_runs_take_one_run_and_merge_what_is_freed():
     """Issue 42 item 9: the free pages as runs (no sort of the free list per allocation): a multi-page take is
     one run when one is long enough, a one-page take uses a lone free page first, freed pages merge."""
-    from serving.engine.pages import _FreeRuns
+    from serving.engine.free_runs import FreeRuns
 
-    runs = _FreeRuns(10)
+    runs = FreeRuns(10)
     assert runs.take(3) == [0, 1, 2] and runs.take(1) == [3] and runs.take(1) == [4]
     runs.add(1)
     runs.add(3)  # two lone pages; 5..9 one run
