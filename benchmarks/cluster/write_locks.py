@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from kvmem.text.db.pg_server import start_server
 
-    loadavg_start = list(os.getloadavg())
+    env = env_info("cpu")  # before the replicas start: the machine's own load (loadavg_end: with this run's)
     server = start_server()
     rows = []
     try:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             "warmup_s": args.warmup_s,
             "writes": "per user one thread alternating store.add and store.log_turns (user + reply)",
         },
-        "env": {**env_info("cpu"), "loadavg_start": loadavg_start},
+        "env": {**env, "loadavg_end": list(os.getloadavg())},
         "rows": rows,
         "summary": summary,
         "per_user_over_global": speedup,
