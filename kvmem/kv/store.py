@@ -1,7 +1,8 @@
 """The tiered KV store: device -> host RAM -> disk, each tier with a byte budget.
 
 Owns where each item lives and moving items between tiers (write-through to disk on put; promotion to
-the device tier on get; demotion device -> host -> dropped-from-RAM; disk overflow deletes files). Which
+the device tier on get, none without one: device_bytes=0; demotion device -> host -> dropped-from-RAM; disk
+overflow deletes files). Which
 item leaves a tier is the pluggable eviction policy's call. Items the store drops on its own (evicted,
 corrupt, mismatched, files gone) are reported to drop listeners; `forget` is the delete cascade. Thread-safe:
 one lock guards the indexes; disk loads, file deletes, directory scans and listener calls run outside it.
@@ -17,6 +18,8 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import torch
 
 from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
 from kvmem.kv.cascade import disk_metas, matcher
@@ -47,6 +50,13 @@ def _own_part(item: KVItem) -> KVItem:
     if item.meta.parent_id is None or k == 0:
         return item.bare()
     return KVItem(item.meta, item.token_ids, item.kv[:, :, :, k:].clone())
+
+
+def _pinned(item: KVItem) -> KVItem:
+    """`item` (on the CPU) in page-locked memory, so a copy to a GPU can overlap (non_blocking)."""
+    if item.kv.device.type != "cpu" or item.kv.is_pinned():
+        return item
+    return KVItem(item.meta, item.token_ids, item.kv.pin_memory(), item.parent)
 
 
 class TieredKVStore(StoreIndex):
@@ -90,6 +100,18 @@ class TieredKVStore(StoreIndex):
 
     def _budget(self, tier: str) -> int | None:
         return getattr(self.config, f"{tier}_bytes")
+
+    @property
+    def has_device_tier(self) -> bool:
+        """False with device_bytes=0: items live in host RAM and on disk only (KVStoreConfig)."""
+        return self.config.device_bytes != 0
+
+    def _host_copy(self, item: KVItem) -> KVItem:
+        """What the host tier holds of `item`: on the CPU, page-locked when asked and CUDA is there."""
+        item = item.to("cpu")
+        if self.config.pin_memory and torch.cuda.is_available():
+            item = _pinned(item)
+        return item
 
     def _victim(self, ids: Iterable[str], keep: str | None) -> str | None:
         candidates = [i for i in ids if i != keep]
@@ -224,8 +246,19 @@ class TieredKVStore(StoreIndex):
             self._check_parent(item)
         if persist:
             save_item(item, self.directory, paced(self.config.write_duty))
-        device_item = _own_part(item).to(self.config.device)  # a tier holds a child's own K/V only
+        own = _own_part(item)  # a tier holds a child's own K/V only
         unlink: list[str] = []
+        if not self.has_device_tier:  # host RAM is the fastest tier: no device copy
+            host_item = self._host_copy(own)
+            with self._lock:
+                if persist:
+                    self._on_disk[item.item_id] = item.meta
+                self._stats.setdefault(item.item_id, self._new_stats(item.meta))
+                self._resident["host"][item.item_id] = host_item
+                self._evict_lower(unlink, item.item_id if self._fits("host", item) else None)
+            self._settle([], unlink, None)
+            return item.item_id
+        device_item = own.to(self.config.device)
         with self._lock:
             if persist:
                 self._on_disk[item.item_id] = item.meta
@@ -243,7 +276,8 @@ class TieredKVStore(StoreIndex):
         return budget is None or item.meta.stored_bytes <= budget
 
     def get(self, item_id: str) -> KVItem:
-        """The item on the store's device, promoted to the device tier."""
+        """The item on the store's device, promoted to the device tier (without one: the host tier's copy,
+        a disk item read into the host tier)."""
         with self._lock:
             item = self._resident["device"].get(item_id)
             if item is not None:
@@ -257,7 +291,7 @@ class TieredKVStore(StoreIndex):
                 self.num_hits["miss"] += 1
                 raise KVItemNotFound(f"KV item {item_id} is not stored")
         if host_item is not None:
-            item, source = host_item.to(self.config.device), "host"
+            item, source = (host_item.to(self.config.device) if self.has_device_tier else host_item), "host"
         else:
             if self.before_disk_read is not None:
                 self.before_disk_read(item_id)
@@ -266,7 +300,7 @@ class TieredKVStore(StoreIndex):
                     self.directory,
                     item_id,
                     self.fingerprint,
-                    device=self.config.device,
+                    device=self.config.device if self.has_device_tier else "cpu",
                     verify_checksum=self.config.verify_checksum,
                 )
             except KVItemError as exc:
@@ -282,6 +316,10 @@ class TieredKVStore(StoreIndex):
             source = "disk"
             if item.meta.parent_id is not None:  # a child's file holds its own K/V: check its parent's
                 self._check_parent(item)
+            if not self.has_device_tier:
+                item = self._host_copy(item)
+        if not self.has_device_tier:
+            return self._into_host(item_id, item, source)
         unlink: list[str] = []
         demotions: list[tuple[str, KVItem]] = []
         keep = item_id if self._fits("device", item) else None
@@ -299,6 +337,25 @@ class TieredKVStore(StoreIndex):
             else:  # another reader promoted it meanwhile
                 item = current
         self._settle(demotions, unlink, keep)
+        return self._attach(item) if item.meta.parent_id is not None else item
+
+    def _into_host(self, item_id: str, item: KVItem, source: str) -> KVItem:
+        """`get` without a device tier: a disk item enters the host tier (over its budget, items leave RAM),
+        a host item is touched; the item handed out is the host tier's copy (on `device` when not the CPU)."""
+        unlink: list[str] = []
+        with self._lock:
+            if item_id not in self._stats:  # removed while we were loading
+                raise KVItemNotFound(f"KV item {item_id} was removed")
+            current = self._resident["host"].get(item_id)
+            if current is None:
+                self._resident["host"][item_id] = item
+                self._evict_lower(unlink, item_id if self._fits("host", item) else None)
+            else:  # another reader loaded it meanwhile
+                item = current
+            self._touch(item_id)
+            self.num_hits[source] += 1
+        self._settle([], unlink, None)
+        item = item.to(self.config.device)
         return self._attach(item) if item.meta.parent_id is not None else item
 
     def _attach(self, own: KVItem) -> KVItem:

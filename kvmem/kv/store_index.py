@@ -1,7 +1,7 @@
 """The tiered KV store's index, mixed into TieredKVStore: which items it holds, in which tier, and their metadata.
 
 Owns the start-up scan of the directory, indexing items other processes wrote since (adopt, rescan), each
-entry's statistics for the eviction policy, and the lookups over the index (meta, tier_of, contains,
+entry's statistics for the eviction policy, and the lookups over the index (meta, tier_of, block_tier, in_memory, contains,
 item_ids, size_info). Knows nothing of moving items between tiers, loading, writing or evicting them, nor of
 the delete cascade: those are store.py's.
 """
@@ -106,6 +106,23 @@ class StoreIndex:
                 if item_id in self._resident[tier]:
                     return tier
             return "disk" if item_id in self._on_disk else None
+
+    def in_memory(self, item_id: str) -> bool:
+        """The item, and its parent if it has one, are in RAM or on the device (`get` reads no file)."""
+        return self.block_tier(item_id) in ("device", "host")
+
+    def block_tier(self, item_id: str) -> str | None:
+        """The tier a `get` of the item reads from: the slowest of its own and its parent's fastest tiers
+        ("device", "host", "disk"), or None when either is not indexed."""
+        with self._lock:
+            meta = self._on_disk.get(item_id)
+            for tier in ("device", "host"):
+                if item_id in self._resident[tier]:
+                    meta = self._resident[tier][item_id].meta
+            ids = [item_id] if meta is None or meta.parent_id is None else [item_id, meta.parent_id]
+            tiers = [self.tier_of(i) for i in ids]
+        order = ("device", "host", "disk")
+        return None if None in tiers else max(tiers, key=order.index)
 
     def contains(self, item_id: str) -> bool:
         return self.tier_of(item_id) is not None

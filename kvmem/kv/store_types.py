@@ -11,7 +11,13 @@ from kvmem.kv.eviction import eviction_policy
 
 @dataclass(frozen=True)
 class KVStoreConfig:
-    """Budgets in bytes; None = unlimited. On a CPU-only machine the device tier is CPU memory too."""
+    """Budgets in bytes; None = unlimited. On a CPU-only machine the device tier is CPU memory too.
+
+    device_bytes=0: no device tier: the store keeps items in host RAM and on disk, and `get` hands out the
+    host copy (moved to `device` only when that is not the CPU), never a second one; the engine's page pool
+    is then the only device copy (serving/backends/transformers). pin_memory: host copies in page-locked
+    memory when CUDA is available, so a copy into device pages can be non_blocking (ignored without CUDA).
+    """
 
     directory: str
     device: str = "cpu"
@@ -23,6 +29,7 @@ class KVStoreConfig:
     # the share of the time an item's write may keep its thread busy: below 1 it is written in synced pieces
     # with a pause after each (kvmem/kv/st_write.py), for a server whose streams share the cores with it
     write_duty: float = 1.0
+    pin_memory: bool = False
 
     def __post_init__(self) -> None:
         for name in ("device_bytes", "host_bytes", "disk_bytes"):
