@@ -23,6 +23,7 @@ item from the event loop.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,12 @@ class Reclaimer(Protocol):
 
 class PagePool:
     """Pages with reference counts over two preallocated tensors (see the module docstring)."""
+
+    # stored blocks copied into pages (`write`): how many, their bytes, the seconds the model thread spent on
+    # them (with CUDA, the copies' launch: they are non_blocking). What a load from host RAM costs here
+    # (serving/backends/transformers/load_costs.py)
+    copies = copied_bytes = 0
+    copied_seconds = 0.0
 
     def __init__(self, shape: PoolShape, pool_bytes: int, device: torch.device | str = "cpu") -> None:
         if shape.page_tokens < 1:
@@ -215,10 +222,18 @@ class PagePool:
         return out if device is None else out.to(device)
 
     def write(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
-        """kv: [layers, 2, kv_heads, n, head_dim] (a KVItem's layout) into `slots` (n of them)."""
+        """kv: [layers, 2, kv_heads, n, head_dim] (a KVItem's layout) into `slots` (n of them). From host
+        memory to a GPU the copy is non_blocking (overlapped when the host copy is page-locked); counted in
+        `copies`, `copied_bytes`, `copied_seconds`."""
+        started = time.perf_counter()
         slots = slots.to(self.k.device)
+        kv = kv.to(self.k.device, non_blocking=True)
         self.k[:, slots] = kv[:, 0].transpose(1, 2).to(self.k.dtype)
         self.v[:, slots] = kv[:, 1].transpose(1, 2).to(self.v.dtype)
+        with self.lock:
+            self.copies += 1
+            self.copied_bytes += kv.numel() * kv.element_size()
+            self.copied_seconds += time.perf_counter() - started
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """The K/V at `slots` as [layers, 2, kv_heads, n, head_dim] (a copy)."""
