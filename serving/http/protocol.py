@@ -196,12 +196,32 @@ class ChatCompletionRequest(_Strict):
         WithJsonSchema(
             {
                 "anyOf": [
-                    {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
+                    {
+                        "type": "object",
+                        "properties": {"type": {"enum": ["text", "json_object"]}},
+                        "required": ["type"],
+                    },
+                    {
+                        "type": "object",
+                        "properties": {
+                            "type": {"const": "json_schema"},
+                            "json_schema": {
+                                "type": "object",
+                                "properties": {
+                                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                    "schema": {"type": "object"},
+                                    "strict": {"type": ["boolean", "null"]},
+                                },
+                                "required": ["name", "schema"],
+                            },
+                        },
+                        "required": ["type", "json_schema"],
+                    },
                     _NULL,
                 ]
             }
         ),
-    ] = None  # only {"type": "text"} is served
+    ] = None  # text, json_object, json_schema (serving/chat/openai_params.py response_format)
     # declared so that ChatService.validate refuses them by name instead of ignoring them (no tool calling):
     # documented as what is accepted, nothing (null, [] or "none")
     tools: Annotated[

@@ -18,8 +18,10 @@ from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
+    InvalidResponseFormat,
     PoolFull,
     PoolTooSmall,
+    ResponseFormat,
     StreamItem,
     TokenDelta,
     TokenLogprob,
@@ -36,6 +38,25 @@ class EngineRequests:
     """What one request does in the engine (the backend's `stream` and its model-thread generator)."""
 
     def _steps(
+    _grammars = None  # serving/engine/grammar.py's compiler for this model's tokenizer, made at first use
+
+    def check_response_format(self, fmt: ResponseFormat) -> None:
+        """Compile `fmt` (cached for the request that asks it): the engine masks its reply's tokens to it."""
+        from serving.engine.grammar import GrammarError
+
+        self._require_ready()
+        try:
+            self._grammar_for(fmt)
+        except GrammarError as exc:
+            raise InvalidResponseFormat(str(exc)) from None
+
+    def _grammar_for(self, fmt: ResponseFormat):
+        from serving.engine.grammar import Grammars
+
+        if self._grammars is None:
+            self._grammars = Grammars(self.handle.tokenizer, self.vocab_size, self._eos)
+        return self._grammars.compile(fmt.type, fmt.schema)
+
         self,
         req: GenerationRequest,
         emit: Callable[[object], None],
@@ -69,6 +90,8 @@ class EngineRequests:
             )
             stats = GenerationStats()
             detok = IncrementalDetokenizer(self.handle.tokenizer)
+            # compiled when the request was checked (cached): its own matcher masks its tokens (sampler.py)
+            grammar = None if sp.response_format is None else self._grammar_for(sp.response_format).matcher()
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
@@ -103,6 +126,7 @@ class EngineRequests:
                 should_stop=cancel.is_set,
                 stats=stats,
             ):
+                grammar=grammar,
                 if isinstance(got, AdmissionWait):  # no room yet: parked until the pool's room changes
                     yield got
                 else:

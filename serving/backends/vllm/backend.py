@@ -28,6 +28,7 @@ from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
+    ResponseFormat,
     StreamItem,
     TokenDelta,
 )
@@ -42,6 +43,7 @@ from serving.backends.transformers.adapters import (
 from serving.backends.vllm.config import VllmBackendConfig
 from serving.backends.vllm.request import (
     cache_salt,
+    check_structured_outputs,
     fallback_after,
     lora_request_for,
     sampling_params,
@@ -59,8 +61,12 @@ log = logging.getLogger(__name__)
 class VllmBackend(StoredBlocksBackend):
     name = "vllm"
     # vLLM's SamplingParams apply these with OpenAI's semantics (vllm_request.sampling_params); logprobs are
-    # not carried through this backend's deltas yet: refused (400 unsupported_parameter naming `logprobs`)
-    sampling_features = frozenset({"presence_penalty", "frequency_penalty", "logit_bias"})
+    # not carried through this backend's deltas yet: refused (400 unsupported_parameter naming `logprobs`);
+    # a response format goes to vLLM's own guided decoding (request.structured_outputs)
+    sampling_features = frozenset({"presence_penalty", "frequency_penalty", "logit_bias", "response_format"})
+
+    def check_response_format(self, fmt: ResponseFormat) -> None:
+        check_structured_outputs(fmt)
 
     def __init__(self, config: VllmBackendConfig | None = None):
         from serving.backends.vllm.engine import EngineThread

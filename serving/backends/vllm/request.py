@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvmem.adapters.manifest import CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE, adapter_name
 from kvmem.checksum import file_sha256
-from serving.backends.base import GenerationRequest
+from serving.backends.base import GenerationRequest, InvalidResponseFormat, ResponseFormat
 
 if TYPE_CHECKING:
     from kvmem.kv.item import KVItem
@@ -189,7 +189,32 @@ def sampling_params(req: GenerationRequest, max_context_tokens: int, eos_token_i
         stop_token_ids=sorted(eos_token_ids),
         skip_special_tokens=True,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=structured_outputs(sp.response_format),
     )
+
+
+def structured_outputs(fmt: ResponseFormat | None) -> Any:
+    """vLLM's own guided decoding for a response format (its StructuredOutputsParams), compact JSON as the
+    transformers backend's engine writes it; None for text."""
+    if fmt is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+    return StructuredOutputsParams(json=fmt.schema, disable_any_whitespace=True)
+
+
+def check_structured_outputs(fmt: ResponseFormat) -> None:
+    """Raises InvalidResponseFormat when vLLM's xgrammar backend (its default's first choice) refuses `fmt`."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:
+        validate_xgrammar_grammar(SamplingParams(max_tokens=1, structured_outputs=structured_outputs(fmt)))
+    except (VLLMValidationError, ValueError) as exc:
+        raise InvalidResponseFormat(" ".join(str(exc).split())) from None
 
 
 def fallback_after(

@@ -10,7 +10,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvmem.kv import GenerationStats, Sampling, generate
-from serving.backends.base import GenerationRequest, LaidOutPrompt, SamplingParams, TokenDelta
+from serving.backends.base import (
+    GenerationRequest,
+    InvalidResponseFormat,
+    LaidOutPrompt,
+    ResponseFormat,
+    SamplingParams,
+    TokenDelta,
+)
 from serving.engine.detok import TokenPieces
 from tests.serving.backends.test_transformers_backend import arrive_together, tokens_of
 from tests.serving.conftest import ALICE, MODEL, Stack
@@ -150,17 +157,50 @@ UNSUPPORTED = [
         "function_call",
         "`function_call` is not supported: this server does not call tools",
     ),
-    (
+    (  # the fake backend's scripted replies follow no format
         {"response_format": {"type": "json_object"}},
         "response_format",
-        "response_format of type 'json_object' is not supported; only {'type': 'text'} is",
+        "`response_format` is not supported by the fake backend",
     ),
     (
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
         "response_format",
-        "response_format of type 'json_schema' is not supported; only {'type': 'text'} is",
+        "`response_format` is not supported by the fake backend",
+    ),
+    (
+        {"response_format": {"type": "grammar"}},
+        "response_format",
+        "response_format of type 'grammar' is not supported; 'text', 'json_object' and 'json_schema' are",
     ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "param", "message"),
+    [
+        (
+            {"type": "json_schema"},
+            "response_format.json_schema",
+            "response_format of type 'json_schema' needs `json_schema`: an object with `name` and `schema`",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}},
+            "response_format.json_schema.name",
+            "response_format.json_schema.name must be 1 to 64 letters, digits, underscores or dashes, got 'a b'",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
+            "response_format.json_schema.schema",
+            "response_format.json_schema.schema of 'x' must be a JSON Schema object, got list",
+        ),
+    ],
+)
+def test_a_malformed_response_format_is_refused_naming_its_field(
+    stack: Stack, client: TestClient, spec, param, message
+) -> None:
+    r = post(client, body(response_format=spec))
+    assert (r.status_code, r.json()) == error(400, message, param, "invalid_value")
+    assert stack.backend.requests == []
 
 
 @pytest.mark.parametrize(("extra", "param", "message"), UNSUPPORTED)
@@ -344,7 +384,7 @@ def test_transformers_backend_batches_requests_with_and_without_the_parameters(t
     assert set(alone[2][0]) <= {t for t, _ in BIAS_SIX} and plain != alone[2][0]  # the penalty took effect
 
 
-def test_vllm_sampling_params_carry_the_penalties_and_logit_bias() -> None:
+def test_vllm_sampling_params_carry_the_penalties_logit_bias_and_response_format() -> None:
     pytest.importorskip("vllm")
     from serving.backends.vllm.backend import VllmBackend
     from serving.backends.vllm.request import sampling_params
@@ -355,7 +395,29 @@ def test_vllm_sampling_params_carry_the_penalties_and_logit_bias() -> None:
     assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0.5, 1.0, {7: 2.0})
     params = sampling_params(GenerationRequest("r", "u", prompt, None, SamplingParams(4)), 100, {2})
     assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0.0, 0.0, None)
-    assert VllmBackend.sampling_features == {"presence_penalty", "frequency_penalty", "logit_bias"}
+    assert VllmBackend.sampling_features == {
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "response_format",
+    }
+    schema = '{"type":"object","properties":{"a":{"type":"integer"}}}'
+    fmt = ResponseFormat("json_schema", schema, "s")
+    guided = sampling_params(
+        GenerationRequest("r", "u", prompt, None, SamplingParams(4, response_format=fmt)), 100, {2}
+    )
+    assert (guided.structured_outputs.json, guided.structured_outputs.disable_any_whitespace) == (
+        schema,
+        True,
+    )
+    assert params.structured_outputs is None
+    fmt = ResponseFormat("json_object")
+    guided = sampling_params(
+        GenerationRequest("r", "u", prompt, None, SamplingParams(4, response_format=fmt)), 100, {2}
+    )
+    assert guided.structured_outputs.json_object is True
+    with pytest.raises(InvalidResponseFormat, match='Unsupported type "foo"'):
+        VllmBackend.check_response_format(None, ResponseFormat("json_schema", '{"type":"foo"}', "s"))
 
 
 def test_the_openai_client_parses_logprobs_and_the_refusals(tmp_path) -> None:
