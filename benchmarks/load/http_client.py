@@ -163,6 +163,7 @@ class Reply:
     completion_tokens: int
     memory_used: tuple[tuple[str, str], ...] = ()  # (id, tier) from the response's `memory` field
     replica: str | None = None  # the X-Kvmem-Replica header (which replica answered)
+    text: str = ""  # the streamed content
 
 
 def one_request(
@@ -173,31 +174,39 @@ def one_request(
     client=None,
     system: str | None = None,
     headers: dict[str, str] | None = None,
+    messages: list[dict[str, str]] | None = None,
+    model: str = "default",
 ) -> Reply:
     """One streaming chat through the official openai client, timed to the first content chunk. `system`: a
     client system message first (it sits right after the memory block in the prompt); `headers`: extra request
-    headers (X-Kvmem-User for a router)."""
+    headers (X-Kvmem-User for a router); `messages`: the whole conversation instead of `system` + `question`;
+    `model`: the name the server serves (a plain vLLM server: its model path)."""
     if client is None:
         from openai import OpenAI
 
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=600)
     start = time.perf_counter()
-    ttft, usage, used = None, None, ()
+    ttft, usage, used, text = None, None, (), []
+    if messages is None:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": question}
+        ]
     raw = client.chat.completions.with_raw_response.create(
-        model="default",
+        model=model,
         extra_headers=headers,
         user=user,
         temperature=0,
         max_tokens=max_tokens,
         stream=True,
         stream_options={"include_usage": True},
-        messages=([{"role": "system", "content": system}] if system else [])
-        + [{"role": "user", "content": question}],
+        messages=messages,
     )
     stream = raw.parse()
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content and ttft is None:
-            ttft = time.perf_counter() - start
+        if chunk.choices and chunk.choices[0].delta.content:
+            text.append(chunk.choices[0].delta.content)
+            if ttft is None:
+                ttft = time.perf_counter() - start
         if chunk.usage is not None:
             usage = chunk.usage
         memory = (chunk.model_extra or {}).get("memory")
@@ -205,11 +214,13 @@ def one_request(
             used = tuple((m["id"], m["tier"]) for m in memory.get("used", []))
     return Reply(
         ttft if ttft is not None else time.perf_counter() - start,
-        usage.prompt_tokens_details.cached_tokens if usage else 0,
+        # a plain vLLM server reports it only with --enable-prompt-tokens-details
+        (usage.prompt_tokens_details.cached_tokens or 0) if usage and usage.prompt_tokens_details else 0,
         usage.prompt_tokens if usage else 0,
         usage.completion_tokens if usage else 0,
         used,
         raw.headers.get("x-kvmem-replica"),
+        "".join(text),
     )
 
 
