@@ -74,14 +74,19 @@ _ADVERBIAL = re.compile(
     re.I,
 )
 _SUBJECT = re.compile(
-    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine)\b(?!-)", re.I
+    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and I)\b(?!-)",
+    re.I,
 )
 # "Green is now my favourite colour", "call me Sam": first-person statements without a first-person subject.
 _ALSO_ABOUT_USER = re.compile(
     r"^(?:[\w' -]{1,40} (?:is|are|has always been|has been|was always) (?:now |still |officially |definitely )?"
     r"my (?:new |all-time |absolute )?(?:favou?rite|fave?|guilty pleasure|jam|thing|home)\b|"
     r"home (?:is|for me is)\b|[\w' -]{1,30} is (?:now )?home\b|"
-    r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b)",
+    r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
+    # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
+    r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+    r"divorced me|split up with me|proposed)\b|(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
+    r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b)",
     re.I,
 )
 
@@ -214,13 +219,24 @@ def is_statement(clause: str) -> bool:
     return is_first_person(core) and not _MY_NOUN_ONLY.match(core)
 
 
+def _past_clause(text: str) -> bool:
+    """A chat clause whose subject was dropped and whose verb is past tense: "moved to Antwerp"."""
+    m = _FIRST_WORD.match(text.strip())
+    if m is None:
+        return False
+    word = m.group(0).lower()
+    return word in PAST_VERBS or (word.endswith("ed") and len(word) > 3 and word not in _NOT_PAST)
+
+
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
-    """Split at each `joiner` whose both sides are first-person statements; other joins are kept."""
+    """Split at each `joiner` whose both sides are first-person statements, or whose right side is a
+    past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"); other joins are
+    kept."""
     parts: list[str] = []
     start = 0
     for m in joiner.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
-        if is_statement(right) and is_statement(left):
+        if (is_statement(right) or _past_clause(right)) and is_statement(left):
             parts.append(left)
             start = m.end()
     parts.append(sentence[start:])

@@ -44,9 +44,17 @@ class ClearRule:
 
 _PARTNERS = ("girlfriend|", "boyfriend|", "partner|", "fiance|", "wife|", "husband|")
 DEFAULT_CLEARS = (
-    ClearRule("user|job", ("none",), ("user|employer",)),
+    ClearRule("user|job", ("none", "retired"), ("user|employer",)),
     ClearRule("user|relationship", ("single", "divorced", "separated", "widowed"), _PARTNERS),
+    # getting engaged or married: a boyfriend or girlfriend is one no longer (a fiance, once married)
+    ClearRule("user|relationship", ("engaged", "married"), ("girlfriend|", "boyfriend|")),
+    ClearRule("user|relationship", ("married",), ("fiance|",)),
 )
+# "user|only:<verb>" = X ("I only drink tea"): retires every other liked thing the user said they <verb> (in
+# serving, among the memories the formation pass considers: its slot's and the nearest by embedding)
+ONLY_PREFIX = "user|only:"
+
+_VERB_FORMS = {"drink": ("drink", "drinks", "drinking", "drank"), "eat": ("eat", "eats", "eating", "ate")}
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,21 @@ def _contradicts(fact: Fact, memory: ExistingMemory, config: ConsolidationConfig
     assert fact.slot is not None and fact.value is not None
     if memory.slot == fact.slot and memory.value != fact.value:
         if fact.value.startswith("not:"):
-            return memory.value == fact.value[4:]
+            return _same_name(memory.value, fact.value[4:])
         return True
+    if (
+        fact.slot.startswith(ONLY_PREFIX)
+        and memory.slot is not None
+        and memory.slot.startswith("user|likes:")
+    ):
+        verb = fact.slot[len(ONLY_PREFIX) :]
+        forms = _VERB_FORMS.get(verb, (verb, f"{verb}s", f"{verb}es", f"{verb}ing"))
+        words = set(normalized_text(memory.text).split())
+        return (
+            memory.value == "yes"
+            and memory.slot != f"user|likes:{fact.value}"
+            and any(f in words for f in forms)
+        )
     return any(
         rule.slot == fact.slot
         and fact.value in rule.values
@@ -125,6 +146,14 @@ def _contradicts(fact: Fact, memory: ExistingMemory, config: ConsolidationConfig
         and memory.slot.startswith(rule.clears)
         for rule in config.clears
     )
+
+
+def _same_name(value: str | None, named: str) -> bool:
+    """Whether a negated value names `value`: equal, or one the other's leading words ("I no longer work at
+    the Odeon" names "odeon cinema")."""
+    if value is None:
+        return False
+    return value == named or value.startswith(f"{named} ") or named.startswith(f"{value} ")
 
 
 def _is_older(fact: Fact, fact_said_at: str | None, memory: ExistingMemory) -> bool:

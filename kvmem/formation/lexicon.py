@@ -168,6 +168,7 @@ FILLER_CLAUSES = frozenset(
     |i'm heading out|i have to go|i gotta go|i need to go|i'm going to bed|i'm off to bed|i'm leaving
     |i'll be back|i'm on it|i'm impressed|i'm shocked|i'm surprised|i feel better|i love you|i like you
     |we'll see|i'm thinking|i was thinking|i'm wondering|i'm just curious|i'm just wondering
+    |i got distracted|i got sidetracked|i got carried away|i lost my train of thought|i forgot what i was saying
     """.replace("\n", "")
     .replace("    ", "")
     .split("|")
@@ -288,8 +289,30 @@ SUBJECTLESS_FILLER = frozenset(
     just kidding|just wondering|just curious|just checking|just saying|never mind|don't worry|don't mention it
     |made my day|got it|got you|been there|been there done that|love it|love that|love this|loved it|liked it
     |hate it|hate that|can't wait|can't complain|can't believe it|totally agree|really agree|totally|really
-    |kinda|can't argue with that|don't know|didn't know|never heard of it|just a thought
+    |kinda|can't argue with that|don't know|didn't know|never heard of it|just a thought|got distracted
+    |got sidetracked|got carried away
     """.replace("\n", "")
     .replace("    ", "")
     .split("|")
+)
+
+# Work named by what one does ("I quit teaching", "I gave up nursing"): leaving it is leaving a job, not a
+# dislike. Gerunds of occupations and fields of work.
+JOB_GERUNDS = frozenset(
+    """
+    teaching nursing farming accounting acting modelling modeling coaching tutoring bartending waitressing
+    waiting cleaning plumbing policing consulting freelancing engineering banking lecturing lawyering
+    hairdressing cooking baking driving trucking sailing fishing mining translating editing reporting
+    journalism law medicine dentistry retail hospitality sales marketing programming nannying babysitting
+    catering construction carpentry dancing singing writing photography design research academia
+    """.split()
+)
+# Nouns naming a workplace or a post: "I quit the cafe", "I left my firm" leave a job.
+WORKPLACES = frozenset(
+    """
+    job jobs work company firm shop store restaurant cafe café bar pub bakery bank hospital clinic school
+    office agency factory warehouse practice studio salon position role post team business department lab
+    startup start-up gig career employer workplace plant mill hotel kitchen newsroom branch surgery
+    centre center practise nursery university college council
+    """.split()
 )

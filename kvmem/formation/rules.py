@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from datetime import date
 
+from kvmem.formation.atoms import atoms
 from kvmem.formation.clauses import split_sentences, statements, strip_adverbials, strip_markers, subject_core
 from kvmem.formation.dates import DateResolution, is_past_tense, iso_time, parse_chat_time, resolve_dates
 from kvmem.formation.slots import SlotMatch, match_slot
@@ -78,7 +79,7 @@ def slot_of(text: str) -> tuple[str, str] | None:
 class RuleExtractor:
     """Facts from user turns by general English patterns; no model, deterministic, thread-safe.
 
-    Each kept clause becomes one fact: its text as said with relative dates resolved, its slot and value
+    Each kept clause becomes one fact per atomic statement in it (`atoms.py`): its text as said with relative dates resolved, its slot and value
     where it sets a known attribute, `valid_from` the past day it names or the turn's time. Turns whose
     role is not "user" yield nothing; a clause repeated within one turn yields one fact.
     """
@@ -94,20 +95,21 @@ class RuleExtractor:
             seen: set[str] = set()
             for clause in statements(turn.text):
                 resolved = resolve_dates(clause.text, turn.chat_time)
-                text = _sentence_case(resolved.text)
-                if text.lower() in seen:
-                    continue
-                seen.add(text.lower())
-                core = subject_core(text) or strip_adverbials(text)
-                slot = match_slot(core)
-                facts.append(
-                    Fact(
-                        text=text,
-                        turn_ids=(turn.id,),
-                        valid_from=_valid_from(resolved, turn.chat_time),
-                        kind=_kind(core, resolved, today, slot),
-                        slot=slot.slot if slot else None,
-                        value=slot.value if slot else None,
+                for atom in atoms(resolved.text):  # a compound statement: one fact each
+                    text = _sentence_case(atom)
+                    if text.lower() in seen:
+                        continue
+                    seen.add(text.lower())
+                    core = subject_core(text) or strip_adverbials(text)
+                    slot = match_slot(core)
+                    facts.append(
+                        Fact(
+                            text=text,
+                            turn_ids=(turn.id,),
+                            valid_from=_valid_from(resolved, turn.chat_time),
+                            kind=_kind(core, resolved, today, slot),
+                            slot=slot.slot if slot else None,
+                            value=slot.value if slot else None,
+                        )
                     )
-                )
         return facts

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmem.formation import values as v
-from kvmem.formation.lexicon import DIETS, RELATIONSHIP, RELATIVES, SPECIES
+from kvmem.formation.lexicon import DIETS, JOB_GERUNDS, RELATIONSHIP, RELATIVES, SPECIES, WORKPLACES
 
 Build = Callable[[re.Match[str]], "tuple[str, str] | None"]
 
@@ -33,7 +33,8 @@ STOP = (
     r"and|but|or|because|cause|since|as|so|now|anymore|any more|these days|right now|at the moment|with|for|"
     r"in|on|at|from|near|after|before|when|while|who|whom|which|where|that|not|too|again|already|still|"
     r"though|although|ever|yet|lately|recently|currently|nowadays|instead|either|then|this|last|next|every|"
-    r"each|to|than|over|until|till|by|ago|haha|lol|full-time|part-time|anyway|honestly|though"
+    r"each|to|than|over|until|till|by|ago|haha|lol|full-time|part-time|anyway|honestly|though|completely|"
+    r"entirely|altogether|for good|cold turkey|at all|forever|once and for all"
 )
 END = rf"(?=\s*$|\s*[,.;:!?()\"]|\s+(?:{STOP})\b)"
 
@@ -44,7 +45,8 @@ def val(name: str) -> str:
 
 
 NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
-SUBJ = r"(?:I|we|me and my \w+|my \w+ and I)"  # the user, alone or with someone
+# the user, alone or with someone ("my wife and I", "Noah and I")
+SUBJ = r"(?:I|we|me and my \w+|my \w+ and I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+)"
 BE = r"(?:'m| am|'re| are)"
 HAVE = r"(?:'ve| have)?"
 ADV = (
@@ -70,7 +72,43 @@ NEGATIVE = (
     r"have stopped liking|have stopped enjoying"
 )
 CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
+HABIT = r"drink|eat|smoke|play|watch|listen to|read"
 QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped"
+# leaving a job: "I quit the cafe", "I resigned from Boots"
+LEAVE = (
+    r"quit|left|resigned from|resigned|walked out of|walked away from|handed in my notice at|gave notice at|"
+    r"got (?:fired|laid off|let go|sacked) from|was (?:fired|laid off|let go|sacked) from|"
+    r"stopped working at|stopped working for|stopped working in"
+)
+WORKPLACES_RE = alt(WORKPLACES)
+JOB_GERUNDS_RE = alt(JOB_GERUNDS)
+# an organisation's name as said: capitalised words ("Accenture", "Boots", "Deutsche Bank")
+ORG_NAME = r"(?P<org>(?-i:[A-Z])[\w&.'-]*(?: (?-i:[A-Z])[\w&.'-]*)*)"
+
+
+# ---- spelling: one form for the patterns ----------------------------------------------------------------
+
+_CONTRACTIONS = (
+    (re.compile(r"\b(I|we)'m\b", re.I), r"\1 am"),
+    (re.compile(r"\b(I|we)'re\b", re.I), r"\1 are"),
+    (re.compile(r"\b(I|we)'ve\b", re.I), r"\1 have"),
+)
+
+
+_INTENSIFIERS = re.compile(
+    r"\b(?:really|totally|absolutely|completely|kind of|kinda|sort of|pretty much|so|just|actually|"
+    r"definitely|honestly|seriously|literally|genuinely|truly|finally|officially|now|currently|recently|"
+    r"basically|already)\s+(?=[a-z])",
+    re.I,
+)
+
+
+def expand_contractions(text: str) -> str:
+    """ "I'm" -> "I am", "we're" -> "we are", "I've" -> "I have", and intensifiers or time adverbs before a
+    word dropped ("I'm so over it" -> "I am over it"): the patterns then need one spelling."""
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    return _INTENSIFIERS.sub("", text)
 
 
 # ---- builders: a slot template and a value, both from the match ----------------------------------------
@@ -150,3 +188,24 @@ def relative_name(m: re.Match[str]) -> tuple[str, str] | None:
     if not name or subject in v.NEEDS_NAME:
         return None
     return f"{subject}|name", name
+
+
+def negated(normalize: Callable[[str], str | None], *names: str) -> Callable[[re.Match[str]], str | None]:
+    """ "not:<value>" of the first group of `names` that matched: the statement retires that one value ("I
+    don't live in Bern anymore")."""
+
+    def build(m: re.Match[str]) -> str | None:
+        raw = next((m.group(n) for n in names if m.group(n)), None)
+        got = normalize(raw) if raw else None
+        return f"not:{got}" if got else None
+
+    return build
+
+
+def only(m: re.Match[str]) -> tuple[str, str] | None:
+    """ "I only drink tea" -> ("user|only:drink", "tea"): consolidation retires the other things the user
+    was said to drink (see `consolidate.ONLY_PREFIX`)."""
+    if v.MORE_OBJECTS.match(m.string, m.end("obj")):
+        return None
+    obj = v.thing_object(m.group("obj"))
+    return (f"user|only:{m.group('verb').lower()}", obj) if obj else None

@@ -8,7 +8,6 @@ of turns, dates or consolidation.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from kvmem.formation import slot_grammar as g
@@ -69,6 +68,15 @@ RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
+        rf"^{g.SUBJ} (?:no longer|don't|do not) (?:live|reside) in {g.val('place')}|"
+        rf"^{g.SUBJ}{g.BE} (?:no longer|not) (?:living|based) in {g.val('place2')}(?=\s+(?:anymore|any more)\b)|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|moved away) (?:away |out )?from {g.val('place3')}",
+        g.user(
+            "home_city",
+            g.negated(v.place, "place", "place2", "place3"),
+        ),
+    ),
+    g.rule(
         rf"^{g.SUBJ}{g.BE} {g.ADV}(?:living|based|settled|residing) {g.ADV}in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
@@ -108,8 +116,41 @@ RULES: tuple[SlotRule, ...] = (
         "relation",
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got|gotten) (?P<rs>married|engaged|divorced|separated)\b",
-        g.user("relationship", g.lookup("rs", RELATIONSHIP)),
+        rf"^{g.SUBJ}{g.HAVE}{g.BE}? {g.ADV}(?:(?:got|gotten|getting) (?:re)?|re)(?P<rs>married|engaged|divorced|"
+        r"separated)\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?P<rs2>remarried)\b",
+        g.user("relationship", lambda m: RELATIONSHIP.get((m.group("rs") or "married").lower())),
+        "relation",
+    ),
+    g.rule(
+        r"^(?-i:[A-Z])[a-z]+ (?:is|'s) (?:now |officially )?my (?P<rel>wife|husband|fianc\w*|girlfriend|boyfriend|"
+        r"partner)\b",
+        g.user(
+            "relationship",
+            lambda m: {"wife": "married", "husband": "married"}.get(
+                m.group("rel").lower(),
+                "engaged" if m.group("rel").lower().startswith("fianc") else "in a relationship",
+            ),
+        ),
+        "relation",
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.BE}{g.HAVE} {g.ADV}(?:getting divorced|getting a divorce|going through a divorce)\b",
+        g.user("relationship", g.fixed("divorced")),
+        "relation",
+    ),
+    g.rule(
+        rf"^(?:{g.SUBJ}|we){g.BE} {g.ADV}(?:no longer|not) together\b|^{g.SUBJ}{g.BE} {g.ADV}not together "
+        r"(?:anymore|any more)\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
+        r"(?:engagement|wedding)\b|^(?:the|our|my) engagement is (?:off|over)\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b|"
+        rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
+        r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
+        rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
+        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+        rf"divorced me|split up with me){g.END}",
+        g.user("relationship", g.fixed("single")),
         "relation",
     ),
     g.rule(
@@ -123,11 +164,27 @@ RULES: tuple[SlotRule, ...] = (
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:have|got|have got|now have|found) (?:a |an )?(?:new |lovely |)"
         r"(?:girlfriend|boyfriend|partner)\b|"
-        rf"^I{g.BE} {g.ADV}(?:dating|seeing|going out with|together with|in a relationship with) \w",
+        rf"^I(?:{g.BE}|(?:'ve| have) been) {g.ADV}(?:dating|seeing|going out with|together with|in a relationship "
+        r"with) \w|^we{g.BE} {g.ADV}(?:together|a couple|an item|dating|going out)(?:{g.END})",
         g.user("relationship", g.fixed("in a relationship")),
         "relation",
     ),
-    # job and employer
+    # job and employer: leaving one ("I quit the cafe", "I quit teaching", "I resigned from Boots")
+    g.rule(
+        rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}) (?:my |the |a |our |this |that )?(?:[\w'-]+ ){{0,2}}"
+        rf"(?:{g.WORKPLACES_RE})\b|"
+        rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
+        rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
+        rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)",
+        g.user("job", g.fixed("none")),
+    ),
+    g.rule(
+        rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}) {g.ORG_NAME}{g.END}|"
+        rf"^I (?:no longer|don't|do not) work (?:at|for) (?:the )?(?P<org2>[^,.;:!?()\"]+?){g.END}|"
+        rf"^I{g.BE} {g.ADV}(?:no longer|not) (?:working |employed )?(?:at|for|with) (?:the )?"
+        rf"(?P<org3>(?-i:[A-Z])[^,.;:!?()\"]*?)(?=\s+(?:anymore|any more)\b)",
+        g.user("employer", g.negated(v.org, "org", "org2", "org3")),
+    ),
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at) "
         r"(?:my|the) (?:\w+ )?job\b|"
@@ -135,10 +192,21 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b",
         g.user("job", g.fixed("none")),
     ),
-    g.rule(rf"^I(?:'m| am|'ve| have)? {g.ADV}(?:retired|been retired)\b", g.user("job", g.fixed("retired"))),
+    g.rule(
+        rf"^I(?:'m| am|'ve| have)? {g.ADV}(?:retired|been retired)\b|"
+        rf"^I{g.HAVE} {g.ADV}(?:went into|gone into|took|taken|started|began|entered|am in|'m in) (?:early |)retirement\b|"
+        rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b",
+        g.user("job", g.fixed("retired")),
+    ),
+    # "I have been a X for N years": the job held now
+    g.rule(
+        rf"^I(?:'ve| have) {g.ADV}been (?:a |an ){g.val('job')}(?=\s+(?:for|since)\b)",
+        g.user("job", g.group("job", v.job_known)),
+    ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working|started working|began working|been working|'m working|"
-        rf"am working|'re working|are working|am employed|are employed|employed) {g.ADV}as (?:a |an )?{g.val('job')}|"
+        rf"am working|'re working|are working|am employed|are employed|employed|got hired|was hired|been hired|"
+        rf"hired|got taken on|was taken on|signed on|started out) {g.ADV}as (?:a |an )?{g.val('job')}|"
         rf"^{g.SUBJ}(?:'ve| have) {g.ADV}worked as (?:a |an )?{g.val('job2')}(?=\s+(?:for|since)\b)",
         g.user("job", lambda m: v.job_any(m.group("job") or m.group("job2"))),
     ),
@@ -278,6 +346,36 @@ RULES: tuple[SlotRule, ...] = (
         "preference",
     ),
     g.rule(rf"^{g.SUBJ} {g.ADV}(?:{g.POSITIVE}) {g.val('obj')}", g.likes("yes"), "preference"),
+    # "these days I only drink tea": tea, and no other drink the user was said to like
+    g.rule(
+        rf"^{g.SUBJ} {g.ADV}(?:only|just) (?P<verb>{g.HABIT}) {g.val('obj')}",
+        g.only,
+        "preference",
+    ),
+    # habits: "I drink cola every day", "I smoke", "I play squash" (given up by "I stopped drinking cola")
+    g.rule(
+        rf"^{g.SUBJ} {g.ADV}(?:{g.HABIT}) (?!it\b|that\b|this\b|them\b){g.val('obj')}|^{g.SUBJ} {g.ADV}(?P<obj2>smoke|vape)"
+        rf"{g.END}",
+        lambda m: (
+            g.likes("yes")(m)
+            if m.group("obj")
+            else (f"user|likes:{v.gerund(m.group('obj2').lower())}", "yes")
+        ),
+        "preference",
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:taken up|took up|picked up|got back into|gotten back into) {g.val('obj')}|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:started|begun|began) (?!(?:working|living|dating|seeing|feeling|"
+        rf"thinking|getting|going|having|trying|looking)\b)(?P<obj2>[a-z]+ing){g.END}",
+        lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
+        "preference",
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got|gotten|getting|been getting) (?:really |properly |)into "
+        rf"(?=(?-i:[a-z])){g.val('obj')}",
+        g.likes("yes"),
+        "preference",
+    ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:started|begun|began|come|grown|learned|learnt) to {g.ADV}(?:love|like|enjoy|"
         rf"appreciate) {g.val('obj')}|^{g.SUBJ}{g.HAVE} {g.ADV}(?:started|begun|began) (?:liking|loving|enjoying) "
@@ -313,6 +411,11 @@ RULES: tuple[SlotRule, ...] = (
         "relation",
     ),
     g.rule(
+        rf"^my {g.ADJ}(?P<rel>{g.RELATIVES_RE}) is (?:called |named )?(?P<name>(?-i:[A-Z])[a-z]+){g.END}",
+        lambda m: g.relative_name(m),
+        "relation",
+    ),
+    g.rule(
         rf"^my {g.ADJ}(?P<rel>{g.RELATIVES_RE})(?: (?P<relname>(?-i:[A-Z])[a-z]+))?(?: is|'s| works as| is working as) "
         rf"{g.ADV}(?:a |an ){g.val('job')}",
         g.relative("job", g.group("job", v.job_known)),
@@ -327,33 +430,10 @@ RULES: tuple[SlotRule, ...] = (
 )
 
 
-_CONTRACTIONS = (
-    (re.compile(r"\b(I|we)'m\b", re.I), r"\1 am"),
-    (re.compile(r"\b(I|we)'re\b", re.I), r"\1 are"),
-    (re.compile(r"\b(I|we)'ve\b", re.I), r"\1 have"),
-)
-
-
-_INTENSIFIERS = re.compile(
-    r"\b(?:really|totally|absolutely|completely|kind of|kinda|sort of|pretty much|so|just|actually|"
-    r"definitely|honestly|seriously|literally|genuinely|truly|finally|officially|now|currently|recently|"
-    r"basically|already)\s+(?=[a-z])",
-    re.I,
-)
-
-
-def expand_contractions(text: str) -> str:
-    """ "I'm" -> "I am", "we're" -> "we are", "I've" -> "I have", and intensifiers or time adverbs before a
-    word dropped ("I'm so over it" -> "I am over it"): the patterns then need one spelling."""
-    for pattern, replacement in _CONTRACTIONS:
-        text = pattern.sub(replacement, text)
-    return _INTENSIFIERS.sub("", text)
-
-
 def match_slot(core: str) -> SlotMatch | None:
     """The slot a clause sets, or None. `core` starts at the clause's subject (leading dates and adverbs
     already stripped, see `clauses.strip_adverbials`) and has no end punctuation."""
-    core = expand_contractions(core)
+    core = g.expand_contractions(core)
     for rule in RULES:
         m = rule.pattern.search(core)
         if m is None:

@@ -142,6 +142,9 @@ _CONSUMPTION_GERUND = re.compile(
 )
 
 
+_QUANTITY = re.compile(r"^(?:lot of|lots of|loads of|plenty of|tons of|bit of|little|few)\s+(?=\S)", re.I)
+
+
 def thing_object(raw: str) -> str | None:
     """The object of a like or dislike, as the key of "user|likes:<object>": determiners dropped, "to
     cook" -> "cooking", "drinking coffee" -> "coffee"; None for a pronoun or more than four words."""
@@ -150,7 +153,7 @@ def thing_object(raw: str) -> str | None:
         return None
     if words[0].lower() == "to" and len(words) > 1:
         words = [gerund(words[1].lower()), *words[2:]]
-    text = _CONSUMPTION_GERUND.sub("", " ".join(words))
+    text = _QUANTITY.sub("", _CONSUMPTION_GERUND.sub("", " ".join(words)))
     words = _strip_determiner(text.split())
     if not 0 < len(words) <= 4 or words[0].lower() in _PRONOUNS:
         return None

@@ -1,0 +1,163 @@
+"""Score an extractor on the sealed held-out set of changes of state (benchmarks/data/state_changes, issue 45
+item 3): each item's earlier turns and then its new turn are formed and consolidated one turn at a time, as
+the background worker does, and the memories each turn formed are followed.
+
+- changes caught: share of change items where a memory formed from the named earlier turn is superseded and
+  no memory from any other earlier turn is;
+- false supersessions: share of non-change items where any memory is superseded;
+- chit-chat stored: chit-chat items whose new turn formed any memory (a count; target 0); questions stored
+  likewise; and, over all items labelled with no new fact, how many formed one.
+
+Run once for a report (the set must not be used to change the rules):
+
+    python -m benchmarks.memory.state_changes_heldout --out benchmarks/results/cpu/state_changes_heldout.json
+
+The data's sha256 is checked against the sealed one first; a mismatch is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from benchmarks.common import env_info, write_outputs
+from kvmem.formation.base import Extractor, make_extractor
+from kvmem.formation.consolidate import ExistingMemory, batch_ref, consolidate_batch
+from kvmem.formation.types import TurnInput
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "state_changes"
+_START = datetime(2026, 3, 2, 9, 0)
+_GAP = timedelta(days=60)  # the new turn comes two months after the earlier ones
+
+
+def load_items(data_dir: Path = DATA) -> list[dict]:
+    raw = (data_dir / "heldout.jsonl").read_bytes()
+    digest = (data_dir / "heldout.jsonl.sha256").read_text().split()[0]
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise ValueError(f"{data_dir / 'heldout.jsonl'}: sha256 differs from the sealed {digest}")
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+
+
+def run_item(item: dict, extractor: Extractor) -> dict:
+    """The item's turns formed and consolidated in order: which earlier turns lost a memory, and the texts
+    the new turn formed."""
+    session = f"sc-{item['id']}"
+    times = [_START + timedelta(minutes=5 * i) for i in range(len(item["prefix"]))]
+    times.append(times[-1] + _GAP)
+    texts = [*item["prefix"], item["turn"]]
+    current: dict[str, ExistingMemory] = {}
+    origin: dict[str, int] = {}
+    superseded_from: list[int] = []
+    new_texts: list[str] = []
+    for index, (text, moment) in enumerate(zip(texts, times, strict=True)):
+        turn = TurnInput(f"{session}-t{index}", "user", text, _iso(moment), session)
+        facts = extractor.extract([turn])
+        if index == len(texts) - 1:
+            new_texts = [f.text for f in facts]
+        if not facts:
+            continue
+        result = consolidate_batch(facts, list(current.values()), said_at=[turn.chat_time] * len(facts))
+        ids: dict[str, str] = {}
+        for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
+            if decision.kind in ("duplicate", "outdated"):
+                continue
+            new_id = f"m{len(origin)}"
+            ids[batch_ref(k)] = new_id
+            origin[new_id] = index
+            current[new_id] = ExistingMemory(
+                new_id, fact.text, fact.slot, fact.value, fact.valid_from, turn.chat_time
+            )
+        for s in result.supersessions:
+            old = ids.get(s.old_id, s.old_id)
+            if current.pop(old, None) is not None:
+                superseded_from.append(origin[old])
+    return {"superseded_turns": superseded_from, "new_facts": new_texts}
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+def score(items: Sequence[dict], extractor: Extractor) -> dict:
+    per_category: dict[str, list[bool]] = defaultdict(list)
+    caught = changes = false_sup = non_changes = 0
+    wrong_in_changes = 0
+    chit = chit_stored = questions = questions_stored = empty = empty_stored = 0
+    misses: list[dict] = []
+    for item in items:
+        got = run_item(item, extractor)
+        lost = got["superseded_turns"]
+        if item["kind"] == "change":
+            changes += 1
+            ok = item["superseded_turn"] in lost and all(t == item["superseded_turn"] for t in lost)
+            caught += ok
+            wrong_in_changes += any(t != item["superseded_turn"] for t in lost)
+        else:
+            non_changes += 1
+            ok = not lost
+            false_sup += not ok
+        if item["category"] == "chit_chat":
+            chit += 1
+            chit_stored += bool(got["new_facts"])
+        if item["category"] == "question":
+            questions += 1
+            questions_stored += bool(got["new_facts"])
+        if item["new_fact"] is None:
+            empty += 1
+            empty_stored += bool(got["new_facts"])
+        per_category[f"{item['kind']}/{item['category']}"].append(ok)
+        if not ok:
+            misses.append({"id": item["id"], "turn": item["turn"], "superseded_turns": lost, **got})
+    return {
+        "num_changes": changes,
+        "changes_caught": _ratio(caught, changes),
+        "changes_superseding_another_memory": wrong_in_changes,
+        "num_non_changes": non_changes,
+        "false_supersessions": _ratio(false_sup, non_changes),
+        "num_chit_chat": chit,
+        "chit_chat_stored": chit_stored,
+        "num_questions": questions,
+        "questions_stored": questions_stored,
+        "num_no_new_fact": empty,
+        "no_new_fact_but_stored": empty_stored,
+        "per_category": {k: {"n": len(v), "ok": sum(v)} for k, v in sorted(per_category.items())},
+        "misses": misses,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--extractor", default="rules", help="a registered extractor name (default rules)")
+    parser.add_argument("--data-dir", type=Path, default=DATA)
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    env = env_info()
+    items = load_items(args.data_dir)
+    if args.limit:
+        items = items[: args.limit]
+    result = {
+        "env": env,
+        "data_sha256": (args.data_dir / "heldout.jsonl.sha256").read_text().split()[0],
+        "extractor": args.extractor,
+        "targets": {"changes_caught": ">= 0.8", "false_supersessions": "<= 0.02", "chit_chat_stored": 0},
+        **score(items, make_extractor(args.extractor)),
+    }
+    if args.out is not None:
+        write_outputs(result, args.out)
+    else:
+        print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Changes of state read by the rules (issue 45 item 3) and compound statements cut into atomic facts (item 5):
+for pairs of user turns, which earlier memory the later one supersedes once both are formed and consolidated
+in order, and the exact (text, slot, value) of the facts. These are development examples, written apart from
+the sealed held-out set (benchmarks/data/state_changes), which never changes the rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmem.formation.atoms import atoms
+from kvmem.formation.consolidate import ExistingMemory, consolidate_batch
+from kvmem.formation.rules import RuleExtractor
+from kvmem.formation.types import TurnInput
+
+EARLIER, LATER = "2026-01-05T10:00:00.000000Z", "2026-04-05T10:00:00.000000Z"
+
+
+def triples(text: str, when: str = LATER) -> list[tuple[str, str | None, str | None]]:
+    return [
+        (f.text, f.slot, f.value) for f in RuleExtractor().extract([TurnInput("t", "user", text, when, "s")])
+    ]
+
+
+def superseded(*texts: str) -> list[str]:
+    """The texts of the memories retired when `texts` are said in order, a few weeks apart."""
+    current: dict[str, ExistingMemory] = {}
+    retired: list[str] = []
+    for i, text in enumerate(texts):
+        when = f"2026-{1 + 3 * i:02d}-05T10:00:00.000000Z"
+        facts = RuleExtractor().extract([TurnInput(f"t{i}", "user", text, when, "s")])
+        result = consolidate_batch(facts, list(current.values()), said_at=[when] * len(facts))
+        for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
+            if decision.kind not in ("duplicate", "outdated"):
+                current[f"{i}:{k}"] = ExistingMemory(f"{i}:{k}", fact.text, fact.slot, fact.value, when, when)
+        retired += [current.pop(s.old_id).text for s in result.supersessions if s.old_id in current]
+    return retired
+
+
+CHANGES = [
+    # leaving a job: a workplace, an occupation's gerund, an employer by name, "resigned"
+    ("I work as a florist.", "I quit the flower shop in August.", "I work as a florist"),
+    ("I'm a hairdresser.", "I quit hairdressing for good.", "I'm a hairdresser"),
+    ("I work for Accenture.", "I left Accenture last spring.", "I work for Accenture"),
+    ("I work at the Odeon cinema.", "I no longer work at the Odeon.", "I work at the Odeon cinema"),
+    ("I work at Boots.", "I resigned from Boots.", "I work at Boots"),
+    ("I'm a nurse.", "I handed in my notice.", "I'm a nurse"),
+    # starting one, and "I have been a X for N years"
+    ("I'm a cashier.", "I was hired as a sous chef!", "I'm a cashier"),
+    ("I work as a tutor.", "Nowadays I work as a copywriter.", "I work as a tutor"),
+    ("I'm a student.", "I've been a welder for three years.", "I'm a student"),
+    ("I'm a plumber.", "Been a dentist for a decade.", "I'm a plumber"),
+    ("I'm a lawyer.", "I've been working as a mediator for two years.", "I'm a lawyer"),
+    # retiring
+    ("I'm an architect.", "Went into retirement in May.", "I'm an architect"),
+    ("I'm an architect.", "I took early retirement.", "I'm an architect"),
+    # moving
+    ("I live in Ghent.", "I packed my bags and moved to Antwerp.", "I live in Ghent"),
+    ("I live in Bern.", "I don't live in Bern anymore.", "I live in Bern"),
+    ("I live in Derby.", "My wife and I moved to Nottingham.", "I live in Derby"),
+    # relationships starting and ending
+    ("I'm single.", "Noah and I got engaged!", "I'm single"),
+    ("I'm single.", "I've been dating a woman called Ines.", "I'm single"),
+    ("I'm single.", "I have a boyfriend now.", "I'm single"),
+    ("My girlfriend is called Rosa.", "Rosa and I split up.", "My girlfriend is called Rosa"),
+    ("My boyfriend is Karl.", "Karl broke up with me.", "My boyfriend is Karl"),
+    ("I'm married to Yusuf.", "Yusuf and I are getting divorced.", "I'm married to Yusuf"),
+    ("My girlfriend is Bea.", "Bea and I got married in the spring.", "My girlfriend is Bea"),
+    ("I'm engaged to Ivo.", "We called off the engagement.", "I'm engaged to Ivo"),
+    # preferences given up or taken up
+    ("I play squash.", "I gave up squash completely.", "I play squash"),
+    ("I drink cola every day.", "I stopped drinking cola.", "I drink cola every day"),
+    ("I smoke.", "I quit smoking.", "I smoke"),
+    ("I eat chocolate every night.", "I no longer eat chocolate.", "I eat chocolate every night"),
+    ("I watch a lot of anime.", "I stopped watching anime.", "I watch a lot of anime"),
+    ("I hate yoga.", "I've got really into yoga.", "I hate yoga"),
+    ("I don't like running.", "I've taken up running and I love it.", "I don't like running"),
+    ("I drink beer.", "These days I only drink water.", "I drink beer"),
+]
+
+
+@pytest.mark.parametrize(("earlier", "later", "retired"), CHANGES)
+def test_a_change_of_state_supersedes_the_earlier_memory(earlier: str, later: str, retired: str) -> None:
+    assert superseded(earlier, later) == [retired]
+
+
+NON_CHANGES = [
+    ("I work as a florist.", "My aunt quit her job at the bank."),
+    ("I live in Ghent.", "If I moved it would be to Bruges."),
+    ("I work at Boots.", "I'm thinking of leaving Boots."),
+    ("I smoke.", "I want to quit smoking."),
+    ("I live in Bern.", "I'll move to Zurich next year."),
+    ("I'm married to Yusuf.", "My brother and his wife broke up."),
+    ("I'm married to Yusuf.", "Yusuf and I aren't splitting up."),
+    ("I'm married to Omar.", "Omar left me a note this morning."),
+    ("I'm a plumber.", "I didn't quit after all."),
+    ("I play squash.", "I never gave up squash."),
+    ("I work for Accenture.", "Should I leave Accenture?"),
+    ("I live in Bern.", "I left Bern for a week of holiday."),
+    ("I live in Bern.", "I left my keys at home."),
+    ("I drink beer.", "I also drink wine."),
+    ("I drink tea.", "I drink tea with milk."),
+    ("I'm single.", "Would be nice to have a boyfriend."),
+    ("I work as a florist.", "Still a florist, nothing changed."),
+    ("I'm a courier.", "My dad is a plumber now."),
+    ("I drink whisky.", "My uncle gave up whisky."),
+    ("I work at Zara.", "I left Zara early today for the dentist."),
+]
+
+
+@pytest.mark.parametrize(("earlier", "later"), NON_CHANGES)
+def test_what_is_not_a_change_supersedes_nothing(earlier: str, later: str) -> None:
+    assert superseded(earlier, later) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I quit the cafe.", [("I quit the cafe", "user|job", "none")]),
+        ("I quit teaching.", [("I quit teaching", "user|job", "none")]),
+        ("I gave up gaming completely.", [("I gave up gaming completely", "user|likes:gaming", "no")]),
+        ("I've been a nurse for 6 years.", [("I've been a nurse for 6 years", "user|job", "nurse")]),
+        ("I retired.", [("I retired", "user|job", "retired")]),
+        ("I now work as a chef.", [("I now work as a chef", "user|job", "chef")]),
+        ("I no longer eat meat.", [("I no longer eat meat", "user|likes:meat", "no")]),
+        ("These days I only drink tea.", [("These days I only drink tea", "user|only:drink", "tea")]),
+        ("I left Deloitte.", [("I left Deloitte", "user|employer", "not:deloitte")]),
+        ("Sorry, got distracted.", []),
+        ("I left my husband.", [("I left my husband", "user|relationship", "single")]),
+    ],
+)
+def test_the_forms_of_a_change_set_these_slots(text: str, expected: list) -> None:
+    assert triples(text) == expected
+
+
+# ---- atomic facts (item 5) -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("clause", "expected"),
+    [
+        ("I live in Lisbon with my wife Ana", ["I live in Lisbon", "My wife is Ana"]),
+        (
+            "We live in Porto with my husband, Rui, since 2019",
+            ["We live in Porto since 2019", "My husband is Rui"],
+        ),
+        ("I live with my wife Ana", ["I live with my wife", "My wife is Ana"]),
+        ("I work at Deloitte as an auditor", ["I work at Deloitte", "I work as an auditor"]),
+        ("I'm a nurse at St Mary's", ["I'm a nurse", "I work at St Mary's"]),
+        ("I went to Paris with my sister Eva", ["I went to Paris with my sister Eva"]),  # an event: one fact
+        ("I live in Lisbon with my parents", ["I live in Lisbon with my parents"]),  # no name to keep apart
+    ],
+)
+def test_a_compound_statement_is_cut_into_atomic_ones(clause: str, expected: list[str]) -> None:
+    assert atoms(clause) == expected
+
+
+def test_a_compound_statement_forms_one_fact_per_slot() -> None:
+    assert triples("I live in Lisbon with my wife Ana.") == [
+        ("I live in Lisbon", "user|home_city", "lisbon"),
+        ("My wife is Ana", "wife|name", "ana"),
+    ]
+
+
+def test_a_move_supersedes_only_the_city_of_a_compound_statement() -> None:
+    assert superseded("I live in Lisbon with my wife Ana.", "We moved to Porto.") == ["I live in Lisbon"]
