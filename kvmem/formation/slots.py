@@ -145,6 +145,7 @@ RULES: tuple[SlotRule, ...] = (
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
         r"(?:engagement|wedding)\b|^(?:the|our|my) engagement is (?:off|over)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b|"
+        rf"^I{g.BE} {g.ADV}no longer (?:with|together with|dating|seeing) (?-i:[A-Z])[a-z]+{g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
@@ -197,6 +198,10 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:went into|gone into|took|taken|started|began|entered|am in|'m in) (?:early |)retirement\b|"
         rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b",
         g.user("job", g.fixed("retired")),
+    ),
+    g.rule(
+        rf"^I{g.BE} {g.ADV}(?:no longer|not) (?:a |an ){g.val('job')}(?=\s+(?:anymore|any more)\b|\s*$)",
+        g.user("job", g.negated(v.job_known, "job")),
     ),
     # "I have been a X for N years": the job held now
     g.rule(

@@ -44,6 +44,7 @@ CHANGES = [
     ("I work at the Odeon cinema.", "I no longer work at the Odeon.", "I work at the Odeon cinema"),
     ("I work at Boots.", "I resigned from Boots.", "I work at Boots"),
     ("I'm a nurse.", "I handed in my notice.", "I'm a nurse"),
+    ("I'm a pilot.", "I'm no longer a pilot.", "I'm a pilot"),
     # starting one, and "I have been a X for N years"
     ("I'm a cashier.", "I was hired as a sous chef!", "I'm a cashier"),
     ("I work as a tutor.", "Nowadays I work as a copywriter.", "I work as a tutor"),
@@ -66,6 +67,7 @@ CHANGES = [
     ("I'm married to Yusuf.", "Yusuf and I are getting divorced.", "I'm married to Yusuf"),
     ("My girlfriend is Bea.", "Bea and I got married in the spring.", "My girlfriend is Bea"),
     ("I'm engaged to Ivo.", "We called off the engagement.", "I'm engaged to Ivo"),
+    ("My boyfriend is Al.", "I'm no longer with Al.", "My boyfriend is Al"),
     # preferences given up or taken up
     ("I play squash.", "I gave up squash completely.", "I play squash"),
     ("I drink cola every day.", "I stopped drinking cola.", "I drink cola every day"),
@@ -99,6 +101,7 @@ NON_CHANGES = [
     ("I live in Bern.", "I left my keys at home."),
     ("I drink beer.", "I also drink wine."),
     ("I drink tea.", "I drink tea with milk."),
+    ("I'm a nurse.", "I'm not a doctor."),
     ("I'm single.", "Would be nice to have a boyfriend."),
     ("I work as a florist.", "Still a florist, nothing changed."),
     ("I'm a courier.", "My dad is a plumber now."),
