@@ -9,9 +9,12 @@ page of its own (copy-on-write), so a shared page is never written after it is f
 stay immutable: the pool holds copies, and an item's pages are dropped with it (`SharedPages.drop`).
 
 Accounting is exact: `used_pages` is the number of pages with a reference; `shared_pages` the pages held by
-resident items; the rest are requests' private pages. When no page is free, unreferenced items are evicted
-(least recently used first), then live sessions' kept tables (`reclaimers`, least recently used first),
-and nothing is evicted when even all of that could not make enough room. A sequence takes pages as it
+resident items; the rest are requests' private pages. Finished requests' full pages stay as a prefix cache
+(`prefix`, prefix_cache.py). When no page is free, unread things are evicted: unreferenced items, then
+unread prefix pages, then live sessions' kept tables (`reclaimers`), least recently used first within each
+(or by the scheduler's heat, and never a pinned user's: `residency`, residency.py, which also charges each
+user the pages kept for them and holds them to a quota), and nothing is evicted when even all of that could
+not make enough room. A sequence takes pages as it
 crosses into them (table.py); one that finds none preempts the newest sequence (batcher.py), a new request
 that finds none waits at admission, then gets 429, and one that could never fit gets 400 (sequence.py):
 never an out-of-memory error in a forward. Free pages are kept as runs (free_runs.py) and the counts
@@ -27,12 +30,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
 from serving.engine.errors import PoolFull
 from serving.engine.free_runs import FreeRuns
+from serving.engine.prefix_cache import PrefixCache
+from serving.engine.residency import Holder, Residency
 
 DEFAULT_PAGE_TOKENS = 16
 CPU_POOL_MB = 1024  # the pool's size on CPU when none is given
@@ -83,15 +88,7 @@ class PoolShape:
         return cls(config.num_hidden_layers, kv_heads, head_dim, dtype, page_tokens)
 
 
-class Reclaimer(Protocol):
-    """Something that holds pages it can give back when the pool runs short (a live session's kept tables,
-    serving/engine/sessions.py)."""
-
-    def drop_oldest(self) -> bool:
-        """Drop one thing it holds pages for (least recently used first); False if it holds none."""
-
-    def reclaimable_bytes(self) -> int:
-        """At most how many bytes of pages dropping everything it holds could free."""
+Reclaimer = Holder  # something that keeps pages it gives back when the pool runs short (sessions.py)
 
 
 class PagePool:
@@ -124,9 +121,11 @@ class PagePool:
         self._refs = [0] * num_pages
         self._free = FreeRuns(num_pages)
         self.lock = threading.RLock()
+        self.residency = Residency(self)  # who keeps which pages, quotas, pins, what goes first
         self.shared = SharedPages(self)
-        # asked, under the lock, while pages are short and unread items went: each drops something it holds
-        # pages for (a live session's table, serving/engine/sessions.py)
+        self.prefix = PrefixCache(self)
+        # holders beyond the items and the prefix cache, asked under the lock while pages are short: each drops
+        # something it keeps pages for (a live session's table, serving/engine/sessions.py)
         self.reclaimers: list[Reclaimer] = []
         # the page tables of preempted sequences waiting to be admitted again (serving/engine/batcher.py):
         # while one waits, a new request is not admitted (a preempted sequence goes first)
@@ -172,22 +171,17 @@ class PagePool:
             return pages
 
     def make_room(self, pages: int) -> bool:
-        """Free pages until `pages` are free: unread items first (least recently used), then what the
-        reclaimers hold. Evicts nothing when even all of that could not free enough (a request that waits
-        must not empty the pool of blocks and sessions on every try). Whether `pages` are free."""
+        """Free pages until `pages` are free: unread things by the residency's policy (unread items, prefix
+        pages, then sessions' tables, least recently used first). Evicts nothing when even all of that could
+        not free enough (a request that waits must not empty the pool of blocks and sessions on every try).
+        Whether `pages` are free."""
         with self.lock:
             if self._free.count >= pages:
                 return True
-            bound = (
-                self.shared.unread_pages()
-                + sum(r.reclaimable_bytes() for r in self.reclaimers) // self.shape.page_bytes
-            )
-            if self._free.count + bound < pages:
+            if self._free.count + self.residency.reclaimable_pages() < pages:
                 return False
-            while self._free.count < pages:
-                self.shared.evict(pages - self._free.count)
-                if self._free.count >= pages or not any(r.drop_oldest() for r in self.reclaimers):
-                    break  # one drop per round
+            while self._free.count < pages and self.residency.evict_one():
+                pass
             return self._free.count >= pages
 
     def ref(self, pages: list[int]) -> None:
@@ -264,6 +258,9 @@ class _Entry:
     item_id: str = ""
     users: int = 0  # readers now: sequences, session tables, resident children
     parent: _Entry | None = None  # the knowledge parent whose full pages it references
+    user: str = ""  # the item's owner, charged its own pages (residency.py)
+    charged: tuple[int, ...] = ()  # the pages charged to `user`: past the parent's
+    tick: int = 0  # its last use (residency.py's order)
 
 
 class SharedRead(NamedTuple):
@@ -284,6 +281,8 @@ class SharedPages:
     before its children. Entries nobody reads stay until their pages are needed (LRU) or their item is
     dropped. The distinct pages of resident entries and the pages of unread ones are counted as entries come,
     go and change readers (`page_count`, `unread_pages`: O(1))."""
+
+    category = 0  # evicted first (residency.py)
 
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
@@ -318,6 +317,7 @@ class SharedPages:
         if entry.users == 0 and self._is_resident(entry):
             self._unread -= len(entry.pages)
         entry.users += 1
+        entry.tick = self.pool.residency.tick()
 
     def acquire(self, item) -> SharedRead:
         """The pages of `item` and its tokens, one more reader; copies it into pages if it is not resident.
@@ -356,6 +356,7 @@ class SharedPages:
             if entry.users == 0:
                 self._unread -= len(entry.pages)
             del self._entries[item_id]
+            self.pool.residency.remove(entry.user, entry.charged)
             for p in entry.pages:
                 self._holders[p] -= 1
                 if self._holders[p] == 0:
@@ -365,6 +366,18 @@ class SharedPages:
                 self.release(entry.parent)
                 entry.parent = None
             return True
+
+    def candidates(self, user: str | None = None, unread: bool = True):
+        """(tick, user, item id) of its entries, least recently used first (residency.py's Holder)."""
+        for e in self._entries.values():  # in the order of their last acquire or hold
+            if (user is None or e.user == user) and (not unread or e.users == 0):
+                yield e.tick, e.user, e.item_id
+
+    def drop_key(self, item_id: str) -> None:
+        self.drop(item_id)
+
+    def reclaimable_pages(self) -> int:
+        return self.unread_pages()
 
     def evict(self, pages_wanted: int) -> None:
         """Drop unread entries, least recently used first, until `pages_wanted` more pages are free or none is
@@ -407,6 +420,10 @@ class SharedPages:
                 self.pool.slots(pages, start, item.num_tokens), item.kv_range(start, item.num_tokens)
             )
         entry = _Entry(pages, item.num_tokens, item_id=item.item_id, parent=parent_entry)
+        entry.user = getattr(getattr(item, "meta", None), "user_id", "")
+        entry.charged = tuple(pages[start // pt :])
+        entry.tick = self.pool.residency.tick()
+        self.pool.residency.add(entry.user, entry.charged)
         self._entries[item.item_id] = entry
         for p in pages:
             if self._holders[p] == 0:

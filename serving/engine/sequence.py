@@ -28,6 +28,7 @@ from kvmem.kv.inject import usable_prefix_tokens
 from kvmem.kv.sampling import GenerationStats, Sampling
 from serving.engine.errors import PoolTooSmall
 from serving.engine.pages import PagePool, PoolFull
+from serving.engine.prefix_cache import PrefixKey, page_hashes
 from serving.engine.table import PageTable
 
 
@@ -86,6 +87,7 @@ class EngineSequence:
         self.num_preemptions = 0
         self.last_token: int | None = None
         self.finish_reason: str | None = None
+        self.prefix: PrefixKey | None = None  # whose K/V its pages are, for the prefix cache (`cache_prefix`)
 
     @property
     def prefilling(self) -> bool:
@@ -159,6 +161,15 @@ class EngineSequence:
         """Give back its pages (idempotent)."""
         self.table.close()
 
+    def cache_prefix(self) -> int:
+        """When its request is done with it (not failed): its full pages go into the pool's prefix cache
+        (prefix_cache.py) for a next request of its user that starts with the same tokens; every position its
+        table holds was written by a step that completed. Returns the pages that went in."""
+        if self.prefix is None or self.finish_reason == "error" or self.preempted:
+            return 0
+        fed = (self.prompt_ids + self.stats.token_ids)[: self.table.length]
+        return self.table.cache_prefix(self.prefix, fed)
+
     def keep_table(self) -> PageTable:
         """Its table, trimmed to the positions written, for a live session to keep (serving/engine/sessions.py); the
         sequence no longer holds it."""
@@ -202,6 +213,7 @@ def admit(
     *,
     item=None,
     source: tuple[PageTable, int] | None = None,
+    prefix: PrefixKey | None = None,
     max_new_tokens: int,
     wait_s: float = 10.0,
     should_stop: Callable[[], bool] | None = None,
@@ -210,8 +222,10 @@ def admit(
     """Yields an AdmissionWait while the pool has no room for the prompt (the caller yields it to the model
     loop), then the sequence; returns without one if `should_stop()` turns true while it waits (a client
     that left). An injected block shares its pages, and so does `source` (a live session's table, and the
-    tokens of it the prompt reuses). Raises PoolTooSmall at once when the prompt and `max_new_tokens` could
-    never fit in the whole pool, PoolFull once it waited `wait_s`."""
+    tokens of it the prompt reuses); without a source, `prefix` (whose K/V they are) finds the prompt's
+    cached pages (prefix_cache.py), and the sequence's go in when it ends (`cache_prefix`). Raises
+    PoolTooSmall at once when the prompt and `max_new_tokens` could never fit in the whole pool, PoolFull
+    once it waited `wait_s`."""
     total = len(prompt_ids) + max_new_tokens
     reuse = 0
     if source is not None:
@@ -222,10 +236,16 @@ def admit(
     if need > pool.num_pages:
         raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens)
     deadline = time.monotonic() + wait_s
+    hashes = page_hashes(prefix, prompt_ids, pool.page_tokens) if prefix is not None else None
     while True:
         try:
             table = PageTable.admit(
-                pool, len(prompt_ids), item=item, reuse=reuse, source=None if source is None else source[0]
+                pool,
+                len(prompt_ids),
+                item=item,
+                reuse=reuse,
+                source=None if source is None else source[0],
+                hashes=hashes,
             )
             break
         except PoolFull as full:
@@ -236,7 +256,10 @@ def admit(
             # the generation when it gave up, under the pool's lock: a change after it wakes the wait
             yield AdmissionWait(pool, full.generation, deadline, should_stop)
     try:
-        seq = EngineSequence(model, prompt_ids, table=table, reused=reuse, should_stop=should_stop, **kwargs)
+        seq = EngineSequence(
+            model, prompt_ids, table=table, reused=table.reused, should_stop=should_stop, **kwargs
+        )
+        seq.prefix = prefix
     except BaseException:
         table.close()
         raise

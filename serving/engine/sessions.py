@@ -9,8 +9,11 @@ block item it began from). When the turn ends the request *puts* its cache back 
 
 An entry's cache is the sequence's page table (table.py), whose pages a next turn references instead of
 copying; it is closed (its pages go back) when its entry is dropped or replaced, and the engine's pool drops
-the least recently used entry when it runs short (it is the pool's `Reclaimer`: `drop_oldest`,
-`reclaimable_bytes`). Closing happens outside this class's lock.
+the least recently used entry when it runs short (it is one of the pool's holders, residency.py:
+`candidates`, `drop_key`). An entry's pages are charged to its user (but a knowledge item's, charged to
+their owner), and a user's quota may drop their oldest entries (residency.py). Closing happens outside
+this class's lock; `put` takes the pool's lock before this class's (the pool's eviction takes them in that
+order).
 
 Bounded: total bytes and entries per user, least recently used dropped first. Delete cascade: `forget`
 (memories of a user) and `drop_block` (a block item) drop every entry whose ids carry them, and mark
@@ -22,11 +25,12 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmem.kv.inject import common_prefix_tokens
+from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 
 if TYPE_CHECKING:
     from serving.engine.table import PageTable
@@ -42,6 +46,8 @@ class SessionEntry:
     block_item_id: str | None  # the block item the prompt began with (its memories are in memory_ids)
     memory_ids: frozenset[str]  # every memory whose text the ids carry (block and retrieved)
     variant: str | None  # what else shaped the K/V (e.g. a LoRA adapter's id): reused only under the same
+    charged: tuple[int, ...] = ()  # the pages charged to the user (residency.py)
+    tick: int = 0  # when it was put (residency.py's order)
 
 
 @dataclass
@@ -121,8 +127,9 @@ class SessionCache:
         unusable = None
         with self._lock:
             entry = self._entries.pop((user_id, session_id), None)
-            if entry is not None:
+            if entry is not None:  # the request's now: no longer kept for the user
                 self._bytes -= entry.nbytes
+                entry.cache.pool.residency.remove(entry.user_id, entry.charged)
                 if entry.user_id != user_id or entry.variant != variant:  # never serve K/V made otherwise
                     unusable, entry = entry.cache, None
             lease = Lease(
@@ -149,8 +156,16 @@ class SessionCache:
 
     def put(self, lease: Lease, ids: Sequence[int], cache: PageTable) -> bool:
         """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
-        request carried, or it is over the bounds. Returns whether it was kept. The
+        request carried, or it is over the bounds or the user's quota. Returns whether it was kept. The
         entry the request took goes; a cache not kept is closed."""
+        with cache.pool.lock:
+            kept = self._put(lease, ids, cache)
+            if kept:
+                cache.pool.residency.enforce(lease.user_id)
+            with self._lock:
+                return (lease.user_id, lease.session_id) in self._entries
+
+    def _put(self, lease: Lease, ids: Sequence[int], cache: PageTable) -> bool:
         gone = [lease.entry.cache if lease.entry is not None and lease.entry.cache is not cache else None]
         try:
             with self._lock:
@@ -167,7 +182,11 @@ class SessionCache:
                 old = self._entries.pop(key, None)
                 if old is not None:
                     self._bytes -= old.nbytes
+                    old.cache.pool.residency.remove(old.user_id, old.charged)
                     gone.append(old.cache)
+                item = cache._shared
+                skip = cache.item_pages if item is not None and item.user == KNOWLEDGE_OWNER else 0
+                residency = cache.pool.residency
                 self._entries[key] = SessionEntry(
                     lease.user_id,
                     lease.session_id,
@@ -177,7 +196,10 @@ class SessionCache:
                     lease.block_item_id,
                     lease.memory_ids,
                     lease.variant,
+                    tuple(cache.pages[skip:]),
+                    residency.tick(),
                 )
+                residency.add(lease.user_id, cache.pages[skip:])
                 self._bytes += nbytes
                 gone += self._evict(lease.user_id)
                 return key in self._entries
@@ -203,8 +225,29 @@ class SessionCache:
     def _remove(self, key: tuple[str, str]):
         entry = self._entries.pop(key)
         self._bytes -= entry.nbytes
+        entry.cache.pool.residency.remove(entry.user_id, entry.charged)
         self.stats.dropped += 1
         return entry.cache
+
+    # -- a holder of the pool's pages (residency.py) ---------------------------------------------------------
+    category = 2  # evicted after unread items and prefix pages
+
+    def candidates(self, user: str | None = None, unread: bool = True) -> Iterator[tuple[int, str, object]]:
+        """(tick, user, key) of its entries, least recently used first (an entry is read by nobody: a request
+        takes it out while it runs)."""
+        with self._lock:
+            found = [(e.tick, k[0], k) for k, e in self._entries.items() if user is None or k[0] == user]
+        yield from found
+
+    def drop_key(self, key) -> None:
+        with self._lock:
+            cache = self._remove(key) if key in self._entries else None
+        _close([cache])
+
+    def reclaimable_pages(self) -> int:
+        with self._lock:
+            entry = next(iter(self._entries.values()), None)
+            return 0 if entry is None else self._bytes // entry.cache.pool.shape.page_bytes
 
     def reclaimable_bytes(self) -> int:
         """Bytes of pages its entries hold beyond their items' (what dropping them all could free at most)."""

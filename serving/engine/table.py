@@ -12,6 +12,11 @@ pages go back, the shared ones and its copy-on-write page stay) and admitted aga
 the batcher decides (serving/engine/batcher.py). When a turn ends its table can be `keep`-trimmed and kept
 by the session (serving/engine/sessions.py): it then holds its pages until the session drops it. `close`
 returns every reference; it may be called more than once.
+
+Prefix reuse (prefix_cache.py): at admission a sequence given its prompt's chained page keys starts, past its
+item's full pages, from the cached pages the keys find (full pages, referenced; when they cover the whole
+prompt the last one is copied, one token left to prefill), when they cover more than the item; when it ends
+its full pages go into the cache (`cache_prefix`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from serving.engine.pages import PagePool, PoolFull
+from serving.engine.prefix_cache import PrefixKey, page_hashes
 
 
 class PageTable:
@@ -29,6 +35,7 @@ class PageTable:
         self.reused = 0  # leading positions taken from an item or a session's table (kept when preempted)
         self.shared_pages = 0  # leading pages referenced from an item or a session's table (never written)
         self.item_pages = 0  # of those, the leading pages that are the item's own entry's
+        self.cached_pages = 0  # of those, the pages found in the prefix cache (after the item's)
         self.prefix_key: tuple[int, ...] = ()  # the shared pages: rows with the same read them once (runner)
         self._shared = None  # the shared item entry it holds a reader's reference on (pages.SharedRead.entry)
         self._closed = False
@@ -36,23 +43,31 @@ class PageTable:
     # -- admission -----------------------------------------------------------------------------------------
     @staticmethod
     def admit(
-        pool: PagePool, prompt_tokens: int, item=None, reuse: int = 0, source: PageTable | None = None
+        pool: PagePool,
+        prompt_tokens: int,
+        item=None,
+        reuse: int = 0,
+        source: PageTable | None = None,
+        hashes: list[bytes] | None = None,
     ) -> PageTable:
         """A table for a sequence whose first `reuse` of `prompt_tokens` positions come from `item`'s pages,
         or from `source`'s (a live session's table; it takes precedence), 0: none, with its own pages for the
-        rest of the prompt allocated now (its reply's come as it crosses into them: `extend`). Raises PoolFull
-        when the pool cannot give them now, or while a preempted sequence waits to be admitted again (it
-        goes first)."""
+        rest of the prompt allocated now (its reply's come as it crosses into them: `extend`). Without a
+        source, `hashes` (the prompt's full pages' chained keys) find cached pages past the item's; its
+        `reused` then says how many positions it starts with. Raises PoolFull when the pool cannot give them
+        now, or while a preempted sequence waits to be admitted again (it goes first)."""
         with pool.lock:
             try:
-                return PageTable._admit(pool, prompt_tokens, item, reuse, source)
+                return PageTable._admit(pool, prompt_tokens, item, reuse, source, hashes)
             except PoolFull as full:
                 # after its own releases (a held item let go is a change): what a waiting request waits on
                 full.generation = pool.generation
                 raise
 
     @staticmethod
-    def _admit(pool: PagePool, prompt_tokens: int, item, reuse: int, source: PageTable | None) -> PageTable:
+    def _admit(
+        pool: PagePool, prompt_tokens: int, item, reuse: int, source: PageTable | None, hashes
+    ) -> PageTable:
         table = PageTable(pool)
         pt = pool.page_tokens
         if source is not None:
@@ -60,46 +75,73 @@ class PageTable:
             assert reuse <= source.length, "a session's table reused past its length"
         if item is None and source is None:
             reuse = 0
+        if pool.preempted:
+            raise PoolFull(
+                f"the KV pool has {pool.free_pages} free pages of {pt} tokens; "
+                f"{len(pool.preempted)} preempted sequences wait for pages first"
+            )
+        hits: list[int] = []  # cached pages after the item's full ones, referenced while room is made
+        first = 0  # the item's full pages the prompt starts with
+        if source is None and hashes:
+            first = reuse // pt if item is not None else 0
+            hits = pool.prefix.lookup(hashes, first)
+            covered = min((first + len(hits)) * pt, prompt_tokens - 1)
+            if hits and covered > reuse:
+                pool.ref(hits)
+                reuse = covered
+            else:
+                hits = []
+            if hits and not first:
+                item = None  # the item's pages are not read: the cache's start at position 0
         need = pool.pages_for(prompt_tokens) - reuse // pt
         # residency and room are one decision, under the pool's lock: a resident item is held (a reader)
         # before unread items may be evicted to make room, so it cannot be the one evicted
         with pool.lock:
-            if pool.preempted:
-                raise PoolFull(
-                    f"the KV pool has {pool.free_pages} free pages of {pt} tokens; "
-                    f"{len(pool.preempted)} preempted sequences wait for pages first"
-                )
             if item is not None and reuse:
                 table._shared = pool.shared.resident(item.item_id)
                 if table._shared is not None:
                     pool.shared.hold(table._shared)
                 else:
                     need += pool.pages_for(item.num_tokens)  # the item is copied in first
-            if not pool.make_room(need):
-                free = pool.free_pages
-                table.close()  # lets go of the held item
-                raise PoolFull(f"the KV pool has {free} free pages of {pt} tokens; this request needs {need}")
             try:
-                table.reused = reuse
-                if source is not None and reuse:
-                    table._start_from_table(source, reuse, prompt_tokens)
-                elif item is not None and reuse:
-                    table._start_from_item(item, reuse, prompt_tokens)
-                table._grow(prompt_tokens)  # the prompt's own pages now, in one run when the pool has one
-            except BaseException:
-                table.close()
-                raise
+                if not pool.make_room(need):
+                    free = pool.free_pages
+                    table.close()  # lets go of the held item
+                    raise PoolFull(
+                        f"the KV pool has {free} free pages of {pt} tokens; this request needs {need}"
+                    )
+                try:
+                    table.reused = reuse
+                    if source is not None and reuse:
+                        table._start_from_table(source, reuse, prompt_tokens)
+                    elif item is not None and reuse:
+                        table._start_from_item(item, reuse, prompt_tokens, hits, first)
+                    elif hits:
+                        table._start_from_pages(hits, reuse, prompt_tokens)
+                        table.cached_pages = table.shared_pages
+                    table._grow(prompt_tokens)  # the prompt's own pages now, in one run when the pool has one
+                except BaseException:
+                    table.close()
+                    raise
+            finally:
+                pool.release(hits)  # the table holds its own references to them now
+            if table._shared is not None:  # an item copied in is charged to its owner: within their quota
+                pool.residency.enforce(table._shared.user)
         return table
 
-    def _start_from_item(self, item, reuse: int, total: int) -> None:
+    def _start_from_item(self, item, reuse: int, total: int, hits=(), first: int = 0) -> None:
         pool = self.pool
         with pool.lock:
             if self._shared is not None:  # resident at admission, and held since
                 pages = self._shared.pages
             else:  # copied in now (its pages were counted in the room made at admission)
                 pages, _, self._shared = pool.shared.acquire(item)
-            self._start_from_pages(pages, reuse, total)
-            self.item_pages = self.shared_pages
+            if hits:  # the item's first `first` pages, then the cached ones
+                self._start_from_pages([*pages[:first], *hits], reuse, total)
+                self.item_pages, self.cached_pages = first, self.shared_pages - first
+            else:
+                self._start_from_pages(pages, reuse, total)
+                self.item_pages = self.shared_pages
 
     def _start_from_table(self, source: PageTable, reuse: int, total: int) -> None:
         """Reference the full pages of `source` (a session's table) that the first `reuse` positions fill, as
@@ -196,6 +238,13 @@ class PageTable:
                 self.pool.preempted.discard(self)
                 self.pool.changed()
         return self
+
+    def cache_prefix(self, key: PrefixKey, ids) -> int:
+        """Its full pages past its item's go into the pool's prefix cache under `key`; `ids`: the tokens its
+        positions hold (what was fed). Returns how many pages went in."""
+        assert len(ids) == self.length, "the tokens of every position written"
+        hashes = page_hashes(key, ids, self.pool.page_tokens)
+        return self.pool.prefix.insert(key, hashes, self.pages, self.item_pages)
 
     def get_seq_length(self) -> int:
         return self.length

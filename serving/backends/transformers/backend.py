@@ -82,6 +82,11 @@ class TransformersBackendConfig:
         True  # on a CUDA device, the engine's pure decode steps replay CUDA graphs (graphs.py)
     )
     kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
+    # the pool pages one user's cached K/V may keep (their blocks, cached prefixes, sessions: `--kv-user-mb`);
+    # None: no quota. kv_evict_policy: which unread K/V goes first when the pool is short, "lru" or "heat"
+    # (the coldest user's first, by `pool.residency.heat`; residency.py)
+    kv_user_bytes: int | None = None
+    kv_evict_policy: str = "lru"
     # a block build's prefill chunk (engine) while other requests decode: builds run in the background, so
     # theirs are small and a step that carries one delays the streams little (a 64-token chunk at ~4k tokens
     # of context took ~0.85 s on 2 CPU cores against a 0.09 s decode step); with nothing else decoding a
@@ -197,6 +202,8 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
         pool = PagePool(shape, self._pool_bytes(handle), device=handle.device)
         pool.reclaimers.append(self.sessions)  # live sessions' pages go before a request waits
+        # per-user quota and eviction policy (serving/engine/residency.py)
+        pool.residency.configure(self.config.kv_user_bytes, self.config.kv_evict_policy)
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
             with torch.inference_mode():  # every bucket a step can reach: no capture after load
@@ -327,18 +334,26 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
         if self.pool is not None:  # loaded: its pages go once the requests reading them are done
             self.pool.shared.drop(item_id)
+            self.pool.prefix.drop_block(item_id)  # and the cached pages of prompts that began with it
         super().drop_block(item_id)
 
     def forget(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[str]:
-        """The delete cascade: the store's (stored.py), live sessions' caches, and the page pool (`_unpool`)."""
+        """The delete cascade: the store's (stored.py), live sessions' caches, the page pool (`_unpool`) and
+        every page of the user's in the prefix cache (a page's K/V carry every token before it)."""
         self.sessions.forget(user_id, memory_ids)  # the delete cascade reaches live sessions' caches too
         forgotten = super().forget(user_id, memory_ids)
         self._unpool(forgotten, matcher(user_id, memory_ids))
+        if self.pool is not None:
+            self.pool.prefix.drop_user(user_id)
+            if memory_ids is None:
+                self.pool.residency.unpin(user_id)
         return forgotten
 
     def forget_adapters(self, user_id: str, adapters: Sequence[str]) -> list[str]:
         forgotten = super().forget_adapters(user_id, adapters)
         self._unpool(forgotten, matcher(user_id, [], adapters))
+        if self.pool is not None:  # pages computed under the adapters
+            self.pool.prefix.drop_user(user_id)
         unload_erased(self.adapters, adapters, self._loop.call_soon)  # their weights leave the model too
         return forgotten
 

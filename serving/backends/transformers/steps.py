@@ -29,6 +29,7 @@ from serving.backends.base import (
 )
 from serving.backends.transformers.adapters import with_adapter
 from serving.engine.detok import IncrementalDetokenizer
+from serving.engine.prefix_cache import PrefixKey
 from serving.engine.stops import StopMatcher
 
 log = logging.getLogger("serving.backends.transformers.backend")  # one logger for the backend's lines
@@ -74,6 +75,10 @@ class EngineRequests:
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
+            # whose K/V its pages are (prefix_cache.py); a delete of the user's after this keeps them out
+            prefix = PrefixKey(
+                req.user_id, req.block_item_id, req.adapter_id, self.pool.prefix.epoch(req.user_id)
+            )
             item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
@@ -117,6 +122,8 @@ class EngineRequests:
                 req.prompt.ids,
                 item=item,
                 source=source,
+                # the prompt's pages cached by the user's earlier requests, found by their tokens (prefix_cache.py)
+                prefix=prefix,
                 max_new_tokens=sampling.max_new_tokens,
                 wait_s=self.config.kv_wait_s,
                 prefill_chunk_tokens=self.config.prefill_chunk_tokens,
@@ -171,6 +178,8 @@ class EngineRequests:
                     emit(delta(""))
             if finish is None:
                 finish = "stop" if stats.finish_reason == "stop" else "length"
+            prefix_hit = seq.table.cached_pages > 0
+            seq.cache_prefix()  # its full pages, for the user's next request (its next turn)
             if lease is not None:  # its cache holds every token fed: the prompt, all but the last reply token
                 cache = seq.keep_table()  # its pages, not a copy
                 fed = (*req.prompt.ids, *stats.token_ids)[: cache.get_seq_length()]
@@ -180,8 +189,9 @@ class EngineRequests:
                 finish_reason=finish,
                 prompt_tokens=len(req.prompt.ids),
                 # activation memory only: the shared head's tokens are the system prompt, no memory (the
-                # stored knowledge item's count, as they do under a block that has it as its parent)
-                cached_tokens=0 if system_head and source is None else stats.reused_tokens,
+                # stored knowledge item's count, as they do under a block that has it as its parent); with the
+                # conversation's pages (a session's, the prefix cache's) every token reused
+                cached_tokens=0 if system_head and source is None and not prefix_hit else stats.reused_tokens,
                 completion_tokens=len(stats.token_ids),
                 ttft_s=stats.ttft_s or 0.0,
                 kv_fallback_reason=fallback,

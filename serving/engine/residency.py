@@ -1,0 +1,178 @@
+"""What stays in the page pool: per-user accounting of cached pages, per-user quotas, pins, and which unread
+thing goes first when the pool is short.
+
+Three kinds of holders keep pages beyond the requests that run (each a `Holder`): resident items
+(pages.py's SharedPages, category 0), cached prefix pages (prefix_cache.py, category 1) and live sessions'
+kept tables (sessions.py, category 2). Each charges the pages it keeps to a user (`add`, `remove`); a user's
+charge is the number of *distinct* pages their holders keep (a session table and the prefix cache that both
+keep a page count it once), exact at every point under the pool's lock. A knowledge item's pages are charged
+to its owner (KNOWLEDGE_OWNER), which has no quota.
+
+- Quota (`quota_pages`, `--kv-user-mb`): after anything is charged to a user, the user's own least recently
+  used things are dropped until the charge is within it (`enforce`), read or unread (a thing still read just
+  leaves its holder: its readers keep their own references, so a running request never loses a page). So
+  one user's cached K/V never pushes past its share: what other users keep stays.
+- Eviction when the pool is short (`evict_one`): unread things only (their pages come back), never a pinned
+  user's. Policy "lru": the holders in category order (unread items, then prefix pages, then sessions), least
+  recently used first within one. Policy "heat": the coldest user's first (`heat(user)`: the scheduler's
+  expected reuse of the user's memories, higher keeps longer), ties by category then age.
+- Pins (`pin`): a prewarmed user's things are not evicted for room (within the quota, which still holds).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from kvmem.kv.knowledge import KNOWLEDGE_OWNER
+
+POLICIES = ("lru", "heat")
+
+
+class Holder(Protocol):
+    """Something that keeps pool pages for users (an item's entry, a prefix page, a session's table)."""
+
+    category: int  # eviction order under "lru": lower goes first
+
+    def candidates(self, user: str | None = None, unread: bool = True) -> Iterator[tuple[int, str, object]]:
+        """(tick of its last use, user, key) of what it keeps, least recently used first: those nobody else
+        reads (`unread`: dropping them frees pages), or with `unread=False` all of `user`'s."""
+
+    def drop_key(self, key: object) -> None:
+        """Drop one thing it keeps (its pages go back once nobody reads them)."""
+
+    def reclaimable_pages(self) -> int:
+        """At most how many pages dropping every unread thing it keeps could free."""
+
+
+class Residency:
+    def __init__(self, pool) -> None:  # pages.PagePool, which makes it
+        self.pool = pool
+        self.quota_pages: int | None = None  # per user; None: no quota
+        self.policy = "lru"
+        self.heat: Callable[[str], float] | None = None  # a user's expected reuse (policy "heat")
+        self.pinned: set[str] = set()
+        self._held: dict[str, Counter] = {}  # user -> page -> how many of the user's holders keep it
+        self._lock = threading.Lock()  # a leaf: the counts only (a holder may charge under its own lock)
+        self._tick = 0
+        self.peak: dict[str, int] = {}  # each user's highest charge seen after a change settled (enforce)
+
+    def configure(
+        self, quota_bytes: int | None = None, policy: str = "lru", heat: Callable[[str], float] | None = None
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown KV eviction policy {policy!r}: one of {', '.join(POLICIES)}")
+        if quota_bytes is not None:
+            if quota_bytes < self.pool.shape.page_bytes:
+                raise ValueError(
+                    f"a per-user KV quota of {quota_bytes} bytes holds no page of {self.pool.shape.page_bytes} "
+                    "bytes: raise --kv-user-mb"
+                )
+            self.quota_pages = quota_bytes // self.pool.shape.page_bytes
+        self.policy, self.heat = policy, heat
+
+    def tick(self) -> int:
+        with self._lock:
+            self._tick += 1
+            return self._tick
+
+    # -- accounting ----------------------------------------------------------------------------------------
+    def add(self, user: str, pages) -> None:
+        with self._lock:
+            held = self._held.setdefault(user, Counter())
+            for p in pages:
+                held[p] += 1
+
+    def remove(self, user: str, pages) -> None:
+        with self._lock:
+            held = self._held.get(user)
+            for p in pages:
+                assert held is not None and held[p] > 0, f"page {p} uncharged from {user!r} more than charged"
+                held[p] -= 1
+                if held[p] == 0:
+                    del held[p]
+            if held is not None and not held:
+                del self._held[user]
+
+    def pages_of(self, user: str) -> int:
+        """Distinct pages the user's holders keep."""
+        with self._lock:
+            return len(self._held.get(user, ()))
+
+    def usage(self) -> dict[str, int]:
+        """Each user's charge in pages (under the pool's lock: a settled point)."""
+        with self.pool.lock, self._lock:
+            return {u: len(h) for u, h in self._held.items()}
+
+    # -- quotas and pins -----------------------------------------------------------------------------------
+    def pin(self, user: str) -> None:
+        with self.pool.lock:
+            self.pinned.add(user)
+
+    def unpin(self, user: str) -> None:
+        with self.pool.lock:
+            self.pinned.discard(user)
+
+    def enforce(self, user: str) -> None:
+        """Drop the user's least recently used things until their charge is within the quota."""
+        with self.pool.lock:
+            if self.quota_pages is not None and user != KNOWLEDGE_OWNER:
+                while self.pages_of(user) > self.quota_pages:
+                    oldest = min(
+                        (
+                            (tick, i, key)
+                            for i, h in enumerate(self.holders())
+                            for tick, _, key in _first(h.candidates(user, unread=False))
+                        ),
+                        default=None,
+                        key=lambda c: c[:2],
+                    )
+                    if oldest is None:
+                        break
+                    self.holders()[oldest[1]].drop_key(oldest[2])
+            n = self.pages_of(user)
+            if n > self.peak.get(user, 0):
+                self.peak[user] = n
+
+    # -- eviction for room ---------------------------------------------------------------------------------
+    def holders(self) -> list[Holder]:
+        return sorted([self.pool.shared, self.pool.prefix, *self.pool.reclaimers], key=lambda h: h.category)
+
+    def reclaimable_pages(self) -> int:
+        return sum(h.reclaimable_pages() for h in self.holders())
+
+    def evict_one(self) -> bool:
+        """Drop one unread thing by the policy (see the module docstring); False if none may go."""
+        with self.pool.lock:
+            holders = self.holders()
+            pick = None
+            if self.policy == "heat" and self.heat is not None:
+                heat: dict[str, float] = {}
+                for i, h in enumerate(holders):
+                    for tick, user, key in h.candidates():
+                        if user in self.pinned:
+                            continue
+                        if user not in heat:
+                            heat[user] = self.heat(user)
+                        rank = (heat[user], h.category, tick)
+                        if pick is None or rank < pick[0]:
+                            pick = (rank, i, key)
+            else:
+                for i, h in enumerate(holders):
+                    first = next((c for c in h.candidates() if c[1] not in self.pinned), None)
+                    if first is not None:
+                        pick = ((h.category, first[0]), i, first[2])
+                        break
+            if pick is None:
+                return False
+            holders[pick[1]].drop_key(pick[2])
+            return True
+
+
+def _first(it: Iterator) -> list:
+    """The first item of `it`, as a list of none or one."""
+    for x in it:
+        return [x]
+    return []
