@@ -1,0 +1,180 @@
+"""The many-users benchmark's client, one per arm: each user's memories, conversation and canary as the client
+knows them; asks (one streaming request through the openai client, timed), edits (PATCH of the canary memory on a
+kvmem server, a new pasted text elsewhere), and the sample of greedy answers compared with a cold prefill."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections import Counter
+
+from benchmarks.load.http_client import _post, one_request
+from benchmarks.tiers import many_users_arms as arms_mod
+from benchmarks.tiers.many_users_workload import PROBE, QUESTIONS, CanaryLedger, User, canary_text
+
+
+class Client:
+    """One arm's client state: each user's memories (as the client knows them), conversation and canary."""
+
+    def __init__(self, arm: str, server, users: list[User], system: str, args) -> None:
+        self.arm, self.server, self.users, self.system, self.args = arm, server, users, system, args
+        self.pasted = arm in arms_mod.PASTED
+        self.ledger = CanaryLedger()
+        self.canary_ids: dict[str, str] = {}  # kvmem arms: the canary memory's id
+        self.history: dict[str, list[dict[str, str]]] = {}
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        from openai import OpenAI
+
+        self.openai = OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def seed(self) -> None:
+        """kvmem arms: store every user's memories and canary, then wait until each block is built."""
+        for user in self.users:
+            if not self.pasted:
+                for text in user.memories:
+                    _post(f"{self.server.base}/v1/memories", {"user_id": user.user_id, "text": text})
+                out = _post(
+                    f"{self.server.base}/v1/memories",
+                    {"user_id": user.user_id, "text": canary_text(user.canary)},
+                )
+                self.canary_ids[user.user_id] = out["memories"][0]["id"]
+            self.ledger.set(user.user_id, user.canary, self.now())
+
+    def messages(self, user: User, question: str, round_: int) -> list[dict[str, str]]:
+        system = self.system
+        if self.pasted:
+            code = self.ledger.current(user.user_id)
+            system += "\n\nWhat you remember about this user:\n" + "\n".join(
+                [*user.memories, canary_text(code)]
+            )
+        with self.lock:
+            past = [] if round_ == 0 else list(self.history.get(user.user_id, []))
+        return [{"role": "system", "content": system}, *past, {"role": "user", "content": question}]
+
+    def ask(self, user: User, question: str, round_: int) -> dict:
+        msgs = self.messages(user, question, round_)
+        sent = self.now()
+        current = self.ledger.current(user.user_id)
+        row = {"user_rank": user.rank, "round": round_, "probe": question == PROBE, "sent_at": sent}
+        try:
+            reply = one_request(
+                self.server.base,
+                user.user_id,
+                self.args.answer_len,
+                client=self.openai,
+                messages=msgs,
+                model=self.server.model,
+            )
+        except Exception as exc:  # noqa: BLE001 - counted by type and reported
+            return {**row, "error": type(exc).__name__ + ": " + str(exc)[:200]}
+        with self.lock:
+            past = [] if round_ == 0 else self.history.get(user.user_id, [])
+            self.history[user.user_id] = [
+                *past,
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": reply.text},
+            ]
+        row.update(
+            ttft_s=reply.ttft_s,
+            completion_tokens=reply.completion_tokens,
+            prompt_tokens=reply.prompt_tokens,
+            cached_tokens=reply.cached_tokens,
+            tiers=dict(Counter(t for _, t in reply.memory_used)),
+            done_at=self.now(),
+        )
+        if row["probe"]:
+            row["canary"] = self.ledger.judge(user.user_id, sent, reply.text, current)
+        return row
+
+    def edit(self, user: User, code: str) -> dict:
+        """Change the user's canary; returns the probe asked right after the edit returned."""
+        try:
+            if not self.pasted:
+                urllib_patch(
+                    f"{self.server.base}/v1/memories/{self.canary_ids[user.user_id]}",
+                    {"user_id": user.user_id, "text": canary_text(code)},
+                )
+        except Exception as exc:  # noqa: BLE001
+            return {"user_rank": user.rank, "edit_error": type(exc).__name__ + ": " + str(exc)[:200]}
+        self.ledger.set(user.user_id, code, self.now())
+        return {**self.ask(user, PROBE, 0), "after_edit": True}
+
+
+def urllib_patch(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="PATCH", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+def sample_prompts(client: Client, args) -> list[dict]:
+    """A few greedy answers at idle, fresh conversations, with the prompt the server saw (for the cold
+    prefill in this process): pasted arms their messages, kvmem arms the block's texts from the plan."""
+    from benchmarks.ttft.http_ttft import block_texts
+
+    out = []
+    n = len(client.users)
+    for k in sorted({0, n // 2, n - 1})[: args.samples]:
+        user = client.users[k]
+        msgs = client.messages(user, QUESTIONS[0], 0)
+        reply = one_request(
+            client.server.base,
+            user.user_id,
+            args.answer_len,
+            client=client.openai,
+            messages=msgs,
+            model=client.server.model,
+        )
+        entry = {
+            "user_rank": user.rank,
+            "messages": msgs,
+            "answer": reply.text,
+            "cached_tokens": reply.cached_tokens,
+            "prompt_tokens": reply.prompt_tokens,
+        }
+        if not client.pasted and client.arm != "kvmem-fake":
+            try:
+                entry["block_texts"] = block_texts(client.server.base, user.user_id)
+            except (TypeError, KeyError, OSError):
+                entry["block_texts"] = None  # no block now: the server prefilled the memories as text
+        out.append(entry)
+    return out
+
+
+def cold_answers(samples: dict[str, list[dict]], model: str | None, answer_len: int) -> None:
+    """Greedy answers of the same prompts by a cold prefill in this process (transformers), set as `cold` and
+    `same` on each sample: vLLM arms' prompts by the chat template, kvmem arms' by the server's layout."""
+    import torch
+
+    from kvmem.kv import PromptLayout
+    from kvmem.models import load_model
+
+    handle = load_model(model, device="cpu", dtype="float32")
+    layout = PromptLayout(handle.tokenizer)
+    for arm, entries in samples.items():
+        for e in entries:
+            if arm.startswith("vllm"):
+                ids = handle.tokenizer.apply_chat_template(e["messages"], add_generation_prompt=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            elif e.get("block_texts") is None and arm != "text":
+                e["cold"], e["same"] = None, None
+                continue
+            else:
+                ids = layout.prompt(e.get("block_texts") or [], [], e["messages"]).ids
+            with torch.inference_mode():
+                out = handle.model.generate(
+                    torch.tensor([list(ids)]),
+                    max_new_tokens=answer_len,
+                    do_sample=False,
+                    pad_token_id=handle.tokenizer.eos_token_id,
+                )
+            e["cold"] = handle.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+            e["cold_prompt_tokens"] = len(ids)
+            e["same"] = e["cold"].strip() == e["answer"].strip()

@@ -1,0 +1,206 @@
+"""The many-users benchmark: its workload is a function of the seed (exact users, sizes, arrivals and edits),
+honours its lognormal and Zipf parameters and its Poisson rates; the stale-answer rule; the per-tier /metrics
+reading; and the whole script end to end against a spawned server on the fake backend (plumbing, no timing)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.tiers import many_users, many_users_arms
+from benchmarks.tiers.many_users_workload import (
+    PROBE,
+    CanaryLedger,
+    WorkloadConfig,
+    canary_text,
+    make_users,
+    memory_sizes,
+    schedule,
+    zipf_weights,
+)
+
+
+def test_users_sizes_and_arrivals_are_exact_for_a_seed():
+    cfg = WorkloadConfig(num_users=10, seed=0)
+    users = make_users(cfg)
+    assert [u.memory_tokens for u in users] == [1394, 811, 880, 792, 993, 3547, 1611, 1322, 347, 3496]
+    assert [u.canary for u in users[:3]] == ["TULIP-1904-MAPLE", "CEDAR-9191-MAPLE", "OTTER-1336-COBALT"]
+    assert [u.rank for u in users] == list(range(1, 11)) and users[0].user_id == "mu-0-0"
+    assert len(users[0].memories) == 18  # 1394 tokens / 1.3 a word, 60 words a memory
+    events = schedule(cfg, 2.0, 10.0)
+    assert len(events) == 32
+    assert [(round(e.t, 4), e.kind, e.user, e.round, e.question == PROBE) for e in events[:6]] == [
+        (0.0885, "ask", 1, 0, False),
+        (0.3563, "ask", 0, 0, True),
+        (1.3593, "ask", 1, 1, False),
+        (1.9273, "ask", 6, 0, False),
+        (1.955, "ask", 6, 1, False),
+        (2.3178, "ask", 0, 1, False),
+    ]
+    edits = [
+        (round(e.t, 4), e.user, e.canary)
+        for e in schedule(WorkloadConfig(num_users=10, seed=0, edit_share_per_min=1.0), 2.0, 10.0)
+        if e.kind == "edit"
+    ]
+    assert edits == [(1.2038, 7, "QUARTZ-6552-RAVEN"), (2.4346, 7, "EMBER-4990-QUARTZ")]
+    # the same seed again: the same; another seed or another level: another draw
+    assert make_users(cfg) == users and schedule(cfg, 2.0, 10.0) == events
+    assert make_users(WorkloadConfig(num_users=10, seed=1)) != users
+    assert schedule(cfg, 2.0, 10.0, level=1) != events
+
+
+def test_lognormal_sizes_have_the_configured_mean_and_sigma():
+    cfg = WorkloadConfig(
+        num_users=20000,
+        memory_tokens_mean=1500,
+        memory_sigma=0.5,
+        min_memory_tokens=1,
+        max_memory_tokens=10**9,
+    )
+    assert cfg.lognormal_mu == pytest.approx(math.log(1500) - 0.125, abs=1e-12)
+    sizes = memory_sizes(cfg, np.random.default_rng(3))
+    assert abs(sizes.mean() / 1500 - 1) < 0.02
+    assert abs(np.log(sizes).std() / 0.5 - 1) < 0.02
+    clipped = memory_sizes(
+        WorkloadConfig(num_users=5000, min_memory_tokens=900, max_memory_tokens=2000),
+        np.random.default_rng(3),
+    )
+    assert clipped.min() == 900 and clipped.max() == 2000
+
+
+def test_zipf_popularity_and_poisson_rates():
+    w = zipf_weights(100, 1.1)
+    assert (
+        w.sum() == pytest.approx(1.0)
+        and w[0] / w[1] == pytest.approx(2**1.1)
+        and w[0] / w[9] == pytest.approx(10**1.1)
+    )
+    cfg = WorkloadConfig(num_users=100, zipf_alpha=1.1, edit_share_per_min=0.3, seed=5)
+    events = schedule(cfg, 50.0, 400.0)
+    asks = [e for e in events if e.kind == "ask"]
+    edits = [e for e in events if e.kind == "edit"]
+    assert abs(len(asks) / (50.0 * 400.0) - 1) < 0.02  # Poisson at 50/s over 400 s
+    assert abs(len(edits) / (100 * 0.3 / 60 * 400) - 1) < 0.1  # 30 users a minute change a memory
+    counts = np.bincount([e.user for e in asks], minlength=100) / len(asks)
+    assert np.abs(counts[:5] - w[:5]).max() < 0.01
+    gaps = np.diff([e.t for e in asks])
+    assert abs(gaps.mean() * 50.0 - 1) < 0.02 and abs(gaps.std() / gaps.mean() - 1) < 0.05  # exponential
+    assert all(a.t <= b.t for a, b in zip(events, events[1:], strict=False))
+    # rounds cycle per user: 0, 1, 2, 0, ... in the order of that user's asks
+    assert [e.round for e in asks if e.user == 0][:7] == [0, 1, 2, 0, 1, 2, 0]
+    assert abs(sum(e.question == PROBE for e in asks) / len(asks) - cfg.probe_share) < 0.01
+
+
+def test_the_canary_ledger_calls_stale_only_a_code_replaced_before_the_request_was_sent():
+    ledger = CanaryLedger()
+    ledger.set("u", "PLUM-1000-OTTER", 0.0)
+    ledger.set("u", "CEDAR-2000-RAVEN", 10.0)  # the edit returned at t=10
+    old, new = "PLUM-1000-OTTER", "CEDAR-2000-RAVEN"
+    assert ledger.current("u") == new
+    assert ledger.judge("u", 10.0, f"Your code is {old}.", new) == "stale"  # sent when the edit had returned
+    assert ledger.judge("u", 12.0, f"{old} or {new}", new) == "stale"
+    assert (
+        ledger.judge("u", 9.9, f"Your code is {old}.", old) == "fresh"
+    )  # sent before: the old one was right
+    assert (
+        ledger.judge("u", 9.9, f"Your code is {new}.", old) == "absent"
+    )  # neither its code nor a retired one
+    assert ledger.judge("u", 12.0, f"Your code is {new}.", new) == "fresh"
+    assert ledger.judge("u", 12.0, "I do not know.", new) == "absent"
+    assert ledger.judge("v", 12.0, old, None) == "absent"  # another user's codes are not this user's
+    ledger.set("u", old, 20.0)  # the code comes back: current again, not stale
+    assert ledger.judge("u", 21.0, old, old) == "fresh"
+    assert canary_text(new) == "My secret code is CEDAR-2000-RAVEN."
+
+
+def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
+    before = {
+        'kvmem_kv_tier_hits_total{tier="host"}': 2.0,
+        'kvmem_kv_tier_bytes_loaded_total{tier="host"}': 100.0,
+        'kvmem_memory_tier_hits_total{tier="kv"}': 1.0,
+    }
+    after = {
+        'kvmem_kv_tier_hits_total{tier="host"}': 5.0,
+        'kvmem_kv_tier_misses_total{tier="host"}': 1.0,
+        'kvmem_kv_tier_bytes_loaded_total{tier="host"}': 400.0,
+        'kvmem_kv_tier_bytes{tier="disk"}': 7.0,
+        'kvmem_memory_tier_hits_total{tier="kv"}': 4.0,
+        "vllm:prefix_cache_hits_total": 9.0,
+    }
+    figures = many_users_arms.tier_figures(before, after)
+    assert figures["tiers"] == {
+        "host": {"hits": 3.0, "misses": 1.0, "bytes_loaded": 300.0, "hit_rate": 0.75},
+        "disk": {"bytes": 7.0},
+    }
+    assert figures["missing"] == ["items", "loads", "load_seconds"]
+    assert figures["memory_tier_hits"] == {"kv": 3.0} and figures["vllm_prefix_cache"] == {
+        "vllm:prefix_cache_hits_total": 9.0
+    }
+    assert many_users_arms.tier_figures({}, {})["missing"] == list(many_users_arms.TIER_FIGURES)
+
+
+def test_split_supported_keeps_the_flags_kvmem_serve_takes():
+    kept, dropped = many_users_arms.split_supported(
+        ["--kv-pool-mb", "64", "--kv-host-mb", "128", "--kv-disk-gb=2", "--device", "cpu"],
+        frozenset({"--kv-pool-mb", "--device"}),
+    )
+    assert kept == ["--kv-pool-mb", "64", "--device", "cpu"] and dropped == [
+        "--kv-host-mb",
+        "128",
+        "--kv-disk-gb=2",
+    ]
+
+
+def test_the_benchmark_runs_end_to_end_on_the_fake_backend(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    result = many_users.main(
+        [
+            "--quick",
+            "--arms",
+            "kvmem-fake",
+            "--num-users",
+            "4",
+            "--memory-tokens-mean",
+            "60",
+            "--max-memory-tokens",
+            "100",
+            "--qps",
+            "3",
+            "--duration-s",
+            "3",
+            "--edit-share-per-min",
+            "1",
+            "--kv-host-mb",
+            "64",
+            "--plot",
+            "--out",
+            str(out),
+        ]
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(out.read_text())
+    [arm] = result["arms"]
+    assert arm["arm"] == "kvmem-fake" and "error" not in arm
+    [level] = arm["levels"]
+    assert level["num_errors"] == 0 and level["completed"] == level["requests_sent"] > 0
+    assert level["stale_answers"] == 0 and level["ttft_p50_s"] <= level["ttft_p90_s"] <= level["ttft_p99_s"]
+    assert level["metrics"]["missing"] or level["metrics"]["tiers"]
+    assert result["workload"]["memory_tokens_drawn"] == [
+        u.memory_tokens
+        for u in make_users(
+            WorkloadConfig(
+                num_users=4, memory_tokens_mean=60, max_memory_tokens=100, edit_share_per_min=1, seed=0
+            )
+        )
+    ]
+    assert len(result["env"]["loadavg_start"]) == 3 and result["env"]["git_sha"]
+    assert len(arm["samples"]) == 2 and all(s["answer"] for s in arm["samples"])
+    assert result["settings"]["kv_host_mb"] == 64
+
+
+def test_cause_names_the_last_exception_line_of_a_server_log():
+    log = "INFO start\nTraceback (most recent call last):\n  File x\nValueError: To serve at least one request\nINFO bye"
+    assert many_users_arms.cause(log) == "ValueError: To serve at least one request"
+    assert many_users_arms.cause("no exception here") == "no exception here"
