@@ -152,7 +152,7 @@ def make_scheduler(
     from kvmem.adapters.active import facts_current
     from kvmem.datadir import DataDir
 
-    return Scheduler(
+    scheduler = Scheduler(
         scheduler_config or serving_scheduler_config(config),
         store,
         BackendBlockMaker(backend),
@@ -170,3 +170,13 @@ def make_scheduler(
             lambda user_id, facts: facts_current(store, user_id, facts),
         ),
     )
+    use_heat = getattr(backend, "use_kv_heat", None)
+    if use_heat is not None:  # the engine's eviction by expected reuse (--kv-evict-policy heat)
+        use_heat(lambda user_id: user_heat(scheduler, user_id, clock()))
+    return scheduler
+
+
+def user_heat(scheduler: Scheduler, user_id: str, now: float) -> float:
+    """A user's expected reuse: the decayed heat of their memories, summed (0 for a user with none)."""
+    heat = scheduler.heat
+    return sum(s.score_now(now, heat.half_life_s) for s in heat.stats(user_id).values())

@@ -85,6 +85,9 @@ class ServingConfig:
     # kv_pool_fraction of the device memory free once the model is loaded (less the KV store's device tier)
     kv_pool_mb: int | None = None
     kv_pool_fraction: float = 0.8
+    # one user's share of the pool's kept K/V (their blocks, cached prefixes, sessions), MiB; None: no quota
+    kv_user_mb: int | None = None
+    kv_evict_policy: str = "lru"  # which unread K/V the pool drops first: "lru" or "heat" (the coldest user's)
     cuda_graphs: bool = (
         True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
     )
@@ -162,6 +165,10 @@ class ServingConfig:
             )
         if not 0 < self.kv_pool_fraction <= 1:
             raise ValueError(f"kv_pool_fraction must be in (0, 1], got {self.kv_pool_fraction}")
+        if self.kv_user_mb is not None and self.kv_user_mb < 1:
+            raise ValueError(f"kv_user_mb must be >= 1 (MiB of one user's kept KV), got {self.kv_user_mb}")
+        if self.kv_evict_policy not in ("lru", "heat"):
+            raise ValueError(f"kv_evict_policy must be 'lru' or 'heat', got {self.kv_evict_policy!r}")
         if self.session_kv_bytes < 0:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:

@@ -58,6 +58,8 @@ def _transformers(config: ServingConfig) -> Backend:
             session_kv_bytes=config.session_kv_bytes,
             kv_pool_mb=config.kv_pool_mb,
             kv_pool_fraction=config.kv_pool_fraction,
+            kv_user_bytes=None if config.kv_user_mb is None else config.kv_user_mb << 20,
+            kv_evict_policy=config.kv_evict_policy,
             cuda_graphs=config.cuda_graphs,
         )
     )

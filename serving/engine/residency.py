@@ -22,6 +22,7 @@ to its owner (KNOWLEDGE_OWNER), which has no quota.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -29,6 +30,7 @@ from typing import Protocol
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 
 POLICIES = ("lru", "heat")
+HEAT_TTL_S = 5.0  # a user's heat is asked again after this long (it may read the scheduler's table)
 
 
 class Holder(Protocol):
@@ -58,6 +60,7 @@ class Residency:
         self._lock = threading.Lock()  # a leaf: the counts only (a holder may charge under its own lock)
         self._tick = 0
         self.peak: dict[str, int] = {}  # each user's highest charge seen after a change settled (enforce)
+        self._heat_seen: dict[str, tuple[float, float]] = {}  # user -> (heat, when asked)
 
     def configure(
         self, quota_bytes: int | None = None, policy: str = "lru", heat: Callable[[str], float] | None = None
@@ -149,14 +152,11 @@ class Residency:
             holders = self.holders()
             pick = None
             if self.policy == "heat" and self.heat is not None:
-                heat: dict[str, float] = {}
                 for i, h in enumerate(holders):
                     for tick, user, key in h.candidates():
                         if user in self.pinned:
                             continue
-                        if user not in heat:
-                            heat[user] = self.heat(user)
-                        rank = (heat[user], h.category, tick)
+                        rank = (self._heat_of(user), h.category, tick)
                         if pick is None or rank < pick[0]:
                             pick = (rank, i, key)
             else:
@@ -169,6 +169,17 @@ class Residency:
                 return False
             holders[pick[1]].drop_key(pick[2])
             return True
+
+    def _heat_of(self, user: str) -> float:
+        """`heat(user)`, asked at most every HEAT_TTL_S (under the pool's lock: a scheduler's table read per
+        eviction would stall every request)."""
+        now = time.monotonic()
+        seen = self._heat_seen.get(user)
+        if seen is None or now - seen[1] > HEAT_TTL_S:
+            if len(self._heat_seen) > 100_000:
+                self._heat_seen.clear()
+            seen = self._heat_seen[user] = (float(self.heat(user)), now)
+        return seen[0]
 
 
 def _first(it: Iterator) -> list:

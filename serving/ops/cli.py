@@ -139,6 +139,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "the KV store's device tier) that the KV page pool takes, as vLLM's gpu_memory_utilization (0-1]",
     )
     p.add_argument(
+        "--kv-user-mb",
+        type=int,
+        default=None,
+        help="MiB of the KV page pool one user's kept K/V may hold (their blocks, cached prefixes, live "
+        "sessions; transformers backend): past it their least recently used goes, so one heavy user cannot "
+        "push the others out (at least 1; default: no quota)",
+    )
+    p.add_argument(
+        "--kv-evict-policy",
+        choices=("lru", "heat"),
+        default="lru",
+        help="which unread K/V the pool drops first when it is short: the least recently used, or the "
+        "coldest user's by the scheduler's heat (expected reuse)",
+    )
+    p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
         help="on a CUDA device, run the engine's decode steps eagerly instead of replaying CUDA graphs",
@@ -296,6 +311,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             kv_pool_mb=args.kv_pool_mb,
             kv_pool_fraction=args.kv_pool_fraction,
+            kv_user_mb=args.kv_user_mb,
+            kv_evict_policy=args.kv_evict_policy,
             cuda_graphs=not args.no_cuda_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,

@@ -203,7 +203,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         pool = PagePool(shape, self._pool_bytes(handle), device=handle.device)
         pool.reclaimers.append(self.sessions)  # live sessions' pages go before a request waits
         # per-user quota and eviction policy (serving/engine/residency.py)
-        pool.residency.configure(self.config.kv_user_bytes, self.config.kv_evict_policy)
+        pool.residency.configure(self.config.kv_user_bytes, self.config.kv_evict_policy, self._kv_heat)
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
             with torch.inference_mode():  # every bucket a step can reach: no capture after load
@@ -276,6 +276,21 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         if tuple(req.prompt.ids[: item.num_tokens]) != item.token_ids:
             return ResolvedBlock(None, None)  # laid out under other knowledge
         return ResolvedBlock(item, None)
+
+    _kv_heat = None  # a user's expected reuse (the scheduler's heat), for kv_evict_policy "heat"
+
+    def use_kv_heat(self, heat) -> None:
+        """The pool's eviction under kv_evict_policy "heat" ranks users by `heat(user_id)` (scheduler/wiring.py
+        gives the scheduler's heat of the user's memories); set before or after the model is loaded."""
+        self._kv_heat = heat
+        if self.pool is not None:
+            self.pool.residency.heat = heat
+
+    def pin_kv_user(self, user_id: str) -> None:
+        """The user's kept K/V (block, cached prefixes, sessions) is not evicted for others' room, within
+        their quota (serving/engine/residency.py); a delete of all their memories unpins them."""
+        if self.pool is not None:
+            self.pool.residency.pin(user_id)
 
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py), or None before the model is loaded."""
