@@ -62,17 +62,30 @@ class Client:
         sent = self.now()
         current = self.ledger.current(user.user_id)
         row = {"user_rank": user.rank, "round": round_, "probe": question == PROBE, "sent_at": sent}
-        try:
-            reply = one_request(
-                self.server.base,
-                user.user_id,
-                self.args.answer_len,
-                client=self.openai,
-                messages=msgs,
-                model=self.server.model,
-            )
-        except Exception as exc:  # noqa: BLE001 - counted by type and reported
-            return {**row, "error": type(exc).__name__ + ": " + str(exc)[:200]}
+        first = time.perf_counter()
+        retries = 0
+        while True:
+            try:
+                started = time.perf_counter()
+                reply = one_request(
+                    self.server.base,
+                    user.user_id,
+                    self.args.answer_len,
+                    client=self.openai,
+                    messages=msgs,
+                    model=self.server.model,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - counted by type and reported
+                if type(exc).__name__ == "RateLimitError" and retries < self.args.retries_429:
+                    # as the openai client does by default: wait what Retry-After says, then again
+                    retries += 1
+                    time.sleep(retry_after(exc))
+                    continue
+                return {**row, "retries_429": retries, "error": type(exc).__name__ + ": " + str(exc)[:200]}
+        row["retries_429"] = retries
+        # the user's wait: from the first attempt, 429s and their pauses included
+        row["ttft_first_attempt_s"] = started - first + reply.ttft_s
         with self.lock:
             past = [] if round_ == 0 else self.history.get(user.user_id, [])
             self.history[user.user_id] = [
@@ -104,6 +117,14 @@ class Client:
             return {"user_rank": user.rank, "edit_error": type(exc).__name__ + ": " + str(exc)[:200]}
         self.ledger.set(user.user_id, code, self.now())
         return {**self.ask(user, PROBE, 0), "after_edit": True}
+
+
+def retry_after(exc: Exception, default_s: float = 0.5, max_s: float = 5.0) -> float:
+    """Seconds an openai 429 asks to wait (its Retry-After header), within [0, max_s]."""
+    try:
+        return min(max_s, max(0.0, float(exc.response.headers.get("retry-after", default_s))))
+    except (AttributeError, TypeError, ValueError):
+        return default_s
 
 
 def urllib_patch(url: str, body: dict) -> dict:
@@ -151,8 +172,6 @@ def sample_prompts(client: Client, args) -> list[dict]:
 def cold_answers(samples: dict[str, list[dict]], model: str | None, answer_len: int) -> None:
     """Greedy answers of the same prompts by a cold prefill in this process (transformers), set as `cold` and
     `same` on each sample: vLLM arms' prompts by the chat template, kvmem arms' by the server's layout."""
-    import torch
-
     from kvmem.kv import PromptLayout
     from kvmem.models import load_model
 
@@ -160,21 +179,36 @@ def cold_answers(samples: dict[str, list[dict]], model: str | None, answer_len: 
     layout = PromptLayout(handle.tokenizer)
     for arm, entries in samples.items():
         for e in entries:
-            if arm.startswith("vllm"):
-                ids = handle.tokenizer.apply_chat_template(e["messages"], add_generation_prompt=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) else ids
-            elif e.get("block_texts") is None and arm != "text":
-                e["cold"], e["same"] = None, None
-                continue
-            else:
-                ids = layout.prompt(e.get("block_texts") or [], [], e["messages"]).ids
-            with torch.inference_mode():
-                out = handle.model.generate(
-                    torch.tensor([list(ids)]),
-                    max_new_tokens=answer_len,
-                    do_sample=False,
-                    pad_token_id=handle.tokenizer.eos_token_id,
-                )
-            e["cold"] = handle.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
-            e["cold_prompt_tokens"] = len(ids)
-            e["same"] = e["cold"].strip() == e["answer"].strip()
+            try:
+                cold_one(handle, layout, arm, e, answer_len)
+            except Exception as exc:  # noqa: BLE001 - the reference failed, the run's figures stay
+                e["cold"], e["same"], e["cold_error"] = None, None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def cold_one(handle, layout, arm: str, e: dict, answer_len: int) -> None:
+    import torch
+
+    if arm.startswith("vllm"):
+        ids = handle.tokenizer.apply_chat_template(
+            e["messages"], add_generation_prompt=True, return_dict=False
+        )
+    elif e.get("block_texts") is None and arm != "text":
+        e["cold"], e["same"] = (
+            None,
+            None,
+        )  # no block when sampled: what the server prefilled is not known here
+        return
+    else:
+        ids = layout.prompt(e.get("block_texts") or [], [], e["messages"]).ids
+    with torch.inference_mode():
+        out = handle.model.generate(
+            torch.tensor([list(ids)]),
+            max_new_tokens=answer_len,
+            do_sample=False,
+            pad_token_id=handle.tokenizer.eos_token_id,
+        )
+    e["cold"] = handle.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    e["cold_prompt_tokens"] = len(
+        ids
+    )  # the server's `prompt_tokens` for the same prompt, if the layouts agree
+    e["same"] = e["cold"].strip() == e["answer"].strip()

@@ -204,3 +204,19 @@ def test_cause_names_the_last_exception_line_of_a_server_log():
     log = "INFO start\nTraceback (most recent call last):\n  File x\nValueError: To serve at least one request\nINFO bye"
     assert many_users_arms.cause(log) == "ValueError: To serve at least one request"
     assert many_users_arms.cause("no exception here") == "no exception here"
+
+
+def test_a_429_is_retried_after_what_its_retry_after_says():
+    from types import SimpleNamespace
+
+    from benchmarks.tiers.many_users_client import retry_after
+
+    def with_headers(headers):
+        exc = Exception("429")
+        exc.response = SimpleNamespace(headers=headers)
+        return exc
+
+    assert retry_after(with_headers({"retry-after": "2"})) == 2.0
+    assert retry_after(with_headers({"retry-after": "100"})) == 5.0  # capped
+    assert retry_after(with_headers({})) == 0.5 and retry_after(with_headers({"retry-after": "soon"})) == 0.5
+    assert retry_after(Exception("no response")) == 0.5
