@@ -45,7 +45,8 @@ def attend(q, k, v, mask, scale: float, bias: torch.Tensor | None = None, softca
         # it reads k and v wrongly when their last dimension is not contiguous (torch 2.13, measured): copy them
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         out, lse = CPU_FLASH(q.reshape(bsz, kv, g * nq, d), k, v, 0.0, False, attn_mask=bias, scale=scale)
-        return out.view(bsz, kv, g, nq, d), lse.view(bsz, kv, g, nq, 1).float()
+        lse = lse.view(bsz, kv, g, nq, 1)
+        return out.view(bsz, kv, g, nq, d), (lse if lse.dtype == torch.float32 else lse.float())
     scores = (q.reshape(bsz, kv, g * nq, d) @ k.transpose(-1, -2)).view(bsz, kv, g, nq, -1).float() * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -135,11 +136,15 @@ def narrow(
     """One-token rows: [rows, heads, d] in the order of st.narrow's positions."""
     b, kmax, gather, positions, _, _ = st.narrow
     mask, prefixes = st.narrow_for(window)
-    kv_heads, heads, dim = k_pool.shape[1], query.shape[1], query.shape[3]
+    kv_heads, heads, dim = k_pool.shape[1], query.shape[-2 if query.dim() == 3 else 1], query.shape[-1]
     g = heads // kv_heads
-    q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
-    k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
-    v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
+    if query.dim() == 3:  # [T, heads, d] of a step of narrow rows only, in their order (plan.attend)
+        q = query.view(b, kv_heads, g, 1, dim)
+    else:
+        q = query[0].index_select(1, positions).view(kv_heads, g, b, 1, dim).permute(2, 0, 1, 3, 4)
+    # [B, kv, K, d]; one row whose slots are one run reads a view of the pool (plan.StepPlan)
+    k = _read(k_pool, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
+    v = _read(v_pool, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
     bias = None
     if mask is not None and CPU_FLASH is not None and q.device.type == "cpu" and softcap is None:
         bias = st.narrow_bias.get(window)
@@ -162,4 +167,4 @@ def narrow(
             lse = lse.index_copy(0, rows, torch.logaddexp(l_r, l_p))
     if sinks is not None:
         out = sink(out, lse, sinks)
-    return out.permute(0, 3, 1, 2, 4).reshape(b, heads, dim)
+    return out.reshape(b, heads, dim)  # [B, kv, G, 1, d]: one query per row, already in [B, heads, d] order

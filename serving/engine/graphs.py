@@ -111,9 +111,11 @@ class StaticPlan(PlanCache):
     ) -> torch.Tensor:
         assert window is None and not extra, "graphs run full attention with no softcap nor sinks (supports)"
         k_pool, v_pool = self.write_kv(layer, key, value)
-        rows, heads, dim = self.rows, query.shape[1], query.shape[3]
+        rows, heads, dim = self.rows, query.shape[-2 if query.dim() == 3 else 1], query.shape[-1]
         kv_heads = k_pool.shape[1]
-        q = query[0].transpose(0, 1).reshape(rows, kv_heads, heads // kv_heads, dim)
+        # [1, heads, T, d] from the attention interface, [T, heads, d] from the engine's own layers
+        q = query if query.dim() == 3 else query[0].transpose(0, 1)
+        q = q.reshape(rows, kv_heads, heads // kv_heads, dim)
         k = k_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
         v = v_pool.index_select(0, self.gather).view(rows, self.kcap, kv_heads, dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)

@@ -64,11 +64,13 @@ class PlanCache(Cache):
         super().__init__(layers=[])
 
     def write_kv(self, layer: int, key, value) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's new K/V ([1, kv_heads, T, d]) into the pool at the plan's `write` slots; the layer's pool
-        tensors [slots, kv_heads, d]."""
+        """The step's new K/V into the pool at the plan's `write` slots: [1, kv_heads, T, d] as the attention
+        interface passes them, or [T, kv_heads, d] as the engine's own layers do (serving/engine/models); the
+        layer's pool tensors [slots, kv_heads, d]."""
         k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
-        k_pool.index_copy_(0, self.write, key[0].transpose(0, 1).to(k_pool.dtype))
-        v_pool.index_copy_(0, self.write, value[0].transpose(0, 1).to(v_pool.dtype))
+        for pool, new in ((k_pool, key), (v_pool, value)):
+            new = new[0].transpose(0, 1) if new.dim() == 4 else new
+            pool.index_copy_(0, self.write, new if new.dtype == pool.dtype else new.to(pool.dtype))
         return k_pool, v_pool
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -173,10 +175,13 @@ class StepPlan(PlanCache):
             valid = k < (torch.tensor(ends) - torch.tensor(first))[:, None]  # [B, Kmax]
             positions = torch.tensor([starts_at[r] for r in narrow])
             self._narrow_parts = (k, ends, first, valid, groups, device)  # for a sliding window (narrow_for)
+            rows: slice | torch.Tensor = torch.cat(gather)
+            if len(narrow) == 1 and rows.shape[0] > 1 and bool((rows[1:] - rows[:-1] == 1).all()):
+                rows = slice(int(rows[0]), int(rows[0]) + kmax)  # one row over one run of slots: a view
             self.narrow = (
                 len(narrow),
                 kmax,
-                torch.cat(gather).to(device),
+                rows if isinstance(rows, slice) else rows.to(device),
                 positions.to(device),  # each row's token in the packed order
                 None if bool(valid.all()) else valid[:, None, None, None].to(device),  # [B, 1, 1, 1, K]
                 prefixes,
@@ -290,11 +295,23 @@ class StepPlan(PlanCache):
         self, layer: int, query, key, value, scale: float, window: int | None, softcap=None, sinks=None
     ) -> torch.Tensor:
         """One layer's attention for every row: the step's new K/V into the pool at their slots, then the wide
-        and the narrow rows; [1, T, heads, d] in the packed order. `softcap`, `sinks`: the layer's logit
-        soft-capping and attention sinks, if it has them (attention.py)."""
+        and the narrow rows; [1, T, heads, d] in the packed order. `query` [1, heads, T, d] as the attention
+        interface passes it, or [T, heads, d] (the engine's own layers); `key`, `value`: see `write_kv`.
+        `softcap`, `sinks`: the layer's logit soft-capping and attention sinks, if it has them (attention.py)."""
         k_pool, v_pool = self.write_kv(layer, key, value)
-        out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
         extra = {"softcap": softcap, "sinks": sinks}
+        if query.dim() == 3 and self.wide is not None:  # [T, heads, d] (the engine's own layers)
+            query = query.transpose(0, 1)[None]  # only narrow rows take it as it is (attention.narrow)
+        # one kind of rows, already in the packed order: no scatter
+        if self.wide is None or self.narrow is None:
+            if self.narrow is not None:
+                one = attention.narrow(self, query, k_pool, v_pool, scale, window, **extra)
+            elif self.wide_groups is not None and window is None and softcap is None and sinks is None:
+                one = attention.wide_grouped(self, query, k_pool, v_pool, scale, window)
+            else:
+                one = attention.wide(self, query, k_pool, v_pool, scale, window, **extra)
+            return (one if one.dtype == query.dtype else one.to(query.dtype))[None]
+        out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [T, heads, d]
         if self.wide is not None:
             if self.wide_groups is not None and window is None and softcap is None and sinks is None:
                 wide = attention.wide_grouped(self, query, k_pool, v_pool, scale, window)

@@ -29,7 +29,7 @@ from contextlib import nullcontext
 import torch
 from transformers.modeling_utils import AttentionInterface
 
-from serving.engine import lora, sampler
+from serving.engine import lora, models, sampler
 from serving.engine.pages import PagePool
 from serving.engine.plan import StepPlan
 from serving.engine.sequence import SequenceError
@@ -108,12 +108,20 @@ def forward(model: torch.nn.Module, pool: PagePool, seqs: list, chunks: list[lis
             torch.tensor([positions], dtype=torch.long, device=device),
             plan,
             torch.tensor(ends, dtype=torch.long, device=device),
+            generic=bool(groups),  # adapter rows: peft's layers, under lora.mixed's hooks
         )[0].float()
 
 
-def run_model(model: torch.nn.Module, ids, positions, plan, logits_to_keep) -> torch.Tensor:
+def run_model(
+    model: torch.nn.Module, ids, positions, plan, logits_to_keep, generic: bool = False
+) -> torch.Tensor:
     """The model's forward over packed ids [1, T] at `positions` [1, T], its attention run by `plan` (a
-    StepPlan, or a decode graph's StaticPlan); logits [1, kept, vocab] in the model's dtype."""
+    StepPlan, or a decode graph's StaticPlan); logits [1, kept, vocab] in the model's dtype. The engine's own
+    layers (serving/engine/models) when the model was enabled for them and not `generic`, else the HF
+    forward with the engine's attention registered."""
+    fast = None if generic else models.fast_for(model)
+    if fast is not None:
+        return fast(ids, positions, plan, logits_to_keep)
     config = model.config
     alone = config._attn_implementation
     config._attn_implementation = PAGED
