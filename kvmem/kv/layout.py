@@ -11,7 +11,8 @@ text is used for the system opening and for everything after the system message.
 rendered once, after a stand-in for its predecessor, and cached: a prompt costs one small render per message
 not seen before plus the whole conversation's render and one or two of its prefixes (checks), so it is linear
 in the conversation's length and a session's next turn renders only its new messages. Knows nothing of stores
-or tiers. Version 2: version 1 put the retrieved memories before the client system and the history.
+or tiers. Version 2: version 1 put the retrieved memories before the client system and the history. Version 3:
+memories in the third person under a context header (`memory_line`).
 """
 
 from __future__ import annotations
@@ -25,16 +26,21 @@ from functools import cached_property
 
 from jinja2 import TemplateError
 
+from kvmem.kv.user_facts import third_person
+
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = "2"
+LAYOUT_VERSION = "3"
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
 )
-MEMORY_HEADER = "\n\nWhat you remember about the user:\n"
+# memories are told about the user in the third person under a header that marks them as context (version 3;
+# version 2 listed them in the user's own words under "What you remember about the user:", and small models
+# answered in the user's voice, echoing them)
+MEMORY_HEADER = "\n\nKnown facts about the user (from earlier conversations):\n"
 KNOWLEDGE_HEADER = "\n\nWhat you know (shared by every user):\n"
 # opens this turn's retrieved memories inside the last user message; the user's own text follows a blank line
-RETRIEVED_HEADER = "Memories that may help with this message:\n"
+RETRIEVED_HEADER = "Known facts about the user that may help with this message:\n"
 _SENTINEL = "\u2063KVMEM\u2063"
 # the system message of the small conversations a message's own segment is rendered in, and the content of
 # the stand-in for its predecessor there
@@ -69,6 +75,12 @@ def _cost(value: _Segment | str | None) -> int:
 
 
 def memory_line(text: str) -> str:
+    """A memory's line in the block or the retrieved list: the fact told about the user (`third_person`)."""
+    return "- " + third_person(text) + "\n"
+
+
+def knowledge_line(text: str) -> str:
+    """A shared knowledge text's line, as written."""
     return "- " + " ".join(text.split()) + "\n"
 
 
@@ -96,7 +108,7 @@ class PromptLayout:
         self.system_prompt = system_prompt
         self.version = version
         self.knowledge_text = (
-            KNOWLEDGE_HEADER + "".join(memory_line(t) for t in knowledge) if knowledge else ""
+            KNOWLEDGE_HEADER + "".join(knowledge_line(t) for t in knowledge) if knowledge else ""
         )
         self.max_cached_tokens = max_cached_tokens
         # (previous role, role, content) -> the segment, or None where the template renders a message of the

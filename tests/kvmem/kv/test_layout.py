@@ -34,6 +34,21 @@ def test_block_is_prefix_of_every_prompt_and_grows_append_only(tokenizer):
         )
 
 
+def test_the_block_tells_the_memories_about_the_user_under_a_context_header(tokenizer):
+    """Layout 3: the block's text, exactly, is the memories in the third person under "Known facts about the
+    user"; the retrieved memories likewise open the last user message. Both paths encode this text."""
+    layout = PromptLayout(tokenizer, system_prompt="SYS")
+    head = layout.system_open + "SYS\n\nKnown facts about the user (from earlier conversations):\n"
+    block_text = head + "- The user lives in Lisbon.\n- The user's sister is a teacher.\n"
+    assert tokenizer.decode(layout.block_ids(MEMS[:2])) == block_text
+    p = layout.prompt(MEMS[:2], MEMS[2:], [{"role": "user", "content": "Where do I live?"}])
+    assert tokenizer.decode(p.ids[: p.block_len]) == block_text
+    last = (
+        "Known facts about the user that may help with this message:\n- The user is allergic to peanuts.\n\n"
+    )
+    assert last + "Where do I live?" in tokenizer.decode(p.ids[p.block_len :])
+
+
 def test_prompt_with_the_blocks_ids_given_is_the_same_prompt(tokenizer):
     """A plan hands over the ids the block was built from; the prompt must not change by a single id."""
     layout = PromptLayout(tokenizer)
@@ -100,13 +115,13 @@ def test_template_without_system_role_is_a_clear_error(tokenizer):
 
 def test_items_built_under_the_previous_layout_are_refused_and_rebuilt(tmp_path, tiny_handle, tokenizer):
     """The layout version is in every item's fingerprint (binding): an item built under layout 1 is never
-    served by a layout-2 store; building the same block again makes a new item that is."""
+    served by a layout-3 store; building the same block again makes a new item that is."""
     from kvmem.errors import KVItemError
     from kvmem.kv import LAYOUT_VERSION, KVStoreConfig, TieredKVStore
     from kvmem.kv.blocks import BlockBuilder
     from kvmem.models import handle_for
 
-    assert LAYOUT_VERSION == "2" and tiny_handle.fingerprint.layout_version == LAYOUT_VERSION
+    assert LAYOUT_VERSION == "3" and tiny_handle.fingerprint.layout_version == LAYOUT_VERSION
     digest = tiny_handle.fingerprint.weights_sha
     old = handle_for(tiny_handle.model, tokenizer, model_id="tiny", layout_version="1", weights_digest=digest)
     assert old.fingerprint.mismatches(tiny_handle.fingerprint) == ["layout_version"]
@@ -122,5 +137,5 @@ def test_items_built_under_the_previous_layout_are_refused_and_rebuilt(tmp_path,
     assert not current.contains(stale) and not list(tmp_path.glob(f"{stale}*"))  # dropped, files deleted
     fresh = BlockBuilder(tiny_handle, layout, current).build("alice", MEMS, ["m1", "m2", "m3"]).item_id
     assert fresh != stale
-    assert current.get(fresh).meta.fingerprint.layout_version == "2"
+    assert current.get(fresh).meta.fingerprint.layout_version == "3"
     assert current.forget("alice", ["m2"]) == [fresh]
