@@ -318,12 +318,12 @@ class Backend(ABC):
         built under an adapter."""
         return []
 
-    def engine_stats(self) -> dict[str, int] | None:
     def check_response_format(self, fmt: ResponseFormat) -> None:
         """Compile `fmt` for the requests that ask it (a backend listing "response_format" in
         `sampling_features`); raises InvalidResponseFormat saying why it cannot. Default: it cannot."""
         raise InvalidResponseFormat(f"the {self.name} backend serves no response format")
 
+    def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""
         return None

@@ -56,8 +56,8 @@ class EngineSequence:
         prefill_chunk_tokens: int | None = None,
         idle_chunk_tokens: int | None = None,
         busy_attention_budget: int | None = None,
-    ) -> None:
         grammar=None,
+    ) -> None:
         if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1 or None, got {prefill_chunk_tokens}")
         if not prompt_ids:

@@ -38,7 +38,6 @@ log = logging.getLogger("serving.backends.transformers.backend")  # one logger f
 class EngineRequests:
     """What one request does in the engine (the backend's `stream` and its model-thread generator)."""
 
-    def _steps(
     _grammars = None  # serving/engine/grammar.py's compiler for this model's tokenizer, made at first use
 
     def check_response_format(self, fmt: ResponseFormat) -> None:
@@ -58,6 +57,7 @@ class EngineRequests:
             self._grammars = Grammars(self.handle.tokenizer, self.vocab_size, self._eos)
         return self._grammars.compile(fmt.type, fmt.schema)
 
+    def _steps(
         self,
         req: GenerationRequest,
         emit: Callable[[object], None],
