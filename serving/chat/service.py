@@ -302,6 +302,8 @@ class ChatService:
             )
             return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
+        content_event = _content_event(event)
+
         async def chained() -> AsyncIterator[StreamItem]:
             yield first
             async for item in items:
@@ -314,7 +316,7 @@ class ChatService:
                     if item.logprobs:  # a token whose text is not complete yet still brings its logprob
                         yield event({"content": item.text}, logprobs=logprobs_dict(item.logprobs))
                     elif item.text:
-                        yield event({"content": item.text})
+                        yield content_event(item.text)
                     continue
                 yield event({}, finish_reason=item.finish_reason, memory=prepared.memory_dict(item))
                 if include_usage:
@@ -426,6 +428,21 @@ class _LoggedTurn:
     """The user's turn of one request, once logged (None: not logged, or not yet)."""
 
     user_turn_id: str | None = None
+
+
+_MARK = "\x00kvmem-content\x00"  # a content no chunk's other fields contain (checked), in JSON
+_MARK_JSON = json.dumps(_MARK, ensure_ascii=False)
+
+
+def _content_event(event: Callable[[dict], str]) -> Callable[[str], str]:
+    """`text -> event({"content": text})`, made once per stream: the chunk's JSON around its content is the
+    same for every token, so only the content is encoded per token (the bytes are the same as event's: the same
+    encoder writes the same string in place). Falls back to `event` when the mark is not found once."""
+    head, mark, tail = event({"content": _MARK}).partition(_MARK_JSON)
+    if not mark or _MARK_JSON in tail:
+        return lambda text: event({"content": text})
+    dumps = json.dumps
+    return lambda text: f"{head}{dumps(text, ensure_ascii=False)}{tail}"
 
 
 async def _prepend(first: StreamItem, rest: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:

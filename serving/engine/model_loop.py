@@ -10,7 +10,9 @@ the prefill chunks of new ones, so a new request's prefill waits for one decode 
 Builds are plain calls, run between turns, whose caller waits for the result. A generator waiting for pages
 yields an `AdmissionWait` (sequence.py): it is parked, not stepped, until the wait is ready, and the thread
 sleeps while nothing else runs, woken by `wake` (the page pool calls it when room may have appeared, a
-request's stream when its client left) or by the nearest deadline.
+request's stream when its client left) or by the nearest deadline. What the requests send to their streams
+goes through `handoff` (handoff.py), flushed once per turn, after the step: one event-loop hop per turn, not
+one per token.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from serving.engine.batcher import Batcher
+from serving.engine.handoff import Handoff
 from serving.engine.sequence import AdmissionWait, EngineSequence
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class LoopClosed(RuntimeError):
 class ModelLoop:
     def __init__(self, name: str = "kvmem-model", prefill_budget_tokens: int = 512) -> None:
         self._batcher = Batcher(prefill_budget_tokens)
+        self.handoff = Handoff()  # the requests' items for their streams; flushed after every turn
         self._cv = threading.Condition()
         self._incoming: deque[Iterator[Any] | tuple[Future, Callable[[], Any]]] = deque()
         self._closed = False
@@ -128,6 +132,7 @@ class ModelLoop:
                     active.append(steps)
             if self._batcher and not self._batcher.idle():
                 self._batcher.step()
+            self.handoff.flush()
         for steps in [*active, *(steps for steps, _ in parked)]:
             steps.close()
         self._batcher.close()
@@ -138,6 +143,7 @@ class ModelLoop:
                 else:
                     job.close()
             self._incoming.clear()
+        self.handoff.flush()
 
     @staticmethod
     def _call(future: Future, fn: Callable[[], Any]) -> None:

@@ -29,6 +29,7 @@ from serving.backends.base import (
 )
 from serving.backends.transformers.adapters import with_adapter
 from serving.engine.detok import IncrementalDetokenizer
+from serving.engine.handoff import Inbox
 from serving.engine.prefix_cache import PrefixKey
 from serving.engine.stops import StopMatcher
 
@@ -250,12 +251,12 @@ class EngineRequests:
     ) -> AsyncIterator[StreamItem]:
         self._require_ready()
         self._admit()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        inbox = Inbox(asyncio.get_running_loop())
         cancel = threading.Event()
+        handoff = self._loop.handoff  # the model loop hands a turn's items over at once (handoff.py)
 
         def emit(obj: object) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, obj)
+            handoff.put(inbox, obj)
 
         started = time.perf_counter()
         try:
@@ -265,22 +266,23 @@ class EngineRequests:
             self._release()
             raise
         try:
+            asked = time.monotonic()
             while True:
-                try:
-                    obj = await asyncio.wait_for(queue.get(), timeout=0.25)
-                except asyncio.TimeoutError:
-                    if is_disconnected is not None and await is_disconnected():
-                        log.info("client disconnected; stopping request %s", req.request_id)
+                # everything the model thread sent since the last take (several items when this reader fell
+                # behind); whether the client left is asked every 0.25 s, not per token (it costs ~50 us; a
+                # stream's response also watches for the disconnect itself)
+                for obj in await inbox.take(0.25):
+                    if isinstance(obj, PoolFull | PoolTooSmall):  # 429 (no pages in kv_wait_s), 400 (never)
+                        raise obj
+                    if isinstance(obj, BaseException):
+                        raise BackendError(f"generation failed: {obj}") from obj
+                    yield obj
+                    if isinstance(obj, GenerationResult):
                         return
+                if is_disconnected is None or time.monotonic() - asked < 0.25:
                     continue
-                if isinstance(obj, PoolFull | PoolTooSmall):  # 429 (no pages within kv_wait_s), 400 (never)
-                    raise obj
-                if isinstance(obj, BaseException):
-                    raise BackendError(f"generation failed: {obj}") from obj
-                yield obj
-                if isinstance(obj, GenerationResult):
-                    return
-                if is_disconnected is not None and await is_disconnected():
+                asked = time.monotonic()
+                if await is_disconnected():
                     log.info("client disconnected; stopping request %s", req.request_id)
                     return
         finally:
