@@ -19,7 +19,8 @@
 #   ONLY       space-separated step names to run (a rerun of the ones that failed); `model` always runs
 #   PACK       a .tgz path, rewritten after every step with OUT_DIR's JSON and logs (not the model): what a
 #              run cut short by its caller's limit still hands back
-# Steps run in order of what the issue asks first: the CUDA-graph tests (graphs_test), graph_tokens (greedy
+# Each step prints when it starts (with its limit) and how long it took. Steps run in order of what the issue
+# asks first: the CUDA-graph tests (graphs_test), graph_tokens (greedy
 # tokens of decode steps replayed as CUDA graphs against eager ones, float32 and bfloat16, with every reachable
 # bucket captured at load as the server does; issue 42 item 8), engine (KV bytes,
 # batch-8 vs batch-1 step, eager and as CUDA graphs), http_load with graphs and without, the MemOS cells on
@@ -57,10 +58,13 @@ step() {  # step NAME SECONDS CMD...: run within min(SECONDS, what is left); a f
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "[gpu_suite +$(($(date +%s) - start))s] $name (limit ${limit}s)" >&2
+  local began
+  began=$(date +%s)
   if ! timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; then
     failed+=("$name")
     tail -5 "$OUT/$name.log" >&2
   fi
+  echo "[gpu_suite +$(($(date +%s) - start))s] $name took $(($(date +%s) - began))s" >&2
   pack
 }
 if [ "${SMOKE:-0}" = 1 ]; then
@@ -68,11 +72,13 @@ if [ "${SMOKE:-0}" = 1 ]; then
   QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
   LOAD=(--levels 1 2 --duration-s 5); GT=(--smoke)
   PROF=(--rows 1 2 --chunks 16 --ctx 0 64 --reps 1 --profile-steps 1 --pool-mb 256)
+  DP=(--tiny --rows 1 3 --prompt 20 --new-tokens 4)
 else
   EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
   QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
   ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
   GT=(); PROF=()
+  DP=(--rows 1 8 32 64 --prompt 256 --new-tokens 64)
 fi
 MODEL="$OUT/model"
 RANDOM_MODEL=()
@@ -81,6 +87,11 @@ step model 120 "$PY" -m benchmarks.gpu.gpu_model --out "$MODEL" "${RANDOM_MODEL[
 if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
   step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py
 fi
+# decode on Qwen3-8B's shape (random bf16 weights) at 1, 8, 32 and 64 requests through the engine and through
+# transformers' continuous batching (generate_batch, paged|sdpa, CUDA graphs), same process, same card (issue 43
+# item 5); each case with its floor (benchmarks/gpu/floor.py). Budget ~150 s of the 480 on an H100: the 16 GB
+# model built once (~20 s), the peer's four runs with their graph warm-ups, the engine's four with theirs
+step decode_qwen3_8b 150 "$PY" -m benchmarks.gpu.decode_peer --device "$DEVICE" "${DP[@]}" --out "$OUT/decode_qwen3_8b.json"
 # graphs' and eager steps' greedy tokens, float32 and bfloat16 (on CPU: the script, with the static steps uncaptured)
 step graph_tokens 150 "$PY" -m benchmarks.gpu.graph_tokens --model "$MODEL" --device "$DEVICE" "${GT[@]}" --out "$OUT/graph_tokens.json"
 # engine_bench runs the decode steps eagerly and then as CUDA graphs (serving/engine/graphs.py) on a GPU
