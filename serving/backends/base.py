@@ -171,6 +171,8 @@ class GenerationRequest:
     adapter_id: str | None = None
     session_id: str | None = None
     memory_ids: tuple[str, ...] = ()
+    # low priority: memory formation on the server's own model (the engine's budget: serving/engine/batcher.py)
+    background: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,15 @@ but time. A sequence that is itself the newest holding pages is preempted when i
 sequences are admitted again oldest first, before any new request (a new request waits while one is
 preempted: PageTable.admit). If every member is preempted and the oldest cannot get its pages back because
 a younger preempted one holds pages (the shared pages it reads), that younger one fails with PoolFull.
+
+Background rows (`seq.background`: memory formation on the server's own model, serving/background/) run at
+low priority, within this budget: they take no step while a chat (foreground) member waits to be admitted
+again after a preemption; at most `background_rows` of them (oldest first) are in a step; their prefill chunks
+come after every chat member's, from what the prefill budget leaves (a chat row's chunk is never pushed to a
+later step by one); and they are preempted before any chat member when a step needs pages. So a chat row is
+in every step from its admission to its end as it would be without them (0 steps of delay); what a
+formation row adds to a step it shares with chat rows is at most `background_rows` rows, each a decode token
+or a paced prefill chunk (EngineSequence.pace: small while streams decode).
 """
 
 from __future__ import annotations
@@ -39,10 +48,13 @@ RequestSteps = Generator[Any, int | None, None]
 
 
 class Batcher:
-    def __init__(self, prefill_budget_tokens: int = 512) -> None:
+    def __init__(self, prefill_budget_tokens: int = 512, background_rows: int = 1) -> None:
         if prefill_budget_tokens < 1:
             raise ValueError(f"prefill_budget_tokens must be >= 1, got {prefill_budget_tokens}")
+        if background_rows < 1:
+            raise ValueError(f"background_rows must be >= 1, got {background_rows}")
         self.prefill_budget_tokens = prefill_budget_tokens
+        self.background_rows = background_rows
         self._members: dict[EngineSequence, RequestSteps] = {}  # insertion order: the prefill queue's order
         self._stalled: dict[object, int] | None = None  # every member preempted: each pool's generation then
 
@@ -69,16 +81,16 @@ class Batcher:
         busy = any(s.decoding for s in self._members)
         for seq in self._members:
             if seq.prefilling:
-                seq.pace(busy)  # a block build's chunk: small while streams decode
-        for seq in self._members:
+                seq.pace(busy)  # a block build's or a formation row's chunk: small while streams decode
+        members = self._stepping()
+        for seq in members:  # chat members first: a background chunk takes what their chunks leave
             if budget <= 0:
                 break
             if seq.prefilling:
                 budget -= seq.next_chunk_tokens()
                 chunks.append(seq)
-        self._make_room(chunks)
+        self._make_room(chunks, members)
         chunks = [s for s in chunks if not s.preempted]
-        members = list(self._members)
         for model in {id(s.model): s.model for s in members}.values():  # the engine: one forward per model
             prefills = [s for s in chunks if s.model is model]
             decodes = [s for s in members if s.model is model and s.decoding]
@@ -89,11 +101,21 @@ class Batcher:
                 ):
                     self._settle(seq, token)
 
+    def _stepping(self) -> list[EngineSequence]:
+        """The members this step may run, chat members first (admission order), then at most
+        `background_rows` background members (oldest first), none while a chat member waits to be admitted
+        again (see the module docstring)."""
+        chat = [s for s in self._members if not s.background]
+        if any(s.preempted for s in chat):
+            return chat
+        return chat + [s for s in self._members if s.background and not s.preempted][: self.background_rows]
+
     def _readmit(self) -> None:
         """Preempted members get their pages back, oldest first, while the pool has them (a younger one never
         goes before an older one that waits)."""
         self._stalled = None
-        waiting = [s for s in self._members if s.preempted]
+        # chat members first: a background member is admitted again only behind them
+        waiting = sorted((s for s in self._members if s.preempted), key=lambda s: s.background)
         # read before the tries: room that appears after them (another thread's release) makes `idle` false
         generations = {s.table.pool: s.table.pool.generation for s in waiting}
         blocked = set()  # pools whose oldest preempted member found no room
@@ -112,20 +134,26 @@ class Batcher:
                 return
         self._stalled = generations
 
-    def _make_room(self, chunks: list[EngineSequence]) -> None:
-        """A page for every position the step writes, oldest admitted first; the newest admitted members
-        holding own pages are preempted for them when the pool has none (see the module docstring)."""
-        members = list(self._members)
-        stepping = set(chunks)
-        for i, seq in enumerate(members):
-            if seq.preempted or not (seq in stepping or seq.decoding):
+    def _make_room(self, chunks: list[EngineSequence], rows: list[EngineSequence]) -> None:
+        """A page for every position the step writes (`rows`: the members it may run), oldest admitted first;
+        the newest admitted members holding own pages are preempted for them when the pool has none, every
+        background member before any chat member (see the module docstring)."""
+        chat = [s for s in self._members if not s.background]
+        background = [s for s in self._members if s.background]
+        stepping, allowed = set(chunks), set(rows)
+        for seq in chat + background:
+            if seq.preempted or seq not in allowed or not (seq in stepping or seq.decoding):
                 continue
             end = seq.position + seq.step_tokens()
             while not seq.table.grow(end):
+                if seq.background:  # only a newer background member
+                    later = background[background.index(seq) + 1 :][::-1]
+                else:  # any background member, then a newer chat member
+                    later = background[::-1] + chat[chat.index(seq) + 1 :][::-1]
                 victim = next(
                     (
                         v
-                        for v in reversed(members[i + 1 :])
+                        for v in later
                         if not v.preempted
                         and not v.finished
                         and v.table.pool is seq.table.pool

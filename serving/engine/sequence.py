@@ -57,6 +57,7 @@ class EngineSequence:
         idle_chunk_tokens: int | None = None,
         busy_attention_budget: int | None = None,
         grammar=None,
+        background: bool = False,
     ) -> None:
         if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1 or None, got {prefill_chunk_tokens}")
@@ -66,6 +67,7 @@ class EngineSequence:
         self.model, self.sampling, self.stop_token_ids = model, sampling, stop_token_ids
         self.should_stop, self.chunk = should_stop, prefill_chunk_tokens
         self.grammar = grammar  # a grammar.Matcher: its tokens masked to a response format (sampler.py)
+        self.background = background  # low priority (memory formation): batcher.py's budget
         self.stats = stats if stats is not None else GenerationStats()
         self.stats.prompt_tokens = len(prompt_ids)
         self.device = next(model.parameters()).device

@@ -34,6 +34,7 @@ from serving.engine.prefix_cache import PrefixKey
 from serving.engine.stops import StopMatcher
 
 log = logging.getLogger("serving.backends.transformers.backend")  # one logger for the backend's lines
+BACKGROUND_CHUNK_TOKENS = 16  # a background (formation) row's prefill chunk while chat rows decode
 
 
 class EngineRequests:
@@ -127,14 +128,19 @@ class EngineRequests:
                 prefix=prefix,
                 max_new_tokens=sampling.max_new_tokens,
                 wait_s=self.config.kv_wait_s,
-                prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                # a background row's prompt goes in small chunks while streams decode (EngineSequence.pace)
+                prefill_chunk_tokens=BACKGROUND_CHUNK_TOKENS
+                if req.background
+                else self.config.prefill_chunk_tokens,
+                idle_chunk_tokens=self.config.prefill_chunk_tokens if req.background else None,
+                background=req.background,
                 adapter=adapter,
                 sampling=sampling,
                 stop_token_ids=self._eos,
                 should_stop=cancel.is_set,
                 stats=stats,
-            ):
                 grammar=grammar,
+            ):
                 if isinstance(got, AdmissionWait):  # no room yet: parked until the pool's room changes
                     yield got
                 else:
