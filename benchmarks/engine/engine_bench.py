@@ -27,6 +27,7 @@ import torch
 from benchmarks.common import env_info, median, print_table, write_outputs
 from benchmarks.engine.percache.batch import CacheSequence, decode_step
 from benchmarks.engine.percache.packed import step as packed_step
+from benchmarks.gpu import floor as floors
 from benchmarks.load.http_client import memory_texts
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.models import load_model
@@ -116,6 +117,14 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
     run_steps(model, pool, [alone], on_step)
     alone.release()
     tokens = [s.stats.token_ids for s in seqs] + [alone.stats.token_ids]
+    # benchmarks/gpu/floor.py: a decode step at mid-reply, its rows sharing the block's pages
+    shape, card = floors.shape_of(model), floors.device_name(handle.device)
+    own = [len(ids) - item.num_tokens + args.tokens // 2 for ids in prompts]  # each row's own tokens
+    floor = {
+        str(k): floors.floor(*floors.step_cost(shape, own[:k], shared=item.num_tokens), card, median(v))
+        for k, v in times.items()
+        if v
+    }
     if graphed:
         g = pool.graphs
         return {
@@ -125,6 +134,7 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
             "graph_replays": g.replays,
             "buckets": sorted(f"{rows}x{kcap}" for rows, kcap in g.buckets),
             "capture_failed": g.broken,
+            "floor": floor,
             "tokens": tokens,
         }
     # the old path: each request's cache after its prefill holds its own copy of the block
@@ -156,6 +166,7 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
         "decode_step_s": {str(k): median(v) for k, v in times.items() if v},
         "decode_steps_timed": {str(k): len(v) for k, v in times.items()},
         "old_path_decode_step_s": {str(k): median(v) for k, v in old_times.items() if v},
+        "floor": floor,
         "tokens": tokens,
     }
 
@@ -228,7 +239,9 @@ def agreement(handle, layout, args) -> dict:
 
 
 def main(argv: list[str] | None = None, handle=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine.engine_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.engine.engine_bench", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--block-tokens", type=int, default=2000)
     p.add_argument("--concurrent", type=int, default=8)

@@ -73,17 +73,20 @@ def shape_of(model, kv_dtype_bytes: int | None = None) -> Shape:
     )
 
 
-def step_cost(shape: Shape, contexts: list[int], new_tokens: list[int] | None = None) -> tuple[int, int]:
-    """(bytes, FLOPs) of one step: row i has contexts[i] tokens cached before the step and adds new_tokens[i]
-    (1 each: a decode step); its new tokens attend causally to the cache and to each other."""
+def step_cost(
+    shape: Shape, contexts: list[int], new_tokens: list[int] | None = None, shared: int = 0
+) -> tuple[int, int]:
+    """(bytes, FLOPs) of one step: row i has `shared` + contexts[i] tokens cached before the step and adds
+    new_tokens[i] (1 each: a decode step); its new tokens attend causally to the cache and to each other.
+    `shared`: tokens every row reads (a block's pages they share), read once."""
     new = [1] * len(contexts) if new_tokens is None else new_tokens
-    if len(new) != len(contexts) or any(n < 1 for n in new) or any(c < 0 for c in contexts):
+    if len(new) != len(contexts) or any(n < 1 for n in new) or any(c < 0 for c in contexts) or shared < 0:
         raise ValueError(f"contexts {contexts} and new_tokens {new} must be as long, with new tokens >= 1")
     tokens = sum(new)
     kv = shape.kv_bytes_per_token
-    read_kv = sum(c + n for c, n in zip(contexts, new, strict=True)) * kv  # its own new K/V are read too
+    read_kv = (shared + sum(c + n for c, n in zip(contexts, new, strict=True))) * kv  # new K/V read too
     nbytes = shape.weight_bytes + read_kv + tokens * kv
-    pairs = sum(n * c + n * (n + 1) // 2 for c, n in zip(contexts, new, strict=True))  # (query, key) pairs
+    pairs = sum(n * (shared + c) + n * (n + 1) // 2 for c, n in zip(contexts, new, strict=True))
     flops = 2 * shape.matmul_params * tokens + 4 * shape.layers * shape.q_heads * shape.head_dim * pairs
     return nbytes, flops
 

@@ -31,6 +31,7 @@ from benchmarks.common import (
     timed,
     write_outputs,
 )
+from benchmarks.gpu import floor as floors
 from benchmarks.ttft.memos_grid import MEMOS_ANCHOR as MEMOS_ANCHOR  # the grid lives there; re-exported
 from benchmarks.ttft.memos_grid import (
     MEMOS_CTX,
@@ -76,6 +77,11 @@ class Cell:
     others_cpu_share: float | None  # other processes' share of the cores during the timed reps
     attempts: int  # timed-rep rounds run (more than 1: others' load spoiled the earlier ones)
     waited_quiet_s: float
+    # benchmarks/gpu/floor.py: the query-only forward over the block (the KV path's and the ideal bound's
+    # floor, with kv_ttft_s and ideal_ttft_s over it) and the full prefill's (direct_ttft_s over it)
+    floor_kv: dict | None = None
+    floor_ideal: dict | None = None
+    floor_direct: dict | None = None
 
 
 def ideal_first_token(model, item, remainder: list[int], device: str) -> tuple[float, int]:
@@ -143,6 +149,7 @@ def run_grid(
     while other processes took more than that share of the cores (see `common.run_when_quiet`)."""
     layout = PromptLayout(handle.tokenizer)
     model = compiled(handle.model) if compile_model else handle.model
+    shape, card = floors.shape_of(handle.model), floors.device_name(device)
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp:
         store = TieredKVStore(
@@ -187,6 +194,7 @@ def run_grid(
                 )
                 kv, ideal, direct = run.result
                 kv_s, direct_s, ideal_s = median(kv), median(direct), median(ideal)
+                query_only = floors.step_cost(shape, [len(block)], [len(remainder)])
                 cell = Cell(
                     model=model_name,
                     ctx_tokens=len(block),
@@ -207,6 +215,9 @@ def run_grid(
                     others_cpu_share=run.others_share,
                     attempts=run.attempts,
                     waited_quiet_s=run.waited_s,
+                    floor_kv=floors.floor(*query_only, card, measured_s=kv_s),
+                    floor_ideal=floors.floor(*query_only, card, measured_s=ideal_s),
+                    floor_direct=floors.floor(*floors.step_cost(shape, [0], [len(ids)]), card, direct_s),
                 )
                 cells.append(cell)
                 log(

@@ -20,3 +20,6 @@ def test_engine_bench_runs_and_reports_shared_pages(tmp_path, tiny_handle):
     assert mem["engine_peak_total_bytes"] < mem["old_path_cache_bytes_after_prefill"]
     assert agree["outputs_identical"] == agree["requests"] == 6 and agree["differing"] == []
     assert agree["pages_used_after"] == agree["pages_of_resident_blocks"]
+    # the floor column (benchmarks/gpu/floor.py): on CPU no card, the step's bytes and FLOPs still counted
+    assert sorted(mem["floor"]) == ["1", "4"] and mem["floor"]["1"]["card"] is None
+    assert mem["floor"]["4"]["bytes"] > mem["floor"]["1"]["bytes"] > 0 and mem["floor"]["4"]["flops"] > 0

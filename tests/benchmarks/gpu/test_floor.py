@@ -44,6 +44,10 @@ def test_a_prefill_chunk_attends_causally():
     nbytes, flops = step_cost(SHAPE, [10], [3])  # 3 new tokens over 10 cached: 11 + 12 + 13 keys
     assert flops == 2 * 8_000_000_000 * 3 + 4 * 36 * 32 * 128 * 36
     assert nbytes == 16_000_000_000 + 13 * SHAPE.kv_bytes_per_token + 3 * SHAPE.kv_bytes_per_token
+    # a block of 50 tokens both rows share is read once, and attended by both
+    nbytes, flops = step_cost(SHAPE, [10, 20], shared=50)
+    assert nbytes == 16_000_000_000 + (50 + 11 + 21) * SHAPE.kv_bytes_per_token + 2 * SHAPE.kv_bytes_per_token
+    assert flops == 2 * 8_000_000_000 * 2 + 4 * 36 * 32 * 128 * (61 + 71)
     with pytest.raises(ValueError, match="must be as long"):
         step_cost(SHAPE, [10, 2], [3])
 
