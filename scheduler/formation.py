@@ -140,7 +140,9 @@ def _utc(moment: datetime) -> str:
 class FormationWorker:
     """One thread forming memories for the users queued with `submit`. Thread-safe.
 
-    `clock` (monotonic seconds) times backoffs and the circuit; `wall_clock` stamps the last error's time."""
+    `clock` (monotonic seconds) times backoffs and the circuit; `wall_clock` stamps the last error's time;
+    `decider(store, user_id, facts, said, num_dense_candidates)` turns a batch's facts into the store's rows
+    (formation_decisions.decide: consolidation's rules; the "self" extractor's model decisions)."""
 
     def __init__(
         self,
@@ -150,8 +152,9 @@ class FormationWorker:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        decider: Callable[..., tuple] = decide,
     ) -> None:
-        self.store, self.extractor = store, extractor
+        self.store, self.extractor, self.decider = store, extractor, decider
         self.config = config or FormationConfig()
         self.clock, self.wall_clock = clock, wall_clock
         self._queue: OrderedDict[str, float] = OrderedDict()  # user -> not before (clock), oldest first
@@ -361,9 +364,15 @@ class FormationWorker:
         self._answered()
         ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
-        adds, duplicates, supersessions, outdated = decide(
-            self.store, user_id, facts, said, self.config.num_dense_candidates
-        )
+        try:  # consolidation's rules, or the extractor's own decisions ("self": kvmem/formation/self_model.py)
+            adds, duplicates, supersessions, outdated = self.decider(
+                self.store, user_id, facts, said, self.config.num_dense_candidates
+            )
+        except ExtractionError as e:  # a decision the model could not finish: the turns stay pending
+            tally.error = f"{self.extractor.name}: {e}"
+            self._transient(user_id, turns, e, tally.error)
+            tally.transient = True
+            return False
         result = self.store.commit_formed(
             user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name, outdated=outdated
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 DEFAULT_MODEL = "default"  # the embedded default model; kvmem.models resolves the name
 BACKEND_NAMES = ("fake", "transformers", "vllm")
 DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else cpu
-EXTRACTOR_NAMES = ("rules", "openai", "none")  # memory formation from the conversation log
+EXTRACTOR_NAMES = ("rules", "openai", "self", "none")  # memory formation from the conversation log
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
 
 # the vllm backend prefills its blocks with a transformers copy on the CPU and vLLM picks its own platform (the
@@ -96,7 +96,9 @@ class ServingConfig:
     # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from
     # the log's user turns in the background, by `extractor`); False: turns are neither logged nor formed
     store_turns: bool = True
-    extractor: str = "rules"  # EXTRACTOR_NAMES: "rules" (no LLM), "openai" (an endpoint), "none" (log only)
+    # EXTRACTOR_NAMES: "rules" (no LLM), "openai" (an endpoint), "self" (the served model, in its engine at low
+    # priority; rules where the backend serves no response format), "none" (log only)
+    extractor: str = "rules"
     extractor_url: str | None = None  # "openai": the endpoint's base URL, e.g. http://127.0.0.1:8001/v1
     extractor_model: str | None = None  # "openai": the model name sent to it
     extractor_api_key: str | None = field(default=None, repr=False)  # "openai": its key (never logged)

@@ -236,9 +236,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--extraction-only", action="store_true", help="with --extractor-url: no supersession cases"
     )
+    parser.add_argument(
+        "--self-model",
+        default=None,
+        help="score the self extractor (the model in this process's own engine, replies under the facts "
+        "schema; 'default': the provisioned default model) instead of the rules; held-out v2 only, as "
+        "--extractor-url. Supersession still goes through consolidation's rules over its facts",
+    )
     args = parser.parse_args(argv)
 
-    if args.extractor_url:
+    backend = None
+    if args.self_model:
+        from kvmem.models import provision
+        from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+        from serving.background.self_generate import backend_generate
+
+        model = str(provision()) if args.self_model == "default" else args.self_model
+        backend = TransformersBackend(
+            TransformersBackendConfig(model=model, data_dir="/tmp/kvmem-formation-self", dtype="float32")
+        )
+        backend.load()
+        extractor = _Remembered(make_extractor("self", generate=backend_generate(backend)))
+        args.extractor_url = f"self:{model}"  # scored as an LLM extractor is
+    elif args.extractor_url:
         extractor = _Remembered(
             make_extractor("openai", url=args.extractor_url, model=args.extractor_model, timeout_s=600.0)
         )

@@ -1,7 +1,8 @@
 """The extractor interface (turns in, atomic facts out) and the registry that builds one by name.
 
 Knows nothing of the conversation log, the memory store or consolidation; implementations live in
-`rules.py` (no LLM) and `llm.py` (an OpenAI-compatible endpoint), imported only when asked for.
+`rules.py` (no LLM), `llm.py` (an OpenAI-compatible endpoint) and `self_model.py` (the served model, through
+the `generate` the server passes), imported only when asked for.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ def _openai(**options: Any) -> Extractor:
     return OpenAIExtractor(**options)
 
 
-_REGISTRY: dict[str, Callable[..., Extractor]] = {"rules": _rules, "openai": _openai}
+def _self(**options: Any) -> Extractor:
+    from kvmem.formation.self_model import ModelExtractor
+
+    return ModelExtractor(**options)
+
+
+_REGISTRY: dict[str, Callable[..., Extractor]] = {"rules": _rules, "openai": _openai, "self": _self}
 EXTRACTOR_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 

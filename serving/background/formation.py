@@ -7,6 +7,7 @@ nothing of HTTP.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kvmem.formation.base import make_extractor
@@ -14,13 +15,28 @@ from scheduler.formation import FormationConfig, FormationWorker
 from serving.config import ServingConfig
 from serving.http.metrics import gauge_lines
 
+log = logging.getLogger(__name__)
+
 
 def make_formation(
-    config: ServingConfig, store: Any, formation_config: FormationConfig | None = None
+    config: ServingConfig, store: Any, formation_config: FormationConfig | None = None, backend: Any = None
 ) -> FormationWorker | None:
-    """The formation worker for this server (not started), or None when nothing is to be formed."""
+    """The formation worker for this server (not started), or None when nothing is to be formed. "self" forms
+    with `backend`'s model (its decisions too: kvmem/formation/self_model.py), or with the rules when the
+    backend serves no response format (the fake one, or none given)."""
     if not config.store_turns or config.extractor == "none":
         return None
+    if config.extractor == "self":
+        if backend is not None and "response_format" in backend.sampling_features:
+            from serving.background.self_generate import backend_generate
+
+            extractor = make_extractor("self", generate=backend_generate(backend))
+            return FormationWorker(store, extractor, formation_config, decider=extractor.decide)
+        log.warning(
+            "extractor self: the %s backend serves no response format; forming with the rules",
+            getattr(backend, "name", "missing"),
+        )
+        return FormationWorker(store, make_extractor("rules"), formation_config)
     if config.extractor == "openai":
         extractor = make_extractor(
             "openai",

@@ -86,7 +86,7 @@ def create_app(
         scheduler.start()
         owned.append(scheduler)
     if formation == "config":
-        formation = make_formation(config, store)
+        formation = make_formation(config, store, backend=backend)
         if formation is not None:
             owned.append(formation)
     assert formation is None or isinstance(formation, FormationWorker), formation

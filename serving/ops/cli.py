@@ -169,7 +169,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default="rules",
         help="how memories are formed from the user's chat turns, in the background: rules (no LLM), "
         "openai (any OpenAI-compatible endpoint: --extractor-url, --extractor-model, key in "
-        "$KVMEM_EXTRACTOR_API_KEY), none (turns are only logged)",
+        "$KVMEM_EXTRACTOR_API_KEY), self (the served model in its own engine, at low priority, its replies "
+        "constrained by JSON schemas; rules where the backend serves no response format), none (turns are "
+        "only logged)",
     )
     p.add_argument(
         "--extractor-url", default=None, help="openai extractor: base URL, e.g. http://127.0.0.1:8001/v1"

@@ -1,0 +1,205 @@
+"""`ModelExtractor` ("self"): memories formed by the served model itself, its replies constrained by JSON
+schemas, and the updates decided as mem0 does (add, update, delete or nothing, per candidate fact).
+
+1. Extraction: the chat log (as the openai extractor writes it, llm.py) goes to `generate` with the facts
+   schema as its response format, greedy; the reply is JSON valid under the schema by construction (the
+   engine masks its tokens), so a reply that does not parse is one cut by `max_tokens` (a permanent
+   ExtractionError, kind "length": the worker bisects the batch). The rules stay as guards: only user turns
+   in which the rules find a statement (kvmem.formation.clauses.statements: no chit-chat, question, request
+   to the assistant or hypothetical) are sent as the user's lines (the others as context, and a batch with
+   none is not sent at all); relative dates are resolved against the turn's time (llm.py's `_fact`); the
+   assistant's lines are never memories.
+2. Updates: for each candidate fact, the few most similar current memories (the store's dense search) are
+   shown to the model, numbered, with the fact, and it answers {"event": add|update|delete|none,
+   "memory": the number it names or null} under a schema whose numbers are only those shown. Applied
+   exactly (`apply_updates`): add stores the fact; update stores it superseding the named memory; delete
+   retires the named memory, superseded by the fact, stored as the event that ended it (kind "event": "I
+   sold my car" is itself worth remembering, and nothing is lost: a superseded memory stays in the history);
+   none adds the fact's turns to the named memory (a restatement), or nothing when none is named. An
+   update or delete naming no memory is an add.
+
+`generate(messages, schema, max_tokens) -> (text, finish_reason)` is the served model (serving/background/
+self_generate.py builds it over the engine, at low priority); this module knows nothing of serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvmem.formation.clauses import statements
+from kvmem.formation.errors import ExtractionError
+from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
+from kvmem.formation.types import Fact, TurnInput
+
+log = logging.getLogger(__name__)
+
+Generate = Callable[[list[dict], dict, int], tuple[str, str]]
+FACTS_SCHEMA = RESPONSE_FORMAT["json_schema"]["schema"]
+EVENTS = ("add", "update", "delete", "none")
+UPDATE_INSTRUCTIONS = """You keep a user's long-term memories up to date.
+You get the memories that are most like a new fact, numbered, and the new fact. Answer with one event:
+- "add": the fact is new information (no memory says it);
+- "update": the fact replaces a memory (the same thing, now different: a new job, city, partner, taste);
+  name that memory;
+- "delete": the fact says a memory is no longer true and gives nothing new in its place; name it;
+- "none": a memory already says the fact; name it.
+Answer with JSON only: {"event": ..., "memory": the memory's number or null}."""
+
+
+def update_schema(num_memories: int) -> dict:
+    """The decision's schema: an event, and a memory number among those shown (or null)."""
+    return {
+        "type": "object",
+        "properties": {
+            "event": {"enum": list(EVENTS)},
+            "memory": {"enum": [*range(num_memories), None]},
+        },
+        "required": ["event", "memory"],
+        "additionalProperties": False,
+    }
+
+
+@dataclass(frozen=True)
+class UpdateDecision:
+    """What one candidate fact does: `event` in EVENTS, `target` the id of the memory it names (or None)."""
+
+    event: str
+    target: str | None = None
+
+
+def parse_decision(reply: str, candidate_ids: Sequence[str]) -> UpdateDecision:
+    """The model's decision as an UpdateDecision. Raises ValueError for a reply outside the schema."""
+    data = json.loads(reply)
+    event, number = data["event"], data["memory"]
+    if event not in EVENTS or not (
+        number is None or (isinstance(number, int) and 0 <= number < len(candidate_ids))
+    ):
+        raise ValueError(f"a decision outside the schema: {reply!r}")
+    return UpdateDecision(event, None if number is None else candidate_ids[number])
+
+
+def apply_updates(
+    facts: Sequence[Fact], decisions: Sequence[UpdateDecision], said_at: Sequence[str]
+) -> tuple[list[Any], list[tuple[str, tuple[str, ...]]], list[tuple[str | int, int]], list[tuple[int, str]]]:
+    """commit_formed's adds, duplicates, supersessions and outdated for the facts and their decisions (see
+    the module docstring); `said_at[i]`: when fact i was said. A memory named by two decisions is superseded
+    by the first (commit_formed's rule)."""
+    from kvmem.text.records import FormedMemory
+
+    adds: list[Any] = []
+    duplicates: list[tuple[str, tuple[str, ...]]] = []
+    supersessions: list[tuple[str | int, int]] = []
+    for fact, decision, said in zip(facts, decisions, said_at, strict=True):
+        if decision.event == "none":
+            if decision.target is not None:
+                duplicates.append((decision.target, fact.turn_ids))
+            continue
+        kind = "event" if decision.event == "delete" and decision.target is not None else fact.kind
+        text = fact.text.strip()
+        adds.append(
+            FormedMemory(
+                text=text if not text or text[-1] in ".!?" else text + ".",
+                source_turn_ids=fact.turn_ids,
+                valid_from=fact.valid_from,
+                chat_time=said or fact.valid_from,
+                slot=fact.slot,
+                slot_value=fact.value,
+                kind=kind,
+            )
+        )
+        if decision.event in ("update", "delete") and decision.target is not None:
+            supersessions.append((decision.target, len(adds) - 1))
+    return adds, duplicates, supersessions, []
+
+
+class ModelExtractor:
+    """Facts, and their updates, from the served model (see the module docstring). Thread-safe as
+    `generate` is."""
+
+    name = "self"
+
+    def __init__(
+        self,
+        generate: Generate,
+        *,
+        max_tokens: int = 384,
+        num_candidates: int = 3,
+        decide_max_tokens: int = 16,
+    ) -> None:
+        if max_tokens < 1 or num_candidates < 1 or decide_max_tokens < 1:
+            raise ValueError("ModelExtractor: max_tokens, num_candidates and decide_max_tokens must be >= 1")
+        self._generate, self.max_tokens, self.num_candidates = generate, max_tokens, num_candidates
+        self.decide_max_tokens = decide_max_tokens
+        self._format = OpenAIExtractor("http://self", "self")  # its prompt and its reply's reading only
+
+    def extract(self, turns: Sequence[TurnInput]) -> list[Fact]:
+        stated = [t for t in turns if t.role == "user" and t.text.strip() and statements(t.text)]
+        if not stated:  # chit-chat, questions, requests: the rules' guard, no model call
+            return []
+        kept = {t.id for t in stated}
+        # a user line the rules find no statement in is context, as the assistant's lines are
+        shown = [t if t.role != "user" or t.id in kept else _as_context(t) for t in turns]
+        messages = self._format.request_body(shown)["messages"]
+        text, finish = self._generate(messages, FACTS_SCHEMA, self.max_tokens)
+        try:
+            items = json.loads(text)["facts"]
+        except (ValueError, KeyError, TypeError):
+            raise ExtractionError(
+                f"self extractor: the reply ended ({finish}) before its JSON did",
+                transient=False,
+                kind="length",
+            ) from None
+        turn_ids = tuple(t.id for t in stated)
+        facts: dict[str, Fact] = {}
+        for item in items:
+            fact = OpenAIExtractor._fact(item, turn_ids, stated[-1].chat_time)
+            if fact is not None:
+                facts.setdefault(" ".join(fact.text.lower().split()), fact)
+        return list(facts.values())
+
+    def decide_one(self, fact: Fact, candidates: Sequence[tuple[str, str]]) -> UpdateDecision:
+        """The model's event for `fact` given the current memories (id, text) most like it."""
+        if not candidates:
+            return UpdateDecision("add")
+        listed = "\n".join(f"{i}. {text}" for i, (_, text) in enumerate(candidates))
+        messages = [
+            {"role": "system", "content": UPDATE_INSTRUCTIONS},
+            {"role": "user", "content": f"Memories:\n{listed}\nNew fact: {fact.text}"},
+        ]
+        text, finish = self._generate(messages, update_schema(len(candidates)), self.decide_max_tokens)
+        try:
+            return parse_decision(text, [i for i, _ in candidates])
+        except (ValueError, KeyError, TypeError):
+            raise ExtractionError(
+                f"self extractor: the decision ended ({finish}) before its JSON did",
+                transient=False,
+                kind="length",
+            ) from None
+
+    def decide(
+        self,
+        store: Any,
+        user_id: str,
+        facts: list[Fact],
+        said: dict[str, str],
+        num_candidates: int | None = None,
+    ) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """The formation worker's decider (scheduler.formation): each fact's event against the user's current
+        memories most like it (the store's dense search), applied by `apply_updates`."""
+        k = num_candidates or self.num_candidates
+        decisions = []
+        for fact in facts:
+            hits = store.search(user_id, fact.text, top_k=min(k, self.num_candidates), mode="dense")
+            decisions.append(self.decide_one(fact, [(h.memory.id, h.memory.text) for h in hits]))
+        said_at = [max((said.get(t, "") for t in f.turn_ids), default="") for f in facts]
+        return apply_updates(facts, decisions, said_at)
+
+
+def _as_context(turn: TurnInput) -> TurnInput:
+    from dataclasses import replace
+
+    return replace(turn, role="context")

@@ -1,0 +1,125 @@
+"""The application of the "self" extractor's decisions (kvmem/formation/self_model.py) by the formation worker
+over a real store. This test checks the APPLICATION only: the model's replies are given JSON (a scripted
+`generate`), so what is asserted is that add, update, delete and none are applied exactly as decided, and that
+the rules' guard keeps chit-chat from the model. The model's own replies are tested in
+tests/serving/background/test_self_extractor.py with the real default model."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from kvmem.formation.self_model import FACTS_SCHEMA, ModelExtractor, update_schema
+from kvmem.text import HashEmbedder, MemoryStore
+from scheduler.formation import FormationWorker
+
+
+@pytest.fixture
+def store(tmp_path):
+    moment = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+    s = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=lambda: moment)
+    yield s
+    s.close()
+
+
+class Script:
+    """Given replies, in order; records what each call was shown (its last message) and its schema."""
+
+    def __init__(self, *replies: dict) -> None:
+        self.replies = [json.dumps(r) for r in replies]
+        self.calls: list[tuple[str, dict]] = []
+
+    def __call__(self, messages, schema, max_tokens):
+        self.calls.append((messages[-1]["content"], schema))
+        return self.replies.pop(0), "stop"
+
+
+def fact(text: str) -> dict:
+    return {"text": text, "kind": "fact", "subject": None, "attribute": None, "value": None, "date": None}
+
+
+def worker_with(store, script) -> FormationWorker:
+    extractor = ModelExtractor(script)
+    return FormationWorker(store, extractor, decider=extractor.decide)
+
+
+def served(store, user="u"):
+    return sorted(m.text for m in store.list(user, page_size=100).items)
+
+
+def test_add_update_delete_and_none_are_applied_exactly_as_decided(store) -> None:
+    kept = store.add("u", texts=["I work at Acme.", "I have a dog called Rex.", "I live in Lisbon."])
+    acme, rex, lisbon = (m.id for m in kept)
+    turns = store.log_turns(
+        "u",
+        [
+            {
+                "role": "user",
+                "content": "I quit Acme and joined Globex. Rex died. I live in Lisbon. I play chess.",
+            }
+        ],
+    )
+    script = Script(
+        {
+            "facts": [
+                fact("I work at Globex"),
+                fact("I no longer have a dog"),
+                fact("I live in Lisbon"),
+                fact("I play chess"),
+            ]
+        },
+    )
+    shown: dict[str, list[str]] = {}
+
+    def decisions(messages, schema, max_tokens):
+        text = messages[-1]["content"]
+        memories = [line.split(". ", 1)[1] for line in text.split("\n")[1:-1]]
+        new = text.rsplit("New fact: ", 1)[1]
+        shown[new] = memories
+        assert schema == update_schema(len(memories))
+        target = {
+            "I work at Globex": ("update", "I work at Acme."),
+            "I no longer have a dog": ("delete", "I have a dog called Rex."),
+            "I live in Lisbon": ("none", "I live in Lisbon."),
+            "I play chess": ("add", None),
+        }[new]
+        number = None if target[1] is None else memories.index(target[1])
+        return json.dumps({"event": target[0], "memory": number}), "stop"
+
+    extractor = ModelExtractor(lambda m, s, n: script(m, s, n) if s is FACTS_SCHEMA else decisions(m, s, n))
+    worker = FormationWorker(store, extractor, decider=extractor.decide)
+    result = worker.form_user("u")
+    assert (result.num_turns, result.num_added, result.num_superseded, result.num_duplicates) == (1, 3, 2, 1)
+    assert all(len(m) <= 3 for m in shown.values())  # the few most similar current memories
+    assert served(store) == [
+        "I live in Lisbon.",
+        "I no longer have a dog.",
+        "I play chess.",
+        "I work at Globex.",
+    ]
+    by_text = {m.text: m for m in store.list("u", page_size=100).items}
+    assert store.get("u", acme).superseded_by == by_text["I work at Globex."].id  # update
+    assert store.get("u", rex).superseded_by == by_text["I no longer have a dog."].id  # delete
+    assert by_text["I no longer have a dog."].metadata["kind"] == "event"
+    assert by_text["I work at Globex."].metadata["kind"] == "fact"
+    assert store.get("u", lisbon).source_turn_ids == (turns[0].id,)  # none: a restatement
+    assert store.get("u", lisbon).superseded_by is None
+
+
+def test_the_rules_guard_keeps_chit_chat_and_questions_from_the_model(store) -> None:
+    script = Script()
+    store.log_turns(
+        "u", [{"role": "user", "content": t} for t in ("hi there!", "thanks :)", "What time is it?")]
+    )
+    result = worker_with(store, script).form_user("u")
+    assert (result.num_turns, result.num_added) == (3, 0)
+    assert script.calls == [] and served(store) == []
+
+
+def test_a_fact_with_no_similar_memory_is_added_without_asking(store) -> None:
+    script = Script({"facts": [fact("I play chess")]})
+    store.log_turns("u", [{"role": "user", "content": "I play chess."}])
+    assert worker_with(store, script).form_user("u").num_added == 1
+    assert len(script.calls) == 1 and served(store) == ["I play chess."]
