@@ -261,4 +261,14 @@ def tier_figures(before: dict[str, float], after: dict[str, float]) -> dict:
         "missing": [f for f in TIER_FIGURES if f not in found],
         "memory_tier_hits": memory,
         "vllm_prefix_cache": vllm,
+        # the share of memories served as KV (kvmem), of prompt tokens found in the prefix cache (vLLM)
+        "kv_memory_share": share(memory.get("kv", 0.0), sum(memory.values())),
+        "vllm_prefix_hit_rate": share(
+            sum(v for k, v in vllm.items() if k.startswith("vllm:prefix_cache_hits_total")),
+            sum(v for k, v in vllm.items() if k.startswith("vllm:prefix_cache_queries_total")),
+        ),
     }
+
+
+def share(part: float, whole: float) -> float | None:
+    return part / whole if whole else None

@@ -139,6 +139,15 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
     assert figures["memory_tier_hits"] == {"kv": 3.0} and figures["vllm_prefix_cache"] == {
         "vllm:prefix_cache_hits_total": 9.0
     }
+    assert figures["kv_memory_share"] == 1.0 and figures["vllm_prefix_hit_rate"] is None  # no queries counted
+    vllm = many_users_arms.tier_figures(
+        {'vllm:prefix_cache_queries_total{engine="0"}': 100.0},
+        {
+            'vllm:prefix_cache_queries_total{engine="0"}': 500.0,
+            'vllm:prefix_cache_hits_total{engine="0"}': 300.0,
+        },
+    )
+    assert vllm["vllm_prefix_hit_rate"] == 0.75 and vllm["kv_memory_share"] is None
     assert many_users_arms.tier_figures({}, {})["missing"] == list(many_users_arms.TIER_FIGURES)
 
 
