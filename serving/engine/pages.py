@@ -346,6 +346,7 @@ class SharedPages:
             if entry.users == 0 and self._is_resident(entry):
                 self._unread += len(entry.pages)
                 self.pool.changed()  # evictable now
+                self.pool.residency.enforce(entry.user)  # a copy-in outside an admission (a prewarm) too
 
     def drop(self, item_id: str) -> bool:
         """The item is gone (deleted, evicted from the store): its pages go once its readers are done."""

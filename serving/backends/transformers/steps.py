@@ -65,6 +65,7 @@ class EngineRequests:
         emit: Callable[[object], None],
         cancel: threading.Event,
         resolved: tuple[object, str | None] = (None, None),
+        epoch: int = 0,
     ) -> Generator[object, int | None, None]:
         """On the model thread: yield the request's EngineSequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
@@ -78,9 +79,9 @@ class EngineRequests:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
             # whose K/V its pages are (prefix_cache.py); a delete of the user's after this keeps them out
-            prefix = PrefixKey(
-                req.user_id, req.block_item_id, req.adapter_id, self.pool.prefix.epoch(req.user_id)
-            )
+            prefix = None  # --session-kv-mb 0: no conversation reuse, by session or by prefix
+            if self.sessions.enabled:
+                prefix = PrefixKey(req.user_id, req.block_item_id, req.adapter_id, epoch)
             item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)
             max_new = min(req.sampling.max_new_tokens, room)
@@ -266,8 +267,11 @@ class EngineRequests:
 
         started = time.perf_counter()
         try:
+            # the user's deletes so far, read before the block is resolved: a delete after this keeps the
+            # request's pages out of the prefix cache (it may serve what the delete took: prefix_cache.py)
+            epoch = self.pool.prefix.epoch(req.user_id) if self.pool is not None else 0
             resolved = await self._resolve_off_model_thread(req)
-            self._loop.start(self._steps(req, emit, cancel, resolved))
+            self._loop.start(self._steps(req, emit, cancel, resolved, epoch))
         except BaseException:
             self._release()
             raise

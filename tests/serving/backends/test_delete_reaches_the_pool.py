@@ -11,6 +11,12 @@ from serving.backends.base import GenerationRequest, SamplingParams
 from tests.serving.backends.test_transformers_backend import tokens_of, wait_released
 
 
+def kept_pages(backend) -> int:
+    """The pages the pool keeps when no request runs: resident items' and the prefix cache's."""
+    items = {p for e in backend.pool.shared._entries.values() for p in e.pages}
+    return len(items | set(backend.pool.prefix.pages()))
+
+
 def chat_over(backend, user: str, texts: list[str], block) -> GenerationRequest:
     prompt = backend.layout_prompt(
         texts, [], [{"role": "user", "content": "Where do I live?"}], block.token_ids
@@ -69,7 +75,8 @@ def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backe
     assert other.item_id in shared  # carries x and y only
     wait_released(backend)
     assert not any(backend.pool.refs(p) for p in pages)  # freed once the reader was done
-    assert backend.pool.used_pages == shared.page_count()
+    assert backend.pool.prefix.pages(user) == []  # nor any prompt page of the user's (prefix_cache.py)
+    assert backend.pool.used_pages == kept_pages(backend)
 
 
 def test_a_block_deleted_between_a_requests_resolution_and_its_admission_leaves_the_pool_when_it_ends(
@@ -91,5 +98,7 @@ def test_a_block_deleted_between_a_requests_resolution_and_its_admission_leaves_
     monkeypatch.setattr(backend, "_resolve_item", resolved_then_deleted)
     asyncio.run(tokens_of(backend, req))  # served from the block it resolved
     assert block.item_id not in shared  # its admission put the block in the pool; its end took it out
+    # nor did its prompt's pages stay in the prefix cache: it began before the delete (issue 44 item 5)
+    assert backend.pool.prefix.pages(user) == []
     wait_released(backend)
-    assert backend.pool.used_pages == shared.page_count()
+    assert backend.pool.used_pages == kept_pages(backend)

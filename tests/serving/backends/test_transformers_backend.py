@@ -73,6 +73,13 @@ def run_together(backend, consumers) -> list:
         holder.join(10)
 
 
+def without_prefix_cache(backend, requests) -> None:
+    """The prefix cache forgets the requests' users: what follows runs them again as the first time (the
+    cache's reuse is tested in test_prefix_reuse.py)."""
+    for user in {r.user_id for r in requests}:
+        backend.pool.prefix.drop_user(user)
+
+
 def arrive_together(backend, requests) -> list[tuple[list[int], GenerationResult]]:
     """Stream every request concurrently (run_together); every one must succeed."""
     results = run_together(backend, [tokens_of(backend, r) for r in requests])
@@ -105,6 +112,7 @@ def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(
             )
         )
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    without_prefix_cache(backend, requests)
     calls: list[tuple[tuple[int, int], threading.Thread]] = []  # (input shape, thread) of every forward
     hook = backend.handle.model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append((tuple(kw["input_ids"].shape), threading.current_thread())),
@@ -153,6 +161,7 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
             GenerationRequest(f"r{i}", "u", prompt, block.item_id if with_block else None, sampling)
         )
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+    without_prefix_cache(backend, requests)
     log = ForwardLog(backend.handle.model)
     rows: list[int] = []  # batch size of every forward
     hook = backend.handle.model.register_forward_pre_hook(
@@ -315,6 +324,7 @@ def test_a_kv_fallback_reports_its_kind_and_logs_the_detail(tiny_backend, monkey
         raise error
 
     monkeypatch.setattr(backend.store, "get", fail)
+    without_prefix_cache(backend, [req])  # each case a first request (its prompt's pages cached by the last)
     _, result = asyncio.run(tokens_of(backend, req))
     assert (result.kv_fallback_reason, result.cached_tokens) == (kind, 0)
     assert str(error) in caplog.text  # the detail stays in the log line
@@ -495,6 +505,7 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
     )
     try:
         alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+        without_prefix_cache(backend, requests)
         both = arrive_together(backend, requests)
     finally:
         hook.remove()
@@ -540,7 +551,12 @@ def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowled
     def ask(question: str, i: int) -> GenerationRequest:
         prompt = backend.layout_prompt([], [], [{"role": "user", "content": question}])
         return GenerationRequest(
-            f"k{i}", "nobody", prompt, None, SamplingParams(max_new_tokens=6, temperature=0)
+            # a user each: the prefix cache would serve one's repeat (test_prefix_reuse.py)
+            f"k{i}",
+            f"nobody-{i}",
+            prompt,
+            None,
+            SamplingParams(max_new_tokens=6, temperature=0),
         )
 
     def served(req: GenerationRequest) -> tuple[list[int], int, list[int]]:
@@ -715,6 +731,7 @@ def test_requests_the_pool_cannot_hold_at_once_are_preempted_and_stream_their_to
         assert all(pool.pages_for(len(r.prompt.ids) + 750) < pool.num_pages for r in requests)
         assert sum(pool.pages_for(len(r.prompt.ids) + 750) for r in requests) > pool.num_pages
         alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
+        without_prefix_cache(backend, requests)
         assert not preempted
         together = arrive_together(backend, requests)
         assert [ids for ids, _ in together] == [ids for ids, _ in alone]
