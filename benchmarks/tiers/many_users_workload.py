@@ -45,7 +45,8 @@ class WorkloadConfig:
     memory_sigma: float = 0.5  # the lognormal's sigma (of log tokens)
     min_memory_tokens: int = 64
     max_memory_tokens: int = 6000
-    memory_words: int = 60  # words per memory (a block is several memories)
+    # words per memory: a block is several (fewer, longer ones: fewer rebuilds while seeding)
+    memory_words: int = 150
     zipf_alpha: float = 1.1
     num_rounds: int = 3  # questions per conversation before a user starts a new one
     edit_share_per_min: float = 0.05  # share of the users who change a memory each minute

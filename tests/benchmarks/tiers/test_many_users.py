@@ -29,7 +29,7 @@ def test_users_sizes_and_arrivals_are_exact_for_a_seed():
     assert [u.memory_tokens for u in users] == [1394, 811, 880, 792, 993, 3547, 1611, 1322, 347, 3496]
     assert [u.canary for u in users[:3]] == ["TULIP-1904-MAPLE", "CEDAR-9191-MAPLE", "OTTER-1336-COBALT"]
     assert [u.rank for u in users] == list(range(1, 11)) and users[0].user_id == "mu-0-0"
-    assert len(users[0].memories) == 18  # 1394 tokens / 1.3 a word, 60 words a memory
+    assert len(users[0].memories) == 8  # 1394 tokens / 1.3 a word = 1072 words, 150 words a memory
     events = schedule(cfg, 2.0, 10.0)
     assert len(events) == 32
     assert [(round(e.t, 4), e.kind, e.user, e.round, e.question == PROBE) for e in events[:6]] == [
