@@ -25,6 +25,7 @@ run cut short keeps what it measured. `--tiny`: a tiny Qwen3 shape (the script's
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -220,7 +221,11 @@ def main(argv: list[str] | None = None) -> dict:
         for rows in args.rows:
             inputs = prompts(rows, args.prompt, vocab)
             t = time.perf_counter()
-            r = peer_run(model, inputs, args.new_tokens, device, page_size=256 if not args.tiny else 16)
+            try:  # a transformers without this API (or a failure in it) is recorded; the engine still runs
+                r = peer_run(model, inputs, args.new_tokens, device, page_size=256 if not args.tiny else 16)
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON
+                case("peer", rows, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+                continue
             step_s = median(r["token_gaps_s"]) if r["token_gaps_s"] else None
             peer_replies[rows] = r["replies"]
             case(
@@ -236,6 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "floor": floor_for(rows, step_s),
                 },
             )
+        gc.collect()  # the peer's manager, cache and graphs
         if device.type == "cuda":
             torch.cuda.empty_cache()
     with torch.inference_mode():
@@ -254,8 +260,15 @@ def main(argv: list[str] | None = None) -> dict:
                 t = time.perf_counter()
                 pool = PagePool(pool_shape, pool_bytes, device=device)
                 pool.graphs = DecodeGraphs(model, pool) if device.type == "cuda" else None  # as the server
-                engine_run(model, pool, inputs, 3)  # warm: the graph buckets this run reaches are captured
-                r = engine_run(model, pool, inputs, args.new_tokens)
+                try:
+                    engine_run(
+                        model, pool, inputs, 3
+                    )  # warm: the graph buckets this run reaches are captured
+                    r = engine_run(model, pool, inputs, args.new_tokens)
+                except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the next count still runs
+                    case("engine", rows, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+                    del pool
+                    continue
                 step_s = median(r["decode_steps_s"]) if r["decode_steps_s"] else None
                 case(
                     "engine",
