@@ -88,6 +88,10 @@ class ServingConfig:
     # one user's share of the pool's kept K/V (their blocks, cached prefixes, sessions), MiB; None: no quota
     kv_user_mb: int | None = None
     kv_evict_policy: str = "lru"  # which unread K/V the pool drops first: "lru" or "heat" (the coldest user's)
+    # the KV store's tiers of stored blocks (transformers backend): host RAM in MiB (0: none), disk in GB
+    # (10^9 bytes; None: unlimited). Their device tier is the page pool
+    kv_host_mb: int = 4096
+    kv_disk_gb: float | None = None
     cuda_graphs: bool = (
         True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
     )
@@ -171,6 +175,10 @@ class ServingConfig:
             raise ValueError(f"kv_user_mb must be >= 1 (MiB of one user's kept KV), got {self.kv_user_mb}")
         if self.kv_evict_policy not in ("lru", "heat"):
             raise ValueError(f"kv_evict_policy must be 'lru' or 'heat', got {self.kv_evict_policy!r}")
+        if self.kv_host_mb < 0:
+            raise ValueError(f"kv_host_mb must be >= 0 (0: no RAM tier), got {self.kv_host_mb}")
+        if self.kv_disk_gb is not None and not self.kv_disk_gb > 0:
+            raise ValueError(f"kv_disk_gb must be > 0 (omit it: unlimited), got {self.kv_disk_gb}")
         if self.session_kv_bytes < 0:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:

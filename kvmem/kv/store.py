@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class TieredKVStore(StoreIndex):
         self._on_disk: dict[str, KVItemMeta] = {}
         self._stats: dict[str, EntryStats] = {}
         self.num_hits = {"device": 0, "host": 0, "disk": 0, "miss": 0}
+        self.disk_loads = {"loads": 0, "bytes": 0, "seconds": 0.0}  # item files read by `get`, verified
         self._dropped: list[DroppedItem] = []  # dropped under the lock, reported once it is released
         self._listeners: list[Callable[[DroppedItem], None]] = []
         # a test seam: called with the item id on the reading thread just before an item's files are read
@@ -295,6 +297,7 @@ class TieredKVStore(StoreIndex):
         else:
             if self.before_disk_read is not None:
                 self.before_disk_read(item_id)
+            started = time.perf_counter()
             try:
                 item = load_item(
                     self.directory,
@@ -314,6 +317,10 @@ class TieredKVStore(StoreIndex):
                 self._report_drops()
                 raise
             source = "disk"
+            with self._lock:
+                self.disk_loads["loads"] += 1
+                self.disk_loads["bytes"] += item.resident_bytes
+                self.disk_loads["seconds"] += time.perf_counter() - started
             if item.meta.parent_id is not None:  # a child's file holds its own K/V: check its parent's
                 self._check_parent(item)
             if not self.has_device_tier:
@@ -340,20 +347,15 @@ class TieredKVStore(StoreIndex):
         return self._attach(item) if item.meta.parent_id is not None else item
 
     def _into_host(self, item_id: str, item: KVItem, source: str) -> KVItem:
-        """`get` without a device tier: a disk item enters the host tier (over its budget, items leave RAM),
-        a host item is touched; the item handed out is the host tier's copy (on `device` when not the CPU)."""
+        """`get` without a device tier: the item enters (or stays in) the host tier; that copy is handed out."""
         unlink: list[str] = []
         with self._lock:
             if item_id not in self._stats:  # removed while we were loading
                 raise KVItemNotFound(f"KV item {item_id} was removed")
-            current = self._resident["host"].get(item_id)
-            if current is None:
-                self._resident["host"][item_id] = item
-                self._evict_lower(unlink, item_id if self._fits("host", item) else None)
-            else:  # another reader loaded it meanwhile
-                item = current
+            item = self._resident["host"].setdefault(item_id, item)  # another reader's, if it loaded it too
             self._touch(item_id)
             self.num_hits[source] += 1
+            self._evict_lower(unlink, item_id if self._fits("host", item) else None)
         self._settle([], unlink, None)
         item = item.to(self.config.device)
         return self._attach(item) if item.meta.parent_id is not None else item

@@ -60,6 +60,8 @@ def _transformers(config: ServingConfig) -> Backend:
             kv_pool_fraction=config.kv_pool_fraction,
             kv_user_bytes=None if config.kv_user_mb is None else config.kv_user_mb << 20,
             kv_evict_policy=config.kv_evict_policy,
+            host_kv_bytes=config.kv_host_mb << 20,
+            disk_kv_bytes=None if config.kv_disk_gb is None else int(config.kv_disk_gb * 1e9),
             cuda_graphs=config.cuda_graphs,
         )
     )

@@ -193,6 +193,7 @@ KV_FALLBACK_KINDS = (
     "fingerprint_mismatch",  # made by another model, tokenizer, dtype, template, layout or RoPE config
     "wrong_user",  # the item belongs to another user (refused: invariant 4)
     "prefix_mismatch",  # its tokens are not the prompt's block
+    "recompute",  # a load from its tier costs more than its prefill here: prefilled as text (not unservable)
     "other",  # any other reason
 )
 
@@ -328,6 +329,21 @@ class Backend(ABC):
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""
+        return None
+
+    def prefetch_block(self, item_id: str) -> None:
+        """A request names this stored block: start bringing it toward the device now, before the request
+        waits for its layout and admission (a read from disk into RAM). Never blocks on I/O. Default: nothing."""
+        return None
+
+    def kv_tier_stats(self) -> dict | None:
+        """Per tier of stored blocks (pool, host, disk): bytes, items, hits, misses, loads, bytes loaded, load
+        seconds; the paths taken (load or recompute); the cost model's rates. None for a backend without them."""
+        return None
+
+    def block_residency(self, item_id: str) -> dict | None:
+        """Where a stored block is and the path a request over it takes ({"tier", "path", "load_s",
+        "recompute_s"}), or None for a backend that does not say."""
         return None
 
     def cancel_builds(self) -> int:

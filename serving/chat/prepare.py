@@ -216,8 +216,12 @@ class ChatPreparer:
     def _plan_and_search(self, user_id: str, search_query: str | None) -> tuple[Plan, int | None, list[Any]]:
         """The scheduler's plan, the user's store generation (the request's admission) and the search's hits,
         in that order, on a thread: the plan read may wait (with replicas it reads the shared fence in Redis,
-        with a socket timeout; a retraction takes the worker's lock), and the event loop must not."""
+        with a socket timeout; a retraction takes the worker's lock), and the event loop must not. The plan's
+        block starts coming toward the device as soon as it is known (a read from disk under way while the
+        search, the layout and the admission run: Backend.prefetch_block)."""
         plan = self._scheduler.get(user_id)
+        if plan.block is not None:
+            self._backend.prefetch_block(plan.block.item_id)
         try:
             generation = self._store.generation(user_id)
             if search_query is None:

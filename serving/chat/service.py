@@ -353,7 +353,8 @@ class ChatService:
             session_id=prepared.session_id,
         )
         self._scheduler.record_access(event)  # an enqueue
-        if result.kv_fallback_reason is not None and prepared.request.block_item_id is not None:
+        # a block prefilled because that was cheaper than loading it ("recompute") is servable: not reported
+        if result.kv_fallback_reason not in (None, "recompute") and prepared.request.block_item_id is not None:
             # off the event loop: dropping the block takes the KV store's lock and unlinks its files
             user_id, item_id = prepared.request.user_id, prepared.request.block_item_id
             self._in_background(self._scheduler.report_unservable, user_id, item_id)

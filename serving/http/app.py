@@ -42,6 +42,7 @@ from serving.http.metrics import (
     Metrics,
     engine_lines,
     gauge_lines,
+    kv_tier_lines,
     replica_lines,
     route_template,
 )
@@ -200,6 +201,7 @@ def create_app(
             counts = None
         text = metrics.render() + _scheduler_metrics(scheduler) + formation_metrics(formation, counts)
         text += engine_lines(backend.engine_stats()) + replica_lines(config.replica)
+        text += kv_tier_lines(await asyncio.to_thread(backend.kv_tier_stats))  # the store's lock, sizes
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
@@ -229,7 +231,7 @@ def create_app(
             )
         return JSONResponse(await chat.complete(prepared, body.model, request.is_disconnected))
 
-    add_memory_routes(app, config, store, scheduler, formation, write_events, idempotent)
+    add_memory_routes(app, config, store, scheduler, formation, write_events, idempotent, backend)
 
     metrics.set_routes(route_template(route) for route in app.routes)
     app.openapi = lambda: openapi_with_400(app)  # type: ignore[method-assign]  # 400, not FastAPI's 422

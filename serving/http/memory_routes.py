@@ -57,6 +57,7 @@ def add_memory_routes(
     formation: FormationWorker | None,
     write_events: EventCollector,
     idempotent: IdempotentWrites,
+    backend: Any = None,
 ) -> None:
     """Register the memory routes on `app` (after the OpenAI routes, in this order: the fixed paths under
     /v1/memories before /v1/memories/{memory_id})."""
@@ -203,7 +204,14 @@ def add_memory_routes(
     @app.get("/v1/memories/plan")
     async def get_plan(who: CallerDep, user_id: UserId) -> dict[str, Any]:
         check_user(who, user_id)
-        body = plan_dict(await asyncio.to_thread(scheduler.peek, user_id))  # never queues a build; may wait
+        plan = await asyncio.to_thread(scheduler.peek, user_id)  # never queues a build; may wait
+        body = plan_dict(plan)
+        # extension: where the block is now (pool, host, disk) and whether a request over it loads it or
+        # prefills its tokens (Backend.block_residency); null without a block or a backend that says
+        residency = None
+        if plan.block is not None and backend is not None:
+            residency = await asyncio.to_thread(backend.block_residency, plan.block.item_id)
+        body["kv"] = residency
         st = scheduler.stats()  # extension: the scheduler's tier sizes, hit rate, queue and task latency
         body["scheduler"] = {**dataclasses.asdict(st), "hit_rate": st.hit_rate}
         return body

@@ -182,6 +182,47 @@ def engine_lines(stats: dict[str, int] | None) -> str:
     )
 
 
+KV_TIER_SERIES = (  # kv_tier_stats' per-tier keys -> (metric, help)
+    ("bytes", "kvmem_kv_tier_bytes", "Bytes of stored KV blocks a tier holds (pool: resident blocks' pages)."),
+    ("items", "kvmem_kv_tier_items", "Stored KV blocks a tier holds."),
+    ("hits", "kvmem_kv_tier_hits_total", "Requests whose block this tier held (the fastest that did)."),
+    ("misses", "kvmem_kv_tier_misses_total", "Requests whose block this tier did not hold (looked up past it)."),
+    ("loads", "kvmem_kv_tier_loads_total", "Loads from this tier (host: copies into pages; disk: file reads)."),
+    ("bytes_loaded", "kvmem_kv_tier_loaded_bytes_total", "Bytes loaded from this tier."),
+    ("load_seconds", "kvmem_kv_tier_load_seconds_total", "Seconds spent loading from this tier."),
+)
+
+
+def kv_tier_lines(stats: dict | None) -> str:
+    """Prometheus lines for the tiers of stored KV blocks (Backend.kv_tier_stats; nothing without them): per
+    tier, KV_TIER_SERIES; the requests by tier and path (load or recompute); the cost model's rates (NaN: not
+    measured yet)."""
+    if stats is None:
+        return ""
+    lines = []
+    for key, name, help_text in KV_TIER_SERIES:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{tier="{tier}"}} {values[key]!r}' for tier, values in stats["tiers"].items()]
+    name = "kvmem_kv_path_total"
+    lines += [
+        f"# HELP {name} Requests over a stored block, by its tier and the path taken: load, or recompute (its "
+        "tokens prefilled as text, cheaper here than the load).",
+        f"# TYPE {name} counter",
+    ]
+    lines += [f'{name}{{tier="{p["tier"]}",path="{p["path"]}"}} {p["requests"]}' for p in stats["paths"]]
+    costs = stats["costs"]
+    name = "kvmem_kv_load_seconds_per_byte"
+    lines += [f"# HELP {name} Measured cost of a load, by tier (NaN: not measured yet).", f"# TYPE {name} gauge"]
+    for tier, rate in costs["load_s_per_byte"].items():
+        lines.append(f'{name}{{tier="{tier}"}} {"NaN" if rate is None else repr(rate)}')
+    rate = costs["prefill_s_per_token"]
+    name = "kvmem_kv_prefill_seconds_per_token"
+    lines += [f"# HELP {name} Measured cost of a prefill per token (NaN: not measured).", f"# TYPE {name} gauge"]
+    lines.append(f"{name} {'NaN' if rate is None else repr(rate)}")
+    return "\n".join(lines) + "\n"
+
+
 def gauge_lines(gauges: list[tuple[str, str, float]]) -> str:
     """Prometheus text for (name, help, value) triples; a name ending in `_total` is a counter."""
     lines = []

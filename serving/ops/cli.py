@@ -132,11 +132,26 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-pool-fraction of its free memory once the model is loaded)",
     )
     p.add_argument(
+        "--kv-host-mb",
+        type=int,
+        default=4096,
+        help="MiB of host RAM for stored KV blocks (transformers backend), read from there into the pool's pages "
+        "with no file read; over it the least recently used leave RAM (their files stay); 0: every load reads "
+        "the file",
+    )
+    p.add_argument(
+        "--kv-disk-gb",
+        type=float,
+        default=None,
+        help="GB (10^9 bytes) of disk for stored KV blocks (transformers backend); over it the least recently "
+        "used blocks' files are deleted (rebuilt when their user asks); default: unlimited",
+    )
+    p.add_argument(
         "--kv-pool-fraction",
         type=float,
         default=0.8,
-        help="without --kv-pool-mb, on a GPU: the share of the device memory free after the model loaded (less "
-        "the KV store's device tier) that the KV page pool takes, as vLLM's gpu_memory_utilization (0-1]",
+        help="without --kv-pool-mb, on a GPU: the share of the device memory free after the model loaded that "
+        "the KV page pool takes, as vLLM's gpu_memory_utilization (0-1]",
     )
     p.add_argument(
         "--kv-user-mb",
@@ -315,6 +330,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             kv_pool_fraction=args.kv_pool_fraction,
             kv_user_mb=args.kv_user_mb,
             kv_evict_policy=args.kv_evict_policy,
+            kv_host_mb=args.kv_host_mb,
+            kv_disk_gb=args.kv_disk_gb,
             cuda_graphs=not args.no_cuda_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,

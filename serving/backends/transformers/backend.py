@@ -4,12 +4,12 @@ Owns the model, the tiered KV store and the model thread (model_loop.py): every 
 hands its sequence to the model thread (steps.py), which decodes all running sequences in one batched forward
 per step and prefills new ones in chunks in between (serving/engine/batcher.py), with block builds between
 steps (builds.py). A bounded admission count gives 429s; a missing, corrupt or mismatched KV item means full
-prefill.
+prefill. The page pool is the device tier of stored blocks: the store keeps host RAM and disk only, and a
+block comes from either straight into pages, or is recomputed when that is cheaper (fetch.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -28,6 +28,7 @@ from serving.backends.base import (
 from serving.backends.stored import ResolvedBlock, StoredBlocksBackend
 from serving.backends.transformers.adapters import adapter_slots, under_adapter, unload_erased
 from serving.backends.transformers.builds import EngineBuilds
+from serving.backends.transformers.fetch import EngineFetches
 from serving.backends.transformers.steps import EngineRequests
 from serving.engine.detok import TokenPieces
 from serving.engine.model_loop import ModelLoop
@@ -64,7 +65,8 @@ class TransformersBackendConfig:
     dtype: str | None = None  # None or auto: float32 on CPU, bfloat16 on a GPU that has it (else float32)
     data_dir: str = ".kvmem"
     max_queue: int = 16  # requests admitted at once (running + waiting); more -> QueueFull (429)
-    device_kv_bytes: int | None = 2 << 30
+    # the store's tiers of stored blocks (`--kv-host-mb`, `--kv-disk-gb`); None: unlimited. Their device tier is
+    # the page pool (kv_pool_mb): the store keeps none, so a block is never on the device twice
     host_kv_bytes: int | None = 4 << 30
     disk_kv_bytes: int | None = None
     system_prompt: str | None = None
@@ -74,7 +76,7 @@ class TransformersBackendConfig:
     sessions_per_user: int = 4  # live sessions kept per user, least recently used dropped first
     prefill_chunk_tokens: int = 512  # a longer prefill runs in chunks between other requests' decode steps
     # the engine's KV page pool (serving/engine), where every request's K/V lives; None: 1024 MiB on CPU, on a
-    # GPU kv_pool_fraction of the device memory free after the model loaded, less device_kv_bytes
+    # GPU kv_pool_fraction of the device memory free after the model loaded
     kv_pool_mb: int | None = None
     kv_pool_fraction: float = 0.8  # serving.engine.pages.DEVICE_POOL_FRACTION
     kv_page_tokens: int = 16  # tokens per KV page
@@ -110,6 +112,7 @@ class TransformersBackendConfig:
             )
         if (
             (self.kv_pool_mb is not None and self.kv_pool_mb < 1)
+            or any(b is not None and b < 0 for b in (self.host_kv_bytes, self.disk_kv_bytes))
             or self.kv_page_tokens < 1
             or self.kv_wait_s < 0
             or self.build_chunk_tokens < 1
@@ -117,6 +120,7 @@ class TransformersBackendConfig:
         ):
             raise ValueError(
                 "TransformersBackendConfig needs kv_pool_mb >= 1 (every request's K/V lives in it), "
+                "host_kv_bytes and disk_kv_bytes >= 0 or None, "
                 "kv_page_tokens >= 1, kv_wait_s >= 0, "
                 "build_chunk_tokens >= 1 and build_attention_budget >= 1"
             )
@@ -126,7 +130,7 @@ class TransformersBackendConfig:
             )
 
 
-class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
+class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlocksBackend):
     name = "transformers"
     sampling_features = frozenset(SAMPLING_FEATURES)  # the decode loop applies them all (kvmem/kv/decode.py)
 
@@ -149,6 +153,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         self._build_cancels: set[threading.Event] = set()
         self._build_cancels_lock = threading.Lock()
         self._eos: frozenset[int] = frozenset()
+        self._init_fetches()  # the cost model, reads from disk under way, per-tier counts (fetch.py)
         from serving.engine.sessions import SessionCache
 
         self.sessions = SessionCache(self.config.session_kv_bytes, self.config.sessions_per_user)
@@ -159,6 +164,8 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         with self._load_lock:
             if not self._ready.is_set():
                 self._loop.call(self._load)
+                self._probe_prefill()  # the cost model's prefill rate here (fetch.py)
+                self._loop.call(lambda: None)  # the probe's pages are back
 
     def _load(self) -> None:
         """On the model thread, so that it is the only thread of the process that runs OpenMP parallel work:
@@ -174,13 +181,14 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         except KvmemError as exc:
             raise BackendError(str(exc)) from exc
         _refuse_unless_the_engine_runs(handle)  # before any store is opened for it
-        self._open_blocks(
+        self._open_blocks(  # no device tier: the page pool is (fetch.py)
             handle,
-            device=str(handle.device),  # auto resolved
-            device_bytes=self.config.device_kv_bytes,
+            device="cpu",
+            device_bytes=0,
             host_bytes=self.config.host_kv_bytes,
             disk_bytes=self.config.disk_kv_bytes,
             write_duty=WRITE_DUTY,
+            pin_memory=str(handle.device).startswith("cuda"),  # copies into pages overlap
         )
         self._eos = eos_token_ids(handle.model, handle.tokenizer)
         self.max_context_tokens = handle.max_context_tokens
@@ -223,7 +231,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
 
     def _pool_bytes(self, handle) -> int:
         """`kv_pool_mb` when given; else on a GPU `kv_pool_fraction` of its free memory now (the model is
-        loaded) less the KV store's device tier, which fills later (pages.pool_bytes_on_device); else 1 GiB."""
+        loaded: pages.pool_bytes_on_device; the store keeps no device tier); else 1 GiB."""
         import torch
 
         from serving.engine.pages import CPU_POOL_MB, pool_bytes_on_device
@@ -234,7 +242,7 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         if device.type != "cuda":
             return CPU_POOL_MB << 20
         free, _ = torch.cuda.mem_get_info(device)
-        return pool_bytes_on_device(free, self.config.kv_pool_fraction, self.config.device_kv_bytes or 0)
+        return pool_bytes_on_device(free, self.config.kv_pool_fraction)
 
     def _make_head(self, handle):
         """The K/V of the head every prompt starts with (system opening, system prompt, memory header:
@@ -260,14 +268,14 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
 
     def _knowledge_item_for(self, req: GenerationRequest) -> ResolvedBlock:
         """With shared knowledge installed, what an engine request without a block starts from: the stored
-        knowledge item of the current layout when it is on the device and the prompt starts with its tokens,
+        knowledge item of the current layout when it is in memory and the prompt starts with its tokens,
         as the blocks that have it as their parent do (held by the request while it runs, as a block is); else
         nothing (the request prefills its prompt, knowledge included: not waiting on a file read for it, nor
         building it: the first block built under the layout builds it). Off the model thread."""
         from kvmem.kv.knowledge import knowledge_item_id
 
         item_id = knowledge_item_id(self.layout, self.handle.fingerprint)
-        if item_id is None or not self.store.on_device(item_id):
+        if item_id is None or not self.store.in_memory(item_id):
             return ResolvedBlock(None, None)
         try:
             item = self.store.get(item_id)
@@ -337,14 +345,6 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         except (KvmemError, ValueError) as exc:
             raise BackendError(f"could not build the block for user {user_id!r}: {exc}") from exc
 
-    def warm_block(self, item_id: str) -> None:
-        """Move a stored block to the device tier ahead of the user's first request (prewarm)."""
-        if self.store is not None:
-            try:
-                self.store.get(item_id)
-            except KVItemError as exc:
-                log.warning("prewarm of KV item %s failed: %s", item_id, exc)
-
     def drop_block(self, item_id: str) -> None:
         self.sessions.drop_block(item_id)  # a session cache that began with the block goes with it
         if self.pool is not None:  # loaded: its pages go once the requests reading them are done
@@ -402,37 +402,16 @@ class TransformersBackend(EngineRequests, EngineBuilds, StoredBlocksBackend):
         """stored.py's, noting the metadata of the item a request will take into the pool (`_unpool`)."""
         resolved = super()._resolve_item(req)
         if resolved.item is not None:
-            with self._pooled_lock:
-                if len(self._pooled) >= POOLED_NOTES:  # keep the notes of the entries still resident
-                    resident = [i for i in self._pooled if i in self.pool.shared]
-                    self._pooled = {i: self._pooled[i] for i in resident}
-                self._pooled[resolved.item.item_id] = resolved.item.meta
+            self._note_pooled(resolved.item)
         return resolved
 
-    # -- generation --------------------------------------------------------------------------------------------
-    async def _resolve_off_model_thread(self, req: GenerationRequest) -> ResolvedBlock:
-        """_resolve_item off the event loop: a request whose item is on disk (or in host RAM) is admitted to the
-        model loop once an I/O thread loaded and verified it, and the other streams keep decoding meanwhile.
-        An item already on the device is resolved on a plain thread (not behind the I/O threads' file reads and
-        writes), never on the loop: the store's lock, which a resolution takes, is held during another thread's
-        device-to-host demotion, deletes and directory scans. Raises BlockNotFound. An adapter's weights are
-        read and verified here too, on a plain thread (a LoRA's few MB, not queued behind the I/O threads'
-        item writes), so that the model thread only attaches them."""
-        if req.adapter_id is not None and self.adapters is not None:
-            await asyncio.to_thread(self.adapters.prefetch, req.user_id, req.adapter_id)
-        if req.block_item_id is None or req.prompt.block_len == 0:
-            if self.layout.knowledge_text and req.adapter_id is None:
-                return await asyncio.to_thread(self._knowledge_item_for, req)
-            return ResolvedBlock(None, None)
-        resident = await asyncio.to_thread(self._resolve_if_on_device, req)
-        if resident is not None:
-            return resident
-        return await asyncio.get_running_loop().run_in_executor(self._io, self._resolve_item, req)
-
-    def _resolve_if_on_device(self, req: GenerationRequest) -> ResolvedBlock | None:
-        """_resolve_item when the item (and its parent, the knowledge, if any) is on the device, else None."""
-        return self._resolve_item(req) if self.store.on_device(req.block_item_id) else None
-
+    def _note_pooled(self, item) -> None:
+        """`item` may enter the pool: its metadata noted for the delete cascade (`_unpool`)."""
+        with self._pooled_lock:
+            if len(self._pooled) >= POOLED_NOTES:  # keep the notes of the entries still resident
+                resident = [i for i in self._pooled if i in self.pool.shared]
+                self._pooled = {i: self._pooled[i] for i in resident}
+            self._pooled[item.item_id] = item.meta
 
 def _refuse_unless_the_engine_runs(handle) -> None:
     """Every request of this backend runs in the engine: a model whose attention it cannot run

@@ -30,7 +30,7 @@ def real_server(tmp_path_factory, default_model_dir):
     # RAM tiers of 0 bytes: every request reads the item from disk, verified, so disk corruption is seen.
     backend = TransformersBackend(
         TransformersBackendConfig(
-            model=str(default_model_dir), data_dir=str(data), device_kv_bytes=0, host_kv_bytes=0
+            model=str(default_model_dir), data_dir=str(data), host_kv_bytes=0
         )
     )
     config = ServingConfig(

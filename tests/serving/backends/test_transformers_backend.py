@@ -356,7 +356,7 @@ def test_resolving_a_block_never_waits_on_the_store_lock_on_the_event_loop(tiny_
     backend = tiny_backend
     texts = ["I live in Faro."]
     block = backend.build_block("held", texts, ["m-faro"])
-    assert backend.store.on_device(block.item_id)
+    assert backend.store.in_memory(block.item_id)
     prompt = backend.layout_prompt(texts, [], [{"role": "user", "content": "Hi"}], block.token_ids)
     req = GenerationRequest(
         "r", "held", prompt, block.item_id, SamplingParams(max_new_tokens=2, temperature=0.0)
@@ -674,8 +674,8 @@ def test_a_client_leaving_while_its_request_waits_for_pages_frees_its_slot_at_on
 
 def test_the_pool_is_1_gib_on_cpu_and_a_fraction_of_free_memory_on_a_gpu(tiny_backend, monkeypatch):
     """Issue 42 item 4: with no kv_pool_mb the pool is 1 GiB on CPU, as before; on a GPU it is
-    kv_pool_fraction of the device memory free after the model loaded, less the KV store's device tier (the
-    free memory given here: this machine may have no GPU)."""
+    kv_pool_fraction of the device memory free after the model loaded (the free memory given here: this
+    machine may have no GPU); the KV store keeps no device tier to reserve room for (issue 44 item 1)."""
     from types import SimpleNamespace
 
     backend = tiny_backend
@@ -684,11 +684,11 @@ def test_the_pool_is_1_gib_on_cpu_and_a_fraction_of_free_memory_on_a_gpu(tiny_ba
     gib = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * gib, 80 * gib))
     gpu = SimpleNamespace(device="cuda:0")
-    assert backend._pool_bytes(gpu) == int((40 * gib - backend.config.device_kv_bytes) * 0.8)
+    assert backend._pool_bytes(gpu) == int(40 * gib * 0.8)
     config = backend.config
     try:
         backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_pool_fraction": 0.5})
-        assert backend._pool_bytes(gpu) == int((40 * gib - config.device_kv_bytes) * 0.5)
+        assert backend._pool_bytes(gpu) == int(40 * gib * 0.5)
         backend.config = TransformersBackendConfig(**{**config.__dict__, "kv_pool_mb": 64})
         assert backend._pool_bytes(gpu) == 64 << 20  # a size given is taken as it is
     finally:

@@ -27,7 +27,7 @@ def disk_backend(tmp_path, tiny_handle):
     tiny_handle.tokenizer.save_pretrained(model_dir)
     backend = TransformersBackend(
         TransformersBackendConfig(
-            model=str(model_dir), data_dir=str(tmp_path / "data"), device_kv_bytes=0, host_kv_bytes=0
+            model=str(model_dir), data_dir=str(tmp_path / "data"), host_kv_bytes=0
         )
     )
     backend.load()

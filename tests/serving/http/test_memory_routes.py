@@ -101,6 +101,7 @@ def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
         "block": None,
         "adapter": None,
         "updated_at": None,
+        "kv": None,  # no block (the fake backend says nothing of tiers either)
     }
     ids = [m.id for m in stack.store.add("alice", texts=["x likes y", "z likes w"])]
     stack.scheduler.flush()  # the adds scheduled the build
@@ -119,6 +120,7 @@ def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
         },
         "adapter": None,
         "updated_at": datetime.fromtimestamp(plan.updated_at, timezone.utc).isoformat(),
+        "kv": None,  # the fake backend does not say where its blocks are (Backend.block_residency)
     }
     r = client.post("/v1/memories/search", json={"user_id": "alice", "query": "likes"}, headers=ALICE)
     assert [h["tier"] for h in r.json()["results"]] == ["kv", "kv"]
