@@ -9,10 +9,14 @@ only the stop tokens given here (the engine's end-of-turn tokens), so a greedy r
 reply cut by `max_new_tokens` ends mid-JSON with "length", as OpenAI's does.
 
 Why xgrammar rather than llguidance (both installed; benchmarks/engine/structured_bench.py, the default
-model's 49,152-token vocabulary on the 2-core CPU): filling one row's mask took about 23 us against 274 us,
-and applying it to the logits 0.33 ms at one row and 1.8 ms at eight against 345 ms and 89 ms with
-llguidance's torch helper; compiling a schema about 8 ms (xgrammar, the tokenizer's table built once in
-0.2 s) against 2 ms (llguidance, 0.6 s). The per-step cost decides: it is paid at every decode step.
+model's 49,152-token vocabulary, on the shared 2-core CPU under load, medians, so indicative only): filling
+one row's mask took 8-16 us against 155-206 us, eight rows' 57-61 us against 345-527 us, in every run; the
+application to the logits is a C++ kernel in xgrammar (0.3 ms a row) while llguidance's torch helper is
+compiled by torch.compile at its first call (16-25 s here: a first structured request would stall the
+engine), after which its cost varied from 0.17 to 100 ms between runs on this machine. Compiling a schema:
+8-26 ms with xgrammar quiet or loaded (the tokenizer's table built once, 0.2-1.8 s), 2-30 ms with
+llguidance (its table 0.6-6 s). The fill is paid for every constrained row at every step, so it decides; the
+quiet-machine figures are the command in that script's docstring.
 
 JSON is generated compact (no whitespace between tokens: `{"a":1}`): a small model allowed any whitespace
 can write newlines until `max_tokens` instead of the next key. Knows nothing of HTTP or backends.
