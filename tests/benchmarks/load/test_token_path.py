@@ -38,3 +38,14 @@ def test_token_path_traces_every_token(tmp_path, tiny_handle, capsys):
         assert lv["client_gap"]["n"] == counts["content_events"] - lv["clients"]
         # one hop a turn with items, shared by the streams stepping together
         assert counts["loop_hops_per_content_token"] <= 1.0
+
+
+def test_token_path_micro_counts_the_pieces(capsys):
+    from benchmarks.load import token_path_micro
+
+    ops = token_path_micro.main(["--reps", "20"])["ops"]
+    assert sorted(ops) == sorted(
+        ["wait_for(queue.get)", "Inbox.take", "is_disconnected", "event(chunk_dict)", "content_event"]
+    )
+    assert ops["Inbox.take"]["calls_per_op"] < ops["wait_for(queue.get)"]["calls_per_op"]
+    assert ops["content_event"]["calls_per_op"] < ops["event(chunk_dict)"]["calls_per_op"]
