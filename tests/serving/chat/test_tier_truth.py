@@ -66,12 +66,14 @@ def test_a_corrupt_block_falls_back_then_is_rebuilt_and_served_from_kv(tmp_path,
         data[-10] ^= 0x55
         tensor_path.write_bytes(bytes(data))
 
-        fell_back = s.chat("alice")  # its block's file is unusable: not read (the pages the first chat left
-        # in the prefix cache may be reused: their K/V are those tokens', computed before the file broke)
+        backend.pool.prefix.drop_user("alice")  # no pages of the first chat reused (prefix reuse, issue 44 item 5)
+        fell_back = s.chat("alice")
+        assert cached(fell_back) == 0
         assert fell_back["memory"]["used"] == [{"id": lisbon, "tier": "text"}]
         s.plans.flush()  # the store dropped the item, the scheduler heard it and rebuilt the block
         assert s.plan("alice") == block
         assert backend.store.is_valid_on_disk(block["item_id"])
+        backend.pool.prefix.drop_user("alice")
         again = s.chat("alice")
         assert cached(again) == block["tokens"]
         assert again["memory"]["used"] == [{"id": lisbon, "tier": "kv"}]
