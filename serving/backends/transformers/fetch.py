@@ -46,7 +46,7 @@ class EngineFetches:
 
     # -- where a block is, and which path it takes --------------------------------------------------------------
     def _tier_now(self, item_id: str) -> str | None:
-        """"pool" when its pages are resident, else the store's tier a get reads from ("host", "disk"), None
+        """ "pool" when its pages are resident, else the store's tier a get reads from ("host", "disk"), None
         when it is not stored."""
         if self.pool is not None and item_id in self.pool.shared:
             return "pool"
@@ -104,8 +104,20 @@ class EngineFetches:
             pooled = sum(1 for i in self._pooled if i in pool.shared)
         held = {
             "pool": (pool.stats()["shared_bytes"], pooled, 0, 0, 0.0),
-            "host": (sizes.host.num_bytes, sizes.host.num_items, pool.copies, pool.copied_bytes, pool.copied_seconds),
-            "disk": (sizes.disk.num_bytes, sizes.disk.num_items, disk["loads"], disk["bytes"], disk["seconds"]),
+            "host": (
+                sizes.host.num_bytes,
+                sizes.host.num_items,
+                pool.copies,
+                pool.copied_bytes,
+                pool.copied_seconds,
+            ),
+            "disk": (
+                sizes.disk.num_bytes,
+                sizes.disk.num_items,
+                disk["loads"],
+                disk["bytes"],
+                disk["seconds"],
+            ),
         }
         with self._fetch_lock:
             tiers = {

@@ -56,7 +56,9 @@ class LoadCosts:
         unknown = set(given) - {"host", "disk"}
         if unknown:
             raise ValueError(f"load costs are per tier host or disk, got {sorted(unknown)}")
-        if any(v < 0 for v in given.values()) or (prefill_s_per_token is not None and prefill_s_per_token < 0):
+        if any(v < 0 for v in given.values()) or (
+            prefill_s_per_token is not None and prefill_s_per_token < 0
+        ):
             raise ValueError("load and prefill costs must be >= 0")
         self._lock = threading.Lock()
         self.fixed, self.min_gain_s = fixed, min_gain_s

@@ -27,7 +27,9 @@ def over(backend, user: str, texts: list[str], block, *, with_block: bool = True
     """A greedy request whose prompt starts with the block; without it (`with_block=False`) it prefills it."""
     prompt = backend.layout_prompt(texts, [], QUESTION, block.token_ids)
     item_id = block.item_id if with_block else None
-    return GenerationRequest(f"r-{user}", user, prompt, item_id, SamplingParams(max_new_tokens=8, temperature=0.0))
+    return GenerationRequest(
+        f"r-{user}", user, prompt, item_id, SamplingParams(max_new_tokens=8, temperature=0.0)
+    )
 
 
 def run(backend, req):
@@ -224,7 +226,9 @@ def test_the_cost_model_decides_from_its_rates():
     assert costs.decide("pool", 10**12, 1) == Decision("pool", "load", 0.0, 0.001)
     assert costs.decide(None, 1, 1) == Decision(None, None, None, None)
     unmeasured = LoadCosts(prefill_s_per_token=0.001)
-    assert unmeasured.decide("disk", 10**12, 1) == Decision("disk", "load", None, 0.001)  # its loads measure it
+    assert unmeasured.decide("disk", 10**12, 1) == Decision(
+        "disk", "load", None, 0.001
+    )  # its loads measure it
     unmeasured.measured("disk", 64 << 20, 64.0)  # 1 s a MiB
     assert unmeasured.decide("disk", 1 << 20, 10).path == "recompute"
     unmeasured.measured("disk", 1 << 20, 1000.0)  # under MIN_MEASURED_BYTES: not trusted

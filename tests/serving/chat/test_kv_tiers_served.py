@@ -26,7 +26,9 @@ def metric(text: str, line_start: str) -> str:
     return line.split(" ")[-1]
 
 
-def test_a_block_on_disk_is_read_at_arrival_before_admission_and_the_request_joins_it(tmp_path, tiny_model_dir):
+def test_a_block_on_disk_is_read_at_arrival_before_admission_and_the_request_joins_it(
+    tmp_path, tiny_model_dir
+):
     backend = load_backend(tiny_model_dir, tmp_path)
     backend.costs = LOAD
     with served(tmp_path, backend) as s:
@@ -35,11 +37,18 @@ def test_a_block_on_disk_is_read_at_arrival_before_admission_and_the_request_joi
         s.plans.flush()
         alice, bob = s.plan("alice"), s.plan("bob")
         budget = max(alice["bytes"], bob["bytes"])
-        backend.store.config = dataclasses.replace(backend.store.config, host_bytes=budget)  # one block in RAM
+        backend.store.config = dataclasses.replace(
+            backend.store.config, host_bytes=budget
+        )  # one block in RAM
         backend.store.get(bob["item_id"])  # bob's stays in RAM, alice's leaves it for disk
         assert backend.store.tier_of(alice["item_id"]) == "disk"
         plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
-        assert plan["kv"] == {"tier": "disk", "path": "load", "load_s": 0.0, "recompute_s": plan["kv"]["recompute_s"]}
+        assert plan["kv"] == {
+            "tier": "disk",
+            "path": "load",
+            "load_s": 0.0,
+            "recompute_s": plan["kv"]["recompute_s"],
+        }
         reads: list[tuple[str, str, int]] = []
 
         def seen(item_id: str) -> None:  # on the reading thread, just before the file is read
@@ -61,7 +70,7 @@ def test_a_block_on_disk_is_read_at_arrival_before_admission_and_the_request_joi
         assert metric(metrics, 'kvmem_kv_tier_items{tier="host"}') == "1"
         assert metric(metrics, 'kvmem_kv_tier_items{tier="pool"}') == "1"
         assert metric(metrics, 'kvmem_kv_path_total{tier="disk",path="load"}') == "1"
-        assert metric(metrics, 'kvmem_kv_prefill_seconds_per_token') == "1.0"
+        assert metric(metrics, "kvmem_kv_prefill_seconds_per_token") == "1.0"
         assert metric(metrics, 'kvmem_kv_load_seconds_per_byte{tier="disk"}') == "0.0"
         plan = s.client.get("/v1/memories/plan", params={"user_id": "alice"}).json()
         assert (plan["kv"]["tier"], plan["kv"]["path"], plan["kv"]["load_s"]) == ("pool", "load", 0.0)
@@ -88,7 +97,10 @@ def test_a_corrupt_or_missing_file_falls_back_to_text_with_a_log_line_and_is_reb
         with caplog.at_level("WARNING"):
             fell_back = s.chat("alice")
         assert fell_back["memory"]["used"] == [{"id": lisbon, "tier": "text"}]  # the block was not read
-        assert f"dropping unusable KV item {block['item_id']}: KV item {block['item_id']}: tensor file" in caplog.text
+        assert (
+            f"dropping unusable KV item {block['item_id']}: KV item {block['item_id']}: tensor file"
+            in caplog.text
+        )
         s.plans.flush()  # the store dropped the item, the scheduler heard it and rebuilt the block
         assert s.plan("alice") == block
         assert backend.store.is_valid_on_disk(block["item_id"])

@@ -13,13 +13,25 @@ from serving.ops.cli import build_parser, config_from_args, main
 
 def test_the_tier_budgets_reach_the_transformers_backend(tmp_path: Path) -> None:
     args = build_parser().parse_args(
-        ["serve", "--data-dir", str(tmp_path), "--kv-host-mb", "512", "--kv-disk-gb", "1.5", "--kv-pool-mb", "64"]
+        [
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--kv-host-mb",
+            "512",
+            "--kv-disk-gb",
+            "1.5",
+            "--kv-pool-mb",
+            "64",
+        ]
     )
     config = config_from_args(args)
     assert (config.kv_host_mb, config.kv_disk_gb, config.kv_pool_mb) == (512, 1.5, 64)
     backend = create_backend(config)  # not loaded: no weights read
     assert (backend.config.host_kv_bytes, backend.config.disk_kv_bytes) == (512 << 20, 1_500_000_000)
-    defaults = create_backend(config_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])))
+    defaults = create_backend(
+        config_from_args(build_parser().parse_args(["serve", "--data-dir", str(tmp_path)]))
+    )
     assert (defaults.config.host_kv_bytes, defaults.config.disk_kv_bytes) == (4096 << 20, None)
     none_in_ram = config_from_args(build_parser().parse_args(["serve", "--kv-host-mb", "0"]))
     assert create_backend(none_in_ram).config.host_kv_bytes == 0
