@@ -17,7 +17,13 @@ here before a GPU is at hand. Figures are per step; the profiled times include t
 Python, dispatch and the engine's bookkeeping around the kernels go. Last line of stdout: the JSON written to --out (git sha,
 device and load average in `env`).
 
-    python -m benchmarks.engine.step_profile --out benchmarks/results/cpu/step_profile.json
+Which path ran is in the JSON (`path`: "fast", the engine's own layers of serving/engine/models, where the
+model takes them; "generic", the HF forward with the engine's attention; `--path generic` forces it, as every
+run before the fast path measured), with `compiled` (`--compile`: its element-wise functions under
+torch.compile, artifacts cached in `--compile-cache`) and `build_s` (the fast layers' build and compile time).
+
+    python -m benchmarks.engine.step_profile --out benchmarks/results/cpu/step_profile_fast.json
+    python -m benchmarks.engine.step_profile --path generic --out benchmarks/results/cpu/step_profile.json
     python -m benchmarks.engine.step_profile --random-preset qwen3-8b --device cuda --dtype bfloat16 \
         --out benchmarks/results/gpu/<card>/step_profile_qwen3_8b.json
 """
@@ -34,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.common import env_info, median, print_table, write_outputs
 from kvmem.kv import build_item
-from serving.engine import runner
+from serving.engine import models, runner
 from serving.engine.pages import PagePool, PoolShape
 from serving.engine.sequence import admit
 
@@ -53,11 +59,14 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 class Marks:
-    """Forward hooks that open a profiler range over the whole forward and over decoder layer 0."""
+    """Forward hooks that open a profiler range over the whole forward and over decoder layer 0: the HF
+    model's, or on the fast path the engine's own decoder's (serving/engine/models)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.handles = []
-        for module, name in ((model, FORWARD_MARK), (_decoder_layers(model)[0], LAYER_MARK)):
+        forward = models.fast_for(model) or model
+        layers = forward.layers if forward is not model else _decoder_layers(model)
+        for module, name in ((forward, FORWARD_MARK), (layers[0], LAYER_MARK)):
             self._mark(module, name)
 
     def _mark(self, module: torch.nn.Module, name: str) -> None:
@@ -252,6 +261,14 @@ def main(argv=None, handle=None) -> dict:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--pool-mb", type=int, default=2048)
+    p.add_argument(
+        "--path",
+        choices=("fast", "generic"),
+        default="fast",
+        help="the engine's own layers where the model takes them (serving/engine/models), or the HF forward",
+    )
+    p.add_argument("--compile", action="store_true", help="the fast path's element-wise functions compiled")
+    p.add_argument("--compile-cache", default=".kvmem/compile", help="torch.compile's artifacts (--compile)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -267,6 +284,28 @@ def main(argv=None, handle=None) -> dict:
 
         handle = load_model(args.model, device=args.device, dtype=args.dtype)
     model = handle.model
+    was_fast = models.fast_for(model) is not None  # a handle passed in keeps its path after this run
+    if args.path == "fast":
+        choice = models.enable(model, compile=args.compile, cache_dir=args.compile_cache)
+    else:
+        models.disable(model)
+        choice = models.Choice("generic", "--path generic")
+    try:
+        return _run(args, handle, choice)
+    finally:
+        if not was_fast:
+            models.disable(model)
+        elif models.fast_for(model) is None:
+            models.enable(model)
+
+
+def _run(args, handle, choice: models.Choice) -> dict:
+    model = handle.model
+    print(
+        f"path: {choice.path}"
+        + (f" ({choice.reason})" if choice.reason else "")
+        + (f", built in {choice.build_s:.1f} s" + (" (compile included)" if choice.compiled else ""))
+    )
     vocab = model.config.get_text_config().vocab_size
     pool = PagePool(PoolShape.of_model(model), args.pool_mb << 20, device=handle.device)
     layers = len(_decoder_layers(model))
@@ -323,6 +362,10 @@ def main(argv=None, handle=None) -> dict:
         "model": handle.model_id,
         "dtype": str(next(model.parameters()).dtype),
         "layers": layers,
+        "path": choice.path,  # the path every case ran: the engine's own layers, or the HF forward
+        "path_reason": choice.reason,
+        "compiled": choice.compiled,
+        "build_s": choice.build_s,  # the fast decoder's build (and compile) at load
         "page_tokens": pool.page_tokens,
         "cases": cases,
     }

@@ -10,7 +10,6 @@ Knows nothing of attention or of the model's layer order.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvmem import cpu_linear
 
@@ -63,6 +62,8 @@ class Packed:
                     w.data = self.weight[start : start + n]
                     start += n
         self.sources = [(w, w.data_ptr(), w._version) for w in weights]
+        # [in, outs]: what F.linear multiplies by, as a view made once (F.linear makes it on every call)
+        self.weight_t = None if self.weight is None else self.weight.t()
 
     @property
     def stale(self) -> bool:
@@ -72,4 +73,6 @@ class Packed:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(x, self.weight_t)  # x [T, in]: F.linear's own matmul, one operator
+        return torch.addmm(self.bias, x, self.weight_t)

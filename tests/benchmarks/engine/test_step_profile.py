@@ -31,3 +31,19 @@ def test_step_profile_counts_ops_per_step_and_per_layer(tmp_path, tiny_handle):
     again = step_profile.main(argv, handle=tiny_handle)
     counts = [(c["ops"], c["ops_layer0"]) for c in cases]
     assert [(c["ops"], c["ops_layer0"]) for c in again["cases"]] == counts
+
+
+def test_step_profile_says_which_path_ran_and_leaves_the_model_as_it_found_it(tiny_handle):
+    """The fast path (the engine's own layers, serving/engine/models) by default where the model takes it,
+    the generic one on request; a layer of the fast path dispatches at most half the generic one's ops in a
+    one-row decode step (issue 43's target); the handle passed in keeps the path it had."""
+    from benchmarks.engine import step_profile
+    from serving.engine import models
+
+    argv = "--rows 1 --decode-ctx 20 --chunks 8 --ctx 0 --reps 1 --profile-steps 1 --pool-mb 16".split()
+    fast = step_profile.main(argv, handle=tiny_handle)
+    generic = step_profile.main([*argv, "--path", "generic"], handle=tiny_handle)
+    assert (fast["path"], fast["path_reason"], fast["compiled"]) == ("fast", None, False)
+    assert (generic["path"], generic["path_reason"]) == ("generic", "--path generic")
+    assert 2 * fast["cases"][0]["ops_layer0"] <= generic["cases"][0]["ops_layer0"]
+    assert models.fast_for(tiny_handle.model) is None

@@ -223,10 +223,10 @@ def test_the_default_model_on_the_fast_path_gives_the_generic_and_full_prefill_t
     assert batched() == generic == full and decoder.steps > 0
     sessions = SessionCache(1 << 30)
     first_ids, item = requests[0]
-    first, _, _ = turn(model, pool, sessions, first_ids, item)
+    first, _, _ = turn(model, pool, sessions, first_ids, item, sampling=sp)
     entry = sessions.peek("alice", "s1")
     second_ids = [*entry.ids, *first.stats.token_ids[-1:], *tokenizer.encode(" And what about my sister?")]
-    second, reused, _ = turn(model, pool, sessions, second_ids, item)
+    second, reused, _ = turn(model, pool, sessions, second_ids, item, sampling=sp)
     assert reused == len(entry.ids) and second.stats.token_ids == list(
         generate(model, second_ids, sampling=sp)
     )
