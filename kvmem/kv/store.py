@@ -289,6 +289,7 @@ class TieredKVStore(StoreIndex):
             return self._attach(item) if item.meta.parent_id is not None else item
         with self._lock:
             host_item = self._resident["host"].get(item_id)
+            indexed = self._on_disk.get(item_id)  # a put of the same id meanwhile indexes another meta
             if host_item is None and item_id not in self._on_disk:
                 self.num_hits["miss"] += 1
                 raise KVItemNotFound(f"KV item {item_id} is not stored")
@@ -310,7 +311,9 @@ class TieredKVStore(StoreIndex):
                 unlink: list[str] = []
                 with self._lock:
                     self.num_hits["miss"] += 1
-                    if item_id in self._stats:  # still indexed: its files are unusable or gone
+                    # still indexed as it was when the read began: its files are unusable or gone (not an item
+                    # rebuilt under the same id since, whose files a read of the old ones must not delete)
+                    if item_id in self._stats and self._on_disk.get(item_id) is indexed:
                         log.warning("dropping unusable KV item %s: %s", item_id, exc)
                         self._drop(item_id, unlink, reason=_reason(exc))
                 self._delete_files(unlink)

@@ -5,6 +5,7 @@ reads from."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvmem.kv import KVStoreConfig, TieredKVStore
@@ -43,3 +44,44 @@ def test_without_host_room_every_get_reads_the_file_and_keeps_nothing_in_ram(tmp
     assert torch.equal(store.get(a.item_id).kv, a.kv)
     assert store.tier_of(a.item_id) == "disk" and store._resident == {"device": {}, "host": {}}
     assert store.num_hits["disk"] == 1
+
+
+def test_a_failed_read_of_old_files_never_drops_the_item_rebuilt_under_its_id_meanwhile(
+    tmp_path,
+    tiny_handle,
+    items,  # noqa: F811
+    monkeypatch,
+):
+    """A read of a corrupt file fails after the block was rebuilt (put again, same content address, new files):
+    the failure drops nothing; the rebuilt item stays indexed with its files (it dropped the rebuilt one, files
+    and all, before: its index entry was the same id)."""
+    import dataclasses
+
+    from kvmem.errors import KVItemCorrupt
+    from kvmem.kv import store as store_module
+    from kvmem.kv.io import item_paths
+    from kvmem.kv.item import KVItem
+
+    a = items[0]
+    store = store_at(tmp_path, tiny_handle, 0)
+    store.put(a)
+    tensor_path, _ = item_paths(store.directory, a.item_id)
+    data = bytearray(tensor_path.read_bytes())
+    data[-10] ^= 0x55
+    tensor_path.write_bytes(bytes(data))
+    rebuilt = KVItem(dataclasses.replace(a.meta), a.token_ids, a.kv)  # a build's new item, the same id
+    real_load = store_module.load_item
+
+    def load_then_rebuilt(*args, **kwargs):
+        try:
+            return real_load(*args, **kwargs)
+        except KVItemCorrupt:
+            store.put(rebuilt)  # the rebuild lands between the read and its failure's handling
+            raise
+
+    monkeypatch.setattr(store_module, "load_item", load_then_rebuilt)
+    with pytest.raises(KVItemCorrupt):
+        store.get(a.item_id)
+    monkeypatch.setattr(store_module, "load_item", real_load)
+    assert store.tier_of(a.item_id) == "disk" and store.is_valid_on_disk(a.item_id)
+    assert torch.equal(store.get(a.item_id).kv, a.kv)
