@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 import urllib.request
@@ -88,6 +89,7 @@ def echo_run(answer: str, said: tuple[str, ...]) -> int:
 
 def score(question: str, expect: str, answer: str, said: tuple[str, ...]) -> dict:
     run = echo_run(answer, said)
+    print(f"{question!r} -> {answer!r}", file=sys.stderr, flush=True)  # progress, kept if a later step fails
     return {
         "question": question,
         "expect": expect,
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "husband_named_after_move": rows[-1]["right"],
         "memories_formed": formed,
         "memories_after_move": moved,
-        "block_num_tokens": block["num_tokens"] if block else 0,
+        "block_memory_ids": block["memory_ids"] if block else [],
         "answers": rows,
     }
     print(f"{'question':<30} {'expect':<10} {'ok':<3} {'echo':<4} {'voice':<5} answer")
