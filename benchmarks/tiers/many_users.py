@@ -108,7 +108,10 @@ def run_level(client: Client, cfg: WorkloadConfig, qps: float, level: int, args)
         "probes": dict(verdicts),
         "probes_after_edit": dict(after_edit),
         "stale_answers": verdicts.get("stale", 0),
-        "bytes_loaded_per_request": loaded / len(ok) if ok and figures["tiers"] else None,
+        # None where the server does not count bytes loaded per tier (`metrics.missing`)
+        "bytes_loaded_per_request": loaded / len(ok)
+        if ok and "bytes_loaded" not in figures["missing"]
+        else None,
         "metrics": figures,
     }
 
