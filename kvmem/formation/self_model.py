@@ -38,7 +38,23 @@ from kvmem.formation.types import Fact, TurnInput
 log = logging.getLogger(__name__)
 
 Generate = Callable[[list[dict], dict, int], tuple[str, str]]
-FACTS_SCHEMA = RESPONSE_FORMAT["json_schema"]["schema"]
+
+
+def _bounded(schema: dict) -> dict:
+    """The openai extractor's facts schema with bounds a small model cannot loop past (it writes until
+    max_tokens otherwise: the default 135M model, unbounded, repeated its first fact until 512 tokens): at
+    most 3 facts, a fact's text at most 100 characters, its slot parts and date at most 24; at ~3.5 characters
+    a token that is ~230 tokens, within the extraction's 512."""
+    item = schema["properties"]["facts"]["items"]
+    props = {
+        k: {**v, "maxLength": 100 if k == "text" else 24} if k != "kind" else v
+        for k, v in item["properties"].items()
+    }
+    facts = {**schema["properties"]["facts"], "items": {**item, "properties": props}, "maxItems": 3}
+    return {**schema, "properties": {"facts": facts}}
+
+
+FACTS_SCHEMA = _bounded(RESPONSE_FORMAT["json_schema"]["schema"])
 EVENTS = ("add", "update", "delete", "none")
 UPDATE_INSTRUCTIONS = """You keep a user's long-term memories up to date.
 You get the memories that are most like a new fact, numbered, and the new fact. Answer with one event:
@@ -126,7 +142,7 @@ class ModelExtractor:
         self,
         generate: Generate,
         *,
-        max_tokens: int = 384,
+        max_tokens: int = 512,
         num_candidates: int = 3,
         decide_max_tokens: int = 16,
     ) -> None:
