@@ -32,17 +32,12 @@ def steps(tiny_backend, monkeypatch):
     """Every engine step as [(request name, "p" chunk tokens | "d")], and the chat members that existed
     (admitted, unfinished) before it."""
     backend = tiny_backend
-    names: dict[int, str] = {}
     record: list[tuple[list, set]] = []
     real = batcher_module.runner.step
     batcher = backend._loop._batcher
 
-    def name_of(seq):
-        if id(seq) not in names:
-            names[id(seq)] = next(
-                n for n, ids in backend._test_prompts.items() if tuple(seq.prompt_ids) == ids
-            )
-        return names[id(seq)]
+    def name_of(seq):  # by its prompt (an id() of a finished sequence may be reused by a new one)
+        return next(n for n, ids in backend._test_prompts.items() if tuple(seq.prompt_ids) == ids)
 
     def recording(model, pool, prefills, decodes):
         chat = {name_of(s) for s in batcher._members if not s.background and not s.finished}
