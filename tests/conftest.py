@@ -104,6 +104,42 @@ class ForwardLog:
         self._hook.remove()
 
 
+class EngineForwards:
+    """A hook on the engine's forward, `serving.engine.runner.run_model`: what the server runs on either path
+    (the engine's own layers, serving/engine/models, or the HF forward), where a hook on the HF model sees only
+    the generic path. `before(ids)` runs before each forward, on the thread that runs it (ids [1, T], every row
+    of the step packed; it may raise, as the forward would); `calls` records per forward (input length,
+    inference mode on, logits require grad, a pool page tensor requires grad). Remove in reverse order."""
+
+    def __init__(self, before=None) -> None:
+        from serving.engine import runner
+
+        self.calls: list[tuple[int, bool, bool, bool]] = []
+        self._runner, real = runner, runner.run_model
+        self._real = real
+
+        def run_model(model, ids, positions, plan, logits_to_keep, generic: bool = False):
+            if before is not None:
+                before(ids)
+            logits = real(model, ids, positions, plan, logits_to_keep, generic)
+            pool = getattr(plan, "pool", None)
+            pages = [getattr(pool, name, None) for name in ("k", "v")]
+            self.calls.append(
+                (
+                    ids.shape[1],
+                    torch.is_inference_mode_enabled(),
+                    logits.requires_grad,
+                    any(t is not None and t.requires_grad for t in pages),
+                )
+            )
+            return logits
+
+        runner.run_model = run_model
+
+    def remove(self) -> None:
+        self._runner.run_model = self._real
+
+
 _WORDS = (
     "garden kitchen sister Lisbon marathon violin allergy peanut apartment renovation mortgage "
     "teacher daughter birthday October coffee bicycle Tuesday manager project deadline vacation "

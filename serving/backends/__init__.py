@@ -63,6 +63,7 @@ def _transformers(config: ServingConfig) -> Backend:
             host_kv_bytes=config.kv_host_mb << 20,
             disk_kv_bytes=None if config.kv_disk_gb is None else int(config.kv_disk_gb * 1e9),
             cuda_graphs=config.cuda_graphs,
+            engine_layers=config.engine_layers,
         )
     )
 

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from serving.config import DEFAULT_MODEL, DEVICE_NAMES, DTYPE_NAMES, EXTRACTOR_NAMES, ServingConfig
+from serving.config import (
+    DEFAULT_MODEL,
+    DEVICE_NAMES,
+    DTYPE_NAMES,
+    ENGINE_LAYERS,
+    EXTRACTOR_NAMES,
+    ServingConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +179,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--no-cuda-graphs",
         action="store_true",
         help="on a CUDA device, run the engine's decode steps eagerly instead of replaying CUDA graphs",
+    )
+    p.add_argument(
+        "--engine-layers",
+        choices=ENGINE_LAYERS,
+        default="auto",
+        help="the transformers backend's forward: auto runs the engine's own fused layers for a Llama, "
+        "Mistral, Qwen2 or Qwen3 model (packed projections, one attention call a layer) and the generic "
+        "path (the HF forward) for any other, logging why; generic always runs the HF forward",
     )
     p.add_argument(
         "--no-store-turns",
@@ -333,6 +348,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             kv_host_mb=args.kv_host_mb,
             kv_disk_gb=args.kv_disk_gb,
             cuda_graphs=not args.no_cuda_graphs,
+            engine_layers=args.engine_layers,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,

@@ -11,6 +11,7 @@ import threading
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.wiring import make_scheduler
 from serving.config import ServingConfig
+from tests.conftest import EngineForwards
 from tests.serving.kvstack import load_backend
 
 CHUNK_TOKENS = 16
@@ -30,7 +31,7 @@ def test_stopping_the_scheduler_cancels_the_block_build_in_flight(tmp_path, tiny
     forwards: list[int] = []
     held, cancelled = threading.Event(), threading.Event()
 
-    def hold_the_second_chunk(module, args, kwargs) -> None:  # on the model thread
+    def hold_the_second_chunk(ids) -> None:  # on the model thread
         forwards.append(1)
         if len(forwards) == 2:
             held.set()
@@ -58,7 +59,7 @@ def test_stopping_the_scheduler_cancels_the_block_build_in_flight(tmp_path, tiny
         return built
 
     plans.builder.build_block = build_block
-    hook = backend.handle.model.register_forward_pre_hook(hold_the_second_chunk, with_kwargs=True)
+    hook = EngineForwards(hold_the_second_chunk)
     try:
         plans.start()
         plans.session_start("alice")  # a refresh: alice's block is built

@@ -83,6 +83,9 @@ class TransformersBackendConfig:
     cuda_graphs: bool = (
         True  # on a CUDA device, the engine's pure decode steps replay CUDA graphs (graphs.py)
     )
+    # "auto": the engine's own fused layers (serving/engine/models) when the model qualifies, else the generic
+    # path with a log line saying why; "generic": the HF forward always
+    engine_layers: str = "auto"
     kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
     # the pool pages one user's cached K/V may keep (their blocks, cached prefixes, sessions: `--kv-user-mb`);
     # None: no quota. kv_evict_policy: which unread K/V goes first when the pool is short, "lru" or "heat"
@@ -128,6 +131,10 @@ class TransformersBackendConfig:
             raise ValueError(
                 f"TransformersBackendConfig.prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}"
             )
+        if self.engine_layers not in ("auto", "generic"):
+            raise ValueError(
+                f"TransformersBackendConfig.engine_layers must be 'auto' or 'generic', got {self.engine_layers!r}"
+            )
 
 
 class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlocksBackend):
@@ -144,6 +151,7 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
         )
         self.handle = self.layout = self.builder = self.adapters = self.pool = None
         self.head_item = None  # the shared head item (_make_head)
+        self.engine_path: str | None = None  # "fast" or "generic" once loaded (_choose_layers)
         # the metadata of the items requests resolved, by id: what the delete cascade matches pool entries by
         # when the store no longer holds them (`_unpool`)
         self._pooled: dict[str, KVItemMeta] = {}
@@ -212,6 +220,7 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
         pool.reclaimers.append(self.sessions)  # live sessions' pages go before a request waits
         # per-user quota and eviction policy (serving/engine/residency.py)
         pool.residency.configure(self.config.kv_user_bytes, self.config.kv_evict_policy, self._kv_heat)
+        self.engine_path = self._choose_layers(handle.model)  # before any graph is captured
         if self.config.cuda_graphs and pool.k.device.type == "cuda" and graphs.supports(handle.model):
             pool.graphs = graphs.DecodeGraphs(handle.model, pool)
             with torch.inference_mode():  # every bucket a step can reach: no capture after load
@@ -228,6 +237,16 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
             pool.num_pages * shape.page_bytes >> 20,
         )
         return pool
+
+    def _choose_layers(self, model) -> str:
+        """The path the engine's steps take (`--engine-layers`): "fast" (serving/engine/models) or "generic"."""
+        from serving.engine import models
+
+        if self.config.engine_layers == "generic":
+            models.disable(model)
+            log.info("engine layers: generic path (--engine-layers generic)")
+            return "generic"
+        return models.enable(model).path  # logs the path, and why not when generic
 
     def _pool_bytes(self, handle) -> int:
         """`kv_pool_mb` when given; else on a GPU `kv_pool_fraction` of its free memory now (the model is

@@ -25,7 +25,7 @@ from serving.backends.base import (
 )
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from serving.chat.service import MAX_STOP_CHARS
-from tests.conftest import ForwardLog
+from tests.conftest import EngineForwards
 
 
 async def tokens_of(backend, req) -> tuple[list[int], GenerationResult]:
@@ -114,10 +114,7 @@ def test_concurrent_requests_decode_as_one_batch_with_the_tokens_they_get_alone(
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
     without_prefix_cache(backend, requests)
     calls: list[tuple[tuple[int, int], threading.Thread]] = []  # (input shape, thread) of every forward
-    hook = backend.handle.model.register_forward_pre_hook(
-        lambda _m, _a, kw: calls.append((tuple(kw["input_ids"].shape), threading.current_thread())),
-        with_kwargs=True,
-    )
+    hook = EngineForwards(lambda ids: calls.append((tuple(ids.shape), threading.current_thread())))
     try:
         both = arrive_together(backend, requests)
     finally:
@@ -162,18 +159,14 @@ def test_concurrent_requests_of_different_lengths_run_every_forward_in_inference
         )
     alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
     without_prefix_cache(backend, requests)
-    log = ForwardLog(backend.handle.model)
     rows: list[int] = []  # batch size of every forward
-    hook = backend.handle.model.register_forward_pre_hook(
-        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
-    )
+    log = EngineForwards(lambda ids: rows.append(ids.shape[0]))  # what the server runs: its path
     try:
         both = arrive_together(backend, requests)
         wait_released(backend)
         mode_after = backend._loop.call(torch.is_inference_mode_enabled)
     finally:
         log.remove()
-        hook.remove()
     assert [ids for ids, _ in both] == [ids for ids, _ in alone]
     assert [len(ids) for ids, _ in both] == [2, 11, 6]
     assert [r.cached_tokens for _, r in both] == [block.num_tokens, 0, block.num_tokens]
@@ -198,7 +191,7 @@ def test_a_client_leaving_mid_stream_frees_its_turn_and_the_queue(tiny_backend):
     prompt = backend.layout_prompt([], [], [{"role": "user", "content": "Tell me a long story."}])
     long = GenerationRequest("long", "u", prompt, None, SamplingParams(max_new_tokens=500, temperature=0.0))
     calls: list[int] = []
-    hook = backend.handle.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    hook = EngineForwards(lambda ids: calls.append(1))
 
     async def leave_after_first_token():
         stream = backend.stream(long)
@@ -227,7 +220,7 @@ def test_admission_is_bounded_and_released(tiny_backend):
     # whatever the machine's load (without this the 4 tiny-model steps could end before the second arrives)
     refused, forwards = threading.Event(), []
 
-    def hold(module, args):
+    def hold(ids):
         forwards.append(1)
         if len(forwards) > 1:
             refused.wait(30)
@@ -243,7 +236,7 @@ def test_admission_is_bounded_and_released(tiny_backend):
         rest = [item async for item in first]
         return rest[-1]
 
-    hook = backend.handle.model.register_forward_pre_hook(hold)
+    hook = EngineForwards(hold)
     try:
         try:
             result = asyncio.run(two_at_once())
@@ -274,9 +267,7 @@ def test_a_request_with_max_length_stop_strings_takes_one_step_per_turn_like_any
         "other", "u", other_prompt, None, SamplingParams(max_new_tokens=2, temperature=0.0)
     )
     events: list[object] = []  # forward input lengths, and "queued" when the second request reaches the loop
-    hook = backend.handle.model.register_forward_pre_hook(
-        lambda _m, _a, kw: events.append(kw["input_ids"].shape[1]), with_kwargs=True
-    )
+    hook = EngineForwards(lambda ids: events.append(ids.shape[1]))
     start = backend._loop.start
 
     def start_and_mark(steps):
@@ -500,9 +491,7 @@ def test_a_request_without_a_block_starts_after_the_shared_system_prompt(tiny_ba
         for r in requests
     ]
     shapes: list[tuple[int, int]] = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
+    hook = EngineForwards(lambda ids: shapes.append(tuple(ids.shape)))
     try:
         alone = [asyncio.run(tokens_of(backend, r)) for r in requests]
         without_prefix_cache(backend, requests)
@@ -562,9 +551,7 @@ def test_with_knowledge_a_request_without_a_block_starts_from_the_stored_knowled
     def served(req: GenerationRequest) -> tuple[list[int], int, list[int]]:
         """(its tokens, its cached_tokens, the lengths of the forwards it ran)"""
         shapes: list[int] = []
-        hook = model.register_forward_pre_hook(
-            lambda _m, _a, kw: shapes.append(kw["input_ids"].shape[1]), with_kwargs=True
-        )
+        hook = EngineForwards(lambda ids: shapes.append(ids.shape[1]))
         try:
             ids, result = asyncio.run(tokens_of(backend, req))
         finally:

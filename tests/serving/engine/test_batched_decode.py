@@ -17,6 +17,7 @@ from serving.backends.base import (
     TokenDelta,
 )
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+from tests.conftest import EngineForwards
 from tests.serving.backends.test_transformers_backend import run_together, tokens_of, wait_released
 
 CHUNK = 16
@@ -45,11 +46,9 @@ def request(backend, name: str, question: str, max_new: int, block=None, texts=(
     return GenerationRequest(name, "u", prompt, block.item_id if block else None, sampling)
 
 
-def record_shapes(model) -> tuple[list, object]:
-    shapes: list = []  # (batch, input length) of every forward, and markers
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
+def record_shapes() -> tuple[list, object]:
+    shapes: list = []  # (batch, input length) of every forward of the engine, and markers
+    hook = EngineForwards(lambda ids: shapes.append(tuple(ids.shape)))
     return shapes, hook
 
 
@@ -63,7 +62,7 @@ def test_a_long_prefill_goes_in_chunks_between_a_running_streams_steps(chunked_b
     chunks = [CHUNK] * (n // CHUNK) + ([n % CHUNK] if n % CHUNK else [])
     assert len(chunks) >= 5
     alone = [asyncio.run(tokens_of(backend, r))[0] for r in (running, newcomer)]
-    shapes, hook = record_shapes(backend.handle.model)
+    shapes, hook = record_shapes()
     start = backend._loop.start
 
     def start_and_mark(steps):
@@ -113,8 +112,8 @@ def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(ch
     }
     marker = next(t for t in failing.prompt.ids if t not in others)
 
-    def fail(_m, _a, kw):
-        if marker in kw["input_ids"][0].tolist():
+    def fail(ids):
+        if marker in ids[0].tolist():
             raise RuntimeError("forward failed")
 
     async def leave_after_two():
@@ -125,7 +124,7 @@ def test_a_client_leaving_and_a_failing_request_leave_the_batch_to_the_others(ch
                 await stream.aclose()  # what the server does when the client disconnects
                 return ids
 
-    hook = backend.handle.model.register_forward_pre_hook(fail, with_kwargs=True)
+    hook = EngineForwards(fail)
     try:
         a, left, failed, b = run_together(
             backend,
@@ -165,7 +164,7 @@ def test_a_block_build_goes_in_chunks_between_a_running_streams_steps(chunked_ba
     assert n > 5 * CHUNK
     running = request(backend, "running", "Hi", 40)
     alone = asyncio.run(tokens_of(backend, running))[0]
-    shapes, hook = record_shapes(backend.handle.model)
+    shapes, hook = record_shapes()
     built: list = []
 
     async def stream_while_building():
@@ -224,7 +223,7 @@ def test_a_build_with_no_stream_running_takes_full_prefill_chunks(tmp_path, tiny
         found = backend.builder.lookup("builder", texts, [f"b{i}" for i in range(len(texts))])
         n = len(found.ids)
         assert n > 3 * 64
-        shapes, hook = record_shapes(backend.handle.model)
+        shapes, hook = record_shapes()
         try:
             built = backend.build_block("builder", texts, [f"b{i}" for i in range(len(texts))])
         finally:

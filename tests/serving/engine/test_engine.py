@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from kvmem.kv import Sampling, generate
-from serving.engine import attention, runner
+from serving.engine import attention, models, runner
 from serving.engine import plan as step_plan
 from serving.engine.errors import PoolTooSmall
 from serving.engine.pages import PagePool, PoolFull, PoolShape
 from serving.engine.sequence import AdmissionWait, SequenceError, admit
-from tests.conftest import prompts_and_blocks
+from tests.conftest import EngineForwards, prompts_and_blocks
 
 CHUNK = 32
 
@@ -59,7 +59,17 @@ def prefix_groups(request, monkeypatch):
     return request.param
 
 
-def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer, prefix_groups):
+@pytest.fixture(params=["fast", "generic"])
+def layers(request, tiny_handle):
+    """The tiny llama's steps on the engine's own layers (serving/engine/models: what the server runs for a
+    Llama by default) or on the generic path (the HF forward), as `--engine-layers auto|generic`."""
+    if request.param == "fast":
+        assert models.enable(tiny_handle.model).path == "fast"
+    yield request.param
+    models.disable(tiny_handle.model)
+
+
+def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer, prefix_groups, layers):
     """Greedy, with and without a block, in chunks or not: the tokens of decode.generate with no block."""
     model = tiny_handle.model
     pool = make_pool(model)
@@ -73,7 +83,7 @@ def test_alone_through_the_engine_equals_a_full_prefill(tiny_handle, tokenizer, 
     assert pool.used_pages == pool.shared.page_count()
 
 
-def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer, prefix_groups):
+def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer, prefix_groups, layers):
     model = tiny_handle.model
     pool = make_pool(model)
     requests = prompts_and_blocks(tiny_handle, tokenizer)
@@ -88,9 +98,7 @@ def test_batched_steps_give_each_request_its_tokens_alone(tiny_handle, tokenizer
     items = [item for _, item in requests if item is not None]
     before = [item.kv.clone() for item in items]
     shapes = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-    )
+    hook = EngineForwards(lambda ids: shapes.append(tuple(ids.shape)))
     try:
         seqs, errors = run_engine(model, pool, requests, samplings, arrive_at=[0, 1, 1, 2, 2])
     finally:
@@ -162,7 +170,7 @@ def test_a_knowledge_child_references_its_parents_pages(tiny_handle, tokenizer):
     assert pool.shared.drop(child.item_id) and pool.shared.drop(parent.item_id) and pool.used_pages == 0
 
 
-def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_handle, tokenizer):
+def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_handle, tokenizer, layers):
     model = tiny_handle.model
     shape = PoolShape.of_model(model, 16)
     pool = PagePool(shape, 6 * shape.page_bytes)  # 96 tokens
@@ -182,7 +190,7 @@ def test_a_full_pool_refuses_admission_and_a_failed_step_leaks_nothing(tiny_hand
     pool.release(held)
     assert pool.used_pages == 0 and pool.free_pages == 6
     seq = admitted(pool, model, ids, sampling=Sampling(max_new_tokens=4))
-    boom = model.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
+    boom = EngineForwards(lambda ids: (_ for _ in ()).throw(RuntimeError("boom")))
     try:
         out = runner.step(model, pool, [seq], [])
     finally:
@@ -333,7 +341,7 @@ def test_requests_under_different_adapters_and_none_share_a_step(tiny_handle, to
         for p, n in zip(ids, adapters, strict=True)
     ]
     forwards = []
-    hook = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    hook = EngineForwards(lambda ids: forwards.append(1))
     try:
         while any(not s.finished for s in seqs):
             runner.step(model, pool, [s for s in seqs if s.prefilling], [s for s in seqs if s.decoding])

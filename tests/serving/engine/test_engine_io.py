@@ -15,6 +15,7 @@ import pytest
 import kvmem.kv.store as store_module
 from serving.backends.base import GenerationRequest, GenerationResult, SamplingParams, TokenDelta
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+from tests.conftest import EngineForwards
 
 MEMORIES = ["I live in Lisbon.", "My dog is called Miso.", "I play the violin on Tuesdays."]
 
@@ -134,9 +135,7 @@ def test_a_corrupt_item_read_on_the_io_thread_falls_back_to_full_prefill(disk_ba
 def test_a_build_prefills_on_the_model_thread_and_writes_on_an_io_thread(disk_backend, monkeypatch):
     backend = disk_backend
     forwards: list[str] = []
-    hook = backend.handle.model.register_forward_pre_hook(
-        lambda *_: forwards.append(threading.current_thread().name)
-    )
+    hook = EngineForwards(lambda ids: forwards.append(threading.current_thread().name))
     # (writing thread, whether readers could see the item mid-write, whether the write was paced)
     writes: list[tuple[str, bool, bool]] = []
     real_save = store_module.save_item
