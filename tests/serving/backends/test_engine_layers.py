@@ -12,8 +12,9 @@ from kvmem.kv import Sampling, generate
 from serving.backends import create_backend
 from serving.backends.base import GenerationRequest, SamplingParams
 from serving.backends.transformers.backend import TransformersBackendConfig
+from serving.config import ServingConfig
 from serving.engine import models
-from serving.ops.cli import build_parser, config_from_args
+from serving.ops.cli import UsageError, build_parser, config_from_args
 from tests.serving.backends.test_transformers_backend import tokens_of
 from tests.serving.kvstack import load_backend
 
@@ -82,19 +83,20 @@ def test_engine_layers_generic_runs_the_hf_forward_with_the_same_tokens(tiny_mod
     assert got["auto"] == got["generic"]
 
 
-def test_the_engine_layers_flag_reaches_the_backend_and_a_bad_value_is_refused(tmp_path, capsys):
+def test_the_engine_layers_flag_reaches_the_backend_and_a_bad_value_is_refused(tmp_path):
     parse = build_parser().parse_args
     default = create_backend(config_from_args(parse(["serve", "--data-dir", str(tmp_path)])))
     assert default.config.engine_layers == "auto"
     generic = config_from_args(parse(["serve", "--data-dir", str(tmp_path), "--engine-layers", "generic"]))
     assert generic.engine_layers == "generic" and create_backend(generic).config.engine_layers == "generic"
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(UsageError) as bad_flag:
         parse(["serve", "--engine-layers", "fast"])
-    assert exit_.value.code == 2
-    assert (
-        "argument --engine-layers: invalid choice: 'fast' (choose from auto, generic)"
-        in capsys.readouterr().err
+    assert str(bad_flag.value) == (
+        "kvmem serve: argument --engine-layers: invalid choice: 'fast' (choose from 'auto', 'generic')"
     )
     with pytest.raises(ValueError) as bad:
         TransformersBackendConfig(engine_layers="fast")
     assert str(bad.value) == "TransformersBackendConfig.engine_layers must be 'auto' or 'generic', got 'fast'"
+    with pytest.raises(ValueError) as bad_config:
+        ServingConfig(data_dir=tmp_path, engine_layers="fast")
+    assert str(bad_config.value) == "engine_layers must be one of auto, generic, got 'fast'"
