@@ -57,8 +57,8 @@ async def collect(backend, req, events: list, lock: threading.Lock) -> tuple[lis
     async for item in backend.stream(req):
         if isinstance(item, TokenDelta):
             ids.extend(item.token_ids)
-            with lock:
-                events.append((req.request_id, "token"))
+            with lock:  # one event a token: a delta can carry two (text held back until it decodes whole)
+                events.extend([(req.request_id, "token")] * len(item.token_ids))
         else:
             result = item
     return ids, result
