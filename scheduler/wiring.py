@@ -42,6 +42,7 @@ class BlockBackend(Protocol):
     builds_under_adapter: bool
 
     def reload_knowledge(self) -> None: ...
+    def use_kv_heat(self, heat: Callable[[str], float]) -> None: ...
     def is_ready(self) -> bool: ...
     def build_block(
         self, user_id: str, block_texts: Sequence[str], memory_ids=None, adapter_id=None
@@ -170,9 +171,8 @@ def make_scheduler(
             lambda user_id, facts: facts_current(store, user_id, facts),
         ),
     )
-    use_heat = getattr(backend, "use_kv_heat", None)
-    if use_heat is not None:  # the engine's eviction by expected reuse (--kv-evict-policy heat)
-        use_heat(lambda user_id: user_heat(scheduler, user_id, clock()))
+    # the engine's eviction by expected reuse (--kv-evict-policy heat); a backend without a page pool ignores it
+    backend.use_kv_heat(lambda user_id: user_heat(scheduler, user_id, clock()))
     return scheduler
 
 

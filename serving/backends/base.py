@@ -326,6 +326,11 @@ class Backend(ABC):
         `sampling_features`); raises InvalidResponseFormat saying why it cannot. Default: it cannot."""
         raise InvalidResponseFormat(f"the {self.name} backend serves no response format")
 
+    def use_kv_heat(self, heat: Callable[[str], float]) -> None:
+        """`heat(user_id)`: the scheduler's expected reuse of a user's memories, for an engine that evicts by it
+        (`--kv-evict-policy heat`); a backend without a page pool ignores it."""
+        return None
+
     def engine_stats(self) -> dict[str, int] | None:
         """The KV page pool's accounting (serving/engine/pages.py: pages_used, shared_bytes, private_bytes,
         ...) for /metrics, or None for a backend without one."""

@@ -243,13 +243,25 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         table = s.backend.sessions.peek("alice", "s1").cache
         session_own = set(table.pages) - {p for e in pool.shared._entries.values() for p in e.pages}
         assert len(session_own) * pool.shape.page_bytes == table.nbytes > 0
-        assert pool.used_pages == pool.shared.page_count() + len(session_own)
+        # the finished replies' full pages the prefix cache keeps (alice's and bob's), beyond those
+        cached = (
+            set(pool.prefix.pages())
+            - session_own
+            - {p for e in pool.shared._entries.values() for p in e.pages}
+        )
+        assert pool.prefix.pages("bob") and pool.prefix.pages("alice")
+        assert pool.used_pages == pool.shared.page_count() + len(session_own) + len(cached)
         m = engine_metrics(s.client.get("/metrics").text)
         assert m["kvmem_engine_kv_pages_used"] == pool.used_pages
         assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.shared.page_count() * pool.shape.page_bytes
-        assert m['kvmem_engine_kv_bytes{kind="private"}'] == table.nbytes  # the live session's own pages
+        # private: the live session's own pages and the cached ones
+        assert (
+            m['kvmem_engine_kv_bytes{kind="private"}'] == table.nbytes + len(cached) * pool.shape.page_bytes
+        )
         assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
-        assert pool.used_pages == head and block["item_id"] not in pool.shared
+        # the delete took alice's block, session and cached pages; bob's cached pages stay
+        assert pool.prefix.pages("alice") == [] and block["item_id"] not in pool.shared
+        assert pool.used_pages == head + len(set(pool.prefix.pages("bob")))
         assert s.backend.sessions.keys() == []
 
 
@@ -365,8 +377,9 @@ def test_a_request_the_pool_can_never_hold_gets_400_at_once(tmp_path, tiny_model
         pool = backend.pool
         capacity = pool.num_pages * pool.page_tokens
         head_pages = pool.pages_for(backend.head_item.num_tokens)
-        s.chat("bob")  # the system prompt's shared head is resident, unread
-        assert pool.used_pages == pool.shared.page_count() == head_pages
+        s.chat("bob")  # the system prompt's shared head is resident, unread; bob's full pages stay cached
+        cached = pool.prefix.pages("bob")
+        assert pool.shared.page_count() == head_pages and pool.used_pages == head_pages + len(cached)
         body = {
             "model": "default",
             "user": "bob",
@@ -380,7 +393,9 @@ def test_a_request_the_pool_can_never_hold_gets_400_at_once(tmp_path, tiny_model
             f"and the KV pool holds {capacity} tokens ({pool.num_pages} pages): lower max_tokens or shorten "
             "the conversation"
         )
-        assert pool.used_pages == pool.shared.page_count() == head_pages  # nothing evicted for it
+        # nothing evicted for it: the head and bob's cached pages are still there
+        assert pool.shared.page_count() == head_pages and pool.prefix.pages("bob") == cached
+        assert pool.used_pages == head_pages + len(cached)
 
 
 def test_a_request_that_finds_the_pool_full_gets_429_with_retry_after(tmp_path, tiny_model_dir):
@@ -405,8 +420,15 @@ def test_a_request_that_finds_the_pool_full_gets_429_with_retry_after(tmp_path, 
         assert pool.used_pages == pool.num_pages
         pool.release(held)
         assert s.chat("bob")["choices"][0]["finish_reason"] in ("stop", "length")
-        # only the head stays resident (unread now: the first thing evicted when pages are short)
-        assert pool.used_pages == pool.shared.page_count() == pool.pages_for(backend.head_item.num_tokens)
+        # only the head stays resident (unread now: the first thing evicted when pages are short), with the
+        # reply's full pages in bob's prefix cache
+        head_pages = pool.pages_for(backend.head_item.num_tokens)
+        assert pool.shared.page_count() == head_pages
+        assert (
+            pool.used_pages
+            == head_pages + len(pool.prefix.pages())
+            == head_pages + len(pool.prefix.pages("bob"))
+        )
 
 
 @pytest.mark.skipif(attention.CPU_FLASH is None, reason="this torch has no fused CPU attention with its lse")
