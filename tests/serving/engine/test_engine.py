@@ -555,12 +555,13 @@ def test_sliding_window_layers_in_the_engine_equal_a_full_prefill(tokenizer, kin
     assert config.sliding_window == 40
     if kind == "qwen2":
         assert config.layer_types == ["full_attention", "sliding_attention"]
-    pool, _, _ = equal_to_a_full_prefill(model, tokenizer, kind, min_prompt=41)
+    # replies long enough that a row's window moves past its block's shared pages as it decodes
+    pool, _, _ = equal_to_a_full_prefill(model, tokenizer, kind, min_prompt=41, max_new=48)
     assert pool.used_pages == pool.shared.page_count()
     assert groups["masked"] > 0 and groups["left"] > 0
 
 
-def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0):
+def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0, max_new: int = 8):
     """The four requests of prompts_and_blocks and a fifth over the first one's block (a prefix group with
     it), alone (in chunks or not) and batched: each one's greedy tokens are the model's own full prefill's.
     Returns (the pool, a batch runner, the full prefills' tokens of the batch)."""
@@ -569,7 +570,7 @@ def equal_to_a_full_prefill(model, tokenizer, kind: str, min_prompt: int = 0):
     handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
     requests = prompts_and_blocks(handle, tokenizer)
     assert min(len(ids) for ids, _ in requests) >= min_prompt
-    sp = Sampling(max_new_tokens=8)
+    sp = Sampling(max_new_tokens=max_new)
     full = [list(generate(model, ids, sampling=sp)) for ids, _ in requests]
     pool = make_pool(model)
     for (ids, item), expected in zip(requests, full, strict=True):
