@@ -82,9 +82,13 @@ def test_a_sessions_next_turn_starts_from_its_cache_with_the_same_tokens(tmp_pat
         block_len = s.plan("alice")["tokens"]
         window = getattr(s.backend.handle.model.config.get_text_config(), "sliding_window", None)
         assert window is None or block_len > window
-        plain = conversation(s, "alice", None)  # no session: the block item only
+        # no session, and the prefix cache (tested in test_prefix_reuse.py) emptied before each turn: the block
+        # item only
+        forget = lambda: s.backend.pool.prefix.drop_user("alice")  # noqa: E731
+        plain = conversation(s, "alice", None, forget)
         assert [cached(r) for r in plain] == [block_len, block_len]
         assert s.backend.sessions.keys() == []
+        forget()
         kept = []
         first, second = conversation(
             s, "alice", "s1", lambda: kept.append(s.backend.sessions.peek("alice", "s1"))

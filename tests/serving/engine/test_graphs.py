@@ -201,6 +201,7 @@ def test_the_server_steps_through_its_pools_graphs(tmp_path, tiny_model_dir):
         assert pool.graphs.failed == set()
         own = {p for e in s.backend.sessions.keys() for p in s.backend.sessions.peek(*e).cache.pages}
         own -= {p for e in pool.shared._entries.values() for p in e.pages}
+        own |= set(pool.prefix.pages())  # and the finished replies' full pages the prefix cache keeps
         assert pool.used_pages == pool.shared.page_count() + len(own)
 
 
