@@ -66,12 +66,12 @@ def test_staggered_batch_gives_each_sequence_its_tokens_alone(tiny_handle, token
         requests[2][1].num_tokens,
         0,
     ]
-    # prefills of 12, 193 (7 chunks of 32), 25 and 51 (2) tokens past the blocks; the decode batch as they come
+    # prefills of 12, 196 (7 chunks of 32), 25 and 54 (2) tokens past the blocks (layout 3's prompts); the decode batch as they come
     # and go: 0 alone, 0+2 (1 is still prefilling), 0+2+3, 2+3, 2 alone, then 1+2 and 1 alone
     assert sizes == [1, 2, 2, 3, 2, 1, 1, 2, 2] + [1] * 9 and sum(sizes) == sum(len(a) - 1 for a in alone)
     rest = [len(ids) - (item.num_tokens if item else 0) for ids, item in requests]
     chunks = [c for n in rest for c in [32] * (n // 32) + [n % 32] if c]
-    assert rest == [12, 193, 25, 51] and len(log.calls) == len(chunks) + len(sizes)
+    assert rest == [12, 196, 25, 54] and len(log.calls) == len(chunks) + len(sizes)
     assert sorted(n for n, *_ in log.calls if n > 1) == sorted(c for c in chunks if c > 1)
     assert all(tuple(state) == (True, False, False) for _, *state in log.calls)
     assert torch.is_inference_mode_enabled() is False
