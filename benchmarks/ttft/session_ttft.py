@@ -106,7 +106,9 @@ def one_turn(client: Any, model: str, user: str, session: str, messages: list[di
 
 
 def converse(bases: dict[str, str], user: str, turns: int, max_tokens: int, session: str) -> list[Turn]:
-    """One conversation sent to every arm's server, turn by turn; each arm keeps its own history."""
+    """One conversation sent to every arm's server, turn by turn; each arm keeps its own history. Its system
+    message names the conversation, so no conversation's first turn starts from another's pages in the
+    server's automatic prefix cache (the warm-up's): turn 1 is served from the block alone."""
     from openai import OpenAI
 
     models = {a: _get(f"{b}/v1/models")["data"][0]["id"] for a, b in bases.items()}
@@ -114,7 +116,8 @@ def converse(bases: dict[str, str], user: str, turns: int, max_tokens: int, sess
         a: OpenAI(base_url=f"{b}/v1", api_key="unused", max_retries=0, timeout=600) for a, b in bases.items()
     }
     history = {
-        a: [{"role": "system", "content": "You are talking to a returning user. Be brief."}] for a in bases
+        a: [{"role": "system", "content": f"{session}: you are talking to a returning user. Be brief."}]
+        for a in bases
     }
     out: list[Turn] = []
     for k in range(turns):
@@ -148,7 +151,9 @@ def converse(bases: dict[str, str], user: str, turns: int, max_tokens: int, sess
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft.session_ttft", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ttft.session_ttft", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="conversations (fresh sessions) per arm; medians")
