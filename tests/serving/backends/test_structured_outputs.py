@@ -115,10 +115,19 @@ def test_the_default_models_json_object_reply_is_one_json_object(real_server):
     fmt = ResponseFormat("json_object")
     backend.check_response_format(fmt)
     ids, result = asyncio.run(
-        tokens_of(backend, request(backend, "o", "Give me a JSON object with your name.", 60, fmt))
+        tokens_of(
+            backend,
+            request(
+                backend,
+                "o",
+                'Reply with a JSON object with one key, "city", set to the capital of France.',
+                200,
+                fmt,
+            ),
+        )
     )
+    assert result.finish_reason == "stop", text_of(backend, ids)  # the object closed, not cut at max_tokens
     assert isinstance(json.loads(text_of(backend, ids)), dict)
-    assert result.finish_reason == "stop"
 
 
 def test_a_row_without_a_format_decodes_beside_a_constrained_one_with_its_tokens_alone(server):
