@@ -22,6 +22,7 @@ from typing import Any
 
 from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
 from kvmem.adapters.active import facts_current
+from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill.gates import GateConfig, GateReport, run_gates
 from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
@@ -41,6 +42,8 @@ class DistillConfig:
     # an adapter refused by the damage gate alone is trained once more with a stronger replay term
     # (TrainConfig.stronger_replay); only the attempt that is kept is written
     damage_retry: bool = True
+    # each fact also restated and asked in augment.py's wordings (False: data.py's training templates only)
+    augment: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ def distill_user(
     facts = sorted(selection.facts, key=lambda f: (f.text, f.memory_id))
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
+    if config.augment:
+        examples += augmented_examples(facts)
     fact_texts = [f.text for f in facts]
     questions = gate_questions(facts, seed=seed + GATE_SEED_OFFSET)
     unanswerable = unanswerable_gate(facts)
