@@ -136,6 +136,7 @@ class PagePool:
         self.generation = 0
         self.listeners: list[Callable[[], None]] = []
         self.graphs = None  # the model's decode graphs (graphs.DecodeGraphs), set by its owner on a GPU
+        self.prefill_graphs = None  # lone prefill chunks' graphs (prefill_graphs.PrefillGraphs), likewise
 
     # -- pages ---------------------------------------------------------------------------------------------
     @property

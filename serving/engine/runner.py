@@ -153,6 +153,9 @@ def step(model: torch.nn.Module, pool: PagePool, prefills: list, decodes: list) 
             if pool.graphs is not None and not prefills and decodes:  # a pure decode step: a CUDA graph
                 shape = pool.graphs.bucket_for(decodes)
                 logits = None if shape is None else pool.graphs.logits(decodes, shape)
+            elif pool.prefill_graphs is not None and len(prefills) == 1 and not decodes:  # a lone chunk
+                shape = pool.prefill_graphs.bucket_for(prefills[0], len(chunks[0]))
+                logits = None if shape is None else pool.prefill_graphs.logits(prefills[0], chunks[0], shape)
             if logits is None:
                 logits = forward(model, pool, seqs, chunks)
             yields = [i for i, s in enumerate(seqs) if s.decoding or len(chunks[i]) == len(s._prefill)]
