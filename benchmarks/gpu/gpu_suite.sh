@@ -72,20 +72,20 @@ if [ "${SMOKE:-0}" = 1 ]; then
   QWEN=(--ctx 300 --query 40 --reps 1); ENG=(--block-tokens 300 --requests 4 --tokens 4 --pool-mb 256)
   LOAD=(--levels 1 2 --duration-s 5); GT=(--smoke)
   PROF=(--rows 1 2 --chunks 16 --ctx 0 64 --reps 1 --profile-steps 1 --pool-mb 256)
-  DP=(--tiny --rows 1 3 --prompt 20 --new-tokens 4)
+  DP=(--tiny --rows 1 3 --prompt 20 --new-tokens 4); PG=(--cells 300x40 --reps 1 --pool-mb 256)
 else
   EX=(--sizes 500 2000 6000 --queries 20 150 950); GRID=(--quick)
   QWEN=(--reps 3)  # the MemOS cells (benchmarks/anchors)
   ENG=(--block-tokens 2000 --requests 32 --tokens 32 --pool-mb 4096); LOAD=(--levels 1 8 32 --duration-s 20)
   GT=(); PROF=()
-  DP=(--rows 1 8 32 64 --prompt 256 --new-tokens 64)
+  DP=(--rows 1 8 32 64 --prompt 256 --new-tokens 64); PG=(--reps 3)  # PG: MemOS's nine cells
 fi
 MODEL="$OUT/model"
 RANDOM_MODEL=()
 [ -n "${KVMEM_TOKENIZER_DIR:-}" ] && RANDOM_MODEL=(--random)
 step model 120 "$PY" -m benchmarks.gpu.gpu_model --out "$MODEL" "${RANDOM_MODEL[@]}"
 if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens (tiny llama; needs pytest there)
-  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py
+  step graphs_test 90 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py tests/serving/engine/test_prefill_graphs.py
 fi
 # decode on Qwen3-8B's shape (random bf16 weights) at 1, 8, 32 and 64 requests through the engine and through
 # transformers' continuous batching (generate_batch, paged|sdpa, CUDA graphs), same process, same card (issue 43
@@ -104,10 +104,13 @@ step step_profile 90 "$PY" -m benchmarks.engine.step_profile --model "$MODEL" --
 if [ "$DEVICE" = cuda ]; then  # Qwen3-8B's shape: 16 GB of bf16 weights, GPU only
   step step_profile_qwen3_8b 120 "$PY" -m benchmarks.engine.step_profile --random-preset qwen3-8b --dtype bfloat16 --device cuda "${PROF[@]}" --pool-mb 8192 --out "$OUT/step_profile_qwen3_8b.json"
   step ttft_qwen3_8b 120 "$PY" -m benchmarks.ttft.ttft_grid --random-preset qwen3-8b "${QWEN[@]}" --device cuda --out "$OUT/ttft_qwen3_8b.json"
+  # a KV-injected request's query-only forward, eager vs replayed from a prefill CUDA graph (issue 43 item 3)
+  step prefill_graphs_qwen3_8b 100 "$PY" -m benchmarks.engine.prefill_graphs_bench --random-preset qwen3-8b --dtype bfloat16 --device cuda "${PG[@]}" --pool-mb 8192 --out "$OUT/prefill_graphs_qwen3_8b.json"
 fi
 step exactness_fp32 90 "$PY" -m benchmarks.ttft.exactness --model "$MODEL" --device "$DEVICE" --dtype float32 "${EX[@]}" --out "$OUT/exactness_fp32.json"
 step exactness_bf16 120 "$PY" -m benchmarks.ttft.exactness --model "$MODEL" --device "$DEVICE" --dtype bfloat16 "${EX[@]}" --out "$OUT/exactness_bf16.json"
 step ttft_default 60 "$PY" -m benchmarks.ttft.ttft_grid --model "$MODEL" --device "$DEVICE" "${GRID[@]}" --out "$OUT/ttft_default.json"
+step prefill_graphs 60 "$PY" -m benchmarks.engine.prefill_graphs_bench --model "$MODEL" --device "$DEVICE" "${PG[@]}" --out "$OUT/prefill_graphs.json"
 # the torch.compile'd model (inductor; dynamic shapes, no CUDA graphs): its compile did not finish within 120 s
 # on the H100 (2026-11-27), so it runs last, on what is left of the budget
 if [ "$DEVICE" = cuda ]; then
