@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.engine.errors import PoolFull as PoolFull  # the engine's, re-exported for the backends
@@ -183,6 +183,9 @@ class TokenDelta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    # another item of the same stream was handed over with this one: the SSE writer writes their chunks in one
+    # write (serving/chat/sse.py); not part of what the delta says
+    more: bool = field(default=False, compare=False)
 
 
 # Why a request's KV block could not be used, as a fixed category: it is a metrics label on an unauthenticated

@@ -10,7 +10,6 @@ Knows nothing of auth or routing: it is handed a user id it may serve.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from serving.backends.base import (
     TokenDelta,
     TokenLogprob,
 )
+from serving.chat import sse
 from serving.chat.openai_params import check_params, response_format
 from serving.chat.prepare import MAX_PREPARES, ChatPreparer, PreparedChat, memories_changed
 from serving.config import DEFAULT_MODEL, ServingConfig
@@ -40,7 +40,6 @@ from serving.http.protocol import (
     ApiError,
     ChatCompletionRequest,
     bad_request,
-    chunk_dict,
     completion_dict,
     logprobs_dict,
     usage_dict,
@@ -279,60 +278,9 @@ class ChatService:
         not-ready and backend errors still become proper HTTP errors rather than a broken 200 stream."""
         prepared, started = await self._started(prepared, is_disconnected)
         first = await anext(started)  # already produced: no wait
-        return self._sse(prepared, model, include_usage, first, started)
-
-    async def _sse(
-        self,
-        prepared: PreparedChat,
-        model: str,
-        include_usage: bool,
-        first: StreamItem,
-        items: AsyncIterator[StreamItem],
-    ) -> AsyncIterator[str]:
-        created = int(time.time())
-
-        def event(delta: dict | None, **kw: Any) -> str:
-            chunk = chunk_dict(
-                completion_id=prepared.request.request_id,
-                created=created,
-                model=model,
-                delta=delta,
-                with_usage_field=include_usage,
-                **kw,
-            )
-            return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-
-        content_event = _content_event(event)
-
-        async def chained() -> AsyncIterator[StreamItem]:
-            yield first
-            async for item in items:
-                yield item
-
-        try:
-            yield event({"role": "assistant", "content": ""})
-            async for item in chained():
-                if isinstance(item, TokenDelta):
-                    if item.logprobs:  # a token whose text is not complete yet still brings its logprob
-                        yield event({"content": item.text}, logprobs=logprobs_dict(item.logprobs))
-                    elif item.text:
-                        yield content_event(item.text)
-                    continue
-                yield event({}, finish_reason=item.finish_reason, memory=prepared.memory_dict(item))
-                if include_usage:
-                    usage = usage_dict(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
-                    yield event(None, usage=usage)
-            yield "data: [DONE]\n\n"
-        except ApiError as e:
-            yield f"data: {json.dumps(e.to_dict())}\n\n"
-        except Exception:
-            logger.exception("stream %s failed after it started", prepared.request.request_id)
-            error = ApiError(
-                500, "the backend failed while streaming", type="server_error", code="backend_error"
-            )
-            yield f"data: {json.dumps(error.to_dict())}\n\n"
-        finally:
-            await items.aclose()  # type: ignore[attr-defined]
+        request_id = prepared.request.request_id
+        event = sse.chunk_encoder(request_id, int(time.time()), model, include_usage)
+        return sse.events(request_id, event, include_usage, prepared.memory_dict, first, started)
 
     # -- after the turn ---------------------------------------------------------------------------------------
     def _after_turn(
@@ -354,7 +302,10 @@ class ChatService:
         )
         self._scheduler.record_access(event)  # an enqueue
         # a block prefilled because that was cheaper than loading it ("recompute") is servable: not reported
-        if result.kv_fallback_reason not in (None, "recompute") and prepared.request.block_item_id is not None:
+        if (
+            result.kv_fallback_reason not in (None, "recompute")
+            and prepared.request.block_item_id is not None
+        ):
             # off the event loop: dropping the block takes the KV store's lock and unlinks its files
             user_id, item_id = prepared.request.user_id, prepared.request.block_item_id
             self._in_background(self._scheduler.report_unservable, user_id, item_id)
@@ -429,21 +380,6 @@ class _LoggedTurn:
     """The user's turn of one request, once logged (None: not logged, or not yet)."""
 
     user_turn_id: str | None = None
-
-
-_MARK = "\x00kvmem-content\x00"  # a content no chunk's other fields contain (checked), in JSON
-_MARK_JSON = json.dumps(_MARK, ensure_ascii=False)
-
-
-def _content_event(event: Callable[[dict], str]) -> Callable[[str], str]:
-    """`text -> event({"content": text})`, made once per stream: the chunk's JSON around its content is the
-    same for every token, so only the content is encoded per token (the bytes are the same as event's: the same
-    encoder writes the same string in place). Falls back to `event` when the mark is not found once."""
-    head, mark, tail = event({"content": _MARK}).partition(_MARK_JSON)
-    if not mark or _MARK_JSON in tail:
-        return lambda text: event({"content": text})
-    dumps = json.dumps
-    return lambda text: f"{head}{dumps(text, ensure_ascii=False)}{tail}"
 
 
 async def _prepend(first: StreamItem, rest: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:

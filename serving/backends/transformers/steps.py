@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from dataclasses import replace
 
 from serving.backends.base import (
     BackendError,
@@ -281,11 +282,15 @@ class EngineRequests:
                 # everything the model thread sent since the last take (several items when this reader fell
                 # behind); whether the client left is asked every 0.25 s, not per token (it costs ~50 us; a
                 # stream's response also watches for the disconnect itself)
-                for obj in await inbox.take(0.25):
+                batch = await inbox.take(0.25)
+                last = len(batch) - 1
+                for i, obj in enumerate(batch):
                     if isinstance(obj, PoolFull | PoolTooSmall):  # 429 (no pages in kv_wait_s), 400 (never)
                         raise obj
                     if isinstance(obj, BaseException):
                         raise BackendError(f"generation failed: {obj}") from obj
+                    if i < last and isinstance(obj, TokenDelta):  # its SSE chunk goes out with the next's
+                        obj = replace(obj, more=True)
                     yield obj
                     if isinstance(obj, GenerationResult):
                         return

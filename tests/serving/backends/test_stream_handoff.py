@@ -48,3 +48,43 @@ def test_concurrent_streams_get_a_steps_tokens_in_one_event_loop_hop(tiny_backen
     assert [r.finish_reason for _, r in together] == [r.finish_reason for _, r in alone]
     # admitted in one turn, they step together: at most one hop a step (9 steps), against one per item before
     assert 1 <= len(hops) <= 9 < len(items)
+
+
+def test_a_delta_is_marked_more_when_another_item_came_with_it(tiny_backend, monkeypatch):
+    """Each stream's items, as taken from its inbox in batches (one hand-off, or a reader behind): every
+    TokenDelta but a batch's last is marked `more` (its SSE chunk goes out in one write with the next's,
+    serving/chat/sse.py), the last of a batch is not, and the items are the batches' in order."""
+    from serving.engine import handoff
+
+    batches: dict[int, list[list]] = {}
+    real_take = handoff.Inbox.take
+
+    async def take(inbox, timeout_s):
+        got = await real_take(inbox, timeout_s)
+        if got:
+            batches.setdefault(id(inbox), []).append(got)
+        return got
+
+    monkeypatch.setattr(handoff.Inbox, "take", take)
+    backend = tiny_backend
+    requests = []
+    for i, (question, max_new) in enumerate([("Hi", 4), ("Where do I live?", 7)]):
+        prompt = backend.layout_prompt([], [], [{"role": "user", "content": question}], None)
+        requests.append(
+            GenerationRequest(f"m{i}", "u", prompt, None, SamplingParams(max_new, temperature=0.0))
+        )
+
+    async def items_of(req):
+        return [item async for item in backend.stream(req)]
+
+    together = run_together(backend, [items_of(r) for r in requests])
+    assert len(batches) == 2
+    streamed = sorted(together, key=len)
+    for items, taken in zip(streamed, sorted(batches.values(), key=lambda b: sum(map(len, b))), strict=True):
+        assert items == [obj for batch in taken for obj in batch]  # `more` is not compared: same items
+        marks = [item.more for item in items if isinstance(item, TokenDelta)]
+        expected = [i < len(b) - 1 for b in taken for i, obj in enumerate(b) if isinstance(obj, TokenDelta)]
+        assert marks == expected
+        assert any(
+            len(b) > 1 for b in taken
+        )  # the last delta comes with the result (or the reader fell behind)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from serving.chat.service import _content_event
+from serving.chat.sse import content_event as _content_event
 from serving.http.protocol import chunk_dict
 
 TEXTS = [
