@@ -5,7 +5,9 @@ calls per operation (sys.setprofile; a count a busy machine does not change) and
   `Inbox.take` (serving/engine/handoff.py), an item being there;
 - `is_disconnected`: Starlette's Request.is_disconnected, asked after every token before, every 0.25 s now;
 - `event(chunk_dict)`: a content chunk's SSE line from the whole chunk dict, against the per-stream template
-  (`serving/chat/service.py` `_content_event`), the same bytes.
+  (`serving/chat/sse.py` `content_event`), the same bytes;
+- `detok.add`: the engine's incremental detokenizer (serving/engine/detok.py) on the default model's tokenizer,
+  per token of a 74-token reply with multi-byte characters (flush included), on the model thread.
 
     python -m benchmarks.load.token_path_micro --out benchmarks/results/cpu/token_path_micro.json
 """
@@ -59,7 +61,7 @@ async def _is_disconnected(reps: int) -> None:
 
 
 def _events():
-    from serving.chat.service import _content_event
+    from serving.chat.sse import content_event as _content_event
     from serving.http.protocol import chunk_dict
 
     def event(delta, **kw):
@@ -87,6 +89,30 @@ def _events():
     return full, template
 
 
+def _detok():
+    from transformers import AutoTokenizer
+
+    from kvmem.models import provision
+    from serving.engine.detok import IncrementalDetokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(provision()))
+    text = (
+        "Sure! Here is a plan for your weekend in Lisbon: visit the bees, cook a sourdough. 日本語 😀 done."
+    )
+    ids = tokenizer.encode(text) * 2
+
+    def add(reps: int) -> None:
+        done = 0
+        while done < reps:
+            d = IncrementalDetokenizer(tokenizer)
+            for i in ids[: reps - done]:
+                d.add(i)
+            d.flush()
+            done += min(len(ids), reps - done)
+
+    return add
+
+
 def _measure(fn, reps: int) -> dict:
     calls = _Calls()
     sys.setprofile(calls)
@@ -112,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
         "is_disconnected": lambda n: asyncio.run(_is_disconnected(n)),
         "event(chunk_dict)": full,
         "content_event": template,
+        "detok.add": _detok(),
     }
     ops = {name: _measure(fn, args.reps) for name, fn in arms.items()}
     print_table(

@@ -45,7 +45,15 @@ def test_token_path_micro_counts_the_pieces(capsys):
 
     ops = token_path_micro.main(["--reps", "20"])["ops"]
     assert sorted(ops) == sorted(
-        ["wait_for(queue.get)", "Inbox.take", "is_disconnected", "event(chunk_dict)", "content_event"]
+        [
+            "wait_for(queue.get)",
+            "Inbox.take",
+            "is_disconnected",
+            "event(chunk_dict)",
+            "content_event",
+            "detok.add",
+        ]
     )
+    assert 0 < ops["detok.add"]["calls_per_op"] < 200
     assert ops["Inbox.take"]["calls_per_op"] < ops["wait_for(queue.get)"]["calls_per_op"]
     assert ops["content_event"]["calls_per_op"] < ops["event(chunk_dict)"]["calls_per_op"]
