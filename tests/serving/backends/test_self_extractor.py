@@ -73,7 +73,8 @@ def test_a_formation_pass_on_the_default_model_is_schema_valid_and_commits_its_d
     extractor = ModelExtractor(recorded)
     worker = FormationWorker(store, extractor, decider=extractor.decide)
     result = worker.form_user("u")
-    assert result.error is None and result.num_turns == 2  # the user turns (an assistant turn is never formed)
+    # the user turns (an assistant turn is never formed)
+    assert result.error is None and result.num_turns == 2
     extraction, *decisions = recorded.replies
     assert extraction[0] is FACTS_SCHEMA and extraction[2] == "stop"
     facts = json.loads(extraction[1])["facts"]
