@@ -12,6 +12,15 @@ Run once for a report (the set must not be used to change the rules):
 
     python -m benchmarks.memory.state_changes_heldout --out benchmarks/results/cpu/state_changes_heldout.json
 
+`--extractor self` (the served model forming memories, issue 45 item 2) goes through the server's own path:
+each turn logged in a MemoryStore (the server's default embedder) and formed by scheduler.formation's
+FormationWorker with kvmem/formation/self_model.py's ModelExtractor over a TransformersBackend
+(serving/background/self_generate.py), which decides add / update / delete / none itself; `--served` takes
+that path for any extractor. Its one scoring (the demo model, float32, one thread; hours on a busy 2-core CPU):
+
+    OMP_NUM_THREADS=1 python -m benchmarks.memory.state_changes_heldout --extractor self \
+        --out benchmarks/results/cpu/state_changes_heldout_self.json
+
 The data's sha256 is checked against the sealed one first; a mismatch is an error.
 """
 
@@ -21,7 +30,7 @@ import argparse
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -83,18 +92,74 @@ def run_item(item: dict, extractor: Extractor) -> dict:
     return {"superseded_turns": superseded_from, "new_facts": new_texts}
 
 
+def run_item_served(item: dict, worker, store) -> dict:
+    """As run_item, through the server's own formation path: each turn logged in a MemoryStore and formed by
+    scheduler.formation.FormationWorker with the extractor's decider (for `self`: the served model's add /
+    update / delete / none against the store's most similar current memories)."""
+    user = f"sc-{item['id']}"
+    times = [_START + timedelta(minutes=5 * i) for i in range(len(item["prefix"]))]
+    times.append(times[-1] + _GAP)
+    index_of: dict[str, int] = {}
+    for index, (text, moment) in enumerate(zip([*item["prefix"], item["turn"]], times, strict=True)):
+        logged = store.log_turns(user, [{"role": "user", "content": text, "chat_time": _iso(moment)}])
+        index_of[logged[0].id] = index
+        while store.pending_turns(user, limit=1):
+            result = worker.form_user(user)
+            if result.error is not None:
+                raise RuntimeError(f"item {item['id']}: formation failed: {result.error}")
+    rows = store.list(user, state="all", include_superseded=True, page_size=1000).items
+    superseded_from: list[int] = []
+    new_facts: list[str] = []
+    for memory in sorted(rows, key=lambda m: m.created_at):
+        turns = sorted({index_of[t] for t in memory.source_turn_ids if t in index_of})
+        if memory.superseded_by is not None or memory.valid_to is not None:
+            superseded_from += turns
+        if len(item["prefix"]) in turns and memory.state == "active":
+            new_facts.append(memory.text)
+    return {"superseded_turns": superseded_from, "new_facts": new_facts}
+
+
+def served_runner(extractor_name: str, model: str | None, store_dir: Path, embedder=None):
+    """`item -> run_item_served(...)` for an extractor formed as the server forms it; for `self`, the model's
+    engine (serving/background/self_generate.py over a TransformersBackend: the server's code) decides."""
+    from kvmem.text import MemoryStore
+    from scheduler.formation import FormationWorker
+
+    store = MemoryStore(store_dir / "memories.sqlite", embedder=embedder)  # None: the server's default
+    if extractor_name == "self":
+        from kvmem.formation.self_model import ModelExtractor
+        from kvmem.models import provision_demo_model
+        from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+        from serving.background.self_generate import backend_generate
+
+        backend = TransformersBackend(
+            TransformersBackendConfig(
+                model=model or str(provision_demo_model()),
+                data_dir=str(store_dir / "engine"),
+                dtype="float32",
+            )
+        )
+        backend.load()
+        extractor = ModelExtractor(backend_generate(backend))
+        worker = FormationWorker(store, extractor, decider=extractor.decide)
+    else:
+        worker = FormationWorker(store, make_extractor(extractor_name))
+    return lambda item: run_item_served(item, worker, store)
+
+
 def _ratio(num: int, den: int) -> float | None:
     return round(num / den, 4) if den else None
 
 
-def score(items: Sequence[dict], extractor: Extractor) -> dict:
+def score(items: Sequence[dict], extractor: Extractor | Callable[[dict], dict]) -> dict:
+    run = extractor if callable(extractor) else (lambda item: run_item(item, extractor))
     per_category: dict[str, list[bool]] = defaultdict(list)
     caught = changes = false_sup = non_changes = 0
     wrong_in_changes = 0
     chit = chit_stored = questions = questions_stored = empty = empty_stored = 0
     misses: list[dict] = []
     for item in items:
-        got = run_item(item, extractor)
+        got = run(item)
         lost = got["superseded_turns"]
         if item["kind"] == "change":
             changes += 1
@@ -139,6 +204,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--extractor", default="rules", help="a registered extractor name (default rules)")
     parser.add_argument("--data-dir", type=Path, default=DATA)
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="form through the server's path (a MemoryStore and scheduler.formation.FormationWorker with the "
+        "extractor's decider); always so for `self`",
+    )
+    parser.add_argument(
+        "--model", default=None, help="`self`'s model dir (default: the provisioned demo model)"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="the store's and engine's dir (default: a temp)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     env = env_info()
@@ -150,8 +227,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "data_sha256": (args.data_dir / "heldout.jsonl.sha256").read_text().split()[0],
         "extractor": args.extractor,
         "targets": {"changes_caught": ">= 0.8", "false_supersessions": "<= 0.02", "chit_chat_stored": 0},
-        **score(items, make_extractor(args.extractor)),
     }
+    if args.served or args.extractor == "self":
+        import tempfile
+
+        work = args.work_dir or Path(tempfile.mkdtemp(prefix="kvmem-heldout-"))
+        result["path"] = "served (MemoryStore + FormationWorker)"
+        result.update(score(items, served_runner(args.extractor, args.model, work)))
+    else:
+        result.update(score(items, make_extractor(args.extractor)))
     if args.out is not None:
         write_outputs(result, args.out)
     else:

@@ -76,3 +76,32 @@ def test_the_scorer_counts_catches_false_supersessions_and_chit_chat(tmp_path) -
     (tmp_path / "heldout.jsonl").write_bytes(data.replace(b"Oslo", b"Olso"))
     with pytest.raises(ValueError, match="sha256 differs"):
         load_items(tmp_path)
+
+
+def test_the_served_path_scores_the_rules_as_the_direct_path(tmp_path) -> None:
+    """`--served` (the path `--extractor self` always takes): each turn logged in a MemoryStore and formed by
+    the server's FormationWorker; on hand-made items the rules score as through consolidate_batch directly."""
+    from benchmarks.memory.state_changes_heldout import score, served_runner
+    from kvmem.formation.rules import RuleExtractor
+    from kvmem.text import HashEmbedder
+
+    def row(i: str, kind: str, prefix: list[str], turn: str, new: str | None) -> dict:
+        return {"id": i, "kind": kind, "category": "move" if kind == "change" else "chit_chat", "prefix": prefix,
+                "turn": turn, "superseded_turn": 0 if kind == "change" else None, "old_fact": "x",
+                "new_fact": new}  # fmt: skip
+
+    items = [
+        row("c0", "change", ["I live in Oslo."], "I moved to Bergen.", "home: Bergen"),
+        row("c1", "change", ["I live in Oslo."], "Bergen is where I sleep now.", "home: Bergen"),
+        row("n0", "non_change", ["I live in Oslo."], "Thanks!", None),
+    ]
+    served = score(items, served_runner("rules", None, tmp_path, embedder=HashEmbedder()))
+    direct = score(items, RuleExtractor())
+    assert [m["id"] for m in served["misses"]] == [m["id"] for m in direct["misses"]] == ["c1"]
+    for key in ("changes_caught", "false_supersessions", "chit_chat_stored", "no_new_fact_but_stored"):
+        assert served[key] == direct[key]
+    assert (served["changes_caught"], served["false_supersessions"], served["chit_chat_stored"]) == (
+        0.5,
+        0.0,
+        0,
+    )
