@@ -1,6 +1,8 @@
 """Retrieval recall over FORMED memories (credited through their source turns) vs over RAW turns, on REALTALK.
 
 Run: python -m benchmarks.memory.formed_recall --split report --out benchmarks/results/cpu/formed_recall.json
+With the served model forming (`--extractor self`, issue 45): add `--self-model demo` (the demo model in this
+process's engine, one torch thread; formed once, no 'both' store; hours on a busy CPU: `--limit-chats N` bounds it).
 Each conversation is one user (as in benchmarks.memory.recall_bench), in three stores sharing one embedder:
   raw:    every turn added as a memory (recall_bench's load_conversations); a hit is credited with its turn.
   formed: every turn logged (store.log_turns, role 'user' for both speakers, since both are people; name = the
@@ -51,10 +53,16 @@ def user_of(conversation: Conversation) -> str:
 
 
 def log_and_form(
-    store: MemoryStore, conversations: list[Conversation]
+    store: MemoryStore, conversations: list[Conversation], extractor=None
 ) -> tuple[dict[str, dict[str, str]], dict]:
-    """Logs every turn and forms them; returns user -> log turn id -> dia_id, and formation figures."""
-    worker = FormationWorker(store, RuleExtractor(), FormationConfig(batch_turns=BATCH_TURNS))
+    """Logs every turn and forms them; returns user -> log turn id -> dia_id, and formation figures.
+    `extractor`: the rules (None) or self_model.ModelExtractor, whose own decider then decides the updates
+    (as the server's formation does for `--extractor self`)."""
+    config = FormationConfig(batch_turns=BATCH_TURNS)
+    if extractor is None:
+        worker = FormationWorker(store, RuleExtractor(), config)
+    else:
+        worker = FormationWorker(store, extractor, config, decider=extractor.decide)
     turn_dia: dict[str, dict[str, str]] = {}
     totals = dict.fromkeys(
         ("passes", "turns_formed", "added", "duplicates", "superseded", "dropped", "failed_passes"), 0
@@ -153,6 +161,7 @@ def run(
     embedder_spec: str,
     vector_cache: Path | None,
     limit_chats: int | None = None,
+    self_model: str | None = None,
 ) -> dict:
     conversations = load_split(data_dir, split)
     if limit_chats is not None:
@@ -160,6 +169,7 @@ def run(
     embedder = CachedEmbedder(load_embedder(embedder_spec), vector_cache)  # one embedder for all three stores
     config = TextStoreConfig()
     loadavg_start = list(os.getloadavg())
+    extractor = None if self_model is None else self_extractor(self_model)
     recall: dict = {}
     formation: dict = {}
     timing: dict = {}
@@ -174,16 +184,49 @@ def run(
             recall["raw"] = evaluate(store, conversations, raw_dia, {})
         # formed
         with MemoryStore(Path(tmp) / "formed.db", embedder=embedder, config=config) as store:
-            turn_dia, formation["formed"] = log_and_form(store, conversations)
+            turn_dia, formation["formed"] = log_and_form(store, conversations, extractor)
             embedder.save()
             recall["formed"] = evaluate(store, conversations, {}, turn_dia)
-        # both: formed first (consolidation sees formed memories only), then the raw turns as memories
+        # both: formed first (consolidation sees formed memories only), then the raw turns as memories;
+        # not with --self-model (a second LLM formation of every turn)
         with MemoryStore(Path(tmp) / "both.db", embedder=embedder, config=config) as store:
+            if extractor is not None:
+                recall["both"] = {"skipped": "--self-model: formed once only"}
+                return _result(
+                    split, conversations, embedder, extractor, formation, timing, loadavg_start, recall
+                )
             turn_dia, formation["both"] = log_and_form(store, conversations)
             ids = load_conversations(store, conversations)
             raw_dia = {u: {m: d for d, m in by_dia.items()} for u, by_dia in ids.items()}
             embedder.save()
             recall["both"] = evaluate(store, conversations, raw_dia, turn_dia)
+    return _result(split, conversations, embedder, extractor, formation, timing, loadavg_start, recall)
+
+
+def self_extractor(model: str):
+    """The `self` extractor over a TransformersBackend of `model` (a dir; 'demo': the provisioned demo model),
+    through the server's code (serving/background/self_generate.py), one torch thread."""
+    import torch
+
+    from kvmem.formation.self_model import ModelExtractor
+    from kvmem.models import provision_demo_model
+    from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
+    from serving.background.self_generate import backend_generate
+
+    torch.set_num_threads(1)
+    model = str(provision_demo_model()) if model == "demo" else model
+    backend = TransformersBackend(
+        TransformersBackendConfig(
+            model=model, data_dir=tempfile.mkdtemp(prefix="kvmem-self-"), dtype="float32"
+        )
+    )
+    backend.load()
+    extractor = ModelExtractor(backend_generate(backend))
+    extractor.model = model
+    return extractor
+
+
+def _result(split, conversations, embedder, extractor, formation, timing, loadavg_start, recall) -> dict:
     stats = dataset_stats(conversations)
     formed = formation["formed"]
     return {
@@ -197,7 +240,7 @@ def run(
             **stats,
         },
         "embedder": embedder.name,
-        "extractor": RuleExtractor().name,
+        "extractor": RuleExtractor().name if extractor is None else f"self:{extractor.model}",
         "formation_config": {"batch_turns": BATCH_TURNS},
         "search": {"mode": "hybrid", "top_k": TOP_K, "credit_cut": TOP_K},
         "num_turns": stats["num_turns"],
@@ -234,6 +277,9 @@ def print_table(result: dict) -> None:
     print("-" * len(header))
     for mode in MODES:
         r = recall[mode]
+        if "skipped" in r:
+            print(f"{mode:8s} skipped: {r['skipped']}")
+            continue
         cats = " ".join(
             f"{r['by_category'].get(c, {}).get('recall@10', float('nan')):11.3f}" for c in categories
         )
@@ -249,9 +295,17 @@ def main(argv: list[str] | None = None) -> int:
         "--vector-cache", type=Path, default=None, help="npz of text vectors reused across runs"
     )
     parser.add_argument("--limit-chats", type=int, default=None, help="only the first N conversations")
+    parser.add_argument(
+        "--self-model",
+        default=None,
+        help="form with the self extractor over this model (a dir, or 'demo') in this process's engine; the "
+        "'both' store is skipped",
+    )
     parser.add_argument("--out", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
-    result = run(args.data_dir, args.split, args.embedder, args.vector_cache, args.limit_chats)
+    result = run(
+        args.data_dir, args.split, args.embedder, args.vector_cache, args.limit_chats, args.self_model
+    )
     print_table(result)
     write_outputs(result, args.out)
     return 0

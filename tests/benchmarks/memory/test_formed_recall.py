@@ -74,3 +74,34 @@ def test_main_on_the_sample(tmp_path, capsys):
     assert result["num_formed_memories"] == result["formation"]["formed"]["added"] >= 0
     # raw mode credits every turn, so it sees the sample's evidence
     assert result["recall"]["raw"]["recall@10"] > 0
+
+
+def test_log_and_form_uses_the_self_extractors_own_decider(tmp_path, monkeypatch):
+    """With a ModelExtractor, formation goes through its own decider (the server's `--extractor self` path):
+    its scripted replies (not the model's: this checks the benchmark's wiring) give the memories, and the
+    second statement of the same fact is decided "none" by the decision reply, not by consolidation's rules."""
+    from benchmarks.memory.conversations import load_split
+    from benchmarks.memory.formed_recall import log_and_form
+    from kvmem.formation.self_model import ModelExtractor
+    from kvmem.text import HashEmbedder, MemoryStore
+
+    asked: list[str] = []
+
+    def generate(messages, schema, max_tokens):
+        asked.append("decide" if "event" in schema["properties"] else "extract")
+        if asked[-1] == "decide":
+            return json.dumps({"event": "none", "memory": 0}), "stop"
+        fact = {"text": "Ana has a dog named Rex.", "kind": "fact", "slot_subject": "user",
+                "slot_attribute": "dog", "slot_value": "Rex", "valid_from": None}  # fmt: skip
+        return json.dumps({"facts": [fact]}), "stop"
+
+    monkeypatch.setattr(
+        "benchmarks.memory.formed_recall.BATCH_TURNS", 2
+    )  # several passes, so later ones decide
+    conversations = load_split(SAMPLE, "all")[:1]
+    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as store:
+        _, figures = log_and_form(store, conversations, ModelExtractor(generate))
+        texts = [m.text for m in store.list("realtalk/Chat_1_Ana_Ben", page_size=100).items]
+    assert texts == ["Ana has a dog named Rex."]
+    assert asked[:2] == ["extract", "extract"] and asked.count("decide") == asked.count("extract") - 1 > 0
+    assert (figures["added"], figures["duplicates"]) == (1, asked.count("decide"))
