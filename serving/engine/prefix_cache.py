@@ -35,7 +35,9 @@ class PrefixKey:
     user: str
     block: str | None = None
     variant: str | None = None
-    epoch: int = 0  # the user's deletes seen when the request began (`PrefixCache.epoch`); not in the root
+    epoch: int = (
+        0  # the user's deletes and the block's drops seen when the request began (`PrefixCache.epoch`)
+    )
 
     def root(self) -> bytes:
         parts = (self.user, self.block or "", self.variant or "")
@@ -78,12 +80,14 @@ class PrefixCache:
         self.pool = pool
         self._index: OrderedDict[bytes, _Cached] = OrderedDict()  # least recently used first
         self._epochs: dict[str, int] = {}  # per user, bumped by each delete (`drop_user`)
+        self._block_epochs: dict[str, int] = {}  # per block item, bumped by each drop (`drop_block`)
         self.stats = PrefixStats()
 
-    def epoch(self, user: str) -> int:
-        """The user's deletes so far: a request that began before one puts none of its pages in (`insert`)."""
+    def epoch(self, user: str, block: str | None = None) -> int:
+        """The user's deletes plus the block's drops so far (both only grow: the sum changes with either): a
+        request that began before one puts none of its pages in (`insert`)."""
         with self.pool.lock:
-            return self._epochs.get(user, 0)
+            return self._epochs.get(user, 0) + (0 if block is None else self._block_epochs.get(block, 0))
 
     def __len__(self) -> int:
         with self.pool.lock:
@@ -117,10 +121,10 @@ class PrefixCache:
         """A request's full pages `pages[first:len(hashes)]` (holding the tokens `hashes` name) are kept: each not
         yet cached gets the cache's reference. A key already cached under another page keeps that page (two
         requests computed the same tokens at once). Returns how many pages went in. The user's quota is
-        enforced after (residency.py). Nothing goes in when a delete of the user's came after `key.epoch` (the
-        request may carry what it deleted)."""
+        enforced after (residency.py). Nothing goes in when a delete of the user's or a drop of the block came
+        after `key.epoch` (the request may carry what it deleted, or the dropped block's K/V)."""
         with self.pool.lock:
-            if key.epoch != self._epochs.get(key.user, 0):
+            if key.epoch != self.epoch(key.user, key.block):
                 return 0
             added, touched = [], []
             for i in range(first, min(len(hashes), len(pages))):
@@ -172,8 +176,10 @@ class PrefixCache:
             return len(keys)
 
     def drop_block(self, item_id: str) -> int:
-        """Every page whose prompt began with block item `item_id` leaves the index."""
+        """Every page whose prompt began with block item `item_id` leaves the index; a request that resolved the
+        block before this puts none back (`insert`)."""
         with self.pool.lock:
+            self._block_epochs[item_id] = self._block_epochs.get(item_id, 0) + 1
             keys = [h for h, c in self._index.items() if c.block == item_id]
             for h in keys:
                 self.drop_key(h, evicted=False)

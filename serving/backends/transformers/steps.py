@@ -268,9 +268,9 @@ class EngineRequests:
 
         started = time.perf_counter()
         try:
-            # the user's deletes so far, read before the block is resolved: a delete after this keeps the
-            # request's pages out of the prefix cache (it may serve what the delete took: prefix_cache.py)
-            epoch = self.pool.prefix.epoch(req.user_id) if self.pool is not None else 0
+            # the user's deletes and the block's drops so far, read before the block is resolved: one after this
+            # keeps the request's pages out of the prefix cache (it may serve what it took: prefix_cache.py)
+            epoch = self.pool.prefix.epoch(req.user_id, req.block_item_id) if self.pool is not None else 0
             resolved = await self._resolve_off_model_thread(req)
             self._loop.start(self._steps(req, emit, cancel, resolved, epoch))
         except BaseException:

@@ -7,6 +7,8 @@ a delete drops the user's pages at once, and a request that began before it puts
 
 from __future__ import annotations
 
+import torch
+
 from kvmem.kv import PromptLayout, Sampling, build_item, generate
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 from serving.engine.batcher import Batcher
@@ -221,3 +223,26 @@ def test_a_delete_drops_the_users_pages_at_once_and_a_request_begun_before_it_pu
     running.release()
     assert pool.prefix.pages("alice") == [] and pool.prefix.pages("bob") == bob_pages
     assert pool.used_pages == len(bob_pages)
+
+
+def small_pool(pages: int) -> PagePool:
+    """A pool of `pages` pages of 4 tokens (one layer, one head: no model reads it)."""
+    shape = PoolShape(layers=1, kv_heads=1, head_dim=4, dtype=torch.float32, page_tokens=4)
+    return PagePool(shape, pages * shape.page_bytes)
+
+
+def test_a_request_that_resolved_a_block_before_its_drop_puts_no_page_back_under_it():
+    pool = small_pool(4)
+    before = PrefixKey("bob", "blk", epoch=pool.prefix.epoch("bob", "blk"))
+    other = PrefixKey("bob", "other", epoch=pool.prefix.epoch("bob", "other"))
+    assert pool.prefix.drop_block("blk") == 0
+    ids = list(range(8))
+    pages = pool.alloc(2)
+    assert pool.prefix.insert(before, page_hashes(before, ids, 4), pages, 0) == 0
+    assert len(pool.prefix) == 0 and pool.free_pages == 2
+    # another block's request is not kept out; one that began after the drop puts its pages in
+    assert pool.prefix.insert(other, page_hashes(other, ids, 4), pages, 0) == 2
+    after = PrefixKey("bob", "blk", epoch=pool.prefix.epoch("bob", "blk"))
+    assert pool.prefix.insert(after, page_hashes(after, ids[:4], 4), pages, 0) == 1
+    pool.release(pages)
+    assert len(pool.prefix) == 3 and pool.free_pages == 2
