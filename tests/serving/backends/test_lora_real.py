@@ -20,7 +20,8 @@ from tests.serving.kvstack import load_backend, served  # noqa: E402
 
 # passed at 157e439 on the loaded 2-core CPU in 22.7 min (training stopped at step 70 on a validation plateau, the
 # weights of step 30 kept, validation recall 0.83); before the recipe changed it was a strict xfail (8fb2d78:
-# adapter 1/6, confident wrong answers 1 -> 4, refused)
+# adapter 1/6, confident wrong answers 1 -> 4, refused); with augmented facts and two full-recall evaluations
+# (a24f345) it passed in 11.6 min with two other training processes on the 2 cores (6.1 min at 3684c92)
 pytestmark = [pytest.mark.slow, pytest.mark.train]  # minutes of training: the suite's second stage
 
 FACTS = ["My dog is called Miso.", "I live in Porto.", "I work at Blue Harbor Bakery."]
