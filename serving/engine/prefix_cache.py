@@ -35,9 +35,7 @@ class PrefixKey:
     user: str
     block: str | None = None
     variant: str | None = None
-    epoch: int = (
-        0  # the user's deletes and the block's drops seen when the request began (`PrefixCache.epoch`)
-    )
+    epoch: int = 0  # the user's deletes + the block's drops at the request's start (`PrefixCache.epoch`)
 
     def root(self) -> bytes:
         parts = (self.user, self.block or "", self.variant or "")
@@ -151,8 +149,14 @@ class PrefixCache:
                 yield c.tick, c.user, h
 
     def reclaimable_pages(self) -> int:
-        """At most how many pages dropping every page it holds could free."""
-        return len(self._index)
+        """How many pages evicting every page it may evict frees: the unread ones of users not pinned (a page a
+        running request still reads, or a pinned user's, is never evicted: counting it would let make_room
+        empty the cache and fail anyway). A pass over the index, taken only while the pool is short."""
+        with self.pool.lock:
+            pinned = self.pool.residency.pinned
+            return sum(
+                1 for c in self._index.values() if c.user not in pinned and self.pool.refs(c.page) == 1
+            )
 
     def drop_key(self, h: bytes, evicted: bool = True) -> None:
         with self.pool.lock:

@@ -246,3 +246,21 @@ def test_a_request_that_resolved_a_block_before_its_drop_puts_no_page_back_under
     assert pool.prefix.insert(after, page_hashes(after, ids[:4], 4), pages, 0) == 1
     pool.release(pages)
     assert len(pool.prefix) == 3 and pool.free_pages == 2
+
+
+def test_make_room_that_cannot_succeed_evicts_no_cached_page_still_read_or_pinned():
+    pool = small_pool(4)
+    ids = list(range(16))
+    pages = pool.alloc(4)
+    assert pool.prefix.insert(ALICE, page_hashes(ALICE, ids, 4), pages, 0) == 4
+    pool.release(pages[:2])  # the first two are only the cache's now; a running request still reads the rest
+    assert pool.free_pages == 0
+    assert pool.make_room(3) is False  # 2 could be freed, not 3: nothing is evicted
+    assert len(pool.prefix) == 4 and pool.free_pages == 0
+    pool.residency.pinned.add("alice")  # a pinned user's pages are never evicted: not counted either
+    assert pool.make_room(1) is False
+    assert len(pool.prefix) == 4 and pool.free_pages == 0
+    pool.residency.pinned.discard("alice")
+    assert pool.make_room(2) is True  # what can be freed is: the two unread pages
+    assert len(pool.prefix) == 2 and pool.free_pages == 2
+    pool.release(pages[2:])
