@@ -80,8 +80,11 @@ class EngineRequests:
             if cancel.is_set():  # the client left while the request waited for its first turn
                 return
             # whose K/V its pages are (prefix_cache.py); a delete of the user's after this keeps them out
-            prefix = None  # --session-kv-mb 0: no conversation reuse, by session or by prefix
-            if self.sessions.enabled:
+            # --session-kv-mb 0: no conversation reuse, by session or by prefix. A background (formation)
+            # request keeps none: its prompt carries a user's turns under the formation user's id, and its
+            # pages would outlive that user's delete (drop_user names the user, not the formation user)
+            prefix = None
+            if self.sessions.enabled and not req.background:
                 prefix = PrefixKey(req.user_id, req.block_item_id, req.adapter_id, epoch)
             item, fallback = resolved  # (the KV item or None, the fallback kind), loaded off this thread
             room = self.max_context_tokens - len(req.prompt.ids)

@@ -102,3 +102,24 @@ def test_a_block_deleted_between_a_requests_resolution_and_its_admission_leaves_
     assert backend.pool.prefix.pages(user) == []
     wait_released(backend)
     assert backend.pool.used_pages == kept_pages(backend)
+
+
+def test_a_formation_request_over_a_users_turns_keeps_no_page_past_the_users_delete(tiny_backend):
+    from serving.background.self_generate import FORMATION_USER, backend_generate
+
+    backend, user = tiny_backend, "formation-delete"
+    assert backend.sessions.enabled  # the prefix cache is on: a chat request's pages would be kept
+    cached = set(backend.pool.prefix.pages())
+    turns = " ".join(f"I moved to Porto in {2000 + i} and my sister Ana lives on Rua {i}." for i in range(6))
+    messages = [
+        {"role": "system", "content": f"Extract the facts of {user}."},
+        {"role": "user", "content": turns},
+    ]
+    schema = {"type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string"}}}}
+    text, finish = backend_generate(backend)(messages, schema, 8)
+    assert finish in ("stop", "length") and text
+    wait_released(backend)
+    backend.forget(user)
+    # the request's pages carry the user's text: none is kept under the formation user, nor any other
+    assert backend.pool.prefix.pages(FORMATION_USER) == []
+    assert set(backend.pool.prefix.pages()) <= cached
