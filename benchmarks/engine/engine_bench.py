@@ -100,7 +100,7 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
 
     def on_step(prefills, decodes, dt):
         st = pool.stats()
-        if st["shared_bytes"] + st["private_bytes"] > peak["shared_bytes"] + peak["private_bytes"]:
+        if st["pages_used"] > peak["pages_used"]:
             peak.update(st)
         if not prefills and len(decodes) in times:
             times[len(decodes)].append(dt)
@@ -150,7 +150,7 @@ def memory_and_steps(handle, layout, args, graphed: bool = False) -> dict:
             decode_step(model, [s for s in group if s.decoding])
             if len(group) in old_times:
                 old_times[len(group)].append(time.perf_counter() - t)
-    total = peak["shared_bytes"] + peak["private_bytes"]
+    total = peak["pages_used"] * peak["page_bytes"]  # shared + prefix_cache + private
     target = 1.25 * block_bytes + own_tokens * per_token
     return {
         "block_tokens": item.num_tokens,

@@ -241,13 +241,15 @@ class PagePool:
         with self.lock:
             used = self.num_pages - self._free.count
             shared = self.shared.page_count()
+            cached = self.prefix.reclaimable_pages()  # one page per key: the pages the prefix cache holds
             pb = self.shape.page_bytes
             return {
                 "pages_total": self.num_pages,
                 "pages_used": used,
                 "pages_shared": shared,
                 "shared_bytes": shared * pb,
-                "private_bytes": (used - shared) * pb,
+                "prefix_cache_bytes": cached * pb,
+                "private_bytes": (used - shared - cached) * pb,
                 "page_bytes": pb,
             }
 

@@ -164,10 +164,12 @@ def engine_lines(stats: dict[str, int] | None) -> str:
         return ""
     kv = "kvmem_engine_kv_bytes"
     lines = [
-        f"# HELP {kv} Bytes of KV pages in use: shared (resident blocks, read by reference) or private "
-        "(requests' own tokens).",
+        f"# HELP {kv} Bytes of KV pages in use: shared (resident blocks, read by reference), prefix_cache "
+        "(finished requests' full pages the prefix cache holds, some read by live requests too) or private "
+        "(requests' other tokens).",
         f"# TYPE {kv} gauge",
         f'{kv}{{kind="shared"}} {stats["shared_bytes"]}',
+        f'{kv}{{kind="prefix_cache"}} {stats.get("prefix_cache_bytes", 0)}',
         f'{kv}{{kind="private"}} {stats["private_bytes"]}',
     ]
     return (
@@ -183,11 +185,23 @@ def engine_lines(stats: dict[str, int] | None) -> str:
 
 
 KV_TIER_SERIES = (  # kv_tier_stats' per-tier keys -> (metric, help)
-    ("bytes", "kvmem_kv_tier_bytes", "Bytes of stored KV blocks a tier holds (pool: resident blocks' pages)."),
+    (
+        "bytes",
+        "kvmem_kv_tier_bytes",
+        "Bytes of stored KV blocks a tier holds (pool: resident blocks' pages).",
+    ),
     ("items", "kvmem_kv_tier_items", "Stored KV blocks a tier holds."),
     ("hits", "kvmem_kv_tier_hits_total", "Requests whose block this tier held (the fastest that did)."),
-    ("misses", "kvmem_kv_tier_misses_total", "Requests whose block this tier did not hold (looked up past it)."),
-    ("loads", "kvmem_kv_tier_loads_total", "Loads from this tier (host: copies into pages; disk: file reads)."),
+    (
+        "misses",
+        "kvmem_kv_tier_misses_total",
+        "Requests whose block this tier did not hold (looked up past it).",
+    ),
+    (
+        "loads",
+        "kvmem_kv_tier_loads_total",
+        "Loads from this tier (host: copies into pages; disk: file reads).",
+    ),
     ("bytes_loaded", "kvmem_kv_tier_loaded_bytes_total", "Bytes loaded from this tier."),
     ("load_seconds", "kvmem_kv_tier_load_seconds_total", "Seconds spent loading from this tier."),
 )
@@ -213,12 +227,18 @@ def kv_tier_lines(stats: dict | None) -> str:
     lines += [f'{name}{{tier="{p["tier"]}",path="{p["path"]}"}} {p["requests"]}' for p in stats["paths"]]
     costs = stats["costs"]
     name = "kvmem_kv_load_seconds_per_byte"
-    lines += [f"# HELP {name} Measured cost of a load, by tier (NaN: not measured yet).", f"# TYPE {name} gauge"]
+    lines += [
+        f"# HELP {name} Measured cost of a load, by tier (NaN: not measured yet).",
+        f"# TYPE {name} gauge",
+    ]
     for tier, rate in costs["load_s_per_byte"].items():
         lines.append(f'{name}{{tier="{tier}"}} {"NaN" if rate is None else repr(rate)}')
     rate = costs["prefill_s_per_token"]
     name = "kvmem_kv_prefill_seconds_per_token"
-    lines += [f"# HELP {name} Measured cost of a prefill per token (NaN: not measured).", f"# TYPE {name} gauge"]
+    lines += [
+        f"# HELP {name} Measured cost of a prefill per token (NaN: not measured).",
+        f"# TYPE {name} gauge",
+    ]
     lines.append(f"{name} {'NaN' if rate is None else repr(rate)}")
     return "\n".join(lines) + "\n"
 

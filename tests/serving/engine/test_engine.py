@@ -254,10 +254,11 @@ def test_the_server_reports_its_pages_and_leaks_none(tmp_path, tiny_model_dir):
         m = engine_metrics(s.client.get("/metrics").text)
         assert m["kvmem_engine_kv_pages_used"] == pool.used_pages
         assert m['kvmem_engine_kv_bytes{kind="shared"}'] == pool.shared.page_count() * pool.shape.page_bytes
-        # private: the live session's own pages and the cached ones
-        assert (
-            m['kvmem_engine_kv_bytes{kind="private"}'] == table.nbytes + len(cached) * pool.shape.page_bytes
-        )
+        # prefix_cache: the pages the prefix cache holds (some a live session reads too); private: the rest
+        held = set(pool.prefix.pages())
+        assert m['kvmem_engine_kv_bytes{kind="prefix_cache"}'] == len(held) * pool.shape.page_bytes > 0
+        assert m['kvmem_engine_kv_bytes{kind="private"}'] == len(session_own - held) * pool.shape.page_bytes
+        assert len(held) == len(cached) + len(session_own & held)
         assert s.client.delete(f"/v1/memories/{memory}", params={"user_id": "alice"}).status_code == 200
         # the delete took alice's block, session and cached pages; bob's cached pages stay
         assert pool.prefix.pages("alice") == [] and block["item_id"] not in pool.shared
