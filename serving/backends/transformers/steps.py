@@ -42,6 +42,7 @@ class EngineRequests:
     """What one request does in the engine (the backend's `stream` and its model-thread generator)."""
 
     _grammars = None  # serving/engine/grammar.py's compiler for this model's tokenizer, made at first use
+    _grammars_lock = threading.Lock()  # made once: two first requests must not each build their own
 
     def check_response_format(self, fmt: ResponseFormat) -> None:
         """Compile `fmt` (cached for the request that asks it): the engine masks its reply's tokens to it."""
@@ -57,8 +58,20 @@ class EngineRequests:
         from serving.engine.grammar import Grammars
 
         if self._grammars is None:
-            self._grammars = Grammars(self.handle.tokenizer, self.vocab_size, self._eos)
+            with self._grammars_lock:
+                if self._grammars is None:
+                    self._grammars = Grammars(self.handle.tokenizer, self.vocab_size, self._eos)
         return self._grammars.compile(fmt.type, fmt.schema)
+
+    def _compiled(self, fmt: ResponseFormat):
+        """`fmt`'s compiled grammar (a cache hit once checked, compiled again if evicted since), on the calling
+        thread: the request carries it to the model thread, which never compiles (it would stall every row)."""
+        from serving.engine.grammar import GrammarError
+
+        try:
+            return self._grammar_for(fmt)
+        except GrammarError as exc:
+            raise InvalidResponseFormat(str(exc)) from None
 
     def _steps(
         self,
@@ -67,6 +80,7 @@ class EngineRequests:
         cancel: threading.Event,
         resolved: tuple[object, str | None] = (None, None),
         epoch: int = 0,
+        compiled=None,
     ) -> Generator[object, int | None, None]:
         """On the model thread: yield the request's EngineSequence, then take its tokens as the batcher sends them
         (None once it has ended) and emit TokenDelta / GenerationResult / BaseException. Releases the
@@ -102,8 +116,8 @@ class EngineRequests:
             )
             stats = GenerationStats()
             detok = IncrementalDetokenizer(self.handle.tokenizer)
-            # compiled when the request was checked (cached): its own matcher masks its tokens (sampler.py)
-            grammar = None if sp.response_format is None else self._grammar_for(sp.response_format).matcher()
+            # compiled off this thread (`stream`): its own matcher masks its tokens (sampler.py)
+            grammar = None if compiled is None else compiled.matcher()
             stops = StopMatcher(sp.stop)
             finish = None
             item, fallback, adapter = with_adapter(self.adapters, req, item, fallback)
@@ -275,7 +289,10 @@ class EngineRequests:
             # keeps the request's pages out of the prefix cache (it may serve what it took: prefix_cache.py)
             epoch = self.pool.prefix.epoch(req.user_id, req.block_item_id) if self.pool is not None else 0
             resolved = await self._resolve_off_model_thread(req)
-            self._loop.start(self._steps(req, emit, cancel, resolved, epoch))
+            fmt, compiled = req.sampling.response_format, None
+            if fmt is not None:  # cached since the check; carried to the model thread, not looked up there
+                compiled = await asyncio.to_thread(self._compiled, fmt)
+            self._loop.start(self._steps(req, emit, cancel, resolved, epoch, compiled))
         except BaseException:
             self._release()
             raise

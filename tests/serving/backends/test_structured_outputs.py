@@ -189,3 +189,45 @@ def test_through_http_a_schema_is_honoured_and_one_that_cannot_compile_is_a_400_
         )
     assert unnamed.value.body["code"] == "invalid_value"
     assert unnamed.value.body["param"] == "response_format.json_schema.name"
+
+
+def test_two_first_structured_requests_never_compile_on_the_model_thread(server, monkeypatch):
+    import threading
+    import time
+
+    from serving.engine import grammar
+
+    _, backend = server
+    compiled_on: list[threading.Thread] = []
+    compile, init = grammar.Grammars.compile, grammar.Grammars.__init__
+
+    def recorded_compile(self, kind, schema=None):
+        compiled_on.append(threading.current_thread())
+        return compile(self, kind, schema)
+
+    def slow_init(self, *args):  # widens the window two first requests race through
+        time.sleep(0.2)
+        init(self, *args)
+
+    monkeypatch.setattr(grammar.Grammars, "compile", recorded_compile)
+    monkeypatch.setattr(grammar.Grammars, "__init__", slow_init)
+    monkeypatch.setattr(grammar, "CACHE_SIZE", 1)  # the second schema evicts the first before either runs
+    monkeypatch.setattr(backend, "_grammars", None)  # the backend's first structured requests
+    pets = {"type": "object", "properties": {"pets": {"type": "array", "items": {"type": "string"}}}}
+    formats = [
+        ResponseFormat("json_schema", json.dumps(PERSON), "person"),
+        ResponseFormat("json_schema", json.dumps(pets), "pets"),
+    ]
+    checks = [threading.Thread(target=backend.check_response_format, args=(f,)) for f in formats]
+    for t in checks:
+        t.start()
+    for t in checks:
+        t.join()
+    requests = [
+        request(backend, "a", ASK, 12, formats[0]),
+        request(backend, "b", "List my pets.", 7, formats[1]),
+    ]
+    results = arrive_together(backend, requests)
+    assert all(r.finish_reason in ("stop", "length") for _, r in results)
+    model_thread = backend._loop._thread
+    assert compiled_on and model_thread not in compiled_on
