@@ -19,8 +19,10 @@ have done the least work, redo it): its own pages go back and, once admitted aga
 and the tokens it generated again (recompute, as nano-vllm) and goes on from there; its stream sees no gap
 but time. A sequence that is itself the newest holding pages is preempted when it finds none. Preempted
 sequences are admitted again oldest first, before any new request (a new request waits while one is
-preempted: PageTable.admit). If every member is preempted and the oldest cannot get its pages back because
-a younger preempted one holds pages (the shared pages it reads), that younger one fails with PoolFull.
+preempted: PageTable.admit). If nothing can run (every member is preempted, or the only ones that are not
+are background members, which wait while a chat member does) and the first waiting member cannot get its
+pages back while another member holds pages (the shared pages it reads, its own), one of those fails with
+PoolFull: the youngest background member, else the youngest chat member.
 
 Background rows (`seq.background`: memory formation on the server's own model, serving/background/) run at
 low priority, within this budget: they take no step while a chat (foreground) member waits to be admitted
@@ -122,14 +124,18 @@ class Batcher:
         for seq in waiting:
             if seq.table.pool not in blocked and not seq.readmit():
                 blocked.add(seq.table.pool)
-        if not blocked or any(not s.preempted for s in self._members):
+        if not blocked or any(not s.preempted for s in self._stepping()):
             return
-        # nothing runs, so no page comes back by a step: a younger preempted member holding pages (the shared
-        # ones it reads) fails, else the members wait for the pool to change (a finished build's pages)
+        # nothing runs (a background member that is not preempted takes no step while a chat member waits),
+        # so no page comes back by a step: a member holding pages (the shared ones it reads, its own) other
+        # than the first that waits fails, every background member before a chat one, the youngest first;
+        # else the members wait for the pool to change (a finished build's pages)
         for pool in blocked:
-            holders = [s for s in self._members if s.preempted and s.table.pool is pool and s.table.pages]
-            if len(holders) > 1:
-                seq = holders[-1]
+            first = next(s for s in waiting if s.preempted and s.table.pool is pool)
+            holders = [s for s in self._members if s is not first and s.table.pool is pool and s.table.pages]
+            background = [s for s in holders if s.background]
+            if holders:
+                seq = (background or holders)[-1]
                 self._fail(seq, PoolFull("preempted, and the KV pool cannot hold it with the older requests"))
                 return
         self._stalled = generations

@@ -13,7 +13,12 @@ import pytest
 from serving.backends.base import GenerationRequest, SamplingParams
 from serving.backends.transformers.steps import BACKGROUND_CHUNK_TOKENS
 from serving.engine import batcher as batcher_module
+from serving.engine.batcher import Batcher
+from serving.engine.pages import PagePool, PoolFull, PoolShape
+from serving.engine.sequence import EngineSequence
+from tests.conftest import prompts_and_blocks
 from tests.serving.backends.test_transformers_backend import arrive_together, tokens_of
+from tests.serving.engine.test_pool_pressure import request_steps
 
 CHAT = [("Hi", 12), ("What is my dog called and what does he like to eat?", 20), ("Tell me a story.", 7)]
 FORMATION = "Chat log, oldest first: " + " ".join(
@@ -77,3 +82,88 @@ def test_a_formation_row_never_delays_a_chat_row_and_stays_within_its_budget(tin
     # the formation rows did run: each prefilled and decoded its 24 tokens
     for r in formations:
         assert sum(1 for rows, _ in steps for n, c in rows if n == r.request_id and c == "d") == 23
+
+
+def engine_steps(pool, model, ids, item, max_new: int, out: list, errors: list, **kw):
+    """test_pool_pressure's request, its PoolFull kept in `errors` (as the backend reports a 429)."""
+    try:
+        yield from request_steps(pool, model, ids, item, max_new, out, **kw)
+    except PoolFull as exc:
+        errors.append(exc)
+
+
+def test_a_preempted_chat_row_is_not_left_waiting_behind_a_background_row_that_cannot_run(
+    tiny_handle, tokenizer
+):
+    """A background row B reads a resident item with no page of its own (its prompt is the item's tokens); a
+    chat row C fills the rest of the pool and must preempt itself (B has no own page to give). B takes no
+    step while C waits, and C cannot come back while B holds the item: the background row goes (PoolFull),
+    and C ends with the tokens it gets alone, within a bounded number of steps."""
+    model = tiny_handle.model
+    _, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
+    pt = 16
+    b_ids = list(item.token_ids)
+    assert len(b_ids) % pt not in (0, 1)  # B's last token and its first replies sit in its copy-on-write page
+    c_ids = tokenizer.encode(" ".join(f"word{i}" for i in range(200)))[: 3 * pt]
+    shape = PoolShape.of_model(model, pt)
+    pages = -(-len(b_ids) // pt) + 1 + 3  # the item's, B's copy-on-write page, C's prompt: none left
+    alone_pool = PagePool(shape, 64 * shape.page_bytes)
+    alone: list[int] = []
+    run_alone = Batcher()
+    steps = engine_steps(alone_pool, model, c_ids, None, 8, alone, [])
+    run_alone.add(next(steps), steps)
+    while len(run_alone):
+        run_alone.step()
+    pool = PagePool(shape, pages * shape.page_bytes)
+    batcher = Batcher()
+    outs, errors = ([], []), ([], [])
+    for k, (ids, it, bg) in enumerate(((b_ids, item, True), (c_ids, None, False))):
+        steps = engine_steps(pool, model, ids, it, 8, outs[k], errors[k], background=bg)
+        seq = next(steps)
+        assert isinstance(seq, EngineSequence)
+        batcher.add(seq, steps)
+    assert pool.free_pages == 0
+    for _ in range(100):
+        if not len(batcher) or batcher.idle():
+            break
+        batcher.step()
+    assert len(batcher) == 0
+    assert outs[1] == alone and errors[1] == []  # the chat row: its tokens alone
+    assert len(errors[0]) == 1  # the background row was sacrificed
+
+
+def test_when_every_member_waits_an_older_background_row_fails_before_a_younger_chat_row(
+    tiny_handle, tokenizer
+):
+    """B (background, older) and C (chat) both preempted over their items; the pool's free pages are taken by
+    another holder, so C (readmitted first: a chat member) finds none and nothing runs. B, not C, gets
+    PoolFull (background rows are sacrificed first); C then comes back and ends with its tokens alone."""
+    model = tiny_handle.model
+    requests = prompts_and_blocks(tiny_handle, tokenizer)
+    (b_ids, b_item), (c_ids, c_item) = requests[0], requests[2]
+    assert b_item is not None and c_item is not None
+    shape = PoolShape.of_model(model, 16)
+    alone: list[int] = []
+    run_alone = Batcher()
+    steps = engine_steps(PagePool(shape, 256 * shape.page_bytes), model, c_ids, c_item, 6, alone, [])
+    run_alone.add(next(steps), steps)
+    while len(run_alone):
+        run_alone.step()
+    pool = PagePool(shape, 256 * shape.page_bytes)
+    batcher = Batcher()
+    outs, errors, seqs = ([], []), ([], []), []
+    for k, (ids, it, bg) in enumerate(((b_ids, b_item, True), (c_ids, c_item, False))):
+        steps = engine_steps(pool, model, ids, it, 6, outs[k], errors[k], background=bg)
+        seqs.append(next(steps))
+        batcher.add(seqs[-1], steps)
+    for seq in seqs:  # as _make_room preempts them when a step finds no page
+        seq.preempt()
+    hog = pool.alloc(pool.free_pages)  # another holder's pages: nothing is free, both items are read
+    for _ in range(50):
+        if not len(batcher) or batcher.idle():
+            break
+        batcher.step()
+    pool.release(hog)
+    assert len(batcher) == 0
+    assert len(errors[0]) == 1 and outs[0] == []  # the background row went
+    assert errors[1] == [] and outs[1] == alone  # the chat row: its tokens alone
