@@ -241,7 +241,7 @@ class PagePool:
         with self.lock:
             used = self.num_pages - self._free.count
             shared = self.shared.page_count()
-            cached = self.prefix.reclaimable_pages()  # one page per key: the pages the prefix cache holds
+            cached = len(self.prefix)  # one page per key: the pages the prefix cache holds (read or not)
             pb = self.shape.page_bytes
             return {
                 "pages_total": self.num_pages,
