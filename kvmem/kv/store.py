@@ -7,7 +7,8 @@ item leaves a tier is the pluggable eviction policy's call. Items the store drop
 corrupt, mismatched, files gone) are reported to drop listeners; `forget` is the delete cascade. Thread-safe:
 one lock guards the indexes; disk loads, file deletes, directory scans and listener calls run outside it.
 Items are immutable, so readers share them freely. The index (scan, adopt, lookups, sizes) is mixed in from
-store_index.py. Knows nothing of memories' text, plans or HTTP.
+store_index.py, the disk reads (a load's read, verification, the integrity check) from store_reads.py. Knows
+nothing of memories' text, plans or HTTP.
 """
 
 from __future__ import annotations
@@ -16,32 +17,26 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
-from kvmem.errors import FingerprintMismatch, KVItemCorrupt, KVItemError, KVItemNotFound, StorageError
+from kvmem.errors import KVItemCorrupt, KVItemNotFound, StorageError
 from kvmem.kv.cascade import disk_metas, matcher
 from kvmem.kv.eviction import EntryStats, eviction_policy
 from kvmem.kv.fingerprint import Fingerprint
-from kvmem.kv.io import delete_item_files, list_item_ids, load_item, save_item, verify_item
+from kvmem.kv.io import delete_item_files, save_item
 from kvmem.kv.item import KVItem, KVItemMeta
 from kvmem.kv.st_write import paced
 from kvmem.kv.store_index import StoreIndex
+from kvmem.kv.store_reads import StoreReads
 from kvmem.kv.store_types import DroppedItem, IntegrityReport, KVStoreConfig, SizeInfo, TierSize
 
 log = logging.getLogger(__name__)
 
 TIERS = ("device", "host", "disk")
 __all__ = ["DroppedItem", "IntegrityReport", "KVStoreConfig", "SizeInfo", "TierSize", "TieredKVStore"]
-
-
-def _reason(exc: KVItemError) -> str:
-    if isinstance(exc, FingerprintMismatch):
-        return "fingerprint_mismatch"
-    return "not_found" if isinstance(exc, KVItemNotFound) else "corrupt"
 
 
 def _own_part(item: KVItem) -> KVItem:
@@ -60,7 +55,7 @@ def _pinned(item: KVItem) -> KVItem:
     return KVItem(item.meta, item.token_ids, item.kv.pin_memory(), item.parent)
 
 
-class TieredKVStore(StoreIndex):
+class TieredKVStore(StoreReads, StoreIndex):
     """get / put / remove / contains / size_info / check_integrity over three tiers.
 
     `get` raises KVItemNotFound, KVItemCorrupt or FingerprintMismatch (all KVItemError): callers fall back
@@ -296,38 +291,7 @@ class TieredKVStore(StoreIndex):
         if host_item is not None:
             item, source = (host_item.to(self.config.device) if self.has_device_tier else host_item), "host"
         else:
-            if self.before_disk_read is not None:
-                self.before_disk_read(item_id)
-            started = time.perf_counter()
-            try:
-                item = load_item(
-                    self.directory,
-                    item_id,
-                    self.fingerprint,
-                    device=self.config.device if self.has_device_tier else "cpu",
-                    verify_checksum=self.config.verify_checksum,
-                )
-            except KVItemError as exc:
-                unlink: list[str] = []
-                with self._lock:
-                    self.num_hits["miss"] += 1
-                    # still indexed as it was when the read began: its files are unusable or gone (not an item
-                    # rebuilt under the same id since, whose files a read of the old ones must not delete)
-                    if item_id in self._stats and self._on_disk.get(item_id) is indexed:
-                        log.warning("dropping unusable KV item %s: %s", item_id, exc)
-                        self._drop(item_id, unlink, reason=_reason(exc))
-                self._delete_files(unlink)
-                self._report_drops()
-                raise
-            source = "disk"
-            with self._lock:
-                self.disk_loads["loads"] += 1
-                self.disk_loads["bytes"] += item.resident_bytes
-                self.disk_loads["seconds"] += time.perf_counter() - started
-            if item.meta.parent_id is not None:  # a child's file holds its own K/V: check its parent's
-                self._check_parent(item)
-            if not self.has_device_tier:
-                item = self._host_copy(item)
+            item, source = self._read_from_disk(item_id, indexed), "disk"
         if not self.has_device_tier:
             return self._into_host(item_id, item, source)
         unlink: list[str] = []
@@ -385,15 +349,6 @@ class TieredKVStore(StoreIndex):
             parent = None if item is None else item.meta.parent_id
             return item is not None and (parent is None or parent in self._resident["device"])
 
-    def is_valid_on_disk(self, item_id: str) -> bool:
-        """True when the item's files verify (resumable builds, restores): io.verify_item, which does not read
-        the K/V into memory; `get` verifies again when it loads the item."""
-        try:
-            verify_item(self.directory, item_id, self.fingerprint)
-            return True
-        except KVItemError:
-            return False
-
     def remove(self, item_id: str) -> bool:
         """Remove from every tier and delete its files (once out of the index, outside the lock). Returns
         whether anything was there."""
@@ -439,21 +394,3 @@ class TieredKVStore(StoreIndex):
     def remove_user(self, user_id: str) -> int:
         """Forget every item of `user_id`; returns how many there were."""
         return len(self.forget(user_id))
-
-    def check_integrity(self, *, drop_corrupt: bool = True) -> IntegrityReport:
-        """Verify every item on disk (checksum, shapes, fingerprint); optionally drop the bad ones."""
-        ok, corrupt = [], []
-        for item_id in sorted(set(list_item_ids(self.directory)) | set(self._on_disk)):
-            try:
-                load_item(self.directory, item_id, self.fingerprint, device="cpu", verify_checksum=True)
-                ok.append(item_id)
-            except (KVItemCorrupt, KVItemError) as exc:
-                log.warning("KV item %s failed its integrity check: %s", item_id, exc)
-                corrupt.append(item_id)
-                if drop_corrupt:
-                    unlink: list[str] = []
-                    with self._lock:
-                        self._drop(item_id, unlink, reason=_reason(exc))
-                    self._delete_files(unlink)
-        self._report_drops()
-        return IntegrityReport(ok=tuple(ok), corrupt=tuple(corrupt))

@@ -58,7 +58,7 @@ def test_a_failed_read_of_old_files_never_drops_the_item_rebuilt_under_its_id_me
     import dataclasses
 
     from kvmem.errors import KVItemCorrupt
-    from kvmem.kv import store as store_module
+    from kvmem.kv import store_reads as store_module  # where the store's disk reads call load_item
     from kvmem.kv.io import item_paths
     from kvmem.kv.item import KVItem
 
