@@ -264,10 +264,18 @@ def test_knowledge_block_served_and_changed_knowledge_never_serves_stale(tmp_pat
                 "messages": [{"role": "user", "content": "Hi"}],
             },
         )
-        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         scheduler.flush()
         block = scheduler.plans.get("alice").block
         assert block is not None and block.item_id not in parents
+        # alice is hot (seed's heat), so the scheduler builds the new knowledge item and her block under it as soon
+        # as it starts: the chat is served as text (0), from the new knowledge item alone, or from her new block,
+        # whichever build won the race; never from an old item (the old knowledge has another token count)
         new_parent = read_manifest(data / "kv", block.item_id)["meta"]["parent_id"]
+        new_knowledge = read_manifest(data / "kv", new_parent)["meta"]["num_tokens"]
+        old_knowledge = {read_manifest(data / "kv", p)["meta"]["num_tokens"] for p in set(parents.values())}
+        old_blocks = {p.num_tokens for p in got["plans"].values()}
+        assert not ({new_knowledge, block.num_tokens} & (old_knowledge | old_blocks))
+        assert cached in (0, new_knowledge, block.num_tokens), (cached, new_knowledge, block.num_tokens)
         assert new_parent not in set(parents.values())
         assert scheduler.stats().prefills == 1
