@@ -225,3 +225,26 @@ def test_kvmem_serve_freezes_the_loaded_heap_and_an_embedded_app_does_not(tmp_pa
             assert gc.get_freeze_count() > 1000  # the modules and the app at least
     finally:
         gc.unfreeze()
+
+
+def test_python_m_serving_ops_cli_provision_demo_names_the_provisioned_demo_model(tmp_path: Path) -> None:
+    """`python -m serving.ops.cli` is the `kvmem` command (it used to exit 0 doing nothing), and `provision --demo`
+    provisions the demo model: here one already provisioned (its done marker names the pinned sha256), so it
+    returns at once with its path."""
+    import json
+    import os
+
+    from kvmem.models import _PROVISION_MARKER, DEMO_GGUF_SHA256, DEMO_MODEL_NAME
+
+    target = tmp_path / "models" / DEMO_MODEL_NAME
+    target.mkdir(parents=True)
+    (target / _PROVISION_MARKER).write_text(json.dumps({"sha256": DEMO_GGUF_SHA256}))
+    out = subprocess.run(
+        [sys.executable, "-m", "serving.ops.cli", "provision", "--demo"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KVMEM_CACHE_DIR": str(tmp_path)},
+    )
+    assert (out.returncode, out.stdout) == (0, f"kvmem: demo model ready at {target}\n")
