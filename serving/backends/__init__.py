@@ -64,6 +64,7 @@ def _transformers(config: ServingConfig) -> Backend:
             disk_kv_bytes=None if config.kv_disk_gb is None else int(config.kv_disk_gb * 1e9),
             cuda_graphs=config.cuda_graphs,
             engine_layers=config.engine_layers,
+            prefill_graphs=config.prefill_graphs,
         )
     )
 

@@ -33,12 +33,13 @@ bucket a chunk can reach, and nothing is captured on the model thread after it.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
 
 from serving.engine import runner
-from serving.engine.graphs import MIN_CONTEXT, _bucket_context
+from serving.engine.graphs import MIN_CONTEXT, _bucket_context, supports
 from serving.engine.plan import PlanCache
 
 log = logging.getLogger(__name__)
@@ -234,3 +235,31 @@ class PrefillGraphs:
         bucket.replay()
         self.replays += 1
         return bucket.logits
+
+
+def for_server(model, pool, config, max_context: int) -> PrefillGraphs | None:
+    """The server's lone-chunk path (`kvmem serve --prefill-graphs`), from the backend's `config` (its
+    prefill_graphs, cuda_graphs and prefill_chunk_tokens): "auto" on a CUDA device when the decode graphs are on,
+    "on" on any device (eager static chunks on CPU), "off" none; None too for a model graphs.supports refuses.
+    On a CUDA device every bucket a chunk of at most prefill_chunk_tokens can reach (contexts up to
+    `max_context` or the pool's tokens, the smaller) is captured now, at load."""
+    cuda, mode = pool.k.device.type == "cuda", config.prefill_graphs
+    if mode == "off" or (mode == "auto" and not (cuda and config.cuda_graphs)):
+        return None
+    if not supports(model):
+        log.info("prefill graphs off: the model's attention needs the eager path (graphs.supports)")
+        return None
+    made = PrefillGraphs(model, pool)
+    if cuda:
+        began = time.perf_counter()
+        with torch.inference_mode():  # no capture after load, on the model thread
+            captured = made.warm(
+                min(max_context, pool.num_pages * pool.page_tokens), config.prefill_chunk_tokens
+            )
+        log.info(
+            "CUDA graphs of lone prefill chunks captured: %d buckets in %.1f s; failed (eager chunks): %s",
+            captured,
+            time.perf_counter() - began,
+            sorted(made.failed) or "none",
+        )
+    return made

@@ -145,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             kv_disk_gb=args.kv_disk_gb,
             cuda_graphs=not args.no_cuda_graphs,
             engine_layers=args.engine_layers,
+            prefill_graphs=args.prefill_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
             enable_lora=args.enable_lora,

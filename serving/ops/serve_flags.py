@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from serving.config import DEFAULT_MODEL, DEVICE_NAMES, DTYPE_NAMES, ENGINE_LAYERS, EXTRACTOR_NAMES
+from serving.config import (
+    DEFAULT_MODEL,
+    DEVICE_NAMES,
+    DTYPE_NAMES,
+    ENGINE_LAYERS,
+    EXTRACTOR_NAMES,
+    PREFILL_GRAPHS,
+)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,6 +161,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--no-cuda-graphs",
         action="store_true",
         help="on a CUDA device, run the engine's decode steps eagerly instead of replaying CUDA graphs",
+    )
+    p.add_argument(
+        "--prefill-graphs",
+        choices=PREFILL_GRAPHS,
+        default="auto",
+        help="a prefill chunk that runs alone (a KV-injected request's query, a request arriving alone) padded "
+        "to a bucket and replayed from a CUDA graph captured at load: auto on a CUDA device unless "
+        "--no-cuda-graphs, on also on CPU (the same padded steps run eagerly), off never",
     )
     p.add_argument(
         "--engine-layers",

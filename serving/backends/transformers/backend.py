@@ -86,6 +86,9 @@ class TransformersBackendConfig:
     # "auto": the engine's own fused layers (serving/engine/models) when the model qualifies, else the generic
     # path with a log line saying why; "generic": the HF forward always
     engine_layers: str = "auto"
+    # lone prefill chunks padded to buckets over static buffers (serving/engine/prefill_graphs.py): "auto" on a
+    # CUDA device when cuda_graphs is on (captured at load), "on" also on CPU (run eagerly), "off" never
+    prefill_graphs: str = "auto"
     kv_wait_s: float = 10.0  # a request waits this long for KV pages, then gets 429
     # the pool pages one user's cached K/V may keep (their blocks, cached prefixes, sessions: `--kv-user-mb`);
     # None: no quota. kv_evict_policy: which unread K/V goes first when the pool is short, "lru" or "heat"
@@ -134,6 +137,11 @@ class TransformersBackendConfig:
         if self.engine_layers not in ("auto", "generic"):
             raise ValueError(
                 f"TransformersBackendConfig.engine_layers must be 'auto' or 'generic', got {self.engine_layers!r}"
+            )
+        if self.prefill_graphs not in ("auto", "on", "off"):
+            raise ValueError(
+                "TransformersBackendConfig.prefill_graphs must be 'auto', 'on' or 'off', "
+                f"got {self.prefill_graphs!r}"
             )
 
 
@@ -212,7 +220,7 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
         """The engine's KV page pool."""
         import torch
 
-        from serving.engine import graphs
+        from serving.engine import graphs, prefill_graphs
         from serving.engine.pages import PagePool, PoolShape
 
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
@@ -230,6 +238,10 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
                 captured,
                 sorted(pool.graphs.failed) or "none",
             )
+        # `--prefill-graphs`: lone prefill chunks over static buffers, their graphs captured here on a GPU
+        pool.prefill_graphs = prefill_graphs.for_server(
+            handle.model, pool, self.config, self.max_context_tokens
+        )
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,
