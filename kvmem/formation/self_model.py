@@ -44,13 +44,21 @@ def _bounded(schema: dict) -> dict:
     """The openai extractor's facts schema with bounds a small model cannot loop past (it writes until
     max_tokens otherwise: the default 135M model, unbounded, repeated its first fact until 512 tokens): at
     most 3 facts, a fact's text at most 100 characters, its slot parts and date at most 24; at ~3.5 characters
-    a token that is ~230 tokens, within the extraction's 512."""
+    a token that is ~230 tokens, within the extraction's 512. At least one fact: the model is asked only for
+    turns the rules' guard found a statement in (ModelExtractor.extract), and whether a turn holds a fact is
+    the guard's call; left free, the demo model (Qwen2.5-Coder-0.5B) answered {"facts": []} greedily for every
+    turn, and `self` formed nothing."""
     item = schema["properties"]["facts"]["items"]
     props = {
         k: {**v, "maxLength": 100 if k == "text" else 24} if k != "kind" else v
         for k, v in item["properties"].items()
     }
-    facts = {**schema["properties"]["facts"], "items": {**item, "properties": props}, "maxItems": 3}
+    facts = {
+        **schema["properties"]["facts"],
+        "items": {**item, "properties": props},
+        "minItems": 1,
+        "maxItems": 3,
+    }
     return {**schema, "properties": {"facts": facts}}
 
 

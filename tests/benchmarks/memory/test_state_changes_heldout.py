@@ -97,6 +97,10 @@ def test_the_served_path_scores_the_rules_as_the_direct_path(tmp_path) -> None:
     ]
     served = score(items, served_runner("rules", None, tmp_path, embedder=HashEmbedder()))
     direct = score(items, RuleExtractor())
+    at_once = score(  # `--concurrency`: items formed on threads, scored in the set's order
+        items, served_runner("rules", None, tmp_path / "at_once", embedder=HashEmbedder()), concurrency=3
+    )
+    assert at_once == served
     assert [m["id"] for m in served["misses"]] == [m["id"] for m in direct["misses"]] == ["c1"]
     for key in ("changes_caught", "false_supersessions", "chit_chat_stored", "no_new_fact_but_stored"):
         assert served[key] == direct[key]

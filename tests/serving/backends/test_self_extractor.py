@@ -79,6 +79,9 @@ def test_a_formation_pass_on_the_default_model_is_schema_valid_and_commits_its_d
     assert extraction[0] is FACTS_SCHEMA and extraction[2] == "stop"
     facts = json.loads(extraction[1])["facts"]
     jsonschema.validate({"facts": facts}, FACTS_SCHEMA)
+    # the rules' guard found statements, so the model writes at least one fact (the schema's minItems: the
+    # demo model answered {"facts": []} to every turn without it, and `self` formed nothing)
+    assert len(facts) >= 1 and result.num_added >= 1
     assert len(decisions) == len({" ".join(f["text"].lower().split()) for f in facts if f["text"].strip()})
     events = []
     for schema, text, finish in decisions:
@@ -116,3 +119,27 @@ def test_the_server_wires_self_to_its_backend_and_to_the_rules_without_response_
         asyncio.run(engine.aclose())
     finally:
         store.close()
+
+
+def test_the_facts_grammar_refuses_an_empty_list_and_takes_one_fact(default_model_dir) -> None:
+    """The model is asked only for turns the rules' guard found a statement in, so its reply holds 1-3 facts:
+    left free, the demo model answered {"facts":[]} to every turn and `self` formed nothing. Checked on the
+    engine's own compiled grammar, token by token."""
+    from transformers import AutoTokenizer
+
+    from serving.engine.grammar import Grammars
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    grammar = grammars.compile("json_schema", json.dumps(FACTS_SCHEMA))
+
+    def takes(text: str) -> bool:
+        matcher = grammar.matcher()
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return all(matcher.accept(t) for t in ids) and matcher.accept(tokenizer.eos_token_id)
+
+    one = {"text": "I live in Oslo.", "kind": "fact", "subject": "user", "attribute": "home_city",
+           "value": "oslo", "date": None}  # fmt: skip
+    assert takes(json.dumps({"facts": [one]}, separators=(",", ":")))
+    assert not takes('{"facts":[]}')
+    assert not takes(json.dumps({"facts": [one] * 4}, separators=(",", ":")))
