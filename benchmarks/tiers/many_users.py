@@ -141,6 +141,7 @@ def run_arm(arm: str, cfg: WorkloadConfig, users: list[User], system: str, args,
                 )
                 result["levels"].append(row)
                 if saturated(row, qps, args):
+                    result["saturated_at"] = qps
                     result["notes"].append(f"saturated at {qps} qps: higher rates not run")
                     break
             result["samples"] = sample_prompts(client, args)
@@ -150,8 +151,13 @@ def run_arm(arm: str, cfg: WorkloadConfig, users: list[User], system: str, args,
 
 
 def saturated(row: dict, qps: float, args) -> bool:
-    """Completions fell well behind the offered rate, or the median TTFT is 10x the target."""
-    return row["requests_per_s"] < 0.7 * qps or row["ttft_p50_s"] > 10 * args.ttft_target_s
+    """No higher rate is worth running: completions fell well behind the offered rate, the median TTFT is 10x
+    the target, or a request failed (a timeout past --request-timeout-s is one: the backlog grew)."""
+    return (
+        row["num_errors"] > 0
+        or row["requests_per_s"] < 0.7 * qps
+        or not row["ttft_p50_s"] <= 10 * args.ttft_target_s  # NaN: nothing completed
+    )
 
 
 def wait_all_blocks(base: str, users: list[User], timeout_s: float, reprewarm_s: float = 30.0) -> list[str]:
@@ -208,8 +214,9 @@ QUICK = dict(
     max_memory_tokens=1500,
     kv_pool_mb=192,
     max_model_len=2560,
-    qps=[0.5, 1.0, 2.0],
+    qps=[0.25, 0.5, 1.0],
     duration_s=20.0,
+    request_timeout_s=30.0,
     edit_share_per_min=0.25,
     answer_len=16,
     samples=2,
@@ -222,8 +229,9 @@ FULL = dict(
     max_memory_tokens=4000,
     kv_pool_mb=1024,
     max_model_len=8192,
-    qps=[0.25, 0.5, 1.0, 2.0, 4.0],
-    duration_s=120.0,
+    qps=[0.25, 0.5, 1.0, 2.0],
+    duration_s=60.0,
+    request_timeout_s=60.0,
     edit_share_per_min=0.05,
     answer_len=32,
     samples=3,
@@ -288,6 +296,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--duration-s", type=float, help="per rate")
     p.add_argument("--answer-len", type=int, help="max_tokens")
     p.add_argument("--ttft-target-s", type=float, default=1.0, help="goodput counts requests within it")
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        help='a request not answered within it is an error ("timeout"): bounds a level past saturation',
+    )
     p.add_argument("--samples", type=int, help="greedy answers compared with a cold prefill, per arm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None)
@@ -359,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "memory_kv_bytes_total": memory_tokens * per_token if per_token else None,
                      "shared_system_prompt": system},
         "settings": {k: getattr(args, k) for k in ("qps", "duration_s", "answer_len", "ttft_target_s", "kv_pool_mb",
-                                                    "kv_host_mb", "kv_disk_gb", "kv_user_mb", "max_model_len",
+                                                    "kv_host_mb", "kv_disk_gb", "kv_user_mb", "max_model_len", "request_timeout_s",
                                                     "block_token_budget", "quick", "serve_args", "text_serve_args")},
         "arms": results,
         "summary": summarize(results),

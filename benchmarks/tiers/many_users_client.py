@@ -28,7 +28,8 @@ class Client:
         self.t0 = time.monotonic()
         from openai import OpenAI
 
-        self.openai = OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=600)
+        timeout = getattr(args, "request_timeout_s", None) or 600.0  # a request past it counts as "timeout"
+        self.openai = OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -82,7 +83,7 @@ class Client:
                     retries += 1
                     time.sleep(retry_after(exc))
                     continue
-                return {**row, "retries_429": retries, "error": type(exc).__name__ + ": " + str(exc)[:200]}
+                return {**row, "retries_429": retries, "error": error_kind(exc) + ": " + str(exc)[:200]}
         row["retries_429"] = retries
         # the user's wait: from the first attempt, 429s and their pauses included
         row["ttft_first_attempt_s"] = started - first + reply.ttft_s
@@ -114,7 +115,7 @@ class Client:
                     {"user_id": user.user_id, "text": canary_text(code)},
                 )
         except Exception as exc:  # noqa: BLE001
-            return {"user_rank": user.rank, "edit_error": type(exc).__name__ + ": " + str(exc)[:200]}
+            return {"user_rank": user.rank, "edit_error": "edit " + error_kind(exc) + ": " + str(exc)[:200]}
         self.ledger.set(user.user_id, code, self.now())
         return {**self.ask(user, PROBE, 0), "after_edit": True}
 
@@ -212,3 +213,21 @@ def cold_one(handle, layout, arm: str, e: dict, answer_len: int) -> None:
         ids
     )  # the server's `prompt_tokens` for the same prompt, if the layouts agree
     e["same"] = e["cold"].strip() == e["answer"].strip()
+
+
+def error_kind(exc: BaseException) -> str:
+    """What went wrong, as the JSON counts it: "timeout", "connection", "http <status> <error code>" (the
+    server's error body, docs/API.md), or the exception's type."""
+    name = type(exc).__name__
+    if "Timeout" in name or isinstance(exc, TimeoutError):
+        return "timeout"
+    if "Connection" in name or isinstance(exc, ConnectionError):
+        return "connection"
+    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    if isinstance(status, int):
+        body = getattr(exc, "body", None)
+        code = body.get("code") or body.get("type") if isinstance(body, dict) else None
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            code = body["error"].get("code") or body["error"].get("type")
+        return f"http {status}" + (f" {code}" if code else "")
+    return name

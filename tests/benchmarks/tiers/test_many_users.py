@@ -238,3 +238,59 @@ def test_a_429_is_retried_after_what_its_retry_after_says():
     assert retry_after(with_headers({"retry-after": "100"})) == 5.0  # capped
     assert retry_after(with_headers({})) == 0.5 and retry_after(with_headers({"retry-after": "soon"})) == 0.5
     assert retry_after(Exception("no response")) == 0.5
+
+
+def test_a_rate_past_saturation_is_not_run_and_the_arm_says_where_it_saturated(tmp_path):
+    """The sweep stops at the first rate whose median TTFT is over 10x the target (here an impossible target):
+    the higher rate is never offered, so an arm past its capacity cannot spend minutes draining a backlog."""
+    result = many_users.main(
+        ["--quick", "--arms", "kvmem-fake", "--num-users", "3", "--memory-tokens-mean", "80",
+         "--max-memory-tokens", "100", "--qps", "2", "4", "--duration-s", "2", "--ttft-target-s", "0.00001",
+         "--out", str(tmp_path / "m.json")]
+    )  # fmt: skip
+    [arm] = result["arms"]
+    assert [level["qps"] for level in arm["levels"]] == [2.0] and arm["saturated_at"] == 2.0
+    assert "saturated at 2.0 qps: higher rates not run" in arm["notes"]
+
+
+def test_saturated_counts_errors_a_lagging_rate_and_a_slow_median():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(ttft_target_s=1.0)
+    row = {"num_errors": 0, "requests_per_s": 0.9, "ttft_p50_s": 2.0}
+    assert not many_users.saturated(row, 1.0, args)
+    assert many_users.saturated({**row, "num_errors": 1}, 1.0, args)
+    assert many_users.saturated({**row, "requests_per_s": 0.6}, 1.0, args)
+    assert many_users.saturated({**row, "ttft_p50_s": 10.5}, 1.0, args)
+    assert many_users.saturated({**row, "ttft_p50_s": float("nan")}, 1.0, args)  # nothing completed
+
+
+def test_errors_are_named_timeout_connection_or_the_http_status_and_code():
+    """Against real loopback sockets: one that accepts and never answers (the client's timeout), one that
+    refuses; and the server's error body as the openai client raises it."""
+    import socket
+
+    import httpx
+    import openai
+
+    from benchmarks.tiers.many_users_client import error_kind
+
+    def raised(base: str) -> BaseException:
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=0.5)
+        with pytest.raises(openai.OpenAIError) as info:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        return info.value
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        assert error_kind(raised(f"http://127.0.0.1:{silent.getsockname()[1]}/v1")) == "timeout"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: refused
+        assert error_kind(raised(f"http://127.0.0.1:{port}/v1")) == "connection"
+    response = httpx.Response(429, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+    body = {"error": {"code": "queue_full", "message": "the queue is full"}}
+    exc = openai.RateLimitError("the queue is full", response=response, body=body)
+    assert error_kind(exc) == "http 429 queue_full"
+    assert error_kind(ValueError("x")) == "ValueError"
