@@ -16,7 +16,8 @@ Run once for a report (the set must not be used to change the rules):
 each turn logged in a MemoryStore (the server's default embedder) and formed by scheduler.formation's
 FormationWorker with kvmem/formation/self_model.py's ModelExtractor over a TransformersBackend
 (serving/background/self_generate.py), which decides add / update / delete / none itself; `--served` takes
-that path for any extractor. Its one scoring (the demo model, float32; 8 items at once, their rows batched in the engine):
+that path for any extractor. Its one scoring (the demo model, float32; 8 items at once, their rows batched
+in the engine; over an hour on a 2-core CPU):
 
     python -m benchmarks.memory.state_changes_heldout --extractor self --concurrency 8 \
         --out benchmarks/results/cpu/state_changes_heldout_self.json
@@ -232,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
     env = env_info()
     items = load_items(args.data_dir)
     if args.limit:
