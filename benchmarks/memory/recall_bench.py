@@ -352,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--split", default="report", choices=("tune", "report", "all"))
-    parser.add_argument("--embedder", default="default", help="default | minilm | hash | a model directory")
+    parser.add_argument(
+        "--embedder",
+        default="default",
+        help="default | minilm-onnx-plain (no query head) | minilm | hash | a model directory",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="TextStoreConfig field"
     )
