@@ -90,6 +90,37 @@ class CachedEmbedder:
             self._dirty = True
         return np.stack([self._vectors[k] for k in keys]).astype(np.float32)  # [n, dim]
 
+    def embed_for_search(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(memory vectors, query vectors) as the wrapped embedder's `embed_for_search` (its query head), the
+        query vectors remembered under keys that hold the head's fingerprint (`query_name`), so a file made
+        with one head never answers for another; an embedder without one: its memory vectors twice."""
+        search = getattr(self._base, "embed_for_search", None)
+        if search is None:
+            vectors = self.embed(texts)
+            return vectors, vectors
+        tag = getattr(self._base, "query_name", self.name)
+        query_keys = [self.query_key(tag, t) for t in texts]
+        missing = [i for i, k in enumerate(query_keys) if k not in self._vectors]
+        if missing:
+            memory, query = search([texts[i] for i in missing])
+            for i, m, q in zip(missing, memory, query, strict=True):
+                self._vectors.setdefault(self._key(texts[i]), m)
+                self._vectors[query_keys[i]] = q
+            self._dirty = True
+        query_vectors = np.stack([self._vectors[k] for k in query_keys]).astype(np.float32)  # [n, dim]
+        return self.embed(texts), query_vectors
+
+    @staticmethod
+    def query_key(tag: str, text: str) -> str:
+        """The key a query vector of pooling `tag` (an embedder's `query_name`) is filed under."""
+        return hashlib.sha1(f"query:{tag}:{text}".encode()).hexdigest()
+
+    def put_query(self, tag: str, text: str, vector: np.ndarray) -> None:
+        """Files `vector` as the query vector of `text` under pooling `tag` (train_query_head's held-out
+        vectors, so rerank_train fits on them)."""
+        self._vectors[self.query_key(tag, text)] = np.asarray(vector, dtype=np.float32)
+        self._dirty = True
+
     def save(self) -> None:
         if self._path is None or not self._dirty:
             return
@@ -321,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--split", default="report", choices=("tune", "report", "all"))
-    parser.add_argument("--embedder", default="default", help="default | minilm | hash | a model directory")
+    parser.add_argument(
+        "--embedder",
+        default="default",
+        help="default | minilm-onnx-plain (no query head) | minilm | hash | a model directory",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="TextStoreConfig field"
     )

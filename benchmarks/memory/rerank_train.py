@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             "selection": "leave-one-chat-out recall@10",
             "git_sha": git_sha(),
             "first_stage_overrides": parse_overrides(args.set),
+            # the query vectors the dense features were computed with (the query head's fingerprint)
+            "query_vectors": getattr(embedder._base, "query_name", embedder.name),
         }
         write_weights(args.weights_out, fitted["model"], fitted["params"], trained_on)
         result["weights"] = {"path": str(args.weights_out), "model": fitted["model"]}

@@ -46,8 +46,9 @@ class TextStoreConfig:
         feature set are refused when the store opens, with a log line, and search keeps the first stage.
         rerank_depth: how many of the first stage's best the second stage reorders (the rest keep the first
         stage's order below them). 100 (with num_candidates 100): on tune the top 100 holds 0.76 of the
-        evidence (top 50: 0.69, top 200 of 200 per leg: 0.85) and the reranker scores 0.519 cross-validated
-        (0.530 at 200), but 200 cost 2 ms more at p50 than 100 and broke the latency budget.
+        evidence (top 50: 0.69, top 200 of 200 per leg: 0.85) and the reranker scored 0.519 cross-validated
+        (0.530 at 200), but 200 cost 2 ms more at p50 than 100 and broke the latency budget. With the query
+        head (search/query_head.py) the refitted reranker scores 0.579 cross-validated at 100.
     num_candidates: how many hits each search leg hands to fusion (at least top_k).
     num_keyword_candidates: hybrid only; how many BM25 hits are spread to their neighbours before fusion.
     vector_cache_bytes: bound on the in-process per-user vector matrices used by the dense scan.

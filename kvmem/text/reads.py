@@ -58,6 +58,7 @@ class MemoryReads:
     embedder: Embedder
     _conn: Callable[[], sqlite3.Connection]
     _embed: Callable[[list[str]], np.ndarray]
+    _embed_query: Callable[[str], np.ndarray]
     _reranker: Callable[[], Reranker | None]
 
     # ----------------------------------------------------------------- read one
@@ -167,7 +168,7 @@ class MemoryReads:
                 self.embedder.dim,
                 user_id,
                 query,
-                self._embed([query])[0],
+                self._embed_query(query),
                 parse_filters(None),
                 "hybrid",
                 10,
@@ -201,7 +202,7 @@ class MemoryReads:
         if mode not in SEARCH_MODES:
             raise InvalidMemoryInput(f"mode must be one of {list(SEARCH_MODES)}, got {mode!r}")
         check_min_score(min_score)
-        query_vector = self._embed([query])[0] if mode != "keyword" else None
+        query_vector = self._embed_query(query) if mode != "keyword" else None
         with self._db.snapshot() as conn:
             ranked = rank_rows(
                 conn,

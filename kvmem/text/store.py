@@ -53,7 +53,7 @@ from kvmem.text.search.embedders import Embedder, default_embedder
 from kvmem.text.search.rerank import Reranker, build_reranker
 from kvmem.text.search.rerank_features import speaker_of
 from kvmem.text.search.vectors import VectorCache
-from kvmem.text.store_embeddings import TextVectorCache, embed_texts, reconcile_embedder
+from kvmem.text.store_embeddings import TextVectorCache, embed_query, embed_texts, reconcile_embedder
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
         self._db = Database(path if is_url else self.path, self.config)
         self.location = self._db.describe()
         self._vectors = VectorCache(self.config.vector_cache_bytes)
-        self._query_cache = TextVectorCache()
+        self._query_cache = TextVectorCache()  # memory vectors of single texts
+        self._query_vectors = TextVectorCache()  # query vectors (the query head's), never stored
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         migrate(self._conn())
@@ -134,6 +135,10 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
     def _embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for texts, [n, dim] float32 (see embedding.embed_texts)."""
         return embed_texts(self.embedder, texts, self._query_cache)
+
+    def _embed_query(self, text: str) -> np.ndarray:
+        """The vector a search for `text` ranks by, [dim] float32 (see store_embeddings.embed_query)."""
+        return embed_query(self.embedder, text, self._query_cache, self._query_vectors)
 
     def _reranker(self) -> Reranker | None:
         """The second stage the current config names, built once per (name, weights, endpoint); None for

