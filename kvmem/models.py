@@ -72,6 +72,14 @@ class ModelHandle:
     def max_context_tokens(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over every layer, at the model's dtype: what a KV item holds per token."""
+        c = self.model.config.get_text_config()
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        return c.num_hidden_layers * 2 * kv_heads * head_dim * self.dtype.itemsize
+
 
 def default_cache_dir() -> Path:
     """Where provisioned models live: $KVMEM_CACHE_DIR, else ~/.cache/kvmem."""

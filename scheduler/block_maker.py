@@ -34,6 +34,11 @@ class BlockMaker(ABC):
     # an adapter has no block: the rest of their memories go as text)
     builds_under_adapter: bool = False
 
+    def kv_bytes_per_token(self) -> int | None:
+        """What a block holds per token (K and V, every layer) once the model is loaded; None: not known (the
+        scheduler then sizes a byte-capped block by SchedulerConfig.bytes_per_token until a build tells it)."""
+        return None
+
     @abstractmethod
     def ready(self) -> bool:
         """Whether blocks can be built (and found) now; the worker defers refreshes until then."""

@@ -30,6 +30,7 @@ class ServerSettings(Protocol):
 
     data_dir: Path
     block_token_budget: int
+    kv_user_mb: int | None  # one user's KV quota (`--kv-user-mb`): their block is built within it too
     scheduler_redis_url: str | None
 
 
@@ -42,6 +43,7 @@ class BlockBackend(Protocol):
     builds_under_adapter: bool
 
     def reload_knowledge(self) -> None: ...
+    def kv_bytes_per_token(self) -> int | None: ...
     def use_kv_heat(self, heat: Callable[[str], float]) -> None: ...
     def is_ready(self) -> bool: ...
     def build_block(
@@ -77,6 +79,10 @@ class BackendBlockMaker(BlockMaker):
 
     def ready(self) -> bool:
         return self.backend.is_ready()
+
+    def kv_bytes_per_token(self) -> int | None:
+        """What the backend's blocks hold per token, once it is loaded (None before, or without KV)."""
+        return self.backend.kv_bytes_per_token()
 
     @property
     def serves_adapters(self) -> bool:
@@ -132,8 +138,11 @@ class BackendBlockMaker(BlockMaker):
 
 
 def serving_scheduler_config(config: ServerSettings) -> SchedulerConfig:
-    """The scheduler settings the server runs with (`kvmem build` plans with the same)."""
-    return SchedulerConfig(user_block_tokens=config.block_token_budget)
+    """The scheduler settings the server runs with (`kvmem build` plans with the same): a user's block holds at
+    most `block_token_budget` memory tokens and, under `--kv-user-mb`, no more bytes than the user's quota (so it
+    fits the quota in every tier: the pool's pages, host RAM and disk)."""
+    quota = None if config.kv_user_mb is None else config.kv_user_mb << 20
+    return SchedulerConfig(user_block_tokens=config.block_token_budget, user_block_bytes=quota)
 
 
 def make_scheduler(

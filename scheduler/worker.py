@@ -94,7 +94,8 @@ class Worker(Invalidation, TotalCap):
         # user -> (store generation, their memories as read then): the refresh's incremental read, LRU-bounded
         self._snapshots: OrderedDict[str, tuple[int, list[Any]]] = OrderedDict()
         self.header_tokens = 0  # tokens every block carries besides its memories (learned, see refresh)
-        self.bytes_per_token: float = config.bytes_per_token
+        self.bytes_per_token: float = config.bytes_per_token  # the config's guess until a block is built
+        self._bytes_learned = False
         self.between_tasks: Callable[[], None] = lambda: None  # the facade's cheap checks (service.py)
         self.stopping = threading.Event()  # the facade's stop (service.py): a task failing then was cancelled
 
@@ -369,6 +370,9 @@ class Worker(Invalidation, TotalCap):
         return adapter.name
 
     def _cap_tokens(self) -> int:
+        if not self._bytes_learned and self.config.user_block_bytes is not None:
+            if value := self.builder.kv_bytes_per_token():  # the loaded model's, exact
+                self.bytes_per_token, self._bytes_learned = float(value), True
         return user_cap_tokens(
             self.config.user_block_tokens,
             self.config.user_block_bytes,
@@ -378,6 +382,8 @@ class Worker(Invalidation, TotalCap):
 
     def _learn_header(self, built: BuiltBlock, memory_tokens: int) -> None:
         own = built.num_tokens - getattr(built, "shared_tokens", 0)  # num_bytes: the block's own tokens'
-        if own > 0:
-            self.bytes_per_token = max(self.bytes_per_token, built.num_bytes / own)
+        if own > 0:  # the first block replaces the config's guess (another model's); later ones only raise it
+            learned = built.num_bytes / own
+            self.bytes_per_token = max(self.bytes_per_token, learned) if self._bytes_learned else learned
+            self._bytes_learned = True
         self.header_tokens = max(self.header_tokens, own - memory_tokens)

@@ -125,3 +125,7 @@ class LazyHandle:
     @property
     def dtype(self) -> Any:
         return self._load().dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self._load().kv_bytes_per_token

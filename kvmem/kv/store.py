@@ -131,26 +131,59 @@ class TieredKVStore(StoreReads, StoreIndex):
             leaving[victim] = self._resident["device"][victim]
         return list(leaving.items())
 
-    def _evict_lower(self, unlink: list[str], keep: str | None) -> None:
-        """Host RAM over its budget: items leave RAM (a RAM-only one is dropped and reported); disk over its
-        budget: items leave the index, their ids added to `unlink` (files deleted once the lock is released).
-        No copies. Lock held."""
+    def _evict_lower(self, unlink: list[str], keep: str | None, owner: KVItem | None = None) -> None:
+        """`owner`'s user over their cap (`user_bytes`) in host RAM or on disk loses their own other items first
+        (`owner`, the item just put or read, stays); then host RAM over its budget: items leave RAM (a RAM-only
+        one is dropped and reported); disk over its budget: items leave the index, their ids added to `unlink`
+        (files deleted once the lock is released). No copies. Lock held."""
+        if owner is not None:
+            self._cap_user(owner.meta.user_id, unlink, owner.item_id)
         budget = self._budget("host")
         while budget is not None and self._tier_bytes("host") > budget:
             victim = self._victim(self._resident["host"], keep)
             if victim is None:
                 break
-            item = self._resident["host"].pop(victim)
-            if victim not in self._on_disk:
-                self._stats.pop(victim, None)
-                self._dropped.append(DroppedItem(victim, item.meta.user_id, "evicted"))
-            log.debug("evicted KV item %s from host", victim)
+            self._leave_host(victim)
         budget = self._budget("disk")
         while budget is not None and self._tier_bytes("disk") > budget:
             victim = self._victim(self._on_disk, keep)
             if victim is None:
                 break
             self._drop(victim, unlink, reason="evicted")
+
+    def _leave_host(self, item_id: str) -> None:
+        """Out of host RAM; a RAM-only item is dropped and reported. Lock held."""
+        item = self._resident["host"].pop(item_id)
+        if item_id not in self._on_disk:
+            self._stats.pop(item_id, None)
+            self._dropped.append(DroppedItem(item_id, item.meta.user_id, "evicted"))
+        log.debug("evicted KV item %s from host", item_id)
+
+    def _user_bytes(self, tier: str, user: str) -> int:
+        if tier == "disk":
+            return sum(m.stored_bytes for m in self._on_disk.values() if m.user_id == user)
+        return sum(i.meta.stored_bytes for i in self._resident[tier].values() if i.meta.user_id == user)
+
+    def _cap_user(self, user: str, unlink: list[str], keep: str | None) -> None:
+        """One user's items within `user_bytes` in host RAM and on disk: their own lowest-priority items leave
+        (never `keep`, never another user's). Shared knowledge (owner "") is not capped. Lock held."""
+        cap = self.config.user_bytes
+        if cap is None or not user:
+            return
+        while self._user_bytes("host", user) > cap:
+            host = self._resident["host"]
+            victim = self._victim((i for i, it in host.items() if it.meta.user_id == user), keep)
+            if victim is None:
+                break
+            self._leave_host(victim)
+        while self._user_bytes("disk", user) > cap:
+            victim = self._victim((i for i, m in self._on_disk.items() if m.user_id == user), keep)
+            if victim is None:
+                break
+            self._drop(victim, unlink, reason="evicted")
+            log.info(
+                "KV item %s of user %r left the store: over the user's cap of %d bytes", victim, user, cap
+            )
 
     def _settle(self, demotions: list[tuple[str, KVItem]], unlink: list[str], keep: str | None) -> None:
         """After a put or a promotion, with the lock released: copy the planned demotions to host RAM (device-to-
@@ -252,7 +285,7 @@ class TieredKVStore(StoreReads, StoreIndex):
                     self._on_disk[item.item_id] = item.meta
                 self._stats.setdefault(item.item_id, self._new_stats(item.meta))
                 self._resident["host"][item.item_id] = host_item
-                self._evict_lower(unlink, item.item_id if self._fits("host", item) else None)
+                self._evict_lower(unlink, item.item_id if self._fits("host", item) else None, item)
             self._settle([], unlink, None)
             return item.item_id
         device_item = own.to(self.config.device)
@@ -264,7 +297,7 @@ class TieredKVStore(StoreReads, StoreIndex):
             self._resident["device"][item.item_id] = device_item
             keep = item.item_id if self._fits("device", item) else None
             demotions = self._plan_demotions(keep)
-            self._evict_lower(unlink, keep)
+            self._evict_lower(unlink, keep, item)
         self._settle(demotions, unlink, keep)
         return item.item_id
 
@@ -307,7 +340,7 @@ class TieredKVStore(StoreReads, StoreIndex):
                 self._touch(item_id)
                 self.num_hits[source] += 1
                 demotions = self._plan_demotions(keep)
-                self._evict_lower(unlink, keep)
+                self._evict_lower(unlink, keep, item)
             else:  # another reader promoted it meanwhile
                 item = current
         self._settle(demotions, unlink, keep)
@@ -322,7 +355,7 @@ class TieredKVStore(StoreReads, StoreIndex):
             item = self._resident["host"].setdefault(item_id, item)  # another reader's, if it loaded it too
             self._touch(item_id)
             self.num_hits[source] += 1
-            self._evict_lower(unlink, item_id if self._fits("host", item) else None)
+            self._evict_lower(unlink, item_id if self._fits("host", item) else None, item)
         self._settle([], unlink, None)
         item = item.to(self.config.device)
         return self._attach(item) if item.meta.parent_id is not None else item

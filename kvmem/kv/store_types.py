@@ -17,6 +17,10 @@ class KVStoreConfig:
     host copy (moved to `device` only when that is not the CPU), never a second one; the engine's page pool
     is then the only device copy (serving/backends/transformers). pin_memory: host copies in page-locked
     memory when CUDA is available, so a copy into device pages can be non_blocking (ignored without CUDA).
+    user_bytes: one user's cap in host RAM and, apart, on disk (`--kv-user-mb`, which also caps their pages in
+    the engine's pool): past it, that user's own lowest-priority items leave the tier (host RAM: to disk
+    only, or dropped when not on disk; disk: out of the store, reported as evicted), never another user's and
+    never the item just put or read. Shared knowledge (owner "") has no cap. None: no cap.
     """
 
     directory: str
@@ -30,9 +34,10 @@ class KVStoreConfig:
     # with a pause after each (kvmem/kv/st_write.py), for a server whose streams share the cores with it
     write_duty: float = 1.0
     pin_memory: bool = False
+    user_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("device_bytes", "host_bytes", "disk_bytes"):
+        for name in ("device_bytes", "host_bytes", "disk_bytes", "user_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"KVStoreConfig.{name} must be a non-negative int or None, got {value!r}")

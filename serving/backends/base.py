@@ -292,6 +292,11 @@ class Backend(ABC):
         give the same id and a second call only returns it. `memory_ids` (parallel to block_texts) are
         recorded in the item so a deletion can find it. Raises BackendError or NotReady."""
 
+    def kv_bytes_per_token(self) -> int | None:
+        """What a stored block holds per token (K and V, every layer), once loaded; None: not loaded, or a
+        backend that stores no KV. The scheduler sizes a block under a byte quota with it."""
+        return None
+
     def fingerprint_digest(self) -> str | None:
         """The loaded model's fingerprint digest (an adapter trained on another model is not served), or None:
         not loaded, or a backend without one."""

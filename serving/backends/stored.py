@@ -83,6 +83,9 @@ class StoredBlocksBackend(Backend):
     def fingerprint_digest(self) -> str | None:
         return None if self.handle is None else self.handle.fingerprint.digest
 
+    def kv_bytes_per_token(self) -> int | None:
+        return None if self.handle is None else self.handle.kv_bytes_per_token
+
     # -- readiness and admission ---------------------------------------------------------------------------
     def is_ready(self) -> bool:
         return self._ready.is_set()

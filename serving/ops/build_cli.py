@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-token-budget", type=int, default=2048, help="as `kvmem serve`'s (the blocks it will serve)"
     )
     p.add_argument(
+        "--kv-user-mb",
+        type=int,
+        default=None,
+        help="as `kvmem serve`'s: no user's block is built bigger than this quota (default: no quota)",
+    )
+    p.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
         default="auto",
@@ -89,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.block_token_budget < 0:
         print("kvmem build: --block-token-budget must be >= 0", file=sys.stderr)
         return 2
+    if args.kv_user_mb is not None and args.kv_user_mb < 1:
+        print(f"kvmem build: --kv-user-mb must be >= 1 (MiB), got {args.kv_user_mb}", file=sys.stderr)
+        return 2
     if args.store is not None:
         from kvmem.text.db.dialect import check_store_location
 
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "dtype": args.dtype,
         "block_token_budget": args.block_token_budget,
+        "kv_user_mb": args.kv_user_mb,
         "users": users_wanted,
     }
     if every_user and not args.recheck:
@@ -158,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.knowledge is not None:
             knowledge.ensure_knowledge_item(handle, layout, store)
         planner = OfflinePlanner(
-            data_dir, builder, block_token_budget=args.block_token_budget, store=args.store
+            data_dir,
+            builder,
+            block_token_budget=args.block_token_budget,
+            kv_user_mb=args.kv_user_mb,
+            store=args.store,
         )
         progress = not args.no_progress
         if args.input is not None:

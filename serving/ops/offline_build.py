@@ -176,6 +176,10 @@ class OfflineBlockMaker(BlockMaker):
     def ready(self) -> bool:
         return True
 
+    def kv_bytes_per_token(self) -> int:
+        """The model's (loads it: asked only when a byte quota sizes a block, i.e. before a build)."""
+        return self.builder.handle.kv_bytes_per_token
+
     def build_block(self, user_id: str, texts: Sequence[str], memory_ids: Sequence[str]) -> Any:
         return self.builder.build(user_id, list(texts), list(memory_ids), verify_existing=True)
 
@@ -216,14 +220,22 @@ class OfflinePlanner:
     """Owns the memory store it opens and the scheduler it builds; `close()` them."""
 
     def __init__(
-        self, data_dir: DataDir, builder: Any, *, block_token_budget: int = 2048, store: str | None = None
+        self,
+        data_dir: DataDir,
+        builder: Any,
+        *,
+        block_token_budget: int = 2048,
+        kv_user_mb: int | None = None,
+        store: str | None = None,
     ):
         """`store`: as `kvmem serve --store` (a postgresql:// URL: heat is read from it too); None: the data
         dir's SQLite file."""
         from kvmem.kv.layout import memory_line
         from kvmem.text import MemoryStore, TextStoreConfig
 
-        serving = ServingConfig(data_dir=data_dir.root, block_token_budget=block_token_budget, store=store)
+        serving = ServingConfig(
+            data_dir=data_dir.root, block_token_budget=block_token_budget, kv_user_mb=kv_user_mb, store=store
+        )
         longest = max(serving.limits.max_memory_text_chars, serving.limits.max_message_chars)
         self.store = MemoryStore(serving.store_path, config=TextStoreConfig(max_text_chars=longest))
         tokenizer = builder.handle.tokenizer

@@ -146,9 +146,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-user-mb",
         type=int,
         default=None,
-        help="MiB of the KV page pool one user's kept K/V may hold (their blocks, cached prefixes, live "
-        "sessions; transformers backend): past it their least recently used goes, so one heavy user cannot "
-        "push the others out (at least 1; default: no quota)",
+        help="one user's KV quota, MiB, in every tier (transformers backend): their pages in the pool (blocks, "
+        "cached prefixes, live sessions; past it their least recently used goes, so one heavy user cannot "
+        "push the others out), their block's size, and their stored blocks in host RAM and on disk "
+        "(at least 1; default: no quota)",
     )
     p.add_argument(
         "--kv-evict-policy",

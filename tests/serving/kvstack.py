@@ -69,11 +69,16 @@ class Served:
 
 
 @contextmanager
-def served(data_dir: Path, backend: TransformersBackend) -> Iterator[Served]:
-    """The HTTP app over `backend` with the scheduler (its worker thread running) as plan provider."""
+def served(data_dir: Path, backend: TransformersBackend, **settings: Any) -> Iterator[Served]:
+    """The HTTP app over `backend` with the scheduler (its worker thread running) as plan provider; `settings`:
+    more ServingConfig fields (block_token_budget defaults to 4096)."""
     store = MemoryStore(data_dir / "memories.sqlite", embedder=HashEmbedder())
     config = ServingConfig(
-        data_dir=data_dir, backend="transformers", auth=False, store_turns=False, block_token_budget=4096
+        data_dir=data_dir,
+        backend="transformers",
+        auth=False,
+        store_turns=False,
+        **{"block_token_budget": 4096, **settings},
     )
     plans = make_scheduler(config, store, backend)
     plans.start()

@@ -118,6 +118,7 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
             disk_bytes=self.config.disk_kv_bytes,
             write_duty=WRITE_DUTY,
             pin_memory=str(handle.device).startswith("cuda"),  # copies into pages overlap
+            user_bytes=self.config.kv_user_bytes,  # the quota holds in every tier: pool, host RAM, disk
         )
         self._eos = eos_token_ids(handle.model, handle.tokenizer)
         self.max_context_tokens = handle.max_context_tokens

@@ -121,3 +121,31 @@ def test_a_corrupt_or_missing_file_falls_back_to_text_with_a_log_line_and_is_reb
         again = s.chat("alice")
         assert cached(again) == block["tokens"]
         assert again["memory"]["used"] == [{"id": lisbon, "tier": "kv"}]
+
+
+def test_the_user_quota_sizes_the_block_so_it_holds_in_every_tier(tmp_path, tiny_model_dir):
+    """`--kv-user-mb` reaches the pool, the store (host RAM and disk) and the scheduler: a heavy user's block is
+    built within the quota (by the loaded model's bytes per token, not the scheduler's default guess) and served
+    from KV; the memories past it are left to text retrieval; a light user's block is whole."""
+    backend = load_backend(tiny_model_dir, tmp_path, kv_user_bytes=1 << 20)
+    per_token = backend.kv_bytes_per_token()
+    assert per_token == 512  # 2 layers x K,V x 2 heads x 16 dims x 4 bytes
+    assert backend.store.config.user_bytes == 1 << 20 and backend.pool.residency.quota_pages is not None
+    backend.costs = LOAD
+    with served(tmp_path, backend, kv_user_mb=1, block_token_budget=8192) as s:
+        line = "I keep a long diary of the trains I took across the country in the spring of that year " * 6
+        heavy = [s.add("alice", f"Note {k}: {line}") for k in range(30)]
+        light = s.add("bob", "I play the violin.")
+        s.plans.flush()
+        block, bobs = s.plan("alice"), s.plan("bob")
+        memory_tokens = sum(backend.count_tokens(f"Note {k}: {line}") for k in range(30))
+        assert memory_tokens * per_token > 1 << 20  # her memories alone are over the quota
+        assert block["bytes"] <= 1 << 20 and block["bytes"] == block["tokens"] * per_token
+        assert block["tokens"] > (1 << 20) // per_token // 2  # sized by the model's 512, not the 46 KB guess
+        assert bobs["memory_ids"] == [light]
+        assert backend.store.tier_of(block["item_id"]) == "host"
+        out = s.chat("alice")
+        assert 0 < len(block["memory_ids"]) < len(heavy) and set(block["memory_ids"]) <= set(heavy)
+        assert cached(out) == block["tokens"]  # served from the capped block
+        kv = sorted(u["id"] for u in out["memory"]["used"] if u["tier"] == "kv")
+        assert kv == sorted(block["memory_ids"])

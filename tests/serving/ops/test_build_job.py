@@ -105,6 +105,11 @@ def test_unknown_model_path_is_exit_1(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_quota_below_one_mib_is_exit_2_naming_it(tmp_path, capsys):
+    assert main(["--data-dir", str(tmp_path), "--kv-user-mb", "0"]) == 2
+    assert capsys.readouterr().err == "kvmem build: --kv-user-mb must be >= 1 (MiB), got 0\n"
+
+
 def test_bad_arguments_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["--bogus"])
