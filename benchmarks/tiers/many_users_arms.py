@@ -228,7 +228,8 @@ def tier_figures(before: dict[str, float], after: dict[str, float]) -> dict:
     """Per tier (a sample's `tier` label on a kvmem_kv_* metric), each figure of TIER_FIGURES found: counters
     as the change between the two scrapes, gauges (bytes, items) as the later value. `missing` lists what
     was not found; `memory_tier_hits` is kvmem_memory_tier_hits_total's change (kv/text/lora: there today);
-    `vllm_prefix_cache` vLLM's own prefix-cache counters' change."""
+    `vllm_prefix_cache` vLLM's own prefix-cache counters' change; `block_builds` the blocks the scheduler built
+    meanwhile (kvmem arms: an edit's rebuild shares the cores with the chats; None where not counted)."""
     tiers: dict[str, dict[str, float]] = {}
     for key, value in after.items():
         m = re.match(
@@ -256,8 +257,10 @@ def tier_figures(before: dict[str, float], after: dict[str, float]) -> dict:
         for k, v in after.items()
         if k.startswith("vllm:prefix_cache") or k.startswith("vllm:external_prefix_cache")
     }
+    builds = "kvmem_scheduler_builds_total"
     return {
         "tiers": tiers,
+        "block_builds": after[builds] - before.get(builds, 0.0) if builds in after else None,
         "missing": [f for f in TIER_FIGURES if f not in found],
         "memory_tier_hits": memory,
         "vllm_prefix_cache": vllm,

@@ -121,6 +121,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         'kvmem_kv_tier_hits_total{tier="host"}': 2.0,
         'kvmem_kv_tier_bytes_loaded_total{tier="host"}': 100.0,
         'kvmem_memory_tier_hits_total{tier="kv"}': 1.0,
+        "kvmem_scheduler_builds_total": 10.0,
     }
     after = {
         'kvmem_kv_tier_hits_total{tier="host"}': 5.0,
@@ -129,13 +130,14 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         'kvmem_kv_tier_bytes{tier="disk"}': 7.0,
         'kvmem_memory_tier_hits_total{tier="kv"}': 4.0,
         "vllm:prefix_cache_hits_total": 9.0,
+        "kvmem_scheduler_builds_total": 13.0,
     }
     figures = many_users_arms.tier_figures(before, after)
     assert figures["tiers"] == {
         "host": {"hits": 3.0, "misses": 1.0, "bytes_loaded": 300.0, "hit_rate": 0.75},
         "disk": {"bytes": 7.0},
     }
-    assert figures["missing"] == ["items", "loads", "load_seconds"]
+    assert figures["missing"] == ["items", "loads", "load_seconds"] and figures["block_builds"] == 3.0
     assert figures["memory_tier_hits"] == {"kv": 3.0} and figures["vllm_prefix_cache"] == {
         "vllm:prefix_cache_hits_total": 9.0
     }
@@ -148,6 +150,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         },
     )
     assert vllm["vllm_prefix_hit_rate"] == 0.75 and vllm["kv_memory_share"] is None
+    assert vllm["block_builds"] is None  # a server that does not count them
     assert many_users_arms.tier_figures({}, {})["missing"] == list(many_users_arms.TIER_FIGURES)
 
 
