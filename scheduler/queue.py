@@ -59,6 +59,7 @@ class InProcessQueue:
         self._seq = 0  # keys of tasks that never merge
         self._cond = threading.Condition()
         self.dropped = 0  # tasks and events dropped by the bound
+        self._taken = 0  # handed out by `get`, not yet acked: still in the queue's length (a flush waits on it)
 
     def _key(self, task: Task) -> Any:
         if task.kind == "refresh" and ("access", task.user_id) in self._entries:
@@ -96,19 +97,24 @@ class InProcessQueue:
                 return None
             key = next(iter(self._entries))
             entry = self._entries.pop(key)
+            self._taken += 1
             if entry.task.kind == "access":  # one event as itself (as Redis hands it), several as a tuple
                 events = entry.events
                 return Task("access", entry.task.user_id, events[0] if len(events) == 1 else tuple(events))
             return entry.task
 
     def ack(self, task: Task) -> None:
-        """Nothing to do in process: a task is gone once taken."""
+        """The task taken by `get` ran (or failed for good): it leaves the queue's length."""
+        with self._cond:
+            self._taken = max(0, self._taken - 1)
 
     def close(self) -> None:
         """Nothing to release."""
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Entries queued, and tasks taken but not acked yet: a worker between `get` and running the task it
+        took still counts, so `len() == 0` means every task put so far has run."""
+        return len(self._entries) + self._taken
 
 
 def _encode(task: Task) -> str:
@@ -158,6 +164,7 @@ class RedisStreamsQueue:
         self._outbox: deque[Task] = deque()
         self._outbox_cond = threading.Condition()
         self._sending = False
+        self._taken = 0  # entries handed out by `get` from the stream, not acked yet (see InProcessQueue)
         self._closed = False
         self._sender = threading.Thread(target=self._send_loop, name="kvmem-redis-outbox", daemon=True)
         self._sender.start()
@@ -235,11 +242,17 @@ class RedisStreamsQueue:
             return None
         entry_id, fields = entries[0]
         entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        return _decode(fields[b"task"] if b"task" in fields else fields["task"], entry_id)
+        task = _decode(fields[b"task"] if b"task" in fields else fields["task"], entry_id)
+        with self._outbox_cond:
+            self._taken += 1
+        return task
 
     def ack(self, task: Task) -> None:
-        if task.entry_id is None:
+        if task.entry_id is None:  # one run in process (Redis was unreachable)
+            self._local.ack(task)
             return
+        with self._outbox_cond:
+            self._taken = max(0, self._taken - 1)
         try:
             self.client.xack(self.stream, self.group, task.entry_id)
         except self._redis_errors as exc:
@@ -254,9 +267,9 @@ class RedisStreamsQueue:
         try:
             info = self.client.xinfo_groups(self.stream)
             lag = next((g.get("lag") or 0 for g in info if g["name"] in (self.group, self.group.encode())), 0)
-            return int(lag) + len(self._local) + len(self._outbox) + self._sending
+            return int(lag) + len(self._local) + len(self._outbox) + self._sending + self._taken
         except self._redis_errors:
-            return len(self._local) + len(self._outbox) + self._sending
+            return len(self._local) + len(self._outbox) + self._sending + self._taken
 
 
 def unique_consumer_name() -> str:

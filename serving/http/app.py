@@ -246,7 +246,7 @@ def _scheduler_metrics(scheduler: Scheduler) -> str:
         ("kvmem_scheduler_block_tokens", "Tokens in published KV blocks.", st.block_tokens),
         ("kvmem_scheduler_block_bytes", "Bytes of published KV blocks.", st.block_bytes),
         ("kvmem_scheduler_plan_hit_ratio", "Plan reads that found a KV block.", st.hit_rate),
-        ("kvmem_scheduler_queue_depth", "Scheduler tasks waiting.", st.queue_depth),
+        ("kvmem_scheduler_queue_depth", "Scheduler tasks waiting or running.", st.queue_depth),
         ("kvmem_scheduler_tasks_total", "Scheduler tasks run.", st.tasks_done),
         ("kvmem_scheduler_task_p50_seconds", "Median scheduler task latency.", st.task_p50_s),
         ("kvmem_scheduler_builds_total", "KV blocks built by the scheduler.", st.builds),
