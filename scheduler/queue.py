@@ -59,7 +59,8 @@ class InProcessQueue:
         self._seq = 0  # keys of tasks that never merge
         self._cond = threading.Condition()
         self.dropped = 0  # tasks and events dropped by the bound
-        self._taken = 0  # handed out by `get`, not yet acked: still in the queue's length (a flush waits on it)
+        # handed out by `get`, not yet acked: still in the queue's length (a flush waits on it)
+        self._taken = 0
 
     def _key(self, task: Task) -> Any:
         if task.kind == "refresh" and ("access", task.user_id) in self._entries:
