@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.load.http_client import KVMEM_SERVE, REPO_ROOT, _free_port, spawned_server
+from serving.http.metrics import KV_TIER_SERIES
 
 ARMS = ("text", "vllm-prefix", "vllm-offload", "kvmem", "kvmem-vllm", "kvmem-fake")
 PASTED = frozenset({"text", "vllm-prefix", "vllm-offload"})  # the client carries the memories as text
@@ -204,6 +205,10 @@ def arm_server(arm: str, args, tmp: str, supported: frozenset[str]):
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
 # what item 2 of issue 44 puts on /metrics per tier; the benchmark reports each one it finds
 TIER_FIGURES = ("bytes", "items", "hits", "misses", "loads", "bytes_loaded", "load_seconds")
+# the server's own names for them (serving/http/metrics.py), read exactly: a pattern over the names once took
+# kvmem_kv_tier_loaded_bytes_total for the tier's `bytes` and never found `bytes_loaded`
+_TIER_METRIC = {metric: figure for figure, metric, _ in KV_TIER_SERIES}
+assert set(_TIER_METRIC.values()) == set(TIER_FIGURES), KV_TIER_SERIES
 
 
 def scrape(base: str) -> dict[str, float]:
@@ -232,15 +237,10 @@ def tier_figures(before: dict[str, float], after: dict[str, float]) -> dict:
     meanwhile (kvmem arms: an edit's rebuild shares the cores with the chats; None where not counted)."""
     tiers: dict[str, dict[str, float]] = {}
     for key, value in after.items():
-        m = re.match(
-            r"^kvmem_kv_\w*?("
-            + "|".join(sorted(TIER_FIGURES, key=len, reverse=True))
-            + r')(?:_total)?\{.*tier="([^"]+)"',
-            key,
-        )
-        if not m:
+        m = re.match(r'^(\w+)\{.*tier="([^"]+)"', key)
+        if not m or m.group(1) not in _TIER_METRIC:
             continue
-        figure, tier = m.group(1), m.group(2)
+        figure, tier = _TIER_METRIC[m.group(1)], m.group(2)
         gauge = figure in ("bytes", "items")
         tiers.setdefault(tier, {})[figure] = value if gauge else value - before.get(key, 0.0)
     for figures in tiers.values():

@@ -119,15 +119,16 @@ def test_the_canary_ledger_calls_stale_only_a_code_replaced_before_the_request_w
 def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
     before = {
         'kvmem_kv_tier_hits_total{tier="host"}': 2.0,
-        'kvmem_kv_tier_bytes_loaded_total{tier="host"}': 100.0,
+        'kvmem_kv_tier_loaded_bytes_total{tier="host"}': 100.0,
         'kvmem_memory_tier_hits_total{tier="kv"}': 1.0,
         "kvmem_scheduler_builds_total": 10.0,
     }
     after = {
         'kvmem_kv_tier_hits_total{tier="host"}': 5.0,
         'kvmem_kv_tier_misses_total{tier="host"}': 1.0,
-        'kvmem_kv_tier_bytes_loaded_total{tier="host"}': 400.0,
+        'kvmem_kv_tier_loaded_bytes_total{tier="host"}': 400.0,
         'kvmem_kv_tier_bytes{tier="disk"}': 7.0,
+        'kvmem_kv_tier_loaded_bytes_total{tier="disk"}': 0.0,  # a counter named like the gauge: not `bytes`
         'kvmem_memory_tier_hits_total{tier="kv"}': 4.0,
         "vllm:prefix_cache_hits_total": 9.0,
         "kvmem_scheduler_builds_total": 13.0,
@@ -135,7 +136,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
     figures = many_users_arms.tier_figures(before, after)
     assert figures["tiers"] == {
         "host": {"hits": 3.0, "misses": 1.0, "bytes_loaded": 300.0, "hit_rate": 0.75},
-        "disk": {"bytes": 7.0},
+        "disk": {"bytes": 7.0, "bytes_loaded": 0.0},
     }
     assert figures["missing"] == ["items", "loads", "load_seconds"] and figures["block_builds"] == 3.0
     assert figures["memory_tier_hits"] == {"kv": 3.0} and figures["vllm_prefix_cache"] == {
