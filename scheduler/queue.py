@@ -45,8 +45,10 @@ class InProcessQueue:
 
     A user's access events are one entry (`Task("access", user, (event, ...))`; one event as itself), and a
     refresh merges into it (the worker refreshes after applying them) or is one refresh entry of its own;
-    every event still adds its heat, the worker then refreshes once. The evict is one entry; a prewarm (one
-    per session start) is its own. Bounded: at most `max_tasks` entries; a task that would need a
+    every event still adds its heat, the worker then refreshes once. The evict is one entry, and so is a user's
+    prewarm (a session's start, the prewarm route): one queued while another of the same user waits merges into
+    it, since the one that runs warms the block all the same (a client asking again each few seconds while a
+    build runs once left hundreds of prewarms, each a file read, to run long after). Bounded: at most `max_tasks` entries; a task that would need a
     new entry past that is dropped and counted in `dropped` (one that merges into a queued entry never is);
     an entry keeps at most `max_events_per_user` events, the oldest dropped first (counted too). What a drop
     loses is heat (ranking) or a refresh the user's next turn asks for again, never correctness: deletes do
@@ -65,9 +67,9 @@ class InProcessQueue:
     def _key(self, task: Task) -> Any:
         if task.kind == "refresh" and ("access", task.user_id) in self._entries:
             return ("access", task.user_id)  # a queued access refreshes anyway: the refresh merges into it
-        if task.kind in ("access", "refresh", "evict"):
+        if task.kind in ("access", "refresh", "evict", "prewarm"):  # a prewarm queued twice warms once
             return (task.kind, task.user_id)
-        self._seq += 1  # a prewarm (one per session start) and anything else: its own entry
+        self._seq += 1  # anything else: its own entry
         return ("once", self._seq)
 
     def put(self, task: Task) -> None:

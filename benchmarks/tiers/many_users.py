@@ -130,6 +130,8 @@ def run_arm(arm: str, cfg: WorkloadConfig, users: list[User], system: str, args,
                     _post(f"{server.base}/v1/memories/plan/prewarm", {"user_id": user.user_id})
                 # users whose block was never built: their asks are served with the memories as text
                 result["users_without_block"] = wait_all_blocks(server.base, users, args.block_wait_s)
+                # and nothing of the seed left queued (prewarms still to run would read blocks on the clock)
+                result["scheduler_drain_s"] = wait_scheduler_idle(server.base, args.block_wait_s)
             result["seed_s"] = time.monotonic() - t
             client.ask(users[0], QUESTIONS[0], 0)  # warm-up, off the clock
             for level, qps in enumerate(args.qps):
@@ -179,6 +181,20 @@ def wait_all_blocks(base: str, users: list[User], timeout_s: float, reprewarm_s:
             # each sweep reads every pending plan: a slower poll leaves the cores to the builds
             time.sleep(2.0)
     return pending
+
+
+def wait_scheduler_idle(base: str, timeout_s: float) -> float | None:
+    """Poll the server's /metrics until its scheduler holds no task (kvmem_scheduler_queue_depth: waiting or
+    running); the seconds that took, None when the server does not say or it is still busy after `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        depth = arms_mod.scrape(base).get("kvmem_scheduler_queue_depth")
+        if depth is None:
+            return None
+        if depth == 0:
+            return time.monotonic() - start
+        time.sleep(1.0)
+    return None
 
 
 def plot(result: dict, out: str) -> str | None:

@@ -262,3 +262,18 @@ def test_a_task_taken_but_not_run_yet_keeps_the_scheduler_busy(env):  # noqa: F8
     assert not sched.idle()  # idle before the fix: the entry had left the queue
     sched.worker.handle(task)  # runs and acks it
     assert sched.idle() and sched.get("alice").block is not None
+
+
+def test_a_users_prewarms_merge_while_one_waits():
+    """A prewarm asked again (each session start, or a client re-asking while a build runs) while the user's
+    first one still waits is one entry: the one that runs warms the block all the same. Other users' stay apart,
+    and once the first was taken a new one queues again."""
+    queue = InProcessQueue()
+    for user in ("alice", "bob", "alice", "alice"):
+        queue.put(Task("prewarm", user))
+    assert len(queue) == 2
+    first = queue.get(timeout_s=0)
+    assert (first.kind, first.user_id) == ("prewarm", "alice")
+    queue.put(Task("prewarm", "alice"))  # alice's was taken: a new one queues
+    assert [queue.get(timeout_s=0).user_id for _ in range(2)] == ["bob", "alice"]
+    assert queue.get(timeout_s=0) is None

@@ -298,3 +298,18 @@ def test_errors_are_named_timeout_connection_or_the_http_status_and_code():
     exc = openai.RateLimitError("the queue is full", response=response, body=body)
     assert error_kind(exc) == "http 429 queue_full"
     assert error_kind(ValueError("x")) == "ValueError"
+
+
+def test_the_clock_waits_for_the_seeds_queued_tasks(monkeypatch):
+    """The seed's prewarms still queued when every block exists would read blocks during the first rate (the
+    full run's engine arm read 9.47 GB from disk for 28 requests so): the clock starts once the scheduler holds
+    no task, waiting or running; a server without the metric says nothing."""
+    depths = iter([3.0, 1.0, 0.0])
+    monkeypatch.setattr(
+        many_users.arms_mod, "scrape", lambda base: {"kvmem_scheduler_queue_depth": next(depths)}
+    )
+    monkeypatch.setattr(many_users.time, "sleep", lambda s: None)
+    waited = many_users.wait_scheduler_idle("http://127.0.0.1:1", timeout_s=60.0)
+    assert waited is not None and waited >= 0.0 and next(depths, "spent") == "spent"
+    monkeypatch.setattr(many_users.arms_mod, "scrape", lambda base: {})
+    assert many_users.wait_scheduler_idle("http://127.0.0.1:1", timeout_s=60.0) is None
