@@ -75,10 +75,15 @@ class ModelHandle:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over every layer, at the model's dtype: what a KV item holds per token."""
-        c = self.model.config.get_text_config()
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        return c.num_hidden_layers * 2 * kv_heads * head_dim * self.dtype.itemsize
+        return config_kv_bytes_per_token(self.model.config, self.dtype)
+
+
+def config_kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """K and V of one token over every layer of a model with this (transformers) config, at `dtype`."""
+    c = config.get_text_config()
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
 
 
 def default_cache_dir() -> Path:

@@ -89,9 +89,12 @@ class ServingConfig:
     # kv_pool_fraction of the device memory free once the model is loaded (less the KV store's device tier)
     kv_pool_mb: int | None = None
     kv_pool_fraction: float = 0.8
+    kv_wait_s: float = 10.0  # a request that finds the pool full waits this long for pages, then 429
     # one user's share of the pool's kept K/V (their blocks, cached prefixes, sessions), MiB; None: no quota
     kv_user_mb: int | None = None
-    kv_evict_policy: str = "lru"  # which unread K/V the pool drops first: "lru" or "heat" (the coldest user's)
+    kv_evict_policy: str = (
+        "lru"  # which unread K/V the pool drops first: "lru" or "heat" (the coldest user's)
+    )
     # the KV store's tiers of stored blocks (transformers backend): host RAM in MiB (0: none), disk in GB
     # (10^9 bytes; None: unlimited). Their device tier is the page pool
     kv_host_mb: int = 4096
@@ -176,6 +179,10 @@ class ServingConfig:
         if self.kv_pool_mb is not None and self.kv_pool_mb < 1:
             raise ValueError(
                 f"kv_pool_mb must be >= 1 (every request's K/V lives in it), got {self.kv_pool_mb}"
+            )
+        if not self.kv_wait_s >= 0:
+            raise ValueError(
+                f"kv_wait_s must be >= 0 (seconds a request waits for KV pages), got {self.kv_wait_s}"
             )
         if not 0 < self.kv_pool_fraction <= 1:
             raise ValueError(f"kv_pool_fraction must be in (0, 1], got {self.kv_pool_fraction}")

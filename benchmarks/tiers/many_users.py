@@ -257,13 +257,12 @@ FULL = dict(
 
 def kv_bytes_per_token(model: str | None) -> int:
     """K and V of one token in fp32, from the model's config."""
+    import torch
     from transformers import AutoConfig
 
-    from kvmem.models import provision
+    from kvmem.models import config_kv_bytes_per_token, provision
 
-    c = AutoConfig.from_pretrained(model or str(provision()))
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 4
+    return config_kv_bytes_per_token(AutoConfig.from_pretrained(model or str(provision())), torch.float32)
 
 
 def summarize(arms: list[dict], baseline: str = "vllm-prefix") -> dict:
@@ -324,6 +323,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--kv-host-mb", type=int, help="passed to kvmem serve (issue 44 item 2)")
     p.add_argument("--kv-disk-gb", type=float, help="passed to kvmem serve (issue 44 item 2)")
     p.add_argument("--kv-user-mb", type=int, help="passed to kvmem serve (issue 44 item 6)")
+    p.add_argument(
+        "--kv-wait-s",
+        type=float,
+        help="passed to kvmem serve: how long a request waits for pool pages before its 429 (default: "
+        "--request-timeout-s, so the engine queues as long as the client waits, as vLLM does)",
+    )
     p.add_argument("--vllm-offload-gb", type=int, default=4, help="vllm-offload: CPU offload size")
     p.add_argument(
         "--vllm-block-size", type=int, default=32, help="vLLM arms: KV block size (only whole blocks hit)"
@@ -346,6 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.kv_wait_s is None:
+        args.kv_wait_s = args.request_timeout_s
     if len(set(args.arms)) != len(args.arms):
         p.error(f"--arms names an arm twice: {args.arms}")
     if sorted(args.qps) != args.qps or min(args.qps) <= 0:
@@ -388,7 +395,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "memory_kv_bytes_total": memory_tokens * per_token if per_token else None,
                      "shared_system_prompt": system},
         "settings": {k: getattr(args, k) for k in ("qps", "duration_s", "answer_len", "ttft_target_s", "kv_pool_mb",
-                                                    "kv_host_mb", "kv_disk_gb", "kv_user_mb", "max_model_len", "request_timeout_s",
+                                                    "kv_host_mb", "kv_disk_gb", "kv_user_mb", "kv_wait_s", "max_model_len", "request_timeout_s",
                                                     "block_token_budget", "quick", "serve_args", "text_serve_args")},
         "arms": results,
         "summary": summarize(results),

@@ -32,7 +32,7 @@ from serving.http.metrics import KV_TIER_SERIES
 
 ARMS = ("text", "vllm-prefix", "vllm-offload", "kvmem", "kvmem-vllm", "kvmem-fake")
 PASTED = frozenset({"text", "vllm-prefix", "vllm-offload"})  # the client carries the memories as text
-KVMEM_FLAGS = ("--kv-pool-mb", "--kv-host-mb", "--kv-disk-gb", "--kv-user-mb")
+KVMEM_FLAGS = ("--kv-pool-mb", "--kv-host-mb", "--kv-disk-gb", "--kv-user-mb", "--kv-wait-s")
 
 
 @dataclass
@@ -79,6 +79,7 @@ def tier_flags(args) -> list[str]:
         ("--kv-host-mb", args.kv_host_mb),
         ("--kv-disk-gb", args.kv_disk_gb),
         ("--kv-user-mb", args.kv_user_mb),
+        ("--kv-wait-s", args.kv_wait_s),
     ):
         if value is not None:
             out += [flag, str(value)]

@@ -58,6 +58,7 @@ def _transformers(config: ServingConfig) -> Backend:
             session_kv_bytes=config.session_kv_bytes,
             kv_pool_mb=config.kv_pool_mb,
             kv_pool_fraction=config.kv_pool_fraction,
+            kv_wait_s=config.kv_wait_s,
             kv_user_bytes=None if config.kv_user_mb is None else config.kv_user_mb << 20,
             kv_evict_policy=config.kv_evict_policy,
             host_kv_bytes=config.kv_host_mb << 20,

@@ -139,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             session_kv_bytes=args.session_kv_mb * (1 << 20),
             kv_pool_mb=args.kv_pool_mb,
             kv_pool_fraction=args.kv_pool_fraction,
+            kv_wait_s=args.kv_wait_s,
             kv_user_mb=args.kv_user_mb,
             kv_evict_policy=args.kv_evict_policy,
             kv_host_mb=args.kv_host_mb,

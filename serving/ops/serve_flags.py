@@ -121,6 +121,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-pool-fraction of its free memory once the model is loaded)",
     )
     p.add_argument(
+        "--kv-wait-s",
+        type=float,
+        default=10.0,
+        help="seconds a request that finds the KV page pool full waits for pages before it gets 429 "
+        "kv_pool_full (transformers backend; >= 0)",
+    )
+    p.add_argument(
         "--kv-host-mb",
         type=int,
         default=4096,

@@ -35,3 +35,20 @@ def test_an_unknown_policy_exits_2_naming_it(tmp_path: Path, capsys) -> None:
     assert (
         err.count("\n") == 1 and "--kv-evict-policy: invalid choice: 'mru' (choose from 'lru', 'heat')" in err
     )
+
+
+def test_the_pool_wait_reaches_the_transformers_backend_and_a_negative_one_exits_2(
+    tmp_path: Path, capsys
+) -> None:
+    """`--kv-wait-s`: how long a request that finds the pool full waits for pages before its 429 (issue 44:
+    a benchmark arm queues as long as its client waits, as vLLM does, instead of refusing at 10 s)."""
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--kv-wait-s", "60"])
+    assert create_backend(config_from_args(args)).config.kv_wait_s == 60.0
+    defaults = build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
+    assert create_backend(config_from_args(defaults)).config.kv_wait_s == 10.0
+    assert main(["serve", "--backend", "fake", "--data-dir", str(tmp_path), "--kv-wait-s", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "kv_wait_s must be >= 0 (seconds a request waits for KV pages), got -1.0" in err
+    )
