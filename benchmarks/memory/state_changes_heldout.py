@@ -22,7 +22,10 @@ in the engine; over an hour on a 2-core CPU):
     python -m benchmarks.memory.state_changes_heldout --extractor self --concurrency 8 \
         --out benchmarks/results/cpu/state_changes_heldout_self.json
 
-The data's sha256 is checked against the sealed one first; a mismatch is an error.
+The data's sha256 is checked against the sealed one first; a mismatch is an error. `--set heldout_v2` scores
+the second sealed set (written after the first was scored once for `self`, so that a change made after that
+score, the rules' guard over the model's updates, kvmem/formation/change_guard.py, is scored on text nothing
+was tuned on).
 """
 
 from __future__ import annotations
@@ -45,11 +48,15 @@ _START = datetime(2026, 3, 2, 9, 0)
 _GAP = timedelta(days=60)  # the new turn comes two months after the earlier ones
 
 
-def load_items(data_dir: Path = DATA) -> list[dict]:
-    raw = (data_dir / "heldout.jsonl").read_bytes()
-    digest = (data_dir / "heldout.jsonl.sha256").read_text().split()[0]
+SETS = ("heldout", "heldout_v2")  # the sealed sets: the first (2026-11-28), a second (2026-11-29)
+
+
+def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
+    """The set `name` (`<name>.jsonl`), checked against its sealed sha256 (`<name>.jsonl.sha256`)."""
+    raw = (data_dir / f"{name}.jsonl").read_bytes()
+    digest = (data_dir / f"{name}.jsonl.sha256").read_text().split()[0]
     if hashlib.sha256(raw).hexdigest() != digest:
-        raise ValueError(f"{data_dir / 'heldout.jsonl'}: sha256 differs from the sealed {digest}")
+        raise ValueError(f"{data_dir / f'{name}.jsonl'}: sha256 differs from the sealed {digest}")
     return [json.loads(line) for line in raw.decode().splitlines()]
 
 
@@ -145,7 +152,9 @@ def served_runner(extractor_name: str, model: str | None, store_dir: Path, embed
         worker = FormationWorker(store, extractor, decider=extractor.decide)
     else:
         worker = FormationWorker(store, make_extractor(extractor_name))
-    return lambda item: run_item_served(item, worker, store)
+    run = lambda item: run_item_served(item, worker, store)  # noqa: E731
+    run.extractor = worker.extractor  # the scorer reports what the self extractor's guard turned
+    return run
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -212,6 +221,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--extractor", default="rules", help="a registered extractor name (default rules)")
     parser.add_argument("--data-dir", type=Path, default=DATA)
+    parser.add_argument(
+        "--set",
+        default="heldout",
+        choices=SETS,
+        help="which sealed set: heldout (the first, 2026-11-28) or heldout_v2 (written 2026-11-29, after the "
+        "first was scored)",
+    )
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
     parser.add_argument(
         "--served",
@@ -236,12 +252,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.concurrency < 1:
         parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
     env = env_info()
-    items = load_items(args.data_dir)
+    items = load_items(args.data_dir, args.set)
     if args.limit:
         items = items[: args.limit]
     result = {
         "env": env,
-        "data_sha256": (args.data_dir / "heldout.jsonl.sha256").read_text().split()[0],
+        "set": args.set,
+        "data_sha256": (args.data_dir / f"{args.set}.jsonl.sha256").read_text().split()[0],
         "extractor": args.extractor,
         "targets": {"changes_caught": ">= 0.8", "false_supersessions": "<= 0.02", "chit_chat_stored": 0},
     }
@@ -251,7 +268,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         work = args.work_dir or Path(tempfile.mkdtemp(prefix="kvmem-heldout-"))
         result["path"] = "served (MemoryStore + FormationWorker)"
         result["concurrency"] = args.concurrency
-        result.update(score(items, served_runner(args.extractor, args.model, work), args.concurrency))
+        runner = served_runner(args.extractor, args.model, work)
+        result.update(score(items, runner, args.concurrency))
+        guarded = getattr(runner.extractor, "guarded", None)
+        if guarded is not None:  # self: the model's updates and deletes the rules' guard kept as new facts
+            result["updates_guarded"] = dict(sorted(guarded.items()))
     else:
         result.update(score(items, make_extractor(args.extractor)))
     if args.out is not None:

@@ -17,6 +17,10 @@ schemas, and the updates decided as mem0 does (add, update, delete or nothing, p
    sold my car" is itself worth remembering, and nothing is lost: a superseded memory stays in the history);
    none adds the fact's turns to the named memory (a restatement), or nothing when none is named. An
    update or delete naming no memory is an add.
+3. The rules guard the updates (change_guard.py): an update or delete stands only where the clause the
+   fact came from reads as the user's own change of state; one that reads as another person's, a negated
+   change, a plan, a restatement or an addition is the fact added beside the memory (a restatement: joined
+   to the memory the model named, as "none"). `guarded` counts them by reason.
 
 `generate(messages, schema, max_tokens) -> (text, finish_reason)` is the served model (serving/background/
 self_generate.py builds it over the engine, at low priority); this module knows nothing of serving.
@@ -26,10 +30,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvmem.formation.change_guard import turn_blocker
 from kvmem.formation.clauses import statements
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
@@ -159,12 +166,23 @@ class ModelExtractor:
         self._generate, self.max_tokens, self.num_candidates = generate, max_tokens, num_candidates
         self.decide_max_tokens = decide_max_tokens
         self._format = OpenAIExtractor("http://self", "self")  # its prompt and its reply's reading only
+        # the user's words of the turns facts came from, for the guard over updates (turn id -> text;
+        # the oldest dropped past _SAID_MAX: a fact whose turn is gone keeps the model's decision)
+        self._said: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.guarded: Counter[str] = Counter()  # updates and deletes the guard turned, by reason
 
     def extract(self, turns: Sequence[TurnInput]) -> list[Fact]:
         stated = [t for t in turns if t.role == "user" and t.text.strip() and statements(t.text)]
         if not stated:  # chit-chat, questions, requests: the rules' guard, no model call
             return []
         kept = {t.id for t in stated}
+        with self._lock:
+            for t in stated:
+                self._said[t.id] = t.text
+                self._said.move_to_end(t.id)
+            while len(self._said) > _SAID_MAX:
+                self._said.popitem(last=False)
         # a user line the rules find no statement in is context, as the assistant's lines are
         shown = [t if t.role != "user" or t.id in kept else _as_context(t) for t in turns]
         messages = self._format.request_body(shown)["messages"]
@@ -218,9 +236,33 @@ class ModelExtractor:
         decisions = []
         for fact in facts:
             hits = store.search(user_id, fact.text, top_k=min(k, self.num_candidates), mode="dense")
-            decisions.append(self.decide_one(fact, [(h.memory.id, h.memory.text) for h in hits]))
+            decisions.append(
+                self.guard(fact, self.decide_one(fact, [(h.memory.id, h.memory.text) for h in hits]))
+            )
+        with self._lock:
+            for fact in facts:
+                for t in fact.turn_ids:
+                    self._said.pop(t, None)
         said_at = [max((said.get(t, "") for t in f.turn_ids), default="") for f in facts]
         return apply_updates(facts, decisions, said_at)
+
+    def guard(self, fact: Fact, decision: UpdateDecision) -> UpdateDecision:
+        """The decision, or, for an update or delete the fact's turns cannot stand behind (change_guard.py),
+        an add (a restatement: none, naming the same memory)."""
+        if decision.event not in ("update", "delete") or decision.target is None:
+            return decision
+        with self._lock:
+            texts = [self._said[t] for t in fact.turn_ids if t in self._said]
+        reason = turn_blocker(fact.text, texts) if texts else None
+        if reason is None:
+            return decision
+        with self._lock:
+            self.guarded[reason] += 1
+        log.debug("self extractor: %s of %r kept as a new fact (%s)", decision.event, fact.text, reason)
+        return UpdateDecision("none", decision.target) if reason == "restatement" else UpdateDecision("add")
+
+
+_SAID_MAX = 4096
 
 
 def _as_context(turn: TurnInput) -> TurnInput:

@@ -123,3 +123,43 @@ def test_a_fact_with_no_similar_memory_is_added_without_asking(store) -> None:
     store.log_turns("u", [{"role": "user", "content": "I play chess."}])
     assert worker_with(store, script).form_user("u").num_added == 1
     assert len(script.calls) == 1 and served(store) == ["I play chess."]
+
+
+@pytest.mark.parametrize(
+    ("said", "event", "stands", "reason"),
+    [
+        ("I teach at the art college now.", "update", True, None),
+        ("My sister teaches at the art college now.", "update", False, "another person"),
+        ("I'm going to apply to the art college.", "update", False, "plan"),
+        ("I didn't get the art college job.", "delete", False, "negated"),
+        ("I also teach evening classes at the art college.", "update", False, "addition"),
+        ("I still work at the library.", "update", False, "restatement"),
+    ],
+)
+def test_the_rules_guard_keeps_an_update_only_where_the_turn_reads_as_the_users_change(
+    store, said: str, event: str, stands: bool, reason: str | None
+) -> None:
+    """The model decides update or delete for every turn here (scripted); the memory is superseded only where
+    the turn reads as the user's own change. Otherwise the fact is added beside it, or, for a restatement,
+    joined to the memory the model named; `guarded` counts the reason."""
+    (library,) = store.add("u", texts=["I work at the library."])
+    (turn,) = store.log_turns("u", [{"role": "user", "content": said}])
+    fact_text = said.rstrip(".")
+    decisions = Script({"event": event, "memory": 0})
+    facts = Script({"facts": [fact(fact_text)]})
+    extractor = ModelExtractor(lambda m, s, n: facts(m, s, n) if s is FACTS_SCHEMA else decisions(m, s, n))
+    worker = FormationWorker(store, extractor, decider=extractor.decide)
+    result = worker.form_user("u")
+    assert result.num_turns == 1 and len(decisions.calls) == 1
+    old = store.get("u", library.id)
+    if stands:
+        assert old.superseded_by is not None and served(store) == [said]
+        assert extractor.guarded == {}
+    elif reason == "restatement":
+        assert old.superseded_by is None and served(store) == ["I work at the library."]
+        assert old.source_turn_ids == (turn.id,)  # the turn joined the memory's provenance
+    else:
+        assert old.superseded_by is None and served(store) == sorted(["I work at the library.", said])
+    if not stands:
+        assert extractor.guarded == {reason: 1}
+    assert extractor._said == {}  # the turns' words are not kept past their decision
