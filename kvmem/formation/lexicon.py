@@ -23,7 +23,7 @@ OCCUPATIONS = frozenset(
     receptionist recruiter reporter researcher salesman saleswoman salesperson scientist secretary
     shopkeeper singer soldier statistician student surgeon surveyor tailor teacher technician therapist
     trainer translator tutor veterinarian vet waiter waitress welder writer youtuber streamer sailor
-    carer cook mechanic realtor banker broker copywriter tester sysadmin
+    carer cook mechanic realtor banker broker copywriter tester sysadmin guide guard
     """.split()
 )
 

@@ -64,7 +64,17 @@ RULES: tuple[SlotRule, ...] = (
     g.rule(rf"^I was born in {g.val('place')}", g.user("birthplace", g.group("place", v.place))),
     # home: where the user lives now (a city or a country: one slot, so either kind of move supersedes)
     g.rule(
+        rf"^{g.SUBJ} {g.ADV}(?:live|reside) {g.ADV}in (?:a|an|the|my|our) [\w' -]{{1,30}}? in {g.val('place')}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
+    g.rule(
         rf"^{g.SUBJ} {g.ADV}(?:live|reside) {g.ADV}in {g.val('place')}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
+    # "I'm in Leeds now": a capitalised place and a word saying it is the present state
+    g.rule(
+        rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
+        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)$",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -206,7 +216,17 @@ RULES: tuple[SlotRule, ...] = (
     # "I have been a X for N years": the job held now
     g.rule(
         rf"^I(?:'ve| have) {g.ADV}been (?:a |an ){g.val('job')}(?=\s+(?:for|since)\b)",
-        g.user("job", g.group("job", v.job_known)),
+        g.user("job", g.group("job", v.job_held)),
+    ),
+    # "I work in retail", "I've been working in IT support": a field is the job as far as it was said
+    g.rule(
+        rf"^I{g.HAVE}{g.BE}? {g.ADV}(?:work|working|been working) in (?P<field>(?-i:[a-z])[a-z -]+?){g.END}",
+        g.user("job", g.group("field", v.work_field)),
+    ),
+    # "I teach maths at a secondary school": a teacher
+    g.rule(
+        r"^I (?:still |currently |now |)teach\b(?! (?:myself|my (?:kids|children|son|daughter|dog)\b))",
+        g.user("job", g.fixed("teacher")),
     ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working|started working|began working|been working|'m working|"

@@ -111,6 +111,42 @@ def job_known(raw: str) -> str | None:
     return plain(" ".join(words))
 
 
+# Heads of "I've been a X for N years" that are not a job: a fan, a member, a diet, a parent.
+_NOT_JOB_HEADS = frozenset(
+    """
+    fan member customer client resident patient smoker drinker user subscriber reader listener viewer
+    follower supporter believer parent mum mom mother dad father grandparent widow widower couple wife husband
+    partner vegan vegetarian pescatarian carnivore omnivore person people type bit lot while runner cyclist
+    swimmer citizen owner homeowner tenant regular addict sufferer survivor
+    """.split()
+)
+
+
+def job_held(raw: str) -> str | None:
+    """The job in "I've been a X for N years" / "since 2019": the construction says it is held, so any head
+    noun but those that are not jobs (a fan, a member, a vegan, a parent)."""
+    words = _strip_determiner(raw.split())
+    head = words[: words.index("of")] if "of" in words else words  # "member of the choir": member
+    if not 0 < len(words) <= 4 or not head or head[-1].lower() in _NOT_JOB_HEADS:
+        return None
+    return plain(" ".join(words))
+
+
+# "I work in retail": a field of work; not a place or a building ("I work in town", "in an office")
+_NOT_FIELDS = frozenset(
+    "a an the my our their his her this that town the city here there shifts teams office offices home "
+    "london paris berlin".split()
+)
+
+
+def work_field(raw: str) -> str | None:
+    """The field in "I work in retail" / "in tech" / "in customer support": one to three lowercase words."""
+    words = raw.split()
+    if not 0 < len(words) <= 3 or words[0] in _NOT_FIELDS or not all(w.islower() for w in words):
+        return None
+    return plain(" ".join(words))
+
+
 def org(raw: str) -> str | None:
     """An employer: "Google", "a bank" -> "bank"; "myself" -> "self-employed"."""
     words = raw.split()

@@ -51,6 +51,9 @@ CHANGES = [
     ("I'm a student.", "I've been a welder for three years.", "I'm a student"),
     ("I'm a plumber.", "Been a dentist for a decade.", "I'm a plumber"),
     ("I'm a lawyer.", "I've been working as a mediator for two years.", "I'm a lawyer"),
+    ("I'm a lawyer.", "I've been a bus driver since 2022.", "I'm a lawyer"),
+    ("I work in hospitality.", "I work as a carpenter now.", "I work in hospitality"),
+    ("I teach French at a college.", "I'm a tour guide these days.", "I teach French at a college"),
     # retiring
     ("I'm an architect.", "Went into retirement in May.", "I'm an architect"),
     ("I'm an architect.", "I took early retirement.", "I'm an architect"),
@@ -58,6 +61,7 @@ CHANGES = [
     ("I live in Ghent.", "I packed my bags and moved to Antwerp.", "I live in Ghent"),
     ("I live in Bern.", "I don't live in Bern anymore.", "I live in Bern"),
     ("I live in Derby.", "My wife and I moved to Nottingham.", "I live in Derby"),
+    ("I live in a terraced house in Hull.", "I'm in Sheffield now.", "I live in a terraced house in Hull"),
     # relationships starting and ending
     ("I'm single.", "Noah and I got engaged!", "I'm single"),
     ("I'm single.", "I've been dating a woman called Ines.", "I'm single"),
@@ -107,6 +111,10 @@ NON_CHANGES = [
     ("I'm a courier.", "My dad is a plumber now."),
     ("I drink whisky.", "My uncle gave up whisky."),
     ("I work at Zara.", "I left Zara early today for the dentist."),
+    ("I work in retail.", "I work in the evenings too."),
+    ("I live in Hull.", "I'm in a meeting now."),
+    ("I'm a chemist.", "I've been a member of the choir since 2015."),
+    ("I'm a baker.", "I teach myself guitar at night."),
 ]
 
 
