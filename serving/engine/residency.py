@@ -17,20 +17,27 @@ to its owner (KNOWLEDGE_OWNER), which has no quota.
   recently used first within one. Policy "heat": the coldest user's first (`heat(user)`: the scheduler's
   expected reuse of the user's memories, higher keeps longer), ties by category then age.
 - Pins (`pin`): a prewarmed user's things are not evicted for room (within the quota, which still holds).
+
+A user's heat is asked once, the first time an eviction ranks them (under the pool's lock); after that a
+daemon thread (`refresh_heat`, every HEAT_TTL_S) asks it again for every user holding pages, outside any
+lock, so an eviction on the model thread reads a cached number and never waits on the scheduler's table.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 
+log = logging.getLogger(__name__)
+
 POLICIES = ("lru", "heat")
-HEAT_TTL_S = 5.0  # a user's heat is asked again after this long (it may read the scheduler's table)
+HEAT_TTL_S = 5.0  # how often the refresher asks users' heat again (it may read the scheduler's table)
 
 
 class Holder(Protocol):
@@ -54,13 +61,29 @@ class Residency:
         self.pool = pool
         self.quota_pages: int | None = None  # per user; None: no quota
         self.policy = "lru"
-        self.heat: Callable[[str], float] | None = None  # a user's expected reuse (policy "heat")
+        self._heat: Callable[[str], float] | None = None  # a user's expected reuse (policy "heat")
+        self._refresher: threading.Thread | None = None
+        self._refresh_wait = threading.Event()  # never set: the refresher's sleep
         self.pinned: set[str] = set()
         self._held: dict[str, Counter] = {}  # user -> page -> how many of the user's holders keep it
         self._lock = threading.Lock()  # a leaf: the counts only (a holder may charge under its own lock)
         self._tick = 0
         self.peak: dict[str, int] = {}  # each user's highest charge seen after a change settled (enforce)
-        self._heat_seen: dict[str, tuple[float, float]] = {}  # user -> (heat, when asked)
+        self._heat_seen: dict[str, float] = {}  # user -> heat, as last asked
+
+    @property
+    def heat(self) -> Callable[[str], float] | None:
+        return self._heat
+
+    @heat.setter
+    def heat(self, heat: Callable[[str], float] | None) -> None:
+        """Set the users' heat; the first one set starts the refresher (it stops with this Residency)."""
+        self._heat = heat
+        if heat is not None and self._refresher is None:
+            self._refresher = threading.Thread(
+                target=_refresh_loop, args=(weakref.ref(self),), name="kv-heat", daemon=True
+            )
+            self._refresher.start()
 
     def configure(
         self, quota_bytes: int | None = None, policy: str = "lru", heat: Callable[[str], float] | None = None
@@ -171,15 +194,42 @@ class Residency:
             return True
 
     def _heat_of(self, user: str) -> float:
-        """`heat(user)`, asked at most every HEAT_TTL_S (under the pool's lock: a scheduler's table read per
-        eviction would stall every request)."""
-        now = time.monotonic()
+        """The user's heat as last asked; asked now (under the pool's lock) only the first time."""
         seen = self._heat_seen.get(user)
-        if seen is None or now - seen[1] > HEAT_TTL_S:
-            if len(self._heat_seen) > 100_000:
-                self._heat_seen.clear()
-            seen = self._heat_seen[user] = (float(self.heat(user)), now)
-        return seen[0]
+        if seen is None:
+            seen = self._heat_seen[user] = float(self.heat(user))
+        return seen
+
+    def refresh_heat(self) -> None:
+        """Ask `heat` again for every user holding pages, outside any lock; forget those holding none."""
+        heat = self.heat
+        if heat is None:
+            return
+        with self._lock:
+            users = list(self._held)
+        fresh = {u: float(heat(u)) for u in users}
+        with self._lock:
+            self._heat_seen = fresh
+
+
+def _refresh_loop(ref: weakref.ref) -> None:
+    """The refresher: `refresh_heat` every HEAT_TTL_S while its Residency lives and has a heat."""
+    while True:
+        residency = ref()
+        if residency is None or residency.heat is None:
+            return
+        try:
+            residency.refresh_heat()
+        except Exception as exc:  # noqa: BLE001 - a failed read keeps the last numbers; the next round asks again
+            log.warning(
+                "KV eviction: asking users' heat failed (%s: %s); the last numbers stay",
+                type(exc).__name__,
+                exc,
+            )
+        wait = residency._refresh_wait
+        del residency
+        if wait.wait(HEAT_TTL_S):
+            return
 
 
 def _first(it: Iterator) -> list:

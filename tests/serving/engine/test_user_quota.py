@@ -189,3 +189,47 @@ def test_the_heat_policy_evicts_the_coldest_users_pages_first_where_lru_takes_th
         pool.residency.configure(None, "mru")
     with pytest.raises(ValueError, match="holds no page"):
         pool.residency.configure(100)
+
+
+def test_an_eviction_reads_cached_heat_and_the_refresher_asks_again_outside_the_lock(tiny_handle, tokenizer):
+    """Under "heat", a user's heat is asked once under the pool's lock (the first eviction that ranks them);
+    after that evictions read the cached number, and `refresh_heat` (the daemon's round) asks again, for the
+    users holding pages, with the pool's lock free."""
+    model = tiny_handle.model
+    ids = prompts_and_blocks(tiny_handle, tokenizer)[3][0]
+    shape = PoolShape.of_model(model, 16)
+    pool = PagePool(shape, 64 * shape.page_bytes)
+    table = {"a": 5.0, "b": 0.1}
+    asked: list[tuple[str, bool]] = []
+
+    def heat(user: str) -> float:
+        locked = _held_elsewhere(pool.lock)
+        asked.append((user, locked))
+        return table[user]
+
+    pool.residency.configure(None, "heat", heat=heat)
+    for user in ("a", "b"):
+        run_turn(model, pool, ids, key=PrefixKey(user))
+    assert pool.residency.evict_one()  # b, the colder: each asked once, under the lock
+    assert sorted(asked) == [("a", True), ("b", True)]
+    asked.clear()
+    table.update(a=0.01, b=9.0)  # the scheduler's numbers change: a is colder now
+    assert pool.residency.evict_one()
+    assert asked == []  # the cached numbers: b still colder
+    assert len(pool.prefix.pages("a")) > 0
+    pool.residency.refresh_heat()
+    assert sorted(asked) == [(u, False) for u in sorted(pool.residency.usage())]
+    while len(pool.prefix.pages("a")) and pool.residency.evict_one():
+        pass
+    assert len(pool.prefix.pages("a")) == 0 and len(pool.prefix.pages("b")) > 0  # a went first now
+
+
+def _held_elsewhere(lock) -> bool:
+    """Whether `lock` (an RLock) is held at all: from another thread, a non-blocking acquire fails."""
+    import threading
+
+    out: list[bool] = []
+    t = threading.Thread(target=lambda: out.append(lock.acquire(blocking=False) and (lock.release() or True)))
+    t.start()
+    t.join()
+    return not out[0]
