@@ -13,14 +13,16 @@ import pytest
 DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "state_changes"
 
 
-def test_data_matches_its_sealed_hash() -> None:
-    digest, name = (DATA / "heldout.jsonl.sha256").read_text().split()
-    assert name == "heldout.jsonl"
-    assert hashlib.sha256((DATA / "heldout.jsonl").read_bytes()).hexdigest() == digest
+@pytest.mark.parametrize("name", ["heldout", "heldout_v2"])
+def test_data_matches_its_sealed_hash(name: str) -> None:
+    digest, file = (DATA / f"{name}.jsonl.sha256").read_text().split()
+    assert file == f"{name}.jsonl"
+    assert hashlib.sha256((DATA / f"{name}.jsonl").read_bytes()).hexdigest() == digest
 
 
-def test_rows_have_the_documented_shape() -> None:
-    rows = [json.loads(line) for line in (DATA / "heldout.jsonl").read_text().splitlines()]
+@pytest.mark.parametrize("name", ["heldout", "heldout_v2"])
+def test_rows_have_the_documented_shape(name: str) -> None:
+    rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
     kinds = Counter(r["kind"] for r in rows)
     assert kinds == {"change": 106, "non_change": 109}
     assert len({r["id"] for r in rows}) == len(rows)
