@@ -126,6 +126,9 @@ class ServingConfig:
     limits: Limits = field(default_factory=Limits)  # request sizes
     distill: bool = False  # train users' LoRA adapters in the background (serving/background/distill.py)
     distill_interval_s: float = 600.0  # how often the background distillation looks for users to distil
+    # "templates": facts augmented by scheduler/distill/augment.py's wordings; "model": also by the served
+    # model's own questions (scheduler/distill/model_augment.py; a backend serving response formats)
+    distill_augment: str = "templates"
     # vLLM backend: serve users' LoRA adapters (vLLM's LoRA layers on every forward); the transformers backend
     # serves them whenever peft is installed. Off: an active adapter is not served, its facts go as KV/text
     enable_lora: bool = False
@@ -206,6 +209,8 @@ class ServingConfig:
             raise ValueError(f"session_kv_bytes must be >= 0, got {self.session_kv_bytes}")
         if self.block_token_budget < 0:
             raise ValueError(f"block_token_budget must be >= 0, got {self.block_token_budget}")
+        if self.distill_augment not in ("templates", "model"):
+            raise ValueError(f"distill_augment must be 'templates' or 'model', got {self.distill_augment!r}")
         if not self.distill_interval_s > 0:
             raise ValueError(f"distill_interval_s must be > 0, got {self.distill_interval_s}")
         if self.distill and self.backend == "fake":

@@ -5,7 +5,7 @@ to be extractable when asked differently: facts trained in one phrasing are stor
 Templates keyed on the fact's shape (data.RELATIONS: "name", "live", ...), each question asked under two
 framings ("Quick question: ..."); replies alternate a full sentence and the bare answer. Every prompt made
 here is disjoint from data.py's validation and gate templates (the gates stay honest; a test checks it).
-Pure: no model, no store. Written by templates only: a served model writing them is not built.
+Pure: no model, no store. The served model's own questions are model_augment.py's (`--distill-augment model`).
 """
 
 from __future__ import annotations

@@ -260,7 +260,8 @@ def _fill(template: str, fact: Fact) -> str:
     return text[0].upper() + text[1:]
 
 
-def _reply(fact: Fact, i: int = 0) -> str:
+def fact_reply(fact: Fact, i: int = 0) -> str:
+    """The relation's i-th reply sentence for the fact (the assistant's, second person; 0 is canonical)."""
     replies = RELATIONS[fact.relation].replies
     return _fill(replies[i % len(replies)], fact)
 
@@ -279,9 +280,9 @@ def training_examples(
             said = f'You told me: "{_fill(st, f)}"'
             out.append(Example(f.memory_id, "statement", "What do you remember about me?", said, f.answer))
         for i, q in enumerate(rel.train_questions):
-            out.append(Example(f.memory_id, "question", _fill(q, f), _reply(f, i), f.answer))
+            out.append(Example(f.memory_id, "question", _fill(q, f), fact_reply(f, i), f.answer))
         for i, q in enumerate(rel.reverse):
-            out.append(Example(f.memory_id, "reverse", _fill(q, f), _reply(f, i), f.answer))
+            out.append(Example(f.memory_id, "reverse", _fill(q, f), fact_reply(f, i), f.answer))
     rng = random.Random(seed)
     pool = unanswerable(UNANSWERABLE_TRAIN, facts)
     for q in rng.sample(pool, min(num_unanswerable, len(pool))):
@@ -293,7 +294,7 @@ def training_examples(
 def valid_questions(facts: Sequence[Fact]) -> list[Example]:
     """Early-stopping questions: templates disjoint from training and from the gate; plus unanswerable ones."""
     out = [
-        Example(f.memory_id, "question", _fill(q, f), _reply(f), f.answer)
+        Example(f.memory_id, "question", _fill(q, f), fact_reply(f), f.answer)
         for f in facts
         for q in RELATIONS[f.relation].valid_questions
     ]
@@ -305,7 +306,7 @@ def valid_questions(facts: Sequence[Fact]) -> list[Example]:
 def gate_questions(facts: Sequence[Fact], *, seed: int) -> list[Example]:
     """Held-out questions: every gate template (never trained on) of every fact, in an order drawn with `seed`."""
     out = [
-        Example(f.memory_id, "question", _fill(q, f), _reply(f), f.answer)
+        Example(f.memory_id, "question", _fill(q, f), fact_reply(f), f.answer)
         for f in facts
         for q in RELATIONS[f.relation].gate_questions
     ]

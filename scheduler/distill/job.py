@@ -25,6 +25,7 @@ from kvmem.adapters.active import facts_current
 from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill.gates import GateConfig, GateReport, run_gates
+from scheduler.distill.model_augment import model_examples
 from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
 from scheduler.distill.train import Targets, TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
@@ -106,8 +107,11 @@ def distill_user(
     now: float,
     config: DistillConfig,
     every: bool = False,
+    generate: Callable[[list[dict], dict, int], tuple[str, str]] | None = None,
 ) -> DistillOutcome:
-    """One user's whole job. The version is written whether or not it passed (its manifest says why)."""
+    """One user's whole job. The version is written whether or not it passed (its manifest says why). With
+    `generate` (the served model under a JSON schema), the facts are also asked in the model's own questions
+    (model_augment.py), beside augment.py's templates."""
     memories = memory_infos(store, user_id)
     selection = select_facts(memories, stats, now, config.select, every=every)
     log.info("user %r: %d of %d memories selected to distill", user_id, len(selection.facts), len(memories))
@@ -121,6 +125,10 @@ def distill_user(
     examples = training_examples(facts, seed=seed)
     if config.augment:
         examples += augmented_examples(facts)
+    if generate is not None:
+        written, counts = model_examples(facts, generate)
+        examples += written
+        log.info("user %r: the model's questions: %s", user_id, counts)
     fact_texts = [f.text for f in facts]
     questions = gate_questions(facts, seed=seed + GATE_SEED_OFFSET)
     unanswerable = unanswerable_gate(facts)

@@ -122,6 +122,17 @@ class BackgroundDistill:
                 log.exception("distillation sweep failed")
 
     # -- the job (DistillThread's thread) --------------------------------------------------------------------
+    def _writer(self) -> Callable[[list[dict], dict, int], tuple[str, str]] | None:
+        """The served model writing questions (`--distill-augment model`), or None: templates only."""
+        if self.config.distill_augment != "model":
+            return None
+        if "response_format" not in self.backend.sampling_features:
+            log.warning("--distill-augment model: the backend serves no response format; templates only")
+            return None
+        from serving.background.self_generate import backend_generate
+
+        return backend_generate(self.backend)
+
     def _load_private_handle(self) -> Any:
         from kvmem.models import load_model
 
@@ -150,6 +161,7 @@ class BackgroundDistill:
             stats=self.scheduler.heat.stats(user_id),
             now=self.clock(),
             config=self.distill_config,
+            generate=self._writer(),
         )
         log.info("distillation of user %r: %s", user_id, outcome.summary())
         return outcome

@@ -149,6 +149,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
             prefill_graphs=args.prefill_graphs,
             distill=args.distill,
             distill_interval_s=args.distill_interval_s,
+            distill_augment=args.distill_augment,
             enable_lora=args.enable_lora,
             read_timeout_s=args.read_timeout_s,
             replica_id=args.replica_id,

@@ -226,6 +226,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between the background distillation's looks for users to distil",
     )
     p.add_argument(
+        "--distill-augment",
+        choices=("templates", "model"),
+        default="templates",
+        help="--distill: how facts are augmented before training: templates (fixed wordings), or model (also "
+        "questions the served model writes under a JSON schema, at low priority; a backend serving response "
+        "formats, else templates with a log line)",
+    )
+    p.add_argument(
         "--enable-lora",
         action="store_true",
         help="vllm backend: serve users' LoRA adapters (the parametric tier); the transformers backend serves "
