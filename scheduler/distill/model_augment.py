@@ -3,8 +3,9 @@ questions a user might ask to have it recalled, under a JSON schema, and each ke
 example answered with the fact. augment.py's templates stay (they are the default, and all there is when no
 capable model is served); these add wordings no template has.
 
-A question is kept only when it is a question (ends with "?"), does not hold its own answer, is not one of
-the validation or gate questions of these facts (data.py: the gates stay honest; compared with case,
+A question is kept only when it is a question (ends with "?") in the user's voice (a first-person word, no
+"your": "What is the name of your cat?" would teach the model that the cat is its own), does not hold its own
+answer, is not one of the validation or gate questions of these facts (data.py: the gates stay honest; compared with case,
 spacing and punctuation ignored), and is not a repeat. Replies alternate the relation's reply sentences and
 the bare answer, as augment.py's. A reply that is not valid JSON (cut by max_tokens) adds nothing for that
 fact, logged: augmentation is best effort, the templates still train it.
@@ -48,6 +49,14 @@ question may contain it.
 Answer with JSON only: {{"questions": [...]}}."""
 
 
+_FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|my|me|mine|myself)\b", re.I)
+_ASSISTANTS = re.compile(r"\byour(?:s|self)?\b", re.I)
+
+
+def _users_question(q: str) -> bool:
+    return q.endswith("?") and bool(_FIRST_PERSON.search(q)) and not _ASSISTANTS.search(q)
+
+
 def _norm(text: str) -> str:
     return " ".join(re.findall(r"[0-9a-z']+", text.lower()))
 
@@ -81,7 +90,7 @@ def model_examples(
         for q in questions:
             q = " ".join(q.split())
             key = _norm(q)
-            if not q.endswith("?") or not key or key in reserved or key in seen or recalled(q, f.answer):
+            if not _users_question(q) or not key or key in reserved or key in seen or recalled(q, f.answer):
                 continue
             seen.add(key)
             reply = fact_reply(f, n // 2) if n % 2 == 0 else f"{f.answer}."

@@ -42,6 +42,8 @@ def test_the_models_questions_are_kept_only_where_they_are_new_questions_without
         gate.upper(),  # a gate question (case ignored): the gate stays honest
         valid,  # a validation question
         "Remind me,  what did I name my pup?",  # a repeat
+        "What is the name of your dog?",  # the assistant's dog: not the user's voice
+        "Which name did the dog get?",  # no first-person word
         "Which name is on my dog's collar?",
     ]
     generate, calls = _script(json.dumps({"questions": written}))
@@ -51,7 +53,7 @@ def test_the_models_questions_are_kept_only_where_they_are_new_questions_without
         Example("m0", "question", "What's my dog called?", "Miso.", "Miso"),
         Example("m0", "question", "Which name is on my dog's collar?", "Your dog's name is Miso.", "Miso"),
     ]
-    assert counts == {"asked": 1, "written": 8, "kept": 3, "unparsed": 0}
+    assert counts == {"asked": 1, "written": 10, "kept": 3, "unparsed": 0}
     ((messages, schema, max_tokens),) = calls
     assert schema is QUESTIONS_SCHEMA and max_tokens == 320
     assert messages[-1] == {"role": "user", "content": "Fact: My dog is called Miso.\nAnswer: Miso"}
@@ -60,10 +62,10 @@ def test_the_models_questions_are_kept_only_where_they_are_new_questions_without
 def test_a_reply_cut_before_its_json_adds_nothing_for_that_fact_and_the_next_is_still_asked() -> None:
     facts = [parse_fact("m0", 1, "My dog is called Miso."), parse_fact("m1", 1, "I live in Porto.")]
     generate, calls = _script(
-        '{"questions": ["What did I', json.dumps({"questions": ["Which city is home?"]})
+        '{"questions": ["What did I', json.dumps({"questions": ["Which city is home for me?"]})
     )
     examples, counts = model_examples(facts, generate)
-    assert [(e.memory_id, e.question) for e in examples] == [("m1", "Which city is home?")]
+    assert [(e.memory_id, e.question) for e in examples] == [("m1", "Which city is home for me?")]
     assert counts == {"asked": 2, "written": 1, "kept": 1, "unparsed": 1} and len(calls) == 2
 
 
