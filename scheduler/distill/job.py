@@ -25,7 +25,7 @@ from kvmem.adapters.active import facts_current
 from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill.gates import GateConfig, GateReport, run_gates
-from scheduler.distill.model_augment import model_examples
+from scheduler.distill.model_augment import Generate, model_examples
 from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
 from scheduler.distill.train import Targets, TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
@@ -107,7 +107,7 @@ def distill_user(
     now: float,
     config: DistillConfig,
     every: bool = False,
-    generate: Callable[[list[dict], dict, int], tuple[str, str]] | None = None,
+    generate: Generate | None = None,
 ) -> DistillOutcome:
     """One user's whole job. The version is written whether or not it passed (its manifest says why). With
     `generate` (the served model under a JSON schema), the facts are also asked in the model's own questions

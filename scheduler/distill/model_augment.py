@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from kvmem.formation.self_model import Generate  # (messages, schema, max_tokens) -> (text, finish_reason)
 from scheduler.distill.data import Example, Fact, fact_reply, gate_questions, recalled, valid_questions
 
 log = logging.getLogger(__name__)
-
-Generate = Callable[[list[dict], dict, int], tuple[str, str]]
 
 MAX_QUESTIONS = 8
 QUESTIONS_SCHEMA = {

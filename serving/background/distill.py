@@ -24,6 +24,7 @@ from typing import Any
 
 from scheduler import Scheduler
 from scheduler.distill.job import DistillConfig, DistillOutcome, DistillThread, distill_user
+from scheduler.distill.model_augment import Generate
 from scheduler.distill.selection import SelectConfig
 from serving.config import ServingConfig
 
@@ -122,7 +123,7 @@ class BackgroundDistill:
                 log.exception("distillation sweep failed")
 
     # -- the job (DistillThread's thread) --------------------------------------------------------------------
-    def _writer(self) -> Callable[[list[dict], dict, int], tuple[str, str]] | None:
+    def _writer(self) -> Generate | None:
         """The served model writing questions (`--distill-augment model`), or None: templates only."""
         if self.config.distill_augment != "model":
             return None
