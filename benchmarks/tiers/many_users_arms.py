@@ -181,10 +181,7 @@ def arm_server(arm: str, args, tmp: str, supported: frozenset[str]):
     if arm == "text":
         wanted += ["--session-kv-mb", "0"] + args.text_serve_args.split()
     if arm == "kvmem-vllm":
-        notes.append(
-            "the vLLM backend's KV cache is VllmBackendConfig.kv_cache_bytes (1 GiB): --kv-pool-mb "
-            "does not size it"
-        )
+        notes.append(f"vLLM KV cache {pool_bytes} bytes (kvmem serve --kv-pool-mb), prefix caching on")
     flags, dropped = split_supported(wanted, supported)
     if dropped:
         notes.append(f"not applied, `kvmem serve` does not take them yet: {' '.join(dropped)}")
@@ -197,8 +194,7 @@ def arm_server(arm: str, args, tmp: str, supported: frozenset[str]):
         queue_size=args.queue_size,
         extra=tuple(flags),
     ) as base:
-        fastest = None if arm == "kvmem-vllm" else pool_bytes
-        yield ArmServer(base, "default", fastest if backend != "fake" else None, notes)
+        yield ArmServer(base, "default", pool_bytes if backend != "fake" else None, notes)
 
 
 # ---------------------------------------------------------------- /metrics, per tier where the server says

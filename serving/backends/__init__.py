@@ -76,14 +76,19 @@ def _vllm(config: ServingConfig) -> Backend:
     from serving.backends.vllm.backend import VllmBackend, VllmBackendConfig
 
     model = None if config.model == DEFAULT_MODEL else config.model
-    # dtype "auto" keeps the backend's own default (float32: see VllmBackendConfig.dtype)
+    # dtype "auto" keeps the backend's own default (float32: see VllmBackendConfig.dtype); --kv-pool-mb,
+    # when given, sizes vLLM's paged KV cache (the fastest tier, as the engine's page pool is)
     dtype = {} if config.dtype == "auto" else {"dtype": config.dtype}
+    pool = {} if config.kv_pool_mb is None else {"kv_cache_bytes": config.kv_pool_mb << 20}
     return VllmBackend(
         VllmBackendConfig(
             model=model,
             data_dir=str(config.data_dir),
             max_queue=config.queue_size,
             enable_lora=config.enable_lora,
+            host_kv_bytes=config.kv_host_mb << 20,
+            disk_kv_bytes=None if config.kv_disk_gb is None else int(config.kv_disk_gb * 1e9),
+            **pool,
             **dtype,
         )
     )

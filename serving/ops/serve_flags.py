@@ -118,7 +118,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="MiB of the engine's KV page pool (transformers backend): blocks' pages shared by every request "
         "over them, each request's own tokens in its own pages; a request that finds it full waits, then "
         "gets 429, one that could never fit gets 400 (at least 1; default: 1024 on CPU, on a GPU "
-        "--kv-pool-fraction of its free memory once the model is loaded)",
+        "--kv-pool-fraction of its free memory once the model is loaded); with --backend vllm: vLLM's KV cache "
+        "(default 1024)",
     )
     p.add_argument(
         "--kv-wait-s",
@@ -131,7 +132,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-host-mb",
         type=int,
         default=4096,
-        help="MiB of host RAM for stored KV blocks (transformers backend), read from there into the pool's pages "
+        help="MiB of host RAM for stored KV blocks (transformers and vllm backends), read from there into the pages "
         "with no file read; over it the least recently used leave RAM (their files stay); 0: every load reads "
         "the file",
     )
@@ -139,7 +140,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-disk-gb",
         type=float,
         default=None,
-        help="GB (10^9 bytes) of disk for stored KV blocks (transformers backend); over it the least recently "
+        help="GB (10^9 bytes) of disk for stored KV blocks (transformers and vllm backends); over it the least recently "
         "used blocks' files are deleted (rebuilt when their user asks); default: unlimited",
     )
     p.add_argument(

@@ -99,7 +99,13 @@ class VllmBackend(StoredBlocksBackend):
             except KvmemError as exc:
                 raise BackendError(str(exc)) from exc
             # the connector loads a block's knowledge parent with it (store.get joins them)
-            self._open_blocks(handle, device="cpu", device_bytes=0, host_bytes=self.config.host_kv_bytes)
+            self._open_blocks(
+                handle,
+                device="cpu",
+                device_bytes=0,
+                host_bytes=self.config.host_kv_bytes,
+                disk_bytes=self.config.disk_kv_bytes,
+            )
             # peft on the builder's transformers copy: a block under a user's adapter is prefilled there
             self.adapters = adapter_slots(self.config.data_dir, handle) if self.config.enable_lora else None
             self._eos = eos_token_ids(handle.model, handle.tokenizer)

@@ -26,6 +26,7 @@ class VllmBackendConfig:
     # `kvmem serve --dtype` sets it; its "auto" keeps this default
     dtype: str = "float32"
     host_kv_bytes: int | None = 2 << 30  # RAM tier of stored KV items (verified once, then lent by reference)
+    disk_kv_bytes: int | None = None  # disk tier of stored KV items; None: unlimited
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
