@@ -23,6 +23,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import cpu_name, git_sha, print_table, write_outputs
@@ -37,6 +38,7 @@ from benchmarks.memory.formation_heldout import (
 from benchmarks.memory.formation_scoring import (
     MATCH_OVERLAP,
     consolidate_history,
+    public_cases,
     score_dates,
     score_extraction,
     score_public,
@@ -203,15 +205,29 @@ class _Remembered:
         self.answers: dict[tuple, list] = {}
         self.errors: list[str] = []
 
+    @staticmethod
+    def _key(turns: Sequence[TurnInput]) -> tuple:
+        return tuple((t.id, t.role, t.text, t.chat_time) for t in turns)
+
     def extract(self, turns: Sequence[TurnInput]) -> list:
-        key = tuple((t.id, t.role, t.text, t.chat_time) for t in turns)
+        key = self._key(turns)
         if key not in self.answers:
             try:
-                self.answers[key] = self.inner.extract(turns)
+                answer = self.inner.extract(turns)
             except ExtractionError as e:
                 self.errors.append(str(e)[:300])
-                self.answers[key] = []
+                answer = []
+            self.answers[key] = answer
         return self.answers[key]
+
+    def prefetch(self, batches: Sequence[Sequence[TurnInput]], concurrency: int) -> None:
+        """Ask every batch now, `concurrency` at once (an engine batches their rows), so that the scores,
+        which ask in order, read remembered answers. Each batch is its own key, so the answers are the same
+        as one at a time."""
+        if concurrency > 1:
+            distinct = {self._key(b): b for b in batches if self._key(b) not in self.answers}
+            with ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(self.extract, distinct.values()))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -240,18 +256,34 @@ def main(argv: list[str] | None = None) -> dict:
         "--self-model",
         default=None,
         help="score the self extractor (the model in this process's own engine, replies under the facts "
-        "schema; 'default': the provisioned default model) instead of the rules; held-out v2 only, as "
-        "--extractor-url. Supersession still goes through consolidation's rules over its facts",
+        "schema; 'default': the provisioned default model, 'demo': the demo model) instead of the rules; "
+        "held-out v2 only, as --extractor-url. Supersession still goes through consolidation's rules over "
+        "its facts",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="an LLM extractor's calls in flight at once (the engine batches their rows); answers are then "
+        "scored in order, as with 1",
+    )
+    parser.add_argument(
+        "--public-only", action="store_true", help="score only --public (no synthetic sets, no throughput)"
     )
     args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.public_only and not args.public:
+        parser.error("--public-only needs --public")
 
     backend = None
     if args.self_model:
-        from kvmem.models import provision
+        from kvmem.models import provision, provision_demo_model
         from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
         from serving.background.self_generate import backend_generate
 
-        model = str(provision()) if args.self_model == "default" else args.self_model
+        named = {"default": provision, "demo": provision_demo_model}
+        model = str(named[args.self_model]()) if args.self_model in named else args.self_model
         backend = TransformersBackend(
             TransformersBackendConfig(model=model, data_dir="/tmp/kvmem-formation-self", dtype="float32")
         )
@@ -272,18 +304,37 @@ def main(argv: list[str] | None = None) -> dict:
     if args.extractor_url:  # an LLM: seconds per call on this CPU
         sets = {"heldout_v2": (sets["heldout_v2"][0], () if args.extraction_only else sets["heldout_v2"][1])}
     sets = {k: (_sample(e, args.per_category), _sample(c, args.per_category)) for k, (e, c) in sets.items()}
+    if args.public_only:
+        sets = {}
+    splits = public_cases(args.public, args.data_dir) if args.public else {}
+    public_turns = [turns for turns, _ in (splits.get("all", []) if isinstance(splits, dict) else [])]
     started = time.perf_counter()
+    if isinstance(extractor, _Remembered):
+        extractor.prefetch(
+            [
+                *(c.turns for ext, _ in sets.values() for c in ext),
+                *([t] for _, sup in sets.values() for c in sup for t in c.turns),
+                *public_turns,
+            ],
+            args.concurrency,
+        )
     reports = {name: evaluate(ext, sup, extractor) for name, (ext, sup) in sets.items()}
     evaluate_s = time.perf_counter() - started
     all_turns = [t for ext, sup in sets.values() for c in [*ext, *sup] for t in c.turns]
     if args.extractor_url:
         speed = {
             "evaluate_s": round(evaluate_s, 1),
-            "num_turns": len(all_turns),
+            "num_turns": len(all_turns) + len(public_turns),
             "num_calls": len(extractor.answers),
             "num_failed_calls": len(extractor.errors),
             "failed_calls": extractor.errors,
             "skipped": "throughput passes (LLM extractor)",
+        }
+    elif args.public_only:
+        speed = {
+            "evaluate_s": None,
+            "num_turns": len(public_turns),
+            "skipped": "throughput passes (--public-only)",
         }
     else:
         speed = throughput(all_turns, extractor, args.passes)
@@ -302,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"(median of {speed['passes']}), loadavg {speed['loadavg_before']}; consolidation "
             f"{speed['consolidation']['facts_per_s']} facts/s"
         )
-    else:
+    elif "evaluate_s" in speed:
         print(f"evaluated {speed['num_turns']} turns in {speed['evaluate_s']} s")
     for split, scores in public.items():
         if isinstance(scores, dict):
@@ -325,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
             "extractor_model": args.extractor_model if args.extractor_url else None,
             "match_rule": f"normalized text equal or content-word Jaccard >= {MATCH_OVERLAP}, one to one",
             "similarity": None,
+            "concurrency": args.concurrency,
+            "public_only": args.public_only,
         },
         **reports,
         "throughput": speed,

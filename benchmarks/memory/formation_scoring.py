@@ -220,25 +220,35 @@ def score_supersession(
 # ---- public sample ----------------------------------------------------------------------------------------------
 
 
-def score_public(labels_path: Path, data_dir: Path | None, extractor: Extractor) -> dict:
-    """Extraction scores on the hand-labelled public sample (per split), or {"skipped": why}."""
+def public_cases(labels_path: Path, data_dir: Path | None) -> dict | str:
+    """The hand-labelled public sample as extraction cases per split ("tune", "report", "all"), or why not."""
     if not labels_path.is_file():
-        return {"skipped": f"{labels_path} not found"}
+        return f"{labels_path} not found"
     try:
         from benchmarks.memory.formation_public import DEFAULT_DATA_DIR, load_public_sample
     except ImportError as e:
-        return {"skipped": f"benchmarks.memory.formation_public unavailable: {e}"}
+        return f"benchmarks.memory.formation_public unavailable: {e}"
     try:
         turns = load_public_sample(labels_path, data_dir or DEFAULT_DATA_DIR)
     except (FileNotFoundError, KeyError, ValueError) as e:
-        return {"skipped": f"{type(e).__name__}: {e}"}
-    out = {}
-    for split in sorted({t.split for t in turns}) + ["all"]:
-        chosen = [t for t in turns if split in ("all", t.split)]
-        cases = [
+        return f"{type(e).__name__}: {e}"
+    return {
+        split: [
             ([TurnInput(f"{t.chat}:{t.dia_id}", "user", t.text, t.chat_time, t.chat, t.speaker)], t.facts)
-            for t in chosen
+            for t in turns
+            if split in ("all", t.split)
         ]
+        for split in sorted({t.split for t in turns}) + ["all"]
+    }
+
+
+def score_public(labels_path: Path, data_dir: Path | None, extractor: Extractor) -> dict:
+    """Extraction scores on the hand-labelled public sample (per split), or {"skipped": why}."""
+    splits = public_cases(labels_path, data_dir)
+    if isinstance(splits, str):
+        return {"skipped": splits}
+    out = {}
+    for split, cases in splits.items():
         out[split] = score_extraction(cases, extractor)
         # its labels are paraphrases in the labeller's words, never the turn's: a looser match, for scale only
         loose = score_extraction(cases, extractor, 0.3)

@@ -125,3 +125,55 @@ def test_main_over_an_endpoint_asks_each_batch_once_and_counts_failed_calls(tmp_
     asked = {json.dumps(b["messages"]) for b in bodies}
     assert len(asked) == len(bodies) == speed["num_calls"]  # each distinct batch once
     assert speed["num_failed_calls"] == len(bodies) // 2 and len(speed["failed_calls"]) == len(bodies) // 2
+
+
+def test_prefetch_asks_each_batch_once_in_parallel_and_the_scores_read_the_answers() -> None:
+    import threading
+    import time
+
+    from kvmem.formation.errors import ExtractionError
+    from kvmem.formation.types import Fact
+
+    lock, calls, in_flight, most = threading.Lock(), [], [0], [0]
+
+    class Slow:
+        name = "slow"
+
+        def extract(self, turns):
+            with lock:
+                calls.append(turns[0].id)
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            time.sleep(0.05)
+            with lock:
+                in_flight[0] -= 1
+            if turns[0].id == "bad":
+                raise ExtractionError("no JSON", transient=False)
+            return [Fact(f"fact of {turns[0].id}", (turns[0].id,), NOW)]
+
+    remembered = formation_bench._Remembered(Slow())
+    batches = [[TurnInput(i, "user", f"turn {i}", NOW)] for i in ("a", "b", "c", "bad", "a")]
+    remembered.prefetch(batches, concurrency=3)
+    assert sorted(calls) == ["a", "b", "bad", "c"] and most[0] == 3  # "a" twice in the batches: asked once
+    assert remembered.errors == ["no JSON"]
+    assert [f.text for f in remembered.extract(batches[1])] == ["fact of b"] and len(calls) == 4
+    assert remembered.extract(batches[3]) == []
+
+
+def test_bad_flags_exit_2_naming_them(capsys) -> None:
+    import pytest
+
+    for argv, named in (
+        (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["--public-only"], "--public-only needs --public"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            formation_bench.main(argv)
+        assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_public_only_scores_only_the_public_sample(tmp_path) -> None:
+    result = formation_bench.main(["--public", str(tmp_path / "missing.json"), "--public-only"])
+    assert list(result) == ["benchmark", "env", "config", "throughput", "public"]
+    assert result["public"] == {"skipped": f"{tmp_path / 'missing.json'} not found"}
+    assert result["config"]["public_only"] is True and result["throughput"]["num_turns"] == 0
