@@ -21,6 +21,13 @@ through when nothing blocks it: it says what is not a change, not what is one.
 `turn_blocker(fact_text, turn_texts)` picks the clauses of the turns that share the most words with the
 fact (all of them where none shares one) and returns None when any of those reads as a change, else the
 first one's blocker ("no statement" where the turns hold no first-person statement at all).
+
+`other_area(fact_text, memory_text)`: the slot check. On the second sealed set the model's updates that the
+clause check let through superseded the other earlier memory in 30 of the change items (a new job retiring
+where the user lives): where the rules read a slot in both the fact and the memory the model named (rules.slot_of)
+and the slots are of different areas (job and employer are one area, "work"; the relationship and a partner's
+name, "partner"; diet and tastes, "taste"), the update cannot stand. It errs the same way: where the rules
+read no slot in either, it says nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import re
 
 from kvmem.formation.clauses import statements, subject_core
 from kvmem.formation.lexicon import RELATIVES
+from kvmem.formation.rules import slot_of
 
 BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no statement")
 
@@ -114,3 +122,37 @@ def turn_blocker(fact_text: str, turn_texts: list[str]) -> str | None:
     picked = [c for c, n in zip(clauses, overlap, strict=True) if n == best]
     reasons = [blocker(c) for c in picked]
     return None if None in reasons else reasons[0]
+
+
+# ---- the slot check: does the fact set what the memory it would retire sets? --------------------------------
+
+# slots that one change of state moves together, read as one area: a new job changes the employer, a move the
+# city, a break-up the partner's name, a new diet a taste. Any other slot is its own area (before any ":"), so
+# "sister|home_city" is not "user|home_city" and "user|dog.name" is not "user|job".
+_AREAS = {
+    "user|job": "work",
+    "user|employer": "work",
+    "user|relationship": "partner",
+    **{f"{who}|name": "partner" for who in ("wife", "husband", "partner", "girlfriend", "boyfriend",
+                                             "fiance", "fiancee", "fiancé", "fiancée", "spouse")},
+    "user|diet": "taste",
+    "user|likes": "taste",
+    "user|favourite": "taste",
+}  # fmt: skip
+
+
+def slot_area(text: str) -> str | None:
+    """The area of the slot `text` sets as the rules read it (rules.slot_of), or None where they read none."""
+    found = slot_of(text)
+    if found is None:
+        return None
+    family = found[0].split(":", 1)[0]
+    return _AREAS.get(family, family)
+
+
+def other_area(fact_text: str, memory_text: str) -> bool:
+    """True where the rules read a slot in both texts and the slots are of different areas: the fact cannot
+    retire that memory (a new job does not end where the user lives). False where either reads none: the
+    check then has nothing to say."""
+    fact_area, memory_area = slot_area(fact_text), slot_area(memory_text)
+    return fact_area is not None and memory_area is not None and fact_area != memory_area

@@ -20,7 +20,10 @@ schemas, and the updates decided as mem0 does (add, update, delete or nothing, p
 3. The rules guard the updates (change_guard.py): an update or delete stands only where the clause the
    fact came from reads as the user's own change of state; one that reads as another person's, a negated
    change, a plan, a restatement or an addition is the fact added beside the memory (a restatement: joined
-   to the memory the model named, as "none"). `guarded` counts them by reason.
+   to the memory the model named, as "none"). An update or delete whose fact sets a slot of another area
+   than the memory it names (change_guard.other_area: a new job naming where the user lives) names instead
+   the first memory shown of the fact's area ("other slot, retargeted"), or is an add ("other slot").
+   `guarded` counts them by reason.
 
 `generate(messages, schema, max_tokens) -> (text, finish_reason)` is the served model (serving/background/
 self_generate.py builds it over the engine, at low priority); this module knows nothing of serving.
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvmem.formation.change_guard import turn_blocker
+from kvmem.formation.change_guard import other_area, slot_area, turn_blocker
 from kvmem.formation.clauses import statements
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
@@ -236,9 +239,8 @@ class ModelExtractor:
         decisions = []
         for fact in facts:
             hits = store.search(user_id, fact.text, top_k=min(k, self.num_candidates), mode="dense")
-            decisions.append(
-                self.guard(fact, self.decide_one(fact, [(h.memory.id, h.memory.text) for h in hits]))
-            )
+            candidates = [(h.memory.id, h.memory.text) for h in hits]
+            decisions.append(self.guard(fact, self.decide_one(fact, candidates), candidates))
         with self._lock:
             for fact in facts:
                 for t in fact.turn_ids:
@@ -246,20 +248,44 @@ class ModelExtractor:
         said_at = [max((said.get(t, "") for t in f.turn_ids), default="") for f in facts]
         return apply_updates(facts, decisions, said_at)
 
-    def guard(self, fact: Fact, decision: UpdateDecision) -> UpdateDecision:
+    def guard(
+        self, fact: Fact, decision: UpdateDecision, candidates: Sequence[tuple[str, str]] = ()
+    ) -> UpdateDecision:
         """The decision, or, for an update or delete the fact's turns cannot stand behind (change_guard.py),
-        an add (a restatement: none, naming the same memory)."""
+        an add (a restatement: none, naming the same memory); for one whose fact sets a slot of another area
+        than the memory it names (`candidates`: the (id, text) the model was shown), the same event naming
+        the first shown memory of the fact's area, else an add."""
         if decision.event not in ("update", "delete") or decision.target is None:
             return decision
         with self._lock:
             texts = [self._said[t] for t in fact.turn_ids if t in self._said]
         reason = turn_blocker(fact.text, texts) if texts else None
         if reason is None:
-            return decision
+            decision, reason = _same_area(fact.text, decision, candidates)
+            if reason is None:
+                return decision
         with self._lock:
             self.guarded[reason] += 1
-        log.debug("self extractor: %s of %r kept as a new fact (%s)", decision.event, fact.text, reason)
-        return UpdateDecision("none", decision.target) if reason == "restatement" else UpdateDecision("add")
+        log.debug("self extractor: %s of %r turned (%s)", decision.event, fact.text, reason)
+        if reason == "restatement":
+            return UpdateDecision("none", decision.target)
+        return decision if reason == "other slot, retargeted" else UpdateDecision("add")
+
+
+def _same_area(
+    fact_text: str, decision: UpdateDecision, candidates: Sequence[tuple[str, str]]
+) -> tuple[UpdateDecision, str | None]:
+    """The slot check over an update or delete (change_guard.other_area): (the decision, None) where it
+    stands; (the same event naming the first candidate of the fact's area, "other slot, retargeted"); or
+    (the decision, "other slot") where no candidate is of the fact's area."""
+    texts = dict(candidates)
+    if decision.target not in texts or not other_area(fact_text, texts[decision.target]):
+        return decision, None
+    area = slot_area(fact_text)
+    for memory_id, text in candidates:
+        if memory_id != decision.target and slot_area(text) == area:
+            return UpdateDecision(decision.event, memory_id), "other slot, retargeted"
+    return decision, "other slot"
 
 
 _SAID_MAX = 4096

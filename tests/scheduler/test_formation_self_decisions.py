@@ -163,3 +163,41 @@ def test_the_rules_guard_keeps_an_update_only_where_the_turn_reads_as_the_users_
     if not stands:
         assert extractor.guarded == {reason: 1}
     assert extractor._said == {}  # the turns' words are not kept past their decision
+
+
+@pytest.mark.parametrize(
+    ("said", "named", "superseded", "reason"),
+    [
+        ("I moved to Porto.", "library", "Lisbon", "other slot, retargeted"),
+        ("I took up pottery.", "library", None, "other slot"),
+        ("I now work at the museum.", "library", "library", None),
+        ("I moved to Porto.", "Lisbon", "Lisbon", None),
+        ("I play the drums every weekend.", "library", None, "other slot"),
+    ],
+)
+def test_an_update_naming_a_memory_of_another_slot_area_is_retargeted_or_added(
+    store, said: str, named: str, superseded: str | None, reason: str | None
+) -> None:
+    """The model (scripted) names the memory holding `named` for an update; the update stands where the fact
+    and that memory set slots of one area, names the shown memory of the fact's area where there is one, and
+    is an add where there is none. `guarded` counts the reason."""
+    library, lisbon = store.add("u", texts=["I work at the library.", "I live in Lisbon."])
+    store.log_turns("u", [{"role": "user", "content": said}])
+    shown: list[str] = []
+
+    def generate(messages, schema, max_tokens):
+        if schema is FACTS_SCHEMA:
+            return json.dumps({"facts": [fact(said.rstrip("."))]}), "stop"
+        listed = messages[-1]["content"].split("\n")[1:-1]  # "Memories:", "0. ...", ..., "New fact: ..."
+        shown.extend(listed)
+        number = next(i for i, line in enumerate(listed) if named in line)
+        return json.dumps({"event": "update", "memory": number}), "stop"
+
+    extractor = ModelExtractor(generate)
+    FormationWorker(store, extractor, decider=extractor.decide).form_user("u")
+    assert len(shown) == 2  # both memories were shown to the model
+    retired = {m.text for m in (store.get("u", library.id), store.get("u", lisbon.id)) if m.superseded_by}
+    assert retired == ({f"I work at the {superseded}." if superseded == "library" else f"I live in {superseded}."}
+                       if superseded else set())  # fmt: skip
+    assert said in served(store)
+    assert extractor.guarded == ({reason: 1} if reason else {})

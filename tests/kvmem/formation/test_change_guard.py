@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.formation.change_guard import BLOCKERS, blocker, turn_blocker
+from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, turn_blocker
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,22 @@ def test_the_turn_is_read_at_the_clause_the_fact_came_from() -> None:
     assert turn_blocker("I drink oat milk", turn) is None  # no word shared: every clause is read, one passes
     assert turn_blocker("I switched to oat milk", turn) is None
     assert turn_blocker("I like tea", ["thanks, bye!"]) == "no statement"
+
+
+@pytest.mark.parametrize(
+    ("fact", "memory", "other"),
+    [
+        ("I now work as a nurse", "I work at Acme.", False),  # job and employer: one area, "work"
+        ("I now work as a nurse", "I live in Lisbon.", True),
+        ("I moved to Berlin", "I work at Acme.", True),
+        ("We split up", "My wife is Ana.", False),  # the relationship and a partner's name: "partner"
+        ("I eat meat again", "I love tofu.", False),  # diet and tastes: "taste"
+        ("My sister moved to Rome", "I live in Lisbon.", True),  # her city is not the user's
+        ("I married Tom", "I live in Lisbon.", False),  # no slot read in the fact: nothing to say
+        ("I moved to Berlin", "Rex died.", False),  # none read in the memory
+    ],
+)
+def test_other_area_blocks_only_where_both_slots_are_read_and_differ(
+    fact: str, memory: str, other: bool
+) -> None:
+    assert other_area(fact, memory) is other
