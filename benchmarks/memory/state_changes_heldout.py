@@ -25,7 +25,8 @@ in the engine; over an hour on a 2-core CPU):
 The data's sha256 is checked against the sealed one first; a mismatch is an error. `--set heldout_v2` scores
 the second sealed set (written after the first was scored once for `self`, so that a change made after that
 score, the rules' guard over the model's updates, kvmem/formation/change_guard.py, is scored on text nothing
-was tuned on).
+was tuned on). `--set heldout_v3` scores the third (written after the second's misses were read, for the
+slot check over the model's updates, change_guard.other_area).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ _START = datetime(2026, 3, 2, 9, 0)
 _GAP = timedelta(days=60)  # the new turn comes two months after the earlier ones
 
 
-SETS = ("heldout", "heldout_v2")  # the sealed sets: the first (2026-11-28), a second (2026-11-29)
+SETS = ("heldout", "heldout_v2", "heldout_v3")  # the sealed sets: the first (2026-11-28), two more (2026-11-29)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
