@@ -382,6 +382,18 @@ def main(argv: list[str] | None = None) -> dict:
         **reports,
         "throughput": speed,
         "public": public,
+        # an LLM's facts for the tune half of the public sample beside the labels, to read what it misses (the
+        # report half stays unread)
+        "public_tune_answers": [
+            {
+                "turn": turns[0].text,
+                "predicted": [f.text for f in extractor.extract(turns)],
+                "labelled": list(labelled),
+            }
+            for turns, labelled in (splits.get("tune", []) if isinstance(splits, dict) else [])
+        ]
+        if isinstance(extractor, _Remembered)
+        else None,
     }
     write_outputs(result, args.out)
     return result

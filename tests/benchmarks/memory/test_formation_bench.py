@@ -118,7 +118,16 @@ def test_main_over_an_endpoint_asks_each_batch_once_and_counts_failed_calls(tmp_
         httpd.shutdown()
         httpd.server_close()
     speed = result["throughput"]
-    assert list(result) == ["benchmark", "env", "config", "heldout_v2", "throughput", "public"]
+    assert list(result) == [
+        "benchmark",
+        "env",
+        "config",
+        "heldout_v2",
+        "throughput",
+        "public",
+        "public_tune_answers",
+    ]
+    assert result["public_tune_answers"] == []  # no --public
     assert (
         result["config"]["extractor"] == "openai" and result["heldout_v2"]["supersession"]["num_cases"] == 0
     )
@@ -174,6 +183,7 @@ def test_bad_flags_exit_2_naming_them(capsys) -> None:
 
 def test_public_only_scores_only_the_public_sample(tmp_path) -> None:
     result = formation_bench.main(["--public", str(tmp_path / "missing.json"), "--public-only"])
-    assert list(result) == ["benchmark", "env", "config", "throughput", "public"]
+    assert list(result) == ["benchmark", "env", "config", "throughput", "public", "public_tune_answers"]
+    assert result["public_tune_answers"] is None  # the rules: nothing remembered to show
     assert result["public"] == {"skipped": f"{tmp_path / 'missing.json'} not found"}
     assert result["config"]["public_only"] is True and result["throughput"]["num_turns"] == 0
