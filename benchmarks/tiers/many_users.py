@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks.common import env_info, print_table, write_outputs
 from benchmarks.load.http_client import _post
 from benchmarks.tiers import many_users_arms as arms_mod
-from benchmarks.tiers.many_users_client import Client, cold_answers, sample_prompts
+from benchmarks.tiers.many_users_client import Client, cold_answers, reference_request_s, sample_prompts
 from benchmarks.tiers.many_users_workload import (
     QUESTIONS,
     User,
@@ -308,6 +308,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--probe-share", type=float, default=0.2)
     p.add_argument("--shared-system-prompt", type=int, default=80, help="words of the shared system prompt")
     p.add_argument("--qps", type=float, nargs="+", help="the offered rates, low to high")
+    p.add_argument(
+        "--load-factors",
+        type=float,
+        nargs="+",
+        help="instead of --qps: the offered rates as multiples of the machine's pace, rate = factor / the "
+        "seconds one text request takes alone here (measured first, in this process): sweeps taken on a "
+        "faster or slower day load the machine alike",
+    )
+    p.add_argument(
+        "--reference-s",
+        type=float,
+        help="with --load-factors: that one request's seconds, given instead of measured (to repeat a sweep's "
+        "rates exactly)",
+    )
     p.add_argument("--duration-s", type=float, help="per rate")
     p.add_argument("--answer-len", type=int, help="max_tokens")
     p.add_argument("--ttft-target-s", type=float, default=1.0, help="goodput counts requests within it")
@@ -348,6 +362,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     loadavg_start = list(os.getloadavg())
+    if args.load_factors is not None and args.qps is not None:
+        p.error("--load-factors and --qps both give the offered rates: pass one")
+    if args.reference_s is not None and (args.load_factors is None or args.reference_s <= 0):
+        p.error("--reference-s needs --load-factors and must be positive")
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -355,6 +373,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.kv_wait_s = args.request_timeout_s
     if len(set(args.arms)) != len(args.arms):
         p.error(f"--arms names an arm twice: {args.arms}")
+    if args.load_factors is not None and (
+        sorted(args.load_factors) != args.load_factors or min(args.load_factors) <= 0
+    ):
+        p.error(f"--load-factors must be positive and ascending, got {args.load_factors}")
     if sorted(args.qps) != args.qps or min(args.qps) <= 0:
         p.error(f"--qps must be positive and ascending, got {args.qps}")
     cfg = WorkloadConfig(
@@ -365,6 +387,19 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
     users = make_users(cfg)
     system = shared_system_prompt(cfg)
+    calibration = None
+    if args.load_factors is not None:
+        if args.reference_s is not None:
+            calibration = {"reference_s": args.reference_s, "given": True}
+        else:
+            calibration = reference_request_s(args.model, users, system, args.answer_len)
+        args.qps = [round(f / calibration["reference_s"], 4) for f in args.load_factors]
+        calibration["load_factors"] = args.load_factors
+        print(
+            f"# one text request alone: {calibration['reference_s']:.3f} s; load factors {args.load_factors} "
+            f"-> {args.qps} qps",
+            file=sys.stderr,
+        )
     supported = arms_mod.serve_flags()
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_arm(arm, cfg, users, system, args, supported, tmp) for arm in args.arms]
@@ -397,6 +432,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {k: getattr(args, k) for k in ("qps", "duration_s", "answer_len", "ttft_target_s", "kv_pool_mb",
                                                     "kv_host_mb", "kv_disk_gb", "kv_user_mb", "kv_wait_s", "max_model_len", "request_timeout_s",
                                                     "block_token_budget", "quick", "serve_args", "text_serve_args")},
+        "calibration": calibration,
         "arms": results,
         "summary": summarize(results),
     }  # fmt: skip

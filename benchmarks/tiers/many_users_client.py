@@ -15,6 +15,13 @@ from benchmarks.tiers import many_users_arms as arms_mod
 from benchmarks.tiers.many_users_workload import PROBE, QUESTIONS, CanaryLedger, User, canary_text
 
 
+def pasted(system: str, user: User, code: str) -> str:
+    """The system prompt of a pasted arm: the shared prompt, then the user's memories and canary as text."""
+    return (
+        system + "\n\nWhat you remember about this user:\n" + "\n".join([*user.memories, canary_text(code)])
+    )
+
+
 class Client:
     """One arm's client state: each user's memories (as the client knows them), conversation and canary."""
 
@@ -51,9 +58,7 @@ class Client:
         system = self.system
         if self.pasted:
             code = self.ledger.current(user.user_id)
-            system += "\n\nWhat you remember about this user:\n" + "\n".join(
-                [*user.memories, canary_text(code)]
-            )
+            system = pasted(system, user, code)
         with self.lock:
             past = [] if round_ == 0 else list(self.history.get(user.user_id, []))
         return [{"role": "system", "content": system}, *past, {"role": "user", "content": question}]
@@ -231,3 +236,52 @@ def error_kind(exc: BaseException) -> str:
             code = body["error"].get("code") or body["error"].get("type")
         return f"http {status}" + (f" {code}" if code else "")
     return name
+
+
+def reference_request_s(
+    model: str | None, users: list[User], system: str, answer_len: int, repeats: int = 3
+) -> dict:
+    """The machine's pace, measured in this process before any arm runs: the seconds one text request takes
+    alone (a cold prefill of the shared system prompt, the memories of the user whose block is nearest the
+    mean size pasted as the text arm pastes them, and the first question; then `answer_len` greedy tokens),
+    the median of `repeats` after a warm-up. Offered rates given as load factors are divided by it, so a sweep
+    loads a slower machine as much as a faster one and runs taken on different days compare."""
+    import statistics
+
+    import torch
+
+    from kvmem.models import load_model
+
+    if not users or answer_len < 1 or repeats < 1:
+        raise ValueError("reference_request_s: needs users, answer_len >= 1 and repeats >= 1")
+    mean = sum(u.memory_tokens for u in users) / len(users)
+    user = min(users, key=lambda u: (abs(u.memory_tokens - mean), u.rank))
+    messages = [
+        {"role": "system", "content": pasted(system, user, user.canary)},
+        {"role": "user", "content": QUESTIONS[0]},
+    ]
+    handle = load_model(model, device="cpu", dtype="float32")
+    ids = torch.tensor(
+        [handle.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)]
+    )
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first is the warm-up
+            t = time.perf_counter()
+            handle.model.generate(
+                ids,
+                max_new_tokens=answer_len,
+                min_new_tokens=answer_len,
+                do_sample=False,
+                pad_token_id=handle.tokenizer.eos_token_id,
+            )
+            times.append(time.perf_counter() - t)
+    return {
+        "reference_s": statistics.median(times[1:]),
+        "times_s": times[1:],
+        "warmup_s": times[0],
+        "prompt_tokens": int(ids.shape[1]),
+        "answer_len": answer_len,
+        "user_rank": user.rank,
+        "torch_threads": torch.get_num_threads(),
+    }

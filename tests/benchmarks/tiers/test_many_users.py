@@ -313,3 +313,61 @@ def test_the_clock_waits_for_the_seeds_queued_tasks(monkeypatch):
     assert waited is not None and waited >= 0.0 and next(depths, "spent") == "spent"
     monkeypatch.setattr(many_users.arms_mod, "scrape", lambda base: {})
     assert many_users.wait_scheduler_idle("http://127.0.0.1:1", timeout_s=60.0) is None
+
+
+def test_load_factors_set_the_rates_from_the_machines_pace(tmp_path):
+    """--load-factors F: rate = F / the seconds of one text request alone (here given with --reference-s, as
+    to repeat a sweep's rates), recorded beside the arms."""
+    result = many_users.main(
+        ["--quick", "--arms", "kvmem-fake", "--num-users", "3", "--memory-tokens-mean", "60",
+         "--max-memory-tokens", "100", "--load-factors", "1", "2", "--reference-s", "0.8", "--duration-s", "2",
+         "--out", str(tmp_path / "m.json")]
+    )  # fmt: skip
+    assert result["settings"]["qps"] == [1.25, 2.5]
+    assert result["calibration"] == {"reference_s": 0.8, "given": True, "load_factors": [1.0, 2.0]}
+    assert [level["qps"] for level in result["arms"][0]["levels"]] == [1.25, 2.5]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--qps", "1", "--load-factors", "0.5"], "--load-factors and --qps both give the offered rates"),
+        (["--reference-s", "0.5"], "--reference-s needs --load-factors"),
+        (
+            ["--load-factors", "1", "--reference-s", "0"],
+            "--reference-s needs --load-factors and must be positive",
+        ),
+        (["--load-factors", "2", "1", "--reference-s", "1"], "--load-factors must be positive and ascending"),
+    ],
+)
+def test_rates_given_two_ways_or_a_bad_pace_are_refused(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        many_users.main(["--quick", "--arms", "kvmem-fake", *argv, "--out", str(tmp_path / "m.json")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_the_reference_request_is_the_mean_users_pasted_prompt_and_a_full_answer(tiny_model_dir):
+    """The pace is measured on the text arm's prompt for the user whose block is nearest the mean size, and
+    the answer runs its full length (min_new_tokens), the median of the timed repeats after a warm-up."""
+    from benchmarks.tiers.many_users_client import pasted, reference_request_s
+    from benchmarks.tiers.many_users_workload import QUESTIONS
+    from kvmem.models import load_model
+
+    cfg = WorkloadConfig(num_users=5, memory_tokens_mean=60, max_memory_tokens=100, seed=3)
+    users = make_users(cfg)
+    system = many_users.shared_system_prompt(cfg)
+    out = reference_request_s(str(tiny_model_dir), users, system, answer_len=3, repeats=3)
+    mean = sum(u.memory_tokens for u in users) / len(users)
+    nearest = min(users, key=lambda u: (abs(u.memory_tokens - mean), u.rank))
+    assert out["user_rank"] == nearest.rank and out["answer_len"] == 3 and len(out["times_s"]) == 3
+    assert out["reference_s"] == sorted(out["times_s"])[1] > 0
+    tokenizer = load_model(str(tiny_model_dir), device="cpu", dtype="float32").tokenizer
+    messages = [
+        {"role": "system", "content": pasted(system, nearest, nearest.canary)},
+        {"role": "user", "content": QUESTIONS[0]},
+    ]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert out["prompt_tokens"] == len(ids)
+    with pytest.raises(ValueError, match="answer_len >= 1"):
+        reference_request_s(str(tiny_model_dir), users, system, answer_len=0)
