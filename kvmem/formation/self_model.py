@@ -7,7 +7,8 @@ schemas, and the updates decided as mem0 does (add, update, delete or nothing, p
    ExtractionError, kind "length": the worker bisects the batch). The rules stay as guards: only user turns
    in which the rules find a statement (kvmem.formation.clauses.statements: no chit-chat, question, request
    to the assistant or hypothetical) are sent as the user's lines (the others as context, and a batch with
-   none is not sent at all); relative dates are resolved against the turn's time (llm.py's `_fact`); the
+   none is not sent at all); relative dates are resolved against the turn's time (llm.py's `_fact`); each
+   fact the model writes is split into the rules' statements in it (`atomic`: one memory, one fact); the
    assistant's lines are never memories.
 2. Updates: for each candidate fact, the few most similar current memories (the store's dense search) are
    shown to the model, numbered, with the fact, and it answers {"event": add|update|delete|none,
@@ -33,21 +34,27 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from kvmem.formation.atoms import atoms
 from kvmem.formation.change_guard import other_area, slot_area, turn_blocker
 from kvmem.formation.clauses import statements
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
+from kvmem.formation.rules import _sentence_case
 from kvmem.formation.types import Fact, TurnInput
 
 log = logging.getLogger(__name__)
 
 Generate = Callable[[list[dict], dict, int], tuple[str, str]]
+
+
+_TEXT_MAX = 100  # a fact's text in FACTS_SCHEMA, characters
 
 
 def _bounded(schema: dict) -> dict:
@@ -60,7 +67,7 @@ def _bounded(schema: dict) -> dict:
     turn, and `self` formed nothing."""
     item = schema["properties"]["facts"]["items"]
     props = {
-        k: {**v, "maxLength": 100 if k == "text" else 24} if k != "kind" else v
+        k: {**v, "maxLength": _TEXT_MAX if k == "text" else 24} if k != "kind" else v
         for k, v in item["properties"].items()
     }
     facts = {
@@ -202,8 +209,10 @@ class ModelExtractor:
         facts: dict[str, Fact] = {}
         for item in items:
             fact = OpenAIExtractor._fact(item, turn_ids, stated[-1].chat_time)
-            if fact is not None:
-                facts.setdefault(" ".join(fact.text.lower().split()), fact)
+            if fact is None:
+                continue
+            for atom in atomic(fact, cut=len(item["text"]) >= _TEXT_MAX):
+                facts.setdefault(" ".join(atom.text.lower().split()), atom)
         return list(facts.values())
 
     def decide_one(self, fact: Fact, candidates: Sequence[tuple[str, str]]) -> UpdateDecision:
@@ -270,6 +279,35 @@ class ModelExtractor:
         if reason == "restatement":
             return UpdateDecision("none", decision.target)
         return decision if reason == "other slot, retargeted" else UpdateDecision("add")
+
+
+def atomic(fact: Fact, cut: bool) -> list[Fact]:
+    """A model's fact as the rules' statements in it, one fact each (the rules' guard over the reply): the
+    small models copy the user's sentences, several at a time, so a fact held "I've been busy with work and
+    catching up with friends. It was my last day of school"; split as the rule extractor splits a turn
+    (clauses.statements, then atoms), with questions, filler and hedges dropped. A fact with no first-person
+    word in it stays as written (a model may write "Ana has a dog"), unless it is a question or was cut.
+    `cut`: the text reached the schema's bound, so a statement that ends the text ends where the bound cut it
+    ("and layered them with a") and is dropped when others stand. The slot and value stay on the statement
+    that names the value (else the first)."""
+    pieces = [_sentence_case(a) for clause in statements(fact.text) for a in atoms(clause.text)]
+    if not pieces:  # filler, a question, a hedge; or a fact not in the first person ("Ana has a dog")
+        whole = not cut and not fact.text.rstrip().endswith("?")
+        return [fact] if whole and not _FIRST_PERSON.search(fact.text) else []
+    if cut and len(pieces) > 1 and _words(fact.text)[-len(_words(pieces[-1])) :] == _words(pieces[-1]):
+        pieces.pop()  # it ends the text: the bound cut it
+    value = (fact.value or "").lower()
+    named = next((p for p in pieces if value and value in p.lower()), pieces[0] if pieces else None)
+    return [
+        replace(fact, text=p) if p == named else replace(fact, text=p, slot=None, value=None) for p in pieces
+    ]
+
+
+_FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text.lower())
 
 
 def _same_area(

@@ -201,3 +201,65 @@ def test_an_update_naming_a_memory_of_another_slot_area_is_retargeted_or_added(
                        if superseded else set())  # fmt: skip
     assert said in served(store)
     assert extractor.guarded == ({reason: 1} if reason else {})
+
+
+@pytest.mark.parametrize(
+    ("text", "cut", "atoms"),
+    [
+        # a copied compound: one fact per statement, the question dropped
+        (
+            "I've been busy with work and I start lessons again in February. Have you been busy?",
+            False,
+            ["I've been busy with work", "I start lessons again in February"],
+        ),
+        # cut by the schema's bound: the statement that ends the text is dropped when others stand
+        (
+            "I followed a traditional recipe with ladyfingers dipped in espresso and layered them with a",
+            True,
+            ["I followed a traditional recipe with ladyfingers dipped in espresso"],
+        ),
+        # ... but a cut text whose last statement ends before the cut keeps it
+        (
+            "I've been busy with work and catching up with friends. It was my",
+            True,
+            ["I've been busy with work and catching up with friends"],
+        ),
+        ("Ana has a dog named Rex.", False, ["Ana has a dog named Rex."]),  # not first person: as written
+        ("He is a former cameraman and she is a", True, []),  # not first person and cut
+        ("Do you like jazz?", False, []),
+        ("Maybe I should learn to cook", False, []),  # a hedge the rules drop
+    ],
+)
+def test_a_model_fact_is_split_into_the_rules_statements(text, cut, atoms) -> None:
+    from kvmem.formation.self_model import atomic
+    from kvmem.formation.types import Fact
+
+    out = atomic(Fact(text=text, turn_ids=("t",), valid_from="2026-11-26T12:00:00+00:00"), cut=cut)
+    assert [f.text for f in out] == atoms
+
+
+def test_the_slot_stays_on_the_statement_that_names_its_value() -> None:
+    from kvmem.formation.self_model import atomic
+    from kvmem.formation.types import Fact
+
+    compound = Fact(
+        text="I live in Lisbon with my wife Ana",
+        turn_ids=("t",),
+        valid_from="2026-11-26T12:00:00+00:00",
+        slot="user|home_city",
+        value="lisbon",
+    )
+    assert [(f.text, f.slot, f.value) for f in atomic(compound, cut=False)] == [
+        ("I live in Lisbon", "user|home_city", "lisbon"),
+        ("My wife is Ana", None, None),
+    ]
+
+
+def test_a_compound_reply_is_stored_as_atomic_memories(store) -> None:
+    """The small models copy the user's sentences into one fact; what the worker stores is one memory per
+    statement (a later move must never retire the spouse's name with the city)."""
+    said = "I live in Lisbon with my wife Ana. I work as a nurse."
+    script = Script({"facts": [fact(said)]})
+    store.log_turns("u", [{"role": "user", "content": said}])
+    assert worker_with(store, script).form_user("u").num_added == 3
+    assert served(store) == ["I live in Lisbon.", "I work as a nurse.", "My wife is Ana."]

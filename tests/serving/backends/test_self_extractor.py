@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 import jsonschema
 import pytest
 
-from kvmem.formation.self_model import EVENTS, FACTS_SCHEMA, ModelExtractor, update_schema
+from kvmem.formation.llm import OpenAIExtractor
+from kvmem.formation.self_model import _TEXT_MAX, EVENTS, FACTS_SCHEMA, ModelExtractor, atomic, update_schema
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.formation import FormationWorker
 from serving.backends.fake import FakeBackend
@@ -82,7 +83,14 @@ def test_a_formation_pass_on_the_default_model_is_schema_valid_and_commits_its_d
     # the rules' guard found statements, so the model writes at least one fact (the schema's minItems: the
     # demo model answered {"facts": []} to every turn without it, and `self` formed nothing)
     assert len(facts) >= 1 and result.num_added >= 1
-    assert len(decisions) == len({" ".join(f["text"].lower().split()) for f in facts if f["text"].strip()})
+    # one decision per atomic fact: each model fact split into the rules' statements (self_model.atomic)
+    said_at = store.list_turns("u").items[0].chat_time
+    atoms = {
+        " ".join(a.text.lower().split())
+        for f in facts
+        for a in atomic(OpenAIExtractor._fact(f, ("t",), said_at), cut=len(f["text"]) >= _TEXT_MAX)
+    }
+    assert len(decisions) == len(atoms) >= 1
     events = []
     for schema, text, finish in decisions:
         assert finish == "stop"
