@@ -60,7 +60,7 @@ def _valid_from(resolved: DateResolution, chat_time: str) -> str:
     return chat_time
 
 
-def _sentence_case(text: str) -> str:
+def sentence_case(text: str) -> str:
     return text[:1].upper() + text[1:] if text else text
 
 
@@ -96,7 +96,7 @@ class RuleExtractor:
             for clause in statements(turn.text):
                 resolved = resolve_dates(clause.text, turn.chat_time)
                 for atom in atoms(resolved.text):  # a compound statement: one fact each
-                    text = _sentence_case(atom)
+                    text = sentence_case(atom)
                     if text.lower() in seen:
                         continue
                     seen.add(text.lower())

@@ -46,7 +46,7 @@ from kvmem.formation.change_guard import other_area, slot_area, turn_blocker
 from kvmem.formation.clauses import statements
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
-from kvmem.formation.rules import _sentence_case
+from kvmem.formation.rules import sentence_case
 from kvmem.formation.types import Fact, TurnInput
 
 log = logging.getLogger(__name__)
@@ -290,14 +290,14 @@ def atomic(fact: Fact, cut: bool) -> list[Fact]:
     `cut`: the text reached the schema's bound, so a statement that ends the text ends where the bound cut it
     ("and layered them with a") and is dropped when others stand. The slot and value stay on the statement
     that names the value (else the first)."""
-    pieces = [_sentence_case(a) for clause in statements(fact.text) for a in atoms(clause.text)]
+    pieces = [sentence_case(a) for clause in statements(fact.text) for a in atoms(clause.text)]
     if not pieces:  # filler, a question, a hedge; or a fact not in the first person ("Ana has a dog")
         whole = not cut and not fact.text.rstrip().endswith("?")
         return [fact] if whole and not _FIRST_PERSON.search(fact.text) else []
     if cut and len(pieces) > 1 and _words(fact.text)[-len(_words(pieces[-1])) :] == _words(pieces[-1]):
         pieces.pop()  # it ends the text: the bound cut it
     value = (fact.value or "").lower()
-    named = next((p for p in pieces if value and value in p.lower()), pieces[0] if pieces else None)
+    named = next((p for p in pieces if value and value in p.lower()), pieces[0])
     return [
         replace(fact, text=p) if p == named else replace(fact, text=p, slot=None, value=None) for p in pieces
     ]
