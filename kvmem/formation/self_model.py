@@ -211,7 +211,7 @@ class ModelExtractor:
             fact = OpenAIExtractor._fact(item, turn_ids, stated[-1].chat_time)
             if fact is None:
                 continue
-            for atom in atomic(fact, cut=len(item["text"]) >= _TEXT_MAX):
+            for atom in atomic(fact, cut=was_cut(item["text"])):
                 facts.setdefault(" ".join(atom.text.lower().split()), atom)
         return list(facts.values())
 
@@ -287,7 +287,7 @@ def atomic(fact: Fact, cut: bool) -> list[Fact]:
     catching up with friends. It was my last day of school"; split as the rule extractor splits a turn
     (clauses.statements, then atoms), with questions, filler and hedges dropped. A fact with no first-person
     word in it stays as written (a model may write "Ana has a dog"), unless it is a question or was cut.
-    `cut`: the text reached the schema's bound, so a statement that ends the text ends where the bound cut it
+    `cut`: the schema's bound cut the text (`was_cut`), so a statement that ends the text ends where the bound cut it
     ("and layered them with a") and is dropped when others stand. The slot and value stay on the statement
     that names the value (else the first)."""
     pieces = [sentence_case(a) for clause in statements(fact.text) for a in atoms(clause.text)]
@@ -301,6 +301,21 @@ def atomic(fact: Fact, cut: bool) -> list[Fact]:
     return [
         replace(fact, text=p) if p == named else replace(fact, text=p, slot=None, value=None) for p in pieces
     ]
+
+
+# The bound stops a string where the next word's token no longer fits, so a cut text ends a few characters short
+# of it ("... She gives some", 98 characters): near the bound, a text with no end punctuation
+# was cut. 12 characters is a long word's token with its space (" recommendation").
+_CUT_MARGIN = 12
+_ENDS = (".", "!", "?", '"', "'", ")", "\u2026")
+
+
+def was_cut(text: str) -> bool:
+    """Whether the facts schema's bound (`_TEXT_MAX`) cut `text`: it reached the bound, or ended within
+    `_CUT_MARGIN` of it on no end punctuation."""
+    if len(text) >= _TEXT_MAX:
+        return True
+    return len(text) >= _TEXT_MAX - _CUT_MARGIN and not text.rstrip().endswith(_ENDS)
 
 
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)

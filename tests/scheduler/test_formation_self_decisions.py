@@ -238,6 +238,35 @@ def test_a_model_fact_is_split_into_the_rules_statements(text, cut, atoms) -> No
     assert [f.text for f in out] == atoms
 
 
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [
+        ("x" * 100, True),  # at the bound
+        (
+            "He's a former cameraman in Show biz and she's a former language teacher from Italy. She gives some",
+            True,
+        ),
+        (
+            "I've been busy with work and catching up with friends and family. I start lessons again on the",
+            True,
+        ),
+        (
+            "I've been busy with work and catching up with friends and family. I start lessons again soon.",
+            False,
+        ),
+        (
+            "I've been busy with work and catching up with friends and family lately, and with my new dog Miso!",
+            False,
+        ),
+        ("I start lessons again on the", False),  # far from the bound: the model ended it
+    ],
+)
+def test_a_text_is_cut_when_it_ends_near_the_bound_on_no_end_punctuation(text, cut) -> None:
+    from kvmem.formation.self_model import was_cut
+
+    assert was_cut(text) is cut
+
+
 def test_the_slot_stays_on_the_statement_that_names_its_value() -> None:
     from kvmem.formation.self_model import atomic
     from kvmem.formation.types import Fact
