@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.public_only and not args.public:
         parser.error("--public-only needs --public")
 
+    env = _env()  # before the model loads and the turns run: the load the run started on
     backend = None
     if args.self_model:
         from kvmem.models import provision, provision_demo_model
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"public: {split} {scores}")
     result = {
         "benchmark": "formation",
-        "env": _env(),
+        "env": {**env, "loadavg_after": list(os.getloadavg())},
         "config": {
             "seed": args.seed,
             "per_category": args.per_category,

@@ -20,7 +20,9 @@ def test_main_on_a_slice(tmp_path, capsys) -> None:
     out = tmp_path / "formation.json"
     result = formation_bench.main(["--per-category", "2", "--passes", "1", "--out", str(out)])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(out.read_text())
-    assert result["env"]["git_sha"] and len(result["env"]["loadavg"]) == 3
+    assert (
+        result["env"]["git_sha"] and len(result["env"]["loadavg"]) == len(result["env"]["loadavg_after"]) == 3
+    )
     assert result["public"] == {"skipped": "no --public"}
     for name in ("dev", "heldout_v1", "heldout_v2"):
         report = result[name]
