@@ -55,6 +55,11 @@ Generate = Callable[[list[dict], dict, int], tuple[str, str]]
 
 
 _TEXT_MAX = 100  # a fact's text in FACTS_SCHEMA, characters
+# The bound stops a string where the next word's token no longer fits, so a cut text ends a few characters short of
+# it ("... She gives some", 98 characters): near the bound, a text with no end punctuation was cut. 12 characters
+# is a long word's token with its space (" recommendation").
+_CUT_MARGIN = 12
+_ENDS = (".", "!", "?", '"', "'", ")", "\u2026")
 
 
 def _bounded(schema: dict) -> dict:
@@ -303,19 +308,12 @@ def atomic(fact: Fact, cut: bool) -> list[Fact]:
     ]
 
 
-# The bound stops a string where the next word's token no longer fits, so a cut text ends a few characters short
-# of it ("... She gives some", 98 characters): near the bound, a text with no end punctuation
-# was cut. 12 characters is a long word's token with its space (" recommendation").
-_CUT_MARGIN = 12
-_ENDS = (".", "!", "?", '"', "'", ")", "\u2026")
-
-
 def was_cut(text: str) -> bool:
     """Whether the facts schema's bound (`_TEXT_MAX`) cut `text`: it reached the bound, or ended within
     `_CUT_MARGIN` of it on no end punctuation."""
-    if len(text) >= _TEXT_MAX:
-        return True
-    return len(text) >= _TEXT_MAX - _CUT_MARGIN and not text.rstrip().endswith(_ENDS)
+    return len(text) >= _TEXT_MAX or (
+        len(text) >= _TEXT_MAX - _CUT_MARGIN and not text.rstrip().endswith(_ENDS)
+    )
 
 
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)
