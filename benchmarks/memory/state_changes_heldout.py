@@ -26,7 +26,9 @@ The data's sha256 is checked against the sealed one first; a mismatch is an erro
 the second sealed set (written after the first was scored once for `self`, so that a change made after that
 score, the rules' guard over the model's updates, kvmem/formation/change_guard.py, is scored on text nothing
 was tuned on). `--set heldout_v3` scores the third (written after the second's misses were read, for the
-slot check over the model's updates, change_guard.other_area).
+slot check over the model's updates, change_guard.other_area). `--set heldout_v4` scores the fourth (written
+after the third was scored once for `self` and its misses read, for the guard's "no change word" and "plan"
+readings and change_guard.same_value).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ _START = datetime(2026, 3, 2, 9, 0)
 _GAP = timedelta(days=60)  # the new turn comes two months after the earlier ones
 
 
-SETS = ("heldout", "heldout_v2", "heldout_v3")  # the sealed sets: the first (2026-11-28), two more (2026-11-29)
+SETS = ("heldout", "heldout_v2", "heldout_v3", "heldout_v4")  # the first (2026-11-28), three more (2026-11-29)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
@@ -226,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--set",
         default="heldout",
         choices=SETS,
-        help="which sealed set: heldout (the first, 2026-11-28) or heldout_v2 (written 2026-11-29, after the "
-        "first was scored)",
+        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2, heldout_v3, heldout_v4 (each "
+        "written after the one before it was scored and read; see benchmarks/data/state_changes/README.md)",
     )
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
     parser.add_argument(
