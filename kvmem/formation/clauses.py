@@ -68,8 +68,11 @@ _ADVERBIAL = re.compile(
     r"happily|thankfully|surprisingly|obviously|apparently|recently|lately|now|currently|also|finally|just|"
     r"then|still|so|and|but|these days|nowadays|at the moment|right now|as of now|for now|these past \w+ \w+|"
     r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|by day|"
-    r"by night|by trade|honestly|personally|"
-    r"in (?:january|february|march|april|may|june|july|august|september|october|november|december)"
+    r"by night|by trade|honestly|personally|weirdly|oddly|funnily enough|strangely|ironically|amazingly|"
+    r"annoyingly|basically|literally|seriously|genuinely|technically|officially|suddenly|"
+    r"as of (?:now|today|this \w+|last \w+)|"
+    r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
+    r"december)"
     rf"(?: \d{{4}})?)\b,?|{_LEADING_PHRASE})\s+",
     re.I,
 )

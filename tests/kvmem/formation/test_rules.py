@@ -183,6 +183,19 @@ def test_clauses_split_only_between_whole_statements() -> None:
     assert [f.text for f in facts("I just adopted a cat, any name ideas?")] == ["I just adopted a cat"]
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Since June I've been living in Tromso.", "Since June I've been living in Tromso"),  # no year
+        ("As of last month I'm not teaching anymore.", "As of October 2026 I'm not teaching anymore"),
+        ("As of this week I'm retired.", "As of the week of 2026-11-23 I'm retired"),
+        ("Oddly I love olives now.", "Oddly I love olives now"),  # a leading adverb of attitude
+    ],
+)
+def test_a_statement_after_a_leading_adverbial_is_kept(text: str, kept: str) -> None:
+    assert [f.text for f in facts(text)] == [kept]
+
+
 def test_dates_are_resolved_and_give_valid_from() -> None:
     (moved,) = facts("I moved to Lisbon last month.")
     assert (moved.text, moved.slot, moved.value) == (
