@@ -20,8 +20,9 @@ schemas, and the updates decided as mem0 does (add, update, delete or nothing, p
    update or delete naming no memory is an add.
 3. The rules guard the updates (change_guard.py): an update or delete stands only where the clause the
    fact came from reads as the user's own change of state; one that reads as another person's, a negated
-   change, a plan, a restatement or an addition is the fact added beside the memory (a restatement: joined
-   to the memory the model named, as "none"). An update or delete whose fact sets a slot of another area
+   change, a plan, a restatement, an addition or a clause with no word of change is the fact added beside the
+   memory (a restatement: joined to the memory the model named, as "none"; so is a fact whose slot and value,
+   as the rules read them, are the memory's own: change_guard.same_value). An update or delete whose fact sets a slot of another area
    than the memory it names (change_guard.other_area: a new job naming where the user lives) names instead
    the first memory shown of the fact's area ("other slot, retargeted"), or is an add ("other slot").
    `guarded` counts them by reason.
@@ -42,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvmem.formation.atoms import atoms
-from kvmem.formation.change_guard import other_area, slot_area, turn_blocker
+from kvmem.formation.change_guard import other_area, same_value, slot_area, turn_blocker
 from kvmem.formation.clauses import statements
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import RESPONSE_FORMAT, OpenAIExtractor
@@ -274,6 +275,8 @@ class ModelExtractor:
         with self._lock:
             texts = [self._said[t] for t in fact.turn_ids if t in self._said]
         reason = turn_blocker(fact.text, texts) if texts else None
+        if reason is None and same_value(fact.text, dict(candidates).get(decision.target) or ""):
+            reason = "restatement"  # the same slot and value as the memory it would retire
         if reason is None:
             decision, reason = _same_area(fact.text, decision, candidates)
             if reason is None:

@@ -134,6 +134,10 @@ def test_a_fact_with_no_similar_memory_is_added_without_asking(store) -> None:
         ("I didn't get the art college job.", "delete", False, "negated"),
         ("I also teach evening classes at the art college.", "update", False, "addition"),
         ("I still work at the library.", "update", False, "restatement"),
+        # the same slot and value as the memory (change_guard.same_value), said with no restating word
+        ("I've been working at the library for six years.", "update", False, "restatement"),
+        ("We went out for a curry at the art college.", "update", False, "no change word"),
+        ("I start at the art college in September.", "update", False, "plan"),  # a date still to come
     ],
 )
 def test_the_rules_guard_keeps_an_update_only_where_the_turn_reads_as_the_users_change(
@@ -172,7 +176,7 @@ def test_the_rules_guard_keeps_an_update_only_where_the_turn_reads_as_the_users_
         ("I took up pottery.", "library", None, "other slot"),
         ("I now work at the museum.", "library", "library", None),
         ("I moved to Porto.", "Lisbon", "Lisbon", None),
-        ("I play the drums every weekend.", "library", None, "other slot"),
+        ("I play the drums every weekend now.", "library", None, "other slot"),
     ],
 )
 def test_an_update_naming_a_memory_of_another_slot_area_is_retargeted_or_added(

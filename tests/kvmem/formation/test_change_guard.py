@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, turn_blocker
+from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, same_value, turn_blocker
 
 
 @pytest.mark.parametrize(
@@ -25,6 +25,11 @@ from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, turn_blo
         "I've been going to the climbing gym every week",
         "I started at the hospital pharmacy",
         "we relocated to Tampere",
+        "I moved in March",  # a month, said in the past
+        "Since the spring I've been cycling to work",
+        "I handed in my notice",
+        "Tomasz and I called it a day",
+        "Tomasz and I broke up, the distance was too much",  # "too" before a word is not "also"
     ],
 )
 def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
@@ -47,7 +52,19 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("like I said, I'm a dentist", "restatement"),
         ("I also picked up weekend shifts at a bar", "addition"),
         ("I got another cat", "addition"),
+        ("I've taken up bouldering too", "addition"),
         ("I do some tutoring on the side", "addition"),
+        ("Grandad retired from the railway", "another person"),  # no "my": still someone else
+        ("my eldest moved out to study in Ghent", "another person"),
+        ("I start at the bakery in October", "plan"),  # a month still to come, said in the present
+        ("we're moving to Turku in the summer", "plan"),
+        ("we're getting married next May", "plan"),
+        ("I might wonder about retraining", "plan"),
+        ("I sometimes wonder about leaving teaching", "plan"),
+        ("Still no dairy for me", "restatement"),  # leading "still", which the subject reading strips
+        ("staying put at the council", "restatement"),
+        ("we grabbed a pizza to celebrate", "no change word"),
+        ("I always read the small print", "no change word"),
     ],
 )
 def test_a_clause_that_changes_nothing_of_the_user_is_blocked_with_its_reason(
@@ -62,6 +79,21 @@ def test_the_turn_is_read_at_the_clause_the_fact_came_from() -> None:
     assert turn_blocker("I drink oat milk", turn) is None  # no word shared: every clause is read, one passes
     assert turn_blocker("I switched to oat milk", turn) is None
     assert turn_blocker("I like tea", ["thanks, bye!"]) == "no statement"
+
+
+@pytest.mark.parametrize(
+    ("fact", "memory", "same"),
+    [
+        ("I live in Tartu these days.", "I live in Tartu.", True),
+        ("I live in Tartu these days.", "I live in Riga.", False),  # the same slot, another value
+        ("I work at Acme.", "I live in Acme.", False),
+        ("We went out to celebrate.", "We went out to celebrate.", False),  # no slot read: nothing to say
+    ],
+)
+def test_same_value_is_the_same_slot_and_value_as_the_rules_read_them(
+    fact: str, memory: str, same: bool
+) -> None:
+    assert same_value(fact, memory) is same
 
 
 @pytest.mark.parametrize(
