@@ -238,6 +238,11 @@ QUICK = dict(
     samples=2,
     block_token_budget=2048,
 )
+# With --load-factors the asks follow the machine's pace and, unless --edits-per-ask says otherwise, so do the
+# edits: one edit per five asks. A share of users a minute does not scale: at e7ea85d's sweep (one text request
+# 8.2 s alone, rates 0.03-0.24 requests/s) 96 users x 0.05 a minute made 4-11 edits against 7-22 asks a rate, so
+# most asks were the probes that follow an edit at once, served as text while the block was rebuilt.
+EDITS_PER_ASK_WITH_FACTORS = 0.2
 # full: 160 users x ~1.5k tokens = ~11 GB against 1 GiB (~10x)
 FULL = dict(
     num_users=160,
@@ -305,6 +310,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--zipf-alpha", type=float, default=1.1)
     p.add_argument("--num-rounds", type=int, default=3)
     p.add_argument("--edit-share-per-min", type=float)
+    p.add_argument(
+        "--edits-per-ask",
+        type=float,
+        help="instead of --edit-share-per-min: edits as a share of the asks at each rate (default with "
+        f"--load-factors: {EDITS_PER_ASK_WITH_FACTORS}, so that edits follow the machine's pace as the asks do)",
+    )
     p.add_argument("--probe-share", type=float, default=0.2)
     p.add_argument("--shared-system-prompt", type=int, default=80, help="words of the shared system prompt")
     p.add_argument("--qps", type=float, nargs="+", help="the offered rates, low to high")
@@ -369,6 +380,10 @@ def main(argv: list[str] | None = None) -> dict:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.edits_per_ask is not None and not 0 <= args.edits_per_ask <= 1:
+        p.error(f"--edits-per-ask must be in [0, 1], got {args.edits_per_ask}")
+    if args.edits_per_ask is None and args.load_factors is not None:
+        args.edits_per_ask = EDITS_PER_ASK_WITH_FACTORS
     if args.kv_wait_s is None:
         args.kv_wait_s = args.request_timeout_s
     if len(set(args.arms)) != len(args.arms):
@@ -382,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = WorkloadConfig(
         num_users=args.num_users, memory_tokens_mean=args.memory_tokens_mean, memory_sigma=args.memory_sigma,
         max_memory_tokens=args.max_memory_tokens, zipf_alpha=args.zipf_alpha, num_rounds=args.num_rounds,
-        edit_share_per_min=args.edit_share_per_min, probe_share=args.probe_share,
+        edit_share_per_min=args.edit_share_per_min, edits_per_ask=args.edits_per_ask, probe_share=args.probe_share,
         shared_system_prompt_words=args.shared_system_prompt, seed=args.seed,
     )  # fmt: skip
     users = make_users(cfg)

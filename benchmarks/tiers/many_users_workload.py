@@ -50,6 +50,9 @@ class WorkloadConfig:
     zipf_alpha: float = 1.1
     num_rounds: int = 3  # questions per conversation before a user starts a new one
     edit_share_per_min: float = 0.05  # share of the users who change a memory each minute
+    # instead: edits as a share of the asks (edit rate = qps * edits_per_ask), so that edits follow the offered
+    # load (a sweep in load factors scales the asks to the machine's pace; edits a minute would not follow)
+    edits_per_ask: float | None = None
     probe_share: float = 0.2  # share of the questions that ask for the canary
     shared_system_prompt_words: int = 80
     seed: int = 0
@@ -74,6 +77,8 @@ class WorkloadConfig:
         for name in ("edit_share_per_min", "probe_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.edits_per_ask is not None and not 0 <= self.edits_per_ask <= 1:
+            raise ValueError(f"edits_per_ask must be in [0, 1], got {self.edits_per_ask}")
 
     @property
     def lognormal_mu(self) -> float:
@@ -147,8 +152,8 @@ def make_users(cfg: WorkloadConfig) -> list[User]:
 
 def schedule(cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0) -> list[Event]:
     """One load level: asks at Poisson times of rate `qps` over `duration_s`, each from a Zipf-drawn user, and
-    edits at Poisson times of rate num_users * edit_share_per_min / 60, each from a uniformly drawn user with a
-    new canary, every edit followed at once by that user's probe. Sorted by time (asks before edits at a tie).
+    edits at Poisson times of rate num_users * edit_share_per_min / 60 (or qps * edits_per_ask where that is
+    set), each from a uniformly drawn user with a new canary, every edit followed at once by that user's probe. Sorted by time (asks before edits at a tie).
     `level` makes each level of a sweep its own draw."""
     if qps <= 0 or duration_s <= 0:
         raise ValueError(f"qps and duration_s must be > 0, got {qps}, {duration_s}")
@@ -167,7 +172,11 @@ def schedule(cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0)
         probe = bool(rng.random() < cfg.probe_share)
         question = PROBE if probe else QUESTIONS[int(rng.integers(0, len(QUESTIONS)))]
         events.append(Event(t, "ask", user, r, question, ""))
-    edit_rate = cfg.num_users * cfg.edit_share_per_min / 60.0
+    edit_rate = (
+        qps * cfg.edits_per_ask
+        if cfg.edits_per_ask is not None
+        else cfg.num_users * cfg.edit_share_per_min / 60.0
+    )
     t = 0.0
     while edit_rate > 0:
         t += float(rng.exponential(1.0 / edit_rate))

@@ -94,6 +94,19 @@ def test_zipf_popularity_and_poisson_rates():
     assert abs(sum(e.question == PROBE for e in asks) / len(asks) - cfg.probe_share) < 0.01
 
 
+def test_edits_per_ask_makes_the_edit_stream_follow_the_offered_rate():
+    cfg = WorkloadConfig(num_users=100, edit_share_per_min=0.3, edits_per_ask=0.2, seed=5)
+    for qps in (5.0, 50.0):  # the share of users a minute is ignored: edits scale with the asks
+        events = schedule(cfg, qps, 400.0)
+        edits = sum(e.kind == "edit" for e in events)
+        assert abs(edits / (qps * 0.2 * 400) - 1) < 0.1
+    assert not any(
+        e.kind == "edit" for e in schedule(WorkloadConfig(num_users=10, edits_per_ask=0.0), 5.0, 60.0)
+    )
+    with pytest.raises(ValueError, match="edits_per_ask must be in"):
+        WorkloadConfig(num_users=10, edits_per_ask=1.5)
+
+
 def test_the_canary_ledger_calls_stale_only_a_code_replaced_before_the_request_was_sent():
     ledger = CanaryLedger()
     ledger.set("u", "PLUM-1000-OTTER", 0.0)
