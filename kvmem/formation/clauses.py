@@ -124,10 +124,14 @@ _HEDGE = re.compile(
 _PRONOUN_REACTION = re.compile(
     r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$", re.I
 )
-# Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo".
+# Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo"; leaving it or stepping
+# away ("I'm off to bed, night night", "had to step away"); a reaction to what was said ("I never knew that").
 _META = re.compile(
     r"^I (?:misspoke|mixed (?:that|it|them|things) up|got (?:that|it) wrong|made a (?:typo|mistake)|was wrong|"
-    r"meant to say|mis-?typed)\b",
+    r"meant to say|mis-?typed)\b|"
+    r"^(?:I(?:'m| am) off to (?:bed|sleep)|I(?:'m| am) off(?:,|$)|(?:I )?(?:(?:had|have|got|need) to|gotta) "
+    r"(?:step away|pop out|dash|run|go)(?:,|$| now| for a (?:bit|sec|minute))|I(?:'ve| have) got to (?:go|run|dash)"
+    r"\b|(?:I )?never knew that\b|(?:I )?didn't know that(?:,|$))",
     re.I,
 )
 

@@ -152,6 +152,10 @@ def test_chat_phrasings(text: str, expected: list[tuple[str, str | None, str | N
         "You're really helpful.",
         "I like your answers.",
         "I love talking to you.",
+        "Okay I'm off to bed now, speak tomorrow!",  # leaving the conversation, or stepping away
+        "Gotta dash, the bus is here.",
+        "Sorry, I had to step away for a bit.",
+        "Huh, I never knew that about octopuses.",  # a reaction to what was said
     ],
 )
 def test_non_memory_yields_nothing(text: str) -> None:
@@ -194,6 +198,14 @@ def test_clauses_split_only_between_whole_statements() -> None:
 )
 def test_a_statement_after_a_leading_adverbial_is_kept(text: str, kept: str) -> None:
     assert [f.text for f in facts(text)] == [kept]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["I'm off to Lima in May.", "I have to go to physio twice a week.", "I had to run a half marathon."],
+)
+def test_a_statement_worded_like_leaving_the_chat_is_kept(text: str) -> None:
+    assert [f.text for f in facts(text)] == [text.rstrip(".")]
 
 
 def test_dates_are_resolved_and_give_valid_from() -> None:
