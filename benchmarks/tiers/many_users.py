@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--edits-per-ask",
         type=float,
         help="instead of --edit-share-per-min: edits as a share of the asks at each rate (default with "
-        f"--load-factors: {EDITS_PER_ASK_WITH_FACTORS}, so that edits follow the machine's pace as the asks do)",
+        f"--load-factors and no --edit-share-per-min: {EDITS_PER_ASK_WITH_FACTORS}, so that edits follow the "
+        "machine's pace as the asks do)",
     )
     p.add_argument("--probe-share", type=float, default=0.2)
     p.add_argument("--shared-system-prompt", type=int, default=80, help="words of the shared system prompt")
@@ -377,13 +378,15 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--load-factors and --qps both give the offered rates: pass one")
     if args.reference_s is not None and (args.load_factors is None or args.reference_s <= 0):
         p.error("--reference-s needs --load-factors and must be positive")
+    if args.edits_per_ask is not None and args.edit_share_per_min is not None:
+        p.error("--edits-per-ask and --edit-share-per-min both give the edit stream: pass one")
+    if args.edits_per_ask is not None and not 0 <= args.edits_per_ask <= 1:
+        p.error(f"--edits-per-ask must be in [0, 1], got {args.edits_per_ask}")
+    if args.edits_per_ask is None and args.edit_share_per_min is None and args.load_factors is not None:
+        args.edits_per_ask = EDITS_PER_ASK_WITH_FACTORS
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.edits_per_ask is not None and not 0 <= args.edits_per_ask <= 1:
-        p.error(f"--edits-per-ask must be in [0, 1], got {args.edits_per_ask}")
-    if args.edits_per_ask is None and args.load_factors is not None:
-        args.edits_per_ask = EDITS_PER_ASK_WITH_FACTORS
     if args.kv_wait_s is None:
         args.kv_wait_s = args.request_timeout_s
     if len(set(args.arms)) != len(args.arms):

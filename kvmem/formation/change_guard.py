@@ -97,9 +97,10 @@ _RESTATED = re.compile(
     r"nothing(?:'s| has) changed|(?:already )?(?:told|mentioned)(?: it)? before)\b",
     re.I,
 )
-# "too" as "also" ends its phrase ("I've taken up climbing too"); before a word it is "too hard", "too pricey"
+# "too" as "also" ends its phrase ("I've taken up climbing too", "... too and love it"); before another word it
+# is "too hard", "too pricey"
 _ADDED = re.compile(
-    r"\b(?:also|too(?!\s+[a-z])|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
+    r"\b(?:also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
     r"hustle|project)|on the side)\b",
     re.I,
 )
@@ -107,27 +108,42 @@ _MONTH = "|".join(MONTHS)
 _SEASON = "spring|summer|autumn|fall|winter|new year"
 # a time still to come: always ("next month"), or said in the present ("I start in September")
 _AHEAD = re.compile(
-    rf"\b(?:next (?:week|weekend|month|year|term|semester|{_SEASON}|{_MONTH}|{'|'.join(WEEKDAYS)})|tomorrow|"
+    rf"\b(?:(?<!the )next (?:week|weekend|month|year|term|semester|{_SEASON}|{_MONTH}|{'|'.join(WEEKDAYS)})|tomorrow|"
     rf"this coming|in a (?:few|couple of) (?:weeks|months)|in (?:\w+ )?(?:weeks|months)' time)\b",
     re.I,
 )
 _DATED = re.compile(rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b", re.I)
-_PROGRESSIVE = re.compile(r"(?:'m|'re|\bam|\bare|\bis) (?:\w+ )?\w+ing\b", re.I)
-_PAST = re.compile(rf"\b(?:\w+ed|{'|'.join(PAST_VERBS)}|'ve|have|has|was|were|last|ago)\b", re.I)
+# before the date: "we're moving ... in March" (not "I moved in March and am loving it": that one is after it)
+_ING_NOUNS = (
+    "thing|nothing|something|anything|everything|spring|morning|evening|wedding|building|ceiling|during"
+)
+_PROGRESSIVE = re.compile(rf"(?:'m|'re|\bam|\bare|\bis) (?:\w+ )?(?!(?:{_ING_NOUNS})\b)\w{{2,}}ing\b", re.I)
+_ED_NOT_PAST = "need|feed|seed|speed|bed|red|shed|weed|indeed|ted|fred|ned|sled|shred"  # "the Red Cross"
+_PAST = re.compile(rf"\b(?:(?!(?:{_ED_NOT_PAST})\b)\w+ed|{'|'.join(PAST_VERBS)}|was|were|last|ago)\b", re.I)
+# "-ed" words that are no past: "I'm excited to start", "we get married in June"
+_NOT_PAST = re.compile(
+    r"\b(?:get|getting|be|being|'m|am|are|'re|is|'s) (?:\w+ )?(?:excited|scheduled|supposed|planned|booked|"
+    r"married|engaged|interested|expected|pleased|thrilled|nervous|due)\b|\bneed(?:s|ed)? to\b",
+    re.I,
+)
 # a state that began, ended or moved, in the areas the rules read (work, home, partner, tastes and habits)
 _CHANGES = (
     # home
     r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
     # work
-    "new", r"quit\w*", "left", r"leav(?:e|ing)", r"resign\w*", r"hand(?:ed|ing)? in", "notice",
+    "new (?:job|role|position|post|gig|place|flat|house|home|apartment|city|town|partner|girlfriend|boyfriend|"
+    "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
+    r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "last (?:day|shift|ever)", "first (?:day|week|month|shift)", "start(?:ed|ing)?",
+    "sacked", "let go", "last (?:day|shift|ever)", "first (?:day|week|month|shift)", "started", "starting",
+    "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
+    "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
     "began", "begun", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on", "landed", "promoted",
     "switch(?:ed|ing)", "swap(?:ped|ping)", "chang(?:ed|ing)", "became", "become", r"retir\w+",
     r"re(?:married|trained|skilled)",
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
-    "got together", "together", "in a relationship", "tied the knot", "made it official", "split",
+    "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
     "single", r"widow\w*", "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
@@ -156,14 +172,16 @@ _STOP = frozenset(
 def blocker(clause: str) -> str | None:
     """Why this clause cannot supersede a memory of the user (one of BLOCKERS), or None."""
     core = subject_core(clause) or clause
-    if _OTHER.match(core) and not _USER_IN_IT.search(core[core.index(" ") :]):
+    if _OTHER.match(core) and not _USER_IN_IT.search(core[core.find(" ") + 1 :] if " " in core else ""):
         return "another person"
-    if _NEGATION.search(core) and not _ENDED.search(core) and not _NEGATED_TASTE.search(core):
-        return "negated"
+    if _RESTATED.search(
+        clause
+    ):  # the whole clause: "Still no meat for me" leads with it; "not going anywhere"
+        return "restatement"
+    if _NEGATION.search(core) and not _ENDED.search(clause) and not _NEGATED_TASTE.search(core):
+        return "negated"  # _ENDED on the whole clause: "Since March I don't eat meat" leads with it
     if _PLAN.search(core) or _ahead(clause):
         return "plan"
-    if _RESTATED.search(clause):  # the whole clause: "Still no meat for me" leads with it
-        return "restatement"
     if _ADDED.search(core):
         return "addition"
     if not _CHANGED.search(clause):
@@ -172,10 +190,16 @@ def blocker(clause: str) -> str | None:
 
 
 def _ahead(clause: str) -> bool:
-    """A time still to come: "next month" in any tense, "in September" said in the present."""
+    """A time still to come: "next month" in any tense (not "the next month"), or "in September" with the
+    words before it in the present ("I start law school in September", "we're moving to Nice in March"), not
+    the past ("I moved in March", "I retired in March and am loving it")."""
     if _AHEAD.search(clause):
         return True
-    return bool(_DATED.search(clause)) and (bool(_PROGRESSIVE.search(clause)) or not _PAST.search(clause))
+    dated = _DATED.search(clause)
+    if dated is None:
+        return False
+    before = _NOT_PAST.sub(" ", clause[: dated.start()])
+    return bool(_PROGRESSIVE.search(before)) or not _PAST.search(before)
 
 
 def _words(text: str) -> set[str]:

@@ -126,12 +126,14 @@ _PRONOUN_REACTION = re.compile(
 )
 # Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo"; leaving it or stepping
 # away ("I'm off to bed, night night", "had to step away"); a reaction to what was said ("I never knew that").
+# Each ends its clause, so "I've got to go to dialysis" and "I never knew that I was allergic" are statements.
+_LEAVE_END = r"(?:,|!|$| now(?:,|!|$)| for a (?:bit|sec|minute))"
 _META = re.compile(
     r"^I (?:misspoke|mixed (?:that|it|them|things) up|got (?:that|it) wrong|made a (?:typo|mistake)|was wrong|"
     r"meant to say|mis-?typed)\b|"
-    r"^(?:I(?:'m| am) off to (?:bed|sleep)|I(?:'m| am) off(?:,|$)|(?:I )?(?:(?:had|have|got|need) to|gotta) "
-    r"(?:step away|pop out|dash|run|go)(?:,|$| now| for a (?:bit|sec|minute))|I(?:'ve| have) got to (?:go|run|dash)"
-    r"\b|(?:I )?never knew that\b|(?:I )?didn't know that(?:,|$))",
+    rf"^(?:I(?:'m| am) off to (?:bed|sleep)|I(?:'m| am) off{_LEAVE_END}|(?:I )?(?:(?:had|have|got|need) to|gotta) "
+    rf"(?:step away|pop out|dash|run|go){_LEAVE_END}|I(?:'ve| have) got to (?:go|run|dash){_LEAVE_END}|"
+    r"(?:I )?(?:never knew|didn't know) that(?:,|!|$| about\b| before\b))",
     re.I,
 )
 

@@ -105,6 +105,10 @@ def test_edits_per_ask_makes_the_edit_stream_follow_the_offered_rate():
     )
     with pytest.raises(ValueError, match="edits_per_ask must be in"):
         WorkloadConfig(num_users=10, edits_per_ask=1.5)
+    with pytest.raises(
+        SystemExit
+    ):  # the two ways to give the edit stream, both given: refused before any work
+        many_users.main(["--edits-per-ask", "0.2", "--edit-share-per-min", "0.1", "--out", "unused.json"])
 
 
 def test_the_canary_ledger_calls_stale_only_a_code_replaced_before_the_request_was_sent():

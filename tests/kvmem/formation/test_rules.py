@@ -202,7 +202,13 @@ def test_a_statement_after_a_leading_adverbial_is_kept(text: str, kept: str) -> 
 
 @pytest.mark.parametrize(
     "text",
-    ["I'm off to Lima in May.", "I have to go to physio twice a week.", "I had to run a half marathon."],
+    [
+        "I'm off to Lima in May.",
+        "I have to go to physio twice a week.",
+        "I had to run a half marathon.",
+        "I've got to go to dialysis three times a week now.",
+        "I never knew that I was lactose intolerant until my GP told me.",
+    ],
 )
 def test_a_statement_worded_like_leaving_the_chat_is_kept(text: str) -> None:
     assert [f.text for f in facts(text)] == [text.rstrip(".")]
