@@ -267,10 +267,14 @@ class RedisStreamsQueue:
         return int(self.client.xpending(self.stream, self.group)["pending"])
 
     def __len__(self) -> int:
+        """Entries not yet delivered (the group's lag), delivered and not acked (its pending list: this counts
+        an entry from the moment XREADGROUP hands it out, before `get` returns and counts it in `_taken`, a
+        window in which flush saw an empty queue), and what this process holds."""
         try:
             info = self.client.xinfo_groups(self.stream)
-            lag = next((g.get("lag") or 0 for g in info if g["name"] in (self.group, self.group.encode())), 0)
-            return int(lag) + len(self._local) + len(self._outbox) + self._sending + self._taken
+            mine = next((g for g in info if g["name"] in (self.group, self.group.encode())), {})
+            lag, pending = int(mine.get("lag") or 0), int(mine.get("pending") or 0)
+            return lag + max(pending, self._taken) + len(self._local) + len(self._outbox) + self._sending
         except self._redis_errors:
             return len(self._local) + len(self._outbox) + self._sending + self._taken
 
