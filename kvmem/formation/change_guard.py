@@ -54,7 +54,7 @@ import re
 
 from kvmem.formation.clauses import statements, subject_core
 from kvmem.formation.dates import MONTHS, WEEKDAYS
-from kvmem.formation.lexicon import PAST_VERBS, RELATIVES
+from kvmem.formation.lexicon import ED_NOT_PAST, PAST_VERBS, RELATIVES
 from kvmem.formation.rules import slot_of
 
 BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no change word", "no statement")
@@ -121,7 +121,7 @@ _ING_NOUNS = (
     "thing|nothing|something|anything|everything|spring|morning|evening|wedding|building|ceiling|during"
 )
 _PROGRESSIVE = re.compile(rf"(?:'m|'re|\bam|\bare|\bis) (?:\w+ )?(?!(?:{_ING_NOUNS})\b)\w{{2,}}ing\b", re.I)
-_ED_NOT_PAST = "need|feed|seed|speed|bed|red|shed|weed|indeed|ted|fred|ned|sled|shred"  # "the Red Cross"
+_ED_NOT_PAST = "|".join(sorted(ED_NOT_PAST | {"fred", "ned", "sled", "shred"}))  # "the Red Cross"
 _PAST = re.compile(rf"\b(?:(?!(?:{_ED_NOT_PAST})\b)\w+ed|{'|'.join(PAST_VERBS)}|was|were|last|ago)\b", re.I)
 # "-ed" words that are no past: "I'm excited to start", "we get married in June"
 _NOT_PAST = re.compile(

@@ -16,6 +16,7 @@ from kvmem.formation.lexicon import (
     DISCOURSE_MARKERS,
     DROPPED_BE,
     DROPPED_I,
+    ED_NOT_PAST,
     FILLER_CLAUSES,
     PAST_VERBS,
     SUBJECTLESS_FILLER,
@@ -173,7 +174,6 @@ def strip_adverbials(text: str) -> str:
     return text
 
 
-_NOT_PAST = frozenset({"need", "feed", "seed", "speed", "bed", "red", "shed", "weed", "indeed", "ted"})
 _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Absolutely, ..." is not one
 
 
@@ -191,7 +191,7 @@ def _restore_subject(core: str) -> str | None:
     if (
         word in DROPPED_I
         or word in PAST_VERBS
-        or (word.endswith("ed") and len(word) > 3 and word not in _NOT_PAST)
+        or (word.endswith("ed") and len(word) > 3 and word not in ED_NOT_PAST)
     ):
         return f"I {core}"
     return None
@@ -234,7 +234,7 @@ def _past_clause(text: str) -> bool:
     if m is None:
         return False
     word = m.group(0).lower()
-    return word in PAST_VERBS or (word.endswith("ed") and len(word) > 3 and word not in _NOT_PAST)
+    return word in PAST_VERBS or (word.endswith("ed") and len(word) > 3 and word not in ED_NOT_PAST)
 
 
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:

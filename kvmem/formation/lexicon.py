@@ -269,6 +269,8 @@ PAST_VERBS = frozenset(
     struck swore taught tore understood wept
     """.split()
 )
+# Words ending in "ed" that are no past tense ("I need", "the Red Cross").
+ED_NOT_PAST = frozenset({"need", "feed", "seed", "speed", "bed", "red", "shed", "weed", "indeed", "ted"})
 # "Married with two kids", "Allergic to cats": the dropped words are "I'm".
 DROPPED_BE = frozenset(
     """
