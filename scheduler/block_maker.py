@@ -68,6 +68,13 @@ class BlockMaker(ABC):
         """Move a stored block to the fastest tier (a session started). Default: nothing to move."""
         return None
 
+    def cut_block(self, item_id: str, memory_ids: Sequence[str], texts: Sequence[str]) -> BuiltBlock | None:
+        """Store the block of the first memories of the stored block `item_id` (`memory_ids`, a proper prefix
+        of its own, with their `texts`) from its K/V, with no prefill, and return it; None when it cannot be
+        cut. Called on the store's thread before a block whose later memory changed is deleted: the memories
+        before the change stay served from KV, and the rebuild prefills only the rest. Default: cannot."""
+        return None
+
     def cancel_builds(self) -> None:
         """Shutting down: a `build_block` under way ends soon by raising (nothing stored; a restart rebuilds
         what it needs), and so does any called after this. Default: builds cannot be cancelled."""

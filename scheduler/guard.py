@@ -58,6 +58,11 @@ class BlockGuard:
         """Record what the fence read before the memories of `item_id` were read. Worker's lock held."""
         self._stamps[user_id] = (item_id, fenced)
 
+    def stamp_of(self, user_id: str) -> tuple[str, int | None] | None:
+        """(the user's stamped block, what the fence read before its memories were read), or None. Worker's
+        lock held."""
+        return self._stamps.get(user_id)
+
     def forget_stamp(self, user_id: str) -> None:
         self._stamps.pop(user_id, None)
 

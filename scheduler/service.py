@@ -418,6 +418,7 @@ class Scheduler(ServedAdapters):
             discarded_builds=counts["discarded"],
             distill_candidates=sum(len(v) for v in self.worker.distill.values()),
             dropped_tasks=int(getattr(self.queue, "dropped", 0)),
+            cuts=counts["cuts"],
         )
 
 

@@ -28,6 +28,7 @@ class SchedulerStats:
     discarded_builds: int
     distill_candidates: int
     dropped_tasks: int = 0  # tasks and access events the bounded in-process queue dropped (queue.py)
+    cuts: int = 0  # blocks cut before a changed memory: the memories before it kept as KV, no prefill
 
     @property
     def hit_rate(self) -> float:

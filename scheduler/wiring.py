@@ -107,6 +107,9 @@ class BackendBlockMaker(BlockMaker):
     def drop_block(self, item_id: str) -> None:
         self.backend.drop_block(item_id)
 
+    def cut_block(self, item_id: str, memory_ids: Sequence[str], texts: Sequence[str]) -> BuiltBlock | None:
+        return self.backend.cut_block(item_id, list(memory_ids), list(texts))
+
     def cancel_builds(self) -> None:
         """The backend cancels its builds in flight (those of other schedulers over it too: it is shutting
         down with this one); this maker starts no more."""

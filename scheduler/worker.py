@@ -86,7 +86,8 @@ class Worker(Invalidation, TotalCap):
         self._in_flight: dict[str, int] = {}
         self.deferred: set[str] = set()  # refreshes waiting for the builder to be ready
         self.latencies_s: deque[float] = deque(maxlen=1000)
-        self.counts = {"tasks": 0, "builds": 0, "prefills": 0, "discarded": 0}
+        self.counts = {"tasks": 0, "builds": 0, "prefills": 0, "discarded": 0, "cuts": 0}
+        self._user_locks = tuple(threading.Lock() for _ in range(64))  # invalidate.py's per-user stripes
         self.distill: dict[str, list[str]] = {}
         self.in_task = False
         # user -> memory id -> (version, tokens), for the user's live memories as of their last refresh

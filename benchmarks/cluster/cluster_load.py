@@ -155,7 +155,9 @@ class Failover:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.cluster.cluster_load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.cluster.cluster_load", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3], help="replica counts, in turn")
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--users", type=int, default=6)
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
                 down(root)
     result = {
         "benchmark": "cluster_load",
-        "command": "python -m benchmarks.cluster.cluster_load " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.cluster.cluster_load "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         # loadavg_start: before any replica was spawned (env's `loadavg` is read at the end, with this run's load)
         "env": {**env_info(), "loadavg_start": loadavg_start},
         "router": "haproxy, balance hash on X-Kvmem-User, hash-type consistent (deploy/haproxy.cfg)",

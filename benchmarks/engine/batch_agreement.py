@@ -92,7 +92,9 @@ def packed_agreement(model, requests, sampling, chunk: int) -> dict:
     with torch.inference_mode():
         while len(seqs) < len(requests) or any(not s.finished for s in seqs):
             for ids, item in requests[len(seqs) : len(seqs) + 2]:
-                seqs.append(CacheSequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk))
+                seqs.append(
+                    CacheSequence(model, ids, item=item, sampling=sampling, prefill_chunk_tokens=chunk)
+                )
             live = [s for s in seqs if s.prefilling] + [s for s in seqs if s.decoding]
             ref = [logits_alone(s) for s in live]
             segments = segments_of(live)

@@ -57,7 +57,9 @@ def batched(model, requests, sampling) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None, handle=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine.batch_decode", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.engine.batch_decode", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)

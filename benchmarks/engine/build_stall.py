@@ -139,7 +139,9 @@ def _phase(build: dict, a: float, b: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine.build_stall", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.engine.build_stall", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--block-tokens", type=int, default=4000)
     p.add_argument("--tokens", type=int, default=600, help="tokens the stream generates")

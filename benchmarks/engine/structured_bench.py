@@ -247,7 +247,8 @@ def main() -> None:
                     "steps": len(fills),
                     "fill_us_median": median(fills) * 1e6,
                     "apply_us_median": median(applies) * 1e6,
-                    "fill_plus_apply_us_median": median([f + a for f, a in zip(fills, applies, strict=True)]) * 1e6,
+                    "fill_plus_apply_us_median": median([f + a for f, a in zip(fills, applies, strict=True)])
+                    * 1e6,
                 }
     compiles = compile_times(tok, vocab, stops, [json.dumps(c["schema"]) for c in cases])
     print_table(

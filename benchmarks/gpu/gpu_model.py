@@ -50,7 +50,9 @@ def _write_random(out: Path, tokenizer_dir: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu.gpu_model", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu.gpu_model", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--out", required=True, help="where the model directory is written")
     p.add_argument("--tokenizer", default=os.environ.get("KVMEM_TOKENIZER_DIR"), help="a tokenizer dir")
     p.add_argument("--random", action="store_true", help="random weights of its shape, no provisioning")

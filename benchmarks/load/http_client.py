@@ -56,7 +56,12 @@ def _post(url: str, body: dict) -> dict:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `kvmem serve` is the console script serving.ops.cli:main; running the entry point with this checkout first on
 # sys.path serves the code under test (the installed script would import whatever tree it was installed from)
-KVMEM_SERVE = (sys.executable, "-c", "import sys; from serving.ops.cli import main; sys.exit(main())", "serve")
+KVMEM_SERVE = (
+    sys.executable,
+    "-c",
+    "import sys; from serving.ops.cli import main; sys.exit(main())",
+    "serve",
+)
 
 
 @contextmanager

@@ -146,7 +146,9 @@ def summarize(rows: list[dict], target_level: int = 8) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.load.http_load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load.http_load", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--clients", type=int, default=8, help="one concurrency level (see --levels)")
     p.add_argument(
         "--levels", type=int, nargs="+", default=None, help="concurrency levels (default --clients)"

@@ -51,7 +51,12 @@ _START = datetime(2026, 3, 2, 9, 0)
 _GAP = timedelta(days=60)  # the new turn comes two months after the earlier ones
 
 
-SETS = ("heldout", "heldout_v2", "heldout_v3", "heldout_v4")  # the first (2026-11-28), three more (2026-11-29)
+SETS = (
+    "heldout",
+    "heldout_v2",
+    "heldout_v3",
+    "heldout_v4",
+)  # the first (2026-11-28), three more (2026-11-29)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:

@@ -58,7 +58,9 @@ def run(handle, sizes, reps: int, device: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None, handle=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tiers.kv_load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.tiers.kv_load", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)

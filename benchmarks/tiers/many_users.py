@@ -138,7 +138,8 @@ def run_arm(arm: str, cfg: WorkloadConfig, users: list[User], system: str, args,
                 row = run_level(client, cfg, qps, level, args)
                 print(
                     f"# {arm} {row['qps']} qps: p50 {row['ttft_p50_s']:.3f} s, {row['completed']} done, "
-                    f"{row['num_errors']} errors, {row['metrics']['block_builds']} block builds",
+                    f"{row['num_errors']} errors, {row['metrics']['block_builds']} block builds, "
+                    f"{row['metrics']['block_cuts']} cuts",
                     file=sys.stderr,
                 )
                 result["levels"].append(row)

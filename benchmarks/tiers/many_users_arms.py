@@ -254,10 +254,12 @@ def tier_figures(before: dict[str, float], after: dict[str, float]) -> dict:
         for k, v in after.items()
         if k.startswith("vllm:prefix_cache") or k.startswith("vllm:external_prefix_cache")
     }
-    builds = "kvmem_scheduler_builds_total"
+    builds, cuts = "kvmem_scheduler_builds_total", "kvmem_scheduler_block_cuts_total"
     return {
         "tiers": tiers,
         "block_builds": after[builds] - before.get(builds, 0.0) if builds in after else None,
+        # blocks cut before an edited memory (the rest kept as KV, no prefill; since the cut was built)
+        "block_cuts": after[cuts] - before.get(cuts, 0.0) if cuts in after else None,
         "missing": [f for f in TIER_FIGURES if f not in found],
         "memory_tier_hits": memory,
         "vllm_prefix_cache": vllm,

@@ -235,7 +235,9 @@ def request_path_overhead(iterations: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tiers.sched_sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.tiers.sched_sim", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--users", type=int, default=60)
     p.add_argument("--requests", type=int, default=240, help="requests per user")

@@ -69,7 +69,9 @@ def run(handle, sizes, queries, new_tokens: int, device: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None, handle=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft.exactness", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ttft.exactness", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)

@@ -302,7 +302,9 @@ def run_backend(args: argparse.Namespace, backend: str, texts: list[str], per_cl
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ttft.http_ttft", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ttft.http_ttft", description=__doc__.splitlines()[0]
+    )
     p.add_argument(
         "--quick",
         action="store_true",

@@ -245,6 +245,41 @@ class BlockBuilder:
             item = KVItem(meta, item.token_ids, own, parent)
         return item
 
+    def cut(self, item_id: str, memory_ids: Sequence[str], texts: Sequence[str]) -> BuiltBlock | None:
+        """The block of the first memories of the stored block `item_id` (`memory_ids`, a proper prefix of its
+        own, and their `texts`), made from its K/V without a prefill, and stored. Exact: causal attention gives
+        a prefix's tokens the K/V a prefill of the prefix alone computes, and the layout encodes each memory's
+        line on its own, so the prefix's ids are the block's first ids. For a block one of whose later memories
+        changed: the memories before it stay served from KV, and its rebuild prefills only what follows them
+        (`lookup` finds the cut as the longest stored prefix). None when the item is gone or unreadable, or
+        its ids do not begin with the prefix's (laid out under other knowledge). Raises StorageError (the
+        write), ValueError (`memory_ids` not a proper prefix of the item's)."""
+        memory_ids = tuple(memory_ids)
+        if len(memory_ids) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(memory_ids)} memory ids")
+        try:
+            item = self.store.peek(item_id)
+        except KVItemError:
+            return None
+        meta = item.meta
+        if not 0 < len(memory_ids) < len(meta.memory_ids) or meta.memory_ids[: len(memory_ids)] != memory_ids:
+            raise ValueError(f"{memory_ids} is not a proper prefix of the memories of KV item {item_id}")
+        ids, own = tuple(self.layout.block_ids(texts)), item.own_start
+        if len(ids) <= own or ids != item.token_ids[: len(ids)]:
+            return None
+        kv = item.kv[:, :, :, : len(ids) - own].clone()  # its own tensor: the item it came from is deleted
+        prefix = item_from_kv(
+            ids, kv, user_id=meta.user_id, memory_ids=memory_ids, fingerprint=meta.fingerprint, own_start=own
+        )
+        if own:
+            prefix = self._child_of(prefix, item.parent)
+        if self.store.contains(prefix.item_id):
+            stored = self.store.meta(prefix.item_id)
+            return BuiltBlock(
+                prefix.item_id, memory_ids, len(ids), stored.stored_bytes, False, ids, stored.parent_tokens
+            )
+        return self.store_item(prefix)
+
     def store_item(self, item: KVItem) -> BuiltBlock:
         """Write the item (file, fsync, SHA-256) and index it: readers see it once it is fully written."""
         self.store.put(item)

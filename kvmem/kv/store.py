@@ -346,6 +346,19 @@ class TieredKVStore(StoreReads, StoreIndex):
         self._settle(demotions, unlink, keep)
         return self._attach(item) if item.meta.parent_id is not None else item
 
+    def peek(self, item_id: str) -> KVItem:
+        """The item (its parent attached) without moving it between tiers: the resident copy, else a read of
+        its file that no tier keeps (a block about to be deleted is read once to cut a prefix from it, and must
+        not push other users' blocks out of RAM). Raises KVItemError as `get`."""
+        with self._lock:
+            item = self._resident["device"].get(item_id) or self._resident["host"].get(item_id)
+            indexed = self._on_disk.get(item_id)
+            if item is None and indexed is None:
+                raise KVItemNotFound(f"KV item {item_id} is not stored")
+        if item is None:
+            item = self._read_from_disk(item_id, indexed)
+        return self._attach(item) if item.meta.parent_id is not None else item
+
     def _into_host(self, item_id: str, item: KVItem, source: str) -> KVItem:
         """`get` without a device tier: the item enters (or stays in) the host tier; that copy is handed out."""
         unlink: list[str] = []

@@ -58,7 +58,9 @@ _SUBJECT = re.compile(
 )
 _POSSESSIVE = re.compile(r"\b(?:my|our|mine|ours)\b", re.I)
 _OBJECT = re.compile(r"\b(?-i:me|us)\b|\b(?:myself|ourselves)\b", re.I)
-_FIRST_PERSON = re.compile(r"\b(?:(?-i:I|i(?!\.))|we|my|our|mine|ours|(?-i:me)|(?-i:us)|myself|ourselves)\b", re.I)
+_FIRST_PERSON = re.compile(
+    r"\b(?:(?-i:I|i(?!\.))|we|my|our|mine|ours|(?-i:me)|(?-i:us)|myself|ourselves)\b", re.I
+)
 
 
 def _third_singular(verb: str) -> str:

@@ -318,6 +318,13 @@ class Backend(ABC):
         nothing to move."""
         return None
 
+    def cut_block(self, item_id: str, memory_ids: Sequence[str], texts: Sequence[str]) -> BuiltBlock | None:
+        """Store the block of the first memories of stored block `item_id` (`memory_ids`, a proper prefix of
+        its own, with their `texts`) from its K/V, with no prefill; return it (a kvmem BuiltBlock), or None
+        when it cannot be cut (the item is gone). Called before a block one of whose later memories changed
+        is deleted. Default: None (this backend keeps no K/V to cut from)."""
+        return None
+
     def reload_knowledge(self) -> bool:
         """Switch to the installed shared knowledge if it changed (a stat when it did not), counting
         `knowledge_generation` up; returns whether it switched. Default: no knowledge, never switches."""

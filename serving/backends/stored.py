@@ -226,6 +226,12 @@ class StoredBlocksBackend(Backend):
         if self.store is not None:
             self.store.remove(item_id)
 
+    def cut_block(self, item_id: str, memory_ids: Sequence[str], texts: Sequence[str]) -> Any:
+        """The block of the item's first memories, from its K/V (kvmem's BlockBuilder.cut), or None."""
+        if self.store is None:
+            return None
+        return self.builder.cut(item_id, memory_ids, texts)
+
     def has_block(self, item_id: str) -> bool:
         """True while `item_id` is stored (in the store's index). Never blocks on I/O; False before `load()`."""
         return self.store is not None and self.store.contains(item_id)

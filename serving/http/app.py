@@ -250,6 +250,7 @@ def _scheduler_metrics(scheduler: Scheduler) -> str:
         ("kvmem_scheduler_tasks_total", "Scheduler tasks run.", st.tasks_done),
         ("kvmem_scheduler_task_p50_seconds", "Median scheduler task latency.", st.task_p50_s),
         ("kvmem_scheduler_builds_total", "KV blocks built by the scheduler.", st.builds),
+        ("kvmem_scheduler_block_cuts_total", "KV blocks cut before a changed memory (no prefill).", st.cuts),
         ("kvmem_scheduler_distill_candidates", "Memories marked for distillation.", st.distill_candidates),
         ("kvmem_scheduler_dropped_tasks", "Tasks and events the bounded queue dropped.", st.dropped_tasks),
     ]

@@ -404,3 +404,108 @@ def test_a_second_read_during_the_first_reads_restore_waits_for_it(tmp_path):
     assert blocks["first"].item_id == blocks["second"].item_id == built.item_id
     b.stop()
     store.close()
+
+
+class CuttingBuilder(FakeBuilder):
+    """Keeps each item's memory ids and cuts a prefix from one as a new item (`fail`: the cut raises)."""
+
+    def __init__(self):
+        super().__init__()
+        self.items: dict[str, tuple[str, ...]] = {}
+        self.cuts: list[tuple[str, tuple[str, ...]]] = []
+        self.fail = False
+
+    def build_block(self, user_id, texts, memory_ids):
+        built = super().build_block(user_id, texts, memory_ids)
+        self.items[built.item_id] = tuple(memory_ids)
+        return built
+
+    def cut_block(self, item_id, memory_ids, texts):
+        if self.fail:
+            raise OSError("disk full")
+        assert self.items[item_id][: len(memory_ids)] == tuple(memory_ids)
+        self.cuts.append((item_id, tuple(memory_ids)))
+        return Built(f"cut-{len(self.cuts)}", sum(len(t.split()) for t in texts), 100 * len(texts))
+
+
+def three_memories(clock, store) -> list[str]:
+    ids = []
+    for name in ("a", "b", "c"):
+        ids.append(store.add("alice", words(2, name))[0].id)
+        clock.t += 10
+    return ids
+
+
+def test_a_change_cuts_the_block_before_it_and_the_rebuild_appends_to_the_cut(tmp_path):
+    """Updating the block's second memory: before the store call returns the block is cut after its first
+    (served from the cut, no build), and the rebuild keeps the cut as its prefix; a change of the first memory
+    leaves nothing to cut; a failing cut serves text and rebuilds in full."""
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder = CuttingBuilder()
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0, use_weight=2.0),
+        store,
+        builder,
+        lambda t: len(t.split()),
+        clock=clock,
+    )
+    sched.start(thread=False)
+    a, b, c = three_memories(clock, store)
+    sched.get("alice")
+    sched.run_pending()
+    assert sched.get("alice").block.memory_ids == (c, b, a)  # newest first
+    store.update("alice", b, text=words(2, "B"))
+    plan = sched.get("alice")  # before any worker ran
+    assert (
+        plan.block.memory_ids == (c,)
+        and plan.block.item_id == "cut-1"
+        and plan.block.texts == (words(2, "c"),)
+    )
+    assert builder.cuts == [("item-1", (c,))] and builder.dropped == ["item-1"]
+    assert len(builder.builds) == 1 and sched.stats().cuts == 1
+    sched.run_pending()
+    assert sched.get("alice").block.memory_ids[0] == c  # the cut is the rebuilt block's prefix
+    assert set(sched.get("alice").block.memory_ids) == {a, b, c}
+    assert builder.dropped == ["item-1", "cut-1"]
+    rebuilt = sched.get("alice").block.item_id
+    store.update("alice", c, text=words(2, "C"))  # the first memory: nothing before it to keep
+    assert sched.get("alice").block is None and len(builder.cuts) == 1 and builder.dropped[-1] == rebuilt
+    sched.run_pending()
+    builder.fail = True
+    second = sched.get("alice").block.memory_ids[1]
+    store.delete("alice", second)
+    assert sched.get("alice").block is None and sched.stats().cuts == 1  # logged, text served
+    sched.run_pending()
+    assert second not in sched.get("alice").block.memory_ids
+    sched.stop()
+    store.close()
+
+
+def test_a_cut_is_served_only_when_the_fence_moved_by_this_change_alone(tmp_path):
+    """With replicas: the cut holds memories read when the block was built; if another replica changed any
+    memory of the user since (the fence moved by more than this change's bump), the cut is deleted, not
+    served, and the rebuild reads the memories again."""
+    from tests.scheduler.test_replicas import SharedFence
+
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder, fence = CuttingBuilder(), SharedFence()
+    sched = Scheduler(SchedulerConfig(), store, builder, lambda t: len(t.split()), clock=clock, fence=fence)
+    sched.start(thread=False)
+    a, b, c = three_memories(clock, store)
+    sched.get("alice")
+    sched.run_pending()
+    first, second = sched.get("alice").block.memory_ids[:2]
+    store.update("alice", second, text=words(2, "changed"))
+    assert sched.get("alice").block.memory_ids == (first,) and fence.gen == {
+        "alice": 1
+    }  # adds do not bump it
+    sched.run_pending()
+    first, second = sched.get("alice").block.memory_ids[:2]
+    fence.bump("alice")  # another replica changed something meanwhile
+    store.update("alice", second, text=words(2, "again"))
+    assert sched.get("alice").block is None and builder.dropped[-1] == f"cut-{len(builder.cuts)}"
+    assert sched.stats().cuts == 1
+    sched.stop()
+    store.close()

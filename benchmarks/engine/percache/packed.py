@@ -123,7 +123,9 @@ def _forward_packed(model: torch.nn.Module, segments: list[_Segment]) -> torch.T
     return out.logits[0].float()
 
 
-def _alone(model: torch.nn.Module, prefills: list[CacheSequence], decodes: list[CacheSequence]) -> list[Result]:
+def _alone(
+    model: torch.nn.Module, prefills: list[CacheSequence], decodes: list[CacheSequence]
+) -> list[Result]:
     """The old path: each chunk by `prefill_step`, then `decode_step` of the decoding sequences."""
     results: list[Result] = []
     for s in prefills:

@@ -149,6 +149,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         'kvmem_memory_tier_hits_total{tier="kv"}': 4.0,
         "vllm:prefix_cache_hits_total": 9.0,
         "kvmem_scheduler_builds_total": 13.0,
+        "kvmem_scheduler_block_cuts_total": 2.0,  # none before: counted from 0
     }
     figures = many_users_arms.tier_figures(before, after)
     assert figures["tiers"] == {
@@ -156,6 +157,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         "disk": {"bytes": 7.0, "bytes_loaded": 0.0},
     }
     assert figures["missing"] == ["items", "loads", "load_seconds"] and figures["block_builds"] == 3.0
+    assert figures["block_cuts"] == 2.0
     assert figures["memory_tier_hits"] == {"kv": 3.0} and figures["vllm_prefix_cache"] == {
         "vllm:prefix_cache_hits_total": 9.0
     }
@@ -168,7 +170,7 @@ def test_tier_figures_read_per_tier_counters_and_say_what_is_missing():
         },
     )
     assert vllm["vllm_prefix_hit_rate"] == 0.75 and vllm["kv_memory_share"] is None
-    assert vllm["block_builds"] is None  # a server that does not count them
+    assert vllm["block_builds"] is None and vllm["block_cuts"] is None  # a server that does not count them
     assert many_users_arms.tier_figures({}, {})["missing"] == list(many_users_arms.TIER_FIGURES)
 
 

@@ -44,7 +44,9 @@ def test_ttft_grid_runs_and_writes_contract_json(tmp_path, tiny_handle, capsys):
         assert cell["memos_speedup_pct"] is None  # not a MemOS cell
         assert cell["attempts"] == 1 and cell["waited_quiet_s"] == 0.0  # no --max-others-share
         # the floor columns (benchmarks/gpu/floor.py): the full prefill moves more than the query-only forward
-        assert cell["floor_ideal"]["card"] is None and cell["floor_kv"]["bytes"] == cell["floor_ideal"]["bytes"]
+        assert (
+            cell["floor_ideal"]["card"] is None and cell["floor_kv"]["bytes"] == cell["floor_ideal"]["bytes"]
+        )
         assert cell["floor_direct"]["flops"] > cell["floor_ideal"]["flops"] > 0
         # None: the timed window was shorter than one clock tick of /proc/stat (a fast machine, 1 rep)
         assert cell["others_cpu_share"] is None or 0.0 <= cell["others_cpu_share"] <= 1.0

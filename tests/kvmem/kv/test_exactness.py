@@ -148,3 +148,47 @@ def test_appended_block_extends_the_stored_prefix_and_stays_exact(tiny_handle, t
     prompt = layout.prompt(mems, [], QUERIES[0])
     ours = list(generate(tiny_handle.model, prompt.ids, item=new, sampling=Sampling(max_new_tokens=8)))
     assert ours == reference_greedy(tiny_handle.model, list(prompt.ids), 8)
+
+
+@pytest.mark.parametrize("knowledge", [False, True])
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_cut_block_is_the_stored_prefix_and_its_rebuild_prefills_only_the_rest(
+    tiny_handle, tmp_path, knowledge, tier
+):
+    """A block whose third memory changed is cut after its second, from its own K/V (no prefill): the cut's
+    ids are the layout's for those two memories, its K/V the block's first tokens' bit for bit, it serves
+    the same greedy tokens as a full prefill, and the rebuild of the changed block prefills over it. From RAM
+    or from the file alone (a new store: no tier holds it, and reading it moves nothing into one)."""
+    from kvmem.kv import KVStoreConfig, TieredKVStore
+    from kvmem.kv.blocks import BlockBuilder
+
+    facts = ["Our shop opens at 9am.", "Returns are accepted within 30 days."] if knowledge else []
+    layout = PromptLayout(tiny_handle.tokenizer, knowledge=facts)
+    store = TieredKVStore(KVStoreConfig(directory=str(tmp_path)), tiny_handle.fingerprint)
+    builder = BlockBuilder(tiny_handle, layout, store)
+    mems = ["Alice lives in Lisbon.", "Alice has a cat named Miso.", "Alice's locker code is 4417."]
+    ids = ["m0", "m1", "m2"]
+    whole = builder.build("alice", mems, ids)
+    old = store.get(whole.item_id)
+    if tier == "disk":
+        store = TieredKVStore(KVStoreConfig(directory=str(tmp_path)), tiny_handle.fingerprint)
+        builder = BlockBuilder(tiny_handle, layout, store)
+    cut = builder.cut(whole.item_id, ids[:2], mems[:2])
+    assert tier != "disk" or store.tier_of(whole.item_id) == "disk"  # the read kept no copy in a tier
+    assert cut.built and cut.memory_ids == ("m0", "m1")
+    assert cut.token_ids == tuple(layout.block_ids(mems[:2])) == old.token_ids[: cut.num_tokens]
+    assert cut.shared_tokens == (len(layout.knowledge_ids) if knowledge else 0)
+    item = store.get(cut.item_id)
+    n = cut.num_tokens
+    assert torch.equal(item.kv_range(0, n), old.kv_range(0, n))
+    prompt = layout.prompt(mems[:2], ["Alice's locker code is 9921."], QUERIES[0])
+    ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=8)))
+    assert ours == reference_greedy(tiny_handle.model, list(prompt.ids), 8)
+    again = builder.cut(whole.item_id, ids[:2], mems[:2])  # content-addressed: found, not stored twice
+    assert not again.built and again.item_id == cut.item_id
+    store.remove(whole.item_id)
+    pending = builder.lookup("alice", [*mems[:2], "Alice's locker code is 9921."], ["m0", "m1", "m2b"])
+    assert pending.prefix is not None and pending.prefix.item_id == cut.item_id
+    with pytest.raises(ValueError, match="not a proper prefix"):
+        builder.cut(cut.item_id, ["m1"], mems[1:2])
+    assert builder.cut(whole.item_id, ids[:1], mems[:1]) is None  # the item is gone

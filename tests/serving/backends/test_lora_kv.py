@@ -96,7 +96,9 @@ def test_the_block_is_built_under_the_adapter_and_serves_its_exact_tokens(
         )
 
         # exactness: the injected block under the adapter == full prefill of the same prompt under the adapter
-        backend.pool.prefix.drop_user("alice")  # from the block alone, not the chat's pages the prefix cache kept
+        backend.pool.prefix.drop_user(
+            "alice"
+        )  # from the block alone, not the chat's pages the prefix cache kept
         greedy = GenerationRequest("i", "alice", req.prompt, req.block_item_id, GREEDY, m.adapter_id)
         injected, r_inj = asyncio.run(_run(backend, greedy))
         cold, r_cold = asyncio.run(

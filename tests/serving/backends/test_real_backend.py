@@ -29,9 +29,7 @@ def real_server(tmp_path_factory, default_model_dir):
     data = tmp_path_factory.mktemp("real")
     # RAM tiers of 0 bytes: every request reads the item from disk, verified, so disk corruption is seen.
     backend = TransformersBackend(
-        TransformersBackendConfig(
-            model=str(default_model_dir), data_dir=str(data), host_kv_bytes=0
-        )
+        TransformersBackendConfig(model=str(default_model_dir), data_dir=str(data), host_kv_bytes=0)
     )
     config = ServingConfig(
         data_dir=data, backend="transformers", auth=False, model=str(default_model_dir), store_turns=False

@@ -725,7 +725,9 @@ def test_requests_the_pool_cannot_hold_at_once_are_preempted_and_stream_their_to
         assert [len(ids) for ids, _ in alone] == [750] * 3  # no early stop: the pool ran dry
         assert preempted
         wait_released(backend)
-        without_prefix_cache(backend, requests)  # the finished replies' cached pages go too: nothing else stays
+        without_prefix_cache(
+            backend, requests
+        )  # the finished replies' cached pages go too: nothing else stays
         assert backend._loop.call(
             lambda: (pool.used_pages, pool.shared.page_count(), len(pool.preempted))
         ) == (

@@ -7,6 +7,7 @@ greedy words mean nothing, so the prompt, not the answer, is what is checked).""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from kvmem.kv.item import tokens_sha
@@ -22,9 +23,12 @@ class RecordingBackend(TransformersBackend):
     def __init__(self, config: TransformersBackendConfig) -> None:
         super().__init__(config)
         self.requests: list[Any] = []
+        self.block_metas: dict[str, Any] = {}  # each block asked for, as stored then (a rebuild may drop it)
 
     def stream(self, request, *args, **kwargs):
         self.requests.append(request)
+        if request.block_item_id is not None:
+            self.block_metas[request.block_item_id] = self.store.meta(request.block_item_id)
         return super().stream(request, *args, **kwargs)
 
 
@@ -39,9 +43,9 @@ def served_codes(backend: RecordingBackend, request) -> tuple[set[str], set[str]
     block_ids = list(request.prompt.ids[: request.prompt.block_len])
     in_block: set[str] = set()
     if request.block_item_id is not None:
-        item = backend.store.get(request.block_item_id)
+        meta = backend.block_metas[request.block_item_id]
         # the K/V injected were computed from exactly these tokens (the item is content-addressed by them)
-        assert item.meta.tokens_sha == tokens_sha(block_ids)
+        assert meta.tokens_sha == tokens_sha(block_ids)
         in_block = {c for c in CODES if c in tok.decode(block_ids)}
     return {c for c in CODES if c in prompt}, in_block
 
@@ -80,3 +84,45 @@ def test_an_edits_canary_is_never_answered_from_the_old_block(tmp_path, tiny_mod
             served_from_kv += 1
         assert served_from_kv == len(CODES) - 1
         assert len(backend.requests) == 1 + 2 * (len(CODES) - 1)
+
+
+def test_an_edit_late_in_the_block_keeps_what_comes_before_it_served_from_kv(tmp_path, tiny_model_dir):
+    """The canary is the block's last memory: its PATCH cuts the block before it (no prefill), so the chat sent
+    at once injects the cut (the two other memories, no code) with the new code as text; the rebuild then
+    prefills over the cut (its K/V are the new block's first tokens' bit for bit) and deletes it."""
+    import torch
+
+    backend = RecordingBackend(TransformersBackendConfig(model=str(tiny_model_dir), data_dir=str(tmp_path)))
+    backend.load()
+    with served(tmp_path, backend) as s:
+        kept = []
+        for text in ("I live in Lisbon and cycle to work.", "My sister plays the violin in an orchestra."):
+            kept.append(s.add("alice", text))
+            s.plans.flush()  # appended one at a time: the block's order is the adds' order
+        canary = s.add("alice", secret(CODES[0]))
+        s.plans.flush()
+        assert s.plan("alice")["memory_ids"] == [*kept, canary]
+        whole = s.plans.get("alice").block.item_id
+        gate, real_build = threading.Event(), s.plans.builder.build_block
+        s.plans.builder.build_block = lambda *a, **k: gate.wait(60) and real_build(*a, **k)  # held
+        r = s.client.patch(f"/v1/memories/{canary}", json={"user_id": "alice", "text": secret(CODES[1])})
+        assert r.status_code == 200, r.text
+        cut = s.plans.get("alice").block  # published before the PATCH returned
+        assert cut.memory_ids == tuple(kept) and not backend.has_block(whole) and s.plans.stats().cuts == 1
+        out = s.chat("alice", "What is my secret code?")
+        request = backend.requests[-1]
+        assert request.block_item_id == cut.item_id
+        assert served_codes(backend, request) == ({CODES[1]}, set())
+        tiers = {u["id"]: u["tier"] for u in out["memory"]["used"]}
+        assert tiers == {kept[0]: "kv", kept[1]: "kv", canary: "text"}
+        before = backend.store.get(cut.item_id)
+        gate.set()
+        s.plans.flush()
+        block = s.plans.get("alice").block
+        assert block.memory_ids == (*kept, canary)
+        item = backend.store.get(block.item_id)
+        n = before.num_tokens
+        assert torch.equal(item.kv_range(0, n), before.kv_range(0, n))
+        assert not backend.has_block(cut.item_id)
+        metrics = s.client.get("/metrics").text
+        assert "kvmem_scheduler_block_cuts_total 1" in metrics

@@ -66,7 +66,9 @@ def test_a_corrupt_block_falls_back_then_is_rebuilt_and_served_from_kv(tmp_path,
         data[-10] ^= 0x55
         tensor_path.write_bytes(bytes(data))
 
-        backend.pool.prefix.drop_user("alice")  # no pages of the first chat reused (prefix reuse, issue 44 item 5)
+        backend.pool.prefix.drop_user(
+            "alice"
+        )  # no pages of the first chat reused (prefix reuse, issue 44 item 5)
         fell_back = s.chat("alice")
         assert cached(fell_back) == 0
         assert fell_back["memory"]["used"] == [{"id": lisbon, "tier": "text"}]

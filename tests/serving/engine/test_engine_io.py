@@ -27,9 +27,7 @@ def disk_backend(tmp_path, tiny_handle):
     tiny_handle.model.save_pretrained(model_dir)
     tiny_handle.tokenizer.save_pretrained(model_dir)
     backend = TransformersBackend(
-        TransformersBackendConfig(
-            model=str(model_dir), data_dir=str(tmp_path / "data"), host_kv_bytes=0
-        )
+        TransformersBackendConfig(model=str(model_dir), data_dir=str(tmp_path / "data"), host_kv_bytes=0)
     )
     backend.load()
     yield backend

@@ -30,7 +30,9 @@ def run_packed(model, requests, samplings, arrive_at, hook=None):
             for k, (ids, item) in enumerate(requests):
                 if arrive_at[k] == len(steps):
                     seqs.append(
-                        CacheSequence(model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=CHUNK)
+                        CacheSequence(
+                            model, ids, item=item, sampling=samplings[k], prefill_chunk_tokens=CHUNK
+                        )
                     )
             prefills = [s for s in seqs if s.prefilling]
             decodes = [s for s in seqs if s.decoding]
