@@ -72,6 +72,7 @@ class Candidate:
     memory_id: str
     score: float
     num_tokens: int
+    last_change: float = 0.0  # when the memory was written or last changed (its block position: see _fill)
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,18 @@ def _value(chosen: Sequence[Candidate]) -> float:
 
 
 def _fill(order: Sequence[Candidate], start: Sequence[Candidate], cap_tokens: int) -> list[Candidate]:
-    chosen, used = list(start), sum(c.num_tokens for c in start)
-    taken = {c.memory_id for c in chosen}
+    """`start`, then the hottest of the rest (`order`) that fit, laid out after it longest unchanged first: a
+    change of a memory costs the block everything after it (scheduler/invalidate.py cuts it there), and the
+    memory just written or changed is the likeliest to change next (a changed memory is also the hottest, so
+    heat order would put it first, where its next change costs the whole block)."""
+    chosen, used = [], sum(c.num_tokens for c in start)
+    taken = {c.memory_id for c in start}
     for c in order:
         if c.memory_id not in taken and c.score > 0 and used + c.num_tokens <= cap_tokens:
             chosen.append(c)
             taken.add(c.memory_id)
             used += c.num_tokens
-    return chosen
+    return [*start, *sorted(chosen, key=lambda c: (c.last_change, c.memory_id))]
 
 
 def choose_block(
@@ -108,10 +113,10 @@ def choose_block(
     The ideal block is the hottest memories that fit the cap. Changing the stored block costs a prefill of
     everything after the part that is kept, so: new hot memories are appended when they fit (the stored block
     stays a valid prefix: "append"); otherwise the block is cut after its longest prefix of still-ideal
-    memories and refilled in heat order ("truncate", or "rebuild" when nothing is kept) -- but only when that
+    memories and refilled from the hottest ("truncate", or "rebuild" when nothing is kept) -- but only when that
     is worth more than `hysteresis` times the appended block (worth: expected tokens served, `_value`), so
     plans do not thrash. A current block holding a memory that is no longer a candidate (deleted) is cut
-    before it.
+    before it. What is added after the kept part is laid out longest unchanged first (`_fill`).
     """
     by_id = {c.memory_id: c for c in candidates}
     order = sorted(candidates, key=lambda c: (-c.score, c.memory_id))

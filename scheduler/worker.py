@@ -256,7 +256,12 @@ class Worker(Invalidation, TotalCap):
         under = self.block_adapter(adapter)
         held_by_adapter = set(adapter.memory_ids) if adapter is not None else set()  # not in the block
         candidates = [
-            Candidate(mid, self.policy.score(stats[mid], now, self.config.half_life_s), counts[mid])
+            Candidate(
+                mid,
+                self.policy.score(stats[mid], now, self.config.half_life_s),
+                counts[mid],
+                stats[mid].last_change,
+            )
             for mid in memories
             if mid not in held_by_adapter
         ]

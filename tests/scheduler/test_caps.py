@@ -89,12 +89,12 @@ def test_byte_cap_counts_the_block_header(env):
     sched.run_pending()
     # 80 bytes = 8 tokens: 4 memories fit the estimate, but with the 2-token header the block is 100 bytes ->
     # dropped, header learned, 3 memories chosen again (2 + 3 x 2 = 8 tokens = 80 bytes)
-    assert builder.builds == [(ids[4], ids[3], ids[2], ids[1]), (ids[4], ids[3], ids[2])]
+    assert builder.builds == [(ids[1], ids[2], ids[3], ids[4]), (ids[2], ids[3], ids[4])]
     assert builder.dropped == ["item-1"]
     block = sched.get("alice").block
     assert (block.item_id, block.memory_ids, block.num_tokens, block.num_bytes) == (
         "item-2",
-        (ids[4], ids[3], ids[2]),
+        (ids[2], ids[3], ids[4]),
         8,
         80,
     )
@@ -110,9 +110,9 @@ def test_byte_cap_counts_a_blocks_own_tokens_not_the_shared_knowledge(env):
     sched.get("alice")
     sched.run_pending()
     # as without knowledge: the 2-token header learned (not 52), 3 memories in 80 bytes of the user's own
-    assert builder.builds == [(ids[4], ids[3], ids[2], ids[1]), (ids[4], ids[3], ids[2])]
+    assert builder.builds == [(ids[1], ids[2], ids[3], ids[4]), (ids[2], ids[3], ids[4])]
     block = sched.get("alice").block
-    assert (block.memory_ids, block.num_tokens, block.num_bytes) == ((ids[4], ids[3], ids[2]), 58, 80)
+    assert (block.memory_ids, block.num_tokens, block.num_bytes) == ((ids[2], ids[3], ids[4]), 58, 80)
     assert sched.worker.header_tokens == HEADER_TOKENS
 
 

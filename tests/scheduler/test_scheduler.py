@@ -142,18 +142,19 @@ def test_new_user_gets_its_newest_memories_then_hot_ones_are_appended(env):
     assert sched.get("alice").block is None and sched.get("unknown").block is None
     sched.run_pending()
     plan = sched.get("alice")
-    assert plan.block.memory_ids == (ids[3], ids[2], ids[1])  # newest first, 3 x 2 tokens = cap
-    assert builder.builds == [("alice", (ids[3], ids[2], ids[1]))]
+    # the newest that fit (3 x 2 tokens = cap), laid out longest unchanged first
+    assert plan.block.memory_ids == (ids[1], ids[2], ids[3])
+    assert builder.builds == [("alice", (ids[1], ids[2], ids[3]))]
     # ids[0] gets hot but there is no room: the gain (hysteresis) is too small to reorder
     sched.record_access(AccessEvent("alice", (ids[0],), (), clock.t))
     sched.run_pending()
-    assert sched.get("alice").block.memory_ids == (ids[3], ids[2], ids[1]) and len(builder.builds) == 1
-    # now it is used again and again: worth > 1.5x the current block -> the still-hot prefix is kept and the
-    # cold tail (ids[1]) is replaced
+    assert sched.get("alice").block.memory_ids == (ids[1], ids[2], ids[3]) and len(builder.builds) == 1
+    # now it is used again and again: worth > 1.5x the current block -> the cold memory (ids[1]) is replaced;
+    # laid out first (longest unchanged), nothing before it is kept: the block is rebuilt, in the same order
     for _ in range(5):
         sched.record_access(AccessEvent("alice", (ids[0],), (ids[0],), clock.t))
     sched.run_pending()
-    assert sched.get("alice").block.memory_ids == (ids[3], ids[2], ids[0])
+    assert sched.get("alice").block.memory_ids == (ids[0], ids[2], ids[3])
     assert builder.dropped == ["item-1"]
 
 
@@ -344,7 +345,7 @@ def test_a_user_new_to_a_scheduler_is_served_the_stored_block_not_a_prefill(tmp_
     a.get("alice")
     a.run_pending()
     built = a.get("alice").block
-    assert built.memory_ids == (ids[3], ids[2], ids[1]) and builder.prefills == 1
+    assert built.memory_ids == (ids[1], ids[2], ids[3]) and builder.prefills == 1
     a.record_access(AccessEvent("alice", (ids[0],), (), clock.t))  # hotter now, not enough to reorder
     a.run_pending()
     assert a.get("alice").block.item_id == built.item_id
@@ -437,47 +438,39 @@ def three_memories(clock, store) -> list[str]:
 
 
 def test_a_change_cuts_the_block_before_it_and_the_rebuild_appends_to_the_cut(tmp_path):
-    """Updating the block's second memory: before the store call returns the block is cut after its first
-    (served from the cut, no build), and the rebuild keeps the cut as its prefix; a change of the first memory
-    leaves nothing to cut; a failing cut serves text and rebuilds in full."""
+    """The block is laid out longest unchanged first. Updating its second memory: before the store call returns
+    the block is cut after its first (served from the cut, no build), and the rebuild keeps the cut as its
+    prefix, the changed memory last; a change of the first memory leaves nothing to cut; a failing cut serves
+    text and rebuilds in full."""
     clock = Clock()
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
     builder = CuttingBuilder()
-    sched = Scheduler(
-        SchedulerConfig(half_life_s=100.0, recency_prior=1.0, use_weight=2.0),
-        store,
-        builder,
-        lambda t: len(t.split()),
-        clock=clock,
-    )
+    config = SchedulerConfig(half_life_s=100.0, recency_prior=1.0, use_weight=2.0)
+    sched = Scheduler(config, store, builder, lambda t: len(t.split()), clock=clock)
     sched.start(thread=False)
     a, b, c = three_memories(clock, store)
     sched.get("alice")
     sched.run_pending()
-    assert sched.get("alice").block.memory_ids == (c, b, a)  # newest first
+    assert sched.get("alice").block.memory_ids == (a, b, c)
     store.update("alice", b, text=words(2, "B"))
     plan = sched.get("alice")  # before any worker ran
-    assert (
-        plan.block.memory_ids == (c,)
-        and plan.block.item_id == "cut-1"
-        and plan.block.texts == (words(2, "c"),)
-    )
-    assert builder.cuts == [("item-1", (c,))] and builder.dropped == ["item-1"]
+    assert plan.block.memory_ids == (a,) and plan.block.item_id == "cut-1"
+    assert plan.block.texts == (words(2, "a"),)
+    assert builder.cuts == [("item-1", (a,))] and builder.dropped == ["item-1"]
     assert len(builder.builds) == 1 and sched.stats().cuts == 1
     sched.run_pending()
-    assert sched.get("alice").block.memory_ids[0] == c  # the cut is the rebuilt block's prefix
-    assert set(sched.get("alice").block.memory_ids) == {a, b, c}
-    assert builder.dropped == ["item-1", "cut-1"]
+    assert sched.get("alice").block.memory_ids == (a, c, b)  # over the cut, the changed memory last
+    assert builder.builds[-1] == ("alice", (a, c, b)) and builder.dropped == ["item-1", "cut-1"]
     rebuilt = sched.get("alice").block.item_id
-    store.update("alice", c, text=words(2, "C"))  # the first memory: nothing before it to keep
+    store.update("alice", a, text=words(2, "A"))  # the first memory: nothing before it to keep
     assert sched.get("alice").block is None and len(builder.cuts) == 1 and builder.dropped[-1] == rebuilt
     sched.run_pending()
+    assert sched.get("alice").block.memory_ids == (c, b, a)
     builder.fail = True
-    second = sched.get("alice").block.memory_ids[1]
-    store.delete("alice", second)
+    store.delete("alice", b)
     assert sched.get("alice").block is None and sched.stats().cuts == 1  # logged, text served
     sched.run_pending()
-    assert second not in sched.get("alice").block.memory_ids
+    assert sched.get("alice").block.memory_ids == (c, a)
     sched.stop()
     store.close()
 

@@ -50,9 +50,9 @@ def test_kv_answer_then_corrupt_item_falls_back_to_identical_text_answer(real_se
     memories = store.add("alice", texts=MEMORIES)
     scheduler.flush()
     block = scheduler.get("alice").block
-    # the scheduler's first block: every memory (the cap is 2048 tokens), newest first (equal heat otherwise)
-    assert block.memory_ids == tuple(m.id for m in reversed(memories))
-    assert block.texts == tuple(reversed(MEMORIES))
+    # the scheduler's first block: every memory (the cap is 2048 tokens), longest unchanged first
+    assert block.memory_ids == tuple(m.id for m in memories)
+    assert block.texts == tuple(MEMORIES)
     client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
     def ask():

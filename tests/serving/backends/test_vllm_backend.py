@@ -315,7 +315,7 @@ def test_the_openai_client_against_the_app_on_the_vllm_backend(backend, tmp_path
         store.add("frank", texts=texts)
         scheduler.flush()  # builds frank's block through the backend (and makes it resident)
         block = scheduler.get("frank").block
-        assert block is not None and block.texts == tuple(reversed(texts))
+        assert block is not None and block.texts == tuple(texts)  # longest unchanged first
         with live_server(app) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
             question = [{"role": "user", "content": "What is my dog called?"}]

@@ -53,14 +53,14 @@ def test_a_block_the_queries_never_retrieve_gives_way_to_memories_they_do(tmp_pa
 
         old = [m.id for m in store.add("alice", texts=list(OLD))]
         scheduler.flush()
-        assert block() == (old[1], old[0])  # newest first
+        assert block() == (old[0], old[1])  # longest unchanged first
         for _ in range(2):  # the block's memories are asked about twice: heat 0.25 + 2 x 3 each
             turn("what does alice play and grow?")
-        assert block() == (old[1], old[0])
+        assert block() == (old[0], old[1])
 
         new = [m.id for m in store.add("alice", texts=list(NEW))]
         scheduler.flush()
-        assert block() == (old[1], old[0])  # full, and the new memories have only their prior
+        assert block() == (old[0], old[1])  # full, and the new memories have only their prior
 
         blocks, served = [], []
         for _ in range(5):  # from now on only the parrot is asked about
@@ -69,12 +69,12 @@ def test_a_block_the_queries_never_retrieve_gives_way_to_memories_they_do(tmp_pa
             blocks.append(block())
     # the parrot memories gain 3 a turn, the block's stay at 6.25: the refilled block is worth more than
     # hysteresis (1.5) x the current one after the 4th turn (0.25 + 4 x 3 = 12.25 > 1.5 x 6.25 = 9.375)
-    assert blocks == [(old[1], old[0])] * 3 + [(new[1], new[0])] * 2
+    assert blocks == [(old[0], old[1])] * 3 + [(new[0], new[1])] * 2
     ranked = [h.memory.id for h in store.search("alice", "what does my parrot Kiwi do?", top_k=2)]
     assert set(ranked) == set(new)  # the text part is the search's order, whatever it ranks first
-    as_text = [(old[1], "kv"), (old[0], "kv"), *((m, "text") for m in ranked)]
+    as_text = [(old[0], "kv"), (old[1], "kv"), *((m, "text") for m in ranked)]
     assert served[:4] == [as_text] * 4
-    assert served[4] == [(new[1], "kv"), (new[0], "kv")]
+    assert served[4] == [(new[0], "kv"), (new[1], "kv")]
     stats = scheduler.heat.stats("alice")
     assert [(stats[m].hits, stats[m].uses) for m in old + new] == [(2, 2), (2, 2), (5, 5), (5, 5)]
     scheduler.stop()

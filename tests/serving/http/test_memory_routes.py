@@ -112,7 +112,7 @@ def test_plan_route_and_invalidation(stack: Stack, client: TestClient) -> None:
     assert body == {
         "block": {
             "item_id": plan.block.item_id,
-            "memory_ids": ids[::-1],
+            "memory_ids": ids,
             "tokens": n,
             "bytes": 4 * n,
             "tier": "kv",

@@ -24,7 +24,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     stack = make_stack(tmp_path_factory.mktemp("live"), backend=FakeBackend(reply="Hi Alice!", queue_size=1))
     stack.store.add("alice", texts=MEMORIES)
     stack.store.add("bob", text="Bob's secret is 4321.")
-    stack.scheduler.flush()  # alice's block: her memories, newest first
+    stack.scheduler.flush()  # alice's block: her memories, longest unchanged first
     with live_server(stack.app) as url:
         yield stack, url
     stack.scheduler.stop()
@@ -47,7 +47,7 @@ def test_chat(server) -> None:
     out = client(url).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "what is my cat called"}], user="alice"
     )
-    block_len = stack.backend.layout_prompt(list(reversed(MEMORIES)), [], []).block_len
+    block_len = stack.backend.layout_prompt(list(MEMORIES), [], []).block_len
     assert out.object == "chat.completion"
     assert out.choices[0].message.content == "Hi Alice!"
     assert out.choices[0].message.role == "assistant"
@@ -79,7 +79,7 @@ def test_streamed_chat_with_usage(server) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     last = chunks[-1]
     assert last.choices == []
-    block_len = stack.backend.layout_prompt(list(reversed(MEMORIES)), [], []).block_len
+    block_len = stack.backend.layout_prompt(list(MEMORIES), [], []).block_len
     assert last.usage.prompt_tokens_details.cached_tokens == block_len
     assert last.usage.completion_tokens == len("Hi Alice!")
     assert all(c.usage is None for c in chunks[:-1])
