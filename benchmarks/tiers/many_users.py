@@ -34,7 +34,14 @@ from pathlib import Path
 from benchmarks.common import env_info, print_table, write_outputs
 from benchmarks.load.http_client import _post
 from benchmarks.tiers import many_users_arms as arms_mod
-from benchmarks.tiers.many_users_client import Client, cold_answers, reference_request_s, sample_prompts
+from benchmarks.tiers.many_users_client import (
+    Client,
+    cold_answers,
+    reference_request_s,
+    sample_prompts,
+    wait_all_blocks,
+    wait_scheduler_idle,
+)
 from benchmarks.tiers.many_users_workload import (
     QUESTIONS,
     User,
@@ -161,41 +168,6 @@ def saturated(row: dict, qps: float, args) -> bool:
         or row["requests_per_s"] < 0.7 * qps
         or not row["ttft_p50_s"] <= 10 * args.ttft_target_s  # NaN: nothing completed
     )
-
-
-def wait_all_blocks(base: str, users: list[User], timeout_s: float, reprewarm_s: float = 30.0) -> list[str]:
-    """Poll until every user's plan has a block, asking again (prewarm) every `reprewarm_s` for those still
-    without one (a build can fail, or a block be dropped, before the clock starts); the users still without a
-    block after `timeout_s`."""
-    from benchmarks.load.http_client import _get
-
-    start = time.monotonic()
-    asked = start
-    pending = [u.user_id for u in users]
-    while pending and time.monotonic() - start < timeout_s:
-        pending = [u for u in pending if _get(f"{base}/v1/memories/plan?user_id={u}")["block"] is None]
-        if pending and time.monotonic() - asked >= reprewarm_s:
-            for u in pending:
-                _post(f"{base}/v1/memories/plan/prewarm", {"user_id": u})
-            asked = time.monotonic()
-        if pending:
-            # each sweep reads every pending plan: a slower poll leaves the cores to the builds
-            time.sleep(2.0)
-    return pending
-
-
-def wait_scheduler_idle(base: str, timeout_s: float) -> float | None:
-    """Poll the server's /metrics until its scheduler holds no task (kvmem_scheduler_queue_depth: waiting or
-    running); the seconds that took, None when the server does not say or it is still busy after `timeout_s`."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        depth = arms_mod.scrape(base).get("kvmem_scheduler_queue_depth")
-        if depth is None:
-            return None
-        if depth == 0:
-            return time.monotonic() - start
-        time.sleep(1.0)
-    return None
 
 
 def plot(result: dict, out: str) -> str | None:

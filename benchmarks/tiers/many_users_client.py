@@ -1,6 +1,7 @@
 """The many-users benchmark's client, one per arm: each user's memories, conversation and canary as the client
 knows them; asks (one streaming request through the openai client, timed), edits (PATCH of the canary memory on a
-kvmem server, a new pasted text elsewhere), and the sample of greedy answers compared with a cold prefill."""
+kvmem server, a new pasted text elsewhere), the sample of greedy answers compared with a cold prefill, and the
+waits on a kvmem server before an arm's clock starts (every user's block built, the scheduler idle)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import urllib.request
 from collections import Counter
 
-from benchmarks.load.http_client import _post, one_request
+from benchmarks.load.http_client import _get, _post, one_request
 from benchmarks.tiers import many_users_arms as arms_mod
 from benchmarks.tiers.many_users_workload import PROBE, QUESTIONS, CanaryLedger, User, canary_text
 
@@ -285,3 +286,36 @@ def reference_request_s(
         "user_rank": user.rank,
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def wait_all_blocks(base: str, users: list[User], timeout_s: float, reprewarm_s: float = 30.0) -> list[str]:
+    """Poll until every user's plan has a block, asking again (prewarm) every `reprewarm_s` for those still
+    without one (a build can fail, or a block be dropped, before the clock starts); the users still without a
+    block after `timeout_s`."""
+    start = time.monotonic()
+    asked = start
+    pending = [u.user_id for u in users]
+    while pending and time.monotonic() - start < timeout_s:
+        pending = [u for u in pending if _get(f"{base}/v1/memories/plan?user_id={u}")["block"] is None]
+        if pending and time.monotonic() - asked >= reprewarm_s:
+            for u in pending:
+                _post(f"{base}/v1/memories/plan/prewarm", {"user_id": u})
+            asked = time.monotonic()
+        if pending:
+            # each sweep reads every pending plan: a slower poll leaves the cores to the builds
+            time.sleep(2.0)
+    return pending
+
+
+def wait_scheduler_idle(base: str, timeout_s: float) -> float | None:
+    """Poll the server's /metrics until its scheduler holds no task (kvmem_scheduler_queue_depth: waiting or
+    running); the seconds that took, None when the server does not say or it is still busy after `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        depth = arms_mod.scrape(base).get("kvmem_scheduler_queue_depth")
+        if depth is None:
+            return None
+        if depth == 0:
+            return time.monotonic() - start
+        time.sleep(1.0)
+    return None
