@@ -87,13 +87,20 @@ class Invalidation:
                 published = Plan(user_id, None, plan.adapter_id, plan.version + 1, now)
                 self.plans.publish(published)
                 dropped, stamp = block.item_id, self.guard.stamp_of(user_id)
+                if stamp is not None and stamp[0] != block.item_id:
+                    stamp = None  # not the fence read of this block's memories: no cut served with a fence
         if dropped is not None:
             kept = next(i for i, m in enumerate(block.memory_ids) if m in ids)
             cut = self._cut(user_id, block, kept) if kept else None
             self.builder.drop_block(dropped)
             log.info("user %r: block %s stopped serving (%d memories %s)", user_id, dropped, len(ids), kind)
         try:
-            bumped = self._cascade_fenced(user_id, list(ids))[1]
+            try:
+                bumped = self._cascade_fenced(user_id, list(ids))[1]
+            except BaseException:
+                if cut is not None:  # never served: it may hold what another replica's cascade missed
+                    self.builder.drop_block(cut.item_id)
+                raise
             if cut is not None:
                 self._publish_cut(user_id, published, cut, stamp, bumped)
         finally:
@@ -144,6 +151,8 @@ class Invalidation:
                 stamp is not None and stamp[1] is not None and bumped == stamp[1] + 1
             )
             serve = current.version == blockless.version and current.block is None and fence_ok
+            # content-addressed: a refresh may have published the same item meanwhile; it stays then
+            keep = serve or (current.block is not None and current.block.item_id == cut.item_id)
             if serve:
                 self.plans.publish(
                     replace(current, block=cut, version=current.version + 1, updated_at=self.clock())
@@ -157,7 +166,7 @@ class Invalidation:
                 len(cut.memory_ids),
                 cut.num_tokens,
             )
-        else:
+        elif not keep:
             self.builder.drop_block(cut.item_id)
 
     def _prior(self, memory: Any) -> HeatStats:

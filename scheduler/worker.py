@@ -333,7 +333,9 @@ class Worker(Invalidation, TotalCap):
         with self._lock:
             if self._changes.get(user_id, 0) != generation:
                 self.counts["discarded"] += 1
-                stale = block.item_id if block else None
+                serving = self.plans.get(user_id).block
+                # content-addressed: the item may be the one published meanwhile (a change's cut), kept then
+                stale = block.item_id if block and (not serving or serving.item_id != block.item_id) else None
                 published = None
             else:
                 if block is not None and not self.guard.stored(block.item_id):

@@ -357,7 +357,7 @@ class TieredKVStore(StoreReads, StoreIndex):
                 raise KVItemNotFound(f"KV item {item_id} is not stored")
         if item is None:
             item = self._read_from_disk(item_id, indexed)
-        return self._attach(item) if item.meta.parent_id is not None else item
+        return self._attach(item, self.peek) if item.meta.parent_id is not None else item
 
     def _into_host(self, item_id: str, item: KVItem, source: str) -> KVItem:
         """`get` without a device tier: the item enters (or stays in) the host tier; that copy is handed out."""
@@ -373,10 +373,11 @@ class TieredKVStore(StoreReads, StoreIndex):
         item = item.to(self.config.device)
         return self._attach(item) if item.meta.parent_id is not None else item
 
-    def _attach(self, own: KVItem) -> KVItem:
+    def _attach(self, own: KVItem, read: Callable[[str], KVItem] | None = None) -> KVItem:
         """The child with its parent attached (the parent resident once, shared by every child: views, not a
-        joined copy). Raises KVItemNotFound etc. when the parent is unusable: the child is too until it is back."""
-        parent = self.get(own.meta.parent_id)
+        joined copy), read by `get` (or `read`). Raises KVItemNotFound etc. when the parent is unusable: the child
+        is too until it is back."""
+        parent = (read or self.get)(own.meta.parent_id)
         if parent.num_tokens != own.meta.parent_tokens:
             raise KVItemCorrupt(f"KV item {own.item_id}: its parent {parent.item_id} holds other tokens")
         return KVItem(own.meta, own.token_ids, own.kv, parent)

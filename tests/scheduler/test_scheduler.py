@@ -462,6 +462,7 @@ def test_a_change_cuts_the_block_before_it_and_the_rebuild_appends_to_the_cut(tm
     assert sched.get("alice").block.memory_ids == (a, c, b)  # over the cut, the changed memory last
     assert builder.builds[-1] == ("alice", (a, c, b)) and builder.dropped == ["item-1", "cut-1"]
     rebuilt = sched.get("alice").block.item_id
+    clock.t += 10  # after b's change (at equal times the memory ids would order them)
     store.update("alice", a, text=words(2, "A"))  # the first memory: nothing before it to keep
     assert sched.get("alice").block is None and len(builder.cuts) == 1 and builder.dropped[-1] == rebuilt
     sched.run_pending()
@@ -500,5 +501,51 @@ def test_a_cut_is_served_only_when_the_fence_moved_by_this_change_alone(tmp_path
     store.update("alice", second, text=words(2, "again"))
     assert sched.get("alice").block is None and builder.dropped[-1] == f"cut-{len(builder.cuts)}"
     assert sched.stats().cuts == 1
+    sched.stop()
+    store.close()
+
+
+class AddressedBuilder(CuttingBuilder):
+    """Content-addressed as the real store is (an item's id is its memories'), with a hook in the cascade."""
+
+    def __init__(self):
+        super().__init__()
+        self.during_cascade = None
+
+    def build_block(self, user_id, texts, memory_ids):
+        self.builds.append((user_id, tuple(memory_ids)))
+        item_id = "blk:" + ",".join(memory_ids)
+        self.items[item_id] = tuple(memory_ids)
+        return Built(item_id, sum(len(t.split()) for t in texts), 100 * len(texts))
+
+    def cut_block(self, item_id, memory_ids, texts):
+        self.cuts.append((item_id, tuple(memory_ids)))
+        return Built("blk:" + ",".join(memory_ids), sum(len(t.split()) for t in texts), 100 * len(texts))
+
+    def forget(self, user_id, memory_ids):
+        if self.during_cascade is not None:
+            self.during_cascade()
+        return []
+
+
+def test_a_refresh_publishing_the_cuts_own_item_during_the_cascade_keeps_it(tmp_path):
+    """Items are content-addressed: a refresh that runs while the change's cascade does (an access event) may
+    build and publish the very item the change cut. The cut then is not published (a newer plan is), and the
+    item is not dropped: it is the one served."""
+    clock = Clock()
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    builder = AddressedBuilder()
+    sched = Scheduler(SchedulerConfig(), store, builder, lambda t: len(t.split()), clock=clock)
+    sched.start(thread=False)
+    a, b, c = three_memories(clock, store)
+    sched.get("alice")
+    sched.run_pending()
+    assert sched.get("alice").block.item_id == f"blk:{a},{b},{c}"
+    builder.during_cascade = lambda: sched.worker.refresh("alice")
+    store.delete("alice", c)
+    builder.during_cascade = None
+    plan = sched.get("alice")
+    assert plan.block.item_id == f"blk:{a},{b}" and builder.cuts == [(f"blk:{a},{b},{c}", (a, b))]
+    assert builder.dropped == [f"blk:{a},{b},{c}"] and sched.stats().cuts == 0  # the refresh published it
     sched.stop()
     store.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kvmem.errors import KVItemNotFound
 from kvmem.kv.item import tokens_sha
 from serving.backends.transformers.backend import TransformersBackend, TransformersBackendConfig
 from tests.serving.kvstack import served
@@ -28,7 +29,10 @@ class RecordingBackend(TransformersBackend):
     def stream(self, request, *args, **kwargs):
         self.requests.append(request)
         if request.block_item_id is not None:
-            self.block_metas[request.block_item_id] = self.store.meta(request.block_item_id)
+            try:
+                self.block_metas[request.block_item_id] = self.store.meta(request.block_item_id)
+            except KVItemNotFound:  # dropped since it was prepared (a cut the rebuild replaced)
+                pass
         return super().stream(request, *args, **kwargs)
 
 
@@ -42,7 +46,7 @@ def served_codes(backend: RecordingBackend, request) -> tuple[set[str], set[str]
     prompt = tok.decode(list(request.prompt.ids))
     block_ids = list(request.prompt.ids[: request.prompt.block_len])
     in_block: set[str] = set()
-    if request.block_item_id is not None:
+    if request.block_item_id in backend.block_metas:  # else dropped before it streamed: prefilled as text
         meta = backend.block_metas[request.block_item_id]
         # the K/V injected were computed from exactly these tokens (the item is content-addressed by them)
         assert meta.tokens_sha == tokens_sha(block_ids)
@@ -83,7 +87,9 @@ def test_an_edits_canary_is_never_answered_from_the_old_block(tmp_path, tiny_mod
             assert {"id": canary, "tier": "kv"} in out["memory"]["used"]
             served_from_kv += 1
         assert served_from_kv == len(CODES) - 1
-        assert len(backend.requests) == 1 + 2 * (len(CODES) - 1)
+        # each chat handed to the backend, and a chat whose block (a change's cut) the rebuild dropped after it was
+        # prepared handed again, prepared anew
+        assert len(backend.requests) >= 1 + 2 * (len(CODES) - 1)
 
 
 def test_an_edit_late_in_the_block_keeps_what_comes_before_it_served_from_kv(tmp_path, tiny_model_dir):
