@@ -144,7 +144,9 @@ def test_a_change_of_a_held_memory_stops_the_adapter_and_its_block_before_it_ret
         # v1: an earlier version holding the dog (a rollback could bring it back), with a block built under it;
         # v2: tea only, never served; v3: the served one, holding the dog
         reg, v1 = write_active(tmp_path, "alice", lora_model, [FactRef(dog, 1, text_sha(DOG))], fp)
-        old_block = backend.build_block("alice", [PORTO, TEA], [porto, tea], adapter_id=v1.adapter_id)
+        # not in the order the scheduler lays them out ([porto, tea]: its own block under v1, dropped once v3
+        # is served), so this block is another item, left stored until the change's cascade
+        old_block = backend.build_block("alice", [TEA, PORTO], [tea, porto], adapter_id=v1.adapter_id)
         v2 = reg.write(
             "alice",
             lambda d: lora_model.save_pretrained(str(d), safe_serialization=True),
