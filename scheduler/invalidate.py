@@ -123,15 +123,7 @@ class Invalidation:
             return None
         if built is None:
             return None
-        return BlockPlan(
-            built.item_id,
-            block.memory_ids[:kept],
-            block.texts[:kept],
-            built.num_tokens,
-            built.num_bytes,
-            tuple(built.token_ids),
-            block.adapter,
-        )
+        return BlockPlan.of(built, block.memory_ids[:kept], block.texts[:kept], block.adapter)
 
     def _publish_cut(
         self,

@@ -13,6 +13,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,21 @@ class BlockPlan:
     # the served name of the LoRA adapter its K/V were computed under (None: the base model); it is served
     # only while that adapter version is the user's served adapter (Scheduler.get)
     adapter: str | None = None
+
+    @classmethod
+    def of(
+        cls, built: Any, memory_ids: tuple[str, ...], texts: tuple[str, ...], adapter: str | None
+    ) -> BlockPlan:
+        """The plan's block for what a builder returned (a kvmem BuiltBlock or a fake with its fields)."""
+        return cls(
+            built.item_id,
+            memory_ids,
+            texts,
+            built.num_tokens,
+            built.num_bytes,
+            tuple(built.token_ids),
+            adapter,
+        )
 
 
 @dataclass(frozen=True)

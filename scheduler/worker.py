@@ -308,15 +308,7 @@ class Worker(Invalidation, TotalCap):
                 self.counts["prefills"] += bool(getattr(built, "built", True))  # fakes may not say
             elif (built := self.builder.find_block(user_id, texts, decision.memory_ids)) is None:
                 return current
-            block = BlockPlan(
-                built.item_id,
-                decision.memory_ids,
-                texts,
-                built.num_tokens,
-                built.num_bytes,
-                tuple(built.token_ids),
-                under,
-            )
+            block = BlockPlan.of(built, decision.memory_ids, texts, under)
             if self.config.user_block_bytes is None or built.num_bytes <= self.config.user_block_bytes:
                 break
             # Over the byte cap: the block's header (system prompt) was not counted. Learn it, drop the item,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVItemError
-from kvmem.kv.item import KVItem, item_from_kv, item_id_for
+from kvmem.kv.item import KVItem, KVItemMeta, item_from_kv, item_id_for
 from kvmem.kv.layout import PromptLayout
 from kvmem.kv.prefill import build_item
 from kvmem.kv.store import TieredKVStore
@@ -126,16 +126,7 @@ class BlockBuilder:
                 meta = self.store.meta(item_id)
                 if meta.parent_id is not None and not self.store.adopt(meta.parent_id):
                     return None, item_id, ids  # servable again once its parent is rebuilt (build)
-                block = BuiltBlock(
-                    item_id,
-                    tuple(meta.memory_ids),
-                    meta.num_tokens,
-                    meta.stored_bytes,
-                    False,
-                    tuple(ids),
-                    meta.parent_tokens,
-                )
-                return block, item_id, ids
+                return self._stored_block(meta, ids), item_id, ids
             except KVItemError:
                 pass
         self.store.remove(item_id)
@@ -274,11 +265,21 @@ class BlockBuilder:
         if own:
             prefix = self._child_of(prefix, item.parent)
         if self.store.contains(prefix.item_id):
-            stored = self.store.meta(prefix.item_id)
-            return BuiltBlock(
-                prefix.item_id, memory_ids, len(ids), stored.stored_bytes, False, ids, stored.parent_tokens
-            )
+            return self._stored_block(self.store.meta(prefix.item_id), ids)
         return self.store_item(prefix)
+
+    @staticmethod
+    def _stored_block(meta: KVItemMeta, ids: Sequence[int]) -> BuiltBlock:
+        """The block an already stored item is (found, not built)."""
+        return BuiltBlock(
+            meta.item_id,
+            tuple(meta.memory_ids),
+            meta.num_tokens,
+            meta.stored_bytes,
+            False,
+            tuple(ids),
+            meta.parent_tokens,
+        )
 
     def store_item(self, item: KVItem) -> BuiltBlock:
         """Write the item (file, fsync, SHA-256) and index it: readers see it once it is fully written."""
