@@ -22,6 +22,16 @@ def test_a_cell_runs_both_arms_with_the_same_first_token(tiny_handle):
     assert row["ctx_tokens"] >= 200 and row["query_tokens"] >= 40
     assert row["bucket"] == [(64, 512)] and row["replayed"] == 0 and row["failed"] == []
     assert row["tokens_identical"] is True and row["eager_token"] == row["static_token"]
+    # the whole prompt prefilled with no memory KV gives the injected request's first token (float32)
+    assert row["full_token_identical"] is True and row["full_token"] == row["full_eager_token"] == row["static_token"]
+    assert row["full_failed"] == [] and row["memos_speedup_pct"] is None  # not one of MemOS's cells
+    kv, full = min(row["static_ms"], row["eager_ms"]), min(row["full_ms"], row["full_eager_ms"])
+    assert row["reduction_pct"] == 100.0 * (1.0 - kv / full)
+    assert row["floor_full"]["measured_over_floor"] is None
+    # the floors: the query-only forward over the block for the KV arms, the whole prompt's for the full one
+    assert row["floor_static"]["bytes"] == row["floor_eager"]["bytes"] < row["floor_full"]["bytes"]
+    assert row["floor_static"]["flops"] < row["floor_full"]["flops"]
+    assert row["floor_static"]["card"] is None and row["floor_static"]["measured_over_floor"] is None  # a CPU
     assert pool.prefill_graphs is None and pool.used_pages == pool.shared.page_count()
 
 

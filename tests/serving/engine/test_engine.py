@@ -21,7 +21,9 @@ CHUNK = 32
 
 
 def make_pool(model, mb: float = 16, page_tokens: int = 16) -> PagePool:
-    return PagePool(PoolShape.of_model(model, page_tokens), int(mb * (1 << 20)))
+    """A pool of `mb` MiB on the model's device."""
+    device = next(model.parameters()).device
+    return PagePool(PoolShape.of_model(model, page_tokens), int(mb * (1 << 20)), device=device)
 
 
 def admitted(pool, model, ids, item=None, **kw):

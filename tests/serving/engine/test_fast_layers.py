@@ -120,6 +120,24 @@ def test_tiny_qwen_fast_layers_give_the_generic_logits_and_a_full_prefills_token
     assert decoder.steps > steps
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
+def test_on_cuda_in_float32_the_fast_layers_give_the_generic_logits_and_a_full_prefills_tokens(
+    tokenizer, kind, fast
+):
+    """The same on a GPU (the GPU suite's graphs_test step runs it): the engine's own layers and its page pool
+    on CUDA, float32, against HF's own full prefill on CUDA."""
+    model = tiny_qwen(kind, len(tokenizer)).to("cuda")
+    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
+    generic = one_step_logits(model, handle, tokenizer)
+    decoder = fast(model)
+    fast_logits = one_step_logits(model, handle, tokenizer)
+    assert decoder.steps > 0 and fast_logits.device.type == "cuda"
+    torch.testing.assert_close(fast_logits, generic, rtol=1e-4, atol=1e-4)
+    assert torch.equal(fast_logits.argmax(-1), generic.argmax(-1))
+    equal_to_a_full_prefill(model, tokenizer, kind)
+
+
 def test_sliding_window_layers_on_the_fast_path_equal_a_full_prefill(tokenizer, fast, monkeypatch):
     monkeypatch.setattr(step_plan, "GROUP_MIN_READS", 0)
     model = tiny_sliding("qwen2", len(tokenizer))
