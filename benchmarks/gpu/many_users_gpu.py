@@ -131,6 +131,11 @@ def engine_burst(model, pool, items, requests, new_tokens: int, max_running: int
                 seq = next(gen)
                 while isinstance(seq, AdmissionWait):
                     raise PoolFull("no room now")
+                # the pages of its whole reply taken now: admission checks the free pages, it does not keep
+                # them, so requests admitted in one turn would otherwise outgrow the pool mid-reply
+                if not seq.table.grow(len(ids) + new_tokens):
+                    seq.release()
+                    raise PoolFull("no room for its reply")
             except PoolFull:
                 gen.close()
                 if not running:

@@ -37,6 +37,15 @@ def test_the_tiny_smoke_runs_both_arms_and_they_agree(tmp_path, capsys):
     assert sorted(result["engine_over_peer"]) == ["tokens_per_s", "ttft_p50", "ttft_p99"]
 
 
+def test_requests_admitted_in_one_turn_never_outgrow_the_pool_mid_reply(tmp_path):
+    """The GPU run's shape, smaller: an eighth-sized pool, many requests admitted in one turn. Each takes its
+    whole reply's pages when admitted; before, they outgrew the pool mid-reply and the run stopped."""
+    args = "--users 16 --requests 24 --block 400 --new-tokens 16 --no-peer".split()
+    result = many_users_gpu.main(["--tiny", "--device", "cpu", *args, "--out", str(tmp_path / "m.json")])
+    engine = result["arms"]["engine"]
+    assert engine["tokens"] == 24 * 16 and engine["overcommit"] > 1
+
+
 def test_the_gpu_suite_runs_it():
     suite = (ROOT / "benchmarks" / "gpu" / "gpu_suite.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu" / "gpu_suite.sh")]).returncode == 0
