@@ -120,6 +120,12 @@ def main(argv: list[str] | None = None) -> dict:
         default="fast",
         help="fast: the engine's own layers where the model takes them (the server's default); generic: HF's",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="the fast path's element-wise functions under torch.compile (serving/engine/models/compile.py)",
+    )
+    p.add_argument("--compile-cache", default=None, help="inductor's on-disk cache for --compile")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     env = env_info(args.device)  # the load average at the start
@@ -136,7 +142,11 @@ def main(argv: list[str] | None = None) -> dict:
         if args.cells
         else [(c, q) for c in MEMOS_CTX for q in MEMOS_QUERY]
     )
-    choice = models.enable(handle.model) if args.path == "fast" else models.Choice("generic", "--path generic")
+    if args.path == "fast":
+        choice = models.enable(handle.model, compile=args.compile, cache_dir=args.compile_cache)
+    else:
+        choice = models.Choice("generic", "--path generic")
+    print(f"engine layers {choice.path}, built in {choice.build_s:.1f} s", flush=True)
     pool = PagePool(PoolShape.of_model(handle.model), args.pool_mb << 20, device=handle.device)
     result = {
         "env": env,
@@ -144,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         "dtype": str(next(handle.model.parameters()).dtype),
         "path": choice.path,
         "path_reason": choice.reason,
+        "compiled": args.compile and choice.path == "fast",
+        "build_s": choice.build_s,  # the fast layers' build (and with --compile, the compile or cache load)
         "reps": args.reps,
         "cells": [],
     }

@@ -171,6 +171,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--pool-mb", type=int, default=None, help="the engine's page pool (default: what R needs)")
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="the engine's element-wise functions under torch.compile (serving/engine/models/compile.py)",
+    )
+    p.add_argument("--compile-cache", default=None, help="inductor's on-disk cache for --compile")
     p.add_argument("--no-engine", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -250,8 +256,11 @@ def main(argv: list[str] | None = None) -> dict:
             from serving.engine.graphs import DecodeGraphs
             from serving.engine.pages import PagePool, PoolShape
 
-            choice = models.enable(model)
+            choice = models.enable(model, compile=args.compile, cache_dir=args.compile_cache)
             result["engine_path"], result["engine_path_reason"] = choice.path, choice.reason
+            # the fast layers' build, with --compile their compile (or cache load) at start: printed and kept
+            result["engine_compiled"], result["engine_build_s"] = args.compile, choice.build_s
+            print(f"[decode_peer] engine layers {choice.path}, built in {choice.build_s:.1f} s", flush=True)
             pool_shape = PoolShape.of_model(model)
             for rows in args.rows:
                 inputs = prompts(rows, args.prompt, vocab)

@@ -40,3 +40,4 @@ def test_the_gpu_suite_runs_it():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu" / "gpu_suite.sh")]).returncode == 0
     assert "step prefill_graphs_qwen3_8b" in suite and "-m benchmarks.engine.prefill_graphs_bench" in suite
     assert "tests/serving/engine/test_prefill_graphs.py" in suite
+    assert "tests/serving/engine/test_fast_layers.py::test_on_cuda_in_float32" in suite  # the fast path on CUDA

@@ -49,3 +49,6 @@ def test_the_gpu_suite_runs_it():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu" / "gpu_suite.sh")]).returncode == 0
     assert "step decode_qwen3_8b" in suite and "-m benchmarks.gpu.decode_peer" in suite
     assert "DP=(--tiny" in suite  # SMOKE=1: the tiny shape
+    # the compiled element-wise functions measured beside the eager ones, no peer (issue 43 item 2)
+    assert 'step decode_qwen3_8b_compiled 150 "$PY" -m benchmarks.gpu.decode_peer' in suite
+    assert "--no-peer --compile" in suite and "step prefill_graphs_qwen3_8b_compiled" in suite
