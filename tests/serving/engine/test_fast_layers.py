@@ -120,6 +120,26 @@ def test_tiny_qwen_fast_layers_give_the_generic_logits_and_a_full_prefills_token
     assert decoder.steps > steps
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
+def test_the_norm_as_a_gpu_runs_it_gives_the_same_logits(tokenizer, kind, fast, monkeypatch):
+    """On a GPU the fast layers' norms run torch's rms_norm, then the weight (layers.FUSED_NORM_DEVICES). The
+    same form on this CPU (where torch decomposes it) gives the CPU form's logits bit for bit, per-head q/k
+    norms included, and a full prefill's greedy tokens."""
+    from serving.engine.models import layers
+
+    model = tiny_qwen(kind, len(tokenizer))
+    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
+    fast(model)
+    cpu_form = one_step_logits(model, handle, tokenizer)
+    monkeypatch.setattr(layers, "FUSED_NORM_DEVICES", frozenset({"cuda", "cpu"}))
+    calls = []
+    real = torch.nn.functional.rms_norm
+    monkeypatch.setattr(torch.nn.functional, "rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gpu_form = one_step_logits(model, handle, tokenizer)
+    assert len(calls) > 0 and torch.equal(gpu_form, cpu_form)
+    equal_to_a_full_prefill(model, tokenizer, kind)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
 def test_on_cuda_in_float32_the_fast_layers_give_the_generic_logits_and_a_full_prefills_tokens(
