@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -94,11 +94,13 @@ Reclaimer = Holder  # something that keeps pages it gives back when the pool run
 class PagePool:
     """Pages with reference counts over two preallocated tensors (see the module docstring)."""
 
-    # stored blocks copied into pages (`write`): how many, their bytes, the seconds the model thread spent on
-    # them (with CUDA, the copies' launch: they are non_blocking). What a load from host RAM costs here
-    # (serving/backends/transformers/load_costs.py)
+    # stored blocks copied into pages (`write`): how many, their bytes, and (`copied_seconds`, `copy_sample`)
+    # the time they took: on a CPU the model thread's; on a GPU the device's, read from CUDA events around each
+    # copy once it has run (the copies are non_blocking, so the thread's time would be their launch alone).
+    # What a load from host RAM costs here (serving/backends/transformers/load_costs.py)
     copies = copied_bytes = 0
-    copied_seconds = 0.0
+    _timed_bytes = 0
+    _timed_seconds = 0.0
 
     def __init__(self, shape: PoolShape, pool_bytes: int, device: torch.device | str = "cpu") -> None:
         if shape.page_tokens < 1:
@@ -119,6 +121,7 @@ class PagePool:
         self.k[:, slots].zero_()  # the scratch slot is read under a -inf mask: never NaN (NaN x 0 is NaN)
         self.v[:, slots].zero_()
         self._refs = [0] * num_pages
+        self._timing: deque = deque()  # (begin, end, bytes): CUDA copies whose time is not read yet
         self._free = FreeRuns(num_pages)
         self.lock = threading.RLock()
         self.residency = Residency(self)  # who keeps which pages, quotas, pins, what goes first
@@ -220,15 +223,47 @@ class PagePool:
         """kv: [layers, 2, kv_heads, n, head_dim] (a KVItem's layout) into `slots` (n of them). From host
         memory to a GPU the copy is non_blocking (overlapped when the host copy is page-locked); counted in
         `copies`, `copied_bytes`, `copied_seconds`."""
+        on_gpu = self.k.device.type == "cuda"
         started = time.perf_counter()
+        if on_gpu:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
         slots = slots.to(self.k.device)
         kv = kv.to(self.k.device, non_blocking=True)
         self.k[:, slots] = kv[:, 0].transpose(1, 2).to(self.k.dtype)
         self.v[:, slots] = kv[:, 1].transpose(1, 2).to(self.v.dtype)
+        nbytes = kv.numel() * kv.element_size()
+        if on_gpu:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
         with self.lock:
             self.copies += 1
-            self.copied_bytes += kv.numel() * kv.element_size()
-            self.copied_seconds += time.perf_counter() - started
+            self.copied_bytes += nbytes
+            if on_gpu:
+                self._timing.append((begin, end, nbytes))
+            else:
+                self._timed_bytes += nbytes
+                self._timed_seconds += time.perf_counter() - started
+
+    def _settle(self) -> None:
+        """Under the lock: the CUDA copies that have run, in order, their time read from their events."""
+        while self._timing and self._timing[0][1].query():
+            begin, end, nbytes = self._timing.popleft()
+            self._timed_bytes += nbytes
+            self._timed_seconds += begin.elapsed_time(end) / 1e3  # milliseconds
+
+    @property
+    def copied_seconds(self) -> float:
+        """The seconds the copies into pages took, those still running on a GPU not yet counted."""
+        with self.lock:
+            self._settle()
+            return self._timed_seconds
+
+    def copy_sample(self) -> tuple[int, float]:
+        """(bytes, seconds) of the copies whose time is known: a rate of loads from host memory."""
+        with self.lock:
+            self._settle()
+            return self._timed_bytes, self._timed_seconds
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """The K/V at `slots` as [layers, 2, kv_heads, n, head_dim] (a copy)."""

@@ -63,7 +63,7 @@ class EngineFetches:
         if tier is None:
             return Decision(None, None, None, None)
         if self.pool is not None:
-            self.costs.measured("host", self.pool.copied_bytes, self.pool.copied_seconds)
+            self.costs.measured("host", *self.pool.copy_sample())
         disk = self.store.disk_loads
         self.costs.measured("disk", disk["bytes"], disk["seconds"])
         head = self.head_item.num_tokens if self.head_item is not None else 0

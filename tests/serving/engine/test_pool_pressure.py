@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from kvmem.kv import Sampling
 from serving.engine.batcher import Batcher
@@ -313,3 +314,37 @@ def test_when_nothing_runs_a_younger_preempted_request_holding_pages_fails_for_t
     assert out1 == alone and seq1.num_preemptions == 1
     pool.release(held)
     assert not pool.preempted and pool.used_pages == pool.shared.page_count()
+
+
+class _Event:
+    """A CUDA event as the pool reads one: done once `done` is set; its elapsed time to another in ms."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms, self.done = at_ms, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_a_gpu_copys_time_is_counted_from_its_events_once_it_has_run():
+    """On a GPU a copy into pages is non_blocking: its time is read from the CUDA events recorded around it,
+    in order, once the later one has run (copied_seconds, and copy_sample, the rate load_costs.py reads);
+    until then neither its seconds nor its bytes are in the sample. On a CPU the thread's time is counted at
+    once (the bytes of a CPU copy are in the sample as it returns)."""
+    pool = PagePool(PoolShape(2, 1, 4, torch.float32, page_tokens=4), 1 << 16)
+    slots = pool.slots(pool.alloc(1), 0, 4)
+    pool.write(slots, torch.ones(2, 2, 1, 4, 4))
+    cpu_bytes, cpu_s = pool.copy_sample()
+    assert pool.copies == 1 and cpu_bytes == pool.copied_bytes == 2 * 2 * 4 * 4 * 4 and cpu_s > 0
+    first = (_Event(0.0), _Event(4.0), 1000)
+    second = (_Event(10.0), _Event(12.0), 500)
+    pool._timing.extend([first, second])
+    assert pool.copy_sample() == (cpu_bytes, cpu_s) and pool.copied_seconds == cpu_s  # neither has run
+    second[1].done = True  # read in order: the second waits for the first
+    assert pool.copy_sample() == (cpu_bytes, cpu_s)
+    first[1].done = True
+    assert pool.copy_sample() == (cpu_bytes + 1500, pytest.approx(cpu_s + 0.006))
+    assert pool.copied_seconds == pytest.approx(cpu_s + 0.006) and not pool._timing
