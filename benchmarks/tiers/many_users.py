@@ -62,7 +62,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def run_level(client: Client, cfg: WorkloadConfig, qps: float, level: int, args) -> dict:
-    events = schedule(cfg, qps, args.duration_s, level)
+    events = schedule(cfg, qps, args.duration_s, level, min_asks=args.min_asks)
     before = arms_mod.scrape(client.server.base)
     rows: list[dict] = []
     futures = []
@@ -308,6 +308,12 @@ def main(argv: list[str] | None = None) -> dict:
         "rates exactly)",
     )
     p.add_argument("--duration-s", type=float, help="per rate")
+    p.add_argument(
+        "--min-asks",
+        type=int,
+        default=0,
+        help="per rate, at least this many asks: a low rate runs past --duration-s until it has them",
+    )
     p.add_argument("--answer-len", type=int, help="max_tokens")
     p.add_argument("--ttft-target-s", type=float, default=1.0, help="goodput counts requests within it")
     p.add_argument(
@@ -420,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "memory_tokens_drawn": [u.memory_tokens for u in users], "kv_bytes_per_token": per_token,
                      "memory_kv_bytes_total": memory_tokens * per_token if per_token else None,
                      "shared_system_prompt": system},
-        "settings": {k: getattr(args, k) for k in ("qps", "duration_s", "answer_len", "ttft_target_s", "kv_pool_mb",
+        "settings": {k: getattr(args, k) for k in ("qps", "duration_s", "min_asks", "answer_len", "ttft_target_s", "kv_pool_mb",
                                                     "kv_host_mb", "kv_disk_gb", "kv_user_mb", "kv_wait_s", "max_model_len", "request_timeout_s",
                                                     "block_token_budget", "quick", "serve_args", "text_serve_args")},
         "calibration": calibration,

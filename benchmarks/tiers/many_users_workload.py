@@ -150,13 +150,17 @@ def make_users(cfg: WorkloadConfig) -> list[User]:
     return users
 
 
-def schedule(cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0) -> list[Event]:
+def schedule(
+    cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0, min_asks: int = 0
+) -> list[Event]:
     """One load level: asks at Poisson times of rate `qps` over `duration_s`, each from a Zipf-drawn user, and
     edits at Poisson times of rate num_users * edit_share_per_min / 60 (or qps * edits_per_ask where that is
-    set), each from a uniformly drawn user with a new canary, every edit followed at once by that user's probe. Sorted by time (asks before edits at a tie).
-    `level` makes each level of a sweep its own draw."""
-    if qps <= 0 or duration_s <= 0:
-        raise ValueError(f"qps and duration_s must be > 0, got {qps}, {duration_s}")
+    set), each from a uniformly drawn user with a new canary, every edit followed at once by that user's probe.
+    Sorted by time (asks before edits at a tie). `min_asks`: the asks go on past `duration_s` until there are
+    that many (a low rate's percentiles are then of a distribution, not of 3 requests), and the edits cover
+    the same span. `level` makes each level of a sweep its own draw."""
+    if qps <= 0 or duration_s <= 0 or min_asks < 0:
+        raise ValueError(f"qps and duration_s must be > 0 and min_asks >= 0, got {qps}, {duration_s}, {min_asks}")
     rng = np.random.default_rng([cfg.seed, 2, level])
     weights = zipf_weights(cfg.num_users, cfg.zipf_alpha)
     events: list[Event] = []
@@ -164,7 +168,7 @@ def schedule(cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0)
     t = 0.0
     while True:
         t += float(rng.exponential(1.0 / qps))
-        if t >= duration_s:
+        if t >= duration_s and len(events) >= min_asks:
             break
         user = int(rng.choice(cfg.num_users, p=weights))
         r = rounds[user]
@@ -177,10 +181,11 @@ def schedule(cfg: WorkloadConfig, qps: float, duration_s: float, level: int = 0)
         if cfg.edits_per_ask is not None
         else cfg.num_users * cfg.edit_share_per_min / 60.0
     )
+    span = max(duration_s, events[-1].t if events else 0.0)  # past duration_s only for min_asks
     t = 0.0
     while edit_rate > 0:
         t += float(rng.exponential(1.0 / edit_rate))
-        if t >= duration_s:
+        if t >= span:
             break
         user = int(rng.integers(0, cfg.num_users))
         events.append(Event(t, "edit", user, 0, "", make_canary(rng)))

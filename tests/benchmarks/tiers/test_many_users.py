@@ -52,6 +52,21 @@ def test_users_sizes_and_arrivals_are_exact_for_a_seed():
     assert schedule(cfg, 2.0, 10.0, level=1) != events
 
 
+def test_min_asks_runs_a_low_rate_past_its_duration_until_it_has_them():
+    cfg = WorkloadConfig(num_users=10, seed=0, edits_per_ask=0.5)
+    plain = schedule(cfg, 0.1, 20.0)
+    asks = [e for e in plain if e.kind == "ask"]
+    assert len(asks) < 12 and all(e.t < 20.0 for e in plain)
+    longer = schedule(cfg, 0.1, 20.0, min_asks=12)
+    more = [e for e in longer if e.kind == "ask"]
+    assert len(more) == 12 and more[: len(asks)] == asks  # the same draw, continued
+    assert more[-1].t > 20.0 and all(e.t < more[-1].t for e in longer if e.kind == "edit")
+    assert sum(e.kind == "edit" for e in longer) > sum(e.kind == "edit" for e in plain)  # edits cover the span
+    assert schedule(cfg, 2.0, 10.0, min_asks=3) == schedule(cfg, 2.0, 10.0)  # enough asks: nothing changes
+    with pytest.raises(ValueError, match="min_asks"):
+        schedule(cfg, 1.0, 10.0, min_asks=-1)
+
+
 def test_lognormal_sizes_have_the_configured_mean_and_sigma():
     cfg = WorkloadConfig(
         num_users=20000,
