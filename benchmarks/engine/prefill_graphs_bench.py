@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         "dtype": str(next(handle.model.parameters()).dtype),
         "path": choice.path,
         "path_reason": choice.reason,
-        "compiled": args.compile and choice.path == "fast",
+        "compiled": choice.compiled,
         "build_s": choice.build_s,  # the fast layers' build (and with --compile, the compile or cache load)
         "reps": args.reps,
         "cells": [],

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
             choice = models.enable(model, compile=args.compile, cache_dir=args.compile_cache)
             result["engine_path"], result["engine_path_reason"] = choice.path, choice.reason
             # the fast layers' build, with --compile their compile (or cache load) at start: printed and kept
-            result["engine_compiled"], result["engine_build_s"] = args.compile, choice.build_s
+            result["engine_compiled"], result["engine_build_s"] = choice.compiled, choice.build_s
             print(f"[decode_peer] engine layers {choice.path}, built in {choice.build_s:.1f} s", flush=True)
             pool_shape = PoolShape.of_model(model)
             for rows in args.rows:

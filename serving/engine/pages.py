@@ -225,22 +225,24 @@ class PagePool:
         `copies`, `copied_bytes`, `copied_seconds`."""
         on_gpu = self.k.device.type == "cuda"
         started = time.perf_counter()
-        if on_gpu:
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record()
         slots = slots.to(self.k.device)
+        if on_gpu:  # on the pool's device's stream, where the copies below run, around them alone
+            stream = torch.cuda.current_stream(self.k.device)
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
         kv = kv.to(self.k.device, non_blocking=True)
         self.k[:, slots] = kv[:, 0].transpose(1, 2).to(self.k.dtype)
         self.v[:, slots] = kv[:, 1].transpose(1, 2).to(self.v.dtype)
         nbytes = kv.numel() * kv.element_size()
         if on_gpu:
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(stream)
         with self.lock:
             self.copies += 1
             self.copied_bytes += nbytes
             if on_gpu:
                 self._timing.append((begin, end, nbytes))
+                self._settle()  # the earlier copies that have run: the queue stays short without a reader
             else:
                 self._timed_bytes += nbytes
                 self._timed_seconds += time.perf_counter() - started
