@@ -26,14 +26,14 @@ item from the event loop.
 from __future__ import annotations
 
 import threading
-import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from serving.engine.copy_times import CopyTimes
 from serving.engine.errors import PoolFull
 from serving.engine.free_runs import FreeRuns
 from serving.engine.prefix_cache import PrefixCache
@@ -95,12 +95,8 @@ class PagePool:
     """Pages with reference counts over two preallocated tensors (see the module docstring)."""
 
     # stored blocks copied into pages (`write`): how many, their bytes, and (`copied_seconds`, `copy_sample`)
-    # the time they took: on a CPU the model thread's; on a GPU the device's, read from CUDA events around each
-    # copy once it has run (the copies are non_blocking, so the thread's time would be their launch alone).
-    # What a load from host RAM costs here (serving/backends/transformers/load_costs.py)
+    # the time they took (copy_times.py): what a load from host RAM costs here (load_costs.py)
     copies = copied_bytes = 0
-    _timed_bytes = 0
-    _timed_seconds = 0.0
 
     def __init__(self, shape: PoolShape, pool_bytes: int, device: torch.device | str = "cpu") -> None:
         if shape.page_tokens < 1:
@@ -121,7 +117,7 @@ class PagePool:
         self.k[:, slots].zero_()  # the scratch slot is read under a -inf mask: never NaN (NaN x 0 is NaN)
         self.v[:, slots].zero_()
         self._refs = [0] * num_pages
-        self._timing: deque = deque()  # (begin, end, bytes): CUDA copies whose time is not read yet
+        self.copy_times = CopyTimes(self.k.device)
         self._free = FreeRuns(num_pages)
         self.lock = threading.RLock()
         self.residency = Residency(self)  # who keeps which pages, quotas, pins, what goes first
@@ -223,49 +219,30 @@ class PagePool:
         """kv: [layers, 2, kv_heads, n, head_dim] (a KVItem's layout) into `slots` (n of them). From host
         memory to a GPU the copy is non_blocking (overlapped when the host copy is page-locked); counted in
         `copies`, `copied_bytes`, `copied_seconds`."""
-        on_gpu = self.k.device.type == "cuda"
-        started = time.perf_counter()
         slots = slots.to(self.k.device)
-        if on_gpu:  # on the pool's device's stream, where the copies below run, around them alone
-            stream = torch.cuda.current_stream(self.k.device)
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
+        begun = self.copy_times.begin()
         kv = kv.to(self.k.device, non_blocking=True)
         self.k[:, slots] = kv[:, 0].transpose(1, 2).to(self.k.dtype)
         self.v[:, slots] = kv[:, 1].transpose(1, 2).to(self.v.dtype)
         nbytes = kv.numel() * kv.element_size()
-        if on_gpu:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record(stream)
+        ended = self.copy_times.end(begun, nbytes)
         with self.lock:
             self.copies += 1
             self.copied_bytes += nbytes
-            if on_gpu:
-                self._timing.append((begin, end, nbytes))
-                self._settle()  # the earlier copies that have run: the queue stays short without a reader
-            else:
-                self._timed_bytes += nbytes
-                self._timed_seconds += time.perf_counter() - started
-
-    def _settle(self) -> None:
-        """Under the lock: the CUDA copies that have run, in order, their time read from their events."""
-        while self._timing and self._timing[0][1].query():
-            begin, end, nbytes = self._timing.popleft()
-            self._timed_bytes += nbytes
-            self._timed_seconds += begin.elapsed_time(end) / 1e3  # milliseconds
+            self.copy_times.add(ended)
 
     @property
     def copied_seconds(self) -> float:
         """The seconds the copies into pages took, those still running on a GPU not yet counted."""
         with self.lock:
-            self._settle()
-            return self._timed_seconds
+            self.copy_times.settle()
+            return self.copy_times.seconds
 
     def copy_sample(self) -> tuple[int, float]:
         """(bytes, seconds) of the copies whose time is known: a rate of loads from host memory."""
         with self.lock:
-            self._settle()
-            return self._timed_bytes, self._timed_seconds
+            self.copy_times.settle()
+            return self.copy_times.bytes, self.copy_times.seconds
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """The K/V at `slots` as [layers, 2, kv_heads, n, head_dim] (a copy)."""

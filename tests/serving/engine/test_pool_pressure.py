@@ -341,10 +341,10 @@ def test_a_gpu_copys_time_is_counted_from_its_events_once_it_has_run():
     assert pool.copies == 1 and cpu_bytes == pool.copied_bytes == 2 * 2 * 4 * 4 * 4 and cpu_s > 0
     first = (_Event(0.0), _Event(4.0), 1000)
     second = (_Event(10.0), _Event(12.0), 500)
-    pool._timing.extend([first, second])
+    pool.copy_times._timing.extend([first, second])
     assert pool.copy_sample() == (cpu_bytes, cpu_s) and pool.copied_seconds == cpu_s  # neither has run
     second[1].done = True  # read in order: the second waits for the first
     assert pool.copy_sample() == (cpu_bytes, cpu_s)
     first[1].done = True
     assert pool.copy_sample() == (cpu_bytes + 1500, pytest.approx(cpu_s + 0.006))
-    assert pool.copied_seconds == pytest.approx(cpu_s + 0.006) and not pool._timing
+    assert pool.copied_seconds == pytest.approx(cpu_s + 0.006) and not pool.copy_times._timing
