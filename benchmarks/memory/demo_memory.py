@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.common import git_sha, write_outputs
 from benchmarks.load.http_client import spawned_server, wait_for_block
+from serving.background.startup import DEMO_MEMORIES
 
 USER = "demo"
 QUESTIONS = (  # (question, a word the answer must contain), about serving.background.startup.DEMO_MEMORIES
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             store_turns=True,
         ) as base,
     ):
-        wait_for_block(base, USER, expected=len(QUESTIONS) + 1)  # DEMO_MEMORIES: 6
+        wait_for_block(base, USER, expected=len(DEMO_MEMORIES))
         model = _call(base, "/v1/models")["data"][0]["id"]
         seeded = [{**ask(base, q, args.max_tokens, model), "expect": k} for q, k in QUESTIONS]
         for text in CHIT_CHAT + STATEMENTS:

@@ -16,12 +16,14 @@ from serving.config import ServingConfig
 
 logger = logging.getLogger("serving.http.app")
 
+# one fact a memory, as formation keeps them (a move or a new job retires one line, never a neighbour)
 DEMO_MEMORIES = (
     "My name is Dana.",
     "I live in Lisbon.",
     "I am allergic to peanuts.",
     "I have a golden retriever called Miso.",
-    "I work as a marine biologist and study octopuses.",
+    "I work as a marine biologist.",
+    "I study octopuses.",
     "My favourite programming language is Python.",
 )
 
