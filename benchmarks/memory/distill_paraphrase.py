@@ -69,7 +69,11 @@ def run(handle, args, heldout: dict, writer=None) -> dict:
     layout = PromptLayout(handle.tokenizer)
     config = DistillConfig(
         train=TrainConfig(
-            max_steps=args.max_steps, eval_every=args.eval_every, seed=args.seed, num_threads=args.threads
+            max_steps=args.max_steps,
+            eval_every=args.eval_every,
+            seed=args.seed,
+            num_threads=args.threads,
+            **({} if args.recalled_evals is None else {"recalled_evals": args.recalled_evals}),
         ),
         augment=args.augment,
     )
@@ -186,6 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--recalled-evals", type=int, default=None, help="TrainConfig.recalled_evals (default: the job's own)"
+    )
     p.add_argument("--heldout", default=str(HELDOUT))
     p.add_argument("--out", default="benchmarks/results/cpu/distill_paraphrase.json")
     args = p.parse_args(argv)
