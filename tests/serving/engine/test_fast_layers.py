@@ -140,6 +140,44 @@ def test_the_norm_as_a_gpu_runs_it_gives_the_same_logits(tokenizer, kind, fast, 
     equal_to_a_full_prefill(model, tokenizer, kind)
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "llama-generic"])
+def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokenizer, kind, fast, monkeypatch):
+    """On a GPU a step's one prefill chunk is attended with the causal mask aligned to the last key and K/V
+    shared by G query heads, no mask tensor (attention.CAUSAL_DEVICES: what lets SDPA take flash). The same
+    form on this CPU, through the engine's own layers and the generic path: the chunk's logits are the masked
+    form's, and greedy tokens alone, in chunks and batched are a full prefill's."""
+    from serving.engine import attention
+
+    model = tiny_qwen(kind, len(tokenizer)) if kind == "qwen3" else make_tiny_llama(len(tokenizer))
+    if kind == "qwen3":
+        fast(model)
+    handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
+    ids, item = prompts_and_blocks(handle, tokenizer)[0]  # a prompt after a block: P > 0 keys before it
+
+    sizes = []
+
+    def lone_chunk_logits() -> torch.Tensor:
+        pool = make_pool(model)
+        seq = admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
+        chunk = seq._prefill[:CHUNK]
+        sizes.append((len(chunk), seq.position + len(chunk)))
+        with torch.inference_mode():
+            logits = runner.forward(model, pool, [seq], [chunk])
+        seq.release()
+        return logits
+
+    masked = lone_chunk_logits()
+    monkeypatch.setattr(attention, "CAUSAL_DEVICES", frozenset({"cuda", "cpu"}))
+    calls = []
+    real = attention.causal_lower_right
+    monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
+    causal = lone_chunk_logits()
+    assert calls == [sizes[-1]] * len(calls) and sizes[-1][1] > sizes[-1][0]  # the chunk after its block
+    torch.testing.assert_close(causal, masked, rtol=1e-5, atol=1e-5)
+    assert torch.equal(causal.argmax(-1), masked.argmax(-1))
+    equal_to_a_full_prefill(model, tokenizer, kind)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
 def test_on_cuda_in_float32_the_fast_layers_give_the_generic_logits_and_a_full_prefills_tokens(
