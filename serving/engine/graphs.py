@@ -6,7 +6,7 @@ kernels once and replays them with one launch: on an H200, 4.4 ms against 29.6 e
 (benchmarks/results/gpu/). A graph needs every shape and address fixed, so a step that only decodes (no
 prefill chunk, no adapter) runs here over static buffers:
 
-- rows are padded to a bucket (1, 2, 4, 8, 16, 32); a pad row's token writes its K/V to the pool's scratch
+- rows are padded to a bucket (1, 2, 4, 8, 16, 32, 64); a pad row's token writes its K/V to the pool's scratch
   slot (pages.py: one slot past the last page, never allocated) and reads only it;
 - each row reads its whole context through one slot table [rows, kcap], kcap a power of two >= 512 and at
   least its longest context; slots past a row's length read the scratch slot under a -inf mask. Rows that
@@ -42,7 +42,7 @@ from serving.engine.plan import PlanCache
 
 log = logging.getLogger(__name__)
 
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # 64: a server with --max-queue 64 (the 8B decode at 64 rows ran eager)
 MIN_CONTEXT = 512
 MAX_GATHER_SLOTS = 1 << 17  # rows * kcap of the largest bucket: the per-layer gather stays bounded
 

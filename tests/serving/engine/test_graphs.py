@@ -115,7 +115,7 @@ def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
     g = DecodeGraphs(model, pool, capture=False)
     short = admitted(pool, model, list(range(5, 40)), sampling=Sampling(max_new_tokens=2))
     assert g.bucket_for([short] * 3) == (4, 512)
-    assert g.bucket_for([short] * 33) is None  # more rows than the largest bucket
+    assert g.bucket_for([short] * 33) == (64, 512) and g.bucket_for([short] * 65) is None  # past the largest
     short.adapter = "a"
     assert g.bucket_for([short]) is None  # adapter rows run in the eager step (lora.py)
     short.adapter = None
@@ -124,10 +124,10 @@ def test_what_graphs_leave_to_the_eager_step(tiny_handle, tokenizer):
     short.position = 35
     short.release()
     assert graphs.supports(model)
-    assert g.warm(2048) == 18 and sorted(g.buckets) == [
-        (r, k) for r in (1, 2, 4, 8, 16, 32) for k in (512, 1024, 2048)
+    assert g.warm(2048) == 21 and sorted(g.buckets) == [
+        (r, k) for r in (1, 2, 4, 8, 16, 32, 64) for k in (512, 1024, 2048)
     ]
-    assert g.warm(8192) == 18 + 6 + 5  # 4096 for every row count, 8192 up to 16 rows (the gather bound)
+    assert g.warm(8192) == 21 + 6 + 5  # 4096 up to 32 rows, 8192 up to 16 (the gather bound)
 
     def of(config):
         return SimpleNamespace(config=config, modules=lambda: [])
@@ -254,12 +254,14 @@ def test_warm_captures_every_reachable_bucket_and_nothing_after(tiny_handle, tok
     assert graphs.reachable_shapes(2048, 4) == [
         (4, 2048), (4, 1024), (2, 2048), (4, 512), (2, 1024), (1, 2048), (2, 512), (1, 1024), (1, 512)
     ]  # fmt: skip
-    assert graphs.reachable_shapes(200_000, 64)[:3] == [
+    assert graphs.reachable_shapes(200_000, 64)[:4] == [
+        (64, 2048),
         (32, 4096),
         (16, 8192),
         (8, 16384),
     ]  # the gather bound
-    assert len(graphs.reachable_shapes(200_000, 64)) == 39 and graphs.reachable_shapes(1, 1) == [(1, 512)]
+    assert len(graphs.reachable_shapes(200_000, 64)) == 42 and graphs.reachable_shapes(1, 1) == [(1, 512)]
+    assert len(graphs.reachable_shapes(200_000, 32)) == 39  # a server's rows bound what it captures
     captured = faked_captures(monkeypatch, failing=(2, 1024))
     pool = make_pool(model, mb=64)
     g = capturing(model, pool)
