@@ -30,7 +30,7 @@ has() { "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.ut
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   if [ "$HAS_GPU" = 1 ]; then
     step "GPU found, installing torch (a few minutes)"
-    "${PIP[@]}" install "torch>=2.4"
+    "${PIP[@]}" install "torch>=2.5"
   else
     step "no GPU, installing the torch 2.13.0 CPU build"
     "${PIP[@]}" install "torch==2.13.0"

@@ -26,7 +26,10 @@ CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 # (`causal_lower_right`) with K/V shared by G query heads (`enable_gqa`), no mask tensor: CUDA's flash kernel
 # takes it; an additive mask keeps SDPA off flash (the engine's full prefill of 6,250 tokens took 294 ms on an
 # H200 against transformers' 204 ms, issue 43). The CPU keeps its form (its fused kernel is no faster there).
+# Only where flash can run (16-bit, head dim <= 256): otherwise torch falls back to the math kernel over a
+# materialised mask and [heads, Q, K] scores, where the additive mask keeps the memory-efficient kernel.
 CAUSAL_DEVICES = frozenset({"cuda"})
+CAUSAL_DTYPES = frozenset({torch.float16, torch.bfloat16})
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor:
@@ -84,7 +87,15 @@ def wide(
     else:
         k = k_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)  # [B, kv, K, d]
         v = v_pool.index_select(0, gather).view(b, kmax, kv_heads, dim).transpose(1, 2)
-    if b == 1 and window is None and softcap is None and sinks is None and query.device.type in CAUSAL_DEVICES:
+    if (
+        b == 1
+        and window is None
+        and softcap is None
+        and sinks is None
+        and query.device.type in CAUSAL_DEVICES
+        and query.dtype in CAUSAL_DTYPES
+        and dim <= 256
+    ):
         # one chunk of Q tokens after P: query i sees keys 0 .. P + i of K = P + Q, the causal mask aligned to
         # the last key; its queries are the rows' only tokens (tokens = 0 .. Q - 1)
         q = query[0].index_select(1, q_index)[None]  # [1, heads, Q, d]

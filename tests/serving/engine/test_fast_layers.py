@@ -143,9 +143,10 @@ def test_the_norm_as_a_gpu_runs_it_gives_the_same_logits(tokenizer, kind, fast, 
 @pytest.mark.parametrize("kind", ["qwen3", "llama-generic"])
 def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokenizer, kind, fast, monkeypatch):
     """On a GPU a step's one prefill chunk is attended with the causal mask aligned to the last key and K/V
-    shared by G query heads, no mask tensor (attention.CAUSAL_DEVICES: what lets SDPA take flash). The same
-    form on this CPU, through the engine's own layers and the generic path: the chunk's logits are the masked
-    form's, and greedy tokens alone, in chunks and batched are a full prefill's."""
+    shared by G query heads, no mask tensor (attention.CAUSAL_DEVICES, in 16 bits: what lets SDPA take
+    flash). The same form on this CPU in float32, through the engine's own layers and the generic path: the
+    chunk's logits are the masked form's, and greedy tokens alone, in chunks and batched are a full
+    prefill's."""
     from serving.engine import attention
 
     model = tiny_qwen(kind, len(tokenizer)) if kind == "qwen3" else make_tiny_llama(len(tokenizer))
@@ -168,11 +169,12 @@ def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokeni
 
     masked = lone_chunk_logits()
     monkeypatch.setattr(attention, "CAUSAL_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(attention, "CAUSAL_DTYPES", frozenset({torch.bfloat16, torch.float32}))
     calls = []
     real = attention.causal_lower_right
     monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
     causal = lone_chunk_logits()
-    assert calls == [sizes[-1]] * len(calls) and sizes[-1][1] > sizes[-1][0]  # the chunk after its block
+    assert calls and calls == [sizes[-1]] * len(calls) and sizes[-1][1] > sizes[-1][0]  # after its block
     torch.testing.assert_close(causal, masked, rtol=1e-5, atol=1e-5)
     assert torch.equal(causal.argmax(-1), masked.argmax(-1))
     equal_to_a_full_prefill(model, tokenizer, kind)
