@@ -181,6 +181,37 @@ def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokeni
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_in_bfloat16_a_lone_chunk_takes_the_causal_form(tokenizer, fast, monkeypatch):
+    """On a GPU in bf16 (what the suite's GPU step runs): a lone chunk after a block takes the causal form
+    (attention.CAUSAL_DEVICES), and its logits are the additive mask's within bf16's rounding (the two forms
+    run different kernels: flash, and memory-efficient attention with a mask)."""
+    from serving.engine import attention
+
+    model = tiny_qwen("qwen3", len(tokenizer)).to("cuda", torch.bfloat16)
+    fast(model)
+    handle = handle_for(model, tokenizer, model_id="tiny-qwen3-bf16")
+    ids, item = prompts_and_blocks(handle, tokenizer)[0]
+
+    def lone_chunk_logits() -> torch.Tensor:
+        pool = make_pool(model)
+        seq = admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
+        with torch.inference_mode():
+            logits = runner.forward(model, pool, [seq], [seq._prefill[:CHUNK]])
+        seq.release()
+        return logits.float()
+
+    calls = []
+    real = attention.causal_lower_right
+    monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
+    causal = lone_chunk_logits()
+    assert calls
+    monkeypatch.setattr(attention, "CAUSAL_DEVICES", frozenset())
+    masked = lone_chunk_logits()
+    cosine = torch.nn.functional.cosine_similarity(causal, masked, dim=-1)
+    assert bool(torch.isfinite(causal).all()) and float(cosine.min()) > 0.999, float(cosine.min())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
 def test_on_cuda_in_float32_the_fast_layers_give_the_generic_logits_and_a_full_prefills_tokens(
     tokenizer, kind, fast
