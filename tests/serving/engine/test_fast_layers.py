@@ -140,6 +140,30 @@ def test_the_norm_as_a_gpu_runs_it_gives_the_same_logits(tokenizer, kind, fast, 
     equal_to_a_full_prefill(model, tokenizer, kind)
 
 
+def lone_chunk_logits(model, ids, item, sizes: list | None = None) -> torch.Tensor:
+    """The float32 logits of one engine forward of a request's first prefill chunk alone, after its block
+    (P > 0 keys before it); appends (Q, K) to `sizes`."""
+    pool = make_pool(model)
+    seq = admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
+    chunk = seq._prefill[:CHUNK]
+    if sizes is not None:
+        sizes.append((len(chunk), seq.position + len(chunk)))
+    with torch.inference_mode():
+        logits = runner.forward(model, pool, [seq], [chunk])
+    seq.release()
+    return logits.float()
+
+
+def causal_calls(monkeypatch) -> list:
+    """The (Q, K) of every causal form attention.wide takes from now on."""
+    from serving.engine import attention
+
+    calls = []
+    real = attention.causal_lower_right
+    monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
+    return calls
+
+
 @pytest.mark.parametrize("kind", ["qwen3", "llama-generic"])
 def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokenizer, kind, fast, monkeypatch):
     """On a GPU a step's one prefill chunk is attended with the causal mask aligned to the last key and K/V
@@ -154,26 +178,12 @@ def test_a_lone_chunk_attended_as_a_gpu_does_gives_a_full_prefills_tokens(tokeni
         fast(model)
     handle = handle_for(model, tokenizer, model_id=f"tiny-{kind}")
     ids, item = prompts_and_blocks(handle, tokenizer)[0]  # a prompt after a block: P > 0 keys before it
-
     sizes = []
-
-    def lone_chunk_logits() -> torch.Tensor:
-        pool = make_pool(model)
-        seq = admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
-        chunk = seq._prefill[:CHUNK]
-        sizes.append((len(chunk), seq.position + len(chunk)))
-        with torch.inference_mode():
-            logits = runner.forward(model, pool, [seq], [chunk])
-        seq.release()
-        return logits
-
-    masked = lone_chunk_logits()
+    masked = lone_chunk_logits(model, ids, item, sizes)
     monkeypatch.setattr(attention, "CAUSAL_DEVICES", frozenset({"cuda", "cpu"}))
     monkeypatch.setattr(attention, "CAUSAL_DTYPES", frozenset({torch.bfloat16, torch.float32}))
-    calls = []
-    real = attention.causal_lower_right
-    monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
-    causal = lone_chunk_logits()
+    calls = causal_calls(monkeypatch)
+    causal = lone_chunk_logits(model, ids, item, sizes)
     assert calls and calls == [sizes[-1]] * len(calls) and sizes[-1][1] > sizes[-1][0]  # after its block
     torch.testing.assert_close(causal, masked, rtol=1e-5, atol=1e-5)
     assert torch.equal(causal.argmax(-1), masked.argmax(-1))
@@ -191,22 +201,11 @@ def test_on_cuda_in_bfloat16_a_lone_chunk_takes_the_causal_form(tokenizer, fast,
     fast(model)
     handle = handle_for(model, tokenizer, model_id="tiny-qwen3-bf16")
     ids, item = prompts_and_blocks(handle, tokenizer)[0]
-
-    def lone_chunk_logits() -> torch.Tensor:
-        pool = make_pool(model)
-        seq = admitted(pool, model, ids, item, sampling=Sampling(max_new_tokens=4))
-        with torch.inference_mode():
-            logits = runner.forward(model, pool, [seq], [seq._prefill[:CHUNK]])
-        seq.release()
-        return logits.float()
-
-    calls = []
-    real = attention.causal_lower_right
-    monkeypatch.setattr(attention, "causal_lower_right", lambda q, k: calls.append((q, k)) or real(q, k))
-    causal = lone_chunk_logits()
+    calls = causal_calls(monkeypatch)
+    causal = lone_chunk_logits(model, ids, item)
     assert calls
     monkeypatch.setattr(attention, "CAUSAL_DEVICES", frozenset())
-    masked = lone_chunk_logits()
+    masked = lone_chunk_logits(model, ids, item)
     cosine = torch.nn.functional.cosine_similarity(causal, masked, dim=-1)
     assert bool(torch.isfinite(causal).all()) and float(cosine.min()) > 0.999, float(cosine.min())
 
