@@ -5,8 +5,22 @@ A sequence with a grammar gets, at every step that samples it, the set of tokens
 (the matcher fills one row of a packed bitmask, 32 tokens an int32), every other token's logit set to -inf
 before its token is chosen (greedy or drawn, after logit_bias and penalties as usual); the chosen token then
 advances its matcher. Rows without a grammar are not touched. When the JSON is complete the grammar allows
-only the stop tokens given here (the engine's end-of-turn tokens), so a greedy reply ends with "stop"; a
-reply cut by `max_new_tokens` ends mid-JSON with "length", as OpenAI's does.
+only the stop tokens given here (the engine's end-of-turn tokens), so a greedy reply ends with "stop".
+
+A reply that runs into `max_new_tokens` is closed, not cut. From `CLOSE_WINDOW` tokens before its budget,
+each token the model chooses is checked after the sampler's sync (`Matcher.take`): the shortest way its
+document can end after that token is found (`_closing`: the grammar's forced text, else the first of a few
+short pieces the grammar accepts, a closing quote or bracket, a zero, `null`, ..., asked of copies of the
+matcher) and spelled in tokens the grammar accepts one by one. While that closing fits the budget left after
+the token, the model's token stands (a reply that ends within its budget is never touched); when it would
+not, the token is replaced by the next of the closing kept from the step before (which fitted then), and the
+next step is checked the same way: the model goes on where it can. The reply is then a complete document that
+validates (the closing keeps to the schema: required keys get the shortest values the schema allows), with
+"length" as its finish reason: the model did not end it. A reply with no closing that fits (a small
+`max_tokens` under a schema with many required keys) is cut mid-JSON, as OpenAI's is. A small model under an
+open schema (`{"type": "object"}`) can add keys until max_tokens; this is what keeps its reply JSON. The
+check costs at most two closing searches a row a step (none where the model writes its closing's next token),
+in those last steps only.
 
 Why xgrammar rather than llguidance (both installed; benchmarks/engine/structured_bench.py, the default
 model's 49,152-token vocabulary, on the shared 2-core CPU under load, medians, so indicative only): filling
@@ -34,6 +48,14 @@ import torch
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; a longer one is refused before it is compiled
 CACHE_SIZE = 256  # compiled grammars kept, least recently used dropped
+CLOSE_WINDOW = 64  # tokens before max_new_tokens from which every token taken is checked: a closing fits
+CLOSE_PIECES = 96  # pieces a closing may have (each one forced text, or one short piece), else none is found
+# what a closing tries where the grammar forces nothing, in order; each is accepted by a copy of the matcher
+# or skipped: end a string, then close, then the shortest values, then separators, then any printable
+# character (a string under a pattern or an enum); a second order tries brackets first (shorter outside a
+# string, never ending inside one: a bracket there is the string's text, and the search runs out of pieces)
+_QUOTE_FIRST = ('"', "}", "]", "0", "null", "false", "[]", "{}", ",", ":") + tuple(map(chr, range(32, 127)))
+_BRACKET_FIRST = ("}", "]") + _QUOTE_FIRST
 
 
 class GrammarError(ValueError):
@@ -43,33 +65,134 @@ class GrammarError(ValueError):
 class Grammar:
     """A compiled response format; `matcher()` gives a sequence its own state over it."""
 
-    def __init__(self, compiled) -> None:
-        self._compiled = compiled
+    def __init__(self, compiled, speller: Speller | None = None) -> None:
+        self._compiled, self._speller = compiled, speller
 
     def matcher(self) -> Matcher:
         import xgrammar as xgr
 
-        return Matcher(xgr.GrammarMatcher(self._compiled))
+        return Matcher(xgr.GrammarMatcher(self._compiled), self._speller)
 
 
 class Matcher:
-    """One sequence's place in its grammar: the tokens allowed next, and each token accepted."""
+    """One sequence's place in its grammar: the tokens allowed next, and each token taken. With a speller, a
+    reply near its budget is kept closable (the module's docstring): `closed_early` says a token of its was
+    replaced by its closing's."""
 
-    __slots__ = ("_m",)
+    __slots__ = ("_m", "_speller", "_plan", "closed_early")
 
-    def __init__(self, matcher) -> None:
-        self._m = matcher
+    def __init__(self, matcher, speller: Speller | None = None) -> None:
+        self._m, self._speller = matcher, speller
+        self._plan: list[int] | None = None  # in the window: a closing from here that fits the budget, if any
+        self.closed_early = False
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of `bitmask`: the tokens its grammar allows next."""
         self._m.fill_next_token_bitmask(bitmask, row)
 
+    def take(self, token: int, remaining: int | None = None) -> int | None:
+        """Advance by the chosen `token` and return the token taken: `token`, or, within CLOSE_WINDOW tokens of
+        the budget (`remaining`: the tokens the reply may still write, this one included; None: no budget),
+        its closing's next token where `token` would leave no closing that fits. None: the grammar does not
+        allow `token` (the matcher is unchanged)."""
+        if remaining is not None and remaining <= CLOSE_WINDOW and self._speller is not None:
+            token = self._vet(token, remaining)
+        return token if self._m.accept_token(token) else None
+
     def accept(self, token: int) -> bool:
-        """Advance by `token`; False if the grammar does not allow it (the matcher is unchanged)."""
-        return self._m.accept_token(token)
+        """Advance by `token` (no budget); False if the grammar does not allow it (the matcher is unchanged)."""
+        return self.take(token) is not None
 
     @property
     def terminated(self) -> bool:
         return self._m.is_terminated()
+
+    def closing_tokens(self) -> list[int] | None:
+        """The tokens that would end its document from here, in order ([] once it is complete; None: no
+        closing found, or no speller); the matcher is unchanged."""
+        return None if self._speller is None else _closing_tokens(self._m, self._speller)
+
+    def _vet(self, token: int, remaining: int) -> int:
+        if self._plan is None:  # entering the window, or no closing fitted before
+            now = self.closing_tokens()
+            self._plan = now if now is not None and len(now) <= remaining else None
+        plan = self._plan
+        if plan and token == plan[0]:  # the model writes its closing's next token: the rest still fits
+            self._plan = plan[1:]
+            return token
+        after = self._m.fork()
+        if not after.accept_token(token) or after.is_terminated():  # not allowed (take refuses it), or a stop
+            return token
+        then = _closing_tokens(after, self._speller)
+        if then is not None and len(then) <= remaining - 1:  # a closing fits after it: the token stands
+            self._plan = then
+            return token
+        if not plan:  # no closing fits: the reply may be cut
+            self._plan = None
+            return token
+        self._plan, self.closed_early = plan[1:], True  # the closing kept from before (it fits) goes on
+        return plan[0]
+
+
+def _closing_tokens(matcher, speller: Speller) -> list[int] | None:
+    text = _closing(matcher)
+    return None if text is None else speller.spell(text, matcher)
+
+
+def _closing(matcher) -> str | None:
+    """The shortest text found that completes `matcher`'s document (an xgrammar GrammarMatcher, unchanged),
+    or None: each order of `_QUOTE_FIRST`/`_BRACKET_FIRST` searched greedily, the shorter result kept."""
+    found = [text for text in (_close(matcher, pieces) for pieces in (_QUOTE_FIRST, _BRACKET_FIRST)) if text]
+    return min(found, key=len) if found else None
+
+
+def _close(matcher, pieces: tuple[str, ...]) -> str | None:
+    state, out = matcher.fork(), []
+    for _ in range(CLOSE_PIECES):
+        if state.is_completed():
+            return "".join(out)
+        forced = state.find_jump_forward_string()
+        if forced:
+            state.accept_string(forced)
+            out.append(forced)
+            continue
+        for piece in pieces:
+            trial = state.fork()
+            if trial.accept_string(piece):
+                state = trial
+                out.append(piece)
+                break
+        else:
+            return None
+    return None
+
+
+class Speller:
+    """A closing's text as token ids the grammar accepts in order: the tokenizer's own encoding, or one
+    single-byte token a byte where that encoding does not spell the same bytes (a tokenizer that adds a
+    leading space)."""
+
+    def __init__(self, tokenizer, decoded_vocab: Sequence[bytes]) -> None:
+        self._tokenizer, self._vocab = tokenizer, decoded_vocab
+        self._bytes: dict[int, int] | None = None
+
+    def spell(self, text: str, matcher) -> list[int] | None:
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if _accepts(matcher, ids):
+            return ids
+        if self._bytes is None:
+            self._bytes = {}
+            for token, spelled in enumerate(self._vocab):
+                if len(spelled) == 1:
+                    self._bytes.setdefault(spelled[0], token)
+        raw = text.encode()
+        ids = [self._bytes.get(b) for b in raw]
+        return ids if None not in ids and _accepts(matcher, ids) else None
+
+
+def _accepts(matcher, ids: Sequence[int]) -> bool:
+    trial = matcher.fork()
+    return all(trial.accept_token(t) for t in ids) and trial.is_completed()
 
 
 class Grammars:
@@ -80,6 +203,7 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         self._tokenizer, self.vocab_size, self._stops = tokenizer, vocab_size, sorted(stop_token_ids)
         self._compiler = None
+        self._speller: Speller | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str | None], Grammar] = OrderedDict()
 
@@ -92,6 +216,7 @@ class Grammars:
                     self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stops
                 )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._speller = Speller(self._tokenizer, info.decoded_vocab)
             return self._compiler
 
     def compile(self, kind: str, schema: str | None = None) -> Grammar:
@@ -104,12 +229,12 @@ class Grammars:
                 return self._cache[key]
         compiler = self._get_compiler()
         if kind == "json_object":
-            compiled = compiler.compile_builtin_json_grammar()
+            compiled = compiler.compile_grammar(_object_grammar())
         elif kind == "json_schema":
             compiled = compiler.compile_json_schema(_checked(schema), **_COMPACT)
         else:
             raise GrammarError(f"unknown response format type {kind!r}")
-        grammar = Grammar(compiled)
+        grammar = Grammar(compiled, self._speller)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > CACHE_SIZE:
@@ -118,6 +243,17 @@ class Grammars:
 
 
 _COMPACT = {"any_whitespace": False, "separators": (",", ":")}
+
+
+def _object_grammar():
+    """xgrammar's builtin JSON grammar rooted at an object: json_object's reply is one object, as OpenAI's (the
+    builtin's own root also takes an array). Its whitespace is kept: the compact `{"type": "object"}` schema
+    made the default model nest an object where it wrote `{"city": "Paris"}` with it."""
+    import xgrammar as xgr
+
+    root = '\nobject_root ::= "{" [ \\n\\r\\t]* members_and_embrace\n'
+    rooted = str(xgr.Grammar.builtin_json_grammar()) + root
+    return xgr.Grammar.from_ebnf(rooted, root_rule_name="object_root")
 
 
 def _checked(schema: str | None) -> str:

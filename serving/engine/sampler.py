@@ -6,8 +6,8 @@ its own seeded generator), never read back alone: kvmem/kv/sampling.py's functio
 written. The tokens of all rows are read with one `.tolist()`.
 Log-probabilities, asked for by few requests, are computed after it from the adjusted logits.
 A row whose sequence has a grammar (a response format: grammar.py) first has every token its grammar does not
-allow next set to -inf, in place, and its matcher takes the chosen token after the sync; other rows are as
-without it.
+allow next set to -inf, in place, and its matcher takes the chosen token after the sync (near its budget the
+token can give way to its JSON's closing: grammar.py); other rows are as without it.
 
 What a seed guarantees: the same request run alone gives the same tokens every time (its generator draws
 from the same distribution). In a batch the logits come from other matrix-kernel shapes, equal to within
@@ -49,11 +49,13 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
         else:
             picks[i] = draw(row, s.sampling, s.generator).reshape(1)
     tokens = torch.cat(picks).tolist()  # the step's one host sync
-    for i, matcher in constrained:
-        if not matcher.accept(tokens[i]):  # only a row whose every token was masked: nothing to choose from
+    for i, matcher in constrained:  # near its budget a row's token can give way to its JSON's closing
+        taken = matcher.take(tokens[i], seqs[i].sampling.max_new_tokens - len(seqs[i].stats.token_ids))
+        if taken is None:  # only a row whose every token was masked: nothing to choose from
             raise RuntimeError(
                 f"the response format's grammar allows no token after {len(seqs[i].stats.token_ids)}"
             )
+        tokens[i] = taken
     for i, row in adjusted.items():
         s = seqs[i]
         if s.sampling.top_logprobs is not None:

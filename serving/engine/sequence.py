@@ -35,10 +35,11 @@ from serving.engine.table import PageTable
 class EngineSequence:
     """One request's tokens, produced by the engine's steps (runner.step).
 
-    `finish_reason` (also in `stats`) is "stop" after a stop token, "length" after `max_new_tokens`,
-    "cancelled" once `should_stop()` is true at a step boundary, "error" when its step failed. Its prompt is
-    prefilled in chunks of `prefill_chunk_tokens` (all at once if None); a background prefill (a block build)
-    paces its chunks (`pace`).
+    `finish_reason` (also in `stats`) is "stop" after a stop token, "length" after `max_new_tokens` (or after
+    a stop token that ends a JSON reply closed early to fit them: grammar.py), "cancelled" once `should_stop()`
+    is true at a step boundary, "error" when its step failed. Its prompt is prefilled in chunks of
+    `prefill_chunk_tokens` (all at once if None); a background prefill (a block build) paces its chunks
+    (`pace`).
     """
 
     def __init__(
@@ -142,8 +143,8 @@ class EngineSequence:
             self.stats.ttft_s = time.perf_counter() - self.started
         self.stats.token_ids.append(token)
         self.last_token = token
-        if token in self.stop_token_ids:
-            self._finish("stop")
+        if token in self.stop_token_ids:  # a response format closed to fit the budget was cut: "length"
+            self._finish("length" if self.grammar is not None and self.grammar.closed_early else "stop")
         elif len(self.stats.token_ids) >= self.sampling.max_new_tokens:
             self._finish("length")
 

@@ -179,8 +179,8 @@ class EngineRequests:
                 return out
 
             while token is not None:
-                if token in self._eos:
-                    finish = "stop"
+                if token in self._eos:  # "length" if it ends a JSON reply closed early to fit (sequence.py)
+                    finish = seq.finish_reason or "stop"
                     break
                 received += 1
                 ready, hit = stops.feed(detok.add(token))

@@ -1,9 +1,11 @@
 """Structured outputs in the transformers backend (its engine's per-row token mask: serving/engine/grammar.py,
 sampler.py). On the tiny llama (random weights: only the mask makes its reply JSON) and through HTTP: a greedy
 reply under a JSON schema parses and validates; a row without a format decodes beside a constrained one with
-exactly the tokens it gets alone; max_tokens reached mid-JSON ends with "length"; a schema the backend cannot
-compile is a 400 invalid_response_format naming it. On the real default model (slow): its replies under a
-schema and under json_object validate, where its free reply does not."""
+exactly the tokens it gets alone; a reply that runs into max_tokens is closed early (it validates, ends with
+"length", and departs from its uncut reply only where the model's token left no closing within the budget),
+one that ends within its budget is untouched, one whose closing does not fit ends mid-JSON with "length"; json_object's reply is an object; a schema the backend cannot compile is a 400
+invalid_response_format naming it. On the real default model (slow): its replies under a schema and under
+json_object validate, where its free reply does not."""
 
 from __future__ import annotations
 
@@ -138,10 +140,58 @@ def test_a_row_without_a_format_decodes_beside_a_constrained_one_with_its_tokens
     alone = [asyncio.run(tokens_of(backend, r))[0] for r in (constrained, plain)]
     together = arrive_together(backend, [constrained, plain])
     assert [ids for ids, _ in together] == alone
-    assert len(alone[1]) == 24 and len(alone[0]) == 40
+    assert len(alone[1]) == 24
+    jsonschema.validate(json.loads(text_of(backend, alone[0])), PERSON)  # closed to fit its 40 tokens
 
 
-def test_max_tokens_reached_mid_json_ends_with_length(server):
+def test_a_reply_that_runs_into_max_tokens_is_closed_by_the_grammars_closing_and_validates(server):
+    _, backend = server
+    fmt = person_format(backend)
+    full, done = asyncio.run(tokens_of(backend, request(backend, "full", ASK, 200, fmt)))
+    assert done.finish_reason == "stop"
+    # a reply that ends within its budget, however tight, is the model's own
+    tight, result = asyncio.run(tokens_of(backend, request(backend, "tight", ASK, len(full) + 1, fmt)))
+    assert (tight, result.finish_reason) == (full, "stop")
+    budget = len(full) - 8
+    cut, result = asyncio.run(tokens_of(backend, request(backend, "cut", ASK, budget, fmt)))
+    assert result.finish_reason == "length"  # the model did not end it
+    jsonschema.validate(json.loads(text_of(backend, cut)), PERSON)
+    departs = next(i for i, (a, b) in enumerate(zip(cut, full, strict=False)) if a != b)
+    matcher = backend._grammar_for(fmt).matcher()
+    for token in full[: departs + 1]:
+        assert matcher.accept(token)
+    # where the reply departs from the model's own, the model's token left no closing within the budget
+    assert len(matcher.closing_tokens()) > budget - departs - 1
+
+
+def test_every_benchmark_schema_closes_from_its_first_brace_with_a_document_that_validates(server):
+    from benchmarks.engine.structured_bench import SCHEMAS
+
+    _, backend = server
+    tokenizer = backend.handle.tokenizer
+    opening = tokenizer.encode("{", add_special_tokens=False)
+    for case in json.loads(SCHEMAS.read_text()):
+        matcher = backend._grammar_for(
+            ResponseFormat("json_schema", json.dumps(case["schema"]), "s")
+        ).matcher()
+        assert all(matcher.accept(t) for t in opening)
+        closing = matcher.closing_tokens()
+        assert closing, case["name"]
+        jsonschema.validate(json.loads("{" + tokenizer.decode(closing)), case["schema"])
+
+
+def test_a_json_object_reply_that_runs_into_max_tokens_is_one_closed_object(server):
+    _, backend = server
+    fmt = ResponseFormat("json_object")
+    backend.check_response_format(fmt)
+    ids, result = asyncio.run(tokens_of(backend, request(backend, "o", "Write JSON about the sun.", 48, fmt)))
+    assert result.finish_reason == "length"
+    assert isinstance(json.loads(text_of(backend, ids)), dict)
+    opening = backend.handle.tokenizer.encode("[", add_special_tokens=False)
+    assert not backend._grammar_for(fmt).matcher().accept(opening[0])  # an object, never an array
+
+
+def test_max_tokens_reached_mid_json_with_no_room_to_close_ends_with_length(server):
     _, backend = server
     fmt = person_format(backend)
     full, _ = asyncio.run(tokens_of(backend, request(backend, "full", ASK, 120, fmt)))
