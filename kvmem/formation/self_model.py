@@ -3,8 +3,10 @@ schemas, and the updates decided as mem0 does (add, update, delete or nothing, p
 
 1. Extraction: the chat log (as the openai extractor writes it, llm.py) goes to `generate` with the facts
    schema as its response format, greedy; the reply is JSON valid under the schema by construction (the
-   engine masks its tokens), so a reply that does not parse is one cut by `max_tokens` (a permanent
-   ExtractionError, kind "length": the worker bisects the batch). The rules stay as guards: only user turns
+   engine masks its tokens), so a reply that does not parse is one cut by `max_tokens`; a reply that ends
+   with "length" is refused even where it parses (the engine closes a reply that runs into `max_tokens`, so
+   its last fact can be cut short: serving/engine/grammar.py). Either is a permanent ExtractionError, kind
+   "length": the worker bisects the batch. The rules stay as guards: only user turns
    in which the rules find a statement (kvmem.formation.clauses.statements: no chit-chat, question, request
    to the assistant or hypothetical) are sent as the user's lines (the others as context, and a batch with
    none is not sent at all); relative dates are resolved against the turn's time (llm.py's `_fact`); each
@@ -204,6 +206,8 @@ class ModelExtractor:
         messages = self._format.request_body(shown)["messages"]
         text, finish = self._generate(messages, FACTS_SCHEMA, self.max_tokens)
         try:
+            if finish == "length":  # cut, or closed by the engine to fit (its last fact may be cut short)
+                raise ValueError(finish)
             items = json.loads(text)["facts"]
         except (ValueError, KeyError, TypeError):
             raise ExtractionError(
@@ -232,6 +236,8 @@ class ModelExtractor:
         ]
         text, finish = self._generate(messages, update_schema(len(candidates)), self.decide_max_tokens)
         try:
+            if finish == "length":  # cut, or closed by the engine to fit: not the model's own decision
+                raise ValueError(finish)
             return parse_decision(text, [i for i, _ in candidates])
         except (ValueError, KeyError, TypeError):
             raise ExtractionError(

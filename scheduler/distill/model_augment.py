@@ -64,9 +64,10 @@ def model_examples(
     facts: Sequence[Fact], generate: Generate, *, max_tokens: int = 320
 ) -> tuple[list[Example], dict[str, int]]:
     """The examples the model's questions make for `facts`, and counts: `asked` (facts asked), `written`
-    (questions in the replies), `kept`, `unparsed` (replies that were not JSON)."""
+    (questions in the replies), `kept`, `unparsed` (replies that were not JSON), `closed` (replies that ran
+    into max_tokens and were closed by the engine: JSON, their last question left out as possibly cut)."""
     reserved = {_norm(e.question) for e in [*valid_questions(facts), *gate_questions(facts, seed=0)]}
-    counts = {"asked": 0, "written": 0, "kept": 0, "unparsed": 0}
+    counts = {"asked": 0, "written": 0, "kept": 0, "unparsed": 0, "closed": 0}
     out: list[Example] = []
     for f in facts:
         messages = [
@@ -77,6 +78,10 @@ def model_examples(
         text, finish = generate(messages, QUESTIONS_SCHEMA, max_tokens)
         try:
             questions = [q for q in json.loads(text)["questions"] if isinstance(q, str)]
+            if (
+                finish == "length"
+            ):  # closed by the engine to fit max_tokens: its last question may be cut short
+                questions, counts["closed"] = questions[:-1], counts["closed"] + 1
         except (ValueError, KeyError, TypeError):
             counts["unparsed"] += 1
             log.warning(

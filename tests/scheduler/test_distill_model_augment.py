@@ -53,7 +53,7 @@ def test_the_models_questions_are_kept_only_where_they_are_new_questions_without
         Example("m0", "question", "What's my dog called?", "Miso.", "Miso"),
         Example("m0", "question", "Which name is on my dog's collar?", "Your dog's name is Miso.", "Miso"),
     ]
-    assert counts == {"asked": 1, "written": 10, "kept": 3, "unparsed": 0}
+    assert counts == {"asked": 1, "written": 10, "kept": 3, "unparsed": 0, "closed": 0}
     ((messages, schema, max_tokens),) = calls
     assert schema is QUESTIONS_SCHEMA and max_tokens == 320
     assert messages[-1] == {"role": "user", "content": "Fact: My dog is called Miso.\nAnswer: Miso"}
@@ -66,7 +66,17 @@ def test_a_reply_cut_before_its_json_adds_nothing_for_that_fact_and_the_next_is_
     )
     examples, counts = model_examples(facts, generate)
     assert [(e.memory_id, e.question) for e in examples] == [("m1", "Which city is home for me?")]
-    assert counts == {"asked": 2, "written": 1, "kept": 1, "unparsed": 1} and len(calls) == 2
+    assert counts == {"asked": 2, "written": 1, "kept": 1, "unparsed": 1, "closed": 0} and len(calls) == 2
+
+
+def test_a_reply_closed_to_fit_max_tokens_keeps_its_questions_but_the_last() -> None:
+    home = parse_fact("m1", 1, "I live in Porto.")
+    closed = {"questions": ["Which city is home for me?", "Where do I li"]}  # the engine closed the last one
+    examples, counts = model_examples(
+        [home], lambda messages, schema, max_tokens: (json.dumps(closed), "length")
+    )
+    assert [(e.memory_id, e.question) for e in examples] == [("m1", "Which city is home for me?")]
+    assert counts == {"asked": 1, "written": 1, "kept": 1, "unparsed": 0, "closed": 1}
 
 
 def test_the_job_trains_on_the_models_questions_beside_the_templates(

@@ -296,3 +296,24 @@ def test_a_compound_reply_is_stored_as_atomic_memories(store) -> None:
     store.log_turns("u", [{"role": "user", "content": said}])
     assert worker_with(store, script).form_user("u").num_added == 3
     assert served(store) == ["I live in Lisbon.", "I work as a nurse.", "My wife is Ana."]
+
+
+def test_a_reply_that_parses_but_ended_with_length_is_refused_as_cut() -> None:
+    from kvmem.formation.errors import ExtractionError
+    from kvmem.formation.types import Fact, TurnInput
+
+    said = "2026-11-26T12:00:00.000000Z"
+    turn = TurnInput(id="t1", role="user", text="I play chess.", chat_time=said)
+    # the engine closes a reply that runs into max_tokens (its last fact may be cut short): it parses
+    closed = ModelExtractor(
+        lambda messages, schema, max_tokens: (json.dumps({"facts": [fact("I pl")]}), "length")
+    )
+    with pytest.raises(ExtractionError) as cut:
+        closed.extract([turn])
+    assert (cut.value.kind, cut.value.transient) == ("length", False)
+    decided = ModelExtractor(
+        lambda messages, schema, max_tokens: (json.dumps({"event": "add", "memory": None}), "length")
+    )
+    with pytest.raises(ExtractionError) as undecided:
+        decided.decide_one(Fact("I play chess.", ("t1",), said), [("m1", "I play go.")])
+    assert (undecided.value.kind, undecided.value.transient) == ("length", False)
