@@ -4,10 +4,12 @@
    and numbers with bounds, strings with patterns) with its prompt, greedy, `--max-tokens` at most, through the
    transformers backend on the default model, `--concurrency` requests at a time (they share decode steps,
    so constrained rows are masked in batches); each reply is parsed and validated with `jsonschema`. A reply
-   cut by max_tokens counts as invalid. The schema's compile time (`check_response_format`, the first one also
-   builds the tokenizer's table) is recorded.
+   that ran into max_tokens was closed by the engine (serving/engine/grammar.py) and counts as it validates;
+   `closed_early` counts them (valid, finish "length"); one cut mid-JSON counts as invalid. The schema's
+   compile time (`check_response_format`, the first one also builds the tokenizer's table) is recorded.
 2. The mask inside the engine: every call of serving/engine/grammar.py's `mask` during (1) timed, with its
-   row count (fill + apply, per step).
+   row count (fill + apply, per step); and every closing check (`Matcher.take` on a row within CLOSE_WINDOW
+   tokens of its budget, one row each).
 3. xgrammar against llguidance, alone: `--repeats` walks through the tokens of the first replies of (1), at 1
    and at 8 rows, the fill of every row's bitmask and its application to a [rows, vocab] float32 logits
    tensor timed apart, per step; and each one's compile time for every schema.
@@ -36,6 +38,7 @@ import jsonschema
 import torch
 
 from benchmarks.common import env_info, median, p90, print_table, write_outputs
+from serving.engine.grammar import CLOSE_WINDOW
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "structured" / "schemas.json"
 
@@ -89,19 +92,32 @@ async def all_replies(backend, cases: list[dict], max_tokens: int, concurrency: 
 
 
 def engine_mask_timer():
-    """Wrap grammar.mask: (rows, seconds) of every call."""
+    """Wrap grammar.mask: (rows, seconds) of every call; and Matcher.take within CLOSE_WINDOW of a budget (the
+    closing checks): ("take", seconds)."""
     from serving.engine import grammar, sampler
 
-    calls: list[tuple[int, float]] = []
-    real = grammar.mask
+    calls: list[tuple[int | str, float]] = []
+    real, real_take = grammar.mask, grammar.Matcher.take
 
     def timed(logits, rows):
         t = time.perf_counter()
         real(logits, rows)
         calls.append((len(rows), time.perf_counter() - t))
 
+    def timed_take(self, token, remaining=None):
+        t = time.perf_counter()
+        out = real_take(self, token, remaining)
+        if remaining is not None and remaining <= grammar.CLOSE_WINDOW:
+            calls.append(("take", time.perf_counter() - t))
+        return out
+
+    def restore():
+        sampler.grammar.mask = real
+        grammar.Matcher.take = real_take
+
     sampler.grammar.mask = timed
-    return calls, lambda: setattr(sampler.grammar, "mask", real)
+    grammar.Matcher.take = timed_take
+    return calls, restore
 
 
 def walk_xgrammar(tokenizer, vocab: int, stops, schema: str, ids: list[int], rows: int) -> tuple[list, list]:
@@ -222,9 +238,14 @@ def main() -> None:
         [(r["name"], r["valid"], r["finish_reason"], r["tokens"], r["compile_s"] * 1e3) for r in replies],
     )
     engine = {}
-    for rows in sorted({n for n, _ in calls}):
+    for rows in sorted({n for n, _ in calls if n != "take"}):
         secs = [s for n, s in calls if n == rows]
         engine[str(rows)] = {"steps": len(secs), "median_us": median(secs) * 1e6, "p90_us": p90(secs) * 1e6}
+    takes = [s for n, s in calls if n == "take"]
+    closing_checks = {"calls": len(takes)}
+    if takes:
+        closing_checks.update(median_us=median(takes) * 1e6, p90_us=p90(takes) * 1e6, max_us=max(takes) * 1e6)
+    print(f"closing checks (a row's token within the last {CLOSE_WINDOW} of its budget): {closing_checks}")
     tok, vocab, stops = backend.handle.tokenizer, backend.vocab_size, backend._eos
     walks: dict = {}
     done = [r for r in replies if r["valid"]][: args.repeats]
@@ -262,8 +283,10 @@ def main() -> None:
         "valid": valid,
         "valid_fraction": valid / len(cases) if cases else None,
         "finish_reasons": {k: sum(r["finish_reason"] == k for r in replies) for k in ("stop", "length")},
+        "closed_early": sum(r["valid"] and r["finish_reason"] == "length" for r in replies),
         "reply_tokens_median": statistics.median(r["tokens"] for r in replies) if replies else None,
         "engine_mask_by_rows": engine,
+        "closing_checks": closing_checks,
         "mask_walks": walks,
         "compile": compiles,
         "replies": [{k: v for k, v in r.items() if k != "ids"} for r in replies],
