@@ -90,6 +90,7 @@ if [ "$DEVICE" = cuda ]; then  # captured graphs give the eager engine's tokens,
   step graphs_test 120 "$PY" -m pytest -q -p no:cacheprovider tests/serving/engine/test_graphs.py tests/serving/engine/test_prefill_graphs.py \
     tests/serving/engine/test_fast_layers.py::test_on_cuda_in_float32_the_fast_layers_give_the_generic_logits_and_a_full_prefills_tokens \
     tests/serving/engine/test_fast_layers.py::test_on_cuda_in_bfloat16_a_lone_chunk_takes_the_causal_form \
+    tests/serving/engine/test_grammar_mask.py \
     --deselect tests/serving/engine/test_prefill_graphs.py::test_the_default_model_with_injected_kv_and_padded_prefill_equals_a_full_prefill
 fi
 # decode on Qwen3-8B's shape (random bf16 weights) at 1, 8, 32 and 64 requests through the engine and through

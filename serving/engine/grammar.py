@@ -38,6 +38,7 @@ can write newlines until `max_tokens` instead of the next key. Knows nothing of 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import threading
@@ -284,16 +285,27 @@ def _reason(exc: Exception) -> str:
 
 def mask(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> None:
     """Set to -inf, in place, every logit of row i that matcher does not allow next, for each (i, matcher);
-    other rows are untouched. `logits` [rows, vocab] float32 (the step's own copy)."""
+    other rows are untouched. `logits` [rows, vocab] float32 (the step's own copy), on any device: the
+    matchers fill the bitmask on the host, and it is copied to the logits' device (xgrammar applies it
+    only where both are; on CUDA with its Triton kernel, or torch's ops where Triton is not installed)."""
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[1])
     for j, (_, matcher) in enumerate(rows):
         matcher.fill(bitmask, j)
+    backend = "auto"
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device)
+        if logits.device.type == "cuda" and not _has_triton():
+            backend = "torch_native"
     index = [i for i, _ in rows]
     if index == list(range(logits.shape[0])):
-        xgr.apply_token_bitmask_inplace(logits, bitmask)
+        xgr.apply_token_bitmask_inplace(logits, bitmask, backend=backend)
         return
     sub = logits[index]
-    xgr.apply_token_bitmask_inplace(sub, bitmask)
+    xgr.apply_token_bitmask_inplace(sub, bitmask, backend=backend)
     logits[index] = sub
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None

@@ -1,0 +1,57 @@
+"""The structured-output mask (serving/engine/grammar.py's `mask`) on the step's logits wherever they are: on
+the host, and on a CUDA device (the bitmask is filled on the host and copied to the logits' device; xgrammar
+refuses a pair on two devices). A constrained row's logits are -inf exactly where its matcher allows no token,
+and kept where it does; a row without a matcher is untouched. The CUDA case runs on the GPU suite's card
+(benchmarks/gpu/gpu_suite.sh, graphs_test) with Triton's kernel and with torch's ops."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from serving.engine import grammar
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def masked(tiny_handle, device: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Three rows of seeded logits on `device`, the middle one masked by a matcher after '{"n":'; returns
+    (the logits before, after, the tokens the matcher allows)."""
+    tok = tiny_handle.tokenizer
+    vocab = tiny_handle.model.config.vocab_size
+    grammars = grammar.Grammars(tok, vocab, [tok.eos_token_id])
+    matcher = grammars.compile("json_schema", json.dumps(SCHEMA)).matcher()
+    for t in tok.encode('{"n":', add_special_tokens=False):
+        assert matcher.accept(t)
+    import xgrammar as xgr
+
+    bits = xgr.allocate_token_bitmask(1, vocab)
+    matcher.fill(bits, 0)
+    allowed = [t for t in range(vocab) if (int(bits[0, t // 32]) >> (t % 32)) & 1]
+    before = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)).to(device)
+    after = before.clone()
+    grammar.mask(after, [(1, matcher)])
+    return before.cpu(), after.cpu(), allowed
+
+
+def check(before: torch.Tensor, after: torch.Tensor, allowed: list[int]) -> None:
+    assert 0 < len(allowed) < before.shape[1]  # digits and a minus sign: a real mask
+    assert torch.equal(after[0], before[0]) and torch.equal(after[2], before[2])
+    kept = torch.zeros(before.shape[1], dtype=torch.bool)
+    kept[allowed] = True
+    assert torch.equal(after[1][kept], before[1][kept])
+    assert bool(torch.isneginf(after[1][~kept]).all())
+
+
+def test_on_the_host_a_constrained_rows_logits_are_masked_to_its_matchers_tokens(tiny_handle):
+    check(*masked(tiny_handle, "cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("triton", [True, False], ids=["triton", "torch_ops"])
+def test_on_cuda_the_mask_is_applied_on_the_logits_device(tiny_handle, monkeypatch, triton):
+    if not triton:
+        monkeypatch.setattr(grammar, "_has_triton", lambda: False)
+    check(*masked(tiny_handle, "cuda"))
