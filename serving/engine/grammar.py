@@ -141,27 +141,38 @@ def _closing_tokens(matcher, speller: Speller) -> list[int] | None:
 
 
 def _closing(matcher) -> str | None:
-    """The shortest text found that completes `matcher`'s document (an xgrammar GrammarMatcher, unchanged),
-    or None: each order of `_QUOTE_FIRST`/`_BRACKET_FIRST` searched greedily, the shorter result kept."""
-    found = [text for text in (_close(matcher, pieces) for pieces in (_QUOTE_FIRST, _BRACKET_FIRST)) if text]
-    return min(found, key=len) if found else None
+    """A short text that completes `matcher`'s document ("" if it is complete; None: none found); the
+    xgrammar GrammarMatcher is unchanged. Each order of pieces is searched greedily, the shorter result kept
+    (the second search gives up once it is no shorter than the first's)."""
+    best = None
+    for pieces in (_QUOTE_FIRST, _BRACKET_FIRST):
+        text = _close(matcher, pieces, None if best is None else len(best))
+        if text is not None and (best is None or len(text) < len(best)):
+            best = text
+    return best
 
 
-def _close(matcher, pieces: tuple[str, ...]) -> str | None:
-    state, out = matcher.fork(), []
+def _close(matcher, pieces: tuple[str, ...], bound: int | None) -> str | None:
+    """The greedy closing in the order `pieces`; None where none is found within CLOSE_PIECES pieces, or none
+    shorter than `bound` characters."""
+    state, out, size = matcher.fork(), [], 0
     for _ in range(CLOSE_PIECES):
         if state.is_completed():
             return "".join(out)
+        if bound is not None and size >= bound:
+            return None
         forced = state.find_jump_forward_string()
         if forced:
             state.accept_string(forced)
             out.append(forced)
+            size += len(forced)
             continue
         for piece in pieces:
             trial = state.fork()
             if trial.accept_string(piece):
                 state = trial
                 out.append(piece)
+                size += len(piece)
                 break
         else:
             return None

@@ -2,7 +2,9 @@
 the host, and on a CUDA device (the bitmask is filled on the host and copied to the logits' device; xgrammar
 refuses a pair on two devices). A constrained row's logits are -inf exactly where its matcher allows no token,
 and kept where it does; a row without a matcher is untouched. The CUDA case runs on the GPU suite's card
-(benchmarks/gpu/gpu_suite.sh, graphs_test) with Triton's kernel and with torch's ops."""
+(benchmarks/gpu/gpu_suite.sh, graphs_test) with Triton's kernel and with torch's ops. And the closing near a
+budget (`Matcher.take`): a reply that completes within its budget keeps every token it chose; one that runs
+into it has the token that would leave no room for its closing replaced by the closing."""
 
 from __future__ import annotations
 
@@ -55,3 +57,30 @@ def test_on_cuda_the_mask_is_applied_on_the_logits_device(tiny_handle, monkeypat
     if not triton:
         monkeypatch.setattr(grammar, "_has_triton", lambda: False)
     check(*masked(tiny_handle, "cuda"))
+
+
+def matcher_and_ids(tiny_handle, text: str):
+    tok = tiny_handle.tokenizer
+    grammars = grammar.Grammars(tok, tiny_handle.model.config.vocab_size, [tok.eos_token_id])
+    matcher = grammars.compile("json_schema", json.dumps(SCHEMA)).matcher()
+    return matcher, tok.encode(text, add_special_tokens=False)
+
+
+def test_a_reply_that_completes_within_its_budget_keeps_every_token_it_chose(tiny_handle):
+    matcher, ids = matcher_and_ids(tiny_handle, '{"n":123456}')
+    budget = len(ids) + 1  # the document and a stop token: every token is within CLOSE_WINDOW of the end
+    assert budget <= grammar.CLOSE_WINDOW
+    taken = [matcher.take(t, budget - i) for i, t in enumerate(ids)]
+    assert taken == ids and not matcher.closed_early
+    assert matcher.closing_tokens() == []  # complete: only a stop token is left
+
+
+def test_a_reply_that_runs_into_its_budget_is_closed_where_its_next_token_would_leave_no_room(tiny_handle):
+    matcher, ids = matcher_and_ids(tiny_handle, '{"n":123456}')
+    budget = len(ids) - 3  # the digits run on: the object must close before the budget ends
+    taken = [matcher.take(t, budget - i) for i, t in enumerate(ids[:budget])]
+    tok = tiny_handle.tokenizer
+    close = tok.encode("}", add_special_tokens=False)
+    assert taken == ids[: budget - len(close)] + close and matcher.closed_early
+    reply = json.loads(tok.decode(taken))
+    assert reply == {"n": int(tok.decode(ids[: budget - len(close)])[len('{"n":') :])}
