@@ -12,11 +12,14 @@ each token the model chooses is checked after the sampler's sync (`Matcher.take`
 document can end after that token is found (`_closing`: the grammar's forced text, else the first of a few
 short pieces the grammar accepts, a closing quote or bracket, a zero, `null`, ..., asked of copies of the
 matcher) and spelled in tokens the grammar accepts one by one. While that closing fits the budget left after
-the token, the model's token stands (a reply that ends within its budget is never touched); when it would
-not, the token is replaced by the next of the closing kept from the step before (which fitted then), and the
-next step is checked the same way: the model goes on where it can. The reply is then a complete document that
-validates (the closing keeps to the schema: required keys get the shortest values the schema allows), with
-"length" as its finish reason: the model did not end it. A reply with no closing that fits (a small
+the token, the model's token stands; when it would not, the token is replaced by the next of the closing kept
+from the step before (which fitted then), or by a stop token where the document was already complete, and the
+next step is checked the same way: the model goes on where it can. The closing is short, not always the
+shortest in tokens (a string under `minLength` is filled a character a piece; a tokenizer that adds a leading
+space spells it a byte a token), so a reply that would have ended in its last few tokens can be closed a little
+early; a reply that ends before its last CLOSE_WINDOW tokens is never touched. The reply is then a complete
+document that validates (the closing keeps to the schema: required keys get short values it allows), with
+"length" as its finish reason: the model did not end it (a stop string in the closing still ends the reply). A reply with no closing that fits (a small
 `max_tokens` under a schema with many required keys) is cut mid-JSON, as OpenAI's is. A small model under an
 open schema (`{"type": "object"}`) can add keys until max_tokens; this is what keeps its reply JSON. The
 check costs at most two closing searches a row a step (none where the model writes its closing's next token),
@@ -38,14 +41,18 @@ can write newlines until `max_tokens` instead of the next key. Knows nothing of 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import logging
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
+
+log = logging.getLogger(__name__)
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; a longer one is refused before it is compiled
 CACHE_SIZE = 256  # compiled grammars kept, least recently used dropped
@@ -80,11 +87,12 @@ class Matcher:
     reply near its budget is kept closable (the module's docstring): `closed_early` says a token of its was
     replaced by its closing's."""
 
-    __slots__ = ("_m", "_speller", "_plan", "closed_early")
+    __slots__ = ("_m", "_speller", "_plan", "_known", "closed_early")
 
     def __init__(self, matcher, speller: Speller | None = None) -> None:
         self._m, self._speller = matcher, speller
-        self._plan: list[int] | None = None  # in the window: a closing from here that fits the budget, if any
+        self._plan: list[int] | None = None  # the closing from here ([]: complete; None: none found) ...
+        self._known = False  # ... once known (in the window)
         self.closed_early = False
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
@@ -94,10 +102,16 @@ class Matcher:
     def take(self, token: int, remaining: int | None = None) -> int | None:
         """Advance by the chosen `token` and return the token taken: `token`, or, within CLOSE_WINDOW tokens of
         the budget (`remaining`: the tokens the reply may still write, this one included; None: no budget),
-        its closing's next token where `token` would leave no closing that fits. None: the grammar does not
-        allow `token` (the matcher is unchanged)."""
+        its closing's next token (a stop token once the document is complete) where `token` would leave no
+        closing that fits. None: the grammar does not allow `token` (the matcher is unchanged)."""
         if remaining is not None and remaining <= CLOSE_WINDOW and self._speller is not None:
-            token = self._vet(token, remaining)
+            try:
+                token = self._vet(token, remaining)
+            except Exception:  # noqa: BLE001 - the closing never fails a step: the model's token stands
+                log.exception("structured outputs: the closing check failed; the model's token stands")
+                self._known = False
+        else:
+            self._known = False
         return token if self._m.accept_token(token) else None
 
     def accept(self, token: int) -> bool:
@@ -114,25 +128,26 @@ class Matcher:
         return None if self._speller is None else _closing_tokens(self._m, self._speller)
 
     def _vet(self, token: int, remaining: int) -> int:
-        if self._plan is None:  # entering the window, or no closing fitted before
-            now = self.closing_tokens()
-            self._plan = now if now is not None and len(now) <= remaining else None
+        if not self._known:  # entering the window
+            self._plan, self._known = self.closing_tokens(), True
         plan = self._plan
-        if plan and token == plan[0]:  # the model writes its closing's next token: the rest still fits
+        fits = plan is not None and len(plan) <= remaining
+        if fits and plan and token == plan[0]:  # the model writes its closing's next token: the rest fits
             self._plan = plan[1:]
             return token
         after = self._m.fork()
         if not after.accept_token(token) or after.is_terminated():  # not allowed (take refuses it), or a stop
             return token
         then = _closing_tokens(after, self._speller)
-        if then is not None and len(then) <= remaining - 1:  # a closing fits after it: the token stands
-            self._plan = then
+        if (then is not None and len(then) <= remaining - 1) or not fits:  # it fits after the token, or
+            self._plan = then  # nothing fitted before it either: the model's token stands
             return token
-        if not plan:  # no closing fits: the reply may be cut
-            self._plan = None
-            return token
-        self._plan, self.closed_early = plan[1:], True  # the closing kept from before (it fits) goes on
-        return plan[0]
+        self.closed_early = True  # the closing from here (it fits) goes on, or the complete document stops
+        if plan:
+            self._plan = plan[1:]
+            return plan[0]
+        self._plan = []
+        return self._speller.stop if self._speller.stop is not None else token
 
 
 def _closing_tokens(matcher, speller: Speller) -> list[int] | None:
@@ -168,9 +183,7 @@ def _close(matcher, pieces: tuple[str, ...], bound: int | None) -> str | None:
             size += len(forced)
             continue
         for piece in pieces:
-            trial = state.fork()
-            if trial.accept_string(piece):
-                state = trial
+            if state.accept_string(piece):  # a piece refused leaves the state as it was
                 out.append(piece)
                 size += len(piece)
                 break
@@ -182,23 +195,23 @@ def _close(matcher, pieces: tuple[str, ...], bound: int | None) -> str | None:
 class Speller:
     """A closing's text as token ids the grammar accepts in order: the tokenizer's own encoding, or one
     single-byte token a byte where that encoding does not spell the same bytes (a tokenizer that adds a
-    leading space)."""
+    leading space); `stop` the token that ends a complete reply. Its table is built whole at construction
+    (under the compiler's lock), so threads never see it half made."""
 
-    def __init__(self, tokenizer, decoded_vocab: Sequence[bytes]) -> None:
-        self._tokenizer, self._vocab = tokenizer, decoded_vocab
-        self._bytes: dict[int, int] | None = None
+    def __init__(self, tokenizer, decoded_vocab: Sequence[bytes], stop_token_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self.stop = stop_token_ids[0] if stop_token_ids else None
+        table: dict[int, int] = {}
+        for token, spelled in enumerate(decoded_vocab):
+            if len(spelled) == 1:
+                table.setdefault(spelled[0], token)
+        self._bytes = table
 
     def spell(self, text: str, matcher) -> list[int] | None:
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         if _accepts(matcher, ids):
             return ids
-        if self._bytes is None:
-            self._bytes = {}
-            for token, spelled in enumerate(self._vocab):
-                if len(spelled) == 1:
-                    self._bytes.setdefault(spelled[0], token)
-        raw = text.encode()
-        ids = [self._bytes.get(b) for b in raw]
+        ids = [self._bytes.get(b) for b in text.encode()]
         return ids if None not in ids and _accepts(matcher, ids) else None
 
 
@@ -228,7 +241,7 @@ class Grammars:
                     self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stops
                 )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-                self._speller = Speller(self._tokenizer, info.decoded_vocab)
+                self._speller = Speller(self._tokenizer, info.decoded_vocab, self._stops)
             return self._compiler
 
     def compile(self, kind: str, schema: str | None = None) -> Grammar:
@@ -318,5 +331,6 @@ def mask(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> None:
     logits[index] = sub
 
 
+@functools.cache
 def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None

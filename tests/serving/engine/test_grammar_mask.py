@@ -84,3 +84,13 @@ def test_a_reply_that_runs_into_its_budget_is_closed_where_its_next_token_would_
     assert taken == ids[: budget - len(close)] + close and matcher.closed_early
     reply = json.loads(tok.decode(taken))
     assert reply == {"n": int(tok.decode(ids[: budget - len(close)])[len('{"n":') :])}
+
+
+def test_a_complete_document_that_the_model_would_extend_past_its_budget_stops(tiny_handle):
+    tok = tiny_handle.tokenizer
+    grammars = grammar.Grammars(tok, tiny_handle.model.config.vocab_size, [tok.eos_token_id])
+    matcher = grammars.compile("json_schema", json.dumps({"type": "number"})).matcher()
+    ids = tok.encode("12.", add_special_tokens=False)  # "12" is complete; "12." is not, and 1 token is left
+    assert len(ids) == 3
+    taken = [matcher.take(t, 3 - i) for i, t in enumerate(ids)]
+    assert taken == [*ids[:2], tok.eos_token_id] and matcher.closed_early and matcher.terminated
