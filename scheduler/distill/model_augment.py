@@ -78,9 +78,8 @@ def model_examples(
         text, finish = generate(messages, QUESTIONS_SCHEMA, max_tokens)
         try:
             questions = [q for q in json.loads(text)["questions"] if isinstance(q, str)]
-            if (
-                finish == "length"
-            ):  # closed by the engine to fit max_tokens: its last question may be cut short
+            # closed by the engine to fit max_tokens: its last question may be cut short
+            if finish == "length":
                 questions, counts["closed"] = questions[:-1], counts["closed"] + 1
         except (ValueError, KeyError, TypeError):
             counts["unparsed"] += 1

@@ -7,23 +7,23 @@ before its token is chosen (greedy or drawn, after logit_bias and penalties as u
 advances its matcher. Rows without a grammar are not touched. When the JSON is complete the grammar allows
 only the stop tokens given here (the engine's end-of-turn tokens), so a greedy reply ends with "stop".
 
-A reply that runs into `max_new_tokens` is closed, not cut. From `CLOSE_WINDOW` tokens before its budget,
-each token the model chooses is checked after the sampler's sync (`Matcher.take`): the shortest way its
-document can end after that token is found (`_closing`: the grammar's forced text, else the first of a few
-short pieces the grammar accepts, a closing quote or bracket, a zero, `null`, ..., asked of copies of the
-matcher) and spelled in tokens the grammar accepts one by one. While that closing fits the budget left after
-the token, the model's token stands; when it would not, the token is replaced by the next of the closing kept
-from the step before (which fitted then), or by a stop token where the document was already complete, and the
-next step is checked the same way: the model goes on where it can. The closing is short, not always the
-shortest in tokens (a string under `minLength` is filled a character a piece; a tokenizer that adds a leading
-space spells it a byte a token), so a reply that would have ended in its last few tokens can be closed a little
-early; a reply that ends before its last CLOSE_WINDOW tokens is never touched. The reply is then a complete
-document that validates (the closing keeps to the schema: required keys get short values it allows), with
-"length" as its finish reason: the model did not end it (a stop string in the closing still ends the reply). A reply with no closing that fits (a small
-`max_tokens` under a schema with many required keys) is cut mid-JSON, as OpenAI's is. A small model under an
-open schema (`{"type": "object"}`) can add keys until max_tokens; this is what keeps its reply JSON. The
-check costs at most two closing searches a row a step (none where the model writes its closing's next token),
-in those last steps only.
+A reply that runs into `max_new_tokens` is closed, not cut. From `CLOSE_WINDOW` tokens before its budget, each
+token the model chooses is checked after the sampler's sync (`Matcher.take`): a short way its document can end
+after that token is found (`_closing`: the grammar's forced text, else the first of a few short pieces the
+grammar accepts, a closing quote or bracket, a zero, `null`, ..., asked of a copy of the matcher) and spelled
+in tokens the grammar accepts one by one. While that closing fits the budget left after the token, the model's
+token stands; when it would not, the token is replaced by the next of the closing kept from the step before
+(which fitted then), or by a stop token where the document was already complete, and the next step is checked
+the same way: the model goes on where it can. The closing is short, not always the shortest in tokens (a
+string under `minLength` is filled a character a piece; a tokenizer that adds a leading space spells it a byte
+a token), so a reply that would have ended in its last few tokens can be closed a little early; a reply that
+ends before its last CLOSE_WINDOW tokens is never touched. The reply is then a complete document that
+validates (the closing keeps to the schema: required keys get short values it allows), with "length" as its
+finish reason: the model did not end it (a stop string in the closing still ends the reply). A reply with no
+closing that fits (a small `max_tokens` under a schema with many required keys) is cut mid-JSON, as OpenAI's
+is. A small model under an open schema (`{"type": "object"}`) can add keys until max_tokens; this is what
+keeps its reply JSON. The check costs one closing search a row a step (none where the model writes its
+closing's next token, two on entering the window), in those last steps only.
 
 Why xgrammar rather than llguidance (both installed; benchmarks/engine/structured_bench.py, the default
 model's 49,152-token vocabulary, on the shared 2-core CPU under load, medians, so indicative only): filling
@@ -58,10 +58,11 @@ MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; a longer one is refused befo
 CACHE_SIZE = 256  # compiled grammars kept, least recently used dropped
 CLOSE_WINDOW = 64  # tokens before max_new_tokens from which every token taken is checked: a closing fits
 CLOSE_PIECES = 96  # pieces a closing may have (each one forced text, or one short piece), else none is found
-# what a closing tries where the grammar forces nothing, in order; each is accepted by a copy of the matcher
-# or skipped: end a string, then close, then the shortest values, then separators, then any printable
-# character (a string under a pattern or an enum); a second order tries brackets first (shorter outside a
-# string, never ending inside one: a bracket there is the string's text, and the search runs out of pieces)
+# what a closing tries where the grammar forces nothing, in order; each is accepted by the search's copy of
+# the matcher or skipped: end a string, then close, then the shortest values, then separators, then any
+# printable character (a string under a pattern or an enum); a second order tries brackets first (shorter
+# outside a string, never ending inside one: a bracket there is the string's text, and the search runs out of
+# pieces, or out of its bound: no shorter than the first order's)
 _QUOTE_FIRST = ('"', "}", "]", "0", "null", "false", "[]", "{}", ",", ":") + tuple(map(chr, range(32, 127)))
 _BRACKET_FIRST = ("}", "]") + _QUOTE_FIRST
 
@@ -100,8 +101,8 @@ class Matcher:
         self._m.fill_next_token_bitmask(bitmask, row)
 
     def take(self, token: int, remaining: int | None = None) -> int | None:
-        """Advance by the chosen `token` and return the token taken: `token`, or, within CLOSE_WINDOW tokens of
-        the budget (`remaining`: the tokens the reply may still write, this one included; None: no budget),
+        """Advance by the chosen `token` and return the token taken: `token`, or, within CLOSE_WINDOW tokens
+        of the budget (`remaining`: the tokens the reply may still write, this one included; None: no budget),
         its closing's next token (a stop token once the document is complete) where `token` would leave no
         closing that fits. None: the grammar does not allow `token` (the matcher is unchanged)."""
         if remaining is not None and remaining <= CLOSE_WINDOW and self._speller is not None:
@@ -115,7 +116,8 @@ class Matcher:
         return token if self._m.accept_token(token) else None
 
     def accept(self, token: int) -> bool:
-        """Advance by `token` (no budget); False if the grammar does not allow it (the matcher is unchanged)."""
+        """Advance by `token` (no budget); False if the grammar does not allow it (the matcher is
+        unchanged)."""
         return self.take(token) is not None
 
     @property
@@ -271,9 +273,9 @@ _COMPACT = {"any_whitespace": False, "separators": (",", ":")}
 
 
 def _object_grammar():
-    """xgrammar's builtin JSON grammar rooted at an object: json_object's reply is one object, as OpenAI's (the
-    builtin's own root also takes an array). Its whitespace is kept: the compact `{"type": "object"}` schema
-    made the default model nest an object where it wrote `{"city": "Paris"}` with it."""
+    """xgrammar's builtin JSON grammar rooted at an object: json_object's reply is one object, as OpenAI's
+    (the builtin's own root also takes an array). Its whitespace is kept: the compact `{"type": "object"}`
+    schema made the default model nest an object where it wrote `{"city": "Paris"}` with it."""
     import xgrammar as xgr
 
     root = '\nobject_root ::= "{" [ \\n\\r\\t]* members_and_embrace\n'
