@@ -31,8 +31,11 @@ from kvmem.kv.user_facts import third_person
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = "3"
+# the second clause: without it the demo model read "What do I do for work?" as a request for advice ("Dana
+# should focus on her studies"), with it the memory's answer (benchmarks/memory/demo_memory.py, issue 45)
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps;"
+    " when the user asks about themselves, answer from the facts below."
 )
 # memories are told about the user in the third person under a header that marks them as context (version 3;
 # version 2 listed them in the user's own words under "What you remember about the user:", and small models
