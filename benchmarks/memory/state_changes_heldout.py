@@ -28,7 +28,9 @@ score, the rules' guard over the model's updates, kvmem/formation/change_guard.p
 was tuned on). `--set heldout_v3` scores the third (written after the second's misses were read, for the
 slot check over the model's updates, change_guard.other_area). `--set heldout_v4` scores the fourth (written
 after the third was scored once for `self` and its misses read, for the guard's "no change word" and "plan"
-readings and change_guard.same_value).
+readings and change_guard.same_value). `--set heldout_v5` scores the fifth (written after the fourth was
+scored for the rules and its misses read, for the rules' lexical link between a change and the memory it names,
+change_guard.linked, and the passing states the rules no longer keep).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ SETS = (
     "heldout_v2",
     "heldout_v3",
     "heldout_v4",
-)  # the first (2026-11-28), three more (2026-11-29)
+    "heldout_v5",
+)  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
@@ -233,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--set",
         default="heldout",
         choices=SETS,
-        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2, heldout_v3, heldout_v4 (each "
+        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2 ... heldout_v5 (each "
         "written after the one before it was scored and read; see benchmarks/data/state_changes/README.md)",
     )
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
