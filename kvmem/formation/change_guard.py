@@ -260,3 +260,74 @@ def other_area(fact_text: str, memory_text: str) -> bool:
     check then has nothing to say."""
     fact_area, memory_area = slot_area(fact_text), slot_area(memory_text)
     return fact_area is not None and memory_area is not None and fact_area != memory_area
+
+
+# ---- the lexical link: a change that names what it ends ----------------------------------------------------
+
+# words that name no particular thing a memory is about: a link needs a word of its own ("I left the food bank"
+# and "I volunteer at the food bank" share "food" and "bank"; "job" alone links every job to every job)
+_GENERIC = frozenset(
+    "job jobs work working worked place places home house flat time times day days week weeks weekend month "
+    "months year years today tonight yesterday morning mornings evening evenings night nights life lot bit way "
+    "thing things stuff people one ones new old first last good great really much many every all some any "
+    "more less little big lol haha tbh honestly actually literally basically officially finally totally "
+    "completely me you he she him her them us got get gets getting go going gone went make made "
+    # verbs of a state, which every memory of its kind shares: "I used to live in Warsaw" names nothing of "I
+    # live in Berlin"
+    "live lives lived living stay stays stayed staying based like likes liked love loves loved enjoy enjoys "
+    "enjoyed hate hates hated do does doing done be being have having".split()
+)
+# the user's own statement: "I ...", "we ...", "my ...", "Sofia and I ..." (another person's is `blocker`'s),
+# or a dropped subject (subject_core reads "Quit the job" as "I Quit the job"); not "Omar left me a note", "The
+# divorce came through"
+_BY_USER = re.compile(r"^(?:(?:I|we|my|our)\b|(?:[\w'-]+ ){1,2}and (?:I|me)\b)", re.I)
+# a leaving that is an outing, not a change: "I left Zara early today", "I left Bern for a week of holiday"
+_EPISODE = re.compile(
+    r"\b(?:early|for (?:a|the|one|two|three|a few|a couple of) (?:\w+ )?(?:days?|nights?|weeks?|weekend|"
+    r"hours?|holiday|trip|visit|bit|while)|for the (?:day|night|evening)|for (?:lunch|dinner|the dentist|the "
+    r"doctor|an? appointment))\b",
+    re.I,
+)
+_SUFFIX = re.compile(r"(?:'s|s'|ing|ed|es|s|e)$")
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to link a word's forms ("coffees" / "coffee", "running" / "run", "smoking" /
+    "smoke"): one suffix off, then a doubled last consonant halved; words of four letters or less as they
+    are."""
+    if len(word) <= 4:
+        return word
+    stem = _SUFFIX.sub("", word)
+    if len(stem) > 3 and stem[-1] == stem[-2] and stem[-1] not in "aeiouls":
+        stem = stem[:-1]
+    return stem if len(stem) >= 3 else word
+
+
+def link_words(text: str) -> frozenset[str]:
+    """The stems of the words in `text` that can link a change to a memory: not function words, not generic
+    (`_GENERIC`), not themselves words of change ("quit", "moved", "now"), no contraction ("we're"); a
+    possessive counts as its word ("Ethan's")."""
+    words = (w.removesuffix("'s").strip("'") for w in _WORD.findall(text.lower()))
+    return frozenset(
+        _stem(w)
+        for w in words
+        if "'" not in w and w not in _STOP and w not in _GENERIC and not _CHANGED.fullmatch(w)
+    )
+
+
+def linked(fact_text: str, memory_texts: list[str]) -> list[int]:
+    """The memories a fact said as the user's own change retires by naming them: where `blocker(fact_text)`
+    is None, it is no outing (`_EPISODE`) and its subject is the user's (`_BY_USER`), the indices of the
+    memories that share the most link words with it (at least one); else none. "I've cut out espresso for
+    good" retires "I drink three espressos a day"; "Sold my cello" retires "I play the cello in an
+    orchestra". A change that names nothing of the memory ("Took a job at the port" over "I'm a teacher")
+    links nothing: the slots (rules.slot_of) are the other way in."""
+    core = subject_core(fact_text)
+    if blocker(fact_text) is not None or _EPISODE.search(fact_text) or (core and not _BY_USER.match(core)):
+        return []
+    words = link_words(fact_text)
+    if not words:
+        return []
+    shared = [len(words & link_words(m)) for m in memory_texts]
+    best = max(shared, default=0)
+    return [i for i, n in enumerate(shared) if n == best] if best else []

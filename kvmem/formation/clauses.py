@@ -126,7 +126,7 @@ _PRONOUN_REACTION = re.compile(
     r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$", re.I
 )
 # Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo"; leaving it or stepping
-# away ("I'm off to bed, night night", "had to step away"); a reaction to what was said ("I never knew that").
+# away ("I'm off to bed, night night", "had to step away", "went quiet there"); a reaction to what was said ("I never knew that").
 # Each ends its clause, so "I've got to go to dialysis" and "I never knew that I was allergic" are statements.
 _LEAVE_END = r"(?:,|!|$| now(?:,|!|$)| for a (?:bit|sec|minute))"
 _META = re.compile(
@@ -134,9 +134,27 @@ _META = re.compile(
     r"meant to say|mis-?typed)\b|"
     rf"^(?:I(?:'m| am) off to (?:bed|sleep)|I(?:'m| am) off{_LEAVE_END}|(?:I )?(?:(?:had|have|got|need) to|gotta) "
     rf"(?:step away|pop out|dash|run|go){_LEAVE_END}|I(?:'ve| have) got to (?:go|run|dash){_LEAVE_END}|"
-    r"(?:I )?(?:never knew|didn't know) that(?:,|!|$| about\b| before\b))",
+    r"(?:I )?(?:never knew|didn't know) that(?:,|!|$| about\b| before\b)|"
+    rf"(?:I )?went (?:quiet|silent|awol|missing|offline)(?: there| on you)?{_LEAVE_END})",
     re.I,
 )
+
+# What passes with the day, not what is true of the user: a state of the moment ("I'm knackered", "I'm so
+# hungry"), a bare reaction ("Kinda nice", "So good"), an exclamation about time ("Can't believe it's nearly
+# the end of the year"). Each must be the whole clause: "I'm tired of my job" and "I'm full-time now" are kept.
+_PASSING = re.compile(
+    r"^(?:I(?:'m| am) (?:(?:so|really|very|a bit|a little|pretty|absolutely|completely|totally|proper|well|"
+    r"dead|super|just|rather|quite|bloody)\s+)*(?:knackered|exhausted|shattered|tired|sleepy|hungry|starving|"
+    r"stuffed|full|bored|buzzing|freezing|boiling|cold|hot|sore|wiped out|done in|beat|wrecked|fried|cream(?:ed|"
+    r"crackered)|pooped|drained|zonked|hungover)|(?:I )?(?:(?:kinda|so|pretty|really|quite|very|actually|soo+)\s+)+"
+    r"(?:nice|good|great|cool|lovely|fun|weird|funny|crazy|mad|wild|brilliant|awesome|amazing|annoying|"
+    r"boring|relaxing|peaceful|quiet|busy)|(?:I )?can(?:'t|not) believe (?:it's|it is|how|where|what|that "
+    r"it's)\b.*)$",
+    re.I,
+)
+# A thank-you to the assistant opens a sentence about what it said ("Thanks for the playlist suggestions, I'll
+# give them a spin tonight"): the whole sentence is conversation.
+_THANKS = re.compile(r"^(?:thanks|thank you|thank u|thx|ty|cheers)\b(?: so much| a lot| again)? for\b", re.I)
 
 
 def normalize(text: str) -> str:
@@ -280,7 +298,12 @@ def _keep(clause: str) -> bool:
     lowered = core.lower().rstrip(".!? ")
     if len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):
         return False
-    if lowered in FILLER_CLAUSES or _PRONOUN_REACTION.match(lowered) or _META.match(core):
+    if (
+        lowered in FILLER_CLAUSES
+        or _PRONOUN_REACTION.match(lowered)
+        or _META.match(core)
+        or _PASSING.match(core)
+    ):
         return False
     if _REQUEST.match(core) or _HEDGE.match(core):
         return False
@@ -295,7 +318,11 @@ def statements(text: str) -> list[Clause]:
     about the assistant are dropped; "and"/"but"/comma joins of two full statements become two."""
     kept: list[Clause] = []
     for sentence in split_sentences(normalize(text)):
-        if _HYPOTHETICAL.search(sentence):
+        if (
+            _HYPOTHETICAL.search(sentence)
+            or _THANKS.match(sentence)
+            or _THANKS.match(strip_markers(sentence))
+        ):
             continue
         correction = bool(_CORRECTION.match(sentence))
         sentence = _TRAILING_FILLER.sub("", sentence)
