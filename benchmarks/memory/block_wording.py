@@ -1,0 +1,124 @@
+"""The memory block's wording against the order of its memories: right answers and answers in the user's voice
+over several orders of the same block, for one or more system prompts (issue 45 item 5).
+
+Run: python -m benchmarks.memory.block_wording --out benchmarks/results/cpu/block_wording.json
+     [--model DIR] [--orders 6] [--system "..." ...]
+
+The demo questions (demo_memory: the demo user's seeded memories) and the held-out conversation's six
+questions (demo_conversation: its statements formed by the rules into one fact a memory) are asked of the
+model directly, greedy, over the prompt PromptLayout lays out (the server's own layout: the block, then the
+question), once per order of the block: the first order as listed, the others shuffled with seeds 1..N-1.
+The server orders a block by its own scores, so one run through HTTP sees one order; this sees several. An
+answer is right when it contains the expected word; user voice as in demo_conversation. The default prompts
+compared: the layout's DEFAULT_SYSTEM_PROMPT and the one before it. Prints a line per prompt; the last stdout
+line is one JSON document (git sha, load average, model, every answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+from benchmarks.common import env_info, write_outputs
+from benchmarks.memory import demo_conversation, demo_memory
+from kvmem.formation.rules import RuleExtractor
+from kvmem.formation.types import TurnInput
+from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT, PromptLayout
+from serving.background.startup import DEMO_MEMORIES
+
+DEMO_MODEL = Path.home() / ".cache" / "kvmem" / "models" / "Qwen2.5-Coder-0.5B-Instruct"
+# the default system prompt before 'when the user asks about themselves, answer from the facts below'
+EARLIER_PROMPT = (
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+)
+
+
+def held_out_memories() -> list[str]:
+    """The held-out conversation's statements as the rules form them: one fact a memory, as sentences."""
+    turns = [
+        TurnInput(f"t{i}", "user", text, "2026-11-30T09:00:00.000000Z", "s")
+        for i, text in enumerate(demo_conversation.STATEMENTS)
+    ]
+    return [f.text + "." for f in RuleExtractor().extract(turns)]
+
+
+def run(model_dir: str, prompts: list[str], orders: int, max_tokens: int) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sets = (
+        ("demo", list(DEMO_MEMORIES), demo_memory.QUESTIONS),
+        ("held_out", held_out_memories(), demo_conversation.QUESTIONS),
+    )
+    results = []
+    for prompt in prompts:
+        layout = PromptLayout(tokenizer, system_prompt=prompt)
+        answers = []
+        started = time.perf_counter()
+        for order in range(orders):
+            for name, memories, questions in sets:
+                block = list(memories)
+                if order:
+                    random.Random(order).shuffle(block)
+                for question, expect in questions:
+                    ids = layout.prompt(block, [], [{"role": "user", "content": question}]).ids
+                    with torch.inference_mode():
+                        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)
+                    answer = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+                    answers.append(
+                        {
+                            "order": order,
+                            "set": name,
+                            "question": question,
+                            "answer": answer,
+                            "right": expect in answer.lower(),
+                            "user_voice": bool(demo_conversation._USER_VOICE.search(answer)),
+                        }
+                    )
+        row = {"system_prompt": prompt, "seconds": round(time.perf_counter() - started, 1)}
+        for name, _, _ in sets:
+            mine = [a for a in answers if a["set"] == name]
+            row[name] = {
+                "questions": len(mine),
+                "right": sum(a["right"] for a in mine),
+                "user_voice": sum(a["user_voice"] for a in mine),
+            }
+        row["answers"] = answers
+        print(f"{prompt[-60:]!r}: demo {row['demo']}, held out {row['held_out']}", flush=True)
+        results.append(row)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(DEMO_MODEL), help="model dir (default: the demo model)")
+    parser.add_argument("--system", action="append", help="a system prompt to compare (repeatable)")
+    parser.add_argument("--orders", type=int, default=6, help="orders of each block (the first as listed)")
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.orders < 1:
+        parser.error("--orders must be at least 1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    prompts = args.system or [DEFAULT_SYSTEM_PROMPT, EARLIER_PROMPT]
+    result = {
+        "benchmark": "block_wording",
+        "env": env_info(),
+        "model": Path(args.model).name,
+        "orders": args.orders,
+        "max_tokens": args.max_tokens,
+        "prompts": run(args.model, prompts, args.orders, args.max_tokens),
+    }
+    write_outputs(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
