@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kvmem.formation.change_guard import linked
 from kvmem.formation.dates import parse_chat_time
 from kvmem.formation.types import Decision, Fact
 
@@ -210,14 +209,6 @@ def _decide(
         ]
         if near:
             return Decision("duplicate", tuple(near))
-    # a change the user said of themselves that names what it ends ("Sold my cello" over "I play the cello
-    # in an orchestra"): the memories it names, said before this batch and not newer than it. The slot
-    # areas are not asked (change_guard.other_area): the rules read "I quit the <place>" as a taste where
-    # the place is no workplace they know, and the shared word is the better witness
-    earlier = [m for m in pool if m.id not in ordered_ids and not _is_older(fact, said_at, m)]
-    targets = [earlier[i].id for i in linked(fact.text, [m.text for m in earlier])]
-    if targets:
-        return Decision("supersede", tuple(targets))
     return Decision("add")
 
 
@@ -242,10 +233,7 @@ def consolidate(
     3. "duplicate" of every memory that is a near-duplicate: `similarity` (an embedding cosine the caller
        supplies; step skipped when None) and content-word overlap both at or above the config's thresholds,
        never across two different values of one slot;
-    4. "supersede" the memories a change names (`change_guard.linked`: the fact reads as the user's own
-       change, "I've cut out espresso for good", and shares a word of its own with them, "I drink three
-       espressos a day"), not newer than the fact;
-    5. "add".
+    4. "add".
     """
     return _decide(fact, existing, similarity, config, said_at)
 
