@@ -1,23 +1,19 @@
-"""The memory block's wording against the order of its memories: right answers and answers in the user's voice
-over several orders of the same block, for one or more system prompts (issue 45 item 5).
+"""The memory block's system prompt against the order of its memories (issue 45 item 5): the demo's and the
+held-out conversation's questions asked of the model directly, greedy, over PromptLayout's prompt, for several
+orders of each block (the server orders a block by its scores, so one HTTP run sees one order).
 
 Run: python -m benchmarks.memory.block_wording --out benchmarks/results/cpu/block_wording.json
      [--model DIR] [--orders 6] [--system "..." ...]
 
-The demo questions (demo_memory: the demo user's seeded memories) and the held-out conversation's six
-questions (demo_conversation: its statements formed by the rules into one fact a memory) are asked of the
-model directly, greedy, over the prompt PromptLayout lays out (the server's own layout: the block, then the
-question), once per order of the block: the first order as listed, the others shuffled with seeds 1..N-1.
-The server orders a block by its own scores, so one run through HTTP sees one order; this sees several. An
-answer is right when it contains the expected word; user voice as in demo_conversation. The default prompts
-compared: the layout's DEFAULT_SYSTEM_PROMPT and the one before it. Prints a line per prompt; the last stdout
-line is one JSON document (git sha, load average, model, every answer).
+Right: the expected word starts a word of the answer; user voice: the user's fact stated in the first person.
+Default prompts: the layout's DEFAULT_SYSTEM_PROMPT and the one before it. The last stdout line is the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 from pathlib import Path
 
@@ -32,6 +28,15 @@ DEMO_MODEL = Path.home() / ".cache" / "kvmem" / "models" / "Qwen2.5-Coder-0.5B-I
 # the default system prompt before 'when the user asks about themselves, answer from the facts below'
 EARLIER_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+)
+
+
+# the demo user's facts in the first person ("My dog is Miso.", "I live in Lisbon."); the held-out
+# conversation's: demo_conversation.USER_VOICE
+DEMO_USER_VOICE = re.compile(
+    r"\b(?:my (?:dog|name|favourite|job|work)|I live|I work|I study|I(?:'m| am) (?:a marine|allergic|Dana)|"
+    r"I have a (?:golden|dog))\b",
+    re.I,
 )
 
 
@@ -51,8 +56,8 @@ def run(model_dir: str, prompts: list[str], orders: int, max_tokens: int) -> lis
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sets = (
-        ("demo", list(DEMO_MEMORIES), demo_memory.QUESTIONS),
-        ("held_out", held_out_memories(), demo_conversation.QUESTIONS),
+        ("demo", list(DEMO_MEMORIES), demo_memory.QUESTIONS, DEMO_USER_VOICE),
+        ("held_out", held_out_memories(), demo_conversation.QUESTIONS, demo_conversation.USER_VOICE),
     )
     results = []
     for prompt in prompts:
@@ -60,7 +65,7 @@ def run(model_dir: str, prompts: list[str], orders: int, max_tokens: int) -> lis
         answers = []
         started = time.perf_counter()
         for order in range(orders):
-            for name, memories, questions in sets:
+            for name, memories, questions, voice in sets:
                 block = list(memories)
                 if order:
                     random.Random(order).shuffle(block)
@@ -75,12 +80,12 @@ def run(model_dir: str, prompts: list[str], orders: int, max_tokens: int) -> lis
                             "set": name,
                             "question": question,
                             "answer": answer,
-                            "right": expect in answer.lower(),
-                            "user_voice": bool(demo_conversation._USER_VOICE.search(answer)),
+                            "right": bool(re.search(rf"\b{re.escape(expect)}", answer.lower())),
+                            "user_voice": bool(voice.search(answer)),
                         }
                     )
         row = {"system_prompt": prompt, "seconds": round(time.perf_counter() - started, 1)}
-        for name, _, _ in sets:
+        for name, *_ in sets:
             mine = [a for a in answers if a["set"] == name]
             row[name] = {
                 "questions": len(mine),

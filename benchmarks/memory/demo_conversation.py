@@ -47,7 +47,7 @@ QUESTIONS = (  # (question, a word the answer must contain)
 MOVE = "We moved to Braga last month."
 AFTER_MOVE = (("Where do I live now?", "braga"), ("What is my husband's name?", "tiago"))
 _WORDS = re.compile(r"[a-z0-9']+")
-_USER_VOICE = re.compile(
+USER_VOICE = re.compile(
     r"\b(?:my (?:husband|daughter|cat|job|favourite)|I live|I work|I'm (?:a pharmacist|allergic)|I am "
     r"(?:a pharmacist|allergic)|I have a cat)\b",
     re.I,
@@ -97,7 +97,7 @@ def score(question: str, expect: str, answer: str, said: tuple[str, ...]) -> dic
         "right": expect in answer.lower(),
         "echo_run": run,
         "echo": run >= 5,
-        "user_voice": bool(_USER_VOICE.search(answer)),
+        "user_voice": bool(USER_VOICE.search(answer)),
     }
 
 

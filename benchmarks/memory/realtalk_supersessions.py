@@ -1,13 +1,11 @@
-"""What the rules retire on real chat: every REALTALK speaker's turns formed and consolidated in order, as the
-background worker does for one user, and every supersession listed (issue 45 item 3).
+"""What the rules retire on real chat: every REALTALK speaker's turns formed and consolidated in order, every
+supersession listed (issue 45 item 3).
 
 Run: python -m benchmarks.memory.realtalk_supersessions --out benchmarks/results/cpu/realtalk_supersessions.json
 
-REALTALK's chats (benchmarks/memory/conversations.py fetches them; not committed) are two people talking over
-weeks, mostly about their day: few changes of state and many statements that change nothing. There are no
-labels for supersession, so this counts and lists; a reader judges. It is the check that kept a lexical link
-between a change and the memory it names out of the rules (docs/benchmarks.md, "Fifth sealed set"): scored on
-the sealed sets it caught more changes, here it retired hundreds of unrelated memories.
+Close to the background worker for one user, not the same: every current memory is a candidate (the worker
+takes those of the facts' slots and the nearest by embedding) and no embedding similarity is used. REALTALK
+has no supersession labels, so this counts and lists; a reader judges (docs/benchmarks.md, "Fifth sealed set").
 """
 
 from __future__ import annotations
@@ -19,15 +17,15 @@ from pathlib import Path
 from benchmarks.common import env_info, write_outputs
 from benchmarks.memory.conversations import load_conversation
 from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
-from kvmem.formation.consolidate import ExistingMemory, consolidate_batch
+from kvmem.formation.consolidate import ExistingMemory, batch_ref, consolidate_batch
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import TurnInput
 
 
 def supersessions(turns: Sequence[tuple[str, str]]) -> tuple[int, list[dict]]:
-    """One user's (text, chat_time) turns formed by the rules and consolidated in order against every current
-    memory: how many facts were formed, and each supersession (the new fact, the memory it retired, their
-    slots)."""
+    """One user's (text, chat_time) turns formed by the rules and consolidated in order: how many facts were
+    formed, and each supersession (the new fact, the memory it retired, their slots), a fact retired by a
+    later one of its own turn included."""
     extractor = RuleExtractor()
     current: dict[str, ExistingMemory] = {}
     retired: list[dict] = []
@@ -36,18 +34,17 @@ def supersessions(turns: Sequence[tuple[str, str]]) -> tuple[int, list[dict]]:
         facts = extractor.extract([TurnInput(f"t{i}", "user", text, when, "s")])
         formed += len(facts)
         result = consolidate_batch(facts, list(current.values()), said_at=[when] * len(facts))
+        mine = {
+            batch_ref(k): ExistingMemory(f"{i}:{k}", f.text, f.slot, f.value, when, when)
+            for k, f in enumerate(facts)
+        }
         for s in result.supersessions:
-            old = current.get(s.old_id)
-            if old is not None:
-                new = facts[s.new_index]
-                retired.append(
-                    {"fact": new.text, "fact_slot": new.slot, "retired": old.text, "retired_slot": old.slot}
-                )
-        for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
-            if decision.kind not in ("duplicate", "outdated"):
-                current[f"{i}:{k}"] = ExistingMemory(f"{i}:{k}", fact.text, fact.slot, fact.value, when, when)
-        for s in result.supersessions:
-            current.pop(s.old_id, None)
+            old = current.get(s.old_id) or mine[s.old_id]
+            new = facts[s.new_index]
+            retired.append(
+                {"fact": new.text, "fact_slot": new.slot, "retired": old.text, "retired_slot": old.slot}
+            )
+        current = {m.id: m for m in (current.get(c) or mine[c] for c in result.current)}
     return formed, retired
 
 

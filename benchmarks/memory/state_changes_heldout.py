@@ -29,8 +29,8 @@ was tuned on). `--set heldout_v3` scores the third (written after the second's m
 slot check over the model's updates, change_guard.other_area). `--set heldout_v4` scores the fourth (written
 after the third was scored once for `self` and its misses read, for the guard's "no change word" and "plan"
 readings and change_guard.same_value). `--set heldout_v5` scores the fifth (written after the fourth was
-scored for the rules and its misses read, for the rules' lexical link between a change and the memory it names,
-change_guard.linked, and the passing states the rules no longer keep).
+scored for the rules and its misses read; it scored a lexical link between a change and the memory it names,
+since taken out, and the rules without it).
 """
 
 from __future__ import annotations

@@ -126,8 +126,9 @@ _PRONOUN_REACTION = re.compile(
     r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$", re.I
 )
 # Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo"; leaving it or stepping
-# away ("I'm off to bed, night night", "had to step away", "went quiet there"); a reaction to what was said ("I never knew that").
-# Each ends its clause, so "I've got to go to dialysis" and "I never knew that I was allergic" are statements.
+# away ("I'm off to bed, night night", "had to step away", "went quiet there"); a reaction to what was said
+# ("I never knew that"). Each ends its clause, so "I've got to go to dialysis" and "I never knew that I was
+# allergic" are statements.
 _LEAVE_END = r"(?:,|!|$| now(?:,|!|$)| for a (?:bit|sec|minute))"
 _META = re.compile(
     r"^I (?:misspoke|mixed (?:that|it|them|things) up|got (?:that|it) wrong|made a (?:typo|mistake)|was wrong|"
@@ -141,20 +142,31 @@ _META = re.compile(
 
 # What passes with the day, not what is true of the user: a state of the moment ("I'm knackered", "I'm so
 # hungry"), a bare reaction ("Kinda nice", "So good"), an exclamation about time ("Can't believe it's nearly
-# the end of the year"). Each must be the whole clause: "I'm tired of my job" and "I'm full-time now" are kept.
+# the end of the year", no first-person word after it: "Can't believe it's my last day at Boots" is kept).
+# Each must be the whole clause: "I'm tired of my job" and "I'm full-time now" are kept.
 _PASSING = re.compile(
     r"^(?:I(?:'m| am) (?:(?:so|really|very|a bit|a little|pretty|absolutely|completely|totally|proper|well|"
-    r"dead|super|just|rather|quite|bloody)\s+)*(?:knackered|exhausted|shattered|tired|sleepy|hungry|starving|"
-    r"stuffed|full|bored|buzzing|freezing|boiling|cold|hot|sore|wiped out|done in|beat|wrecked|fried|cream(?:ed|"
-    r"crackered)|pooped|drained|zonked|hungover)|(?:I )?(?:(?:kinda|so|pretty|really|quite|very|actually|soo+)\s+)+"
-    r"(?:nice|good|great|cool|lovely|fun|weird|funny|crazy|mad|wild|brilliant|awesome|amazing|annoying|"
-    r"boring|relaxing|peaceful|quiet|busy)|(?:I )?can(?:'t|not) believe (?:it's|it is|how|where|what|that "
-    r"it's)\b.*)$",
+    r"dead|super|just|rather|quite|bloody)\s+)*(?:knackered|exhausted|shattered|tired|sleepy|hungry|"
+    r"starving|stuffed|full|bored|buzzing|freezing|boiling|cold|hot|sore|wiped out|done in|beat|wrecked|"
+    r"fried|cream(?:ed|crackered)|pooped|drained|zonked|hungover)|(?:I )?(?:(?:kinda|so|pretty|really|"
+    r"quite|very|actually|soo+)\s+)+(?:nice|good|great|cool|lovely|fun|weird|funny|crazy|mad|wild|"
+    r"brilliant|awesome|amazing|annoying|boring|relaxing|peaceful|quiet|busy)|(?:I )?can(?:'t|not) believe "
+    r"(?:it's|it is|how) (?:already|nearly|almost|only|been|fast|quick|quickly)\b(?!.*\b(?:I|I'm|my|me)\b)"
+    r".*)$",
     re.I,
 )
-# A thank-you to the assistant opens a sentence about what it said ("Thanks for the playlist suggestions, I'll
-# give them a spin tonight"): the whole sentence is conversation.
-_THANKS = re.compile(r"^(?:thanks|thank you|thank u|thx|ty|cheers)\b(?: so much| a lot| again)? for\b", re.I)
+# A thank-you to the assistant ("Thanks for the playlist suggestions, I'll give them a spin tonight"): its own
+# words ("for the playlist suggestions") and a plan to take up what was suggested ("I'll give them a spin")
+# are conversation; what else the sentence says is kept ("Thanks for asking, I moved to Leeds last week")
+_THANKS = re.compile(
+    r"^(?:(?:oh|ok|okay|great|aw+|ah|haha)\W*\s*)*(?:thanks|thank you|thank u|thx|ty|cheers)\b"
+    r"(?: so much| a lot| again)? for\b",
+    re.I,
+)
+_THANKED_FOR = re.compile(r"^for\b.*?(?:,\s*|\s+(?:and|but|so)\s+|$)", re.I)
+_TAKES_IT_UP = re.compile(
+    r"\b(?:I'll|I will|I'm going to|I am going to|gonna|I'd)\b.*\b(?:it|them|that|those|these)\b", re.I
+)
 
 
 def normalize(text: str) -> str:
@@ -318,12 +330,9 @@ def statements(text: str) -> list[Clause]:
     about the assistant are dropped; "and"/"but"/comma joins of two full statements become two."""
     kept: list[Clause] = []
     for sentence in split_sentences(normalize(text)):
-        if (
-            _HYPOTHETICAL.search(sentence)
-            or _THANKS.match(sentence)
-            or _THANKS.match(strip_markers(sentence))
-        ):
+        if _HYPOTHETICAL.search(sentence):
             continue
+        thanked = bool(_THANKS.match(sentence))
         correction = bool(_CORRECTION.match(sentence))
         sentence = _TRAILING_FILLER.sub("", sentence)
         question = sentence.rstrip().endswith("?")
@@ -339,6 +348,10 @@ def statements(text: str) -> list[Clause]:
                 continue  # "Do you ...", "How do I ..." (but "When I was a kid, I ..." is a statement)
             for clause in _split_on(piece, _AND_BUT):
                 clause = strip_markers(clause).rstrip(" .!?,")
+                if thanked:
+                    clause = _THANKED_FOR.sub("", clause)
+                    if _TAKES_IT_UP.search(clause):
+                        continue
                 if clause and _keep(clause):
                     kept.append(Clause(clause, correction))
     return kept

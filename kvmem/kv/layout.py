@@ -31,8 +31,9 @@ from kvmem.kv.user_facts import third_person
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = "3"
-# the second clause: without it the demo model read "What do I do for work?" as a request for advice ("Dana
-# should focus on her studies"), with it the memory's answer (benchmarks/memory/demo_memory.py, issue 45)
+# the second clause: over six orders of the demo's block and the held-out conversation's, the demo model answers
+# in the user's voice ("My daughter is called Lia.") less often with it, as often right (the job question is
+# read as a request for advice in some orders either way): benchmarks/memory/block_wording.py, issue 45
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps;"
     " when the user asks about themselves, answer from the facts below."

@@ -148,8 +148,20 @@ def test_what_is_not_a_change_supersedes_nothing(earlier: str, later: str) -> No
         ("I'm absolutely knackered.", []),
         ("Kinda nice actually.", []),
         ("Thanks for the recipe, I'll try it tonight.", []),
+        (
+            "Thanks for asking, I moved to Leeds last week.",
+            [("I moved to Leeds in the week of 2026-03-23", "user|home_city", "leeds")],
+        ),
+        (
+            "Cheers for the tip, I'm allergic to nuts though.",
+            [("I'm allergic to nuts", "user|allergy:nuts", "yes")],
+        ),
+        (
+            "Can't believe it's my last day at Boots.",
+            [("Can't believe it's my last day at Boots", None, None)],
+        ),
         ("Sorry, went quiet there, the doorbell rang.", []),
-        ("Can't believe it's December already.", []),
+        ("Can't believe it's already December.", []),
         ("I'm full-time now.", [("I'm full-time now", None, None)]),
         ("I left my husband.", [("I left my husband", "user|relationship", "single")]),
     ],
