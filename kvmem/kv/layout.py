@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = "3"
 # the second clause: over six orders of the demo's block and the held-out conversation's, the demo model answers
-# in the user's voice ("My daughter is called Lia.") less often with it, as often right (the job question is
-# read as a request for advice in some orders either way): benchmarks/memory/block_wording.py, issue 45
+# in the user's voice ("My daughter is called Lia.") less often with it (9 of 66 against 16), the demo's
+# questions as often right, the held-out's 31 of 36 against 33 (the job question is read as a request for
+# advice in some orders either way): benchmarks/memory/block_wording.py, issue 45
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps;"
     " when the user asks about themselves, answer from the facts below."
