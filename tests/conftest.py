@@ -159,11 +159,19 @@ def synthetic_memories(num_tokens: int, tokenizer, *, seed: int = 0) -> list[str
     return memories
 
 
+# the system prompt of the prompts whose lengths engine tests count (chunks, pages, quotas, preemption): fixed
+# here, so a change to the product's default wording (kvmem.kv.layout.DEFAULT_SYSTEM_PROMPT) leaves them as
+# they are
+FIXED_SYSTEM_PROMPT = (
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+)
+
+
 def prompts_and_blocks(handle, tokenizer):
     """Four requests: two blocks of different lengths, two without a block; prompts of different lengths."""
     from kvmem.kv import PromptLayout, build_item
 
-    layout = PromptLayout(handle.tokenizer)
+    layout = PromptLayout(handle.tokenizer, system_prompt=FIXED_SYSTEM_PROMPT)
     mems_a, mems_b = synthetic_memories(200, tokenizer, seed=1), synthetic_memories(60, tokenizer, seed=2)
     item_a = build_item(handle, layout.block_ids(mems_a), user_id="u", memory_ids=["a"])
     item_b = build_item(handle, layout.block_ids(mems_b), user_id="u", memory_ids=["b"])
