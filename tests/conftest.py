@@ -161,7 +161,7 @@ def synthetic_memories(num_tokens: int, tokenizer, *, seed: int = 0) -> list[str
 
 # the system prompt of the prompts whose lengths engine tests count (chunks, pages, quotas, preemption): fixed
 # here, so a change to the product's default wording (kvmem.kv.layout.DEFAULT_SYSTEM_PROMPT) leaves them as
-# they are
+# they are (e512a6c's moved 8 of them)
 FIXED_SYSTEM_PROMPT = (
     "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
 )

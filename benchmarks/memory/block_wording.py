@@ -6,7 +6,7 @@ Run: python -m benchmarks.memory.block_wording --out benchmarks/results/cpu/bloc
      [--model DIR] [--orders 6] [--system "..." ...]
 
 Right: the expected word starts a word of the answer; user voice: the user's fact stated in the first person.
-Default prompts: the layout's DEFAULT_SYSTEM_PROMPT and the one before it. The last stdout line is the JSON.
+Default prompts: the layout's DEFAULT_SYSTEM_PROMPT with and without the clause e512a6c tried. The last stdout line is the JSON.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from kvmem.kv.layout import DEFAULT_SYSTEM_PROMPT, PromptLayout
 from serving.background.startup import DEMO_MEMORIES
 
 DEMO_MODEL = Path.home() / ".cache" / "kvmem" / "models" / "Qwen2.5-Coder-0.5B-Instruct"
-# the default system prompt before 'when the user asks about themselves, answer from the facts below'
-EARLIER_PROMPT = (
-    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
+# the default system prompt with the clause e512a6c tried and a later commit took out (docs/benchmarks.md)
+SELF_QUESTIONS_PROMPT = (
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps;"
+    " when the user asks about themselves, answer from the facts below."
 )
 
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    prompts = args.system or [DEFAULT_SYSTEM_PROMPT, EARLIER_PROMPT]
+    prompts = args.system or [SELF_QUESTIONS_PROMPT, DEFAULT_SYSTEM_PROMPT]
     result = {
         "benchmark": "block_wording",
         "env": env_info(),

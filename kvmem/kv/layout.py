@@ -31,13 +31,12 @@ from kvmem.kv.user_facts import third_person
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = "3"
-# the second clause: over six orders of the demo's block and the held-out conversation's, the demo model answers
-# in the user's voice ("My daughter is called Lia.") less often with it (9 of 66 against 16), the demo's
-# questions as often right, the held-out's 31 of 36 against 33 (the job question is read as a request for
-# advice in some orders either way): benchmarks/memory/block_wording.py, issue 45
+# tried and not kept (e512a6c): adding "; when the user asks about themselves, answer from the facts below" cut
+# the demo model's answers in the user's voice (9 of 66 against 16 over six orders of two blocks,
+# benchmarks/memory/block_wording.py) but answered no more questions right (the held-out's 31 of 36 against
+# 33), and the real-model LoRA test's damage gate fell to 0.890 greedy agreement under it (gate 0.90)
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps;"
-    " when the user asks about themselves, answer from the facts below."
+    "You are a helpful assistant with long-term memory. Use what you remember about the user when it helps."
 )
 # memories are told about the user in the third person under a header that marks them as context (version 3;
 # version 2 listed them in the user's own words under "What you remember about the user:", and small models
