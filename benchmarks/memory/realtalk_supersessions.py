@@ -1,11 +1,13 @@
 """What the rules retire on real chat: every REALTALK speaker's turns formed and consolidated in order, every
 supersession listed (issue 45 item 3).
 
-Run: python -m benchmarks.memory.realtalk_supersessions --out benchmarks/results/cpu/realtalk_supersessions.json
+Run: python -m benchmarks.memory.realtalk_supersessions \
+    --out benchmarks/results/cpu/realtalk_supersessions.json
 
 Close to the background worker for one user, not the same: every current memory is a candidate (the worker
 takes those of the facts' slots and the nearest by embedding) and no embedding similarity is used. REALTALK
-has no supersession labels, so this counts and lists; a reader judges (docs/benchmarks.md, "Fifth sealed set").
+has no supersession labels, so this counts and lists; a reader judges (docs/benchmarks.md, "Fifth sealed
+set").
 """
 
 from __future__ import annotations
@@ -17,34 +19,28 @@ from pathlib import Path
 from benchmarks.common import env_info, write_outputs
 from benchmarks.memory.conversations import load_conversation
 from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
-from kvmem.formation.consolidate import ExistingMemory, batch_ref, consolidate_batch
+from benchmarks.memory.state_changes_heldout import form_in_order
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import TurnInput
 
 
 def supersessions(turns: Sequence[tuple[str, str]]) -> tuple[int, list[dict]]:
-    """One user's (text, chat_time) turns formed by the rules and consolidated in order: how many facts were
-    formed, and each supersession (the new fact, the memory it retired, their slots), a fact retired by a
-    later one of its own turn included."""
-    extractor = RuleExtractor()
-    current: dict[str, ExistingMemory] = {}
-    retired: list[dict] = []
-    formed = 0
-    for i, (text, when) in enumerate(turns):
-        facts = extractor.extract([TurnInput(f"t{i}", "user", text, when, "s")])
+    """One user's (text, chat_time) turns formed by the rules and consolidated in order
+    (state_changes_heldout.form_in_order): how many facts were formed, and each supersession (the new fact,
+    the memory it retired, their slots)."""
+    inputs = [TurnInput(f"t{i}", "user", text, when, "s") for i, (text, when) in enumerate(turns)]
+    formed, retired = 0, []
+    for facts, gone in form_in_order(inputs, RuleExtractor()):
         formed += len(facts)
-        result = consolidate_batch(facts, list(current.values()), said_at=[when] * len(facts))
-        mine = {
-            batch_ref(k): ExistingMemory(f"{i}:{k}", f.text, f.slot, f.value, when, when)
-            for k, f in enumerate(facts)
-        }
-        for s in result.supersessions:
-            old = current.get(s.old_id) or mine[s.old_id]
-            new = facts[s.new_index]
-            retired.append(
-                {"fact": new.text, "fact_slot": new.slot, "retired": old.text, "retired_slot": old.slot}
-            )
-        current = {m.id: m for m in (current.get(c) or mine[c] for c in result.current)}
+        retired += [
+            {
+                "fact": r.by.text,
+                "fact_slot": r.by.slot,
+                "retired": r.memory.text,
+                "retired_slot": r.memory.slot,
+            }
+            for r in gone
+        ]
     return formed, retired
 
 

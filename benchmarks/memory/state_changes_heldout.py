@@ -39,14 +39,15 @@ import argparse
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from benchmarks.common import env_info, write_outputs
 from kvmem.formation.base import Extractor, make_extractor
 from kvmem.formation.consolidate import ExistingMemory, batch_ref, consolidate_batch
-from kvmem.formation.types import TurnInput
+from kvmem.formation.types import Fact, TurnInput
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "state_changes"
 _START = datetime(2026, 3, 2, 9, 0)
@@ -75,6 +76,46 @@ def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
 
 
+@dataclass(frozen=True)
+class Retired:
+    """A memory a later fact retired, and the index of the turn it was formed from."""
+
+    memory: ExistingMemory
+    turn: int
+    by: Fact
+
+
+def form_in_order(
+    turns: Sequence[TurnInput], extractor: Extractor
+) -> Iterator[tuple[list[Fact], list[Retired]]]:
+    """One user's turns formed and consolidated in order against every memory still current, as the worker
+    does with its candidates all the memories: per turn, the facts it formed and the memories they retired (a
+    fact retired by a later one of its own turn included)."""
+    current: dict[str, ExistingMemory] = {}
+    origin: dict[str, int] = {}
+    for index, turn in enumerate(turns):
+        facts = extractor.extract([turn])
+        retired: list[Retired] = []
+        if facts:
+            result = consolidate_batch(facts, list(current.values()), said_at=[turn.chat_time] * len(facts))
+            ids: dict[str, str] = {}
+            for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
+                if decision.kind in ("duplicate", "outdated"):
+                    continue
+                new_id = f"m{len(origin)}"
+                ids[batch_ref(k)] = new_id
+                origin[new_id] = index
+                current[new_id] = ExistingMemory(
+                    new_id, fact.text, fact.slot, fact.value, fact.valid_from, turn.chat_time
+                )
+            for s in result.supersessions:
+                old = ids.get(s.old_id, s.old_id)
+                memory = current.pop(old, None)
+                if memory is not None:
+                    retired.append(Retired(memory, origin[old], facts[s.new_index]))
+        yield facts, retired
+
+
 def run_item(item: dict, extractor: Extractor) -> dict:
     """The item's turns formed and consolidated in order: which earlier turns lost a memory, and the texts
     the new turn formed."""
@@ -82,33 +123,15 @@ def run_item(item: dict, extractor: Extractor) -> dict:
     times = [_START + timedelta(minutes=5 * i) for i in range(len(item["prefix"]))]
     times.append(times[-1] + _GAP)
     texts = [*item["prefix"], item["turn"]]
-    current: dict[str, ExistingMemory] = {}
-    origin: dict[str, int] = {}
-    superseded_from: list[int] = []
-    new_texts: list[str] = []
-    for index, (text, moment) in enumerate(zip(texts, times, strict=True)):
-        turn = TurnInput(f"{session}-t{index}", "user", text, _iso(moment), session)
-        facts = extractor.extract([turn])
-        if index == len(texts) - 1:
-            new_texts = [f.text for f in facts]
-        if not facts:
-            continue
-        result = consolidate_batch(facts, list(current.values()), said_at=[turn.chat_time] * len(facts))
-        ids: dict[str, str] = {}
-        for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
-            if decision.kind in ("duplicate", "outdated"):
-                continue
-            new_id = f"m{len(origin)}"
-            ids[batch_ref(k)] = new_id
-            origin[new_id] = index
-            current[new_id] = ExistingMemory(
-                new_id, fact.text, fact.slot, fact.value, fact.valid_from, turn.chat_time
-            )
-        for s in result.supersessions:
-            old = ids.get(s.old_id, s.old_id)
-            if current.pop(old, None) is not None:
-                superseded_from.append(origin[old])
-    return {"superseded_turns": superseded_from, "new_facts": new_texts}
+    turns = [
+        TurnInput(f"{session}-t{index}", "user", text, _iso(moment), session)
+        for index, (text, moment) in enumerate(zip(texts, times, strict=True))
+    ]
+    per_turn = list(form_in_order(turns, extractor))
+    return {
+        "superseded_turns": [r.turn for _, retired in per_turn for r in retired],
+        "new_facts": [f.text for f in per_turn[-1][0]],
+    }
 
 
 def run_item_served(item: dict, worker, store) -> dict:
