@@ -15,9 +15,13 @@ each row's gathered context, not by prefix group.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+
+log = logging.getLogger(__name__)
 
 # PyTorch's fused CPU attention that also returns the log-sum-exp (what the merge of a prefix group needs):
 # 2-5x faster than the softmax written out below on the 2-core CPU (8 queries over 600 keys: 188 vs 942 us).
@@ -30,6 +34,13 @@ CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 # materialised mask and [heads, Q, K] scores, where the additive mask keeps the memory-efficient kernel.
 CAUSAL_DEVICES = frozenset({"cuda"})
 CAUSAL_DTYPES = frozenset({torch.float16, torch.bfloat16})
+# The flash kernel over packed sequences of different lengths (cumulative offsets, causal aligned to each
+# sequence's last key): what a static prefill chunk (prefill_graphs.py) attends with on CUDA, no mask tensor.
+# An additive mask there kept SDPA off flash: the graphed query forward over a 6,081-token block took 18 ms
+# on an H200 against 17 ms eager (issue 43). Its signature has held since torch 2.4; `varlen_ready` checks it
+# on the device before use.
+FLASH_VARLEN = getattr(torch.ops.aten, "_flash_attention_forward", None)
+_VARLEN_READY: dict[tuple[str, torch.dtype, int], bool] = {}
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype, g: int = 1) -> torch.Tensor:
@@ -140,6 +151,50 @@ def wide_grouped(st, query, k_pool, v_pool, scale: float, window: None) -> torch
         merged = merge(out.index_select(0, rows), lse.index_select(0, rows), o_p, l_p)
         out = out.index_copy(0, rows, merged.to(out.dtype))
     return out
+
+
+def varlen_causal(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """Causal attention over packed sequences: q [Tq, heads, d], k/v [Tk, kv_heads, d] (G query heads per K/V
+    head), int32 cu_q/cu_k [N + 1] the sequences' offsets in each; query i of a sequence of Q queries over K
+    keys sees its keys 0 .. K - Q + i (a sequence with no keys gives zeros). Returns [Tq, heads, d]."""
+    return FLASH_VARLEN(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)[0]
+
+
+def varlen_ready(device: torch.device, dtype: torch.dtype, dim: int) -> bool:
+    """Whether `varlen_causal` runs on `device` in `dtype` for head dim `dim` and gives what SDPA's causal mask
+    aligned to the last key gives (checked once per device, dtype and dim on two packed sequences of 3 queries
+    over 5 keys and 2 over 2, four query heads over two K/V heads): CUDA, 16-bit, dim <= 256, an op of this
+    signature. Not on the model thread's hot path: the first static chunk calls it, before any capture."""
+    key = (str(device), dtype, dim)
+    if key not in _VARLEN_READY:
+        _VARLEN_READY[key] = _check_varlen(device, dtype, dim)
+    return _VARLEN_READY[key]
+
+
+def _check_varlen(device: torch.device, dtype: torch.dtype, dim: int) -> bool:
+    if FLASH_VARLEN is None or device.type != "cuda" or dtype not in CAUSAL_DTYPES or dim > 256 or dim % 8:
+        return False
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(n, h, dim, generator=gen).to(device, dtype) for n, h in ((5, 4), (7, 2), (7, 2)))
+    offsets = (torch.tensor([0, 3, 5], dtype=torch.int32, device=device),
+               torch.tensor([0, 5, 7], dtype=torch.int32, device=device))  # fmt: skip
+    try:
+        out = varlen_causal(q, k, v, *offsets, 3, 5, dim**-0.5)
+    except Exception:  # noqa: BLE001 - an op of another signature, or no flash kernel for this card
+        log.warning("flash varlen attention unavailable on %s in %s: static prefill keeps its mask", device,
+                    dtype, exc_info=True)  # fmt: skip
+        return False
+    want = []
+    for (q0, q1), (k0, k1) in (((0, 3), (0, 5)), ((3, 5), (5, 7))):
+        qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        mask = causal_lower_right(q1 - q0, k1 - k0)
+        want.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)[0])
+    err = (out.float() - torch.cat(want, 1).transpose(0, 1).float()).abs().max().item()
+    if err > 2e-2:
+        log.warning("flash varlen attention differs from SDPA's by %.3g on %s: static prefill keeps its mask",
+                    err, device)  # fmt: skip
+        return False
+    return True
 
 
 def _read(pool: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:

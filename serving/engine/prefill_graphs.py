@@ -7,13 +7,16 @@ with one launch. A step that is ONE prefill chunk and nothing else (no decode ro
 arriving alone runs, and the whole of a KV-injected request's time to first token) runs here over static
 buffers:
 
-- its query tokens are padded to a bucket (16, 32, ... 2048); a pad token (id 0 at position 0) writes its K/V
-  to the pool's scratch slot (pages.py), attends over the chunk's real keys (so no row is all -inf), and its
-  logits are never read: the logits are taken at the last real token only (an index in the inputs);
+- its query tokens are padded to a bucket (16, 32, 48, 64, 80, ... 2048: TOKEN_BUCKETS); a pad token (id 0 at
+  position 0) writes its K/V to the pool's scratch slot (pages.py), and its logits are never read: the logits
+  are taken at the last real token only (an index in the inputs);
 - the chunk reads its whole context (its pages up to its last token) through one slot table of kcap slots,
-  kcap a power of two >= 512; slots past the chunk's end read the scratch slot under a -inf mask;
-- one SDPA per layer over [1, kv_heads, G * Q, d] queries (G query heads per K/V head), the mask computed in
-  the graph from the chunk's past and real length, once per step.
+  kcap a power of two >= 512; slots past the chunk's end read the scratch slot;
+- on CUDA in 16 bits, one flash call per layer over two packed sequences (attention.varlen_causal): the
+  chunk's queries over its context, causal to its last key, and the pads' over the slots after it; no mask;
+- otherwise (CPU, float32) one SDPA per layer over [1, kv_heads, G * Q, d] queries (G query heads per K/V
+  head) under a mask computed in the graph from the chunk's past and real length, once per step: slots past
+  the chunk's end are -inf, and a pad attends over the chunk's real keys (so no row is all -inf).
 
 Decision (issue 43 item 3: piecewise with attention outside the graph, or whole with bucketed context): WHOLE.
 The step here is one chunk, so the bucketed context costs one gather of kcap slots per layer (at most 2x the
@@ -38,13 +41,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-from serving.engine import runner
+from serving.engine import attention, runner
 from serving.engine.graphs import MIN_CONTEXT, _bucket_context, supports
 from serving.engine.plan import PlanCache
 
 log = logging.getLogger(__name__)
 
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# query tokens a chunk is padded up to: steps of 16 to 64, then four to each doubling (a quarter of its start),
+# so padding adds at most a quarter (with powers of two it added up to 1.9x: MemOS's 169-token query ran as 256
+# tokens; on Qwen3-8B's shape a chunk of a few hundred tokens is compute-bound, its cost grows with its padding)
+TOKEN_BUCKETS = (
+    (16, 32, 48) + tuple(b + i * b // 4 for b in (64, 128, 256, 512, 1024) for i in range(4)) + (2048,)
+)
 MAX_MASK = 1 << 23  # query tokens x context of the largest bucket: its mask stays bounded (16 MiB in bf16)
 META = 3  # past, real length, index of the last real token
 
@@ -77,11 +85,23 @@ class StaticPrefillPlan(PlanCache):
         self._q = torch.arange(tokens, device=inputs.device)
         self._k = torch.arange(kcap, device=inputs.device)
         self.bias: torch.Tensor | None = None
+        # flash over two packed sequences, the chunk's and its pads' (attention.varlen_causal): offsets
+        # [0, length, tokens] of the queries, [0, past + length, kcap] of the keys
+        self._ends = torch.tensor([[0, 0, tokens], [0, 0, kcap]], dtype=torch.int32, device=inputs.device)
+        self._at_one = torch.tensor([0, 1, 0], dtype=torch.int32, device=inputs.device)
+        self.offsets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def begin(self, dtype: torch.dtype) -> None:
-        """The mask, once for every layer: query i sees keys 0 .. past + i, below past + length (a pad query,
-        i >= length, sees every real key: never an all -inf row)."""
+        """Once for every layer, the chunk's attention: on CUDA in 16 bits (attention.varlen_ready) the packed
+        offsets, the chunk's queries over its context and the pads' over the slots after it (flash, aligned to
+        each one's last key, no mask); otherwise the mask: query i sees keys 0 .. past + i, below past + length
+        (a pad query, i >= length, sees every real key: never an all -inf row)."""
         past, length = self.meta[0], self.meta[1]
+        self.offsets = self.bias = None
+        if attention.varlen_ready(self.meta.device, dtype, self.pool.k.shape[-1]):
+            cu = self._ends + self._at_one * torch.stack((length, past + length)).to(torch.int32)[:, None]
+            self.offsets = (cu[0], cu[1])
+            return
         seen = (self._k[None, :] <= past + self._q[:, None]) & (self._k[None, :] < past + length)
         zero = torch.zeros((), dtype=dtype, device=seen.device)
         self.bias = torch.where(seen, zero, torch.full_like(zero, float("-inf")))  # [Q, K]
@@ -93,6 +113,11 @@ class StaticPrefillPlan(PlanCache):
         k_pool, v_pool = self.write_kv(layer, key, value)
         tokens, kv_heads, dim = self.tokens, k_pool.shape[1], query.shape[-1]
         # [1, heads, T, d] from the attention interface, [T, heads, d] from the engine's own layers
+        if self.offsets is not None:  # [T, heads, d] packed: the chunk's then the pads'
+            q = query[0].transpose(0, 1) if query.dim() == 4 else query
+            k, v = k_pool.index_select(0, self.gather), v_pool.index_select(0, self.gather)  # [kcap, kv, d]
+            out = attention.varlen_causal(q, k, v, *self.offsets, tokens, self.kcap, scale)
+            return out[None]  # [1, T, heads, d]
         q = query[0] if query.dim() == 4 else query.transpose(0, 1)  # [heads, T, d]
         heads = q.shape[0]
         g = heads // kv_heads
