@@ -8,7 +8,9 @@ requests each admitted over the block and prefilled in one chunk (runner.step, t
 from the step's start to its token on the host (the first rep of each arm is a warm-up: the graph's capture).
 Two more arms prefill the whole prompt (block and query, no memory KV) in one step: `full` with the static
 chunks on (as the server runs on a GPU) and `full_eager` without: the TTFT the KV path saves against.
-Reported: median and p90 step ms per arm, the static arm's bucket (query tokens, context) and whether graphs
+On CUDA one more, `static_mask`: the static chunk with its additive mask where it would take flash (`attention`:
+flash or mask per static arm). Reported: median and p90 step ms per arm, the static arm's bucket (query tokens,
+context) and whether graphs
 replayed, and whether the first tokens of the arms are identical (they must be in float32; in bfloat16
 the padded matmuls may round differently and a near-tie can flip: stated, not asserted); the reduction of the
 faster KV arm against the faster full prefill (`kv_best`, `full_best`) beside MemOS's published figure for the
@@ -70,9 +72,17 @@ def run_cell(handle, pool, ctx: int, query: int, reps: int) -> dict:
     ids = layout.prompt(memories, [], query_for(layout, memories, query, seed=query)).ids
     row: dict = {"ctx_tokens": len(block), "query_tokens": len(ids) - len(block)}
     # arm: (over the block's KV, static chunks on)
-    arms = {"eager": (True, False), "static": (True, True), "full": (False, True), "full_eager": (False, False)}
+    arms = {
+        "eager": (True, False),
+        "static": (True, True),
+        "full": (False, True),
+        "full_eager": (False, False),
+    }
+    if pool.k.device.type == "cuda":  # the static chunk with its additive mask where flash could run
+        arms["static_mask"] = (True, True)
     for arm, (injected, static) in arms.items():
-        pool.prefill_graphs = PrefillGraphs(model, pool) if static else None
+        flash = arm != "static_mask"
+        pool.prefill_graphs = PrefillGraphs(model, pool, flash=flash) if static else None
         times, tokens = [], []
         for _ in range(reps + 1):
             s, token = one_request(model, pool, ids, item if injected else None)
@@ -83,10 +93,15 @@ def run_cell(handle, pool, ctx: int, query: int, reps: int) -> dict:
         row[f"{arm}_token"] = tokens[-1]
         if static:
             g = pool.prefill_graphs
-            prefix = "" if arm == "static" else "full_"
+            prefix = {"static": "", "full": "full_"}.get(arm, f"{arm}_")
             row[f"{prefix}bucket"] = sorted(g.buckets)
             row[f"{prefix}replayed"] = g.replays
             row[f"{prefix}failed"] = sorted(g.failed)
+            # flash over packed sequences or the additive mask (prefill_graphs.StaticPrefillPlan.begin)
+            flashed = {b.plan.offsets is not None for b in g.buckets.values()}
+            row[f"{prefix}attention"] = (
+                "flash" if flashed == {True} else "mask" if flashed == {False} else "both"
+            )
     pool.prefill_graphs = None
     row["tokens_identical"] = row["eager_token"] == row["static_token"]
     row["full_token_identical"] = row["full_token"] == row["full_eager_token"] == row["static_token"]
@@ -169,7 +184,19 @@ def main(argv: list[str] | None = None) -> dict:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(
-        ["ctx", "query", "eager ms", "static ms", "x", "full ms", "cut %", "MemOS %", "/floor", "replays", "same"],
+        [
+            "ctx",
+            "query",
+            "eager ms",
+            "static ms",
+            "x",
+            "full ms",
+            "cut %",
+            "MemOS %",
+            "/floor",
+            "replays",
+            "same",
+        ],
         [
             [
                 r["ctx_tokens"],

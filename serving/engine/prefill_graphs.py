@@ -75,9 +75,9 @@ class StaticPrefillPlan(PlanCache):
     """The indices of one bucket's chunk in fixed device buffers: `past_key_values` and `kvmem_step` of its
     forward, as plan.StepPlan is of an eager step."""
 
-    def __init__(self, pool, inputs: torch.Tensor, tokens: int, kcap: int) -> None:
+    def __init__(self, pool, inputs: torch.Tensor, tokens: int, kcap: int, flash: bool = True) -> None:
         super().__init__()
-        self.pool, self.tokens, self.kcap = pool, tokens, kcap
+        self.pool, self.tokens, self.kcap, self.flash = pool, tokens, kcap, flash
         self.ids, self.positions, self.write = inputs[: 3 * tokens].view(3, tokens)
         self.meta = inputs[3 * tokens : 3 * tokens + META]
         self.last = self.meta[2:3]  # the logits kept: the last real token's
@@ -98,7 +98,7 @@ class StaticPrefillPlan(PlanCache):
         (a pad query, i >= length, sees every real key: never an all -inf row)."""
         past, length = self.meta[0], self.meta[1]
         self.offsets = self.bias = None
-        if attention.varlen_ready(self.meta.device, dtype, self.pool.k.shape[-1]):
+        if self.flash and attention.varlen_ready(self.meta.device, dtype, self.pool.k.shape[-1]):
             cu = self._ends + self._at_one * torch.stack((length, past + length)).to(torch.int32)[:, None]
             self.offsets = (cu[0], cu[1])
             return
@@ -132,12 +132,12 @@ class StaticPrefillPlan(PlanCache):
 class _Bucket:
     """One (tokens, kcap) shape: its host and device buffers, its plan, and its graph once captured."""
 
-    def __init__(self, model, pool, tokens: int, kcap: int, pinned: bool) -> None:
+    def __init__(self, model, pool, tokens: int, kcap: int, pinned: bool, flash: bool = True) -> None:
         self.model, self.tokens, self.kcap = model, tokens, kcap
         size = 3 * tokens + META + kcap
         self.host = torch.empty(size, dtype=torch.long, pin_memory=pinned)
         self.inputs = torch.empty(size, dtype=torch.long, device=pool.k.device)
-        self.plan = StaticPrefillPlan(pool, self.inputs, tokens, kcap)
+        self.plan = StaticPrefillPlan(pool, self.inputs, tokens, kcap, flash)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.dtype = pool.k.dtype
@@ -197,10 +197,11 @@ class _Bucket:
 
 class PrefillGraphs:
     """The lone prefill chunks of one model over one pool (see the module docstring). `capture`: record CUDA
-    graphs (default: when the pool is on a CUDA device); False runs the same static steps eagerly."""
+    graphs (default: when the pool is on a CUDA device); False runs the same static steps eagerly. `flash`:
+    False keeps the mask where flash could run (a benchmark's comparison)."""
 
-    def __init__(self, model: torch.nn.Module, pool, capture: bool | None = None) -> None:
-        self.model, self.pool = model, pool
+    def __init__(self, model: torch.nn.Module, pool, capture: bool | None = None, flash: bool = True) -> None:
+        self.model, self.pool, self.flash = model, pool, flash
         self.capture = pool.k.device.type == "cuda" if capture is None else capture
         self.buckets: dict[tuple[int, int], _Bucket] = {}
         self.failed: set[tuple[int, int]] = set()
@@ -225,7 +226,8 @@ class PrefillGraphs:
     def _bucket(self, shape: tuple[int, int]) -> _Bucket | None:
         bucket = self.buckets.get(shape)
         if bucket is None and shape not in self.failed:
-            bucket = _Bucket(self.model, self.pool, *shape, pinned=self.capture and self.pool.k.is_cuda)
+            pinned = self.capture and self.pool.k.is_cuda
+            bucket = _Bucket(self.model, self.pool, *shape, pinned=pinned, flash=self.flash)
             if self.capture:
                 try:
                     bucket.capture(self._mempool)

@@ -111,24 +111,25 @@ def test_a_static_chunk_over_packed_sequences_equals_a_full_prefill(
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs a CUDA device")
 def test_on_cuda_in_bfloat16_a_captured_static_chunk_attends_with_flash_as_its_mask_would(
-    tiny_handle, tokenizer, monkeypatch
+    tiny_handle, tokenizer
 ):
     """The tiny Llama in bfloat16 on CUDA: flash's varlen kernel is ready (it gives SDPA's causal attention on
     the card), and each prompt's logits from a captured static chunk over it are within bf16 rounding of the
     same chunk's with the additive mask."""
+    from dataclasses import replace
+
     from serving.engine.sequence import admit
 
     model = tiny_handle.model.to("cuda", torch.bfloat16)
     try:
+        handle = replace(tiny_handle, device=torch.device("cuda"))
         shape = test_engine.PoolShape.of_model(model)
         assert attention.varlen_ready(torch.device("cuda"), torch.bfloat16, shape.head_dim)
-        prompts = [ids for ids, _ in prompts_and_blocks(tiny_handle, tokenizer)]
+        prompts = [ids for ids, _ in prompts_and_blocks(handle, tokenizer)]
 
-        def logits(varlen: bool) -> list[torch.Tensor]:
-            if not varlen:
-                monkeypatch.setattr(attention, "varlen_ready", lambda device, dtype, dim: False)
+        def logits(flash: bool) -> list[torch.Tensor]:
             pool = test_engine.PagePool(shape, 16 << 20, device="cuda")
-            g = PrefillGraphs(model, pool)
+            g = PrefillGraphs(model, pool, flash=flash)
             out = []
             with torch.inference_mode():
                 for ids in prompts:
@@ -136,7 +137,7 @@ def test_on_cuda_in_bfloat16_a_captured_static_chunk_attends_with_flash_as_its_m
                     out.append(g.logits(seq, ids, g.bucket_for(seq, len(ids))).float().cpu())
                     seq.release()
             assert g.failed == set() and g.replays == g.steps == len(prompts)
-            assert all((b.plan.offsets is not None) == varlen for b in g.buckets.values())
+            assert all((b.plan.offsets is not None) == flash for b in g.buckets.values())
             return out
 
         flash, masked = logits(True), logits(False)
