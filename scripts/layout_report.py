@@ -25,7 +25,13 @@ LAYERS = {
     "scheduler": ("serving", "benchmarks"),
     "serving": ("benchmarks",),
     # inside serving: the engine knows no backend, route or command; the backends know no route
-    "serving.engine": ("serving.backends", "serving.http", "serving.chat", "serving.background", "serving.ops"),
+    "serving.engine": (
+        "serving.backends",
+        "serving.http",
+        "serving.chat",
+        "serving.background",
+        "serving.ops",
+    ),
     "serving.backends": ("serving.http", "serving.chat", "serving.background", "serving.ops"),
     "serving.chat": ("serving.background", "serving.ops"),
 }

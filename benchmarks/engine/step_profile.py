@@ -166,13 +166,25 @@ def profile_steps(model, pool, step_fn, steps: int, device: torch.device) -> dic
         "top_calls": [[n, c / steps] for n, c in Counter(e.name for e in top).most_common(10)],
     }
     if device.type == "cuda":
+        # a kernel is listed under the innermost event that launched it (aten::mm, not aten::linear above it):
+        # the layer's are those of every event inside its range (until 2026-11-30 only its top-level ops' own,
+        # which missed the kernels of nested ops)
         kernels = _kernels(events)
-        layer_kernels = _kernels(in_layer_top)
+        layer_kernels = _kernels([e for e in events if any(_within(e, r) for r in layer_ranges)])
+        time_by_name, count_by_name = Counter(), Counter()
+        for k in kernels:
+            time_by_name[k.name] += k.duration
+            count_by_name[k.name] += 1
         out.update(
             kernels=len(kernels) / steps,
             kernels_layer0=len(layer_kernels) / steps,
             device_us=sum(k.duration for k in kernels) / steps,
             device_layer0_us=sum(k.duration for k in layer_kernels) / steps,
+            # the kernels with the most device time a step: [name, us, launches]
+            top_kernels=[
+                [name[:120], round(t / steps, 1), count_by_name[name] / steps]
+                for name, t in time_by_name.most_common(15)
+            ],
         )
     return out
 

@@ -4,6 +4,7 @@
 # network, and lacks our server's and benchmark client's packages; it cannot provision the default model.
 #
 #   bash benchmarks/gpu/gpu_bundle.sh            # on this machine, after scripts/setup.sh
+#   TREES="b25932c 5fcd399" bash benchmarks/gpu/gpu_bundle.sh   # also those commits' code (many_users_bisect.sh)
 #
 # Puts in .gpu/: wheels for CPython 3.12 x86-64 of fastapi, starlette, uvicorn, pydantic (+ core), openai (the
 # client http_load uses), xgrammar (structured outputs; graphs_test runs its mask on CUDA) and their missing
@@ -40,6 +41,13 @@ from kvmem.text.search.embedders import minilm_model_dir, minilm_onnx_path
 shutil.copy(minilm_model_dir() / "tokenizer.json", ".gpu/minilm/tokenizer.json")
 shutil.copy(minilm_onnx_path(), ".gpu/minilm/model.onnx")
 EOF
+# TREES="sha ...": those commits' code into .gpu/trees/<sha>, for benchmarks/gpu/many_users_bisect.sh
+rm -rf "$B/trees"
+for t in ${TREES:-}; do
+  mkdir -p "$B/trees/$t"
+  git archive "$t" serving kvmem benchmarks/__init__.py benchmarks/common.py benchmarks/gpu benchmarks/ttft \
+    benchmarks/engine | tar x -C "$B/trees/$t"
+done
 du -sh "$B" >&2
 sha=$(git rev-parse --short HEAD)
 cat <<EOF

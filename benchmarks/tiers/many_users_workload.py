@@ -160,7 +160,9 @@ def schedule(
     that many (a low rate's percentiles are then of a distribution, not of 3 requests), and the edits cover
     the same span. `level` makes each level of a sweep its own draw."""
     if qps <= 0 or duration_s <= 0 or min_asks < 0:
-        raise ValueError(f"qps and duration_s must be > 0 and min_asks >= 0, got {qps}, {duration_s}, {min_asks}")
+        raise ValueError(
+            f"qps and duration_s must be > 0 and min_asks >= 0, got {qps}, {duration_s}, {min_asks}"
+        )
     rng = np.random.default_rng([cfg.seed, 2, level])
     weights = zipf_weights(cfg.num_users, cfg.zipf_alpha)
     events: list[Event] = []

@@ -61,7 +61,9 @@ def test_min_asks_runs_a_low_rate_past_its_duration_until_it_has_them():
     more = [e for e in longer if e.kind == "ask"]
     assert len(more) == 12 and more[: len(asks)] == asks  # the same draw, continued
     assert more[-1].t > 20.0 and all(e.t < more[-1].t for e in longer if e.kind == "edit")
-    assert sum(e.kind == "edit" for e in longer) > sum(e.kind == "edit" for e in plain)  # edits cover the span
+    assert sum(e.kind == "edit" for e in longer) > sum(
+        e.kind == "edit" for e in plain
+    )  # edits cover the span
     assert schedule(cfg, 2.0, 10.0, min_asks=3) == schedule(cfg, 2.0, 10.0)  # enough asks: nothing changes
     with pytest.raises(ValueError, match="min_asks"):
         schedule(cfg, 1.0, 10.0, min_asks=-1)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The many-users engine arm (benchmarks/gpu/many_users_gpu.py, no peer) at several commits on one machine: which
+# commit moved it. The trees are the commits' code, put in .gpu/trees/<sha> beforehand by
+# `TREES="sha ..." bash benchmarks/gpu/gpu_bundle.sh` (a lent machine has no git history); this tree runs first
+# and last, so the order's effect shows beside the commits'.
+#
+#   bash benchmarks/gpu/many_users_bisect.sh OUT_DIR [many_users_gpu args...]   # what gpu_suite.sh's step runs
+#
+# Writes OUT_DIR/many_users_bisect_<sha>.json (the last run of this tree: ..._<sha>_again.json). Found on
+# 2026-11-30: the engine arm ran at 163 and 182 tokens/s at 2322adf and 99542a4 against 328 at b25932c in the
+# same call (benchmarks/results/gpu/h200/README.md, calls 11-13).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p "$1"
+out=$(cd "$1" && pwd)
+shift
+PY=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
+[[ "$PY" == /* ]] || PY=$PWD/$PY
+head=${KVMEM_GIT_SHA:-head}
+status=0
+runs=(". $head $head")
+for tree in .gpu/trees/*/; do
+  [ -d "$tree" ] && runs+=("$tree $(basename "$tree") $(basename "$tree")")
+done
+runs+=(". $head ${head}_again")
+for r in "${runs[@]}"; do
+  read -r tree sha name <<<"$r"
+  echo "[many_users_bisect] $sha ($tree)" >&2
+  (cd "$tree" && KVMEM_GIT_SHA=$sha PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" -m benchmarks.gpu.many_users_gpu --no-peer "$@" --out "$out/many_users_bisect_$name.json" | tail -3 | head -1) \
+    || status=1
+done
+exit $status
