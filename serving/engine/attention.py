@@ -36,9 +36,10 @@ CAUSAL_DEVICES = frozenset({"cuda"})
 CAUSAL_DTYPES = frozenset({torch.float16, torch.bfloat16})
 # The flash kernel over packed sequences of different lengths (cumulative offsets, causal aligned to each
 # sequence's last key): what a static prefill chunk (prefill_graphs.py) attends with on CUDA, no mask tensor.
-# An additive mask there kept SDPA off flash: the graphed query forward over a 6,081-token block took 18 ms
-# on an H200 against 17 ms eager (issue 43). Its signature has held since torch 2.4; `varlen_ready` checks it
-# on the device before use.
+# Against the additive mask it replaced, on an H200 over MemOS's nine cells: 205.5 ms summed against 208.6,
+# first tokens equal in 9 of 9 (benchmarks/results/gpu/h200/prefill_graphs_qwen3_8b_99542a4.json): neutral in
+# time, and no [Q, K] mask a step. Its signature has held since torch 2.4; `varlen_ready` checks it on the
+# device before use.
 FLASH_VARLEN = getattr(torch.ops.aten, "_flash_attention_forward", None)
 _VARLEN_READY: dict[tuple[str, torch.dtype, int], bool] = {}
 
