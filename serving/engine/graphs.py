@@ -42,15 +42,8 @@ from serving.engine.plan import PlanCache
 
 log = logging.getLogger(__name__)
 
-ROW_BUCKETS = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    32,
-    64,
-)  # 64: a server with --queue-size 64 (the 8B decode at 64 rows ran eager)
+# 64: a server with --queue-size 64 (the 8B decode at 64 rows ran eager)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_CONTEXT = 512
 MAX_GATHER_SLOTS = 1 << 17  # rows * kcap of the largest bucket: the per-layer gather stays bounded
 
