@@ -126,7 +126,9 @@ step prefill_graphs 60 "$PY" -m benchmarks.engine.prefill_graphs_bench --model "
 step many_users_qwen3_8b 120 "$PY" -m benchmarks.gpu.many_users_gpu --device "$DEVICE" "${MU[@]}" --out "$OUT/many_users_qwen3_8b.json"
 # its engine arm at this commit, at each commit in .gpu/trees (gpu_bundle.sh's TREES), and here again: which commit
 # moved it (2026-11-30: 2.0x slower at 2322adf than at b25932c on one machine); ONLY=many_users_bisect
-step many_users_bisect 300 bash benchmarks/gpu/many_users_bisect.sh "$OUT" --device "$DEVICE" "${MU[@]}"
+if compgen -G ".gpu/trees/*/" >/dev/null; then  # only when the bundle carries trees
+  step many_users_bisect 300 bash benchmarks/gpu/many_users_bisect.sh "$OUT" --device "$DEVICE" "${MU[@]}"
+fi
 # the engine with its element-wise functions under torch.compile (issue 43 item 2: compiled functions or not,
 # measured against the steps above; the compile time at start is in each JSON), no peer; inductor's cache outside
 # OUT (not packed). Late in the order, so a pass with the whole budget reaches the figures above first:

@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/gpu/many_users_bisect.sh OUT_DIR [many_users_gpu args...]   # what gpu_suite.sh's step runs
 #
-# Writes OUT_DIR/many_users_bisect_<sha>.json (the last run of this tree: ..._<sha>_again.json). Found on
+# TREES_DIR: where the trees are (default .gpu/trees). Writes OUT_DIR/many_users_bisect_<sha>.json (the last run of this tree: ..._<sha>_again.json). Found on
 # 2026-11-30: the engine arm ran at 163 and 182 tokens/s at 2322adf and 99542a4 against 328 at b25932c in the
 # same call (benchmarks/results/gpu/h200/README.md, calls 11-13).
 set -uo pipefail
@@ -19,7 +19,7 @@ PY=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
 head=${KVMEM_GIT_SHA:-head}
 status=0
 runs=(". $head $head")
-for tree in .gpu/trees/*/; do
+for tree in "${TREES_DIR:-.gpu/trees}"/*/; do
   [ -d "$tree" ] && runs+=("$tree $(basename "$tree") $(basename "$tree")")
 done
 runs+=(". $head ${head}_again")
