@@ -81,6 +81,12 @@ LEAVE = (
     r"stopped working at|stopped working for|stopped working in"
 )
 WORKPLACES_RE = alt(WORKPLACES)
+# after a workplace left: the time of day or a moment ago, so the day's work, not the job, was left
+FOR_THE_DAY = (
+    r"\s+(?:early|late|today|tonight|at (?:\d|noon|lunch)|for (?:lunch|the day|the night|the weekend)|"
+    r"this (?:morning|afternoon|evening)|(?:not (?:too |that |so )?long|a (?:few |couple of )?(?:minutes?|hours?)|"
+    r"an hour|\w+ (?:minutes?|hours?)) ago)\b"
+)
 JOB_GERUNDS_RE = alt(JOB_GERUNDS)
 # an organisation's name as said: capitalised words ("Accenture", "Boots", "Deutsche Bank")
 ORG_NAME = r"(?P<org>(?-i:[A-Z])[\w&.'-]*(?: (?-i:[A-Z])[\w&.'-]*)*)"

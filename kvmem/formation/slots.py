@@ -180,10 +180,11 @@ RULES: tuple[SlotRule, ...] = (
         g.user("relationship", g.fixed("in a relationship")),
         "relation",
     ),
-    # job and employer: leaving one ("I quit the cafe", "I quit teaching", "I resigned from Boots")
+    # job and employer: leaving one ("I quit the cafe", "I quit teaching", "I resigned from Boots"), not a
+    # workplace left for the day ("I left the office early", "I just left work not too long ago": REALTALK)
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}) (?:my |the |a |our |this |that )?(?:[\w'-]+ ){{0,2}}"
-        rf"(?:{g.WORKPLACES_RE})\b|"
+        rf"(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})|"
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
         rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)",

@@ -181,9 +181,17 @@ _CONSUMPTION_GERUND = re.compile(
 _QUANTITY = re.compile(r"^(?:lot of|lots of|loads of|plenty of|tons of|bit of|little|few)\s+(?=\S)", re.I)
 
 
+# gerunds that name no activity without what follows them: "I stopped going" and "I like going for walks"
+# share no taste (REALTALK: the first retired the second as "user|likes:going")
+_BARE_GERUNDS = frozenset(
+    "going doing getting having being making taking coming trying putting keeping".split()
+)
+
+
 def thing_object(raw: str) -> str | None:
     """The object of a like or dislike, as the key of "user|likes:<object>": determiners dropped, "to
-    cook" -> "cooking", "drinking coffee" -> "coffee"; None for a pronoun or more than four words."""
+    cook" -> "cooking", "drinking coffee" -> "coffee"; None for a pronoun, a light verb's gerund alone
+    ("going"; "making pasta" keeps its object) or more than four words."""
     words = _strip_determiner(raw.split())
     if not words:
         return None
@@ -191,7 +199,7 @@ def thing_object(raw: str) -> str | None:
         words = [gerund(words[1].lower()), *words[2:]]
     text = _QUANTITY.sub("", _CONSUMPTION_GERUND.sub("", " ".join(words)))
     words = _strip_determiner(text.split())
-    if not 0 < len(words) <= 4 or words[0].lower() in _PRONOUNS:
+    if not 0 < len(words) <= 4 or words[0].lower() in _PRONOUNS or " ".join(words).lower() in _BARE_GERUNDS:
         return None
     return plain(" ".join(words).replace(" ", "_"))
 
