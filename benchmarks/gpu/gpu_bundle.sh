@@ -7,8 +7,8 @@
 #   TREES="b25932c 5fcd399" bash benchmarks/gpu/gpu_bundle.sh   # also those commits' code (many_users_bisect.sh)
 #
 # Puts in .gpu/: wheels for CPython 3.12 x86-64 of fastapi, starlette, uvicorn, pydantic (+ core), openai (the
-# client http_load uses), xgrammar (structured outputs; graphs_test runs its mask on CUDA) and their missing
-# dependencies, at the versions of .venv; the default model's tokenizer
+# client http_load uses), xgrammar (structured outputs; graphs_test runs its mask on CUDA), transformers (the
+# version CI tests, over the image's older one) and their missing dependencies, at the versions of .venv; the default model's tokenizer
 # (gpu_model.py then writes random weights of its shape); the default embedder's ONNX file and tokenizer.
 # Prints the command to run there last (the device tool: carry [".gpu"]).
 set -euo pipefail
@@ -20,7 +20,7 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exc
 version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 pins=()
 for name in fastapi starlette uvicorn pydantic pydantic_core typing-inspection annotated-types typing_extensions \
-  anyio openai httpx2 httpcore2 truststore jiter sniffio xgrammar apache-tvm-ffi; do
+  anyio openai httpx2 httpcore2 truststore jiter sniffio xgrammar apache-tvm-ffi transformers; do
   pins+=("$name==$(version "$name")")
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
