@@ -3,7 +3,9 @@ data.py's training templates, as Allen-Zhu and Li (Physics of Language Models 3.
 to be extractable when asked differently: facts trained in one phrasing are stored but not retrieved.
 
 Templates keyed on the fact's shape (data.RELATIONS: "name", "live", ...), each question asked under two
-framings ("Quick question: ..."); replies alternate a full sentence and the bare answer. Every prompt made
+framings ("Quick question: ..."), then each situation (the fact needed for something the user is doing: a letter
+to address, a name to call) once, every other one after a sentence of context; replies alternate a full
+sentence and the bare answer. Every prompt made
 here is disjoint from data.py's validation and gate templates (the gates stay honest; a test checks it).
 Pure: no model, no store. The served model's own questions are model_augment.py's (`--distill-augment model`).
 """
@@ -21,6 +23,9 @@ class _Augment:
     asks: tuple[str, ...]  # questions about the fact, "{s}" subject
     says: tuple[str, ...]  # the fact restated in the user's words, "{s}" subject, "{a}" answer
     replies: tuple[str, ...]  # the assistant's answers, second person; alternated with the bare answer
+    # the fact needed inside a situation the user describes (a letter to send, a name to call), asked once each
+    # under a context framing: a question that names neither the relation's words nor the fact
+    situations: tuple[str, ...] = ()
 
 
 # Prompts asking for what the user said about themselves; each restatement is the reply to one of them.
@@ -40,6 +45,14 @@ FRAMINGS = (
     "Sorry, I forget things. ",
     "One more thing: ",
     "Random question, ",
+)
+
+# A sentence of the user's own before a situation's question, on every other one: a question comes with context
+CONTEXTS = (
+    "I'm sorting out a few things today. ",
+    "Before I forget, ",
+    "This might sound odd, but ",
+    "I'm a bit scatterbrained this week. ",
 )
 
 AUGMENTS: dict[str, _Augment] = {
@@ -63,6 +76,14 @@ AUGMENTS: dict[str, _Augment] = {
             "The name of my {s} is {a}.",
         ),
         ("Your {s} is called {a}.", "Your {s}'s name is {a}.", "You named your {s} {a}."),
+        (
+            "If I were calling my {s} over, which name would I use?",
+            "I'm telling a story about my {s}. What name do I use?",
+            "My {s} just did something funny. What's the name again?",
+            "Someone asked who my {s} is. Which name do I give?",
+            "I'm labelling a photo of my {s}. What name do I write?",
+            "what did we say my {s} goes by",
+        ),
     ),
     "live": _Augment(
         (
@@ -79,6 +100,14 @@ AUGMENTS: dict[str, _Augment] = {
         ),
         ("I live in {a}.", "I'm based in {a}.", "Home for me is {a}.", "I reside in {a}."),
         ("You live in {a}.", "You're based in {a}.", "Your home is in {a}."),
+        (
+            "If a friend wanted to visit me at home, which town would they go to?",
+            "Where should a letter to me be sent?",
+            "I'm heading home after a trip. Which town am I going back to?",
+            "Where would someone find my house?",
+            "Which town do I live in these days?",
+            "someone asked where I'm living now, what do I say",
+        ),
     ),
     "work": _Augment(
         (
@@ -95,6 +124,14 @@ AUGMENTS: dict[str, _Augment] = {
         ),
         ("I work at {a}.", "I'm employed by {a}.", "My job is at {a}.", "{a} employs me."),
         ("You work at {a}.", "You're employed by {a}.", "Your job is at {a}."),
+        (
+            "Where do I head each weekday for my job?",
+            "If my boss rings, which company is calling?",
+            "I'm updating my CV. What's my current workplace?",
+            "Which business pays my wages?",
+            "Where would a colleague of mine be working?",
+            "what place do I work at again",
+        ),
     ),
     "born": _Augment(
         (
@@ -111,6 +148,14 @@ AUGMENTS: dict[str, _Augment] = {
         ),
         ("I was born in {a}.", "{a} is my birthplace.", "My place of birth is {a}.", "I come from {a}."),
         ("You were born in {a}.", "Your birthplace is {a}.", "You come from {a}."),
+        (
+            "If I visited the town I was born in, where would I go?",
+            "What place is written on my birth certificate?",
+            "Where did my life begin?",
+            "I'm telling someone where I was born. What do I say?",
+            "Which town would my first baby photos be from?",
+            "my place of birth, what was it",
+        ),
     ),
     "allergy": _Augment(
         (
@@ -132,6 +177,14 @@ AUGMENTS: dict[str, _Augment] = {
             "{a} triggers my allergy.",
         ),
         ("You are allergic to {a}.", "You react badly to {a}.", "Your allergy is to {a}."),
+        (
+            "I'm ordering at a restaurant. What should I tell the waiter I'm allergic to?",
+            "My friend is cooking for me. What must they leave out?",
+            "What's written on my allergy card?",
+            "Which thing makes me ill if I touch or eat it?",
+            "What do I have to stay away from at parties?",
+            "what am i allergic to again",
+        ),
     ),
     "attribute": _Augment(
         (
@@ -148,6 +201,14 @@ AUGMENTS: dict[str, _Augment] = {
         ),
         ("My {s} is {a}.", "{a} is my {s}.", "When it comes to my {s}, it's {a}.", "I'd say my {s} is {a}."),
         ("Your {s} is {a}.", "{a} is your {s}.", "You said your {s} is {a}."),
+        (
+            "If someone wanted to know my {s}, what would I tell them?",
+            "I'm filling in a profile. What do I put for my {s}?",
+            "Someone asked about my {s}. What's the answer?",
+            "I'm writing about myself. What is my {s}?",
+            "Which one did I say is my {s}?",
+            "my {s}? what was it",
+        ),
     ),
 }
 assert set(AUGMENTS) == set(RELATIONS), "every shape data.py parses has augmentation templates"
@@ -159,8 +220,9 @@ def _fill(template: str, fact: Fact) -> str:
 
 
 def _framed(framing: str, question: str) -> str:
-    """The question after a framing: lower-cased after one that ends mid-sentence (": ", ", "), except "I"."""
-    if framing.endswith((": ", ", ")) and not question.startswith(("I ", "I'")):
+    """The question after a framing: lower-cased after one that ends mid-sentence (not on ".", "?", "!"), except
+    "I"."""
+    if framing and not framing.rstrip().endswith((".", "?", "!")) and not question.startswith(("I ", "I'")):
         question = question[0].lower() + question[1:]
     return framing + question
 
@@ -181,4 +243,10 @@ def augmented_examples(facts: Sequence[Fact]) -> list[Example]:
                 reply = _fill(aug.replies[(n // 2) % len(aug.replies)], f) if n % 2 == 0 else f"{f.answer}."
                 out.append(Example(f.memory_id, "question", _framed(framing, _fill(ask, f)), reply, f.answer))
                 n += 1
+        for i, situation in enumerate(aug.situations):
+            framing = CONTEXTS[(i // 2) % len(CONTEXTS)] if i % 2 else ""
+            reply = _fill(aug.replies[i % len(aug.replies)], f) if i % 2 == 0 else f"{f.answer}."
+            out.append(
+                Example(f.memory_id, "question", _framed(framing, _fill(situation, f)), reply, f.answer)
+            )
     return out

@@ -1,6 +1,7 @@
 """Knowledge augmentation before distillation (scheduler.distill.augment): the exact examples made for given facts,
 every reply recalls its fact, and no augmented prompt is a validation or gate question, nor one of the
-benchmark's held-out paraphrases (written apart, by hand, before these templates)."""
+benchmark's held-out paraphrases (the first written by hand before these templates, the second by a helper that saw
+neither them nor the first set)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import re
 from pathlib import Path
 
-from scheduler.distill.augment import AUGMENTS, FRAMINGS, augmented_examples
+import pytest
+
+from scheduler.distill.augment import AUGMENTS, CONTEXTS, FRAMINGS, augmented_examples
 from scheduler.distill.data import (
     RELATIONS,
     Example,
@@ -19,7 +22,7 @@ from scheduler.distill.data import (
     valid_questions,
 )
 
-HELDOUT = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "distill_paraphrases" / "heldout.json"
+HELDOUT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "distill_paraphrases"
 
 # one fact of every shape data.parse_fact reads
 TEXTS = [
@@ -44,7 +47,7 @@ def _norm(text: str) -> str:
 
 def test_a_name_fact_is_restated_and_asked_in_these_exact_examples():
     ex = augmented_examples(_facts(["My dog is called Miso."]))
-    assert len(ex) == 4 + 2 * 10
+    assert len(ex) == 4 + 2 * 10 + 6
     assert ex[:8] == [
         Example(
             "m0", "statement", "What do you know about me?", 'You told me: "My dog is called Miso."', "Miso"
@@ -84,6 +87,31 @@ def test_a_name_fact_is_restated_and_asked_in_these_exact_examples():
     # a framing that ends a sentence keeps the capital; "I" keeps its capital after any framing
     assert ex[9].question == "Sorry, I forget things. Which name did I give my dog?"
     assert ex[17].question == "Quick question: I'm writing a card for my dog. Which name goes on it?"
+    # then each situation once: bare, then after a sentence of context, replies as the questions'
+    assert ex[24:27] == [
+        Example(
+            "m0",
+            "question",
+            "If I were calling my dog over, which name would I use?",
+            "Your dog is called Miso.",
+            "Miso",
+        ),
+        Example(
+            "m0",
+            "question",
+            "I'm sorting out a few things today. I'm telling a story about my dog. What name do I use?",
+            "Miso.",
+            "Miso",
+        ),
+        Example(
+            "m0",
+            "question",
+            "My dog just did something funny. What's the name again?",
+            "You named your dog Miso.",
+            "Miso",
+        ),
+    ]
+    assert ex[-1].question == "This might sound odd, but what did we say my dog goes by"
 
 
 def test_a_place_fact_without_a_subject_is_asked_in_these_exact_examples():
@@ -97,7 +125,14 @@ def test_a_place_fact_without_a_subject_is_asked_in_these_exact_examples():
         ("question", "Quick question: which city is my home in?", "Porto."),
         ("question", "Quick question: where am I based?", "You're based in Porto."),
     ]
-    assert ex[-1] == Example("m0", "question", "One more thing: where do I stay?", "Porto.", "Porto")
+    assert ex[-7] == Example("m0", "question", "One more thing: where do I stay?", "Porto.", "Porto")
+    assert ex[-6] == Example(
+        "m0",
+        "question",
+        "If a friend wanted to visit me at home, which town would they go to?",
+        "You live in Porto.",
+        "Porto",
+    )
 
 
 def test_every_shape_has_templates_and_every_reply_recalls_its_fact():
@@ -109,15 +144,18 @@ def test_every_shape_has_templates_and_every_reply_recalls_its_fact():
     for e in ex:
         per_fact[e.memory_id] += 1
         assert recalled(e.reply, e.answer), e
-    # per fact: every restatement, every question under two framings
-    assert per_fact == {
-        f.memory_id: len(AUGMENTS[f.relation].says) + 2 * len(AUGMENTS[f.relation].asks) for f in facts
+    # per fact: every restatement, every question under two framings, every situation once
+    counts = {
+        f.memory_id: 2 * len(AUGMENTS[f.relation].asks) + len(AUGMENTS[f.relation].situations) for f in facts
     }
+    assert all(len(a.situations) == 6 for a in AUGMENTS.values())
+    assert per_fact == {f.memory_id: len(AUGMENTS[f.relation].says) + counts[f.memory_id] for f in facts}
     assert len({(e.memory_id, e.question) for e in ex if e.kind == "question"}) == sum(
-        2 * len(AUGMENTS[f.relation].asks) for f in facts
+        counts.values()
     )  # no question asked twice
     assert augmented_examples(facts) == ex  # deterministic
     assert FRAMINGS[0] == ""  # each question is also asked bare
+    assert all(c.endswith(" ") for c in CONTEXTS)
 
 
 def test_no_augmented_prompt_is_a_validation_or_gate_question():
@@ -126,13 +164,14 @@ def test_no_augmented_prompt_is_a_validation_or_gate_question():
     assert not held & {_norm(e.question) for e in augmented_examples(facts)}
 
 
-def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates():
-    data = json.loads(HELDOUT.read_text())
+@pytest.mark.parametrize(("name", "count"), [("heldout.json", 8), ("heldout_v2.json", 18)])
+def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates(name, count):
+    data = json.loads((HELDOUT_DIR / name).read_text())
     facts = _facts(data["facts"])
     prompts = training_examples(facts, seed=0) + augmented_examples(facts)
     prompts += valid_questions(facts) + gate_questions(facts, seed=0)
     seen = {_norm(e.question) for e in prompts}
     questions = [_norm(q["question"]) for q in data["questions"]]
-    assert len(questions) == 8 and not seen & set(questions)
+    assert len(questions) == count and not seen & set(questions)
     for q in data["questions"]:  # each names its own fact's answer
         assert q["answer"] == facts[q["fact"]].answer
