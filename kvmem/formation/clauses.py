@@ -35,10 +35,13 @@ class Clause:
 _EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\ufe0f\u200d]+|(?<!\\w)[:;]-?[()dDpP3](?!\\w)")
 _SPACES = re.compile(r"\s+")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2014": " - "})
-# Chat spellings of the first person: "im" -> "I'm", a lone lowercase "i" -> "I".
+# Chat spellings: "im" -> "I'm", a lone lowercase "i" -> "I", "dont" -> "don't".
 _CHAT_I = (
-    (re.compile(r"\bim\b"), "I'm"),
-    (re.compile(r"\bive\b"), "I've"),
+    (re.compile(r"\b[iI]m\b"), "I'm"),  # "Im", "im": a capital does not make it another word
+    (re.compile(r"\b[iI]ve\b"), "I've"),
+    # a negation typed without its apostrophe ("dont", "cant", "Didnt"): the slots read "don't" ("I dont like X"
+    # was a plain fact, not the dislike that "I don't like X" is)
+    (re.compile(r"\b(do|does|did|ca|wo|is|was|are|were|have|has|had|would|could|should)nt\b", re.I), r"\1n't"),
     (re.compile(r"\bi(?=\b|')"), "I"),
 )
 
@@ -170,7 +173,8 @@ _TAKES_IT_UP = re.compile(
 
 
 def normalize(text: str) -> str:
-    """Plain quotes and dashes, no emoji or emoticons, single spaces, chat spellings of "I" fixed."""
+    """Plain quotes and dashes, no emoji or emoticons, single spaces, chat spellings of "I" and of negations
+    fixed."""
     text = _EMOJI.sub(" ", text.translate(_QUOTES))
     for pattern, replacement in _CHAT_I:
         text = pattern.sub(replacement, text)

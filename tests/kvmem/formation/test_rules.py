@@ -118,6 +118,11 @@ def test_statement_slots(text: str, expected: list[tuple[str, str | None, str | 
         ("We renamed our cat Mochi.", [("We renamed our cat Mochi", "user|cat.name", "mochi")]),
         ("My dog Max is three.", [("My dog Max is three", "user|dog.name", "max")]),
         ("Sadly my dog Max died.", [("Sadly my dog Max died", "user|dog.name", "none")]),
+        # apostrophes left out, as people type in chat: read as the contraction, and kept in that spelling
+        ("I dont like spicy food.", [("I don't like spicy food", "user|likes:spicy_food", "no")]),
+        ("i cant stand jazz", [("I can't stand jazz", "user|likes:jazz", "no")]),
+        ("Im not a fan of cats", [("I'm not a fan of cats", "user|likes:cats", "no")]),
+        ("Ive moved to Porto.", [("I've moved to Porto", "user|home_city", "porto")]),
     ],
 )
 def test_chat_phrasings(text: str, expected: list[tuple[str, str | None, str | None]]) -> None:
