@@ -41,7 +41,10 @@ _CHAT_I = (
     (re.compile(r"\b[iI]ve\b"), "I've"),
     # a negation typed without its apostrophe ("dont", "cant", "Didnt"): the slots read "don't" ("I dont like X"
     # was a plain fact, not the dislike that "I don't like X" is)
-    (re.compile(r"\b(do|does|did|ca|wo|is|was|are|were|have|has|had|would|could|should)nt\b", re.I), r"\1n't"),
+    (
+        re.compile(r"\b(do|does|did|ca|wo|is|was|are|were|have|has|had|would|could|should)nt\b", re.I),
+        r"\1n't",
+    ),
     (re.compile(r"\bi(?=\b|')"), "I"),
 )
 
