@@ -8,7 +8,8 @@ Each conversation is one user (as in benchmarks.memory.recall_bench), in three s
   formed: every turn logged (store.log_turns, role 'user' for both speakers, since both are people; name = the
           speaker; chat_time = the turn's), then FormationWorker(store, RuleExtractor(),
           FormationConfig(batch_turns=64)).form_user repeated until no turn is pending. A hit is credited with
-          ALL its source turns' dia_ids, in rank order, de-duplicated, cut at 10 dia_ids.
+          ALL its source turns' dia_ids, in rank order, de-duplicated, cut at 10 dia_ids. The formation's
+          `coverage` is recall's ceiling here: the share of evidence turns that formed a current memory.
   both:   the formed memories (formed first, so consolidation sees only formed ones) plus every raw turn added
           as a memory, in one store; raw hits credited with their turn, formed hits with their source turns.
 Each question with evidence is searched as written (top_k 10, hybrid) and scored with recall_bench's
@@ -125,6 +126,46 @@ def credit(hits, raw_dia: dict[str, str], turn_dia: dict[str, str], limit: int =
     return out[:limit]
 
 
+def current_memories(store: MemoryStore, user_id: str) -> list:
+    """Every current memory of the user (superseded ones left out: they are not searched)."""
+    out: list = []
+    page = 1
+    while True:
+        listed = store.list(user_id, page=page, page_size=store.config.max_page_size)
+        out += listed.items
+        if len(out) >= listed.total or not listed.items:
+            return out
+        page += 1
+
+
+def evidence_coverage(
+    store: MemoryStore, conversations: list[Conversation], turn_dia: dict[str, dict[str, str]]
+) -> dict:
+    """The ceiling formation puts on recall: of the scored questions' evidence turns, the share that are a source
+    turn of a current memory (a turn that formed none cannot be credited through one, whatever the ranking),
+    and the share of questions with all / any of their evidence so covered."""
+    turns = questions = every = some = covered = 0
+    for conversation in conversations:
+        user_id = user_of(conversation)
+        dias = turn_dia.get(user_id, {})
+        sourced = {dias[t] for m in current_memories(store, user_id) for t in m.source_turn_ids if t in dias}
+        for question in conversation.questions:
+            if not question.evidence:
+                continue
+            hit = sum(d in sourced for d in question.evidence)
+            questions += 1
+            turns += len(question.evidence)
+            covered += hit
+            every += hit == len(question.evidence)
+            some += hit > 0
+    return {
+        "evidence_turns": turns,
+        "evidence_turns_with_a_memory": round(covered / turns, 4) if turns else None,
+        "questions_all_evidence_with_a_memory": round(every / questions, 4) if questions else None,
+        "questions_any_evidence_with_a_memory": round(some / questions, 4) if questions else None,
+    }
+
+
 def evaluate(
     store: MemoryStore,
     conversations: list[Conversation],
@@ -187,6 +228,7 @@ def run(
             turn_dia, formation["formed"] = log_and_form(store, conversations, extractor)
             embedder.save()
             recall["formed"] = evaluate(store, conversations, {}, turn_dia)
+            formation["formed"]["coverage"] = evidence_coverage(store, conversations, turn_dia)
         # both: formed first (consolidation sees formed memories only), then the raw turns as memories;
         # not with --self-model (a second LLM formation of every turn)
         with MemoryStore(Path(tmp) / "both.db", embedder=embedder, config=config) as store:
@@ -268,6 +310,13 @@ def print_table(result: dict) -> None:
         f"served, {formed['duplicates']} duplicates, {formed['superseded']} superseded) in "
         f"{formed['formation_s']:.2f} s; loadavg {result['loadavg_start'][0]:.2f} -> {result['loadavg_end'][0]:.2f}"
     )
+    if "coverage" in formed:
+        c = formed["coverage"]
+        print(
+            f"evidence turns with a formed memory {c['evidence_turns_with_a_memory']} (recall's ceiling); questions "
+            f"with all of theirs {c['questions_all_evidence_with_a_memory']}, with any "
+            f"{c['questions_any_evidence_with_a_memory']}"
+        )
     recall = result["recall"]
     categories = sorted(recall["raw"]["by_category"])
     header = f"{'mode':8s} {'R@5':>7s} {'R@10':>7s} {'MRR':>7s} " + " ".join(

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.memory.formed_recall import MODES, credit, main
+from benchmarks.memory.formed_recall import MODES, credit, evidence_coverage, main
 
 SAMPLE = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "conversation_sample"
 
@@ -21,6 +21,26 @@ def test_credit_expands_source_turns_in_rank_order_deduplicated_and_cut():
     hits = [_hit("f1", ("t2", "t1")), _hit("m1"), _hit("f2", ("t3", "t2", "gone"))]
     assert credit(hits, raw, turns) == ["D1:2", "D1:1", "D1:3"]
     assert credit(hits, raw, turns, limit=2) == ["D1:2", "D1:1"]
+
+
+def test_evidence_coverage_counts_evidence_turns_that_formed_a_current_memory_over_every_page():
+    memories = [SimpleNamespace(source_turn_ids=t) for t in (("t1",), ("t3", "gone"), ("t1", "t4"))]
+
+    def listed(user_id, page, page_size):
+        assert user_id == "realtalk/Chat_1" and page_size == 2
+        items = memories[(page - 1) * 2 : page * 2]
+        return SimpleNamespace(items=items, total=len(memories))
+
+    store = SimpleNamespace(list=listed, config=SimpleNamespace(max_page_size=2))
+    questions = [SimpleNamespace(evidence=e) for e in (("D1", "D2"), ("D3",), (), ("D2", "D5"), ("D4", "D1"))]
+    conversation = SimpleNamespace(name="Chat_1", questions=questions)
+    turns = {"realtalk/Chat_1": {"t1": "D1", "t2": "D2", "t3": "D3", "t4": "D4", "t5": "D5"}}
+    assert evidence_coverage(store, [conversation], turns) == {
+        "evidence_turns": 7,  # the question with no evidence is not scored
+        "evidence_turns_with_a_memory": round(4 / 7, 4),  # D1 twice, D3, D4 (t4 on the second page)
+        "questions_all_evidence_with_a_memory": 0.5,
+        "questions_any_evidence_with_a_memory": 0.75,
+    }
 
 
 def test_main_on_the_sample(tmp_path, capsys):
@@ -72,6 +92,14 @@ def test_main_on_the_sample(tmp_path, capsys):
         assert f["turns_formed"] == result["num_turns"]  # every logged turn formed, nothing left pending
         assert f["failed_passes"] == 0 and f["formation_s"] >= 0
     assert result["num_formed_memories"] == result["formation"]["formed"]["added"] >= 0
+    coverage = result["formation"]["formed"]["coverage"]
+    assert coverage["evidence_turns"] >= result["dataset"]["num_questions_scored"]
+    assert (
+        0.0
+        <= coverage["questions_all_evidence_with_a_memory"]
+        <= coverage["questions_any_evidence_with_a_memory"]
+    )
+    assert coverage["questions_any_evidence_with_a_memory"] <= 1.0
     # raw mode credits every turn, so it sees the sample's evidence
     assert result["recall"]["raw"]["recall@10"] > 0
 
