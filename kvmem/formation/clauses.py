@@ -49,7 +49,11 @@ _CHAT_I = (
 )
 
 _ABBREVIATIONS = re.compile(r"(?:\b(?:dr|mr|mrs|ms|st|prof|jr|sr|vs|etc|approx|no)|\b(?:e\.g|i\.e))\.$", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*\n+\s*|\s*;\s*|\s+-\s+|:\s+")
+# ... and a laugh typed mid-message, where chat puts no full stop ("I dont remember lol but i work in a clinic")
+_SENTENCE_END = re.compile(
+    r"(?<=[.!?])\s+|\s*\n+\s*|\s*;\s*|\s+-\s+|:\s+|\s+(?:lol|lmao|haha+|hehe)[.!]*\s+(?=\w)(?!at\b|about\b)",
+    re.I,
+)
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
 _LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
@@ -76,7 +80,8 @@ _ADVERBIAL = re.compile(
     r"then|still|so|and|but|these days|nowadays|at the moment|right now|as of now|for now|these past \w+ \w+|"
     r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|by day|"
     r"by night|by trade|honestly|personally|weirdly|oddly|funnily enough|strangely|ironically|amazingly|"
-    r"annoyingly|basically|literally|seriously|genuinely|technically|officially|suddenly|"
+    r"annoyingly|basically|literally|seriously|genuinely|technically|officially|suddenly|usually|normally|"
+    r"generally|typically|mostly|often|sometimes|always|"
     r"as of (?:now|today|this \w+|last \w+)|"
     r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
     r"december)"

@@ -190,6 +190,12 @@ def test_clauses_split_only_between_whole_statements() -> None:
     assert [f.text for f in facts("I have a dog and a cat.")] == ["I have a dog and a cat"]
     # the statement before the question is kept
     assert [f.text for f in facts("I just adopted a cat, any name ideas?")] == ["I just adopted a cat"]
+    # a laugh mid-message ends a sentence ("lol" as a verb does not)
+    assert [f.text for f in facts("I forgot lol but i work in a clinic")] == [
+        "I forgot",
+        "I work in a clinic",
+    ]
+    assert [f.text for f in facts("I always lol at his jokes")] == ["I always lol at his jokes"]
 
 
 @pytest.mark.parametrize(
@@ -199,6 +205,7 @@ def test_clauses_split_only_between_whole_statements() -> None:
         ("As of last month I'm not teaching anymore.", "As of October 2026 I'm not teaching anymore"),
         ("As of this week I'm retired.", "As of the week of 2026-11-23 I'm retired"),
         ("Oddly I love olives now.", "Oddly I love olives now"),  # a leading adverb of attitude
+        ("Usually I just have toast and eggs.", "Usually I just have toast and eggs"),  # of frequency
     ],
 )
 def test_a_statement_after_a_leading_adverbial_is_kept(text: str, kept: str) -> None:
