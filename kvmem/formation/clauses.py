@@ -36,7 +36,7 @@ _EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\ufe0f\u200d]+|(?<!\\w)[
 _SPACES = re.compile(r"\s+")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2014": " - "})
 # Chat spellings: "im" -> "I'm", a lone lowercase "i" -> "I", "dont" -> "don't".
-_CHAT_I = (
+_CHAT_SPELLINGS = (
     (re.compile(r"\b[iI]m\b"), "I'm"),  # "Im", "im": a capital does not make it another word
     (re.compile(r"\b[iI]ve\b"), "I've"),
     # a negation typed without its apostrophe ("dont", "cant", "Didnt"): the slots read "don't" ("I dont like X"
@@ -184,7 +184,7 @@ def normalize(text: str) -> str:
     """Plain quotes and dashes, no emoji or emoticons, single spaces, chat spellings of "I" and of negations
     fixed."""
     text = _EMOJI.sub(" ", text.translate(_QUOTES))
-    for pattern, replacement in _CHAT_I:
+    for pattern, replacement in _CHAT_SPELLINGS:
         text = pattern.sub(replacement, text)
     return text
 

@@ -5,8 +5,7 @@ to be extractable when asked differently: facts trained in one phrasing are stor
 Templates keyed on the fact's shape (data.RELATIONS: "name", "live", ...), each question asked under two
 framings ("Quick question: ..."), then each situation (the fact needed for something the user is doing: a letter
 to address, a name to call) once, every other one after a sentence of context; replies alternate a full
-sentence and the bare answer. Every prompt made
-here is disjoint from data.py's validation and gate templates (the gates stay honest; a test checks it).
+sentence and the bare answer. Every prompt made here is disjoint from data.py's validation and gate templates (the gates stay honest; a test checks it).
 Pure: no model, no store. The served model's own questions are model_augment.py's (`--distill-augment model`).
 """
 
@@ -23,8 +22,8 @@ class _Augment:
     asks: tuple[str, ...]  # questions about the fact, "{s}" subject
     says: tuple[str, ...]  # the fact restated in the user's words, "{s}" subject, "{a}" answer
     replies: tuple[str, ...]  # the assistant's answers, second person; alternated with the bare answer
-    # the fact needed inside a situation the user describes (a letter to send, a name to call), asked once each
-    # under a context framing: a question that names neither the relation's words nor the fact
+    # the fact needed inside a situation the user describes (a letter to send, a name to call), each asked once,
+    # every other one after a sentence of context (CONTEXTS)
     situations: tuple[str, ...] = ()
 
 
@@ -219,6 +218,11 @@ def _fill(template: str, fact: Fact) -> str:
     return text[0].upper() + text[1:]
 
 
+def _reply(aug: _Augment, fact: Fact, k: int) -> str:
+    """The k-th of the relation's reply sentences (in turn), filled."""
+    return _fill(aug.replies[k % len(aug.replies)], fact)
+
+
 def _framed(framing: str, question: str) -> str:
     """The question after a framing: lower-cased after one that ends mid-sentence (not on ".", "?", "!"), except
     "I"."""
@@ -240,12 +244,12 @@ def augmented_examples(facts: Sequence[Fact]) -> list[Example]:
         n = 0
         for i, ask in enumerate(aug.asks):
             for framing in (FRAMINGS[i % len(FRAMINGS)], FRAMINGS[(i + 1) % len(FRAMINGS)]):
-                reply = _fill(aug.replies[(n // 2) % len(aug.replies)], f) if n % 2 == 0 else f"{f.answer}."
+                reply = _reply(aug, f, n // 2) if n % 2 == 0 else f"{f.answer}."
                 out.append(Example(f.memory_id, "question", _framed(framing, _fill(ask, f)), reply, f.answer))
                 n += 1
         for i, situation in enumerate(aug.situations):
             framing = CONTEXTS[(i // 2) % len(CONTEXTS)] if i % 2 else ""
-            reply = _fill(aug.replies[i % len(aug.replies)], f) if i % 2 == 0 else f"{f.answer}."
+            reply = _reply(aug, f, i) if i % 2 == 0 else f"{f.answer}."
             out.append(
                 Example(f.memory_id, "question", _framed(framing, _fill(situation, f)), reply, f.answer)
             )
