@@ -124,7 +124,10 @@ def run_size(n: int, handle, args) -> dict:
         config = DistillConfig(
             select=SelectConfig(max_facts=n),
             train=TrainConfig(
-                max_steps=args.max_steps, eval_every=args.eval_every, seed=args.seed, num_threads=args.threads
+                max_steps=args.max_steps,
+                seed=args.seed,
+                num_threads=args.threads,
+                **({} if args.eval_every is None else {"eval_every": args.eval_every}),
             ),
         )
         others = OthersCpu()
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sizes", type=int, nargs="+", default=[5, 20, 50])
     p.add_argument("--model", default=None)
     p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=None, help="default: the job's own")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

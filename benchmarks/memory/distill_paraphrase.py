@@ -70,10 +70,9 @@ def run(handle, args, heldout: dict, writer=None) -> dict:
     config = DistillConfig(
         train=TrainConfig(
             max_steps=args.max_steps,
-            eval_every=args.eval_every,
             seed=args.seed,
             num_threads=args.threads,
-            **({} if args.recalled_evals is None else {"recalled_evals": args.recalled_evals}),
+            **{k: getattr(args, k) for k in ("eval_every", "recalled_evals") if getattr(args, k) is not None},
         ),
         augment=args.augment,
     )
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--questions-only", action="store_true", help="with --model-questions: only write them")
     p.add_argument("--writer-model", default=None, help="the model writing the questions (default: --model)")
     p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=None, help="default: the job's own")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

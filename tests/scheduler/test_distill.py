@@ -22,7 +22,7 @@ from scheduler.distill.data import Example  # noqa: E402
 from scheduler.distill.gates import GateConfig, fully_recalled  # noqa: E402
 from scheduler.distill.job import DistillConfig, distill_user  # noqa: E402
 from scheduler.distill.selection import SelectConfig  # noqa: E402
-from scheduler.distill.train import TrainConfig  # noqa: E402
+from scheduler.distill.train import StopRule, TrainConfig  # noqa: E402
 
 FAST = DistillConfig(
     select=SelectConfig(max_facts=2),
@@ -317,3 +317,45 @@ def test_the_job_says_what_it_does_as_it_goes(tmp_path, tiny_handle, caplog):
     ]
     found = [next(i for i, m in enumerate(said) if m.startswith(s) or s in m) for s in stages]
     assert found == sorted(found), said
+
+
+def _walk(figures, recalled_evals=3, patience=4):
+    """(the evaluations kept, the one stopped at and why) over (score, all recalled) per evaluation."""
+    rule, kept = StopRule(recalled_evals=recalled_evals, patience=patience), []
+    for i, (score, all_recalled) in enumerate(figures):
+        keep, stop = rule.observe(score, all_recalled)
+        kept += [i] if keep else []
+        if stop is not None:
+            return kept, (i, stop)
+    return kept, None
+
+
+def test_stop_rule_recalled_in_a_row_keeps_the_latest():
+    full = (1.0, True)
+    assert _walk([(0.67, False), (0.83, False), full, full, full, full]) == ([0, 1, 2, 3, 4], (4, "recalled"))
+    # a full-recall point broken by a miss starts the count again (and the patience runs from the first)
+    broken = [full, full, (0.83, False), full, full, full]
+    assert _walk(broken, patience=6) == ([0, 1, 3, 4, 5], (5, "recalled"))
+    assert _walk(broken) == ([0, 1, 3, 4], (4, "plateau"))
+
+
+def test_stop_rule_an_equal_full_recall_point_is_kept_but_does_not_restart_patience():
+    """Recall swinging between full and not (six facts): it stops `patience` evaluations after the first full
+    recall, with the latest full-recall weights; a tie restarting the patience trained to max_steps."""
+    swing = [(0.5, False), (1.0, True), (0.83, False), (1.0, True), (0.67, False), (1.0, True), (0.83, False)]
+    assert _walk(swing) == ([0, 1, 3, 5], (5, "plateau"))
+    assert _walk(swing, patience=5) == ([0, 1, 3, 5], (6, "plateau"))
+
+
+def test_stop_rule_ties_without_full_recall_are_not_kept():
+    figures = [(0.5, False), (0.6, False), (0.6, False), (0.55, False), (0.6, False), (0.6, False)]
+    assert _walk(figures) == ([0, 1], (5, "plateau"))
+    # a better score restarts the patience; full recall with more confident wrong answers is not full recall
+    assert _walk([(0.5, False), (0.6, False), (0.6, False), (0.7, False), (0.0, False)], patience=2) == (
+        [0, 1, 3],
+        None,
+    )
+    assert _walk([(0.0, False), (1.0, False), (1.0, False), (1.0, False), (1.0, False), (1.0, False)]) == (
+        [0, 1],
+        (5, "plateau"),
+    )
