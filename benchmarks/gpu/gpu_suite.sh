@@ -124,10 +124,11 @@ step prefill_graphs 60 "$PY" -m benchmarks.engine.prefill_graphs_bench --model "
 # captured, 64 requests each); after the figures above, so a full run reaches it only when they leave room:
 # ONLY=many_users_qwen3_8b runs it alone
 step many_users_qwen3_8b 120 "$PY" -m benchmarks.gpu.many_users_gpu --device "$DEVICE" "${MU[@]}" --out "$OUT/many_users_qwen3_8b.json"
-# its engine arm at this commit, at each commit in .gpu/trees (gpu_bundle.sh's TREES), and here again: which commit
-# moved it (2026-11-30: 2.0x slower at 2322adf than at b25932c on one machine); ONLY=many_users_bisect
+# its engine arm at this commit, here without the eager warm-up (serving/engine/warm.py), at each commit in
+# .gpu/trees (gpu_bundle.sh's TREES), and here again: which commit moved it (2026-11-30: 2.0x slower at 2322adf
+# than at b25932c on one machine), and whether the warm-up is the fix; ~40 s a run; ONLY=many_users_bisect
 if compgen -G ".gpu/trees/*/" >/dev/null; then  # only when the bundle carries trees
-  step many_users_bisect 300 bash benchmarks/gpu/many_users_bisect.sh "$OUT" --device "$DEVICE" "${MU[@]}"
+  step many_users_bisect 420 bash benchmarks/gpu/many_users_bisect.sh "$OUT" --device "$DEVICE" "${MU[@]}"
 fi
 # the engine with its element-wise functions under torch.compile (issue 43 item 2: compiled functions or not,
 # measured against the steps above; the compile time at start is in each JSON), no peer; inductor's cache outside

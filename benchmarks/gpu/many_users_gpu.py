@@ -12,7 +12,8 @@ lengths), `--new-tokens` greedy tokens each, no end token; all requests arrive a
   drops unread blocks when short. The pool (`--pool-mb`; default: an eighth of all blocks' K/V, at least two of
   the longest requests) holds about an eighth of the users' blocks: most requests load (`overcommit` in the
   JSON: all blocks' K/V over the pool). At most `--max-running` requests run at once; steps as the server's (serving/engine/runner.step, decode steps as CUDA graphs on a GPU, a lone
-  prefill chunk through serving/engine/prefill_graphs.py on a GPU).
+  prefill chunk through serving/engine/prefill_graphs.py on a GPU); on a GPU the eager step's forms run once
+  before the burst, as the server's do at load (serving/engine/warm.py; `eager_warm_s`; `--no-eager-warm`).
 - peer: `model.generate_batch` with attention "paged|sdpa" passed explicitly at load (never a hub kernel),
   CUDA graphs on a GPU, prefix sharing on (`allow_block_sharing=True`): each prompt is pasted text; a user's
   later requests can share the full pages of the block an earlier one prefilled. Its KV has the room the burst
@@ -226,6 +227,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-engine", action="store_true")
+    p.add_argument(
+        "--no-eager-warm",
+        action="store_true",
+        help="skip the server's eager-step warm-up (serving/engine/warm.py): what ran before it existed",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if min(args.users, args.requests, args.block, args.query, args.max_running) < 1 or args.new_tokens < 2:
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
             torch.cuda.empty_cache()
     if not args.no_engine:
         with torch.inference_mode():
-            from serving.engine import graphs, models
+            from serving.engine import graphs, models, warm
             from serving.engine.pages import PagePool, PoolShape
             from serving.engine.prefill_graphs import PrefillGraphs
 
@@ -306,6 +312,9 @@ def main(argv: list[str] | None = None) -> dict:
                 pool.graphs.warm(max_rows=args.max_running)
                 pool.prefill_graphs = PrefillGraphs(model, pool)
                 pool.prefill_graphs.warm(longest, args.query + 24)  # a chunk: the query after the block
+            eager_warm_s = None
+            if device.type == "cuda" and not args.no_eager_warm:  # as the server, after the graphs
+                eager_warm_s = warm.warm_eager(model, pool)
             r = engine_burst(model, pool, items, requests, args.new_tokens, args.max_running)
             same = (
                 None
@@ -329,6 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "bytes_loaded_per_request": r["bytes_loaded"] / len(requests),
                     "replies_equal_to_peer": same,
                     "prefill_graph_steps": None if pool.prefill_graphs is None else pool.prefill_graphs.steps,
+                    "eager_warm_s": eager_warm_s,  # None: not run (CPU, or --no-eager-warm)
                     "floor": floors.floor(
                         *floors.step_cost(shape, [mid_block], [mid_query]), name, measured_s=p50
                     ),

@@ -134,7 +134,7 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
         """The engine's KV page pool."""
         import torch
 
-        from serving.engine import graphs, prefill_graphs
+        from serving.engine import graphs, prefill_graphs, warm
         from serving.engine.pages import PagePool, PoolShape
 
         shape = PoolShape.of_model(handle.model, self.config.kv_page_tokens)
@@ -156,6 +156,8 @@ class TransformersBackend(EngineFetches, EngineRequests, EngineBuilds, StoredBlo
         pool.prefill_graphs = prefill_graphs.for_server(
             handle.model, pool, self.config, self.max_context_tokens
         )
+        if pool.k.device.type == "cuda":  # what the device sets up on an eager step's first call, now
+            log.info("eager step forms warmed in %.2f s", warm.warm_eager(handle.model, pool))
         log.info(
             "KV page pool: %d pages of %d tokens (%d MiB)",
             pool.num_pages,

@@ -1,5 +1,5 @@
-"""benchmarks/gpu/many_users_bisect.sh on CPU (the tiny shape): the engine arm at this tree, at each tree of
-TREES_DIR, and at this tree again, each JSON stamped with the commit it ran."""
+"""benchmarks/gpu/many_users_bisect.sh on CPU (the tiny shape): the engine arm at this tree, this tree without its
+eager warm-up, each tree of TREES_DIR, and this tree again, each JSON stamped with the commit it ran."""
 
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ def test_it_runs_this_tree_then_each_tree_then_this_tree_again(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
-    assert names == [f"many_users_bisect_{n}.json" for n in ("abc1234", "head1", "head1_again")]
-    for name, sha in (("abc1234", "abc1234"), ("head1", "head1"), ("head1_again", "head1")):
+    runs = {"abc1234": "abc1234", "head1": "head1", "head1_again": "head1", "head1_no_eager_warm": "head1"}
+    assert names == [f"many_users_bisect_{n}.json" for n in sorted(runs)]
+    for name, sha in runs.items():
         result = json.loads((out / f"many_users_bisect_{name}.json").read_text())
         assert result["env"]["git_sha"] == sha and result["args"]["no_peer"] is True
+        assert result["args"]["no_eager_warm"] is (name == "head1_no_eager_warm")
         assert result["arms"]["engine"]["tokens"] == 4 * 2 and "peer" not in result["arms"]
