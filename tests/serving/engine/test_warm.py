@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from kvmem.kv import Sampling
 from serving.engine import runner, warm
 from tests.conftest import prompts_and_blocks
-from tests.serving.engine.test_engine import make_pool, run_engine
+from tests.serving.engine.test_engine import layers, make_pool, run_engine  # noqa: F401 - `layers` is a fixture
 
 
+@pytest.mark.usefixtures("layers")
 def test_warm_runs_the_masked_the_causal_and_the_narrow_forms_then_gives_the_pages_back(
     tiny_handle, monkeypatch
 ):
@@ -39,6 +41,7 @@ def test_warm_runs_the_masked_the_causal_and_the_narrow_forms_then_gives_the_pag
     assert pool.free_pages == free and seconds > 0
 
 
+@pytest.mark.usefixtures("layers")
 def test_what_serves_after_the_warm_is_what_serves_without_it(tiny_handle, tokenizer):
     """Four requests of different lengths, two over blocks, arriving over several steps: the same tokens on a
     pool the warm-up ran on (its pages written, then freed, then given to the requests) as on a fresh one."""
