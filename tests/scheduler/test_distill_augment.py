@@ -165,7 +165,8 @@ def test_no_augmented_prompt_is_a_validation_or_gate_question():
 
 
 @pytest.mark.parametrize(
-    ("name", "count"), [("heldout.json", 8), ("heldout_v2.json", 18), ("heldout_v3.json", 18)]
+    ("name", "count"),
+    [("heldout.json", 8), ("heldout_v2.json", 18), ("heldout_v3.json", 18), ("heldout_v4.json", 18)],
 )
 def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates(name, count):
     data = json.loads((HELDOUT_DIR / name).read_text())
