@@ -10,8 +10,7 @@ three kinds of sequences, each scored token by token:
 - replay: KL to the base model on its greedy continuations of generic prompts, so the rest stays as it was.
 
 LoRA on every linear layer, alpha = 2r (Biderman et al.); seeded. Every `eval_every` steps the validation set
-(templates disjoint from training AND from the gates: data.valid_questions) is answered greedily, and the
-greedy agreement with the base model on generic prompts of its own (GENERIC_VALID) is measured; the
+(templates disjoint from training AND from the gates: data.valid_questions) is answered greedily; the
 LoRA weights of the best validation point are kept, and training stops once every validation question is
 recalled with no more non-declining answers to the unanswerable validation questions than the base model
 gives at `recalled_evals` evaluations in a row (the latest kept), or once validation stops improving
@@ -86,19 +85,6 @@ GENERIC_TRAIN = (
     "What is the main ingredient in bread?",
     "How does a rainbow form?",
 )
-# Generic prompts the stop rule watches (disjoint from the replay's and the gate's): an evaluation whose greedy
-# agreement with the base model on them is under `valid_agreement` ranks below every one within it, so the
-# weights kept are not ones the damage gate would refuse when others are at hand.
-GENERIC_VALID = (
-    "What is the capital of Japan?",
-    "Write a limerick about a frog.",
-    "How does the heart pump blood?",
-    "What is seven times six?",
-    "Name two colours that mix to make green.",
-    "Why is the ocean salty?",
-    "Describe a kitchen table in one sentence.",
-    "What is the opposite of tall?",
-)
 
 
 @dataclass(frozen=True)
@@ -126,9 +112,6 @@ class TrainConfig:
     # 1 of 3 by the gates; after two, at step 40: 2 of 3, greedy agreement 0.914, one confident wrong answer;
     # after three, at step 50: 3 of 3, 0.930, none; benchmarks/memory/distill_paraphrase.py)
     recalled_evals: int = 3
-    # greedy agreement with the base model on GENERIC_VALID below which an evaluation ranks below every one at
-    # or above it (the damage gate's default threshold, GateConfig.min_agreement, on other prompts)
-    valid_agreement: float = 0.9
     num_threads: int | None = (
         1  # torch threads in the training thread (1: deterministic, leaves cores to serving)
     )
@@ -149,8 +132,6 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        if not 0.0 <= self.valid_agreement <= 1.0:
-            raise ValueError(f"TrainConfig.valid_agreement must be in [0, 1], got {self.valid_agreement!r}")
         if not self.lr > 0:
             raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
         for name in ("ce_weight", "kl_weight", "unanswerable_weight", "replay_weight"):
@@ -204,7 +185,6 @@ class Targets:
     valid_facts: list[Example]
     valid_unans: list[Example]
     base_not_declined: int
-    valid_generic: list[_Seq] = field(default_factory=list)  # the base model's replies to GENERIC_VALID
 
 
 @dataclass
@@ -223,11 +203,8 @@ class StopRule:
     stale: int = 0
     streak: int = 0
 
-    def observe(self, score: float, all_recalled: bool, within: bool = True) -> tuple[bool, str | None]:
-        """(keep this evaluation's weights, why training stops now or None). `within`: its generic prompts'
-        agreement is within TrainConfig.valid_agreement; one that is not ranks a whole point lower (below every
-        evaluation within it) and is never a full-recall one."""
-        score, all_recalled = (score, all_recalled) if within else (score - 1.0, False)
+    def observe(self, score: float, all_recalled: bool) -> tuple[bool, str | None]:
+        """(keep this evaluation's weights, why training stops now or None)."""
         better = score > self.best_score
         keep = better or (all_recalled and score >= self.best_score)
         self.stale = 0 if better else self.stale + 1
@@ -354,23 +331,7 @@ def _targets(
         valid_facts=valid_facts,
         valid_unans=valid_unans,
         base_not_declined=not_declined(base, tokenizer, layout, valid_unans, config.answer_tokens),
-        valid_generic=[
-            s for s in (_own_reply(base, tokenizer, layout, p, config) for p in GENERIC_VALID) if s
-        ],
     )
-
-
-@torch.no_grad()
-def agreement(model, seqs: Sequence[_Seq]) -> float:
-    """Share of the base model's reply tokens in `seqs` that are `model`'s greedy choice there (teacher-forced:
-    the damage gate's measure)."""
-    device = next(model.parameters()).device
-    same = total = 0
-    for s in seqs:
-        logits = model(input_ids=torch.tensor([s.ids], device=device), logits_to_keep=s.n + 1).logits[0, :-1]
-        same += int((logits.argmax(-1).cpu() == torch.tensor(s.ids[-s.n :])).sum())
-        total += s.n
-    return same / total if total else 1.0
 
 
 def train_adapter(
@@ -467,18 +428,13 @@ def train_adapter(
         valid_recall = recall(student, tokenizer, layout, valid_facts, [], n_tok)
         wrong = not_declined(student, tokenizer, layout, valid_unans, n_tok)
         score = valid_recall - max(0, wrong - base_not_declined)
-        agree = agreement(student, targets.valid_generic)
-        keep, stop = rule.observe(
-            score, valid_recall >= 1.0 and wrong <= base_not_declined, agree >= config.valid_agreement
-        )
+        keep, stop = rule.observe(score, valid_recall >= 1.0 and wrong <= base_not_declined)
         log.info(
-            "distill step %d/%d: loss %.4f, validation recall %.2f, generic agreement %.3f, not declined %d/%d "
-            "(base %d), %.1f s",
+            "distill step %d/%d: loss %.4f, validation recall %.2f, not declined %d/%d (base %d), %.1f s",
             step,
             config.max_steps,
             mean,
             valid_recall,
-            agree,
             wrong,
             len(valid_unans),
             base_not_declined,

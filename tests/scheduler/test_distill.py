@@ -22,7 +22,7 @@ from scheduler.distill.data import Example  # noqa: E402
 from scheduler.distill.gates import GateConfig, fully_recalled  # noqa: E402
 from scheduler.distill.job import DistillConfig, distill_user  # noqa: E402
 from scheduler.distill.selection import SelectConfig  # noqa: E402
-from scheduler.distill.train import StopRule, TrainConfig, _own_reply, agreement  # noqa: E402
+from scheduler.distill.train import StopRule, TrainConfig  # noqa: E402
 
 FAST = DistillConfig(
     select=SelectConfig(max_facts=2),
@@ -320,11 +320,10 @@ def test_the_job_says_what_it_does_as_it_goes(tmp_path, tiny_handle, caplog):
 
 
 def _walk(figures, recalled_evals=3, patience=4):
-    """(the evaluations kept, the one stopped at and why) over (score, all recalled[, within the generic
-    prompts' agreement]) per evaluation."""
+    """(the evaluations kept, the one stopped at and why) over (score, all recalled) per evaluation."""
     rule, kept = StopRule(recalled_evals=recalled_evals, patience=patience), []
-    for i, figure in enumerate(figures):
-        keep, stop = rule.observe(*figure)
+    for i, (score, all_recalled) in enumerate(figures):
+        keep, stop = rule.observe(score, all_recalled)
         kept += [i] if keep else []
         if stop is not None:
             return kept, (i, stop)
@@ -360,30 +359,3 @@ def test_stop_rule_ties_without_full_recall_are_not_kept():
         [0, 1],
         (5, "plateau"),
     )
-
-
-def test_stop_rule_an_evaluation_past_the_agreement_threshold_ranks_below_every_one_within_it():
-    full, drifted = (1.0, True, True), (1.0, True, False)
-    # full recall past the threshold is neither kept over a point within it nor counted as full recall
-    assert _walk([(0.5, False), full, drifted, drifted, drifted, drifted]) == ([0, 1], (5, "plateau"))
-    # ... but it is better than nothing within it: kept until one within it comes
-    assert _walk([(0.5, False, False), (0.7, False, False), (0.2, False), full, full, full]) == (
-        [0, 1, 2, 3, 4, 5],
-        (5, "recalled"),
-    )
-    # a drifted point between full-recall ones breaks the run
-    assert _walk([full, full, drifted, full, full, full], patience=9) == ([0, 1, 3, 4, 5], (5, "recalled"))
-
-
-def test_agreement_is_the_share_of_the_base_models_reply_tokens_the_model_picks(tiny_handle):
-    model, tokenizer = tiny_handle.model, tiny_handle.tokenizer
-    layout = PromptLayout(tokenizer)
-    config = TrainConfig(replay_tokens=6, top_k=8)
-    seqs = [
-        _own_reply(model, tokenizer, layout, p, config) for p in ("What is two plus two?", "Name a colour.")
-    ]
-    assert agreement(model, seqs) == 1.0  # its own greedy replies, teacher-forced
-    assert agreement(model, []) == 1.0
-    n = sum(s.n for s in seqs)
-    wrong = [replace(s, ids=s.ids[:-1] + [(s.ids[-1] + 1) % len(tokenizer)]) for s in seqs]  # last tokens off
-    assert agreement(model, wrong) == (n - 2) / n
