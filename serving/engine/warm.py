@@ -47,7 +47,8 @@ def warm_eager(model: torch.nn.Module, pool: PagePool, chunks: tuple[int, ...] =
     tables: list[PageTable] = []
     try:
         with torch.inference_mode():
-            tables = [PageTable.admit(pool, n + 3) for n in chunks]
+            for n in chunks:  # one by one: a table admitted before a failure still goes back
+                tables.append(PageTable.admit(pool, n + 3))
             seqs = [_Scratch(t) for t in tables]
             steps = (
                 [[token] * n for n in chunks],

@@ -72,3 +72,12 @@ def test_a_failing_warm_is_logged_and_gives_the_pages_back(tiny_handle, monkeypa
     assert [r.getMessage() for r in caplog.records] == [
         "warming the eager step failed; the first such step sets its kernels up"
     ]
+
+
+def test_a_pool_too_small_for_the_second_table_gives_the_first_back(tiny_handle, caplog):
+    pool = make_pool(tiny_handle.model, mb=0.25 * 4 / 32)  # 4 pages: room for the first scratch table (3)
+    free = pool.free_pages
+    assert pool.pages_for(43) <= free < pool.pages_for(43) + pool.pages_for(27)
+    with caplog.at_level(logging.WARNING, logger="serving.engine.warm"):
+        warm.warm_eager(tiny_handle.model, pool)
+    assert pool.free_pages == free and len(caplog.records) == 1
