@@ -34,57 +34,9 @@ import torch
 
 from scheduler.distill.answers import chat_ids, greedy_ids, not_declined, recall, reply_ids
 from scheduler.distill.answers import greedy_text as greedy_text  # lives in answers.py; re-exported
-from scheduler.distill.data import Example, Fact, declines, valid_questions
+from scheduler.distill.data import GENERIC_TRAIN, Example, Fact, declines, valid_questions
 
 log = logging.getLogger(__name__)
-
-# Generic prompts for the replay term (the gate's damage set is another list: gates.GENERIC_GATE), none about
-# the user or the kinds of thing a fact names (a pet, a town, an employer, a birthplace, an allergy). Forty, not
-# the first eight: with eight, an adapter over six facts that answered 17 of 18 held-out questions was refused
-# by the damage gate at 0.898 agreement on both attempts (distill_paraphrase_v3_9249baa.json); the gate asks
-# other prompts, so the replay has to hold the model in place over more of them than it can learn one by one.
-GENERIC_TRAIN = (
-    "What is the capital of Italy?",
-    "Give me a tip for sleeping better.",
-    "Explain what a noun is.",
-    "How many days are in a week?",
-    "Write one sentence about the sea.",
-    "What colour is the sky on a clear day?",
-    "Name a fruit that is yellow.",
-    "How do I boil an egg?",
-    "What is the largest planet in our solar system?",
-    "Translate 'good morning' into Spanish.",
-    "What is ten minus four?",
-    "List three animals that live in the ocean.",
-    "Write a haiku about snow.",
-    "What does a thermometer measure?",
-    "Give me a synonym for happy.",
-    "How many legs does a spider have?",
-    "What is the boiling point of water in Celsius?",
-    "What is the past tense of run?",
-    "Write a two-line rhyme about the moon.",
-    "Why is exercise good for you?",
-    "What is the chemical symbol for gold?",
-    "Give me an idea for a quick lunch.",
-    "How many hours are in a day?",
-    "What is a verb?",
-    "Who wrote Romeo and Juliet?",
-    "What is the square root of sixteen?",
-    "Name three musical instruments.",
-    "How do I make a cup of tea?",
-    "Tell me a fun fact about elephants.",
-    "What is the difference between weather and climate?",
-    "Write a short sentence using the word 'bright'.",
-    "How many continents are there?",
-    "What is an adjective?",
-    "Give me two tips for studying.",
-    "What shape has three sides?",
-    "Explain what a computer program is.",
-    "Which is heavier, a kilogram of feathers or a kilogram of stone?",
-    "Write a friendly greeting for a postcard.",
-    "What is the main ingredient in bread?",
-    "How does a rainbow form?",
-)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.distill.data import (
+    GENERIC_TRAIN,
     RELATIONS,
     UNANSWERABLE_GATE,
     UNANSWERABLE_TRAIN,
@@ -18,7 +19,6 @@ from scheduler.distill.data import (
 )
 from scheduler.distill.gates import GENERIC_GATE
 from scheduler.distill.selection import MemoryInfo, SelectConfig, select_facts
-from scheduler.distill.train import GENERIC_TRAIN
 from scheduler.heat import HeatStats
 
 DAY = 24 * 3600.0
