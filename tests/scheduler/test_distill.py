@@ -359,3 +359,11 @@ def test_stop_rule_ties_without_full_recall_are_not_kept():
         [0, 1],
         (5, "plateau"),
     )
+
+
+def test_kvmem_distill_trains_as_many_steps_as_the_server_by_default():
+    from scheduler.distill.cli import _parser
+    from scheduler.distill.train import TrainConfig
+
+    args = _parser().parse_args(["--user-id", "alice"])
+    assert args.max_steps == TrainConfig().max_steps == 300
