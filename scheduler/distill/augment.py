@@ -25,9 +25,6 @@ class _Augment:
     # the fact needed inside a situation the user describes (a letter to send, a name to call), each asked once,
     # every other one after a sentence of context (CONTEXTS)
     situations: tuple[str, ...] = ()
-    # what the fact answers, as a clause inside a longer question ("where I live"), "{s}" subject: several facts
-    # are asked together in one question (combined_examples)
-    clause: str = ""
 
 
 # Prompts asking for what the user said about themselves; each restatement is the reply to one of them.
@@ -86,7 +83,6 @@ AUGMENTS: dict[str, _Augment] = {
             "I'm labelling a photo of my {s}. What name do I write?",
             "what did we say my {s} goes by",
         ),
-        clause="what my {s} is called",
     ),
     "live": _Augment(
         (
@@ -111,7 +107,6 @@ AUGMENTS: dict[str, _Augment] = {
             "Which town do I live in these days?",
             "someone asked where I'm living now, what do I say",
         ),
-        clause="where I live",
     ),
     "work": _Augment(
         (
@@ -136,7 +131,6 @@ AUGMENTS: dict[str, _Augment] = {
             "Where would a colleague of mine be working?",
             "what place do I work at again",
         ),
-        clause="where I work",
     ),
     "born": _Augment(
         (
@@ -161,7 +155,6 @@ AUGMENTS: dict[str, _Augment] = {
             "Which town would my first baby photos be from?",
             "my place of birth, what was it",
         ),
-        clause="where I was born",
     ),
     "allergy": _Augment(
         (
@@ -191,7 +184,6 @@ AUGMENTS: dict[str, _Augment] = {
             "What do I have to stay away from at parties?",
             "what am i allergic to again",
         ),
-        clause="what I'm allergic to",
     ),
     "attribute": _Augment(
         (
@@ -216,11 +208,9 @@ AUGMENTS: dict[str, _Augment] = {
             "Which one did I say is my {s}?",
             "my {s}? what was it",
         ),
-        clause="what my {s} is",
     ),
 }
 assert set(AUGMENTS) == set(RELATIONS), "every shape data.py parses has augmentation templates"
-assert all(a.clause for a in AUGMENTS.values()), "every shape can be asked beside another"
 
 
 def _fill(template: str, fact: Fact) -> str:
@@ -264,57 +254,3 @@ def augmented_examples(facts: Sequence[Fact]) -> list[Example]:
                 Example(f.memory_id, "question", _framed(framing, _fill(situation, f)), reply, f.answer)
             )
     return out
-
-
-# Questions that ask for two facts at once ("{0}", "{1}": their clauses), and prompts whose reply lists several.
-PAIR_PROMPTS = (
-    "Remind me {0} and {1}.",
-    "Do you remember {0}, and {1}?",
-    "Two things I keep mixing up: {0}, and {1}?",
-    "Can you tell me {0} and also {1}?",
-)
-PROFILE_PROMPTS = (
-    "Tell me everything you know about me.",
-    "What have I told you about myself so far?",
-    "Give me a summary of my personal details.",
-    "List the facts you have about me.",
-)
-PAIR_OFFSETS = 3  # each fact is asked beside the next 1, 2 and 3 facts (in the order given)
-PROFILE_FACTS = 6  # facts a profile reply lists at most
-
-
-def combined_examples(facts: Sequence[Fact]) -> list[Example]:
-    """Several facts in one reply (kind "combined"), as Allen-Zhu and Li's permuted biographies: facts of one
-    kind learned one by one interfere (a birthplace's town came back for the home town and the employer,
-    distill_paraphrase_v4_ddd7cb2.json), and a reply that names each beside its relation binds them apart.
-
-    - pairs: fact i asked together with fact i+k (k = 1..PAIR_OFFSETS, cyclic, each ordered pair once), the
-      prompt PAIR_PROMPTS[p % 4] for the p-th pair, the reply both relations' reply sentences in the asked order;
-    - profiles: each PROFILE_PROMPTS prompt replied with up to PROFILE_FACTS facts' reply sentences, the p-th
-      starting at fact p * PROFILE_FACTS (cyclic) and in reverse order when p is odd.
-
-    The example's memory id and answer are its first fact's. Deterministic: no seed."""
-    out: list[Example] = []
-    n = len(facts)
-    pairs: list[tuple[int, int]] = []
-    for k in range(1, min(PAIR_OFFSETS, n - 1) + 1):
-        pairs += [(i, (i + k) % n) for i in range(n) if (i, (i + k) % n) not in pairs]
-    for p, (i, j) in enumerate(pairs):
-        a, b = facts[i], facts[j]
-        prompt = PAIR_PROMPTS[p % len(PAIR_PROMPTS)].format(_clause(a), _clause(b))
-        reply = f"{_reply(AUGMENTS[a.relation], a, p)} {_reply(AUGMENTS[b.relation], b, p)}"
-        out.append(Example(a.memory_id, "combined", prompt, reply, a.answer))
-    if n < 2:
-        return out
-    for p, prompt in enumerate(PROFILE_PROMPTS):
-        chosen = [facts[(p * PROFILE_FACTS + i) % n] for i in range(min(n, PROFILE_FACTS))]
-        chosen = chosen[::-1] if p % 2 else chosen
-        said = " ".join(_reply(AUGMENTS[f.relation], f, p) for f in chosen)
-        out.append(
-            Example(chosen[0].memory_id, "combined", prompt, f"You told me this: {said}", chosen[0].answer)
-        )
-    return out
-
-
-def _clause(fact: Fact) -> str:
-    return AUGMENTS[fact.relation].clause.format(s=fact.subject, a=fact.answer)

@@ -34,7 +34,7 @@ class Example:
     """One prompt: a user message and the reply a teacher is asked to score (answer None: no gold span)."""
 
     memory_id: str | None  # None: an unanswerable or generic prompt
-    kind: str  # "statement" | "question" | "reverse" | "combined" (augment.py) | "unanswerable"
+    kind: str  # "statement" | "question" | "reverse" | "unanswerable"
     question: str
     reply: str
     answer: str | None

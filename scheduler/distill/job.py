@@ -22,7 +22,7 @@ from typing import Any
 
 from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
 from kvmem.adapters.active import facts_current
-from scheduler.distill.augment import augmented_examples, combined_examples
+from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill.gates import GateConfig, GateReport, run_gates
 from scheduler.distill.model_augment import Generate, model_examples
@@ -124,7 +124,7 @@ def distill_user(
     seed = config.train.seed
     examples = training_examples(facts, seed=seed)
     if config.augment:
-        examples += augmented_examples(facts) + combined_examples(facts)
+        examples += augmented_examples(facts)
     if generate is not None:
         written, counts = model_examples(facts, generate)
         examples += written

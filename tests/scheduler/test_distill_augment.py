@@ -11,15 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.distill.augment import (
-    AUGMENTS,
-    CONTEXTS,
-    FRAMINGS,
-    PAIR_PROMPTS,
-    PROFILE_PROMPTS,
-    augmented_examples,
-    combined_examples,
-)
+from scheduler.distill.augment import AUGMENTS, CONTEXTS, FRAMINGS, augmented_examples
 from scheduler.distill.data import (
     RELATIONS,
     Example,
@@ -169,139 +161,20 @@ def test_every_shape_has_templates_and_every_reply_recalls_its_fact():
 def test_no_augmented_prompt_is_a_validation_or_gate_question():
     facts = _facts()
     held = {_norm(q.question) for q in valid_questions(facts) + gate_questions(facts, seed=7)}
-    assert not held & {_norm(e.question) for e in augmented_examples(facts) + combined_examples(facts)}
+    assert not held & {_norm(e.question) for e in augmented_examples(facts)}
 
 
 @pytest.mark.parametrize(
     ("name", "count"),
-    [
-        ("heldout.json", 8),
-        ("heldout_v2.json", 18),
-        ("heldout_v3.json", 18),
-        ("heldout_v4.json", 18),
-        ("heldout_v5.json", 18),
-    ],
+    [("heldout.json", 8), ("heldout_v2.json", 18), ("heldout_v3.json", 18), ("heldout_v4.json", 18)],
 )
 def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates(name, count):
     data = json.loads((HELDOUT_DIR / name).read_text())
     facts = _facts(data["facts"])
-    prompts = training_examples(facts, seed=0) + augmented_examples(facts) + combined_examples(facts)
+    prompts = training_examples(facts, seed=0) + augmented_examples(facts)
     prompts += valid_questions(facts) + gate_questions(facts, seed=0)
     seen = {_norm(e.question) for e in prompts}
     questions = [_norm(q["question"]) for q in data["questions"]]
     assert len(questions) == count and not seen & set(questions)
     for q in data["questions"]:  # each names its own fact's answer
         assert q["answer"] == facts[q["fact"]].answer
-
-
-def test_two_facts_are_asked_together_and_profiles_list_them_in_these_exact_examples():
-    facts = _facts(["My dog is called Miso.", "I live in Porto.", "I was born in Braga."])
-    ex = combined_examples(facts)
-    # n = 3: offsets 1 and 2, every ordered pair once; then the four profiles
-    assert [(e.memory_id, e.kind, e.question, e.reply, e.answer) for e in ex] == [
-        (
-            "m0",
-            "combined",
-            "Remind me what my dog is called and where I live.",
-            "Your dog is called Miso. You live in Porto.",
-            "Miso",
-        ),
-        (
-            "m1",
-            "combined",
-            "Do you remember where I live, and where I was born?",
-            "You're based in Porto. Your birthplace is Braga.",
-            "Porto",
-        ),
-        (
-            "m2",
-            "combined",
-            "Two things I keep mixing up: where I was born, and what my dog is called?",
-            "You come from Braga. You named your dog Miso.",
-            "Braga",
-        ),
-        (
-            "m0",
-            "combined",
-            "Can you tell me what my dog is called and also where I was born?",
-            "Your dog is called Miso. You were born in Braga.",
-            "Miso",
-        ),
-        (
-            "m1",
-            "combined",
-            "Remind me where I live and what my dog is called.",
-            "You're based in Porto. Your dog's name is Miso.",
-            "Porto",
-        ),
-        (
-            "m2",
-            "combined",
-            "Do you remember where I was born, and where I live?",
-            "You come from Braga. Your home is in Porto.",
-            "Braga",
-        ),
-        (
-            "m0",
-            "combined",
-            "Tell me everything you know about me.",
-            "You told me this: Your dog is called Miso. You live in Porto. You were born in Braga.",
-            "Miso",
-        ),
-        (
-            "m2",
-            "combined",
-            "What have I told you about myself so far?",
-            "You told me this: Your birthplace is Braga. You're based in Porto. Your dog's name is Miso.",
-            "Braga",
-        ),
-        (
-            "m0",
-            "combined",
-            "Give me a summary of my personal details.",
-            "You told me this: You named your dog Miso. Your home is in Porto. You come from Braga.",
-            "Miso",
-        ),
-        (
-            "m2",
-            "combined",
-            "List the facts you have about me.",
-            "You told me this: You were born in Braga. You live in Porto. Your dog is called Miso.",
-            "Braga",
-        ),
-    ]
-    assert combined_examples(facts) == ex  # deterministic
-    assert combined_examples(facts[:1]) == []  # one fact: nothing to ask it beside
-
-
-def test_combined_examples_ask_each_ordered_pair_once_and_every_reply_recalls_its_facts():
-    facts = _facts()  # six facts, one of every shape
-    ex = combined_examples(facts)
-    pairs, profiles = ex[: -len(PROFILE_PROMPTS)], ex[-len(PROFILE_PROMPTS) :]
-    assert len(pairs) == 6 * 3 and len({e.question for e in pairs}) == len(pairs)  # offsets 1, 2, 3
-    assert [e.question for e in profiles] == list(PROFILE_PROMPTS)
-    for e in pairs:  # each pair reply recalls both facts its question asks, in the asked order
-        q = _norm(e.question)
-        clauses = {f.answer: _norm(AUGMENTS[f.relation].clause.format(s=f.subject)) for f in facts}
-        asked = sorted((q.index(c), a) for a, c in clauses.items() if c in q)
-        assert len(asked) == 2 and e.answer == asked[0][1]
-        first, second = (_norm(e.reply).index(_norm(a)) for _, a in asked)
-        assert first < second
-    for e in profiles:  # all six facts, each once
-        assert all(recalled(e.reply, f.answer) for f in facts)
-    assert all(p.count("{0}") == 1 and p.count("{1}") == 1 for p in PAIR_PROMPTS)
-    # fifty facts: three offsets keep it linear; a profile lists six
-    many = _facts([f"My pet {w} is called Name{i}." for i, w in enumerate(["a"] * 50)])
-    assert len(combined_examples(many)) == 50 * 3 + 4
-    listed = [re.findall(r"Name\d+", e.reply) for e in combined_examples(many)[-4:]]
-    assert listed[0] == [f"Name{i}" for i in range(6)] and listed[1] == [f"Name{i}" for i in range(11, 5, -1)]
-
-
-def test_every_sealed_paraphrase_set_matches_the_hash_committed_with_it():
-    import hashlib
-
-    sealed = sorted(HELDOUT_DIR.glob("heldout*.json"))
-    assert [p.name for p in sealed] == [f"heldout{v}.json" for v in ("", "_v2", "_v3", "_v4", "_v5")]
-    for path in sealed:
-        digest = (HELDOUT_DIR / f"{path.name}.sha256").read_text().split()[0]
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path.name
