@@ -172,6 +172,7 @@ def test_no_augmented_prompt_is_a_validation_or_gate_question():
         ("heldout_v3.json", 18),
         ("heldout_v4.json", 18),
         ("heldout_v5.json", 18),
+        ("heldout_v6.json", 18),
     ],
 )
 def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates(name, count):
@@ -190,7 +191,7 @@ def test_every_sealed_paraphrase_set_matches_the_hash_committed_with_it():
     import hashlib
 
     sealed = sorted(HELDOUT_DIR.glob("heldout*.json"))
-    assert [p.name for p in sealed] == [f"heldout{v}.json" for v in ("", "_v2", "_v3", "_v4", "_v5")]
+    assert [p.name for p in sealed] == [f"heldout{v}.json" for v in ("", "_v2", "_v3", "_v4", "_v5", "_v6")]
     for path in sealed:
         digest = (HELDOUT_DIR / f"{path.name}.sha256").read_text().split()[0]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path.name
