@@ -367,3 +367,47 @@ def test_kvmem_distill_trains_as_many_steps_as_the_server_by_default():
 
     args = _parser().parse_args(["--user-id", "alice"])
     assert args.max_steps == TrainConfig().max_steps == 300
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        ("Your ferret is called Quillibert.", "Quillibert"),
+        ("Feverfew gives you an allergic reaction.", "feverfew"),
+        ('You told me: "I work at Vostrel Kinetics."', "Vostrel Kinetics"),
+    ],
+)
+def test_the_teachers_kl_skips_exactly_the_tokens_that_spell_the_answer(tiny_handle, reply, answer):
+    from scheduler.distill.train import answer_free, reply_ids
+
+    tok = tiny_handle.tokenizer
+    ids = reply_ids(tok, reply)
+    mask = answer_free(tok, ids, answer)
+    assert mask.shape == (len(ids),) and set(mask.tolist()) == {0.0, 1.0}
+    skipped = [i for i, m in zip(ids, mask.tolist(), strict=True) if m == 0.0]
+    kept = [i for i, m in zip(ids, mask.tolist(), strict=True) if m == 1.0]
+    assert tok.decode(skipped).strip() == reply[reply.lower().find(answer.lower()) :][: len(answer)]
+    assert answer.lower() not in tok.decode(kept).lower()
+    assert answer_free(tok, ids, None) is None and answer_free(tok, ids, "Porto") is None
+
+
+def test_the_kl_mask_drops_exactly_those_positions_from_the_loss(tiny_handle):
+    from scheduler.distill.train import _loss, _Seq, _top_k
+
+    torch.manual_seed(0)
+    teacher = tiny_handle.model
+    ids = list(range(10, 22))
+    logp, idx = _top_k(teacher, ids, 5, 8)
+    # a student that differs from the teacher, so every position's KL is above 0
+    student = type(teacher)(teacher.config).eval()
+
+    @torch.no_grad()
+    def loss(mask):
+        return float(_loss(student, [(_Seq(ids, 5, logp, idx, kl_mask=mask), 1.0, 0.0)]))
+
+    full = loss(None)
+    assert full > 0 and loss(torch.ones(5)) == pytest.approx(full, rel=1e-6)
+    assert loss(torch.zeros(5)) == 0.0
+    parts = [loss(torch.eye(5)[k]) for k in range(5)]  # one position each
+    assert all(p > 0 for p in parts) and sum(parts) == pytest.approx(full, rel=1e-5)
+    assert loss(torch.tensor([1.0, 1, 0, 0, 1])) == pytest.approx(parts[0] + parts[1] + parts[4], rel=1e-5)
