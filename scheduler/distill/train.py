@@ -246,12 +246,11 @@ def _declining_reply(model, tokenizer, layout, ex: Example, config: TrainConfig)
 
 def answer_free(tokenizer, reply: list[int], answer: str | None) -> torch.Tensor | None:
     """[len(reply)]: 0 at the reply tokens that spell the fact's answer, 1 elsewhere (None: no answer in it). The
-    KL to the in-context teacher is not taken there: with every fact in its block, the base model's most likely
-    token at the answer is another fact's more often than not (on the third to fifth sealed sets' facts, the
-    home town's first token was the teacher's top token in 0 to 7 of 10 training questions, at a mean probability
-    0.04-0.14; over every fact, 97 of 180 wrong), so distilling it there teaches the facts' confusion (the
-    adapters answered the birthplace's town where the home town was asked); the cross-entropy on the gold reply
-    teaches the answer."""
+    KL to the in-context teacher is not taken there: with every fact in its block, the base model's top token
+    where the answer starts is not the answer's in 97 of 180 training questions (the third to fifth sealed sets'
+    facts; the home town's in 10, 3 and 10 of 10: benchmarks/memory/teacher_answers.py), so distilling it there
+    teaches the teacher's confusion (the adapters answered the birthplace's town where the home town was asked);
+    the cross-entropy on the gold reply teaches the answer."""
     if not answer:
         return None
     ends = [len(tokenizer.decode(reply[:k])) for k in range(len(reply) + 1)]
