@@ -2,7 +2,8 @@
 puts its most likely token at a fact's answer on another token: per sealed set and relation, over the relation's
 training questions (data.RELATIONS' train_questions, replied with data.fact_reply), the teacher's probability of
 the answer's first token and how many times its top token is another. A teacher that is wrong there teaches the
-facts' confusion through the KL term, which is why train.answer_free leaves the answer's tokens to cross-entropy.
+facts' confusion through the KL term (b8171da left the answer's tokens to cross-entropy for that; reverted: refused on a
+sealed set, docs/benchmarks.md).
 
     python -m benchmarks.memory.teacher_answers --out benchmarks/results/cpu/teacher_answers.json
 """

@@ -3,8 +3,7 @@ three kinds of sequences, each scored token by token:
 
 - fact prompts (questions in several phrasings, both directions, statements; data.training_examples):
   cross-entropy on the gold reply, plus KL to the base model WITH the facts in its prompt (the serving
-  layout's memory block) on that reply except at the tokens that spell the answer (answer_free): prompt
-  distillation;
+  layout's memory block) on that reply: prompt distillation;
 - unanswerable questions (about the user, answered by no fact): cross-entropy on, and KL to, the base model's
   own greedy reply without the facts when that reply declines, else cross-entropy on a declining reply; so the
   adapter does not learn to answer, with confidence, what no fact answers;
@@ -123,7 +122,6 @@ class _Seq:
     top_idx: torch.Tensor  # [n, k]
     ce: bool = False  # also cross-entropy on its last n tokens
     kl: bool = True  # KL to the teacher's top-k (False: a target the teacher did not produce)
-    kl_mask: torch.Tensor | None = None  # [n]: 1 where the KL applies (None: everywhere)
 
 
 @dataclass(frozen=True)
@@ -212,10 +210,7 @@ def _loss(model, batch: list[tuple[_Seq, float, float]]) -> torch.Tensor:
         if kl_w and s.kl:
             p_t = torch.softmax(s.top_logp.to(device), dim=-1)  # renormalised over the top-k: [n, k]
             s_k = student.gather(-1, s.top_idx.to(device))  # [n, k]
-            kl = (p_t * (torch.log(p_t.clamp_min(1e-12)) - s_k)).sum(-1)  # [n]
-            if s.kl_mask is not None:
-                kl = kl * s.kl_mask.to(device)
-            total = total + kl_w * kl.sum() / s.n
+            total = total + kl_w * (p_t * (torch.log(p_t.clamp_min(1e-12)) - s_k)).sum() / s.n
         if ce_w and s.ce:
             gold = torch.tensor(s.ids[end - s.n :], device=device)[:, None]
             total = total - ce_w * student.gather(-1, gold).mean()
@@ -242,23 +237,6 @@ def _declining_reply(model, tokenizer, layout, ex: Example, config: TrainConfig)
     ids, reply = chat_ids(layout, [], ex.question), reply_ids(tokenizer, ex.reply)
     empty = torch.zeros((len(reply), 1))
     return _Seq(ids + reply, len(reply), empty, empty.long(), ce=True, kl=False)
-
-
-def answer_free(tokenizer, reply: list[int], answer: str | None) -> torch.Tensor | None:
-    """[len(reply)]: 0 at the reply tokens that spell the fact's answer, 1 elsewhere (None: no answer in it). The
-    KL to the in-context teacher is not taken there: with every fact in its block, the base model's top token
-    where the answer starts is not the answer's in 97 of 180 training questions (the third to fifth sealed sets'
-    facts; the home town's in 10, 3 and 10 of 10: benchmarks/memory/teacher_answers.py), so distilling it there
-    teaches the teacher's confusion (the adapters answered the birthplace's town where the home town was asked);
-    the cross-entropy on the gold reply teaches the answer."""
-    if not answer:
-        return None
-    ends = [len(tokenizer.decode(reply[:k])) for k in range(len(reply) + 1)]
-    start = tokenizer.decode(reply).lower().find(answer.lower())
-    if start < 0:
-        return None
-    stop = start + len(answer)
-    return torch.tensor([0.0 if ends[k] < stop and ends[k + 1] > start else 1.0 for k in range(len(reply))])
 
 
 def _draw(pool: list, order: list[int], k: int, rng: random.Random) -> list:
@@ -290,10 +268,7 @@ def _targets(
             continue
         reply = reply_ids(tokenizer, ex.reply)
         logp, idx = _top_k(base, chat_ids(layout, fact_texts, ex.question) + reply, len(reply), config.top_k)
-        mask = answer_free(tokenizer, reply, ex.answer)
-        distill.append(
-            _Seq(chat_ids(layout, [], ex.question) + reply, len(reply), logp, idx, True, True, mask)
-        )
+        distill.append(_Seq(chat_ids(layout, [], ex.question) + reply, len(reply), logp, idx, ce=True))
     replay = [s for s in (_own_reply(base, tokenizer, layout, p, config) for p in GENERIC_TRAIN) if s]
     valid = valid_questions(facts)
     valid_facts = [q for q in valid if q.answer is not None]
