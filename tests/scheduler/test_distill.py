@@ -77,7 +77,16 @@ def test_a_refused_adapter_is_written_with_its_figures_and_never_activated(tmp_p
         m.gates["recall_adapter"] == 0.0 and m.gates["num_questions"] == 4.0
     )  # 2 held-out templates per fact
     assert not outcome.activated
-    assert sorted(m.train) == ["attempts", "best_step", "steps", "stopped", "train_s", "valid_recall"]
+    assert sorted(m.train) == [
+        "attempts",
+        "best_step",
+        "lora_scale",
+        "steps",
+        "stopped",
+        "train_s",
+        "valid_recall",
+    ]
+    assert m.train["lora_scale"] == 1.0  # refused by recall: never scaled
     # refused by the recall gate: no second attempt (a stronger replay would not teach it the facts)
     assert outcome.gates.failed[0] == "recall" and m.train["attempts"] == 1
     assert m.train["valid_recall"] == 0.0 and 1 <= m.train["best_step"] <= m.train["steps"] <= 2
@@ -171,7 +180,13 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
     # the second attempt trains on the first one's base-model targets, not computed again
     assert given[0] is None and given[1] is not None and given[1].key[0] == FAST.train.targets_key()
     m = outcome.manifest
-    assert outcome.gates is reports[1] and m.reason == reports[1].reason and m.train["attempts"] == 2
+    # first gates, then the first adapter at scales 0.9 and 0.8 (real gates: the tiny llama recalls nothing, so
+    # neither passes), then the retrained one (refused by recall: not scaled)
+    assert (
+        len(reports) == 2 + len(FAST.damage_scales) and [r.failed for r in reports[1:]] == [("recall",)] * 3
+    )
+    assert outcome.gates is reports[-1] and m.reason == reports[-1].reason and m.train["attempts"] == 2
+    assert m.train["lora_scale"] == 1.0
     assert m.train["first_attempt"]["reason"] == "greedy agreement on generic prompts 0.500 < 0.90"
     assert m.train["first_attempt"]["gates"]["greedy_agreement_generic"] == 0.5
     # only the kept attempt is written
@@ -179,13 +194,78 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
     # switched off: the damage-refused adapter is written as it is
     reports.clear()
     configs.clear()
-    off = _run(tmp_path, tiny_handle, store, replace(FAST, damage_retry=False))
-    assert (len(configs), off.manifest.train["attempts"], off.manifest.passed) == (1, 1, False)
+    off = _run(tmp_path, tiny_handle, store, replace(FAST, damage_retry=False, damage_scales=()))
+    assert (len(configs), len(reports), off.manifest.train["attempts"], off.manifest.passed) == (
+        1,
+        1,
+        1,
+        False,
+    )
     assert off.reason == "greedy agreement on generic prompts 0.500 < 0.90" and not off.activated
     # refused by the recall gate (the real gates): no second attempt
     configs.clear()
     monkeypatch.setattr(job, "run_gates", gates)
     assert _run(tmp_path, tiny_handle, store).manifest.train["attempts"] == 1 and len(configs) == 1
+
+
+def test_an_adapter_refused_by_the_damage_gate_alone_is_kept_at_the_largest_scale_that_passes_every_gate(
+    tmp_path, tiny_handle, monkeypatch
+):
+    """The first attempt fails only the damage gate, the same adapter at 0.9 fails again, at 0.8 it passes: no
+    retraining, and what is written is the trained adapter with its LoRA deltas (B) times 0.8, bit for bit."""
+    import safetensors.torch
+
+    import scheduler.distill.job as job
+    from scheduler.distill.gates import GateReport
+
+    store, _ = _store(tmp_path)
+    trainings, scales = [], []
+    train = job.train_adapter
+
+    def recording_train(*args, **kwargs):
+        trainings.append(args[5])
+        return train(*args, **kwargs)
+
+    def fake_gates(model, tokenizer, layout, fact_texts, questions, unanswerable, config):
+        b = next(p for n, p in model.named_parameters() if "lora_B" in n)
+        scales.append(b.detach().clone())
+        served = tuple(dict.fromkeys(q.memory_id for q in questions if q.memory_id))
+        ok = len(scales) == 3
+        return GateReport(
+            1.0, 1.0, 0.0, 0.95 if ok else 0.89, 0.1, 0, 0, 4, ok,
+            "" if ok else "greedy agreement on generic prompts 0.891 < 0.90",
+            served_ids=served,
+            failed=() if ok else ("damage",),
+        )  # fmt: skip
+
+    monkeypatch.setattr(job, "train_adapter", recording_train)
+    monkeypatch.setattr(job, "run_gates", fake_gates)
+    outcome = _run(tmp_path, tiny_handle, store)
+    m = outcome.manifest
+    assert len(trainings) == 1 and len(scales) == 3 and outcome.activated and m.passed
+    assert (m.train["attempts"], m.train["lora_scale"]) == (1, 0.8)
+    assert torch.equal(scales[1], scales[0] * 0.9) and torch.equal(scales[2], scales[0] * 0.8)
+    registry = AdapterRegistry(tmp_path / "adapters")
+    written = safetensors.torch.load_file(
+        str(registry.version_dir("alice", m.version) / "adapter_model.safetensors")
+    )
+    full = _run(
+        tmp_path, tiny_handle, store, replace(FAST, damage_scales=(), damage_retry=False)
+    )  # same seed
+    assert full.manifest.train["lora_scale"] == 1.0
+    unscaled = safetensors.torch.load_file(
+        str(registry.version_dir("alice", full.manifest.version) / "adapter_model.safetensors")
+    )
+    assert set(written) == set(unscaled) and any("lora_B" in k for k in written)
+    for k, v in written.items():  # B scaled, A as trained
+        assert torch.equal(v, unscaled[k] * 0.8 if "lora_B" in k else unscaled[k]), k
+
+
+def test_damage_scales_must_decrease_within_zero_and_one():
+    for bad in ((1.0,), (0.0,), (0.8, 0.9), (-0.5,)):
+        with pytest.raises(ValueError, match="damage_scales"):
+            DistillConfig(damage_scales=bad)
+    assert DistillConfig().damage_scales == (0.9, 0.8) and DistillConfig(damage_scales=()).damage_scales == ()
 
 
 def test_the_stronger_replay_doubles_the_replay_prompts_and_their_weight():
@@ -367,3 +447,47 @@ def test_kvmem_distill_trains_as_many_steps_as_the_server_by_default():
 
     args = _parser().parse_args(["--user-id", "alice"])
     assert args.max_steps == TrainConfig().max_steps == 300
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        ("Your ferret is called Quillibert.", "Quillibert"),
+        ("Feverfew gives you an allergic reaction.", "feverfew"),
+        ('You told me: "I work at Vostrel Kinetics."', "Vostrel Kinetics"),
+    ],
+)
+def test_the_teachers_kl_skips_exactly_the_tokens_that_spell_the_answer(tiny_handle, reply, answer):
+    from scheduler.distill.train import answer_free, reply_ids
+
+    tok = tiny_handle.tokenizer
+    ids = reply_ids(tok, reply)
+    mask = answer_free(tok, ids, answer)
+    assert mask.shape == (len(ids),) and set(mask.tolist()) == {0.0, 1.0}
+    skipped = [i for i, m in zip(ids, mask.tolist(), strict=True) if m == 0.0]
+    kept = [i for i, m in zip(ids, mask.tolist(), strict=True) if m == 1.0]
+    assert tok.decode(skipped).strip() == reply[reply.lower().find(answer.lower()) :][: len(answer)]
+    assert answer.lower() not in tok.decode(kept).lower()
+    assert answer_free(tok, ids, None) is None and answer_free(tok, ids, "Porto") is None
+
+
+def test_the_kl_mask_drops_exactly_those_positions_from_the_loss(tiny_handle):
+    from scheduler.distill.train import _loss, _Seq, _top_k
+
+    torch.manual_seed(0)
+    teacher = tiny_handle.model
+    ids = list(range(10, 22))
+    logp, idx = _top_k(teacher, ids, 5, 8)
+    # a student that differs from the teacher, so every position's KL is above 0
+    student = type(teacher)(teacher.config).eval()
+
+    @torch.no_grad()
+    def loss(mask):
+        return float(_loss(student, [(_Seq(ids, 5, logp, idx, kl_mask=mask), 1.0, 0.0)]))
+
+    full = loss(None)
+    assert full > 0 and loss(torch.ones(5)) == pytest.approx(full, rel=1e-6)
+    assert loss(torch.zeros(5)) == 0.0
+    parts = [loss(torch.eye(5)[k]) for k in range(5)]  # one position each
+    assert all(p > 0 for p in parts) and sum(parts) == pytest.approx(full, rel=1e-5)
+    assert loss(torch.tensor([1.0, 1, 0, 0, 1])) == pytest.approx(parts[0] + parts[1] + parts[4], rel=1e-5)
