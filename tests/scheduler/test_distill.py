@@ -182,9 +182,7 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
     m = outcome.manifest
     # first gates, then the first adapter at scales 0.9 and 0.8 (real gates: the tiny llama recalls nothing, so
     # neither passes), then the retrained one (refused by recall: not scaled)
-    assert (
-        len(reports) == 2 + len(FAST.damage_scales) and [r.failed for r in reports[1:]] == [("recall",)] * 3
-    )
+    assert len(reports) == 2 + len(FAST.damage_scales) and all(r.failed[0] == "recall" for r in reports[1:])
     assert outcome.gates is reports[-1] and m.reason == reports[-1].reason and m.train["attempts"] == 2
     assert m.train["lora_scale"] == 1.0
     assert m.train["first_attempt"]["reason"] == "greedy agreement on generic prompts 0.500 < 0.90"
