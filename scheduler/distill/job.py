@@ -27,8 +27,9 @@ from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
 from scheduler.distill.gates import GateConfig, GateReport, run_gates
 from scheduler.distill.model_augment import Generate, model_examples
+from scheduler.distill.scale import LoraScale
 from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
-from scheduler.distill.train import LoraScale, Targets, TrainConfig, TrainResult, train_adapter
+from scheduler.distill.train import Targets, TrainConfig, TrainResult, train_adapter
 from scheduler.heat import HeatStats
 
 log = logging.getLogger(__name__)
