@@ -174,6 +174,7 @@ def test_no_augmented_prompt_is_a_validation_or_gate_question():
         ("heldout_v5.json", 18),
         ("heldout_v6.json", 18),
         ("heldout_v7.json", 18),
+        ("heldout_v8.json", 18),
     ],
 )
 def test_the_benchmarks_held_out_paraphrases_are_no_prompt_of_training_or_the_gates(name, count):
@@ -192,6 +193,8 @@ def test_every_sealed_paraphrase_set_matches_the_hash_committed_with_it():
     from benchmarks.memory.distill_paraphrase import load_heldout  # the benchmark's own check of the seal
 
     sealed = sorted(HELDOUT_DIR.glob("heldout*.json"))
-    assert [p.name for p in sealed] == [f"heldout{v}.json" for v in ("", "_v2", "_v3", "_v4", "_v5", "_v6", "_v7")]
+    assert [p.name for p in sealed] == [
+        f"heldout{v}.json" for v in ("", "_v2", "_v3", "_v4", "_v5", "_v6", "_v7", "_v8")
+    ]
     for path in sealed:
         assert load_heldout(path)["facts"], path.name  # raises ValueError when the sha256 differs
