@@ -34,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model (default: the embedded default model)")
     p.add_argument("--max-facts", type=int, default=50, help="cap on facts per adapter (default 50)")
     p.add_argument(  # the server's TrainConfig.max_steps (train.py imports torch, so it is not imported here)
-        "--max-steps", type=int, default=300, help="training steps at most (default 300, as the server trains)"
+        "--max-steps",
+        type=int,
+        default=300,
+        help="training steps at most (default 300, as the server trains)",
     )
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (alpha = 2 x rank)")
     p.add_argument("--seed", type=int, default=0)

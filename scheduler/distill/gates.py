@@ -87,18 +87,53 @@ def fully_recalled(questions: Sequence[Example], hits: Sequence[bool]) -> tuple[
     return tuple(m for m, all_hit in ok.items() if all_hit)
 
 
+@dataclass(frozen=True)
+class BaseFigures:
+    """What the gates measure on the base model alone (its adapter disabled). It is the same for every adapter
+    trained on the same facts and gated with the same questions, so a job measures it once (`base_figures`)
+    and gates each attempt, and each scale of one, against it."""
+
+    recall_in_context: float
+    recall_base: float
+    confident_wrong_base: int
+    # each generic prompt's ids and the base model's greedy continuation of it (ids, re-tokenized from its text)
+    generic: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+
+
 @torch.no_grad()
-def _damage(peft_model, tokenizer, layout, prompts: Sequence[str], num_tokens: int) -> tuple[float, float]:
+def base_figures(
+    peft_model,
+    tokenizer,
+    layout,
+    fact_texts: Sequence[str],
+    questions: Sequence[Example],
+    unanswerable: Sequence[Example],
+    config: GateConfig,
+) -> BaseFigures:
+    """The base model's side of every gate (`peft_model` with its adapter disabled)."""
+    peft_model.eval()
+    n = config.answer_tokens
+    with peft_model.disable_adapter():
+        in_context = recall(peft_model, tokenizer, layout, questions, fact_texts, n)
+        base = recall(peft_model, tokenizer, layout, questions, [], n)
+        wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
+        generic = []
+        for prompt in GENERIC_GATE:
+            ids = chat_ids(layout, [], prompt)
+            text = greedy_text(peft_model, tokenizer, ids, config.generic_tokens)
+            cont = tokenizer(text, add_special_tokens=False)["input_ids"][: config.generic_tokens]
+            if cont:
+                generic.append((tuple(ids), tuple(cont)))
+    return BaseFigures(in_context, base, wrong_base, tuple(generic))
+
+
+@torch.no_grad()
+def _damage(peft_model, generic: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[float, float]:
     """(mean token KL(base || adapter), greedy agreement) over the base model's greedy continuations."""
     kls, agree, count = 0.0, 0, 0
-    for prompt in prompts:
-        ids = chat_ids(layout, [], prompt)
+    for ids, cont in generic:
+        full = torch.tensor([list(ids) + list(cont)])
         with peft_model.disable_adapter():
-            text = greedy_text(peft_model, tokenizer, ids, num_tokens)
-            cont = tokenizer(text, add_special_tokens=False)["input_ids"][:num_tokens]
-            if not cont:
-                continue
-            full = torch.tensor([ids + cont])
             base = torch.log_softmax(peft_model(input_ids=full).logits[0, len(ids) - 1 : -1].float(), -1)
         tuned = torch.log_softmax(peft_model(input_ids=full).logits[0, len(ids) - 1 : -1].float(), -1)
         kls += float((base.exp() * (base - tuned)).sum())
@@ -135,19 +170,20 @@ def run_gates(
     questions: Sequence[Example],
     unanswerable: Sequence[Example],
     config: GateConfig,
+    base: BaseFigures | None = None,
 ) -> GateReport:
-    """Every gate on `peft_model` (its adapter active; `disable_adapter()` gives the base model)."""
+    """Every gate on `peft_model` (its adapter active; `disable_adapter()` gives the base model). `base`: the
+    base model's figures for these same facts, questions and config, measured here when None."""
+    if base is None:
+        base = base_figures(peft_model, tokenizer, layout, fact_texts, questions, unanswerable, config)
     peft_model.eval()
-    with peft_model.disable_adapter():
-        n = config.answer_tokens
-        in_context = recall(peft_model, tokenizer, layout, questions, fact_texts, n)
-        base = recall(peft_model, tokenizer, layout, questions, [], n)
-        wrong_base = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
+    n = config.answer_tokens
+    in_context, wrong_base = base.recall_in_context, base.confident_wrong_base
     hits = recall_hits(peft_model, tokenizer, layout, questions, [], n)
     adapter = sum(hits) / len(hits) if hits else 0.0
     served = fully_recalled(questions, hits)
     wrong_adapter = _confident_wrong(peft_model, tokenizer, layout, unanswerable, config.confident_prob, n)
-    kl, agreement = _damage(peft_model, tokenizer, layout, GENERIC_GATE, config.generic_tokens)
+    kl, agreement = _damage(peft_model, base.generic)
     # each gate's failures, in the order they are reported
     gates: dict[str, list[str]] = {"recall": [], "damage": [], "hallucination": []}
     if adapter == 0:
@@ -173,7 +209,7 @@ def run_gates(
     return GateReport(
         recall_in_context=in_context,
         recall_adapter=adapter,
-        recall_base=base,
+        recall_base=base.recall_base,
         greedy_agreement_generic=agreement,
         kl_generic=kl,
         confident_wrong_adapter=wrong_adapter,

@@ -25,7 +25,7 @@ from kvmem.adapters import AdapterManifest, AdapterRegistry, FactRef, text_sha
 from kvmem.adapters.active import facts_current
 from scheduler.distill.augment import augmented_examples
 from scheduler.distill.data import gate_questions, training_examples, unanswerable_gate
-from scheduler.distill.gates import GateConfig, GateReport, run_gates
+from scheduler.distill.gates import BaseFigures, GateConfig, GateReport, base_figures, run_gates
 from scheduler.distill.model_augment import Generate, model_examples
 from scheduler.distill.scale import LoraScale
 from scheduler.distill.selection import MemoryInfo, SelectConfig, Selection, select_facts
@@ -145,6 +145,17 @@ def distill_user(
     fact_texts = [f.text for f in facts]
     questions = gate_questions(facts, seed=seed + GATE_SEED_OFFSET)
     unanswerable = unanswerable_gate(facts)
+    base: BaseFigures | None = None  # the base model's side of the gates, measured once for every attempt
+
+    def gate(model) -> GateReport:
+        nonlocal base
+        if base is None:
+            base = base_figures(
+                model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
+            )
+        return run_gates(
+            model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates, base=base
+        )
 
     def attempt(train: TrainConfig, targets: Targets | None = None) -> tuple[TrainResult, GateReport]:
         result = train_adapter(handle.model, handle.tokenizer, layout, facts, examples, train, targets)
@@ -156,10 +167,7 @@ def distill_user(
             len(questions),
             len(unanswerable),
         )
-        report = run_gates(
-            result.model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
-        )
-        return result, report
+        return result, gate(result.model)
 
     def scaled_down(result: TrainResult, report: GateReport) -> tuple[GateReport, float]:
         """After the damage gate alone refused `result`: its report at the largest of `damage_scales` at which
@@ -169,9 +177,7 @@ def distill_user(
         lora = LoraScale(result.model)
         for scale in config.damage_scales:
             lora.set(scale)
-            scaled = run_gates(
-                result.model, handle.tokenizer, layout, fact_texts, questions, unanswerable, config.gates
-            )
+            scaled = gate(result.model)
             log.info("user %r: the adapter at scale %.2f: %s", user_id, scale, scaled.reason or "passed")
             if scaled.passed:
                 return scaled, scale

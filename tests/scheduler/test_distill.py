@@ -151,8 +151,8 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_trained_once_more_with_a
         given.append(targets)
         return train(model, tokenizer, layout, facts, examples, config, targets)
 
-    def damage_first(*args):
-        real = gates(*args)
+    def damage_first(*args, **kwargs):
+        real = gates(*args, **kwargs)
         if not reports:
             served = tuple(q.memory_id for q in args[4] if q.memory_id)
             real = GateReport(
@@ -224,7 +224,7 @@ def test_an_adapter_refused_by_the_damage_gate_alone_is_kept_at_the_largest_scal
         trainings.append(args[5])
         return train(*args, **kwargs)
 
-    def fake_gates(model, tokenizer, layout, fact_texts, questions, unanswerable, config):
+    def fake_gates(model, tokenizer, layout, fact_texts, questions, unanswerable, config, base=None):
         b = next(p for n, p in model.named_parameters() if "lora_B" in n)
         scales.append(b.detach().clone())
         served = tuple(dict.fromkeys(q.memory_id for q in questions if q.memory_id))
@@ -305,6 +305,62 @@ def test_a_second_attempt_on_the_first_ones_targets_trains_exactly_as_if_it_comp
         )
     with pytest.raises(ValueError, match="targets_key"):
         train(replace(stronger, top_k=4), first.targets)
+
+
+def test_gates_given_the_base_models_figures_report_exactly_what_they_measure_themselves(tiny_handle):
+    """The job measures the base model's side once and gates every attempt and scale against it: the report is
+    the same as gates measuring it all, for an adapter whose damage figures are not trivial (B perturbed)."""
+    from scheduler.distill.data import gate_questions, parse_fact, training_examples, unanswerable_gate
+    from scheduler.distill.gates import base_figures, run_gates
+    from scheduler.distill.train import train_adapter
+
+    tok, layout = tiny_handle.tokenizer, PromptLayout(tiny_handle.tokenizer)
+    facts = [parse_fact("m1", 1, "My dog is called Miso."), parse_fact("m2", 1, "I live in Porto.")]
+    model = train_adapter(
+        tiny_handle.model, tok, layout, facts, training_examples(facts, seed=0), FAST.train
+    ).model
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    texts, questions, unanswerable = (
+        [f.text for f in facts],
+        gate_questions(facts, seed=1),
+        unanswerable_gate(facts),
+    )
+    base = base_figures(model, tok, layout, texts, questions, unanswerable, FAST.gates)
+    assert len(base.generic) > 0 and all(len(cont) <= FAST.gates.generic_tokens for _, cont in base.generic)
+    alone = run_gates(model, tok, layout, texts, questions, unanswerable, FAST.gates)
+    given = run_gates(model, tok, layout, texts, questions, unanswerable, FAST.gates, base=base)
+    assert given == alone and alone.kl_generic > 0
+
+
+def test_the_job_measures_the_base_models_figures_once_for_every_attempt_and_scale(
+    tmp_path, tiny_handle, monkeypatch
+):
+    import scheduler.distill.job as job
+    from scheduler.distill.gates import GateReport
+
+    store, _ = _store(tmp_path)
+    measured, reports, gates, base_figures = [], [], job.run_gates, job.base_figures
+
+    def counting_base(*args):
+        measured.append(base_figures(*args))
+        return measured[-1]
+
+    def damage_only(*args, base=None):
+        reports.append(base)
+        real = gates(*args, base=base)
+        served = tuple(q.memory_id for q in args[4] if q.memory_id)
+        return GateReport(0.0, 1.0, 0.0, 0.5, real.kl_generic, 0, 0, 4, False, "damage", served, ("damage",))
+
+    monkeypatch.setattr(job, "base_figures", counting_base)
+    monkeypatch.setattr(job, "run_gates", damage_only)
+    _run(tmp_path, tiny_handle, store)
+    # two trainings, each gated unscaled and at both scales, all against the one measurement
+    assert len(measured) == 1 and len(reports) == 2 * (1 + len(FAST.damage_scales))
+    assert all(b is measured[0] for b in reports)
 
 
 def test_nothing_selected_trains_nothing(tmp_path, tiny_handle):
