@@ -30,6 +30,11 @@ vector alone): mean pooling 0.328; a learned token-weight vector (no hidden laye
 linear map on the pooled vector 0.371; an extra transformer layer over the token states 0.406; l1 with 64
 hidden 0.435; 16 hidden 0.448-0.452 over seeds 0-2 (shipped, seed 0); the memories pooled by a second
 learned head too 0.457 (not shipped: every stored vector would change and need re-embedding, for +0.006).
+Tried at 12b1e40, scratch runs of this module's own train() and dense_recall() (not shipped, nothing trained on
+them is committed): LoCoMo's ten chats (snap-research/locomo, data/locomo10.zip; 1,535 questions of categories
+1-4) added to the four training chats of each fold 0.435 (the head fitted on LoCoMo alone 0.448): more chats of
+another dataset do not help; a rank-32 residual map on the pooled vector (AdamW weight decay 0.01) 0.462 on
+tune alone, 0.453 with LoCoMo added (+0.011 dense at best, not worth a larger head).
 A cross-encoder was not tried: over the top 50 it is ~50 x 60 tokens x 6 layers of MiniLM per search
 (~32 G multiply-adds), hundreds of ms on two cores against a 30 ms p99 budget.
 
