@@ -240,11 +240,14 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
         tags: list[str] | None = None,
         metadata: dict | None = None,
         state: str | None = None,
+        slot: tuple[str, str] | None = None,
     ) -> Memory:
         """A new version with the given fields replaced; the previous text, tags and metadata go to history.
 
-        state may be 'active' or 'archived' (archived memories are not searched). Nothing changed: no new
-        version, no event.
+        state may be 'active' or 'archived' (archived memories are not searched). slot: with a new `text`, that
+        text's (slot, value) as add takes it, or None for none: a new text never keeps the old one's slot (a
+        later memory about the old slot would supersede this one); ignored when the text does not change.
+        Nothing changed: no new version, no event.
         """
         check_user_id(user_id)
         check_memory_id(memory_id)
@@ -258,6 +261,7 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
             )
         new_tags = check_tags(tags) if tags is not None else None
         new_metadata = check_metadata(metadata) if metadata is not None else None
+        [new_slot] = check_slots([slot], 1)
         vector = self._embed([text])[0] if text is not None else None
         with self._db.write(user_id) as tx:
             found = find_live(tx.conn, user_id, memory_id)
@@ -273,6 +277,14 @@ class MemoryStore(MemoryReads, ConversationLog, FormationWrites, MemoryDeletes, 
                     "state": state if state is not None else old.state,
                 }
             )
+            if new.text != old.text:
+                new = Memory(
+                    **{
+                        **new.__dict__,
+                        "slot": new_slot[0] if new_slot else None,
+                        "slot_value": new_slot[1] if new_slot else None,
+                    }
+                )
             if new == old:
                 return old
             new = Memory(

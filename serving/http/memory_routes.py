@@ -308,6 +308,9 @@ def add_memory_routes(
                 text=body.text,
                 tags=body.tags,
                 metadata=body.metadata,
+                # a new text's own slot, as an added memory gets: the old one's would let a later fact about it
+                # supersede this unrelated memory
+                slot=slot_of(body.text) if body.text is not None else None,
             )
             memory = done.value
             if done.hook_error is not None:  # an update keeps the id: the new version is read back

@@ -155,16 +155,16 @@ def read_versions(conn: Any, rowid: int) -> list[MemoryVersion]:
 
 
 def write_version(conn: Any, rowid: int, old: Memory, new: Memory, vector: np.ndarray | None) -> None:
-    """Moves `old`'s text, tags and metadata to history and writes `new` over the row; when the text
-    changed, the FTS row and the vector (`vector`, the new text's) follow."""
+    """Moves `old`'s text, tags and metadata to history and writes `new` over the row (its slot too); when
+    the text changed, the FTS row and the vector (`vector`, the new text's) follow."""
     conn.execute(
         "INSERT INTO memory_versions (memory_rowid, version, text, tags, metadata, updated_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",
         (rowid, old.version, old.text, to_json(list(old.tags)), to_json(old.metadata), old.updated_at),
     )
     conn.execute(
-        "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ? "
-        "WHERE rowid = ?",
+        "UPDATE memories SET text = ?, tags = ?, metadata = ?, state = ?, version = ?, updated_at = ?, "
+        "slot = ?, slot_value = ? WHERE rowid = ?",
         (
             new.text,
             to_json(list(new.tags)),
@@ -172,6 +172,8 @@ def write_version(conn: Any, rowid: int, old: Memory, new: Memory, vector: np.nd
             new.state,
             new.version,
             new.updated_at,
+            new.slot,
+            new.slot_value,
             rowid,
         ),
     )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.text import MemoryNotFound, MemoryVersion
+from kvmem.text import InvalidMemoryInput, MemoryNotFound, MemoryVersion
 
 
 def test_add_text_keeps_every_field(store):
@@ -172,3 +172,19 @@ def test_memories_by_ids_in_given_order(store):
         b.id,
     ]
     assert store.memories_by_ids("alice", []) == []
+
+
+def test_an_update_of_the_text_sets_the_slot_given_and_never_keeps_the_old_ones(store) -> None:
+    [m] = store.add("u", texts=["I live in Lisbon."], slots=[("user|home_city", "lisbon")])
+    tagged = store.update("u", m.id, tags=["home"])  # no new text: the slot stays
+    assert (tagged.slot, tagged.slot_value) == ("user|home_city", "lisbon")
+    same = store.update("u", m.id, text="I live in Lisbon.", slot=None)  # the same text: nothing changes
+    assert same == tagged
+    cat = store.update("u", m.id, text="I have a cat named Tom.", slot=("user|cat.name", "tom"))
+    assert (cat.slot, cat.slot_value, cat.version) == ("user|cat.name", "tom", 3)
+    assert store.get("u", m.id) == cat  # as stored
+    plain = store.update("u", m.id, text="The weather was nice.")
+    assert (store.get("u", m.id).slot, store.get("u", m.id).slot_value, plain.slot) == (None, None, None)
+    with pytest.raises(InvalidMemoryInput, match="slot"):
+        store.update("u", m.id, text="x", slot="user|x")
+    assert store.get("u", m.id) == plain  # a refused update changes nothing

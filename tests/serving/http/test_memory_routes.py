@@ -226,3 +226,39 @@ def test_delete_of_an_unknown_memory_is_a_404_like_patch(stack: Stack, client: T
     assert (r.status_code, r.json()) == (200, {"deleted": 0})
     r = client.delete("/v1/memories", params=alice, headers=ALICE)
     assert (r.status_code, r.json()) == (200, {"deleted": 0})
+
+
+def test_a_patched_text_takes_its_own_slot_so_a_later_fact_about_the_old_one_does_not_retire_it(
+    stack: Stack, client: TestClient
+) -> None:
+    """PATCH kept the old text's slot: "I live in Lisbon." rewritten as a cat's name stayed `user|home_city`,
+    and a later "I moved to Berlin." superseded the cat."""
+    from kvmem.formation.rules import RuleExtractor
+    from scheduler.formation import FormationWorker
+
+    alice = {"user_id": "alice"}
+    added = client.post("/v1/memories", json={**alice, "text": "I live in Lisbon."}, headers=ALICE).json()
+    memory_id = added["memories"][0]["id"]
+    assert stack.store.get("alice", memory_id).slot == "user|home_city"
+    r = client.patch(
+        f"/v1/memories/{memory_id}", json={**alice, "text": "I have a cat named Tom."}, headers=ALICE
+    )
+    assert r.status_code == 200
+    cat = stack.store.get("alice", memory_id)
+    assert (cat.slot, cat.slot_value) == ("user|cat.name", "tom")
+    r = client.patch(
+        f"/v1/memories/{memory_id}", json={**alice, "text": "The weather was nice."}, headers=ALICE
+    )
+    assert (stack.store.get("alice", memory_id).slot, stack.store.get("alice", memory_id).slot_value) == (
+        None,
+        None,
+    )
+    client.patch(
+        f"/v1/memories/{memory_id}", json={**alice, "text": "I have a cat named Tom."}, headers=ALICE
+    )
+    stack.store.log_turns("alice", [{"role": "user", "content": "I moved to Berlin."}])
+    assert FormationWorker(stack.store, RuleExtractor()).form_user("alice").num_superseded == 0
+    assert sorted(m.text for m in stack.store.list("alice", page_size=10).items) == [
+        "I have a cat named Tom.",
+        "I moved to Berlin.",
+    ]
