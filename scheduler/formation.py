@@ -30,6 +30,8 @@ from typing import Any
 from kvmem.formation.base import Extractor
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.types import TurnInput
+from kvmem.text.errors import InvalidMemoryInput
+from kvmem.utc import utc_text
 from scheduler.formation_decisions import decide
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,7 @@ def to_input(turn: Any) -> TurnInput:
 
 
 def _utc(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_text(moment)
 
 
 class FormationWorker:
@@ -351,16 +353,7 @@ class FormationWorker:
                 tally.transient = True
                 return False
             self._answered()  # the extractor answered: its endpoint is up
-            if len(turns) > 1:
-                half = len(turns) // 2
-                return self._form(user_id, turns[:half], tally) and self._form(user_id, turns[half:], tally)
-            self.store.fail_turns(user_id, [t.id for t in turns], tally.error, dead=True)
-            self.stats.failures_total += 1
-            self.stats.dead_lettered_total += 1
-            self._record_error(e.kind)
-            tally.dead += 1
-            log.warning("formation: a turn of %r dead-lettered (%s)", user_id, e.kind)
-            return True
+            return self._permanent(user_id, turns, tally, e.kind)
         self._answered()
         ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
@@ -373,9 +366,19 @@ class FormationWorker:
             self._transient(user_id, turns, e, tally.error)
             tally.transient = True
             return False
-        result = self.store.commit_formed(
-            user_id, ids, adds, duplicates, supersessions, extractor=self.extractor.name, outdated=outdated
-        )
+        try:
+            result = self.store.commit_formed(
+                user_id,
+                ids,
+                adds,
+                duplicates,
+                supersessions,
+                extractor=self.extractor.name,
+                outdated=outdated,
+            )
+        except InvalidMemoryInput as e:  # a fact the store refuses (e.g. a date it cannot hold): never stored
+            tally.error = f"{self.extractor.name}: the store refused a formed fact: {e}"
+            return self._permanent(user_id, turns, tally, "store_refused")
         if result.requeued:  # restatements of a memory deleted meanwhile: formed again on their own
             self.submit(user_id)
         self.stats.formed_turns_total += len(ids)
@@ -386,6 +389,20 @@ class FormationWorker:
         tally.duplicates += len(duplicates)
         tally.superseded += len(result.superseded_ids)
         tally.dropped += result.dropped
+        return True
+
+    def _permanent(self, user_id: str, turns: list[Any], tally: _Tally, kind: str) -> bool:
+        """A failure that retrying the same turns cannot mend: bisect the batch, so the other turns are formed,
+        down to the single turn that fails, which is dead-lettered (tally.error the reason kept with it)."""
+        if len(turns) > 1:
+            half = len(turns) // 2
+            return self._form(user_id, turns[:half], tally) and self._form(user_id, turns[half:], tally)
+        self.store.fail_turns(user_id, [t.id for t in turns], tally.error, dead=True)
+        self.stats.failures_total += 1
+        self.stats.dead_lettered_total += 1
+        self._record_error(kind)
+        tally.dead += 1
+        log.warning("formation: a turn of %r dead-lettered (%s)", user_id, kind)
         return True
 
     def _transient(self, user_id: str, turns: Sequence[Any], error: ExtractionError, reason: str) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
+from kvmem.utc import utc_text
+
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 MONTHS = (
     "january",
@@ -89,7 +91,7 @@ def iso_time(moment: datetime | date) -> str:
     """The log's time format, "2026-11-26T14:41:09.000000Z"; a date is its midnight UTC."""
     if not isinstance(moment, datetime):
         moment = datetime(moment.year, moment.month, moment.day, tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_text(moment)
 
 
 # ---- calendar arithmetic -------------------------------------------------------------------------------

@@ -10,14 +10,14 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from kvmem.text.db.dialect import SQLITE, Dialect
 from kvmem.text.errors import InvalidMemoryInput
+from kvmem.utc import utc_text
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
-_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FILTER_KEYS = ("session_id", "agent_id", "role", "tags", "metadata", "time_range")
 _SCALARS = (str, int, float, bool, type(None))
 _MESSAGE_KEYS = ("role", "content", "chat_time")
@@ -34,16 +34,14 @@ def count_tokens(text: str) -> int:
 
 
 def format_time(moment: datetime) -> str:
-    """A datetime as the store's fixed-width UTC string; naive datetimes are taken as UTC."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime(_TIME_FORMAT)
+    """A datetime as the store's fixed-width UTC string (kvmem.utc); naive datetimes are taken as UTC."""
+    return utc_text(moment)
 
 
 def parse_time(value: Any, field_name: str) -> str:
     """An ISO 8601 string or datetime as the store's UTC string; anything else is refused naming the field."""
     if isinstance(value, datetime):
-        return format_time(value)
+        return _in_range(value, field_name, value)
     if not isinstance(value, str) or not value.strip():
         raise InvalidMemoryInput(f"{field_name} must be an ISO 8601 string or datetime, got {value!r}")
     text = value.strip()
@@ -53,7 +51,14 @@ def parse_time(value: Any, field_name: str) -> str:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise InvalidMemoryInput(f"{field_name} is not an ISO 8601 time: {value!r}") from None
-    return format_time(moment)
+    return _in_range(moment, field_name, value)
+
+
+def _in_range(moment: datetime, field_name: str, value: Any) -> str:
+    try:
+        return format_time(moment)
+    except OverflowError:
+        raise InvalidMemoryInput(f"{field_name} is out of range once in UTC: {value!r}") from None
 
 
 def check_user_id(user_id: Any) -> str:

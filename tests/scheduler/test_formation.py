@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import date, datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -193,6 +194,47 @@ def test_a_malformed_reply_bisects_the_batch_and_dead_letters_only_the_turn_that
         "My dog is called Rex.",
     ]
     assert worker.stats.dead_lettered_total == 1 and worker.stats.last_error_kind == "malformed_reply"
+
+
+class Undatable:
+    """Extracts by the rules, but a fact of a turn that says "ages ago" carries a time the store refuses."""
+
+    name = "undatable"
+
+    def extract(self, turns: Sequence[TurnInput]) -> list[Fact]:
+        facts = RuleExtractor().extract(turns)
+        bad = {t.id for t in turns if "ages ago" in t.text}
+        return [replace(f, valid_from="long ago") if bad & set(f.turn_ids) else f for f in facts]
+
+
+def test_a_fact_the_store_refuses_dead_letters_its_turn_and_the_others_are_formed(store: MemoryStore) -> None:
+    """A refused fact (InvalidMemoryInput from commit_formed) was taken for a passing store failure: the turns
+    stayed pending with no attempt counted and the user was retried forever, every later turn stuck behind."""
+    clock = FakeClock()
+    worker = FormationWorker(store, Undatable(), FormationConfig(batch_turns=4), clock=clock)
+    ids = say(store, "u", "I live in Lisbon.", "I moved to Porto ages ago.", "My dog is called Rex.")
+    worker.submit("u")
+    result = worker.run_once()
+    assert (result.num_turns, result.num_added, result.num_dead, result.transient) == (3, 2, 1, False)
+    [dead] = store.dead_turns("u")
+    assert (dead.id, dead.error) == (
+        ids[1],
+        "undatable: the store refused a formed fact: adds[0].valid_from is not an ISO 8601 time: 'long ago'",
+    )
+    assert store.formation_counts("u").pending == 0 and served(store) == [
+        "I live in Lisbon.",
+        "My dog is called Rex.",
+    ]
+    assert worker.stats.last_error_kind == "store_refused" and worker.run_once() is None  # nothing queued
+
+
+def test_a_fact_dated_before_the_year_1000_is_stored_with_a_four_digit_year(store: MemoryStore) -> None:
+    """iso_time wrote year 1 as "1-01-01T..." (strftime's %Y is not zero-padded), which the store refused."""
+    from kvmem.formation.dates import iso_time
+
+    assert iso_time(date(1, 1, 1)) == "0001-01-01T00:00:00.000000Z"
+    [m] = store.add("u", texts=["I was born in Lisbon."], chat_time=iso_time(date(999, 6, 1)))
+    assert m.chat_time == "0999-06-01T00:00:00.000000Z"
 
 
 class FakeEndpoint:

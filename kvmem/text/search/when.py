@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
+from kvmem.utc import utc_text
+
 _MONTHS = {
     name: i + 1
     for i, names in enumerate(
@@ -89,7 +91,7 @@ class QueryTime:
     def later_by(self, days: int) -> QueryTime:
         """The same range with its end `days` later (what happened on a day is often told the next)."""
         end = datetime.strptime(self.end, _FORMAT).replace(tzinfo=timezone.utc) + timedelta(days=days)
-        return QueryTime(self.start, end.strftime(_FORMAT), self.spans)
+        return QueryTime(self.start, utc_text(end), self.spans)
 
 
 def _day(d: date) -> tuple[date, date]:
@@ -223,4 +225,4 @@ def parse_query_time(query: str, clock: Callable[[], datetime]) -> QueryTime | N
         return None
     start = datetime.combine(min(r[0] for r in ranges), time.min, timezone.utc)
     end = datetime.combine(max(r[1] for r in ranges), time.max, timezone.utc)
-    return QueryTime(start.strftime(_FORMAT), end.strftime(_FORMAT), tuple(sorted(taken)))
+    return QueryTime(utc_text(start), utc_text(end), tuple(sorted(taken)))

@@ -262,3 +262,30 @@ def test_a_patched_text_takes_its_own_slot_so_a_later_fact_about_the_old_one_doe
         "I have a cat named Tom.",
         "I moved to Berlin.",
     ]
+
+
+def test_times_before_the_year_1000_keep_four_digits_and_times_out_of_range_are_a_400(
+    client: TestClient,
+) -> None:
+    """A year before 1000 was stored as "999-06-01T..." (not ISO 8601, and after "2100-..." as text, so a
+    time filter from 2100 found it); a time that leaves datetime's range once in UTC was a 500."""
+    alice = {"user_id": "alice"}
+    r = client.post(
+        "/v1/memories",
+        json={**alice, "text": "old event", "chat_time": "0999-06-01T00:00:00Z"},
+        headers=ALICE,
+    )
+    assert r.status_code == 201 and r.json()["memories"][0]["chat_time"] == "0999-06-01T00:00:00.000000Z"
+    later = {"time_range": {"start": "2100-01-01T00:00:00Z"}}
+    r = client.post("/v1/memories/search", json={**alice, "query": "event", "filters": later}, headers=ALICE)
+    assert r.status_code == 200 and r.json()["results"] == []
+    for when in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+        add = client.post("/v1/memories", json={**alice, "text": "x", "chat_time": when}, headers=ALICE)
+        search = client.post(
+            "/v1/memories/search",
+            json={**alice, "query": "x", "filters": {"time_range": {"start": when}}},
+            headers=ALICE,
+        )
+        turns = client.get("/v1/memories/turns", params={**alice, "start": when}, headers=ALICE)
+        assert [add.status_code, search.status_code, turns.status_code] == [400, 400, 400], when
+        assert "out of range once in UTC" in add.json()["error"]["message"]
