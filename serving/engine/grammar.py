@@ -261,6 +261,11 @@ class Grammars:
             compiled = compiler.compile_json_schema(_checked(schema), **_COMPACT)
         else:
             raise GrammarError(f"unknown response format type {kind!r}")
+        if not _starts(compiled, self.vocab_size):
+            raise GrammarError(
+                "the response format admits no JSON document: its grammar allows no first token (a schema "
+                "that only refers to itself, or whose constraints contradict each other)"
+            )
         grammar = Grammar(compiled, self._speller)
         with self._lock:
             self._cache[key] = grammar
@@ -270,6 +275,15 @@ class Grammars:
 
 
 _COMPACT = {"any_whitespace": False, "separators": (",", ":")}
+
+
+def _starts(compiled, vocab_size: int) -> bool:
+    """Whether the compiled grammar allows some first token."""
+    import xgrammar as xgr
+
+    probe = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(probe, 0)
+    return bool(probe.any())
 
 
 def _object_grammar():
@@ -309,16 +323,18 @@ def _reason(exc: Exception) -> str:
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0]) if lines else type(exc).__name__
 
 
-def mask(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> None:
+def mask(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> list[int]:
     """Set to -inf, in place, every logit of row i that matcher does not allow next, for each (i, matcher);
     other rows are untouched. `logits` [rows, vocab] float32 (the step's own copy), on any device: the
     matchers fill the bitmask on the host, and it is copied to the logits' device (xgrammar applies it
-    only where both are; on CUDA with its Triton kernel, or torch's ops where Triton is not installed)."""
+    only where both are; on CUDA with its Triton kernel, or torch's ops where Triton is not installed).
+    Returns the rows i whose matcher allows no token at all (a grammar that dead-ends), read on the host."""
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[1])
     for j, (_, matcher) in enumerate(rows):
         matcher.fill(bitmask, j)
+    dead = [i for (i, _), alive in zip(rows, bitmask.any(dim=1).tolist(), strict=True) if not alive]
     backend = "auto"
     if logits.device.type != "cpu":
         bitmask = bitmask.to(logits.device)
@@ -327,10 +343,11 @@ def mask(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> None:
     index = [i for i, _ in rows]
     if index == list(range(logits.shape[0])):
         xgr.apply_token_bitmask_inplace(logits, bitmask, backend=backend)
-        return
+        return dead
     sub = logits[index]
     xgr.apply_token_bitmask_inplace(sub, bitmask, backend=backend)
     logits[index] = sub
+    return dead
 
 
 @functools.cache

@@ -29,7 +29,11 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
     rows = logits.shape[0]
     constrained = [(i, s.grammar) for i, s in enumerate(seqs) if s.grammar is not None]
     if constrained:
-        grammar.mask(logits, constrained)
+        dead = grammar.mask(logits, constrained)
+        if dead:  # raised before any matcher takes a token: run alone, every other row goes on unchanged
+            raise RuntimeError(
+                f"the response format's grammar allows no token after {len(seqs[dead[0]].stats.token_ids)}"
+            )
     plain = [i for i, s in enumerate(seqs) if s.sampling.temperature == 0.0 and not _special(s.sampling)]
     picks: list[torch.Tensor | None] = [None] * rows
     if plain:
@@ -51,7 +55,7 @@ def sample(logits: torch.Tensor, seqs: list) -> list[int]:
     tokens = torch.cat(picks).tolist()  # the step's one host sync
     for i, matcher in constrained:  # near its budget a row's token can give way to its JSON's closing
         taken = matcher.take(tokens[i], seqs[i].sampling.max_new_tokens - len(seqs[i].stats.token_ids))
-        if taken is None:  # only a row whose every token was masked: nothing to choose from
+        if taken is None:  # not reached: a row whose every token is masked is refused above
             raise RuntimeError(
                 f"the response format's grammar allows no token after {len(seqs[i].stats.token_ids)}"
             )

@@ -230,6 +230,20 @@ def test_through_http_a_schema_is_honoured_and_one_that_cannot_compile_is_a_400_
         "response_format: the json_schema 'broken_range' cannot be compiled: "
         "Invalid range: minimum greater than maximum"
     )
+    with pytest.raises(BadRequestError) as endless:  # it compiled, then failed its first step: a 500
+        client.chat.completions.create(
+            model=backend.model_id,
+            messages=messages,
+            user="alice",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "itself", "schema": {"$ref": "#"}},
+            },
+        )
+    assert endless.value.body["code"] == "invalid_response_format"
+    assert endless.value.body["message"].startswith(
+        "response_format: the json_schema 'itself' cannot be compiled: the response format admits no JSON document"
+    )
     with pytest.raises(BadRequestError) as unnamed:
         client.chat.completions.create(
             model=backend.model_id,

@@ -94,3 +94,55 @@ def test_a_complete_document_that_the_model_would_extend_past_its_budget_stops(t
     assert len(ids) == 3
     taken = [matcher.take(t, 3 - i) for i, t in enumerate(ids)]
     assert taken == [*ids[:2], tok.eos_token_id] and matcher.closed_early and matcher.terminated
+
+
+def test_a_schema_whose_grammar_allows_no_first_token_is_refused_when_it_is_compiled(tiny_handle):
+    """`{"$ref": "#"}` compiled, then failed the step at its first token: a 500, and the step it shared was
+    run again with the other rows' matchers already advanced (a reply lost its opening brace)."""
+    tok = tiny_handle.tokenizer
+    grammars = grammar.Grammars(tok, tiny_handle.model.config.vocab_size, [tok.eos_token_id])
+    with pytest.raises(grammar.GrammarError, match="admits no JSON document"):
+        grammars.compile("json_schema", json.dumps({"$ref": "#"}))
+    assert grammars.compile("json_schema", json.dumps(SCHEMA)).matcher() is not None
+
+
+class DeadEnd:
+    """A matcher that allows no token (a grammar that dead-ends after its start)."""
+
+    def fill(self, bitmask, row):
+        bitmask[row] = 0
+
+    def take(self, token, remaining=None):
+        raise AssertionError("a dead row takes no token")
+
+
+def test_a_row_whose_grammar_allows_nothing_fails_the_step_before_any_other_row_takes_a_token(tiny_handle):
+    from types import SimpleNamespace
+
+    import xgrammar as xgr
+
+    from kvmem.kv import Sampling
+    from serving.engine import sampler
+
+    matcher, ids = matcher_and_ids(tiny_handle, '{"n":')
+    for t in ids:
+        assert matcher.accept(t)
+    vocab = tiny_handle.model.config.vocab_size
+
+    def allowed():
+        bits = xgr.allocate_token_bitmask(1, vocab)
+        matcher.fill(bits, 0)
+        return bits.clone()
+
+    before = allowed()
+
+    def row(m):
+        stats = SimpleNamespace(token_ids=[], logprobs=[])
+        return SimpleNamespace(sampling=Sampling(max_new_tokens=8), generator=None, stats=stats, grammar=m)
+
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="allows no token after 0"):
+        sampler.sample(logits, [row(matcher), row(DeadEnd())])
+    assert torch.equal(allowed(), before)  # the live row's matcher took nothing: its step can run again
+    [token] = sampler.sample(logits[:1].clone(), [row(matcher)])
+    assert tiny_handle.tokenizer.decode([token])[:1] in set("-0123456789")  # an integer goes on
