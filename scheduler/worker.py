@@ -112,14 +112,22 @@ class Worker(Invalidation, TotalCap):
     # -- the thread's loop ---------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self.between_tasks()
-            task = self.queue.get(timeout_s=0.5)
-            if task is None:
-                self.retry_deferred()
-                if self.fence is not None:
-                    self.fence.retry_pending()
-                continue
-            self.handle(task)
+            try:
+                self._turn()
+            except Exception:  # the thread outlives any one failure (a task's own are caught in handle)
+                log.exception("scheduler: the worker's loop failed (a store or queue error?); it goes on")
+                stop.wait(0.5)
+
+    def _turn(self) -> None:
+        """One turn of the loop: the facade's checks, then a task, or the deferred and fenced retries."""
+        self.between_tasks()
+        task = self.queue.get(timeout_s=0.5)
+        if task is None:
+            self.retry_deferred()
+            if self.fence is not None:
+                self.fence.retry_pending()
+            return
+        self.handle(task)
 
     def retry_deferred(self) -> None:
         if self.deferred and self.builder.ready():

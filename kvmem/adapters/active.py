@@ -103,7 +103,17 @@ class ActiveAdapters:
             if key not in self._checked:
                 why = self.registry.verify(manifest, self._base_fingerprint())
                 if why is None and self._facts_current is not None:  # e.g. a rollback past a changed memory
-                    why = self._facts_current(user_id, manifest.facts)
+                    try:
+                        why = self._facts_current(user_id, manifest.facts)
+                    except Exception as exc:  # noqa: BLE001 - the store failed: not served now, checked again
+                        log.warning(
+                            "adapter %s of user %r: its facts could not be checked (%s); not served until "
+                            "they are",
+                            manifest.name,
+                            user_id,
+                            type(exc).__name__,
+                        )
+                        return None
                 with self._lock:
                     self._checked[key] = why
                     while len(self._checked) > self.max_users:

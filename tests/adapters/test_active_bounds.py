@@ -39,3 +39,30 @@ def test_check_answers_as_get_would_without_recording(tmp_path):
     assert active.check("alice").name == m.name
     assert active.peek("alice") == (None, False)  # still unrecorded: the worker will see the move
     assert active.get("alice").name == m.name and active.peek("alice").current
+
+
+def test_a_store_failure_while_checking_a_versions_facts_serves_no_adapter_and_is_checked_again(tmp_path):
+    """The fact check's store read raised through `get` (documented never to raise), and the scheduler's worker
+    thread, which calls it between tasks, died: no block was built for anyone after it."""
+    import sqlite3
+
+    from kvmem.adapters.manifest import CONFIG_FILE, WEIGHTS_FILE
+
+    registry = AdapterRegistry(tmp_path / "adapters")
+    failures = [sqlite3.OperationalError("disk I/O error")]
+
+    def current(user_id, facts):
+        if failures:
+            raise failures.pop()
+        return None
+
+    active = ActiveAdapters(registry, lambda: "fp", current)
+
+    def save(d):
+        (d / WEIGHTS_FILE).write_bytes(b"w")
+        (d / CONFIG_FILE).write_text("{}")
+
+    m = registry.write("alice", save, base_fingerprint="fp", facts=[], seed=0, passed=True)
+    registry.activate("alice", m.version, "fp")
+    assert active.get("alice") is None and not active.peek("alice").current  # not served, not recorded
+    assert active.get("alice").name == m.name and active.peek("alice").current  # the store is back

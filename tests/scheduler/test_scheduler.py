@@ -549,3 +549,34 @@ def test_a_refresh_publishing_the_cuts_own_item_during_the_cascade_keeps_it(tmp_
     assert builder.dropped == [f"blk:{a},{b},{c}"] and sched.stats().cuts == 0  # the refresh published it
     sched.stop()
     store.close()
+
+
+def test_the_worker_thread_outlives_a_failure_between_its_tasks(env):
+    """A store error in the checks between tasks (the adapter poll's fact check) ended the worker's thread:
+    no task ran after it. The loop logs it and goes on."""
+    import threading
+
+    _clock, store, builder, make = env
+    sched = make()
+    calls = []
+
+    def checks():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk I/O error")
+
+    sched.worker.between_tasks = checks
+    store.add("bob", texts=["lives in Lisbon"])
+    sched.get("bob")
+    stop = threading.Event()
+    thread = threading.Thread(target=sched.worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if any(b[0] == "bob" for b in builder.builds):
+                break
+            thread.join(0.05)
+        assert thread.is_alive() and len(calls) >= 2 and any(b[0] == "bob" for b in builder.builds)
+    finally:
+        stop.set()
+        thread.join(5)
