@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
@@ -27,6 +27,9 @@ from scheduler.queue import Task, make_queue
 from scheduler.served_adapters import ServedAdapters
 from scheduler.stats import SchedulerStats
 from scheduler.worker import MemorySource, TaskQueue, Worker
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
@@ -258,10 +261,16 @@ class Scheduler(ServedAdapters):
         """A user's memories were all deleted: every stored block of theirs stops being served and is
         deleted before this returns (the memory events already covered blocks naming live memory ids; this
         also catches blocks built from raw texts). Returns the forgotten item ids."""
-        if self.adapters is not None:
-            self.adapters.drop_covering(user_id, None, "all the user's memories were deleted")
-            self.adapters.erase_stale(user_id, None, "all the user's memories were deleted")
-        return self.worker.forget_user(user_id)  # every block of the user's, under an adapter or not
+        adapters = self.adapters
+
+        def adapter_half() -> None:
+            adapters.drop_covering(user_id, None, "all the user's memories were deleted")
+            adapters.erase_stale(user_id, None, "all the user's memories were deleted")
+
+        # every block of the user's, under an adapter or not
+        return _both_halves(
+            adapter_half if adapters is not None else None, lambda: self.worker.forget_user(user_id)
+        )
 
     def record_access(self, event: AccessEvent) -> None:
         self.queue.put(Task("access", event.user_id, event))
@@ -278,21 +287,27 @@ class Scheduler(ServedAdapters):
         if batch and event.memory_id != batch[0]:
             return  # one transaction deleted several memories: the first event ran the cascade for them all
         ids = list(batch or (event.memory_id,))
+        adapters = self.adapters
+
+        def adapter_half() -> None:  # before the store call returns
+            why = (
+                f"memory {event.memory_id} {event.kind}" if len(ids) == 1 else f"{len(ids)} memories deleted"
+            )
+            if adapters.drop_covering(event.user_id, ids, why):
+                self._drop_adapter_block(event.user_id)
+                for listener in list(self.adapter_stopped):
+                    listener(event.user_id)
+            # no version that holds it stays on disk (a rollback could serve it) and no block built under one
+            erased = adapters.erase_stale(event.user_id, ids, why)
+            self.worker.forget_adapters(event.user_id, [m.name for m in erased])
+
         try:
-            if self.adapters is not None and event.kind != "added":  # before the store call returns
-                why = (
-                    f"memory {event.memory_id} {event.kind}"
-                    if len(ids) == 1
-                    else f"{len(ids)} memories deleted"
-                )
-                if self.adapters.drop_covering(event.user_id, ids, why):
-                    self._drop_adapter_block(event.user_id)
-                    for listener in list(self.adapter_stopped):
-                        listener(event.user_id)
-                # no version that holds it stays on disk (a rollback could serve it) and no block built under one
-                erased = self.adapters.erase_stale(event.user_id, ids, why)
-                self.worker.forget_adapters(event.user_id, [m.name for m in erased])
-            self.worker.invalidate(event)  # raises FenceUnavailable when replicas could not be told
+            _both_halves(
+                adapter_half if adapters is not None and event.kind != "added" else None,
+                lambda: self.worker.invalidate(
+                    event
+                ),  # raises FenceUnavailable when replicas could not be told
+            )
         finally:
             self.queue.put(Task("refresh", event.user_id))
 
@@ -423,3 +438,24 @@ class Scheduler(ServedAdapters):
 
 
 __all__ = ["AccessEvent", "Scheduler", "SchedulerStats"]
+
+
+def _both_halves(adapter_half: Callable[[], None] | None, kv_half: Callable[[], T]) -> T:
+    """A cascade's two halves: the adapter's, then the KV blocks'. The KV half runs even when the adapter half
+    fails (a full disk under the registry left a deleted memory served from KV); the adapter half's failure is
+    raised after it, the KV half's own failure first (the adapter's logged beside it)."""
+    failure = None
+    if adapter_half is not None:
+        try:
+            adapter_half()
+        except Exception as exc:  # noqa: BLE001 - raised below, once the KV half has run
+            failure = exc
+    try:
+        result = kv_half()
+    except Exception:
+        if failure is not None:
+            log.error("the adapter half of a cascade failed too", exc_info=failure)
+        raise
+    if failure is not None:
+        raise failure
+    return result

@@ -277,3 +277,51 @@ def test_a_users_prewarms_merge_while_one_waits():
     queue.put(Task("prewarm", "alice"))  # alice's was taken: a new one queues
     assert [queue.get(timeout_s=0).user_id for _ in range(2)] == ["bob", "alice"]
     assert queue.get(timeout_s=0) is None
+
+
+def test_a_delete_withdraws_the_block_even_when_the_adapter_registry_cannot_be_written(tmp_path):
+    """The adapter half of the cascade ran first, unguarded: a full disk under the registry skipped the KV half,
+    so the deleted memory stayed in the served block and no stored item holding it was forgotten."""
+    import pytest
+
+    from kvmem.adapters import ActiveAdapters, AdapterRegistry, FactRef, text_sha
+    from kvmem.adapters.manifest import CONFIG_FILE, WEIGHTS_FILE
+    from kvmem.text import HashEmbedder, MemoryStore
+    from kvmem.text.errors import SubscriberError
+    from tests.scheduler.test_scheduler import Clock, FakeBuilder
+
+    def save(d):
+        (d / WEIGHTS_FILE).write_bytes(b"w")
+        (d / CONFIG_FILE).write_text("{}")
+
+    clock, builder = Clock(), FakeBuilder()
+    forgotten = []
+    builder.forget = lambda user_id, ids: forgotten.append((user_id, list(ids))) or []
+    store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
+    registry = AdapterRegistry(tmp_path / "adapters")
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
+        store,
+        builder,
+        lambda text: len(text.split()),
+        clock=clock,
+        adapters=ActiveAdapters(registry, lambda: "fp"),
+    )
+    sched.start(thread=False)
+    try:
+        cat, lisbon = store.add("alice", texts=["cat named Miso", "lives in Lisbon"])
+        sched.get("alice")
+        sched.run_pending()
+        assert set(sched.get("alice").block.memory_ids) == {cat.id, lisbon.id}
+        facts = [FactRef(cat.id, 1, text_sha(cat.text))]
+        registry.write("alice", save, base_fingerprint="fp", facts=facts, seed=0, passed=False)
+        registry._set_pointer = _raise  # the registry's pointer write fails (a full disk)
+        with pytest.raises(SubscriberError):
+            store.delete("alice", cat.id)  # committed; the HTTP route answers 200 with a warning
+        assert sched.get("alice").block is None  # withdrawn before the delete returned
+        assert forgotten == [("alice", [cat.id])]
+        sched.run_pending()
+        assert sched.get("alice").block.memory_ids == (lisbon.id,)
+    finally:
+        sched.stop()
+        store.close()
