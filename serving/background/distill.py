@@ -110,8 +110,11 @@ class BackgroundDistill:
             with self._tried_lock:
                 if self._tried.get(user_id) == candidates:
                     continue  # tried with exactly these (refused, or nothing selected): wait for a change
-                self._tried[user_id] = candidates
+            # recorded only once queued: a user whose job is running trains what it read when it started,
+            # so candidates that came since are looked at again by the next sweep after it
             if self.thread.submit(user_id):
+                with self._tried_lock:
+                    self._tried[user_id] = candidates
                 queued.append(user_id)
         return queued
 
