@@ -105,13 +105,19 @@ def token_logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:
     return TokenLogprobs(token, float(logp[token].item()), pairs)
 
 
+# the smallest temperature divided by: finite logits over it stay finite in float32 (|logit| < 3e8)
+MIN_TEMPERATURE = 1e-30
+
+
 def draw(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
     """A token id drawn from logits [vocab] float32 at the sampling's temperature (> 0) and top-p, as a 1-element
     tensor (no host sync, so a batch reads all its rows' tokens at once)."""
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    # a temperature so small that logits / it overflow float32 (1e-300) draws the argmax, as it tends to
+    probs = torch.softmax(logits / max(sampling.temperature, MIN_TEMPERATURE), dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        keep[..., 0] = True  # the likeliest token always (a top_p that rounds to 0 in float32 kept none)
         sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
         choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
         return order[choice]

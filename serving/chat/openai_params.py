@@ -23,6 +23,7 @@ TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
+MAX_TOKEN_ID_DIGITS = 18  # a longer logit_bias key is no token id of any vocabulary
 
 
 def unsupported(message: str, param: str) -> ApiError:
@@ -84,10 +85,12 @@ def logit_bias(body: ChatCompletionRequest, vocab_size: int | None) -> tuple[tup
                 param="logit_bias",
                 code="invalid_value",
             )
-        token = int(key)
-        if vocab_size is not None and token >= vocab_size:
+        token = int(key) if len(key) <= MAX_TOKEN_ID_DIGITS else None  # int() refuses over 4,300 digits
+        if token is None or (vocab_size is not None and token >= vocab_size):
+            shown = key if token is not None else key[:MAX_TOKEN_ID_DIGITS] + "..."
+            ids = "" if vocab_size is None else f" (ids 0..{vocab_size - 1})"
             raise bad_request(
-                f"logit_bias token id {token} is not in the vocabulary (ids 0..{vocab_size - 1})",
+                f"logit_bias token id {shown} is not in the vocabulary{ids}",
                 param="logit_bias",
                 code="invalid_value",
             )

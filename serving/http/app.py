@@ -48,7 +48,7 @@ from serving.http.metrics import (
 )
 from serving.http.middleware import CountRequests, ReplicaHeader
 from serving.http.openapi import openapi_with_400
-from serving.http.protocol import ChatCompletionRequest, bad_request
+from serving.http.protocol import NON_BLANK, ChatCompletionRequest, bad_request
 from serving.http.storage import StorageHealth, open_store
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ def create_app(
         request: Request,
         who: CallerDep,
         header_user: HeaderUser,
-        x_session_id: Annotated[str | None, Header(max_length=256)] = None,
+        x_session_id: Annotated[str | None, Header(min_length=1, max_length=256, pattern=NON_BLANK)] = None,
     ) -> Response:
         started_at = time.perf_counter()
         user_id = chat_user(who, body, header_user)

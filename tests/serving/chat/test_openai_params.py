@@ -20,7 +20,7 @@ from serving.backends.base import (
 )
 from serving.engine.detok import TokenPieces
 from tests.serving.backends.test_transformers_backend import arrive_together, tokens_of
-from tests.serving.conftest import ALICE, MODEL, Stack
+from tests.serving.conftest import ALICE, MODEL, Stack, wait_for
 
 
 def body(content: str = "hello", **extra) -> dict:
@@ -249,6 +249,15 @@ def test_image_and_audio_parts_are_refused_by_type(stack: Stack, client: TestCli
                 "invalid_value",
             ),
         ),
+        (  # int() refuses a string of over 4,300 digits: it was a 500
+            {"logit_bias": {"9" * 4301: 1}},
+            error(
+                400,
+                f"logit_bias token id {'9' * 18}... is not in the vocabulary (ids 0..1114111)",
+                "logit_bias",
+                "invalid_value",
+            ),
+        ),
         (
             {"logit_bias": {"abc": 1}},
             error(
@@ -473,3 +482,36 @@ def test_tokens_without_text_at_the_end_still_bring_their_logprobs(tiny_backend)
     ] * 4
     sp = SamplingParams(max_new_tokens=4, temperature=0.0, logit_bias=((special, 100.0),))
     assert asyncio.run(deltas_of(backend, tiny_request(backend, "sp2", "Hi", sp))) == []  # as before
+
+
+@pytest.mark.parametrize("session", ["", "   "])
+def test_a_blank_session_header_is_a_400_and_logs_nothing(stack: Stack, client: TestClient, session) -> None:
+    """It answered 200 and the store then refused the session id: the user's turn was silently not logged."""
+
+    def turns() -> int:
+        return client.get("/v1/memories/turns", params={"user_id": "alice"}, headers=ALICE).json()["total"]
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "I adopted a cat named Tom."}]}
+    assert (
+        client.post("/v1/chat/completions", json=body, headers={**ALICE, "X-Session-Id": "s1"}).status_code
+        == 200
+    )
+    wait_for(lambda: turns() == 2, "the turns to be logged")  # the user's and the reply, after it
+    r = client.post("/v1/chat/completions", json=body, headers={**ALICE, "X-Session-Id": session})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
+    assert turns() == 2
+
+
+@pytest.mark.parametrize(
+    "extra", [{"temperature": 1e-300}, {"temperature": 1e-40}, {"temperature": 1.0, "top_p": 1e-300}]
+)
+def test_a_temperature_or_top_p_too_small_for_float32_draws_the_likeliest_token(extra) -> None:
+    """logits / 1e-300 overflowed and a top_p that rounds to 0 kept no token: torch.multinomial raised (a 500)."""
+    import torch
+
+    from kvmem.kv.sampling import draw
+
+    logits = torch.tensor([0.5, 3.0, -1.0, float("-inf")])
+    sampling = Sampling(max_new_tokens=1, **extra)
+    for seed in range(5):
+        assert int(draw(logits, sampling, torch.Generator().manual_seed(seed))) == 1
