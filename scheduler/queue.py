@@ -256,8 +256,11 @@ class RedisStreamsQueue:
             return
         with self._outbox_cond:
             self._taken = max(0, self._taken - 1)
-        try:
-            self.client.xack(self.stream, self.group, task.entry_id)
+        try:  # a done task's entry leaves the stream too: acked alone, the stream grew by every task forever
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xack(self.stream, self.group, task.entry_id)
+            pipe.xdel(self.stream, task.entry_id)
+            pipe.execute()
         except self._redis_errors as exc:
             log.warning(
                 "redis unreachable (%s); task %s stays pending and will be redone", exc, task.entry_id

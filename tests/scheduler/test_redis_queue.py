@@ -83,6 +83,25 @@ def test_task_left_pending_by_a_dead_worker_is_reclaimed_and_acked_once(redis_ur
     assert second.get(timeout_s=0.2) is None
 
 
+def test_a_done_tasks_entry_leaves_the_stream(redis_url):
+    """Acked entries stayed in the stream (about 190 bytes a task, one or more a chat turn, for its life)."""
+    url, _ = redis_url
+    queue = RedisStreamsQueue(url, consumer="w1")
+    for i in range(50):
+        queue.put(Task("refresh", f"user-{i % 7}"))
+    queue.flush()
+    done = []
+    while (task := queue.get(timeout_s=0.2)) is not None:
+        queue.ack(task)
+        done.append(task.user_id)
+    assert len(done) == 50 and done[:8] == [f"user-{i % 7}" for i in range(8)]
+    assert (queue.client.xlen(queue.stream), queue.pending(), len(queue)) == (0, 0, 0)
+    queue.put(Task("refresh", "alice"))  # the group reads on after the deletions
+    queue.flush()
+    assert len(queue) == 1 and queue.get(timeout_s=1).user_id == "alice"
+    queue.close()
+
+
 def test_unreachable_redis_falls_back_to_in_process(caplog):
     with caplog.at_level(logging.WARNING):
         queue = make_queue(f"redis://127.0.0.1:{_free_port()}/0")
