@@ -196,7 +196,8 @@ class FormationWorker:
     def rescan(self) -> int:
         """Queue every user the log holds pending turns for; returns how many were queued."""
         users = self.store.users_with_pending_turns()
-        return sum(self.submit(u) for u in users)
+        # a user already queued keeps their time: one backing off after failures is not made due again
+        return sum(self.submit(u, not_before=self.clock()) for u in users)
 
     def requeue_all_dead(self) -> int:
         """An operator's call: every user's dead-lettered turns go back to formation (pending, attempts 0),

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,6 +36,7 @@ from scheduler.heat import HeatStats
 log = logging.getLogger(__name__)
 
 GATE_SEED_OFFSET = 1_000_003  # the gate's question choice never shares the training seed
+MAX_OUTCOMES = 1024  # users whose last outcome DistillThread keeps
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,8 @@ class DistillThread:
         self._pending: list[str] = []
         self._running: str | None = None
         self._stop = False
-        self.outcomes: dict[str, DistillOutcome | None] = {}
+        # each user's last outcome, the most recent MAX_OUTCOMES users' (an outcome holds its facts' texts)
+        self.outcomes: OrderedDict[str, DistillOutcome | None] = OrderedDict()
         self._thread = threading.Thread(target=self._run, name="kvmem-distill", daemon=True)
         self._thread.start()
 
@@ -295,11 +298,15 @@ class DistillThread:
                     return
                 self._running = self._pending.pop(0)
             user = self._running
+            outcome = None
             try:
-                self.outcomes[user] = self._job(user)
+                outcome = self._job(user)
             except Exception:
                 log.exception("distillation of user %r failed", user)
-                self.outcomes[user] = None
             finally:
+                self.outcomes.pop(user, None)
+                self.outcomes[user] = outcome
+                while len(self.outcomes) > MAX_OUTCOMES:
+                    self.outcomes.popitem(last=False)
                 with self._cv:
                     self._running = None

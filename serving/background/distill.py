@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from serving.config import ServingConfig
 log = logging.getLogger(__name__)
 
 MAX_SUBMITS_PER_SWEEP = 8  # users queued by one sweep at most (jobs run one at a time anyway)
+MAX_TRIED = 4096  # users whose last job's candidates the sweep remembers
 
 
 def server_distill_config(scheduler: Scheduler) -> DistillConfig:
@@ -65,7 +67,9 @@ class BackgroundDistill:
         self.clock = clock
         self._load_handle = load_handle or self._load_private_handle
         self._handle: Any = None
-        self._tried: dict[str, frozenset[str]] = {}  # user -> the candidates of their last job (one per user)
+        # user -> the candidates of their last job, the most recent MAX_TRIED users' (one forgotten is tried
+        # once more at worst)
+        self._tried: OrderedDict[str, frozenset[str]] = OrderedDict()
         self._tried_lock = threading.Lock()
         self.thread = DistillThread(self._job)
         self._stop = threading.Event()
@@ -113,10 +117,16 @@ class BackgroundDistill:
             # recorded only once queued: a user whose job is running trains what it read when it started,
             # so candidates that came since are looked at again by the next sweep after it
             if self.thread.submit(user_id):
-                with self._tried_lock:
-                    self._tried[user_id] = candidates
+                self._set_tried(user_id, candidates)
                 queued.append(user_id)
         return queued
+
+    def _set_tried(self, user_id: str, candidates: frozenset[str]) -> None:
+        with self._tried_lock:
+            self._tried.pop(user_id, None)
+            self._tried[user_id] = candidates
+            while len(self._tried) > MAX_TRIED:
+                self._tried.popitem(last=False)
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.config.distill_interval_s):
@@ -151,8 +161,8 @@ class BackgroundDistill:
     def _job(self, user_id: str) -> DistillOutcome | None:
         from kvmem.kv.layout import PromptLayout
 
-        with self._tried_lock:  # what this job sees; the sweep queues the user again only once they change
-            self._tried[user_id] = frozenset(self.scheduler.distill_candidates(user_id))
+        # what this job sees; the sweep queues the user again only once they change
+        self._set_tried(user_id, frozenset(self.scheduler.distill_candidates(user_id)))
         if self._handle is None:
             self._handle = self._load_handle()
         handle = self._handle

@@ -46,3 +46,22 @@ def test_jobs_run_one_at_a_time_at_low_priority_with_one_torch_thread():
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19 or os.nice(0) == 19
     finally:
         runner.close()
+
+
+def test_the_outcomes_kept_are_the_most_recent_users_and_bounded(monkeypatch):
+    """One outcome per user was kept forever (an outcome holds its facts' texts)."""
+    import scheduler.distill.job as job_module
+
+    monkeypatch.setattr(job_module, "MAX_OUTCOMES", 3)
+    runner = DistillThread(lambda user: f"outcome of {user}")
+    try:
+        for user in ("a", "b", "c", "d", "b"):
+            assert runner.submit(user)
+            assert runner.wait_idle(30)
+        assert list(runner.outcomes.items()) == [
+            ("c", "outcome of c"),
+            ("d", "outcome of d"),
+            ("b", "outcome of b"),
+        ]
+    finally:
+        runner.close()

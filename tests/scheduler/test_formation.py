@@ -141,6 +141,18 @@ def test_transient_failures_back_off_to_minutes_and_never_dead_letter(store: Mem
     assert worker.form_user("u").num_added == 1 and served(store) == ["I live in Lisbon."]
 
 
+def test_the_rescan_leaves_a_user_who_backs_off_waiting(store: MemoryStore) -> None:
+    """The rescan (every 30 s) made a user backing off after failures due again at once."""
+    clock = FakeClock()
+    worker = FormationWorker(store, Failing(transient=True), FormationConfig(retry_backoff_s=8.0), clock=clock)
+    say(store, "u", "I live in Lisbon.")
+    say(store, "v", "I live in Porto.")
+    worker.form_user("u")
+    assert worker._queue == {"u": 108.0}
+    assert worker.rescan() == 2
+    assert worker._queue == {"u": 108.0, "v": 100.0}  # v (not queued) is due now, u still waits
+
+
 def test_a_permanent_failure_dead_letters_a_single_turn_at_once(store: MemoryStore) -> None:
     worker = FormationWorker(store, Failing(transient=False))
     say(store, "u", "I live in Lisbon.")

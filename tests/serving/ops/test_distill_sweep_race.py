@@ -66,3 +66,24 @@ def test_candidates_that_arrive_while_the_users_job_runs_are_queued_by_the_next_
         assert d.sweep() == []  # tried with exactly these now: not again until they change
     finally:
         d.close()
+
+
+def test_the_candidates_remembered_are_the_most_recent_users_and_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(bgd, "MAX_TRIED", 2)
+    monkeypatch.setattr(layout_mod, "PromptLayout", lambda *a, **k: None)
+    backend = SimpleNamespace(is_ready=lambda: True, layout=SimpleNamespace(system_prompt=""))
+    config = SimpleNamespace(data_dir=tmp_path, distill_interval_s=3600.0, distill_augment="templates")
+    d = bgd.BackgroundDistill(
+        config,
+        store=None,
+        scheduler=FakeScheduler(),
+        backend=backend,
+        distill_config=DistillConfig(),
+        load_handle=lambda: SimpleNamespace(tokenizer=None),
+    )
+    try:
+        for user in ("a", "b", "c", "a"):
+            d._set_tried(user, frozenset({user}))
+        assert list(d._tried) == ["c", "a"]
+    finally:
+        d.close()
