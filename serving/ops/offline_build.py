@@ -197,9 +197,10 @@ class Planned:
 
 
 def live_memories(store: Any, user_id: str) -> list[Any]:
+    """Every memory of the user's that is not deleted: active, archived or superseded."""
     out, page = [], 1
     while True:
-        chunk = store.list(user_id, page=page, page_size=500)
+        chunk = store.list(user_id, page=page, page_size=500, state="all", include_superseded=True)
         out.extend(chunk.items)
         if len(out) >= chunk.total or not chunk.items:
             return out
@@ -208,7 +209,8 @@ def live_memories(store: Any, user_id: str) -> list[Any]:
 
 def add_missing(store: Any, user_id: str, texts: Sequence[str]) -> int:
     """Add the texts the user does not have yet (identity: the exact text, per user; a text given twice is
-    one memory). Returns how many were added."""
+    one memory). One the user archived, or a newer memory superseded, counts as had: a rerun of the same input
+    never brings it back. Returns how many were added."""
     have = {m.text for m in live_memories(store, user_id)}
     new = [t for t in dict.fromkeys(texts) if t not in have]
     if new:

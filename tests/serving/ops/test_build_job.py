@@ -11,7 +11,9 @@ from benchmarks.ttft.ttft_grid import reference_tokens
 from kvmem.kv import KVStoreConfig, PromptLayout, TieredKVStore
 from kvmem.kv.io import item_paths, load_item
 from kvmem.kv.item import item_id_for
+from kvmem.text import HashEmbedder, MemoryStore
 from serving.ops.build_cli import main
+from serving.ops.offline_build import add_missing
 
 
 def write_lines(path, lines):
@@ -143,3 +145,36 @@ def test_built_item_serves_exact_generation(tmp_path, tiny_model_dir, tiny_handl
     prompt = PromptLayout(tiny_handle.tokenizer).prompt(block_texts, [], messages)
     ours = list(generate(tiny_handle.model, prompt.ids, item=item, sampling=Sampling(max_new_tokens=6)))
     assert ours == reference_tokens(tiny_handle.model, list(prompt.ids), 6, "cpu")
+
+
+# A rerun of `kvmem build --input` (the documented resume) added again a text the user had archived or a newer
+# memory had superseded: the stale fact was served again.
+
+
+def _served_texts(store, user):
+    return sorted(m.text for m in store.list(user, page_size=100).items)
+
+
+def test_rerun_does_not_resurrect_an_archived_memory(tmp_path):
+    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as store:
+        assert add_missing(store, "alice", ["I live in Oslo", "I have a cat"]) == 2
+        oslo = next(m for m in store.list("alice", page_size=100).items if m.text == "I live in Oslo")
+        store.update("alice", oslo.id, state="archived")  # the user archived it: no longer served
+        assert _served_texts(store, "alice") == ["I have a cat"]
+        # the operator re-runs the same input file (resume after a failed line)
+        added = add_missing(store, "alice", ["I live in Oslo", "I have a cat"])
+        assert added == 0, "the archived memory was added again as a new active memory"
+        assert _served_texts(store, "alice") == ["I have a cat"]
+
+
+def test_rerun_does_not_resurrect_a_superseded_memory(tmp_path):
+    with MemoryStore(tmp_path / "m.db", embedder=HashEmbedder()) as store:
+        assert add_missing(store, "alice", ["I live in Oslo"]) == 1
+        [old] = store.list("alice").items
+        [new] = store.add("alice", "I live in Bergen")
+        store.supersede("alice", old.id, new.id)  # what formation does when the user moves
+        assert _served_texts(store, "alice") == ["I live in Bergen"]
+        added = add_missing(store, "alice", ["I live in Oslo"])
+        assert added == 0, "the superseded memory was added again"
+        # the stale fact is served again beside the new one
+        assert _served_texts(store, "alice") == ["I live in Bergen"]
