@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +85,13 @@ def save_item(item: KVItem, directory: str | os.PathLike, pace: Callable[[float]
         raise StorageError(
             f"could not write KV item {item.item_id} to {directory}: {_write_failure(exc)}"
         ) from exc
+    except BaseException:  # Ctrl-C mid-write: nothing half-written stays (no scan or delete ever sees it)
+        for tmp in (tmp_tensor, tmp_manifest):
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise
 
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -205,6 +213,38 @@ def delete_item_files(directory: str | os.PathLike, item_id: str) -> bool:
     manifest_path.unlink(missing_ok=True)
     tensor_path.unlink(missing_ok=True)
     return existed
+
+
+_TMP_RE = re.compile(r"^\..+\.tmp-(\d+)-\d+$")
+
+
+def sweep_stale_writes(directory: str | os.PathLike) -> int:
+    """Remove the temporary files of writes whose process is gone (killed mid-write: kill -9 runs no cleanup;
+    a live process's, another server's or `kvmem build`'s on the same directory, are left). Returns how many."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for path in directory.iterdir():
+        match = _TMP_RE.match(path.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def list_item_ids(directory: str | os.PathLike) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from kvmem.errors import KVItemError, KVItemNotFound
 from kvmem.kv.cascade import disk_metas
 from kvmem.kv.eviction import EntryStats
-from kvmem.kv.io import list_item_ids, read_manifest
+from kvmem.kv.io import list_item_ids, read_manifest, sweep_stale_writes
 from kvmem.kv.item import KVItem, KVItemMeta
 from kvmem.kv.store_types import SizeInfo, TierSize
 
@@ -36,6 +36,9 @@ class StoreIndex:
 
     # -- index ---------------------------------------------------------------------------------------
     def _scan(self) -> None:
+        swept = sweep_stale_writes(self.directory)
+        if swept:
+            log.warning("removed %d temporary file(s) of KV writes whose process died mid-write", swept)
         for item_id in list_item_ids(self.directory):
             try:
                 meta = KVItemMeta.from_dict(read_manifest(self.directory, item_id)["meta"])

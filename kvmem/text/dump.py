@@ -67,6 +67,9 @@ def encode_line(
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
+MAX_VERSION = 2**62  # a version the stores' 64-bit integer columns hold with room to grow
+
+
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidMemoryInput(f"{where} must be a non-empty string, got {value!r}")
@@ -74,8 +77,8 @@ def _text(value: Any, where: str) -> str:
 
 
 def _int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidMemoryInput(f"{where} must be a positive int, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_VERSION:
+        raise InvalidMemoryInput(f"{where} must be a positive int up to {MAX_VERSION}, got {value!r}")
     return value
 
 
@@ -118,6 +121,10 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
         raise InvalidMemoryInput(f"{where}: not JSON ({exc.msg})") from None
     if not isinstance(record, dict):
         raise InvalidMemoryInput(f"{where}: expected a JSON object")
+    try:  # JSON admits lone surrogates ("\ud83d"), which no store can encode
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMemoryInput(f"{where}: a string is not valid Unicode (a lone surrogate)") from None
     missing = [k for k in _FIELDS if k not in record]
     unknown = sorted(set(record) - set(_FIELDS) - set(_OPTIONAL))
     if missing or unknown:
@@ -149,7 +156,7 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
     history_raw = record["history"]
     if not isinstance(history_raw, list):
         raise InvalidMemoryInput(f"{where}: history must be a list")
-    history = []
+    history, versions = [], set()
     for i, item in enumerate(history_raw):
         if not isinstance(item, dict) or set(item) != set(_VERSION_FIELDS):
             raise InvalidMemoryInput(
@@ -160,6 +167,9 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
             raise InvalidMemoryInput(
                 f"{where}: history[{i}].version {version} is not below version {memory.version}"
             )
+        if version in versions:
+            raise InvalidMemoryInput(f"{where}: history[{i}].version {version} appears twice in its history")
+        versions.add(version)
         if not isinstance(item["text"], str):
             raise InvalidMemoryInput(f"{where}: history[{i}].text must be a string")
         history.append(
@@ -186,4 +196,6 @@ def decode_line(line: str, line_no: int) -> DumpRecord:
             )
         embedder_name = str(embedding["model"])
         vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)  # [dim]
+        if not np.isfinite(vector).all():  # stored, it failed every hybrid search of the user's after
+            raise InvalidMemoryInput(f"{where}: embedding holds a NaN or an infinite value")
     return DumpRecord(memory=memory, history=tuple(history), embedder_name=embedder_name, vector=vector)

@@ -94,6 +94,7 @@ def import_jsonl(
     from tqdm import tqdm
 
     records: list[DumpRecord] = []
+    line_of: dict[str, int] = {}  # id -> its line
     seen: set[str] = set()
     lines = tqdm(fp_or_path, desc="read", unit=" lines", disable=not progress)
     for line_no, line in enumerate(lines, start=1):
@@ -103,6 +104,7 @@ def import_jsonl(
         if record.memory.id in seen:
             raise InvalidMemoryInput(f"line {line_no}: id {record.memory.id!r} appears twice in the dump")
         seen.add(record.memory.id)
+        line_of[record.memory.id] = line_no
         records.append(record)
     record_vectors = import_vectors(records, embedder, embed_batch_size, progress)
     with db.write() as tx:
@@ -119,8 +121,11 @@ def import_jsonl(
             memory = record.memory
             if memory.id in existing:
                 continue
-            rowid = insert(tx.conn, memory, vector.tobytes())
-            insert_history(tx.conn, rowid, record.history)
+            try:
+                rowid = insert(tx.conn, memory, vector.tobytes())
+                insert_history(tx.conn, rowid, record.history)
+            except InvalidMemoryInput as exc:  # what only the database refuses (a NUL on PostgreSQL)
+                raise InvalidMemoryInput(f"line {line_of[memory.id]}: {exc}") from None
             users.add(memory.user_id)
             tx.events.append(ChangeEvent(memory.id, memory.user_id, "added"))
         for user in sorted(users):

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import conninfo
 
 from kvmem.text.db.dialect import is_postgres_url  # noqa: F401  (re-exported: pg.is_postgres_url)
-from kvmem.text.errors import StoreUnavailable
+from kvmem.text.errors import InvalidMemoryInput, StoreUnavailable
 from kvmem.text.search.terms import query_tokens, term_counts
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,10 @@ class PgConnection:
 
     def _run(self, sql: str, params: Any) -> PgCursor:
         cursor = self._raw.cursor()
-        cursor.execute(to_pyformat(sql) if params else sql, params or None)
+        try:
+            cursor.execute(to_pyformat(sql) if params else sql, params or None)
+        except psycopg.DataError as e:
+            raise _refused(e) from None
         return PgCursor(cursor)
 
     def executemany(self, sql: str, seq: Any) -> PgCursor:
@@ -179,6 +182,8 @@ class PgConnection:
             with self._raw.cursor() as cursor:
                 cursor.executemany(to_pyformat(sql), list(seq))
                 return PgCursor(_EMPTY)
+        except psycopg.DataError as e:
+            raise _refused(e) from None
         except psycopg.OperationalError as e:
             if self.broken:
                 raise self._unavailable(e) from None
@@ -193,6 +198,16 @@ class PgConnection:
     def close(self) -> None:
         if self._raw is not None:
             self._raw.close()
+
+
+def _refused(exc: psycopg.DataError) -> Exception:
+    """A value PostgreSQL cannot hold as the input's fault (a 400, the transaction rolled back), where SQLite
+    holds it: a NUL character in a text; any other data error as it is."""
+    if "NUL" in str(exc):
+        return InvalidMemoryInput(
+            "a text holds a NUL character (U+0000), which the PostgreSQL store cannot hold"
+        )
+    return exc
 
 
 class _Empty:

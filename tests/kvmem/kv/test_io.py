@@ -221,3 +221,36 @@ def test_empty_and_overlong_blocks_are_refused(tokenizer):
     with pytest.raises(InvalidBlock, match="outside the vocabulary"):
         build_item(handle, [len(tokenizer) + 5], user_id="alice")
     assert build_item(handle, list(range(100, 163)), user_id="alice").num_tokens == 63
+
+
+def test_a_write_interrupted_by_ctrl_c_leaves_no_temporary_file(tmp_path, item, tiny_handle):
+    """Only OSError and the like cleaned up: a KeyboardInterrupt mid-write left `.<id>.safetensors.tmp-...`,
+    holding the user's K/V, which no scan, eviction or delete cascade ever looks at."""
+    save_item(item, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def interrupt(_busy_s: float) -> None:
+        raise KeyboardInterrupt  # the signal arrives while the tensor file is written
+
+    with pytest.raises(KeyboardInterrupt):
+        save_item(item, tmp_path, pace=interrupt)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_opening_a_store_removes_the_temporary_files_of_writers_that_died(tmp_path, item, tiny_handle):
+    """kill -9 runs no cleanup: the files of a writer whose process is gone are removed when a store opens; a
+    live writer's (another process on the same directory, or this one) are left."""
+    from kvmem.kv import KVStoreConfig, TieredKVStore
+
+    save_item(item, tmp_path)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(gone.stdout)
+    dead = tmp_path / f".{item.item_id}.safetensors.tmp-{dead_pid}-123"
+    live = tmp_path / f".{item.item_id}.safetensors.tmp-{os.getpid()}-456"
+    for path in (dead, live):
+        path.write_bytes(b"half a tensor file")
+    TieredKVStore(KVStoreConfig(directory=str(tmp_path)), tiny_handle.fingerprint)
+    assert not dead.exists() and live.exists()
+    assert torch.equal(load_item(tmp_path, item.item_id, tiny_handle.fingerprint).kv, item.kv)

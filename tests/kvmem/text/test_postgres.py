@@ -313,3 +313,26 @@ def test_writers_lock_per_user_one_users_writes_wait_for_each_other_only(pg_url)
     assert [m.text for m in two.list("alice").items] == ["second", "first"]  # newest first
     one.close()
     two.close()
+
+
+def test_a_nul_character_is_refused_as_input_naming_the_line_of_a_dump(tmp_path, pg_url):
+    """PostgreSQL cannot hold U+0000 in a text (SQLite can): it was psycopg's DataError, a 500 over HTTP, and a
+    SQLite dump holding one could not be imported, no line named. Nothing is stored either way."""
+    import io
+
+    from kvmem.text import InvalidMemoryInput
+
+    with MemoryStore(tmp_path / "src.db", embedder=HashEmbedder()) as src:
+        src.add("alice", texts=["I like tea", "I live in\x00 Lisbon."])
+        dump = io.StringIO()
+        src.export_jsonl(dump)
+    with _open(pg_url) as store:
+        nul = "a text holds a NUL character (U+0000), which the PostgreSQL store cannot hold"
+        with pytest.raises(InvalidMemoryInput, match=r"^a text holds a NUL"):
+            store.add("alice", texts=["I live in\x00 Lisbon."])
+        with pytest.raises(InvalidMemoryInput) as refused:
+            store.import_jsonl(io.StringIO(dump.getvalue()))
+        assert str(refused.value) == f"line 2: {nul}"
+        assert store.count_by_user() == {}
+        store.add("alice", texts=["I live in Lisbon."])  # the store goes on
+        assert store.count_by_user() == {"alice": 1}
