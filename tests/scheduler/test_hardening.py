@@ -53,15 +53,7 @@ def test_deleting_all_of_a_users_memories_is_one_cascade_in_one_transaction(env,
     forgets: list[tuple[str, tuple[str, ...] | None]] = []
     builder.forget = lambda user_id, ids: forgets.append((user_id, None if ids is None else tuple(ids))) or []
 
-    sched = Scheduler(
-        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
-        store,
-        builder,
-        lambda text: len(text.split()),
-        clock=clock,
-        heat_path=tmp_path / "heat.sqlite",
-    )
-    sched.start(thread=False)
+    sched = _scheduler(store, builder, clock, heat_path=tmp_path / "heat.sqlite")
     ids = [m.id for m in store.add("alice", texts=[words(2, f"m{i}") for i in range(50)])]
     sched.get("alice")
     sched.run_pending()
@@ -174,15 +166,7 @@ def test_get_is_an_in_memory_read_the_worker_does_the_checks(env):  # noqa: F811
     asked: list[str] = []
     builder.has_block = lambda item_id: asked.append(item_id) or True  # the KV store's lock in production
     adapters = CountingAdapters()
-    sched = Scheduler(
-        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
-        store,
-        builder,
-        lambda text: len(text.split()),
-        clock=clock,
-        adapters=adapters,
-    )
-    sched.start(thread=False)
+    sched = _scheduler(store, builder, clock, adapters=adapters)
     store.add("alice", texts=["cat named Miso", "lives in Lisbon"])
     sched.get("alice")
     sched.run_pending()
@@ -206,12 +190,33 @@ def _save_adapter_files(directory):
     (directory / CONFIG_FILE).write_text("{}")
 
 
+def _scheduler(store, builder, clock, **kwargs) -> Scheduler:
+    """A scheduler whose tasks run by run_pending (`kwargs`: Scheduler's, e.g. adapters, heat_path)."""
+    sched = Scheduler(
+        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
+        store,
+        builder,
+        lambda text: len(text.split()),
+        clock=clock,
+        **kwargs,
+    )
+    sched.start(thread=False)
+    return sched
+
+
+def _with_adapters(store, builder, clock, registry) -> Scheduler:
+    """A scheduler serving `registry`'s adapters (base fingerprint "fp")."""
+    from kvmem.adapters import ActiveAdapters
+
+    return _scheduler(store, builder, clock, adapters=ActiveAdapters(registry, lambda: "fp"))
+
+
 def test_a_plan_read_does_not_hide_a_new_adapter_version_from_the_worker(env, tmp_path):  # noqa: F811
     """The regression behind test_vllm_lora's served-adapter test: a version activated on disk behind a running
     server, then the plan read (as a client polls `GET /v1/memories/plan`) before the worker's poll. The read's
     fresh check used to record the new pointer stamp, so `poll_adapters` found nothing moved and the block was
     never rebuilt under the adapter (the plan showed the adapter, with no block, for good)."""
-    from kvmem.adapters import ActiveAdapters, AdapterRegistry, FactRef, text_sha
+    from kvmem.adapters import AdapterRegistry, FactRef, text_sha
 
     clock, store, builder, _ = env
     builder.builds_under_adapter = True  # as the vLLM and transformers backends
@@ -220,15 +225,7 @@ def test_a_plan_read_does_not_hide_a_new_adapter_version_from_the_worker(env, tm
         or Built(f"item-{len(builder.builds)}", sum(len(t.split()) for t in texts), 100 * len(texts))
     )
     registry = AdapterRegistry(tmp_path / "adapters")
-    sched = Scheduler(
-        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
-        store,
-        builder,
-        lambda text: len(text.split()),
-        clock=clock,
-        adapters=ActiveAdapters(registry, lambda: "fp"),
-    )
-    sched.start(thread=False)
+    sched = _with_adapters(store, builder, clock, registry)
     cat, lisbon = (m.id for m in store.add("alice", texts=["cat named Miso", "lives in Lisbon"]))
     sched.run_pending()
     assert [(u, set(ids), a) for u, ids, a in builder.builds] == [("alice", {cat, lisbon}, None)]
@@ -284,37 +281,24 @@ def test_a_delete_withdraws_the_block_even_when_the_adapter_registry_cannot_be_w
     so the deleted memory stayed in the served block and no stored item holding it was forgotten."""
     import pytest
 
-    from kvmem.adapters import ActiveAdapters, AdapterRegistry, FactRef, text_sha
-    from kvmem.adapters.manifest import CONFIG_FILE, WEIGHTS_FILE
+    from kvmem.adapters import AdapterRegistry, FactRef, text_sha
     from kvmem.text import HashEmbedder, MemoryStore
     from kvmem.text.errors import SubscriberError
     from tests.scheduler.test_scheduler import Clock, FakeBuilder
-
-    def save(d):
-        (d / WEIGHTS_FILE).write_bytes(b"w")
-        (d / CONFIG_FILE).write_text("{}")
 
     clock, builder = Clock(), FakeBuilder()
     forgotten = []
     builder.forget = lambda user_id, ids: forgotten.append((user_id, list(ids))) or []
     store = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=clock.dt)
     registry = AdapterRegistry(tmp_path / "adapters")
-    sched = Scheduler(
-        SchedulerConfig(half_life_s=100.0, recency_prior=1.0),
-        store,
-        builder,
-        lambda text: len(text.split()),
-        clock=clock,
-        adapters=ActiveAdapters(registry, lambda: "fp"),
-    )
-    sched.start(thread=False)
+    sched = _with_adapters(store, builder, clock, registry)
     try:
         cat, lisbon = store.add("alice", texts=["cat named Miso", "lives in Lisbon"])
         sched.get("alice")
         sched.run_pending()
         assert set(sched.get("alice").block.memory_ids) == {cat.id, lisbon.id}
         facts = [FactRef(cat.id, 1, text_sha(cat.text))]
-        registry.write("alice", save, base_fingerprint="fp", facts=facts, seed=0, passed=False)
+        registry.write("alice", _save_adapter_files, base_fingerprint="fp", facts=facts, seed=0, passed=False)
         registry._set_pointer = _raise  # the registry's pointer write fails (a full disk)
         with pytest.raises(SubscriberError):
             store.delete("alice", cat.id)  # committed; the HTTP route answers 200 with a warning

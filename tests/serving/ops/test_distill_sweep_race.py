@@ -26,6 +26,21 @@ class FakeScheduler:
         return None
 
 
+def _distiller(tmp_path, monkeypatch, sched) -> bgd.BackgroundDistill:
+    """The server's BackgroundDistill over `sched`, its sweep run by hand (the loop's interval is an hour)."""
+    monkeypatch.setattr(layout_mod, "PromptLayout", lambda *a, **k: None)
+    backend = SimpleNamespace(is_ready=lambda: True, layout=SimpleNamespace(system_prompt=""))
+    config = SimpleNamespace(data_dir=tmp_path, distill_interval_s=3600.0, distill_augment="templates")
+    return bgd.BackgroundDistill(
+        config,
+        store=None,
+        scheduler=sched,
+        backend=backend,
+        distill_config=DistillConfig(),
+        load_handle=lambda: SimpleNamespace(tokenizer=None),
+    )
+
+
 def test_candidates_that_arrive_while_the_users_job_runs_are_queued_by_the_next_sweep_after_it(
     tmp_path, monkeypatch
 ):
@@ -40,17 +55,7 @@ def test_candidates_that_arrive_while_the_users_job_runs_are_queued_by_the_next_
         return SimpleNamespace(summary=lambda: {})
 
     monkeypatch.setattr(bgd, "distill_user", fake_distill_user)
-    monkeypatch.setattr(layout_mod, "PromptLayout", lambda *a, **k: None)
-    backend = SimpleNamespace(is_ready=lambda: True, layout=SimpleNamespace(system_prompt=""))
-    config = SimpleNamespace(data_dir=tmp_path, distill_interval_s=3600.0, distill_augment="templates")
-    d = bgd.BackgroundDistill(
-        config,
-        store=None,
-        scheduler=sched,
-        backend=backend,
-        distill_config=DistillConfig(),
-        load_handle=lambda: SimpleNamespace(tokenizer=None),
-    )
+    d = _distiller(tmp_path, monkeypatch, sched)
     try:
         assert d.sweep() == ["alice"]
         assert started.wait(10)
@@ -70,17 +75,7 @@ def test_candidates_that_arrive_while_the_users_job_runs_are_queued_by_the_next_
 
 def test_the_candidates_remembered_are_the_most_recent_users_and_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(bgd, "MAX_TRIED", 2)
-    monkeypatch.setattr(layout_mod, "PromptLayout", lambda *a, **k: None)
-    backend = SimpleNamespace(is_ready=lambda: True, layout=SimpleNamespace(system_prompt=""))
-    config = SimpleNamespace(data_dir=tmp_path, distill_interval_s=3600.0, distill_augment="templates")
-    d = bgd.BackgroundDistill(
-        config,
-        store=None,
-        scheduler=FakeScheduler(),
-        backend=backend,
-        distill_config=DistillConfig(),
-        load_handle=lambda: SimpleNamespace(tokenizer=None),
-    )
+    d = _distiller(tmp_path, monkeypatch, FakeScheduler())
     try:
         for user in ("a", "b", "c", "a"):
             d._set_tried(user, frozenset({user}))
