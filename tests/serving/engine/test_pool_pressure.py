@@ -42,8 +42,8 @@ def request_steps(pool, model, ids, item, max_new: int, out: list, **kw):
         while token is not None:
             out.append(token)
             token = yield
-    finally:
-        if seq is not None:
+    finally:  # admission that waited, then raised PoolFull, left an AdmissionWait here: nothing to release
+        if isinstance(seq, EngineSequence):
             seq.release()
 
 
