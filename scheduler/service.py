@@ -301,12 +301,10 @@ class Scheduler(ServedAdapters):
             erased = adapters.erase_stale(event.user_id, ids, why)
             self.worker.forget_adapters(event.user_id, [m.name for m in erased])
 
-        try:
+        try:  # the KV half raises FenceUnavailable when replicas could not be told
             _both_halves(
                 adapter_half if adapters is not None and event.kind != "added" else None,
-                lambda: self.worker.invalidate(
-                    event
-                ),  # raises FenceUnavailable when replicas could not be told
+                lambda: self.worker.invalidate(event),
             )
         finally:
             self.queue.put(Task("refresh", event.user_id))
