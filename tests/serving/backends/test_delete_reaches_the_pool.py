@@ -6,8 +6,9 @@ an entry that carries none of the deleted memories stays."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
-from serving.backends.base import GenerationRequest, SamplingParams
+from serving.backends.base import GenerationRequest, SamplingParams, TokenDelta
 from tests.serving.backends.test_transformers_backend import tokens_of, wait_released
 
 
@@ -30,7 +31,30 @@ def chat_over(backend, user: str, texts: list[str], block) -> GenerationRequest:
     )
 
 
-def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backend):
+def hold_after_first_token(backend, monkeypatch) -> threading.Event:
+    """The model thread stops after the turn that handed over the first token, until the returned event is
+    set: a request's reader sees its first token while the request is still mid-reply (without the hold, the
+    model thread may finish an 8-token reply before the reader acts on the first)."""
+    handoff, go, token_put, held = backend._loop.handoff, threading.Event(), threading.Event(), []
+    put, flush = handoff.put, handoff.flush
+
+    def put_noting_tokens(inbox, item) -> None:
+        if isinstance(item, TokenDelta):
+            token_put.set()
+        put(inbox, item)
+
+    def flush_then_hold() -> None:
+        flush()
+        if token_put.is_set() and not held:
+            held.append(True)
+            assert go.wait(30)
+
+    monkeypatch.setattr(handoff, "put", put_noting_tokens)
+    monkeypatch.setattr(handoff, "flush", flush_then_hold)
+    return go
+
+
+def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backend, monkeypatch):
     backend, user = tiny_backend, "pool-delete"
     shared = backend.pool.shared
     texts = {"m": "I live in Porto.", "x": "I keep bees.", "y": "My dog is Miso.", "z": "I cook on Tuesdays."}
@@ -57,12 +81,17 @@ def test_deleting_a_memory_drops_every_resident_block_that_carries_it(tiny_backe
     assert racing.item_id in shared and not backend.has_block(racing.item_id)
     pages = list(shared.resident(earlier.item_id).pages)
 
+    go = hold_after_first_token(backend, monkeypatch)
+
     async def delete_while_a_request_reads_the_earlier_block():
         stream = backend.stream(chat_over(backend, user, earlier_texts, earlier))
-        ids = list((await anext(stream)).token_ids)  # the request holds the earlier block's pages
-        forgotten = backend.forget(user, ["m"])
-        assert earlier.item_id not in shared  # no new reader takes it
-        assert any(backend.pool.refs(p) for p in pages)  # the reader's pages stay until it is done
+        try:
+            ids = list((await anext(stream)).token_ids)  # the request holds the earlier block's pages
+            forgotten = backend.forget(user, ["m"])
+            assert earlier.item_id not in shared  # no new reader takes it
+            assert any(backend.pool.refs(p) for p in pages)  # the reader's pages stay until it is done
+        finally:
+            go.set()  # the request goes on to its end
         async for out in stream:
             ids.extend(getattr(out, "token_ids", ()))
         return forgotten, ids
