@@ -144,7 +144,9 @@ def test_transient_failures_back_off_to_minutes_and_never_dead_letter(store: Mem
 def test_the_rescan_leaves_a_user_who_backs_off_waiting(store: MemoryStore) -> None:
     """The rescan (every 30 s) made a user backing off after failures due again at once."""
     clock = FakeClock()
-    worker = FormationWorker(store, Failing(transient=True), FormationConfig(retry_backoff_s=8.0), clock=clock)
+    worker = FormationWorker(
+        store, Failing(transient=True), FormationConfig(retry_backoff_s=8.0), clock=clock
+    )
     say(store, "u", "I live in Lisbon.")
     say(store, "v", "I live in Porto.")
     worker.form_user("u")

@@ -127,7 +127,10 @@ NON_CHANGES = [
     # workplace left for the day, and a bare "going" that names no taste
     ("I work at a local IT company.", "I just left the office not too long ago."),
     ("I work as a nurse.", "I left work early today."),
-    ("I like going for different colors.", "I stopped going after I started my training so it was a sad time."),
+    (
+        "I like going for different colors.",
+        "I stopped going after I started my training so it was a sad time.",
+    ),
 ]
 
 
