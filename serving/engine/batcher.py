@@ -22,7 +22,10 @@ sequences are admitted again oldest first, before any new request (a new request
 preempted: PageTable.admit). If nothing can run (every member is preempted, or the only ones that are not
 are background members, which wait while a chat member does) and the first waiting member cannot get its
 pages back while another member holds pages (the shared pages it reads, its own), one of those fails with
-PoolFull: the youngest background member, else the youngest chat member.
+PoolFull: the youngest background member, else the youngest chat member. When no other member holds pages,
+the members wait for the pool to change (another thread's release: a delete, a build), but not forever: the
+first that waits fails with PoolFull once it waited its admission's `wait_s` since its preemption (429, as a
+request that waits at admission), and a member whose caller stopped ends meanwhile (`idle` is false then).
 
 Background rows (`seq.background`: memory formation on the server's own model, serving/background/) run at
 low priority, within this budget: they take no step while a chat (foreground) member waits to be admitted
@@ -37,6 +40,7 @@ or a paced prefill chunk (EngineSequence.pace: small while streams decode).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Generator
 from typing import Any
 
@@ -69,9 +73,21 @@ class Batcher:
         self._members[seq] = steps
 
     def idle(self) -> bool:
-        """Every member is preempted and no pool has had room appear since they last failed to get pages: a
-        step would do nothing (the model loop waits for a pool's change instead of stepping)."""
-        return self._stalled is not None and all(p.generation == g for p, g in self._stalled.items())
+        """Every member is preempted, no pool has had room appear since they last failed to get pages, no
+        member's caller stopped and no wait is over: a step would do nothing (the model loop waits for a
+        pool's change, a wake-up or `deadline` instead of stepping)."""
+        if self._stalled is None or any(p.generation != g for p, g in self._stalled.items()):
+            return False
+        if any(s.should_stop is not None and s.should_stop() for s in self._members):
+            return False
+        deadline = self.deadline()
+        return deadline is None or time.monotonic() < deadline
+
+    def deadline(self) -> float | None:
+        """While stalled: when the first preempted member's wait is over (time.monotonic()), else None."""
+        if self._stalled is None:
+            return None
+        return min((s.preempted_at + s.wait_s for s in self._members if s.preempted), default=None)
 
     def step(self) -> None:
         """Advance every member by at most one model step (see the module docstring)."""
@@ -138,6 +154,16 @@ class Batcher:
                 seq = (background or holders)[-1]
                 self._fail(seq, PoolFull("preempted, and the KV pool cannot hold it with the older requests"))
                 return
+        now = time.monotonic()
+        for seq in [s for s in waiting if s.preempted and now >= s.preempted_at + s.wait_s]:
+            self._fail(
+                seq,
+                PoolFull(
+                    f"preempted, and the KV pool gave no pages back in {seq.wait_s:g} s "
+                    f"({seq.table.pool.free_pages} of {seq.table.pool.num_pages} free)"
+                ),
+            )
+            return
         self._stalled = generations
 
     def _make_room(self, chunks: list[EngineSequence], rows: list[EngineSequence]) -> None:

@@ -105,7 +105,10 @@ class ModelLoop:
                         or self._closed
                     ):
                         break
-                    deadline = min((w.deadline for _, w in parked), default=None)
+                    # the nearest deadline: a parked admission's, or a stalled preempted member's (batcher.py)
+                    deadlines = [w.deadline for _, w in parked]
+                    stall = self._batcher.deadline() if self._batcher else None
+                    deadline = min([*deadlines, *([] if stall is None else [stall])], default=None)
                     self._cv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 if self._closed:
                     break

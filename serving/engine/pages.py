@@ -38,6 +38,7 @@ from serving.engine.errors import PoolFull
 from serving.engine.free_runs import FreeRuns
 from serving.engine.prefix_cache import PrefixCache
 from serving.engine.residency import Holder, Residency
+from serving.engine.waiting import Waiting
 
 DEFAULT_PAGE_TOKENS = 16
 CPU_POOL_MB = 1024  # the pool's size on CPU when none is given
@@ -127,8 +128,11 @@ class PagePool:
         # something it keeps pages for (a live session's table, serving/engine/sessions.py)
         self.reclaimers: list[Reclaimer] = []
         # the page tables of preempted sequences waiting to be admitted again (serving/engine/batcher.py):
-        # while one waits, a new request is not admitted (a preempted sequence goes first)
+        # while one waits, a new request is not admitted (a preempted sequence goes first; a preempted background
+        # row holds back background requests only: table.py)
         self.preempted: set = set()
+        # the requests waiting for pages at admission, in arrival order: the oldest is admitted first (waiting.py)
+        self.waiting = Waiting(self)
         # bumped, and the listeners called (under the lock: they must not take it), whenever room may have
         # appeared: a page freed, an item's last reader gone, a preempted table admitted again or closed. A
         # request waiting for admission waits for it to change (serving/engine/sequence.py)
@@ -173,13 +177,16 @@ class PagePool:
     def make_room(self, pages: int) -> bool:
         """Free pages until `pages` are free: unread things by the residency's policy (unread items, prefix
         pages, then sessions' tables, least recently used first). Evicts nothing when even all of that could
-        not free enough (a request that waits must not empty the pool of blocks and sessions on every try).
-        Whether `pages` are free."""
+        not free enough (a request that waits must not empty the pool of blocks and sessions on every try;
+        `Residency.freeable_pages`). Whether `pages` are free."""
         with self.lock:
             if self._free.count >= pages:
                 return True
+            # the holders' own counts first (cheap); when they say no, the exact count, which also sees what
+            # becomes evictable once something else goes (a block read only by an idle session's table)
             if self._free.count + self.residency.reclaimable_pages() < pages:
-                return False
+                if self._free.count + self.residency.freeable_pages() < pages:
+                    return False
             while self._free.count < pages and self.residency.evict_one():
                 pass
             return self._free.count >= pages
@@ -255,7 +262,7 @@ class PagePool:
         with self.lock:
             used = self.num_pages - self._free.count
             shared = self.shared.page_count()
-            cached = len(self.prefix)  # one page per key: the pages the prefix cache holds (read or not)
+            cached = len(self.prefix)  # the pages the prefix cache holds (read or not), each once
             pb = self.shape.page_bytes
             return {
                 "pages_total": self.num_pages,
@@ -327,6 +334,14 @@ class SharedPages:
         with self.pool.lock:
             return self._entries.get(item_id)
 
+    def held_pages(self, entry: _Entry | None) -> set[int]:
+        """The pages a reader of `entry` keeps from being evicted: the entry's and its parents'."""
+        pages: set[int] = set()
+        while entry is not None:
+            pages.update(entry.pages)
+            entry = entry.parent
+        return pages
+
     def _is_resident(self, entry: _Entry) -> bool:
         return self._entries.get(entry.item_id) is entry
 
@@ -393,6 +408,22 @@ class SharedPages:
 
     def drop_key(self, item_id: str) -> None:
         self.drop(item_id)
+
+    def simulate_eviction(self, sim, pinned: set[str]) -> None:
+        """Into `sim` (residency.FreeSim): drop every entry of a user not pinned that nobody would read once
+        what `sim` dropped before is gone; a child dropped lets go of its parent, which may go then too."""
+        gone: set[int] = set()
+        more = True
+        while more:
+            more = False
+            for e in self._entries.values():
+                if id(e) in gone or e.user in pinned or sim.readers(e) > 0:
+                    continue
+                gone.add(id(e))
+                sim.drop(e.pages)
+                if e.parent is not None:
+                    sim.unread(e.parent)
+                more = True
 
     def reclaimable_pages(self) -> int:
         return self.unread_pages()

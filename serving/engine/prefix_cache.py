@@ -3,15 +3,16 @@
 As vLLM's automatic prefix caching: a full page's key is a hash of the key of the page before it and of the
 page's own tokens, so a key names a page's tokens *and every token before them*; the first page's "key before"
 is a root that names whose K/V it is (`PrefixKey`): the user (a salt: no page is ever found by another user's
-request; what users share is a declared knowledge item's pages, pages.py's SharedPages), the block item the
+request; what users share is a declared knowledge item's pages, shared_pages.py), the block item the
 prompt began with (its identity: a block that changed is a new item, so no page computed after the old one
 matches) and the variant (an adapter: its K/V are the adapted model's). A request's next turn, whose prompt
 extends the last one's, finds the pages of its history by their keys with no session header (sessions.py's
 header is a hint: its table also covers a partly filled last page).
 
 A request's pages go in when it ends (`insert`, its full pages past its item's: those are the item's entry's);
-the cache holds one reference to each page it keeps, and a page is *unread* when that reference is its only
-one (no running sequence, session table or other holder reads it). Unread pages are evictable, least recently
+the cache holds one reference to each page it keeps, however many keys name it (a page a session's next turn
+read under another block id goes in under that turn's keys too: its tokens are the same), and a page is
+*unread* when that reference is its only one (no running sequence, session table or other holder reads it). Unread pages are evictable, least recently
 used first and a chain's tail before its head (a page is touched after the pages that follow it, so a chain is
 evicted from its end, and no page stays reachable only through a dropped one), through the pool's eviction
 (residency.py). A delete drops the user's pages (`drop_user`: every page of the user, whatever the delete
@@ -77,6 +78,7 @@ class PrefixCache:
     def __init__(self, pool) -> None:  # pages.PagePool, which makes it
         self.pool = pool
         self._index: OrderedDict[bytes, _Cached] = OrderedDict()  # least recently used first
+        self._keys: dict[int, int] = {}  # page -> how many keys name it (the cache's one reference each page)
         self._epochs: dict[str, int] = {}  # per user, bumped by each delete (`drop_user`)
         self._block_epochs: dict[str, int] = {}  # per block item, bumped by each drop (`drop_block`)
         self.stats = PrefixStats()
@@ -88,13 +90,15 @@ class PrefixCache:
             return self._epochs.get(user, 0) + (0 if block is None else self._block_epochs.get(block, 0))
 
     def __len__(self) -> int:
+        """The pages it holds (a page named by two keys counts once)."""
         with self.pool.lock:
-            return len(self._index)
+            return len(self._keys)
 
     def pages(self, user: str | None = None) -> list[int]:
-        """The pages it holds (of `user`), least recently used first."""
+        """The pages it holds (of `user`), least recently used first, each once."""
         with self.pool.lock:
-            return [c.page for c in self._index.values() if user is None or c.user == user]
+            found = (c.page for c in self._index.values() if user is None or c.user == user)
+            return list(dict.fromkeys(found))
 
     def _touch(self, keys: Sequence[bytes]) -> None:
         """Most recently used now, the last key first: a chain is evicted from its tail."""
@@ -117,8 +121,9 @@ class PrefixCache:
 
     def insert(self, key: PrefixKey, hashes: Sequence[bytes], pages: Sequence[int], first: int) -> int:
         """A request's full pages `pages[first:len(hashes)]` (holding the tokens `hashes` name) are kept: each not
-        yet cached gets the cache's reference. A key already cached under another page keeps that page (two
-        requests computed the same tokens at once). Returns how many pages went in. The user's quota is
+        yet cached gets the cache's reference (one per page: a page already cached under another key gets no
+        second). A key already cached under another page keeps that page (two requests computed the same tokens
+        at once). Returns how many keys went in. The user's quota is
         enforced after (residency.py). Nothing goes in when a delete of the user's or a drop of the block came
         after `key.epoch` (the request may carry what it deleted, or the dropped block's K/V)."""
         with self.pool.lock:
@@ -128,9 +133,12 @@ class PrefixCache:
             for i in range(first, min(len(hashes), len(pages))):
                 h = hashes[i]
                 if h not in self._index:
-                    self.pool.ref([pages[i]])
-                    self._index[h] = _Cached(pages[i], key.user, key.block, 0)
-                    added.append(pages[i])
+                    page = pages[i]
+                    if page not in self._keys:
+                        self.pool.ref([page])
+                    self._keys[page] = self._keys.get(page, 0) + 1
+                    self._index[h] = _Cached(page, key.user, key.block, 0)
+                    added.append(page)
                 touched.append(h)
             self._touch(touched)
             self.stats.inserted += len(added)
@@ -154,9 +162,16 @@ class PrefixCache:
         empty the cache and fail anyway). A pass over the index, taken only while the pool is short."""
         with self.pool.lock:
             pinned = self.pool.residency.pinned
-            return sum(
-                1 for c in self._index.values() if c.user not in pinned and self.pool.refs(c.page) == 1
+            return len(
+                {c.page for c in self._index.values() if c.user not in pinned and self.pool.refs(c.page) == 1}
             )
+
+    def simulate_eviction(self, sim, pinned: set[str]) -> None:
+        """Into `sim` (residency.FreeSim): drop every page of a user not pinned that only the cache would
+        read once what `sim` dropped before is gone."""
+        for page in {c.page for c in self._index.values() if c.user not in pinned}:
+            if sim.refs(page) == 1:
+                sim.drop([page])
 
     def drop_key(self, h: bytes, evicted: bool = True) -> None:
         with self.pool.lock:
@@ -166,7 +181,12 @@ class PrefixCache:
             else:
                 self.stats.dropped += 1
             self.pool.residency.remove(c.user, [c.page])
-            self.pool.release([c.page])
+            left = self._keys[c.page] - 1
+            if left:  # another key still names the page
+                self._keys[c.page] = left
+            else:
+                del self._keys[c.page]
+                self.pool.release([c.page])
 
     # -- the delete cascade ------------------------------------------------------------------------------------
     def drop_user(self, user: str) -> int:

@@ -2,7 +2,7 @@
 thing goes first when the pool is short.
 
 Three kinds of holders keep pages beyond the requests that run (each a `Holder`): resident items
-(pages.py's SharedPages, category 0), cached prefix pages (prefix_cache.py, category 1) and live sessions'
+(shared_pages.py, category 0), cached prefix pages (prefix_cache.py, category 1) and live sessions'
 kept tables (sessions.py, category 2). Each charges the pages it keeps to a user (`add`, `remove`); a user's
 charge is the number of *distinct* pages their holders keep (a session table and the prefix cache that both
 keep a page count it once), exact at every point under the pool's lock. A knowledge item's pages are charged
@@ -54,6 +54,10 @@ class Holder(Protocol):
 
     def reclaimable_pages(self) -> int:
         """At most how many pages dropping every unread thing it keeps could free."""
+
+    def simulate_eviction(self, sim: FreeSim, pinned: set[str]) -> None:
+        """Drop into `sim` everything of users not in `pinned` that it would let go of for room, given what
+        `sim` dropped before (holders of higher categories go first: they read the others' pages)."""
 
 
 class Residency:
@@ -167,7 +171,21 @@ class Residency:
         return sorted([self.pool.shared, self.pool.prefix, *self.pool.reclaimers], key=lambda h: h.category)
 
     def reclaimable_pages(self) -> int:
+        """The holders' own counts of what they may evict now (cheap; blind to what becomes evictable once
+        something else goes: `freeable_pages`)."""
         return sum(h.reclaimable_pages() for h in self.holders())
+
+    def freeable_pages(self) -> int:
+        """Exactly how many pages evicting for room (`evict_one`, again and again) could free: live sessions'
+        tables first (a running request took its own out), which lets go of the items and prefix pages only
+        they read, then those items (and the knowledge parents only they read), then the prefix pages only the
+        cache reads; never a pinned user's. A pass over what the holders keep, taken only when the holders'
+        own counts say the room is not there (pages.py `make_room`)."""
+        with self.pool.lock:
+            sim = FreeSim(self.pool)
+            for holder in sorted(self.holders(), key=lambda h: -h.category):  # the readers of the rest first
+                holder.simulate_eviction(sim, self.pinned)
+            return sim.freed()
 
     def evict_one(self) -> bool:
         """Drop one unread thing by the policy (see the module docstring); False if none may go."""
@@ -210,6 +228,33 @@ class Residency:
         fresh = {u: float(heat(u)) for u in users}
         with self._lock:
             self._heat_seen = fresh
+
+
+class FreeSim:
+    """What the pool's references and items' readers would be after the drops made into it (nothing changes in
+    the pool): `freeable_pages`'s scratch, kept for the pages and entries touched only."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self._refs: dict[int, int] = {}
+        self._unread: Counter = Counter()  # entry id -> readers gone
+
+    def refs(self, page: int) -> int:
+        got = self._refs.get(page)
+        return self.pool.refs(page) if got is None else got
+
+    def drop(self, pages) -> None:
+        for p in pages:
+            self._refs[p] = self.refs(p) - 1
+
+    def unread(self, entry) -> None:
+        self._unread[id(entry)] += 1
+
+    def readers(self, entry) -> int:
+        return entry.users - self._unread[id(entry)]
+
+    def freed(self) -> int:
+        return sum(1 for r in self._refs.values() if r == 0)
 
 
 def _refresh_loop(ref: weakref.ref) -> None:

@@ -87,6 +87,10 @@ class EngineSequence:
         self.prompt_ids = list(prompt_ids)
         self._prefill = list(prompt_ids[reused:])  # prompt tokens not yet in the pool
         self.preempted = False  # its own pages went back; it waits to be admitted again (batcher.py)
+        self.preempted_at = 0.0  # time.monotonic() of its last preemption
+        # how long it may wait to be admitted again while nothing else runs (batcher.py), its admission's wait
+        self.wait_s = DEFAULT_WAIT_S
+        self.table.background = background
         self.num_preemptions = 0
         self.last_token: int | None = None
         self.finish_reason: str | None = None
@@ -112,6 +116,7 @@ class EngineSequence:
         self.position = self.table.length
         self._prefill = (self.prompt_ids + self.stats.token_ids)[self.position :]
         self.preempted = True
+        self.preempted_at = time.monotonic()
         self.num_preemptions += 1
 
     def readmit(self) -> bool:
@@ -200,11 +205,17 @@ class AdmissionWait:
         )
 
 
-def pages_needed(pool: PagePool, total_tokens: int, item=None, reuse: int = 0) -> int:
+DEFAULT_WAIT_S = 10.0  # a request's wait for pages when none is given (the server's --kv-wait-s default)
+
+
+def pages_needed(pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source=None) -> int:
     """Pages a sequence of `total_tokens` positions holds at its longest: its table's, and the rest of the
-    item whose first `reuse` positions it reads."""
+    item whose first `reuse` positions it reads, or (`source`, a live session's table it starts from) the
+    pages of the item that table began with that it does not reference (the item stays held while it runs)."""
     need = pool.pages_for(total_tokens)
-    if item is not None and reuse:
+    if source is not None:
+        need += len(pool.shared.held_pages(source._shared) - set(source.pages[: reuse // pool.page_tokens]))
+    elif item is not None and reuse:
         need += pool.pages_for(item.num_tokens) - reuse // pool.page_tokens
     return need
 
@@ -218,7 +229,7 @@ def admit(
     source: tuple[PageTable, int] | None = None,
     prefix: PrefixKey | None = None,
     max_new_tokens: int,
-    wait_s: float = 10.0,
+    wait_s: float = DEFAULT_WAIT_S,
     should_stop: Callable[[], bool] | None = None,
     **kwargs,
 ) -> Iterator[EngineSequence | AdmissionWait]:
@@ -228,41 +239,51 @@ def admit(
     tokens of it the prompt reuses); without a source, `prefix` (whose K/V they are) finds the prompt's
     cached pages (prefix_cache.py), and the sequence's go in when it ends (`cache_prefix`). Raises
     PoolTooSmall at once when the prompt and `max_new_tokens` could never fit in the whole pool, PoolFull
-    once it waited `wait_s`."""
+    once it waited `wait_s`. Requests that wait are admitted in the order they came (waiting.py)."""
     total = len(prompt_ids) + max_new_tokens
     reuse = 0
     if source is not None:
         reuse = source[1]
     elif item is not None:
         reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
-    need = pages_needed(pool, total, item if source is None else None, reuse)
+    need = pages_needed(pool, total, item, reuse, None if source is None else source[0])
     if need > pool.num_pages:
         raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens)
     deadline = time.monotonic() + wait_s
     hashes = page_hashes(prefix, prompt_ids, pool.page_tokens) if prefix is not None else None
-    while True:
-        try:
-            table = PageTable.admit(
-                pool,
-                len(prompt_ids),
-                item=item,
-                reuse=reuse,
-                source=None if source is None else source[0],
-                hashes=hashes,
-            )
-            break
-        except PoolFull as full:
-            if should_stop is not None and should_stop():
-                return
-            if time.monotonic() >= deadline:
-                raise
-            # the generation when it gave up, under the pool's lock: a change after it wakes the wait
-            yield AdmissionWait(pool, full.generation, deadline, should_stop)
+    background = bool(kwargs.get("background", False))
+    ticket = None  # its place among the requests that wait (waiting.py), from its first wait on
+    try:
+        while True:
+            try:
+                table = PageTable.admit(
+                    pool,
+                    len(prompt_ids),
+                    item=item,
+                    reuse=reuse,
+                    source=None if source is None else source[0],
+                    hashes=hashes,
+                    background=background,
+                    ticket=ticket,
+                )
+                break
+            except PoolFull as full:
+                if should_stop is not None and should_stop():
+                    return
+                if time.monotonic() >= deadline:
+                    raise
+                if ticket is None:
+                    ticket = pool.waiting.join(background, deadline)
+                # the generation when it gave up, under the pool's lock: a change after it wakes the wait
+                yield AdmissionWait(pool, full.generation, deadline, should_stop)
+    finally:
+        if ticket is not None:  # admitted, gave up or closed: the next one that waits may go
+            pool.waiting.leave(ticket)
     try:
         seq = EngineSequence(
             model, prompt_ids, table=table, reused=table.reused, should_stop=should_stop, **kwargs
         )
-        seq.prefix = prefix
+        seq.prefix, seq.wait_s = prefix, wait_s
     except BaseException:
         table.close()
         raise

@@ -154,6 +154,24 @@ class SessionCache:
                 self.stats.misses += 1
         return n
 
+    def trim(self, lease: Lease, n: int) -> None:
+        """The request reads the first `n` tokens of the entry it took (`reuse`): the entry's pages past them
+        go back now, all of them when `n` is 0. Held until the turn ended, they were pages the pool had to find
+        beside the turn's own, which admission's PoolTooSmall check does not count: a turn that diverged early
+        with a long reply preempted itself and could never be admitted again."""
+        entry = lease.entry
+        if entry is None:
+            return
+        if n:
+            entry.cache.keep(n)  # the lease's alone: `take` took it out of the entries
+        else:
+            _close([entry.cache])
+
+    def started(self, lease: Lease) -> None:
+        """The request was admitted: its own table references the pages of the entry it reuses, so the entry's
+        table goes back now (closing it again later is a no-op)."""
+        _close([lease.entry.cache if lease.entry is not None else None])
+
     def put(self, lease: Lease, ids: Sequence[int], cache: PageTable) -> bool:
         """After the turn: keep `cache` (holding `ids`) as the session's entry, unless a delete touched what the
         request carried, or it is over the bounds or the user's quota. Returns whether it was kept. The
@@ -248,6 +266,16 @@ class SessionCache:
         with self._lock:
             entry = next(iter(self._entries.values()), None)
             return 0 if entry is None else self._bytes // entry.cache.pool.shape.page_bytes
+
+    def simulate_eviction(self, sim, pinned: set[str]) -> None:
+        """Into `sim` (residency.FreeSim): drop every entry of a user not pinned (a running request took its
+        own out): its table's pages and its reader's hold on the item it began from."""
+        with self._lock:
+            tables = [e.cache for k, e in self._entries.items() if k[0] not in pinned]
+        for table in tables:
+            sim.drop(table.pages)
+            if table._shared is not None:
+                sim.unread(table._shared)
 
     def reclaimable_bytes(self) -> int:
         """Bytes of pages its entries hold beyond their items' (what dropping them all could free at most)."""

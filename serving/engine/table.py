@@ -37,7 +37,10 @@ class PageTable:
         self.item_pages = 0  # of those, the leading pages that are the item's own entry's
         self.cached_pages = 0  # of those, the pages found in the prefix cache (after the item's)
         self.prefix_key: tuple[int, ...] = ()  # the shared pages: rows with the same read them once (runner)
-        self._shared = None  # the shared item entry it holds a reader's reference on (pages.SharedRead.entry)
+        self._shared = (
+            None  # the shared item entry it holds a reader's reference on (shared_pages.SharedRead.entry)
+        )
+        self.background = False  # a background row's (batcher.py): a new chat request does not wait for it
         self._closed = False
 
     # -- admission -----------------------------------------------------------------------------------------
@@ -49,16 +52,23 @@ class PageTable:
         reuse: int = 0,
         source: PageTable | None = None,
         hashes: list[bytes] | None = None,
+        background: bool = False,
+        ticket=None,
     ) -> PageTable:
         """A table for a sequence whose first `reuse` of `prompt_tokens` positions come from `item`'s pages,
         or from `source`'s (a live session's table; it takes precedence), 0: none, with its own pages for the
         rest of the prompt allocated now (its reply's come as it crosses into them: `extend`). Without a
         source, `hashes` (the prompt's full pages' chained keys) find cached pages past the item's; its
         `reused` then says how many positions it starts with. Raises PoolFull when the pool cannot give them
-        now, or while a preempted sequence waits to be admitted again (it goes first)."""
+        now, while a preempted sequence waits to be admitted again (it goes first), or while a request that
+        waited longer for pages still waits (`ticket`: this request's place among them, waiting.py). A
+        `background` row's table waits for every preempted sequence and waiting request; a chat request's
+        for chat ones only."""
         with pool.lock:
             try:
-                return PageTable._admit(pool, prompt_tokens, item, reuse, source, hashes)
+                table = PageTable._admit(pool, prompt_tokens, item, reuse, source, hashes, background, ticket)
+                table.background = background
+                return table
             except PoolFull as full:
                 # after its own releases (a held item let go is a change): what a waiting request waits on
                 full.generation = pool.generation
@@ -66,7 +76,14 @@ class PageTable:
 
     @staticmethod
     def _admit(
-        pool: PagePool, prompt_tokens: int, item, reuse: int, source: PageTable | None, hashes
+        pool: PagePool,
+        prompt_tokens: int,
+        item,
+        reuse: int,
+        source: PageTable | None,
+        hashes,
+        background: bool,
+        ticket,
     ) -> PageTable:
         table = PageTable(pool)
         pt = pool.page_tokens
@@ -75,10 +92,17 @@ class PageTable:
             assert reuse <= source.length, "a session's table reused past its length"
         if item is None and source is None:
             reuse = 0
-        if pool.preempted:
+        preempted = sum(1 for t in pool.preempted if background or not t.background)
+        if preempted:
             raise PoolFull(
                 f"the KV pool has {pool.free_pages} free pages of {pt} tokens; "
-                f"{len(pool.preempted)} preempted sequences wait for pages first"
+                f"{preempted} preempted sequences wait for pages first"
+            )
+        ahead = pool.waiting.ahead(ticket, background)
+        if ahead:
+            raise PoolFull(
+                f"the KV pool has {pool.free_pages} free pages of {pt} tokens; "
+                f"{ahead} requests that came first wait for pages first"
             )
         hits: list[int] = []  # cached pages after the item's full ones, referenced while room is made
         first = 0  # the item's full pages the prompt starts with

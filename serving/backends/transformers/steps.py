@@ -166,6 +166,8 @@ class EngineRequests:
                     seq = got
             if seq is None:  # its client left while it waited for pages
                 return
+            if lease is not None:  # its table references what it reuses of the session's: that one goes now
+                self.sessions.started(lease)
             token = yield seq  # the batcher sends each token, then None once the sequence has ended
             held: list[int] = []  # tokens whose text is held back (an incomplete character, a possible stop)
             received = 0  # tokens taken: stats.logprobs[i] is the i-th one's (when asked for)
@@ -260,6 +262,7 @@ class EngineRequests:
 
         reused = max(usable_prefix_tokens(item, prompt_ids), 0) if item is not None else 0
         n = self.sessions.reuse(lease, prompt_ids, reused)
+        self.sessions.trim(lease, n)  # what it does not read goes back before it waits for pages
         return (lease.entry.cache, n) if n else None
 
     def _logprob(self, lp) -> TokenLogprob:

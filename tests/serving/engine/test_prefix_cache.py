@@ -245,7 +245,9 @@ def test_a_request_that_resolved_a_block_before_its_drop_puts_no_page_back_under
     after = PrefixKey("bob", "blk", epoch=pool.prefix.epoch("bob", "blk"))
     assert pool.prefix.insert(after, page_hashes(after, ids[:4], 4), pages, 0) == 1
     pool.release(pages)
-    assert len(pool.prefix) == 3 and pool.free_pages == 2
+    # three keys over two pages: the cache holds each page once (one reference, counted once)
+    assert len(pool.prefix._index) == 3 and len(pool.prefix) == 2 and pool.free_pages == 2
+    assert [pool.refs(p) for p in pages] == [1, 1]
 
 
 def test_make_room_that_cannot_succeed_evicts_no_cached_page_still_read_or_pinned():
