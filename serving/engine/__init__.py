@@ -1,6 +1,9 @@
 """The engine: a paged KV pool shared by reference and one forward per step for every row.
 
-- pages.py: the page pool (reference counts, a byte size) and resident items' shared pages
+- pages.py: the page pool (reference counts, a byte size, making room by eviction)
+- shared_pages.py: resident items' pages, read by reference (a knowledge parent's by its children)
+- prefix_cache.py, residency.py: finished requests' pages by token hash; who keeps what, quotas, what goes first
+- waiting.py: requests waiting for pages at admission, first come first served
 - table.py: one sequence's page table (shared pages, copy-on-write, its own pages as it grows, preemption)
 - sequence.py: a request's sequence over the pool, and its admission (400 if never, wait for pages, then 429)
 - runner.py: one forward per step, one attention computation per layer over the pages
