@@ -90,7 +90,6 @@ class EngineSequence:
         self.preempted_at = 0.0  # time.monotonic() of its last preemption
         # how long it may wait to be admitted again while nothing else runs (batcher.py), its admission's wait
         self.wait_s = DEFAULT_WAIT_S
-        self.table.background = background
         self.num_preemptions = 0
         self.last_token: int | None = None
         self.finish_reason: str | None = None
