@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kvmem.errors import DependencyUnavailable
 from scheduler.block_maker import BlockMaker
@@ -24,6 +24,8 @@ from scheduler.heat import HeatStats, HeatTable
 from scheduler.plan import BlockPlan, Plan, PlanBook
 
 log = logging.getLogger("scheduler.worker")  # the worker's log, as before this part moved here
+
+T = TypeVar("T")
 
 _CHANGE_KINDS = {"add": "added", "update": "updated", "delete": "deleted"}
 
@@ -221,3 +223,24 @@ class Invalidation:
             if self.fence is not None:
                 self.fence.bump(user_id)
         return forgotten
+
+
+def both_halves(adapter_half: Callable[[], None] | None, kv_half: Callable[[], T]) -> T:
+    """A cascade's two halves: the adapter's, then the KV blocks'. The KV half runs even when the adapter half
+    fails (a full disk under the registry left a deleted memory served from KV); the adapter half's failure is
+    raised after it, the KV half's own failure first (the adapter's logged beside it)."""
+    failure = None
+    if adapter_half is not None:
+        try:
+            adapter_half()
+        except Exception as exc:  # noqa: BLE001 - raised below, once the KV half has run
+            failure = exc
+    try:
+        result = kv_half()
+    except Exception:
+        if failure is not None:
+            log.error("the adapter half of a cascade failed too", exc_info=failure)
+        raise
+    if failure is not None:
+        raise failure
+    return result

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from scheduler.block_maker import BlockMaker
 from scheduler.config import SchedulerConfig
 from scheduler.guard import Fence
 from scheduler.heat import AccessEvent, HeatTable
+from scheduler.invalidate import both_halves
 from scheduler.plan import Plan, PlanBook
 from scheduler.queue import Task, make_queue
 from scheduler.served_adapters import ServedAdapters
@@ -29,7 +30,6 @@ from scheduler.stats import SchedulerStats
 from scheduler.worker import MemorySource, TaskQueue, Worker
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 LAYOUT_POLL_S = (
     1.0  # how often the worker asks whether the builder's layout changed (a stat, when it did not)
@@ -268,7 +268,7 @@ class Scheduler(ServedAdapters):
             adapters.erase_stale(user_id, None, "all the user's memories were deleted")
 
         # every block of the user's, under an adapter or not
-        return _both_halves(
+        return both_halves(
             adapter_half if adapters is not None else None, lambda: self.worker.forget_user(user_id)
         )
 
@@ -302,7 +302,7 @@ class Scheduler(ServedAdapters):
             self.worker.forget_adapters(event.user_id, [m.name for m in erased])
 
         try:  # the KV half raises FenceUnavailable when replicas could not be told
-            _both_halves(
+            both_halves(
                 adapter_half if adapters is not None and event.kind != "added" else None,
                 lambda: self.worker.invalidate(event),
             )
@@ -436,24 +436,3 @@ class Scheduler(ServedAdapters):
 
 
 __all__ = ["AccessEvent", "Scheduler", "SchedulerStats"]
-
-
-def _both_halves(adapter_half: Callable[[], None] | None, kv_half: Callable[[], T]) -> T:
-    """A cascade's two halves: the adapter's, then the KV blocks'. The KV half runs even when the adapter half
-    fails (a full disk under the registry left a deleted memory served from KV); the adapter half's failure is
-    raised after it, the KV half's own failure first (the adapter's logged beside it)."""
-    failure = None
-    if adapter_half is not None:
-        try:
-            adapter_half()
-        except Exception as exc:  # noqa: BLE001 - raised below, once the KV half has run
-            failure = exc
-    try:
-        result = kv_half()
-    except Exception:
-        if failure is not None:
-            log.error("the adapter half of a cascade failed too", exc_info=failure)
-        raise
-    if failure is not None:
-        raise failure
-    return result
