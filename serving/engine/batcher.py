@@ -24,8 +24,8 @@ are background members, which wait while a chat member does) and the first waiti
 pages back while another member holds pages (the shared pages it reads, its own), one of those fails with
 PoolFull: the youngest background member, else the youngest chat member. When no other member holds pages,
 the members wait for the pool to change (another thread's release: a delete, a build), but not forever: the
-first that waits fails with PoolFull once it waited its admission's `wait_s` since its preemption (429, as a
-request that waits at admission), and a member whose caller stopped ends meanwhile (`idle` is false then).
+first that waits fails with PoolFull once nothing could run for its admission's `wait_s` (429, as a request
+that waits at admission), and a member whose caller stopped ends meanwhile (`idle` is false then).
 
 Background rows (`seq.background`: memory formation on the server's own model, serving/background/) run at
 low priority, within this budget: they take no step while a chat (foreground) member waits to be admitted
@@ -63,6 +63,7 @@ class Batcher:
         self.background_rows = background_rows
         self._members: dict[EngineSequence, RequestSteps] = {}  # insertion order: the prefill queue's order
         self._stalled: dict[object, int] | None = None  # every member preempted: each pool's generation then
+        self._stall_began: float | None = None  # time.monotonic() when nothing could run, since then
 
     def __len__(self) -> int:
         return len(self._members)
@@ -84,10 +85,12 @@ class Batcher:
         return deadline is None or time.monotonic() < deadline
 
     def deadline(self) -> float | None:
-        """While stalled: when the first preempted member's wait is over (time.monotonic()), else None."""
-        if self._stalled is None:
+        """While stalled: when a preempted member's wait is over (time.monotonic(), counted from the moment
+        nothing could run, not from its preemption: a member preempted long ago while others ran gets its
+        whole wait), else None."""
+        if self._stalled is None or self._stall_began is None:
             return None
-        return min((s.preempted_at + s.wait_s for s in self._members if s.preempted), default=None)
+        return min((self._stall_began + s.wait_s for s in self._members if s.preempted), default=None)
 
     def step(self) -> None:
         """Advance every member by at most one model step (see the module docstring)."""
@@ -141,6 +144,7 @@ class Batcher:
             if seq.table.pool not in blocked and not seq.readmit():
                 blocked.add(seq.table.pool)
         if not blocked or any(not s.preempted for s in self._stepping()):
+            self._stall_began = None
             return
         # nothing runs (a background member that is not preempted takes no step while a chat member waits),
         # so no page comes back by a step: a member holding pages (the shared ones it reads, its own) other
@@ -153,9 +157,12 @@ class Batcher:
             if holders:
                 seq = (background or holders)[-1]
                 self._fail(seq, PoolFull("preempted, and the KV pool cannot hold it with the older requests"))
+                self._stall_began = None
                 return
         now = time.monotonic()
-        for seq in [s for s in waiting if s.preempted and now >= s.preempted_at + s.wait_s]:
+        if self._stall_began is None:
+            self._stall_began = now
+        for seq in [s for s in waiting if s.preempted and now >= self._stall_began + s.wait_s]:
             self._fail(
                 seq,
                 PoolFull(
@@ -163,6 +170,7 @@ class Batcher:
                     f"({seq.table.pool.free_pages} of {seq.table.pool.num_pages} free)"
                 ),
             )
+            self._stall_began = None  # its pages went back: the others' waits start again if still stalled
             return
         self._stalled = generations
 

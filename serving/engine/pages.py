@@ -181,11 +181,12 @@ class PagePool:
         with self.lock:
             if self._free.count >= pages:
                 return True
-            # the holders' own counts first (cheap); when they say no, the exact count, which also sees what
-            # becomes evictable once something else goes (a block read only by an idle session's table)
-            if self._free.count + self.residency.reclaimable_pages() < pages:
-                if self._free.count + self.residency.freeable_pages() < pages:
-                    return False
+            # what eviction surely frees (cheap: it stops at what is missing); when that falls short, the exact
+            # count, which also sees what becomes evictable once something else goes (a block read only by an
+            # idle session's table) and what stays though it looks unread (a page a pinned user's key names)
+            short = pages - self._free.count
+            if self.residency.surely_freeable(short) < short and self.residency.freeable_pages() < short:
+                return False
             while self._free.count < pages and self.residency.evict_one():
                 pass
             return self._free.count >= pages

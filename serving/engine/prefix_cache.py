@@ -132,7 +132,9 @@ class PrefixCache:
             added, touched = [], []
             for i in range(first, min(len(hashes), len(pages))):
                 h = hashes[i]
-                if h not in self._index:
+                # a resident item's page (a knowledge parent's, under a child the request's table no longer
+                # holds) stays the item's alone: the cache and the items never share a page
+                if h not in self._index and not self.pool.shared.holds(pages[i]):
                     page = pages[i]
                     if page not in self._keys:
                         self.pool.ref([page])
@@ -140,7 +142,7 @@ class PrefixCache:
                     self._index[h] = _Cached(page, key.user, key.block, 0)
                     added.append(page)
                 touched.append(h)
-            self._touch(touched)
+            self._touch([h for h in touched if h in self._index])
             self.stats.inserted += len(added)
             if added:
                 self.pool.residency.add(key.user, added)
@@ -156,21 +158,25 @@ class PrefixCache:
             if (user is None or c.user == user) and (not unread or self.pool.refs(c.page) == 1):
                 yield c.tick, c.user, h
 
-    def reclaimable_pages(self) -> int:
-        """How many pages evicting every page it may evict frees: the unread ones of users not pinned (a page a
-        running request still reads, or a pinned user's, is never evicted: counting it would let make_room
-        empty the cache and fail anyway). A pass over the index, taken only while the pool is short."""
-        with self.pool.lock:
-            pinned = self.pool.residency.pinned
-            return len(
-                {c.page for c in self._index.values() if c.user not in pinned and self.pool.refs(c.page) == 1}
-            )
+    def surely_freeable(self, need: int, pinned: set[str]) -> int:
+        """Up to `need`: pages that evicting surely frees (only the cache reads them, one key of a user not
+        pinned names them: a page a running request still reads, or a pinned user's, is never evicted),
+        least recently used first; stops once it counted `need` (one or two keys when the pool is full of
+        cached pages, not a pass over the index per page taken)."""
+        n = 0
+        for c in self._index.values():
+            if n >= need:
+                break
+            if c.user not in pinned and self._keys[c.page] == 1 and self.pool.refs(c.page) == 1:
+                n += 1
+        return n
 
     def simulate_eviction(self, sim, pinned: set[str]) -> None:
-        """Into `sim` (residency.FreeSim): drop every page of a user not pinned that only the cache would
-        read once what `sim` dropped before is gone."""
-        for page in {c.page for c in self._index.values() if c.user not in pinned}:
-            if sim.refs(page) == 1:
+        """Into `sim` (residency.FreeSim): drop every page that only the cache reads once what `sim` dropped
+        before is gone, unless a pinned user's key names it (eviction drops the other keys; the page stays)."""
+        kept = {c.page for c in self._index.values() if c.user in pinned}
+        for page in self._keys:
+            if page not in kept and sim.refs(page) == 1 and sim.take(("prefix", page)):
                 sim.drop([page])
 
     def drop_key(self, h: bytes, evicted: bool = True) -> None:

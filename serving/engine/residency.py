@@ -52,12 +52,13 @@ class Holder(Protocol):
     def drop_key(self, key: object) -> None:
         """Drop one thing it keeps (its pages go back once nobody reads them)."""
 
-    def reclaimable_pages(self) -> int:
-        """At most how many pages dropping every unread thing it keeps could free."""
+    def surely_freeable(self, need: int, pinned: set[str]) -> int:
+        """Up to `need`: pages that evicting what it keeps for users not in `pinned` surely frees (a lower
+        bound, cheap: it stops once it counted `need`)."""
 
     def simulate_eviction(self, sim: FreeSim, pinned: set[str]) -> None:
-        """Drop into `sim` everything of users not in `pinned` that it would let go of for room, given what
-        `sim` dropped before (holders of higher categories go first: they read the others' pages)."""
+        """Drop into `sim` (each thing once: `sim.take`) what it would let go of for room, given what `sim`
+        dropped so far; asked again until nothing more goes (what one drops may let another's go)."""
 
 
 class Residency:
@@ -170,22 +171,32 @@ class Residency:
     def holders(self) -> list[Holder]:
         return sorted([self.pool.shared, self.pool.prefix, *self.pool.reclaimers], key=lambda h: h.category)
 
-    def reclaimable_pages(self) -> int:
-        """The holders' own counts of what they may evict now (cheap; blind to what becomes evictable once
-        something else goes: `freeable_pages`)."""
-        return sum(h.reclaimable_pages() for h in self.holders())
+    def surely_freeable(self, need: int) -> int:
+        """Up to `need`: pages that evicting for room surely frees (a lower bound that stops once it counted
+        `need`: when the pool is full of cached pages, the first unread one or two)."""
+        with self.pool.lock:
+            n = 0
+            for holder in self.holders():
+                if n >= need:
+                    break
+                n += holder.surely_freeable(need - n, self.pinned)
+            return n
 
     def freeable_pages(self) -> int:
         """Exactly how many pages evicting for room (`evict_one`, again and again) could free: live sessions'
-        tables first (a running request took its own out), which lets go of the items and prefix pages only
-        they read, then those items (and the knowledge parents only they read), then the prefix pages only the
-        cache reads; never a pinned user's. A pass over what the holders keep, taken only when the holders'
-        own counts say the room is not there (pages.py `make_room`)."""
+        tables (a running request took its own out), which lets go of the items and prefix pages only they
+        read, those items (and the knowledge parents only their children read), the prefix pages only the cache
+        reads, until nothing more would go; never a pinned user's. Passes over what the holders keep, taken
+        only when `surely_freeable` falls short (pages.py `make_room`)."""
         with self.pool.lock:
             sim = FreeSim(self.pool)
-            for holder in sorted(self.holders(), key=lambda h: -h.category):  # the readers of the rest first
-                holder.simulate_eviction(sim, self.pinned)
-            return sim.freed()
+            holders = sorted(self.holders(), key=lambda h: -h.category)  # the readers of the rest first
+            while True:
+                taken = sim.taken
+                for holder in holders:
+                    holder.simulate_eviction(sim, self.pinned)
+                if sim.taken == taken:
+                    return sim.freed()
 
     def evict_one(self) -> bool:
         """Drop one unread thing by the policy (see the module docstring); False if none may go."""
@@ -238,6 +249,16 @@ class FreeSim:
         self.pool = pool
         self._refs: dict[int, int] = {}
         self._unread: Counter = Counter()  # entry id -> readers gone
+        self._taken: set = set()  # what was dropped (each once)
+        self.taken = 0
+
+    def take(self, key) -> bool:
+        """Whether `key` (a holder's thing) is dropped now for the first time."""
+        if key in self._taken:
+            return False
+        self._taken.add(key)
+        self.taken += 1
+        return True
 
     def refs(self, page: int) -> int:
         got = self._refs.get(page)

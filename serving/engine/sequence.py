@@ -87,7 +87,6 @@ class EngineSequence:
         self.prompt_ids = list(prompt_ids)
         self._prefill = list(prompt_ids[reused:])  # prompt tokens not yet in the pool
         self.preempted = False  # its own pages went back; it waits to be admitted again (batcher.py)
-        self.preempted_at = 0.0  # time.monotonic() of its last preemption
         # how long it may wait to be admitted again while nothing else runs (batcher.py), its admission's wait
         self.wait_s = DEFAULT_WAIT_S
         self.num_preemptions = 0
@@ -115,7 +114,6 @@ class EngineSequence:
         self.position = self.table.length
         self._prefill = (self.prompt_ids + self.stats.token_ids)[self.position :]
         self.preempted = True
-        self.preempted_at = time.monotonic()
         self.num_preemptions += 1
 
     def readmit(self) -> bool:
@@ -207,13 +205,21 @@ class AdmissionWait:
 DEFAULT_WAIT_S = 10.0  # a request's wait for pages when none is given (the server's --kv-wait-s default)
 
 
-def pages_needed(pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source=None) -> int:
+def pages_needed(
+    pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source=None, prompt_tokens: int = 0
+) -> int:
     """Pages a sequence of `total_tokens` positions holds at its longest: its table's, and the rest of the
     item whose first `reuse` positions it reads, or (`source`, a live session's table it starts from) the
-    pages of the item that table began with that it does not reference (the item stays held while it runs)."""
+    pages of the item that table began with that it does not reference (the item stays held while it runs);
+    and at its admission, when `reuse` ends mid-page, the session's page it copies from beside its prompt's
+    (`prompt_tokens`) own pages (the session's table goes once it is admitted: sessions.py `started`)."""
     need = pool.pages_for(total_tokens)
     if source is not None:
-        need += len(pool.shared.held_pages(source._shared) - set(source.pages[: reuse // pool.page_tokens]))
+        item_rest = len(
+            pool.shared.held_pages(source._shared) - set(source.pages[: reuse // pool.page_tokens])
+        )
+        at_admission = pool.pages_for(prompt_tokens) + (1 if reuse % pool.page_tokens else 0)
+        need = max(need, at_admission) + item_rest
     elif item is not None and reuse:
         need += pool.pages_for(item.num_tokens) - reuse // pool.page_tokens
     return need
@@ -230,6 +236,7 @@ def admit(
     max_new_tokens: int,
     wait_s: float = DEFAULT_WAIT_S,
     should_stop: Callable[[], bool] | None = None,
+    yield_to_chat: bool = False,
     **kwargs,
 ) -> Iterator[EngineSequence | AdmissionWait]:
     """Yields an AdmissionWait while the pool has no room for the prompt (the caller yields it to the model
@@ -245,12 +252,13 @@ def admit(
         reuse = source[1]
     elif item is not None:
         reuse = max(usable_prefix_tokens(item, prompt_ids), 0)
-    need = pages_needed(pool, total, item, reuse, None if source is None else source[0])
+    need = pages_needed(pool, total, item, reuse, None if source is None else source[0], len(prompt_ids))
     if need > pool.num_pages:
         raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens)
     deadline = time.monotonic() + wait_s
     hashes = page_hashes(prefix, prompt_ids, pool.page_tokens) if prefix is not None else None
-    background = bool(kwargs.get("background", False))
+    # a background row's, or a build's (`yield_to_chat`), admission waits behind every chat request's
+    background = bool(kwargs.get("background", False)) or yield_to_chat
     ticket = None  # its place among the requests that wait (waiting.py), from its first wait on
     try:
         while True:

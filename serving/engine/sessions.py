@@ -262,20 +262,28 @@ class SessionCache:
             cache = self._remove(key) if key in self._entries else None
         _close([cache])
 
-    def reclaimable_pages(self) -> int:
+    def surely_freeable(self, need: int, pinned: set[str]) -> int:
+        """Up to `need`: pages that dropping its entries of users not pinned surely frees (only the entry's
+        table holds them), least recently used first; stops once it counted `need`."""
         with self._lock:
-            entry = next(iter(self._entries.values()), None)
-            return 0 if entry is None else self._bytes // entry.cache.pool.shape.page_bytes
+            tables = [e.cache for k, e in self._entries.items() if k[0] not in pinned]
+        n = 0
+        for table in tables:
+            if n >= need:
+                break
+            n += sum(1 for p in table.pages if table.pool.refs(p) == 1)
+        return n
 
     def simulate_eviction(self, sim, pinned: set[str]) -> None:
         """Into `sim` (residency.FreeSim): drop every entry of a user not pinned (a running request took its
         own out): its table's pages and its reader's hold on the item it began from."""
         with self._lock:
-            tables = [e.cache for k, e in self._entries.items() if k[0] not in pinned]
-        for table in tables:
-            sim.drop(table.pages)
-            if table._shared is not None:
-                sim.unread(table._shared)
+            entries = [(k, e.cache) for k, e in self._entries.items() if k[0] not in pinned]
+        for key, table in entries:
+            if sim.take(("session", key)):
+                sim.drop(table.pages)
+                if table._shared is not None:
+                    sim.unread(table._shared)
 
     def reclaimable_bytes(self) -> int:
         """Bytes of pages its entries hold beyond their items' (what dropping them all could free at most)."""

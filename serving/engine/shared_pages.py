@@ -148,24 +148,30 @@ class SharedPages:
     def drop_key(self, item_id: str) -> None:
         self.drop(item_id)
 
+    def holds(self, page: int) -> bool:
+        """Whether a resident entry holds `page` (the prefix cache never takes such a page: prefix_cache.py)."""
+        with self.pool.lock:
+            return self._holders[page] > 0
+
     def simulate_eviction(self, sim, pinned: set[str]) -> None:
-        """Into `sim` (residency.FreeSim): drop every entry of a user not pinned that nobody would read once
-        what `sim` dropped before is gone; a child dropped lets go of its parent, which may go then too."""
-        gone: set[int] = set()
-        more = True
-        while more:
-            more = False
-            for e in self._entries.values():
-                if id(e) in gone or e.user in pinned or sim.readers(e) > 0:
-                    continue
-                gone.add(id(e))
+        """Into `sim` (residency.FreeSim): drop every entry of a user not pinned that nobody reads once what
+        `sim` dropped before is gone; a child dropped lets go of its parent (the next pass may drop it)."""
+        for e in self._entries.values():
+            if e.user not in pinned and sim.readers(e) == 0 and sim.take(("item", id(e))):
                 sim.drop(e.pages)
                 if e.parent is not None:
                     sim.unread(e.parent)
-                more = True
 
-    def reclaimable_pages(self) -> int:
-        return self.unread_pages()
+    def surely_freeable(self, need: int, pinned: set[str]) -> int:
+        """Up to `need`: pages that evicting its unread entries of users not pinned surely frees (only the
+        entry holds them), least recently used first; stops once it counted `need`."""
+        n = 0
+        for e in self._entries.values():
+            if n >= need:
+                break
+            if e.users == 0 and e.user not in pinned:
+                n += sum(1 for p in e.pages if self.pool.refs(p) == 1)
+        return n
 
     def evict(self, pages_wanted: int) -> None:
         """Drop unread entries, least recently used first, until `pages_wanted` more pages are free or none is

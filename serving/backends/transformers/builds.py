@@ -114,6 +114,7 @@ class EngineBuilds:
                 item=prefix,
                 max_new_tokens=1,
                 wait_s=self.config.kv_wait_s,
+                yield_to_chat=True,  # a build that waits for pages never holds a chat request back (waiting.py)
                 sampling=Sampling(max_new_tokens=1),
                 prefill_chunk_tokens=self.config.build_chunk_tokens,
                 idle_chunk_tokens=self.config.prefill_chunk_tokens,

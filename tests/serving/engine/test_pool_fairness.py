@@ -224,3 +224,89 @@ def test_a_preempted_request_waiting_for_pages_ends_when_its_client_leaves(tiny_
         pool.release(outside)
     finally:
         loop.close()
+
+
+def test_a_member_preempted_while_others_ran_gets_its_whole_wait_once_nothing_runs(tiny_handle):
+    """The wait of a stalled batcher counts from when nothing could run, not from the preemption: a member
+    preempted long before (another ran meanwhile) is admitted again when the pages come back a turn after
+    the stall began (a finished build's read steps hold them a few turns: builds.py)."""
+    model = tiny_handle.model
+    pool = pool_of(model, 8)
+    batcher = Batcher(prefill_budget_tokens=64)
+    a_out, c_out = [], []
+    a_steps = request_steps(pool, model, prompt(100, 1), None, 100, a_out, stop_token_ids=frozenset())
+    a = next(a_steps)
+    a.release = lambda: None  # its pages are given back by the test, a turn after it ends
+    batcher.add(a, a_steps)
+    c_steps = request_steps(
+        pool, model, prompt(300, 1), None, 60, c_out, wait_s=0.5, stop_token_ids=frozenset()
+    )
+    c = next(c_steps)
+    batcher.add(c, c_steps)
+    while not c.preempted:
+        batcher.step()
+    time.sleep(0.6)  # longer than its wait, while the other one runs
+    while a in batcher._members:
+        batcher.step()
+    assert len(a_out) == 100 and c.preempted
+    batcher.step()  # the first turn nothing runs: it waits, it does not fail
+    assert c in batcher._members and c.preempted
+    a.table.close()  # the pages come back
+    while len(batcher):
+        batcher.step()
+    assert len(c_out) == 60 and pool.used_pages == 0
+
+
+def test_a_build_that_waits_for_pages_holds_no_chat_request_back(tiny_handle):
+    """A block build's admission (builds.py) waits behind chat requests, as a background row's does."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from serving.backends.transformers.builds import EngineBuilds
+
+    model = tiny_handle.model
+    pool = pool_of(model, 10)
+    held = pool.alloc(8)
+    backend = SimpleNamespace(
+        pool=pool,
+        handle=tiny_handle,
+        config=SimpleNamespace(
+            kv_wait_s=10.0, build_chunk_tokens=16, prefill_chunk_tokens=512, build_attention_budget=32768
+        ),
+    )
+    build = EngineBuilds._prefill_steps(backend, prompt(1000, 5), None, 0, Future(), None, threading.Event())
+    assert isinstance(next(build), AdmissionWait) and len(pool.waiting) == 1
+    chat = try_admit(pool, model, prompt(10, 1)[:10])
+    assert isinstance(chat, EngineSequence), chat
+    chat.release()
+    build.close()
+    pool.release(held)
+    assert len(pool.waiting) == 0 and pool.used_pages == 0
+
+
+def test_a_session_turn_that_could_never_be_admitted_beside_the_page_it_copies_is_400(tiny_handle):
+    """A turn reading a history that ends mid-page holds that page at its admission beside its prompt's own
+    (it copies from it): counted, a turn that could never be admitted is refused at once, not left to wait
+    (and hold every later request back) until its 429."""
+    from serving.engine.errors import PoolTooSmall
+    from serving.engine.table import PageTable
+
+    model = tiny_handle.model
+    pool = pool_of(model, 6)
+    history = PageTable.admit(pool, 40)
+    history.extend(40, pool.k.device)
+    history.keep(40)  # the 40 tokens the turn reads (sessions.trim): 3 pages, the last one partly
+    turn = admit(
+        pool,
+        model,
+        list(range(6 * PT - 1)),
+        source=(history, 40),
+        max_new_tokens=1,
+        wait_s=30.0,
+        sampling=Sampling(),
+    )
+    with pytest.raises(PoolTooSmall):
+        next(turn)
+    assert len(pool.waiting) == 0
+    history.close()
+    assert pool.used_pages == 0

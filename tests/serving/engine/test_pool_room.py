@@ -4,15 +4,21 @@ and a prefix page named by two keys is held once and evicted once nothing reads 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import torch
+
 from kvmem.kv import Sampling, build_item
 from kvmem.kv.inject import usable_prefix_tokens
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 from serving.engine.pages import PagePool, PoolShape
-from serving.engine.prefix_cache import PrefixKey
+from serving.engine.prefix_cache import PrefixKey, page_hashes
 from serving.engine.sequence import EngineSequence, admit
 from serving.engine.sessions import SessionCache
+from serving.engine.table import PageTable
 from tests.conftest import prompts_and_blocks
 from tests.serving.engine.test_pool_fairness import try_admit
+from tests.serving.engine.test_prefix_cache import small_pool
 from tests.serving.engine.test_session_pages import finish
 
 
@@ -37,7 +43,7 @@ def test_a_request_that_fits_once_an_idle_session_and_its_block_go_is_admitted(t
     table = sessions.peek("alice", "s1").cache
     assert pool.used_pages == len(set(pool.shared.resident(item.item_id).pages) | set(table.pages))
     # the holders' own counts see the session's pages past the block's only; the block is read by the session
-    assert pool.residency.reclaimable_pages() == len(table.pages) - table.item_pages
+    assert pool.residency.surely_freeable(100) == len(table.pages) - table.item_pages
     assert pool.residency.freeable_pages() == pool.used_pages  # dropping the session frees the block too
     bob = [300 + i for i in range(20 * 16)]  # 20 of the 30 pages
     assert pool.free_pages < 20
@@ -110,3 +116,100 @@ def test_a_page_a_sessions_next_turn_caches_under_another_block_id_goes_once_not
     while pool.residency.evict_one():
         pass
     assert pool.used_pages == 0 and len(pool.prefix) == 0
+
+
+# -- model-free: a pool of 4-token pages, items with K/V of zeros ---------------------------------------------
+class Item:
+    """What SharedPages reads of a stored item."""
+
+    def __init__(self, item_id: str, num_tokens: int, user: str, parent=None, own_start: int = 0) -> None:
+        self.item_id, self.num_tokens, self.parent, self.own_start = item_id, num_tokens, parent, own_start
+        self.meta = SimpleNamespace(user_id=user)
+
+    def kv_range(self, start: int, end: int) -> torch.Tensor:
+        return torch.zeros(1, 2, 1, end - start, 4)
+
+
+def evict_all(pool) -> int:
+    """Evict for room until nothing more may go: the pages it freed."""
+    before = pool.free_pages
+    while pool.residency.evict_one():
+        pass
+    return pool.free_pages - before
+
+
+def keep_table(sessions, user: str, table: PageTable) -> None:
+    lease = sessions.take(user, "s1", None, ())
+    assert sessions.put(lease, list(range(table.length)), table)
+
+
+def test_make_room_that_cannot_succeed_evicts_nothing_a_pinned_users_session_and_a_read_parent_included():
+    pool = small_pool(6)
+    sessions = SessionCache(1 << 30)
+    pool.reclaimers.append(sessions)
+    table = PageTable(pool)
+    table.pages, table.length = pool.alloc(3), 12
+    keep_table(sessions, "alice", table)
+    pool.residency.pin("alice")  # her session is never evicted
+    bob = PrefixKey("bob")
+    pages = pool.alloc(2)
+    assert pool.prefix.insert(bob, page_hashes(bob, list(range(8)), 4), pages, 0) == 2
+    pool.release(pages)
+    running = pool.alloc(1)
+    assert pool.free_pages == 0 and pool.residency.freeable_pages() == 2
+    assert pool.make_room(3) is False and len(pool.prefix) == 2  # bob's pages stay
+    assert pool.make_room(2) is True and len(pool.prefix) == 0
+    pool.release(running)
+    # an unread knowledge child whose parent a running request reads frees its own page only
+    pool = small_pool(6)
+    parent = Item("K", 8, KNOWLEDGE_OWNER)
+    child = Item("C", 12, "alice", parent=parent, own_start=8)
+    reader = pool.shared.acquire(parent)
+    pool.shared.release(pool.shared.acquire(child).entry)
+    running = pool.alloc(3)
+    assert pool.free_pages == 0 and pool.residency.freeable_pages() == 1
+    assert pool.make_room(2) is False and "C" in pool.shared
+    pool.release(running)
+    pool.shared.release(reader.entry)
+
+
+def test_a_page_a_pinned_users_key_names_is_not_freeable_though_another_users_key_is_evicted():
+    pool = small_pool(4)
+    page = pool.alloc(1)
+    for user in ("alice", "bob"):
+        key = PrefixKey(user)
+        assert pool.prefix.insert(key, page_hashes(key, list(range(4)), 4), page, 0) == 1
+    pool.release(page)
+    running = pool.alloc(3)
+    pool.residency.pin("alice")
+    assert pool.residency.freeable_pages() == 0 == evict_all(pool)
+    assert pool.prefix.pages() == page  # alice's key keeps it
+    pool.release(running)
+
+
+def test_a_resident_items_page_never_enters_the_prefix_cache():
+    """A session's next turn whose table no longer holds the knowledge child it began from (dropped while its
+    table read it: a quota, a delete) caches its pages; the parent's, still resident, stay the parent's alone:
+    the stats add up, and what eviction frees is what freeable_pages says."""
+    pool = small_pool(12)
+    sessions = SessionCache(1 << 30)
+    pool.reclaimers.append(sessions)
+    parent = Item("K", 8, KNOWLEDGE_OWNER)
+    child = Item("C", 12, "alice", parent=parent, own_start=8)
+    first = PageTable.admit(pool, 16, item=child, reuse=12)
+    first.length = 16
+    pool.shared.drop("C")
+    second = PageTable.admit(pool, 20, source=first, reuse=16)
+    second.length = 20
+    assert second.cache_prefix(PrefixKey("alice"), list(range(20))) == 3  # not K's two pages
+    k_pages = pool.shared.resident("K").pages
+    assert not set(k_pages) & set(pool.prefix.pages())
+    first.close()
+    second.close()
+    bobs = PageTable.admit(pool, 12, item=parent, reuse=8)  # bob's idle session reads K
+    bobs.length = 12
+    keep_table(sessions, "bob", bobs)
+    stats = pool.stats()
+    assert stats["private_bytes"] >= 0
+    assert pool.residency.freeable_pages() == pool.used_pages == evict_all(pool)
+    assert pool.used_pages == 0
