@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from serving.engine.errors import PoolFull
-
-if TYPE_CHECKING:
-    from serving.engine.pages import PagePool
 
 
 @dataclass
@@ -47,7 +44,7 @@ class SharedPages:
 
     category = 0  # evicted first (residency.py)
 
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool) -> None:  # pages.PagePool, which makes it
         self.pool = pool
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._holders = [0] * pool.num_pages  # resident entries holding each page

@@ -29,6 +29,14 @@ def prompt(first: int, pages: int) -> list[int]:
     return [first + i for i in range(pages * PT)]
 
 
+def joined(batcher, pool, model, ids, max_new: int, out: list, **kw) -> EngineSequence:
+    """A request admitted and added to `batcher` (as the model loop does): its sequence."""
+    steps = request_steps(pool, model, ids, None, max_new, out, stop_token_ids=frozenset(), **kw)
+    seq = next(steps)
+    batcher.add(seq, steps)
+    return seq
+
+
 def try_admit(pool, model, ids, **kw) -> EngineSequence | PoolFull:
     """One admission attempt that does not wait: the sequence, or the PoolFull it got."""
     try:
@@ -130,16 +138,10 @@ def test_a_preempted_background_row_does_not_lock_chat_requests_out(tiny_handle)
     pool = pool_of(model, 40)
     batcher = Batcher(prefill_budget_tokens=64)
     chat_out, form_out = [], []
-    chat = request_steps(pool, model, prompt(100, 1), None, 560, chat_out, stop_token_ids=frozenset())
-    chat_seq = next(chat)
-    batcher.add(chat_seq, chat)
+    chat_seq = joined(batcher, pool, model, prompt(100, 1), 560, chat_out)
     while len(chat_out) < 400:  # 26 pages of the 40
         batcher.step()
-    form = request_steps(
-        pool, model, prompt(700, 10), None, 100, form_out, stop_token_ids=frozenset(), background=True
-    )
-    form_seq = next(form)
-    batcher.add(form_seq, form)
+    form_seq = joined(batcher, pool, model, prompt(700, 10), 100, form_out, background=True)
     while not form_seq.preempted:  # the chat reply takes the pages back as it grows
         batcher.step()
     assert not chat_seq.finished and pool.free_pages >= 2
@@ -234,15 +236,9 @@ def test_a_member_preempted_while_others_ran_gets_its_whole_wait_once_nothing_ru
     pool = pool_of(model, 8)
     batcher = Batcher(prefill_budget_tokens=64)
     a_out, c_out = [], []
-    a_steps = request_steps(pool, model, prompt(100, 1), None, 100, a_out, stop_token_ids=frozenset())
-    a = next(a_steps)
+    a = joined(batcher, pool, model, prompt(100, 1), 100, a_out)
     a.release = lambda: None  # its pages are given back by the test, a turn after it ends
-    batcher.add(a, a_steps)
-    c_steps = request_steps(
-        pool, model, prompt(300, 1), None, 60, c_out, wait_s=0.5, stop_token_ids=frozenset()
-    )
-    c = next(c_steps)
-    batcher.add(c, c_steps)
+    c = joined(batcher, pool, model, prompt(300, 1), 60, c_out, wait_s=0.5)
     while not c.preempted:
         batcher.step()
     time.sleep(0.6)  # longer than its wait, while the other one runs
