@@ -9,7 +9,12 @@ tensors are tiny (one layer, one head of 8 dims), so only the bookkeeping is tim
   take one page (a decode crossing into a page), give them back;
 - evict: `--entries` resident items (one page each, all unread), then one `evict` of all of them (a request
   that needs the whole pool);
-- stats: `stats()` (each /metrics scrape) with those entries resident.
+- stats: `stats()` (each /metrics scrape) with those entries resident;
+- alloc on a full pool: every page held by the prefix cache alone (unread, `--users` users' chains), then
+  `--ops` times: take one page (evicting the least recently used cached page), cache it again under a new key
+  and let go of it, so the next one finds the pool full again. Only the `alloc(1)` is timed: what a decode
+  step pays for a page once the cache has filled the pool (0dd00e7 made its room check a bound that stops
+  at what is missing; before it, a pass over the whole index per page).
 
 Medians and p90 over the repeats, one table, the JSON (git sha, load average) to --out. The same script runs
 at the commit before the change (b59d2de; the pool there is 879ab03's) for the "before" column. A smoke run
@@ -20,6 +25,10 @@ on the busy 2-core machine at 20k pages and 2,000 entries, ms median before -> a
     (cd /tmp/before && python -m benchmarks.engine.pool_ops --pages 100000 --entries 20000 \
         --out benchmarks/results/cpu/pool_ops_before.json)
     python -m benchmarks.engine.pool_ops --pages 100000 --entries 20000 --out benchmarks/results/cpu/pool_ops.json
+
+The full-pool row before and after 0dd00e7 (the script copied into a worktree of 72b7c42, as above):
+`--pages 50000 --out benchmarks/results/cpu/pool_ops_full_72b7c42.json` there, and `--out
+benchmarks/results/cpu/pool_ops_full_<sha>.json` here.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 
 from benchmarks.common import env_info, median, p90, print_table, write_outputs
 from serving.engine.pages import PagePool, PoolShape
+from serving.engine.prefix_cache import PrefixKey
 
 SHAPE = PoolShape(layers=1, kv_heads=1, head_dim=8, dtype=torch.float32)
 
@@ -96,6 +106,28 @@ def stats(pages: int, entries: int, repeats: int) -> list[float]:
     return timings(pool.stats, repeats)
 
 
+def alloc_full(pages: int, users: int, ops: int) -> list[float]:
+    pool = PagePool(SHAPE, pages * SHAPE.page_bytes)
+    keys = [PrefixKey(f"user-{u}") for u in range(users)]
+    serial = iter(range(1 << 62))
+
+    def cache(page: int) -> None:  # the page under a fresh key of a user's, then the cache's alone
+        pool.prefix.insert(keys[page % users], [next(serial).to_bytes(32, "big")], [page], 0)
+        pool.release([page])
+
+    for page in pool.alloc(pages):
+        cache(page)
+    assert pool.free_pages == 0 and len(pool.prefix) == pages
+    out = []
+    for _ in range(ops + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        (page,) = pool.alloc(1)
+        out.append(time.perf_counter() - start)
+        cache(page)
+    assert pool.free_pages == 0 and len(pool.prefix) == pages
+    return out[1:]
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pages", type=int, default=100_000)
@@ -103,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ops", type=int, default=200, help="alloc/release rounds")
     p.add_argument("--prompt-pages", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="evict and stats repeats")
+    p.add_argument("--users", type=int, default=100, help="users whose cached pages fill the pool")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.entries > args.pages:
@@ -111,12 +144,14 @@ def main(argv: list[str] | None = None) -> dict:
         "alloc_release": alloc_release(args.pages, args.ops, args.prompt_pages),
         "evict_all": evict_all(args.pages, args.entries, args.repeats),
         "stats": stats(args.pages, args.entries, max(args.repeats, 20)),
+        "alloc_full": alloc_full(args.pages, args.users, args.ops),
     }
     result = {
         "env": env_info("cpu"),
         "pages": args.pages,
         "entries": args.entries,
         "prompt_pages": args.prompt_pages,
+        "users": args.users,
         "ops_ms": {k: {"median": median(v) * 1e3, "p90": p90(v) * 1e3, "n": len(v)} for k, v in rows.items()},
     }
     print_table(
