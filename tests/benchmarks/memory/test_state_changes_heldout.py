@@ -13,14 +13,18 @@ import pytest
 DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "state_changes"
 
 
-@pytest.mark.parametrize("name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5"])
+@pytest.mark.parametrize(
+    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6"]
+)
 def test_data_matches_its_sealed_hash(name: str) -> None:
     digest, file = (DATA / f"{name}.jsonl.sha256").read_text().split()
     assert file == f"{name}.jsonl"
     assert hashlib.sha256((DATA / f"{name}.jsonl").read_bytes()).hexdigest() == digest
 
 
-@pytest.mark.parametrize("name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5"])
+@pytest.mark.parametrize(
+    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6"]
+)
 def test_rows_have_the_documented_shape(name: str) -> None:
     rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
     kinds = Counter(r["kind"] for r in rows)
