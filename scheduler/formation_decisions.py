@@ -7,13 +7,30 @@ embedding call; the worker (formation.py) owns when and for whom it runs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import numpy as np
 
-from kvmem.formation.consolidate import DEFAULT_CLEARS, ExistingMemory, batch_ref, consolidate_batch
+from kvmem.formation.change_guard import blocker
+from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
+from kvmem.formation.consolidate import (
+    DEFAULT_CLEARS,
+    ChangeReading,
+    ExistingMemory,
+    batch_ref,
+    consolidate_batch,
+)
 from kvmem.formation.types import Fact
+
+log = logging.getLogger(__name__)
+SHIPPED = "shipped"  # decide's change_head default: the head shipped with the package
+# the areas where the change head's reading retires a memory: single-valued states (one home, one job, one
+# partner). Not "pref": a user has many tastes and pastimes, and on REALTALK's chats a taste read as changed
+# retired an unrelated one far more often than the right one (docs/benchmarks.md)
+CHANGED_AREAS = ("home", "job", "partner")
 
 
 def slots_touched(fact: Fact) -> tuple[str, ...]:
@@ -33,11 +50,19 @@ def as_sentence(text: str) -> str:
 
 
 def decide(
-    store: Any, user_id: str, facts: list[Fact], said: dict[str, str], num_dense_candidates: int
+    store: Any,
+    user_id: str,
+    facts: list[Fact],
+    said: dict[str, str],
+    num_dense_candidates: int,
+    change_head: ChangeHead | str | None = SHIPPED,
 ) -> tuple[list[Any], list[Any], list[Any], list[tuple[int, str]]]:
     """Decisions for the batch against the user's served memories with the slots the facts set (or clear)
     and the nearest ones by embedding; returns commit_formed's adds, duplicates, supersessions and
     outdated (a fact said before a newer memory of its slot: added already superseded by it).
+
+    `change_head` (SHIPPED: the package's; None: none) reads changes the rules read no slot for
+    (`change_reading`), where the store's embedder is the one it was trained on.
 
     Which of two statements is newer goes by when each was said (`said`: turn id -> chat_time; a
     memory's chat_time), not by the date a fact names: "I moved to Berlin last month" said today retires
@@ -62,9 +87,15 @@ def decide(
     for fact in facts:
         for hit in store.search(user_id, fact.text, top_k=num_dense_candidates, mode="dense"):
             consider(hit.memory)
-    similarity = _similarity(store, [f.text for f in facts], [e.text for e in existing.values()])
+    head = shipped_change_head() if change_head == SHIPPED else change_head
+    if head is not None and store.embedder.name != head.embedder:
+        head = None  # its weights read that embedder's vectors only
+    vectors = _vectors(store, facts, [e.text for e in existing.values()], with_turns=head is not None)
     said_at = [max(said.get(t, "") for t in f.turn_ids) for f in facts]
-    batch = consolidate_batch(facts, list(existing.values()), similarity, said_at=said_at)
+    changes = change_reading(head, facts, vectors) if head is not None else None
+    batch = consolidate_batch(
+        facts, list(existing.values()), _cosine(vectors), said_at=said_at, changes=changes
+    )
     adds: list[Any] = []
     index_of: dict[int, int] = {}  # fact index -> add index
     duplicates: list[tuple[str, tuple[str, ...]]] = []
@@ -102,17 +133,63 @@ def decide(
     return adds, duplicates, supersessions, outdated
 
 
-def _similarity(store: Any, fact_texts: list[str], other_texts: list[str]) -> Callable[[str, str], float]:
-    """Cosine of the store's embeddings, for the texts of this batch (one embedding call)."""
-    texts = list(dict.fromkeys([*fact_texts, *other_texts]))
+def turn_texts(facts: list[Fact]) -> dict[str, str]:
+    """Each turn's statements as one text (its facts joined, in order): what the change head reads as the
+    turn ("We've packed up" and "Moved down to Hobart" together tell a move better than either)."""
+    joined: dict[str, list[str]] = {}
+    for fact in facts:
+        for turn in fact.turn_ids:
+            joined.setdefault(turn, []).append(fact.text)
+    return {turn: " ".join(texts) for turn, texts in joined.items()}
+
+
+def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.ndarray]) -> ChangeReading:
+    """What `head` reads in this batch: a fact is a change where it or its turn (`turn_texts`) is one at the
+    head's threshold and the rules' guard blocks nothing in its own clause (another person, negated, a plan, a
+    restatement, an addition, no word of change: change_guard.blocker); every text's area."""
+    texts = list(vectors)
+    matrix = np.stack([vectors[t] for t in texts])  # [n, dim]
+    probability = dict(zip(texts, head.change_probability(matrix).tolist(), strict=True))
+    areas = dict(zip(texts, head.area(matrix), strict=True))
+    turns = turn_texts(facts)
+    changed = {}
+    for fact in facts:
+        p = max(probability[fact.text], *(probability[turns[t]] for t in fact.turn_ids))
+        area = areas[fact.text]
+        if p >= head.threshold and area in CHANGED_AREAS and blocker(fact.text) is None:
+            changed[fact.text] = area
+    return ChangeReading(changed, {t: a for t, a in areas.items() if a is not None})
+
+
+@cache
+def shipped_change_head() -> ChangeHead | None:
+    """The package's change head, loaded once; None (and one error logged) where it cannot be loaded:
+    formation then goes on with the rules alone."""
+    try:
+        return load_change_head()
+    except ChangeHeadLoadError:
+        log.exception("the shipped change head cannot be loaded; formation reads changes by the rules alone")
+        return None
+
+
+def _vectors(
+    store: Any, facts: list[Fact], other_texts: list[str], with_turns: bool
+) -> dict[str, np.ndarray]:
+    """The store's embedding of each text of this batch (one embedding call): facts, the memories they are
+    weighed against, and with `with_turns` the turns' joined statements (`turn_texts`)."""
+    turns = list(turn_texts(facts).values()) if with_turns else []
+    texts = list(dict.fromkeys([*(f.text for f in facts), *other_texts, *turns]))
     if not texts:
-        return lambda a, b: 0.0
-    vectors = store.embedder.embed(texts)  # [n, dim], unit rows
-    row = {t: i for i, t in enumerate(texts)}
+        return {}
+    return dict(zip(texts, store.embedder.embed(texts), strict=True))  # unit rows
+
+
+def _cosine(vectors: dict[str, np.ndarray]) -> Callable[[str, str], float]:
+    """Cosine of two texts' embeddings (0.0 for a text not embedded)."""
 
     def cosine(a: str, b: str) -> float:
-        if a not in row or b not in row:
+        if a not in vectors or b not in vectors:
             return 0.0
-        return float(np.dot(vectors[row[a]], vectors[row[b]]))
+        return float(np.dot(vectors[a], vectors[b]))
 
     return cosine

@@ -19,18 +19,21 @@ from pathlib import Path
 from benchmarks.common import env_info, write_outputs
 from benchmarks.memory.conversations import load_conversation
 from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
-from benchmarks.memory.state_changes_heldout import form_in_order
+from benchmarks.memory.state_changes_heldout import ChangeReader, form_in_order
+from kvmem.formation.change_head import load_change_head
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import TurnInput
 
 
-def supersessions(turns: Sequence[tuple[str, str]]) -> tuple[int, list[dict]]:
+def supersessions(
+    turns: Sequence[tuple[str, str]], reader: ChangeReader | None = None
+) -> tuple[int, list[dict]]:
     """One user's (text, chat_time) turns formed by the rules and consolidated in order
     (state_changes_heldout.form_in_order): how many facts were formed, and each supersession (the new fact,
     the memory it retired, their slots)."""
     inputs = [TurnInput(f"t{i}", "user", text, when, "s") for i, (text, when) in enumerate(turns)]
     formed, retired = 0, []
-    for facts, gone in form_in_order(inputs, RuleExtractor()):
+    for facts, gone in form_in_order(inputs, RuleExtractor(), reader):
         formed += len(facts)
         retired += [
             {
@@ -59,18 +62,31 @@ def speakers_turns(paths: Iterable[Path]) -> list[tuple[str, list[tuple[str, str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="REALTALK's Chat_*.json")
+    parser.add_argument(
+        "--change-head",
+        default="shipped",
+        help="the change head the rules' decisions read, as the server's worker does: 'shipped', 'none', or a "
+        "head file",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    head = (
+        None
+        if args.change_head == "none"
+        else load_change_head(None if args.change_head == "shipped" else args.change_head)
+    )
+    reader = ChangeReader(head) if head is not None else None
     paths = list(args.data_dir.glob("Chat_*.json"))
     if not paths:
         parser.error(f"no Chat_*.json in {args.data_dir}: python -m benchmarks.memory.conversations first")
     rows = []
     for user, turns in speakers_turns(paths):
-        formed, retired = supersessions(turns)
+        formed, retired = supersessions(turns, reader)
         rows.append({"user": user, "turns": len(turns), "facts": formed, "supersessions": retired})
     result = {
         "benchmark": "realtalk_supersessions",
         "env": env_info(),
+        "change_head": args.change_head,
         "num_users": len(rows),
         "num_turns": sum(r["turns"] for r in rows),
         "num_facts": sum(r["facts"] for r in rows),

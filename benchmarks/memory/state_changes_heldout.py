@@ -60,7 +60,8 @@ SETS = (
     "heldout_v3",
     "heldout_v4",
     "heldout_v5",
-)  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30)
+    "heldout_v6",
+)  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth (2026-12-01)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
@@ -85,19 +86,44 @@ class Retired:
     by: Fact
 
 
+class ChangeReader:
+    """The change head's reading of a batch (scheduler.formation_decisions.change_reading, the worker's code)
+    over the server's default embedder, each text embedded once."""
+
+    def __init__(self, head, embedder=None) -> None:
+        from kvmem.text import default_embedder
+
+        self.head, self.embedder = head, embedder or default_embedder()
+        self._vectors: dict[str, object] = {}
+
+    def __call__(self, facts: list[Fact], memories: Sequence[ExistingMemory]):
+        from scheduler.formation_decisions import change_reading, turn_texts
+
+        texts = [*(f.text for f in facts), *(m.text for m in memories), *turn_texts(facts).values()]
+        missing = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+        if missing:
+            self._vectors.update(zip(missing, self.embedder.embed(missing), strict=True))
+        return change_reading(self.head, facts, {t: self._vectors[t] for t in texts})
+
+
 def form_in_order(
-    turns: Sequence[TurnInput], extractor: Extractor
+    turns: Sequence[TurnInput], extractor: Extractor, reader: ChangeReader | None = None
 ) -> Iterator[tuple[list[Fact], list[Retired]]]:
     """One user's turns formed and consolidated in order against every memory still current, as the worker
     does with its candidates all the memories: per turn, the facts it formed and the memories they retired (a
-    fact retired by a later one of its own turn included)."""
+    fact retired by a later one of its own turn included). `reader`: the change head's reading, as the
+    worker's rules decisions use it (None: none)."""
     current: dict[str, ExistingMemory] = {}
     origin: dict[str, int] = {}
     for index, turn in enumerate(turns):
         facts = extractor.extract([turn])
         retired: list[Retired] = []
         if facts:
-            result = consolidate_batch(facts, list(current.values()), said_at=[turn.chat_time] * len(facts))
+            memories = list(current.values())
+            changes = reader(facts, memories) if reader is not None else None
+            result = consolidate_batch(
+                facts, memories, said_at=[turn.chat_time] * len(facts), changes=changes
+            )
             ids: dict[str, str] = {}
             for k, (fact, decision) in enumerate(zip(facts, result.decisions, strict=True)):
                 if decision.kind in ("duplicate", "outdated"):
@@ -161,11 +187,23 @@ def run_item_served(item: dict, worker, store) -> dict:
     return {"superseded_turns": superseded_from, "new_facts": new_facts}
 
 
-def served_runner(extractor_name: str, model: str | None, store_dir: Path, embedder=None):
+def served_runner(
+    extractor_name: str,
+    model: str | None,
+    store_dir: Path,
+    embedder=None,
+    change_head: str | None = "shipped",
+):
     """`item -> run_item_served(...)` for an extractor formed as the server forms it; for `self`, the model's
-    engine (serving/background/self_generate.py over a TransformersBackend: the server's code) decides."""
+    engine (serving/background/self_generate.py over a TransformersBackend: the server's code) decides. The
+    rules' decisions read changes with the shipped change head (`change_head`: a head file instead, or
+    "none")."""
+    from functools import partial
+
+    from kvmem.formation.change_head import load_change_head
     from kvmem.text import MemoryStore
     from scheduler.formation import FormationWorker
+    from scheduler.formation_decisions import SHIPPED, decide
 
     store = MemoryStore(store_dir / "memories.sqlite", embedder=embedder)  # None: the server's default
     if extractor_name == "self":
@@ -185,7 +223,12 @@ def served_runner(extractor_name: str, model: str | None, store_dir: Path, embed
         extractor = ModelExtractor(backend_generate(backend))
         worker = FormationWorker(store, extractor, decider=extractor.decide)
     else:
-        worker = FormationWorker(store, make_extractor(extractor_name))
+        head = {"shipped": SHIPPED, "none": None}.get(change_head or "none", None)
+        if change_head not in (None, "shipped", "none"):
+            head = load_change_head(change_head)
+        worker = FormationWorker(
+            store, make_extractor(extractor_name), decider=partial(decide, change_head=head)
+        )
     run = lambda item: run_item_served(item, worker, store)  # noqa: E731
     run.extractor = worker.extractor  # the scorer reports what the self extractor's guard turned
     return run
@@ -259,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--set",
         default="heldout",
         choices=SETS,
-        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2 ... heldout_v5 (each "
+        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2 ... heldout_v6 (each "
         "written after the one before it was scored and read; see benchmarks/data/state_changes/README.md)",
     )
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
@@ -280,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         type=int,
         default=1,
         help="items formed at once (each its own user; `self`'s engine batches their rows)",
+    )
+    parser.add_argument(
+        "--change-head",
+        default="shipped",
+        help="with --served and a rules extractor: the change head the decisions read (kvmem/formation/"
+        "change_head.py): 'shipped' (the server's), 'none', or a head file",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -302,7 +351,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         work = args.work_dir or Path(tempfile.mkdtemp(prefix="kvmem-heldout-"))
         result["path"] = "served (MemoryStore + FormationWorker)"
         result["concurrency"] = args.concurrency
-        runner = served_runner(args.extractor, args.model, work)
+        runner = served_runner(args.extractor, args.model, work, change_head=args.change_head)
+        if args.extractor != "self":
+            result["change_head"] = args.change_head
         result.update(score(items, runner, args.concurrency))
         guarded = getattr(runner.extractor, "guarded", None)
         if guarded is not None:  # self: the model's updates and deletes the rules' guard kept as new facts

@@ -8,10 +8,11 @@ nothing of the store: it returns decisions, the caller writes them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from kvmem.formation.change_guard import other_area, same_value
 from kvmem.formation.dates import parse_chat_time
 from kvmem.formation.types import Decision, Fact
 
@@ -55,6 +56,16 @@ DEFAULT_CLEARS = (
 ONLY_PREFIX = "user|only:"
 
 _VERB_FORMS = {"drink": ("drink", "drinks", "drinking", "drank"), "eat": ("eat", "eats", "eating", "ate")}
+
+
+@dataclass(frozen=True)
+class ChangeReading:
+    """What the learned change head read (change_head.py), by text; the caller computes it. `changed`: a new
+    fact's text -> the area it tells a change in (only facts believed to be a change and not blocked by the
+    rules' guard, change_guard.blocker); `areas`: any text (memory or fact) -> the area it is about."""
+
+    changed: Mapping[str, str]
+    areas: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -173,9 +184,12 @@ def _decide(
     config: ConsolidationConfig,
     said_at: str | None = None,
     ordered_ids: frozenset[str] = frozenset(),
+    changes: ChangeReading | None = None,
+    same_turn: frozenset[str] = frozenset(),
 ) -> Decision:
     """`consolidate`; a memory in `ordered_ids` was stated before `fact` in the same batch, so the fact
-    supersedes it whatever their times say."""
+    supersedes it whatever their times say; one in `same_turn` was formed from the fact's own turn (the change
+    head never retires it: "We've packed up" and "moved down to Hobart" tell one move)."""
     key = normalized_text(fact.text)
     duplicates = [m.id for m in pool if normalized_text(m.text) == key]
     if fact.slot is not None and fact.value is not None:
@@ -199,6 +213,12 @@ def _decide(
         ]
         if newer:  # every one of them is newer (else it would be a target): the fact is history already
             return Decision("outdated", (max(newer, key=lambda m: m.said_at or m.valid_from).id,))
+    if changes is not None and fact.text in changes.changed:
+        target = _changed_memory(
+            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
+        )
+        if target is not None:
+            return Decision("supersede", (target,))
     if similarity is not None:
         near = [
             m.id
@@ -212,12 +232,41 @@ def _decide(
     return Decision("add")
 
 
+def _changed_memory(
+    fact: Fact,
+    pool: Sequence[ExistingMemory],
+    changes: ChangeReading,
+    said_at: str | None,
+    ordered_ids: frozenset[str],
+) -> str | None:
+    """The memory a fact the change head reads as a change retires: the latest one about the same area,
+    not newer than the fact, that the rules do not read as the fact's own slot and value (a restatement) or
+    as another area's; in the "pref" area (tastes, habits, pastimes: many at once) only one sharing a content
+    word with the fact ("I gave up coffee" retires "I drink coffee every morning", not "I love hiking")."""
+    area = changes.changed[fact.text]
+    words = content_words(fact.text)
+    found = [
+        m
+        for m in pool
+        if changes.areas.get(m.text) == area
+        and (m.id in ordered_ids or not _is_older(fact, said_at, m))
+        and (area != "pref" or words & content_words(m.text))
+        and not same_value(fact.text, m.text)
+        and not other_area(fact.text, m.text)
+    ]
+    if not found:
+        return None
+    # the latest said: a batch's own earlier facts (ordered_ids) were said after every stored memory
+    return max(found, key=lambda m: (m.id in ordered_ids, m.said_at or m.valid_from)).id
+
+
 def consolidate(
     fact: Fact,
     existing: Sequence[ExistingMemory],
     similarity: Similarity | None = None,
     config: ConsolidationConfig = DEFAULT_CONFIG,
     said_at: str | None = None,
+    changes: ChangeReading | None = None,
 ) -> Decision:
     """The decision for one new fact against the current memories, first rule that applies:
 
@@ -234,8 +283,10 @@ def consolidate(
        supplies; step skipped when None) and content-word overlap both at or above the config's thresholds,
        never across two different values of one slot;
     4. "add".
+    Between 2 and 3, with `changes` (the learned change head's reading, ChangeReading): a fact it reads as a
+    change that rule 2 left alone supersedes one memory, `_changed_memory`.
     """
-    return _decide(fact, existing, similarity, config, said_at)
+    return _decide(fact, existing, similarity, config, said_at, changes=changes)
 
 
 # ---- a batch of facts --------------------------------------------------------------------------------------
@@ -273,10 +324,12 @@ def consolidate_batch(
     similarity: Similarity | None = None,
     config: ConsolidationConfig = DEFAULT_CONFIG,
     said_at: Sequence[str] | None = None,
+    changes: ChangeReading | None = None,
 ) -> BatchConsolidation:
     """`consolidate` each fact in order against the existing memories and the batch's earlier facts. A later
     fact supersedes an earlier one of the same batch by order alone (it was said later), and an existing
-    memory as in `consolidate` (`said_at`, one per fact, where known). A duplicate adds nothing to the pool."""
+    memory as in `consolidate` (`said_at`, one per fact, where known; `changes`, the change head's reading).
+    A duplicate adds nothing to the pool."""
     assert not any(m.id.startswith(BATCH_REF_PREFIX) for m in existing), "existing ids clash with batch refs"
     if said_at is not None and len(said_at) != len(facts):
         raise ValueError(f"consolidate_batch: said_at has {len(said_at)} times for {len(facts)} facts")
@@ -286,7 +339,8 @@ def consolidate_batch(
     supersessions: list[Supersession] = []
     for index, fact in enumerate(facts):
         fact_said_at = said_at[index] if said_at is not None else None
-        decision = _decide(fact, pool, similarity, config, fact_said_at, frozenset(batch_ids))
+        own = frozenset(batch_ref(j) for j in range(index) if set(facts[j].turn_ids) & set(fact.turn_ids))
+        decision = _decide(fact, pool, similarity, config, fact_said_at, frozenset(batch_ids), changes, own)
         decisions.append(decision)
         if decision.kind in ("duplicate", "outdated"):  # an outdated fact is not current: not in the pool
             continue

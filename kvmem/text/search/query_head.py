@@ -15,14 +15,14 @@ Knows nothing of ONNX, stores or search.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kvmem import small_heads
+from kvmem.small_heads import read_head, write_head
 from kvmem.text.errors import TextStoreError
 
 HEAD_FORMAT = "kvmem-query-head/1"
@@ -72,33 +72,17 @@ class QueryHead:
 def load_query_head(path: str | Path | None = None, dim: int = 384) -> QueryHead:
     """The head in the safetensors file `path` (None: the one shipped with the package, sha256 pinned), for
     token states of width `dim`; QueryHeadLoadError naming the file and the reason when it cannot be used."""
-    from safetensors import SafetensorError, safe_open
-
     shipped = path is None
     path = DEFAULT_HEAD if shipped else Path(path)
-    if not path.is_file():
-        raise QueryHeadLoadError(f"{path}: query head cannot be read (no such file)")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            metadata = f.metadata() or {}
-            names = set(f.keys())
-            tensors = {name: f.get_tensor(name) for name in _TENSORS if name in names}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise QueryHeadLoadError(f"{path}: not a safetensors file ({exc})") from exc
-    if metadata.get("format") != HEAD_FORMAT:
-        raise QueryHeadLoadError(f"{path}: format must be {HEAD_FORMAT!r}, got {metadata.get('format')!r}")
-    if names != set(_TENSORS):
-        raise QueryHeadLoadError(f"{path}: tensors must be exactly {list(_TENSORS)}, got {sorted(names)}")
+    tensors, metadata = read_head(path, HEAD_FORMAT, _TENSORS, QueryHeadLoadError, "query head")
     hidden = tensors["l1.weight"].shape[0] if tensors["l1.weight"].ndim == 2 else -1
     expected = {"l1.weight": (hidden, dim), "l1.bias": (hidden,), "l2.weight": (1, hidden), "l2.bias": (1,)}
     for name, shape in expected.items():
-        if tensors[name].shape != shape or tensors[name].dtype != np.float32:
+        if tensors[name].shape != shape:
             raise QueryHeadLoadError(
                 f"{path}: {name} must be float32 of shape {shape}, got {tensors[name].dtype} "
                 f"{tensors[name].shape}"
             )
-        if not np.isfinite(tensors[name]).all():
-            raise QueryHeadLoadError(f"{path}: {name} holds a value that is not finite")
     digest = content_sha256(tensors, metadata)
     if shipped and digest != DEFAULT_HEAD_SHA256:
         raise QueryHeadLoadError(f"{path}: sha256 {digest} is not the shipped head's {DEFAULT_HEAD_SHA256}")
@@ -108,29 +92,15 @@ def load_query_head(path: str | Path | None = None, dim: int = 384) -> QueryHead
 
 
 def content_sha256(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
-    """sha256 of a head's content: the metadata as canonical JSON, then each tensor's name, shape and
-    little-endian float32 bytes in a fixed order (the file's own bytes are not stable: safetensors writes
-    metadata keys in any order)."""
-    digest = hashlib.sha256(json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8"))
-    for name in _TENSORS:
-        value = np.ascontiguousarray(tensors[name], dtype="<f4")
-        digest.update(f"{name}:{list(value.shape)}".encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
+    """sha256 of a head's content (kvmem.small_heads.content_sha256 over its four tensors in a fixed order)."""
+    return small_heads.content_sha256(tensors, metadata, _TENSORS)
 
 
 def save_query_head(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
     """Writes a head (float32 tensors named as above, string metadata; `format` is set here) to a temporary
     name, checks that it loads, and renames it into place; returns its content_sha256."""
-    from safetensors.numpy import save_file
-
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(
-        {name: np.ascontiguousarray(tensors[name], dtype=np.float32) for name in _TENSORS},
-        str(tmp),
-        metadata={**metadata, "format": HEAD_FORMAT},
-    )
+    tmp = write_head(path, tensors, {**metadata, "format": HEAD_FORMAT}, _TENSORS)
     head = load_query_head(tmp, int(tensors["l1.weight"].shape[1]))
     tmp.replace(path)
     return content_sha256(

@@ -1,0 +1,174 @@
+"""Trains the change head (kvmem/formation/change_head.py: the area a statement is about, and whether it tells a
+change of state) on the sealed held-out sets of changes of state that have been scored and read.
+
+Run (the shipped head, a minute once the embedder is provisioned):
+    python -m benchmarks.memory.train_change_head --sets heldout heldout_v2 heldout_v3 heldout_v4 heldout_v5 \
+        --head-out kvmem/formation/change_head.safetensors --out benchmarks/results/cpu/change_head_train.json
+(a head other than the shipped one is refused until DEFAULT_HEAD_SHA256 in change_head.py holds the sha256 this
+prints). Choosing the settings: the same with `--sets heldout heldout_v2 heldout_v3 heldout_v4 --head-out H`,
+then `python -m benchmarks.memory.state_changes_heldout --set heldout_v5 --served --change-head H`.
+
+Data: every item of the named sets (benchmarks/data/state_changes; each checked against its sealed sha256).
+Every text is embedded by the server's default embedder (its memory vectors, as the store keeps them). Labels:
+- change: an item's new turn is 1 for a change item, 0 otherwise; every earlier turn is 0 (a statement of how
+  things are, not a change);
+- area (home / job / partner / pref): a change item's new turn and the earlier turn it supersedes by the item's
+  category (move: home; job_start, job_quit, job_duration, retired: job; relationship_start / _end: partner;
+  pref_given_up / _taken_up: pref); a non-change item's only earlier turn, and a restatement's new turn, by the
+  slot its `old_fact` names (home; job, employer, occupation, workplace: job; relationship, spouse, girlfriend:
+  partner; any other: pref); other texts have no area label.
+Model: two softmax-linear layers over the 384-d vectors (change: 2 classes, area: 4), cross-entropy plus
+L2 * sum of squared weights, fitted by L-BFGS (torch, strong-Wolfe line search, 500 iterations, float32, one
+thread, seed 0): the same command writes the same file. Settings chosen on the fifth set with the head trained
+on the first four (see docs/benchmarks.md): L2 1e-5 (1e-4 and above under-fit: nothing passes a threshold
+above 0.5), threshold THRESHOLD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import git_sha, write_outputs
+from benchmarks.memory.state_changes_heldout import load_items
+from kvmem.formation.change_head import AREAS, save_change_head
+from kvmem.text import load_embedder
+
+SEED = 0
+L2 = 1e-5
+THRESHOLD = 0.35
+AREA_THRESHOLD = 0.9
+CATEGORY_AREA = {
+    "move": "home",
+    "job_start": "job",
+    "job_quit": "job",
+    "job_duration": "job",
+    "retired": "job",
+    "relationship_start": "partner",
+    "relationship_end": "partner",
+    "pref_given_up": "pref",
+    "pref_taken_up": "pref",
+}
+SLOT_AREA = {
+    "home": "home",
+    "job": "job",
+    "employer": "job",
+    "occupation": "job",
+    "workplace": "job",
+    "relationship": "partner",
+    "spouse": "partner",
+    "girlfriend": "partner",
+}
+
+
+def slot_area(fact: str | None) -> str | None:
+    """The area of a labelled fact "slot: value" (None: no fact)."""
+    if not fact:
+        return None
+    return SLOT_AREA.get(fact.split(":", 1)[0].strip().lower(), "pref")
+
+
+def examples(items: list[dict]) -> tuple[list[str], list[str | None], list[int]]:
+    """(texts, area labels or None, change labels) of the items' turns, as the module docstring says."""
+    texts: list[str] = []
+    areas: list[str | None] = []
+    changes: list[int] = []
+    for item in items:
+        change = item["kind"] == "change"
+        for index, text in enumerate(item["prefix"]):
+            if change:
+                area = CATEGORY_AREA[item["category"]] if index == item["superseded_turn"] else None
+            else:
+                area = slot_area(item.get("old_fact")) if len(item["prefix"]) == 1 else None
+            texts.append(text), areas.append(area), changes.append(0)
+        if change:
+            area = CATEGORY_AREA[item["category"]]
+        else:
+            area = slot_area(item.get("old_fact")) if item["category"] == "restatement" else None
+        texts.append(item["turn"]), areas.append(area), changes.append(int(change))
+    return texts, areas, changes
+
+
+def fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float = L2) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax regression by L-BFGS: ([classes, D] weights, [classes] bias)."""
+    torch.manual_seed(SEED)
+    inputs, targets = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
+    weight = torch.zeros(classes, x.shape[1], requires_grad=True)
+    bias = torch.zeros(classes, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(inputs @ weight.T + bias, targets) + l2 * (weight**2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return weight.detach().numpy(), bias.detach().numpy()
+
+
+def train(sets: list[str], embedder_spec: str = "default") -> tuple[dict[str, np.ndarray], dict]:
+    items = [item for name in sets for item in load_items(name=name)]
+    texts, areas, changes = examples(items)
+    embedder = load_embedder(embedder_spec)
+    vectors = embedder.embed(texts)  # [n, D], the store's memory vectors
+    labelled = [i for i, a in enumerate(areas) if a is not None]
+    area_w, area_b = fit_softmax(
+        vectors[labelled], np.array([AREAS.index(areas[i]) for i in labelled]), len(AREAS)
+    )
+    change_w, change_b = fit_softmax(vectors, np.array(changes), 2)
+    tensors = {"change.weight": change_w, "change.bias": change_b, "area.weight": area_w, "area.bias": area_b}
+    info = {
+        "embedder": embedder.name,
+        "num_texts": len(texts),
+        "num_changes": int(sum(changes)),
+        "num_area_labels": len(labelled),
+        "area_counts": {a: sum(1 for x in areas if x == a) for a in AREAS},
+    }
+    return tensors, info
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", required=True, help="sealed sets to train on (already scored)")
+    parser.add_argument("--embedder", default="default")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD)
+    parser.add_argument("--area-threshold", type=float, default=AREA_THRESHOLD)
+    parser.add_argument("--head-out", type=Path, required=True)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    tensors, info = train(args.sets, args.embedder)
+    metadata = {
+        "embedder": info["embedder"],
+        "areas": ",".join(AREAS),
+        "threshold": repr(args.threshold),
+        "area_threshold": repr(args.area_threshold),
+        "trained_on": ",".join(args.sets),
+        "l2": repr(L2),
+        "seed": str(SEED),
+    }
+    sha = save_change_head(args.head_out, tensors, metadata)
+    result = {
+        "benchmark": "change head training",
+        "git_sha": git_sha(),
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+        "sets": args.sets,
+        "threshold": args.threshold,
+        "area_threshold": args.area_threshold,
+        "l2": L2,
+        **info,
+        "head": str(args.head_out),
+        "content_sha256": sha,
+    }
+    print(f"wrote {args.head_out}: content sha256 {sha}")
+    write_outputs(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
