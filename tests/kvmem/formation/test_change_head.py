@@ -1,0 +1,237 @@
+"""The learned change head: its file checks, the shipped file (pinned, and what its training writes again), the
+policy consolidation applies with its reading, and the worker's decisions that read it over the default
+embedder (and never over another embedder's vectors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvmem.formation.change_head as change_head_module
+from benchmarks.memory.train_change_head import train
+from kvmem.formation.base import make_extractor
+from kvmem.formation.change_head import (
+    AREAS,
+    DEFAULT_HEAD_SHA256,
+    ChangeHeadLoadError,
+    load_change_head,
+    save_change_head,
+)
+from kvmem.formation.consolidate import ChangeReading, ExistingMemory, consolidate, consolidate_batch
+from kvmem.formation.types import Decision, Fact
+from kvmem.text import MemoryStore, default_embedder
+from scheduler.formation import FormationWorker
+from scheduler.formation_decisions import change_reading
+
+T1 = "2026-03-01T10:00:00.000000Z"
+T2 = "2026-11-26T14:41:09.000000Z"
+META = {"embedder": "e", "areas": ",".join(AREAS), "threshold": "0.35", "area_threshold": "0.9"}
+
+
+def _tensors(dim: int = 8) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "change.weight": rng.normal(size=(2, dim)).astype(np.float32),
+        "change.bias": np.zeros(2, np.float32),
+        "area.weight": rng.normal(size=(len(AREAS), dim)).astype(np.float32),
+        "area.bias": np.zeros(len(AREAS), np.float32),
+    }
+
+
+def test_a_saved_head_reads_probabilities_and_confident_areas(tmp_path: Path) -> None:
+    tensors = _tensors()
+    tensors["area.weight"][:] = 0.0
+    tensors["area.weight"][1, 0] = 10.0  # feature 0 says "job", strongly
+    tensors["change.weight"][:] = 0.0
+    tensors["change.weight"][1, 1] = 2.0  # feature 1 says "a change"
+    save_change_head(tmp_path / "h.safetensors", tensors, META)
+    head = load_change_head(tmp_path / "h.safetensors")
+    v = np.zeros((3, 8), np.float32)
+    v[0, 0] = 1.0  # job, p(job) = e^10 / (e^10 + 3): above 0.9
+    v[1, 0] = 0.1  # job only weakly (e^1 / (e^1 + 3) = 0.48): no area
+    v[2, 1] = 1.0  # a change: sigmoid(2)
+    assert head.area(v) == ["job", None, None]
+    assert head.change_probability(v) == pytest.approx([0.5, 0.5, 1 / (1 + np.exp(-2.0))], abs=1e-6)
+    assert (head.embedder, head.threshold, head.area_threshold, head.areas) == ("e", 0.35, 0.9, AREAS)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t, m: m.update(threshold="1.5"), "threshold must be a probability in (0, 1), got '1.5'"),
+        (lambda t, m: m.pop("area_threshold"), "area_threshold must be a probability in (0, 1), got None"),
+        (lambda t, m: m.pop("embedder"), "metadata must name its areas and its embedder"),
+        (lambda t, m: m.update(areas="home,job"), "area.weight must be of shape (2, 8), got (4, 8)"),
+        (
+            lambda t, m: t.update({"change.bias": np.zeros(3, np.float32)}),
+            "change.bias must be of shape (2,)",
+        ),
+        (lambda t, m: t.pop("area.bias"), "tensors must be exactly"),
+        (
+            lambda t, m: t["area.weight"].__setitem__((0, 0), np.nan),
+            "area.weight holds a value that is not finite",
+        ),
+    ],
+)
+def test_bad_heads_are_refused_with_the_reason(tmp_path: Path, edit, message: str) -> None:
+    from safetensors.numpy import save_file
+
+    tensors, metadata = _tensors(), {**META, "format": "kvmem-change-head/1"}
+    edit(tensors, metadata)
+    path = tmp_path / "bad.safetensors"
+    save_file(tensors, str(path), metadata=metadata)
+    with pytest.raises(ChangeHeadLoadError, match=str(path).replace(".", r"\.")) as info:
+        load_change_head(path)
+    assert message in str(info.value)
+
+
+def test_missing_corrupt_and_substituted_heads_are_refused(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(ChangeHeadLoadError, match="change head cannot be read"):
+        load_change_head(tmp_path / "none.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(ChangeHeadLoadError, match="not a safetensors file"):
+        load_change_head(tmp_path / "junk.safetensors")
+    other = tmp_path / "other.safetensors"
+    save_change_head(other, _tensors(384), {**META, "embedder": "all-MiniLM-L6-v2-onnx-int8"})
+    monkeypatch.setattr(change_head_module, "DEFAULT_HEAD", other)  # another file under the shipped name
+    with pytest.raises(ChangeHeadLoadError, match=f"is not the shipped head's {DEFAULT_HEAD_SHA256}"):
+        load_change_head()
+
+
+def test_the_shipped_head_is_the_pinned_one_and_its_training_writes_it_again() -> None:
+    """The shipped file loads (its content sha256 is the pinned one) and reads the default embedder's vectors;
+    train() on the five scored sealed sets (benchmarks/memory/train_change_head.py) gives the same weights."""
+    head = load_change_head()
+    assert head.embedder == default_embedder().name
+    assert (head.threshold, head.area_threshold, head.areas) == (0.35, 0.9, AREAS)
+    tensors, info = train(["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5"])
+    assert info["embedder"] == head.embedder and info["num_texts"] == 2270
+    for name, shipped in (
+        ("change.weight", head.change_weight),
+        ("change.bias", head.change_bias),
+        ("area.weight", head.area_weight),
+        ("area.bias", head.area_bias),
+    ):
+        np.testing.assert_allclose(tensors[name], shipped, atol=2e-3, err_msg=name)
+
+
+# ---- the policy over a reading (consolidate.py) -------------------------------------------------------------
+
+
+def fact(text: str, turn: str = "t9") -> Fact:
+    return Fact(text, (turn,), T2)
+
+
+YORK = ExistingMemory("m1", "I live in York", None, None, T1, T1)
+NURSE = ExistingMemory("m2", "I work as a nurse at St Mary's", None, None, T1, T1)
+COFFEE = ExistingMemory("m3", "I drink coffee every morning", None, None, T1, T1)
+ROOM = ExistingMemory(
+    "m4", "We rent a room in Leeds", None, None, "2026-04-01T10:00:00.000000Z", "2026-04-01T10:00:00.000000Z"
+)
+AREAS_OF = {YORK.text: "home", NURSE.text: "job", COFFEE.text: "pref", ROOM.text: "home"}
+
+
+def test_a_change_read_by_the_head_retires_the_latest_memory_of_its_area() -> None:
+    moved = fact("So we left, living in Hull now")
+    reading = ChangeReading({moved.text: "home"}, {**AREAS_OF, moved.text: "home"})
+    assert consolidate(moved, [YORK, NURSE, COFFEE], changes=reading) == Decision("supersede", ("m1",))
+    assert consolidate(moved, [YORK, ROOM, NURSE], changes=reading) == Decision("supersede", ("m4",))
+    assert consolidate(moved, [YORK], changes=None) == Decision("add")  # no reading: the rules alone
+    older = Fact(moved.text, ("t9",), "2026-01-01T00:00:00.000000Z")
+    assert consolidate(older, [YORK], changes=reading, said_at="2026-01-01T00:00:00.000000Z") == Decision(
+        "add"
+    )
+
+
+def test_the_head_never_retires_a_restatement_another_area_or_its_own_turn() -> None:
+    still = fact("I live in York")  # the rules read the same slot and value: a duplicate, not a change
+    assert consolidate(still, [YORK], changes=ChangeReading({still.text: "home"}, AREAS_OF)) == Decision(
+        "duplicate", ("m1",)
+    )
+    job = fact("I started as a paramedic")
+    reading = ChangeReading({job.text: "job"}, {**AREAS_OF, job.text: "job"})
+    assert consolidate(job, [YORK, COFFEE], changes=reading) == Decision("add")  # nothing of its area
+    packed, moved = fact("We've packed up", "t9"), fact("Moved down to Hobart", "t9")
+    reading = ChangeReading(
+        {packed.text: "home", moved.text: "home"}, {**AREAS_OF, packed.text: "home", moved.text: "home"}
+    )
+    got = consolidate_batch([packed, moved], [YORK], changes=reading, said_at=[T2, T2])
+    # the first retires York; the second finds only its own turn's fact in its area: added beside it
+    assert [d.kind for d in got.decisions] == ["supersede", "add"]
+    assert got.current == ("batch:0", "batch:1")
+
+
+def test_a_pref_change_needs_a_shared_word() -> None:
+    tea = fact("I switched to tea")
+    reading = ChangeReading({tea.text: "pref"}, {**AREAS_OF, tea.text: "pref"})
+    assert consolidate(tea, [COFFEE], changes=reading) == Decision("add")
+    quit_coffee = fact("I gave up coffee completely")
+    reading = ChangeReading({quit_coffee.text: "pref"}, {**AREAS_OF, quit_coffee.text: "pref"})
+    assert consolidate(quit_coffee, [COFFEE], changes=reading) == Decision("supersede", ("m3",))
+
+
+# ---- the worker's decisions (formation_decisions.py) over the default embedder -----------------------------
+
+
+def test_change_reading_passes_only_unblocked_changes_of_single_valued_areas() -> None:
+    head = load_change_head()
+    facts = [
+        Fact("We packed up and moved down to Hobart", ("a",), T2),
+        Fact(
+            "My sister packed up and moved down to Hobart", ("b",), T2
+        ),  # another person: the guard blocks it
+        Fact("I might pack up and move down to Hobart", ("c",), T2),  # a plan
+        Fact("I love the beaches in Hobart", ("d",), T2),  # no change word
+    ]
+    texts = [f.text for f in facts] + ["I live in York"]
+    vectors = dict(zip(texts, default_embedder().embed(texts), strict=True))
+    reading = change_reading(head, facts, vectors)
+    assert reading.changed == {facts[0].text: "home"}
+    assert reading.areas["I live in York"] == "home"
+    assert set(reading.areas) <= set(texts)
+
+
+def _form(store: MemoryStore, user: str, texts: list[str]) -> None:
+    worker = FormationWorker(store, make_extractor("rules"))
+    for i, text in enumerate(texts):
+        store.log_turns(
+            user, [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
+        )
+        worker.form_user(user)
+
+
+def test_the_worker_retires_a_home_the_rules_read_no_slot_for(tmp_path: Path) -> None:
+    with MemoryStore(tmp_path / "m.sqlite") as store:  # the server's default embedder
+        _form(
+            store,
+            "u",
+            [
+                "We're in Brisbane, in an old Queenslander in Paddington.",
+                "So we left Brisbane lol. Living in Hobart now.",
+            ],
+        )
+        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
+        current = sorted(m.text for m in rows if m.superseded_by is None and m.valid_to is None)
+        retired = sorted(m.text for m in rows if m.superseded_by is not None or m.valid_to is not None)
+    # the rules read no slot in either turn ("living in Hobart now" has no subject, so they keep only the
+    # first clause): without the head nothing is retired (the next test)
+    assert retired == ["We're in Brisbane, in an old Queenslander in Paddington."]
+    assert current == ["We left Brisbane."]
+
+
+def test_another_embedders_vectors_are_never_read(tmp_path: Path) -> None:
+    from kvmem.text import load_embedder
+
+    with MemoryStore(tmp_path / "m.sqlite", embedder=load_embedder("hash")) as store:
+        _form(
+            store,
+            "u",
+            [
+                "We're in Brisbane, in an old Queenslander in Paddington.",
+                "So we left Brisbane lol. Living in Hobart now.",
+            ],
+        )
+        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
+    assert [m.text for m in rows if m.superseded_by is not None or m.valid_to is not None] == []
