@@ -163,6 +163,7 @@ class FormationWorker:
         self._cond = threading.Condition()
         self._busy: str | None = None  # the user being formed now
         self._stop = False
+        self._running = False  # a thread runs (or is finishing its pass after a stop); under self._cond
         self._thread: threading.Thread | None = None
         self._next_rescan = 0.0
         self._failures_in_row = 0  # transient failures since the extractor last answered (any users)
@@ -210,23 +211,33 @@ class FormationWorker:
     # -- the thread -------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Queue the users the log holds pending turns for (work left by a stop), then start the thread. A
-        running worker is left as it is; a stopped one starts again (an app's lifespan may run more than once)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
+        running worker is left as it is, and one told to stop that is still in its pass (a stop that timed out)
+        runs on: never two threads forming at once. A stopped one starts again (an app's lifespan may run more
+        than once)."""
         with self._cond:
             self._stop = False
+            running = self._running
+            if running:
+                self._cond.notify_all()
         self.rescan()
+        if running:
+            return
         self._next_rescan = self.clock() + self.config.rescan_interval_s
+        with self._cond:
+            self._running = True
         self._thread = threading.Thread(target=self._run, name="kvmem-formation", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Tell the thread to stop and wait up to `timeout_s` for its pass to end; a thread still in its pass
+        then is kept (`start` lets it run on rather than start a second)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     def idle(self) -> bool:
         """Nothing queued that may run now (due, and the circuit lets it through), and no pass running."""
@@ -297,17 +308,24 @@ class FormationWorker:
         return None
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                user = self._next_user()
-            if user is None:
-                return
-            try:
-                self._pass(user)
-            finally:
+        stopped = False
+        try:
+            while True:
                 with self._cond:
-                    self._busy = None
-                    self._cond.notify_all()
+                    user = self._next_user()
+                    if user is None:  # stopped: under the lock, so a start() sees either a thread or none
+                        self._running, stopped = False, True
+                        return
+                try:
+                    self._pass(user)
+                finally:
+                    with self._cond:
+                        self._busy = None
+                        self._cond.notify_all()
+        finally:
+            if not stopped:  # an error no pass caught ended the thread: a start() may start another
+                with self._cond:
+                    self._running = False
 
     def _pass(self, user: str) -> PassResult | None:
         """form_user, requeueing the user when more is pending; a store failure leaves the turns pending and
@@ -317,7 +335,11 @@ class FormationWorker:
         except Exception as e:
             log.error("formation: forming %r failed (%s); its turns stay pending", user, type(e).__name__)
             self._record_error(f"store:{type(e).__name__}")
-            self.submit(user, not_before=self.clock() + self.config.retry_backoff_s)
+            now = self.clock()
+            with self._cond:
+                if self._circuit_until is not None:  # a half-open circuit's probe failed: open it again
+                    self._circuit_until = now + self.config.retry_backoff_s
+            self.submit(user, not_before=now + self.config.retry_backoff_s)
             return None
         if result.num_turns == self.config.batch_turns and not result.transient:
             self.submit(user)  # more pending than one batch
@@ -362,9 +384,11 @@ class FormationWorker:
             adds, duplicates, supersessions, outdated = self.decider(
                 self.store, user_id, facts, said, self.config.num_dense_candidates
             )
-        except ExtractionError as e:  # a decision the model could not finish: the turns stay pending
+        except ExtractionError as e:  # a decision the model could not finish
             tally.error = f"{self.extractor.name}: {e}"
-            self._transient(user_id, turns, e, tally.error)
+            if not e.transient:  # cut at its max_tokens, say: the same turns fail the same way (greedy)
+                return self._permanent(user_id, turns, tally, e.kind)
+            self._transient(user_id, turns, e, tally.error)  # the turns stay pending
             tally.transient = True
             return False
         try:

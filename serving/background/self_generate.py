@@ -12,21 +12,30 @@ import itertools
 import json
 from typing import Any
 
+from kvmem.formation.errors import ExtractionError
 from serving.backends.base import (
     Backend,
+    BackendError,
     GenerationRequest,
     GenerationResult,
+    PromptTooLong,
     ResponseFormat,
     SamplingParams,
     TokenDelta,
 )
+from serving.engine.errors import PoolFull, PoolTooSmall
+from serving.engine.model_loop import LoopClosed
 
 FORMATION_USER = "kvmem-formation"  # the user id its requests run under (no memories, no session)
 _ids = itertools.count()
 
 
 def backend_generate(backend: Backend):
-    """`generate(messages, schema, max_tokens) -> (text, finish_reason)` over `backend`."""
+    """`generate(messages, schema, max_tokens) -> (text, finish_reason)` over `backend`. The engine's refusals
+    become the extractor's errors, so the worker retries or bisects as it does for any extractor: a prompt the
+    pool or the context can never hold is permanent (the worker splits the batch, down to the turn that fails
+    alone, which is dead-lettered); a full pool or queue, or a backend that stopped, is transient (the turns
+    stay pending, the user backs off)."""
 
     def generate(messages: list[dict], schema: dict, max_tokens: int) -> tuple[str, str]:
         fmt = ResponseFormat("json_schema", json.dumps(schema), "formation")
@@ -36,7 +45,12 @@ def backend_generate(backend: Backend):
         request = GenerationRequest(
             f"formation-{next(_ids)}", FORMATION_USER, prompt, None, sampling, background=True
         )
-        return asyncio.run(_collect(backend, request))
+        try:
+            return asyncio.run(_collect(backend, request))
+        except (PoolTooSmall, PromptTooLong) as e:
+            raise ExtractionError(f"the formation prompt can never be served: {e}", False, "too_long") from e
+        except (PoolFull, BackendError, LoopClosed) as e:  # QueueFull is a BackendError
+            raise ExtractionError(f"the engine is busy or stopped: {e}", True, "engine_busy") from e
 
     return generate
 
