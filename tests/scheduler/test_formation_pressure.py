@@ -162,3 +162,29 @@ def test_a_turn_too_long_for_the_pool_is_dead_lettered_not_retried_forever(tiny_
         )
     finally:
         asyncio.run(backend.aclose())
+
+
+def test_a_formation_generate_ends_when_the_backend_closes(tiny_model_dir, tmp_path):
+    """The server's shutdown closes the model loop while a formation row decodes: the row's stream is told
+    (serving/backends/transformers/steps.py), so the formation thread gets a transient error instead of
+    waiting on its inbox forever."""
+    backend = load_backend(tiny_model_dir, tmp_path / "data")
+    generate = backend_generate(backend)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(generate([{"role": "user", "content": "Say something long."}], schema, 4000))
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    assert not outcome, outcome  # still decoding when the server shuts down
+    asyncio.run(backend.aclose())
+    thread.join(10)
+    assert not thread.is_alive(), "generate() still waiting 10 s after the backend closed"
+    [error] = outcome
+    assert isinstance(error, ExtractionError) and error.transient and error.kind == "engine_busy", error

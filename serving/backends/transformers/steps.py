@@ -89,6 +89,7 @@ class EngineRequests:
         from serving.engine.sequence import AdmissionWait, admit
 
         final: object = None  # the result or the error, sent once the admission is released
+        closed = False  # the model loop closed while it ran
         lease = seq = held_adapter = item = None
         try:
             if cancel.is_set():  # the client left while the request waited for its first turn
@@ -224,7 +225,8 @@ class EngineRequests:
                 ttft_s=stats.ttft_s or 0.0,
                 kv_fallback_reason=fallback,
             )
-        except GeneratorExit:  # the model loop closed
+        except GeneratorExit:  # the model loop closed: the stream is told (below), never left waiting
+            closed = True
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
             final = exc
@@ -252,6 +254,8 @@ class EngineRequests:
                     except Exception:  # noqa: BLE001 - logged; the request still ends
                         log.exception("request %s: releasing what it held failed", req.request_id)
             self._release()
+            if closed:  # raising out of here: the last word now
+                emit(BackendError("the model loop closed while this request ran"))
         if final is not None:  # after the release: a client may send its next request as soon as it sees this
             emit(final)
 
