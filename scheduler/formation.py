@@ -30,7 +30,7 @@ from typing import Any
 from kvmem.formation.base import Extractor
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.types import TurnInput
-from kvmem.text.errors import InvalidMemoryInput
+from kvmem.text.errors import InvalidMemoryInput, StaleFormation
 from kvmem.utc import utc_text
 from scheduler.formation_decisions import decide
 
@@ -101,6 +101,7 @@ class FormationStats:
     failures_total: int = 0
     dead_lettered_total: int = 0
     overflowed_total: int = 0
+    stale_total: int = 0  # passes whose memories changed while they decided: decided again, nothing written
     last_error_kind: str | None = None  # ExtractionError.kind, or "store:<exception type>"; never user text
     last_error_at: str | None = None  # when (UTC, ISO 8601)
     circuit: str = "closed"  # "closed" | "open" (no pass but one probe from circuit_until on)
@@ -380,6 +381,7 @@ class FormationWorker:
         self._answered()
         ids = [t.id for t in turns]
         said = {t.id: t.chat_time for t in turns}
+        generation = self.store.generation(user_id)  # what the decisions read; the commit checks it
         try:  # consolidation's rules, or the extractor's own decisions ("self": kvmem/formation/self_model.py)
             adds, duplicates, supersessions, outdated = self.decider(
                 self.store, user_id, facts, said, self.config.num_dense_candidates
@@ -400,7 +402,13 @@ class FormationWorker:
                 supersessions,
                 extractor=self.extractor.name,
                 outdated=outdated,
+                expect_generation=generation,
             )
+        except StaleFormation:  # the memories changed while it decided: decide again over what is there now
+            self.stats.stale_total += 1
+            self.submit(user_id)
+            tally.transient = True  # the turns stay pending; no more passes of this batch now
+            return False
         except InvalidMemoryInput as e:  # a fact the store refuses (e.g. a date it cannot hold): never stored
             tally.error = f"{self.extractor.name}: the store refused a formed fact: {e}"
             return self._permanent(user_id, turns, tally, "store_refused")

@@ -17,6 +17,12 @@ class InvalidMemoryInput(TextStoreError, ValueError):
     """A caller passed something the store refuses (empty text, a malformed filter, ...); nothing was written."""
 
 
+class StaleFormation(TextStoreError):
+    """A formation pass's decisions were made against a user's memories that changed before its commit (an
+    edit, a delete, another write): nothing was written; the turns stay pending for a pass over what is
+    there now."""
+
+
 class MemoryNotFound(TextStoreError, KeyError):
     """No live memory with this id belongs to this user (absent, deleted, or another user's)."""
 

@@ -71,6 +71,11 @@ _STATS = (  # (metric, help, FormationStats field): the worker's counters since 
         "Users refused by the full formation queue (picked up by the next rescan).",
         "overflowed_total",
     ),
+    (
+        "kvmem_formation_stale_total",
+        "Formation passes whose user's memories changed while they decided (nothing written; decided again).",
+        "stale_total",
+    ),
 )
 
 

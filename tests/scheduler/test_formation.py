@@ -476,7 +476,8 @@ def test_a_restatement_of_a_memory_deleted_otherwise_before_the_commit_is_not_lo
 ) -> None:
     """Item 13: the second turn is judged a duplicate of the memory, which is deleted before the commit by a
     delete that forgets no fact (keep_turns: the memory goes, the conversation stays): the restatement used to
-    be marked formed and lost. It stays pending and the next pass forms it on its own."""
+    be marked formed and lost. It stays pending and the next pass forms it on its own (the delete moved the
+    user's generation, so the pass that decided before it writes nothing: StaleFormation)."""
     worker = FormationWorker(store, RuleExtractor())
     say(store, "u", "My cat is called Pixel.")
     worker.form_user("u")
@@ -484,7 +485,7 @@ def test_a_restatement_of_a_memory_deleted_otherwise_before_the_commit_is_not_lo
     [again] = say(store, "u", "My cat is called Pixel.")
     _delete_before_commit(store, lambda: store.delete("u", pixel.id, delete_turns=False))
     result = worker.form_user("u")
-    assert (result.num_added, result.num_duplicates) == (0, 1)
+    assert (result.num_added, result.num_duplicates, worker.stats.stale_total) == (0, 0, 1)
     assert [t.id for t in store.pending_turns("u")] == [again]
     assert "u" in worker._queue  # queued again
     assert worker.form_user("u").num_added == 1

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pytest
 
 from kvmem.formation.errors import ExtractionError
-from kvmem.formation.rules import RuleExtractor
+from kvmem.formation.rules import RuleExtractor, slot_of
 from kvmem.formation.self_model import ModelExtractor
 from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.formation import FormationConfig, FormationWorker
@@ -188,3 +188,49 @@ def test_a_formation_generate_ends_when_the_backend_closes(tiny_model_dir, tmp_p
     assert not thread.is_alive(), "generate() still waiting 10 s after the backend closed"
     [error] = outcome
     assert isinstance(error, ExtractionError) and error.transient and error.kind == "engine_busy", error
+
+
+# ---- an edit while a pass decides -------------------------------------------------------------------------
+
+
+def served(store):
+    return sorted(m.text for m in store.list("u", page_size=100).items)
+
+
+def edited_meanwhile(memory_id, new_text):
+    edits = []
+
+    def decider(store, *args):
+        out = decide(store, *args)
+        if not edits:  # the user's PATCH lands while the first pass decides
+            edits.append(store.update("u", memory_id, text=new_text))
+        return out
+
+    return decider
+
+
+def test_an_edit_during_the_pass_is_not_superseded_by_a_decision_about_the_old_text(store):
+    [lisbon] = store.add("u", texts=["I live in Lisbon."], slots=[slot_of("I live in Lisbon.")])
+    store.log_turns("u", [{"role": "user", "content": "I moved to Berlin."}])
+    worker = FormationWorker(
+        store, RuleExtractor(), decider=edited_meanwhile(lisbon.id, "My favourite colour is blue.")
+    )
+    worker.form_user("u")
+    assert served(store) == ["My favourite colour is blue."]  # nothing written; the turn stays pending
+    assert store.formation_counts("u").pending == 1 and worker.stats.stale_total == 1
+    worker.form_user("u")  # the next pass decides over the edit: a move retires no colour
+    assert served(store) == ["I moved to Berlin.", "My favourite colour is blue."]
+
+
+def test_a_fact_joined_to_a_memory_edited_meanwhile_is_not_lost(store):
+    [lisbon] = store.add("u", texts=["I live in Lisbon."], slots=[slot_of("I live in Lisbon.")])
+    store.log_turns("u", [{"role": "user", "content": "I live in Lisbon."}])
+    worker = FormationWorker(
+        store, RuleExtractor(), decider=edited_meanwhile(lisbon.id, "My favourite colour is blue.")
+    )
+    worker.form_user("u")  # stale: nothing written, the turn stays pending
+    assert store.formation_counts("u").pending == 1
+    worker.form_user("u")
+    # decided again over what is there now: the restatement is a memory of its own, beside the edit
+    assert served(store) == ["I live in Lisbon.", "My favourite colour is blue."]
+    assert worker.stats.stale_total == 1

@@ -33,7 +33,7 @@ from kvmem.text.db.rows import (
     row_to_memory,
     supersede_row,
 )
-from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound
+from kvmem.text.errors import InvalidMemoryInput, MemoryNotFound, StaleFormation
 from kvmem.text.filters import (
     check_int,
     check_memory_id,
@@ -188,8 +188,13 @@ class FormationWrites:
         *,
         extractor: str,
         outdated: list[tuple[int, str]] | tuple[()] = (),
+        expect_generation: int | None = None,
     ) -> CommitResult:
         """Commits one formation pass over this user's log turns `turn_ids`, in one transaction.
+
+        `expect_generation`: the user's generation (`generation`) when the decisions were made; if their
+        memories changed since (an edit would otherwise be retired, or a restatement joined to a text that no
+        longer says it), StaleFormation is raised and nothing is written.
 
         - adds: new memories (source 'conversation', role 'user', metadata {"kind", "extractor"}). An add
           citing a turn that is not (or no longer) a turn of this user, e.g. deleted meanwhile, is dropped,
@@ -235,6 +240,12 @@ class FormationWrites:
         vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
         now = format_time(self._clock())
         with self._db.write(user_id) as tx:
+            if expect_generation is not None:
+                row = tx.conn.execute(
+                    "SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)
+                ).fetchone()
+                if (int(row[0]) if row else 0) != expect_generation:
+                    raise StaleFormation(f"user {user_id!r}: memories changed while formation decided")
             cited = [
                 *ids,
                 *(t for a in adds for t in a.source_turn_ids),
