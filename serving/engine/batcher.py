@@ -72,6 +72,7 @@ class Batcher:
         """`steps` yielded `seq` and waits for its first token (or None)."""
         assert seq not in self._members
         self._members[seq] = steps
+        self._stalled = None  # a new member may run: the batcher is not idle until a step says so again
 
     def idle(self) -> bool:
         """Every member is preempted, no pool has had room appear since they last failed to get pages, no
@@ -133,16 +134,20 @@ class Batcher:
 
     def _readmit(self) -> None:
         """Preempted members get their pages back, oldest first, while the pool has them (a younger one never
-        goes before an older one that waits)."""
+        goes before an older one that waits). Chat members go first; a background row or a build (its table's
+        `background`) only behind them and behind every chat request waiting at admission (waiting.py)."""
         self._stalled = None
-        # chat members first: a background member is admitted again only behind them
-        waiting = sorted((s for s in self._members if s.preempted), key=lambda s: s.background)
+        waiting = sorted((s for s in self._members if s.preempted), key=lambda s: s.table.background)
         # read before the tries: room that appears after them (another thread's release) makes `idle` false
         generations = {s.table.pool: s.table.pool.generation for s in waiting}
         blocked = set()  # pools whose oldest preempted member found no room
         for seq in waiting:
-            if seq.table.pool not in blocked and not seq.readmit():
-                blocked.add(seq.table.pool)
+            pool = seq.table.pool
+            if pool in blocked:
+                continue
+            behind_chat = seq.table.background and pool.waiting.ahead(None, False) > 0
+            if behind_chat or not seq.readmit():
+                blocked.add(pool)
         if not blocked or any(not s.preempted for s in self._stepping()):
             self._stall_began = None
             return

@@ -1,0 +1,114 @@
+"""The batcher's order under pressure (wave 4, third review): a new chat member runs while the batcher is
+stalled on a preempted background row; a preempted background row never takes the pages a waiting chat request
+waits for; a preempted build never holds a preempted chat member (and so every new chat request) back."""
+
+from __future__ import annotations
+
+import time
+
+from kvmem.kv import Sampling
+from serving.engine.batcher import Batcher
+from serving.engine.model_loop import ModelLoop
+from serving.engine.pages import PoolFull
+from serving.engine.sequence import AdmissionWait, EngineSequence, admit
+from tests.serving.engine.test_pool_fairness import joined, pool_of, prompt, try_admit
+from tests.serving.engine.test_pool_pressure import request_steps
+
+
+def test_a_new_chat_member_runs_while_a_background_row_is_stalled(tiny_handle):
+    """The formation row waits (preempted, its pages held outside the loop) for up to 60 s; a chat request
+    admitted meanwhile is stepped at once, not after that wait (Batcher.add ends the stall)."""
+    model = tiny_handle.model
+    pool = pool_of(model, 6)
+    loop = ModelLoop()
+    outcome, form_out, chat_out, chat_done = [], [], [], []
+    try:
+        pool.alloc(3)  # pages held outside the loop (a pinned user's)
+
+        def formation():
+            try:
+                yield from request_steps(
+                    pool,
+                    model,
+                    prompt(100, 1)[:20],
+                    None,
+                    60,
+                    form_out,
+                    wait_s=60.0,
+                    stop_token_ids=frozenset(),
+                    background=True,
+                )
+                outcome.append("ended")
+            except PoolFull as full:
+                outcome.append(full)
+
+        loop.start(formation())
+        deadline = time.monotonic() + 30
+        while not (pool.preempted and loop._batcher.idle()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.preempted and loop._batcher.idle(), "the formation row should be stalled"
+
+        def chat():
+            yield from request_steps(
+                pool, model, prompt(500, 1)[:10], None, 3, chat_out, stop_token_ids=frozenset()
+            )
+            chat_done.append(time.monotonic())
+
+        began = time.monotonic()
+        loop.start(chat())
+        deadline = began + 120
+        while not chat_done and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # a liveness bound, not a speed figure: 3 tokens of the tiny model, against the row's 60 s wait
+        assert chat_done and chat_done[0] - began < 30, "the chat reply waited for the stalled row's wait"
+        assert len(chat_out) == 3 and outcome == []
+    finally:
+        loop.close()
+
+
+def test_a_preempted_background_row_waits_behind_a_waiting_chat_request(tiny_handle):
+    model = tiny_handle.model
+    pool = pool_of(model, 10)
+    batcher = Batcher(prefill_budget_tokens=64)
+    form = joined(batcher, pool, model, prompt(700, 3), 20, [], background=True)
+    outside = pool.alloc(pool.free_pages)  # the rest: running requests' (released below)
+    form.preempt()  # as _make_room does for an older chat row's page
+    assert pool.free_pages == 3
+    chat = admit(pool, model, prompt(2000, 5), max_new_tokens=1, wait_s=30.0, sampling=Sampling())
+    assert isinstance(next(chat), AdmissionWait) and len(pool.waiting) == 1  # a chat request waits for 5
+    batcher.step()  # the model loop's next turn: the formation row is not admitted again ahead of it
+    assert form.preempted and pool.free_pages == 3
+    pool.release(outside[:2])
+    got = next(chat)
+    try:
+        assert isinstance(got, EngineSequence)
+        batcher.step()  # now the formation row may try (no chat ticket waits); it finds no room
+        assert form.preempted
+    finally:
+        chat.close()
+        if isinstance(got, EngineSequence):
+            got.release()
+        batcher.close()
+        pool.release(outside[2:])
+
+
+def test_a_preempted_build_does_not_hold_a_preempted_chat_request_back(tiny_handle):
+    model = tiny_handle.model
+    pool = pool_of(model, 12)
+    batcher = Batcher(prefill_budget_tokens=64)
+    build = joined(batcher, pool, model, prompt(700, 6), 1, [], yield_to_chat=True)
+    chat = joined(batcher, pool, model, prompt(100, 2), 8, [])
+    outside = pool.alloc(pool.free_pages)  # an older request's pages (released below)
+    chat.preempt()  # as _make_room does for that older request's pages, newest first
+    build.preempt()
+    held = pool.alloc(pool.free_pages)  # taken again meanwhile
+    pool.release(outside)  # room for the chat request (2+ pages), not for the build (6)
+    batcher.step()
+    try:
+        assert not chat.preempted and build.preempted
+        new = try_admit(pool, model, prompt(900, 1)[:8])
+        assert isinstance(new, EngineSequence), f"a new chat request is held back: {new}"
+        new.release()
+    finally:
+        batcher.close()
+        pool.release(held)
