@@ -209,7 +209,7 @@ def pages_needed(
     pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source=None, prompt_tokens: int = 0
 ) -> int:
     """Pages a sequence of `total_tokens` positions holds at its longest: its table's, and the rest of the
-    item whose first `reuse` positions it reads, or (`source`, a live session's table it starts from) the
+    item whose first `reuse` positions it reads (with its knowledge parents' pages it does not reference), or (`source`, a live session's table it starts from) the
     pages of the item that table began with that it does not reference (the item stays held while it runs);
     and at its admission, when `reuse` ends mid-page, the session's page it copies from beside its prompt's
     (`prompt_tokens`) own pages (the session's table goes once it is admitted: sessions.py `started`)."""
@@ -220,8 +220,8 @@ def pages_needed(
         )
         at_admission = pool.pages_for(prompt_tokens) + (1 if reuse % pool.page_tokens else 0)
         need = max(need, at_admission) + item_rest
-    elif item is not None and reuse:
-        need += pool.pages_for(item.num_tokens) - reuse // pool.page_tokens
+    elif item is not None and reuse:  # the item and its knowledge parents, past the pages the table reads
+        need += pool.shared.reader_pages(item) - reuse // pool.page_tokens
     return need
 
 

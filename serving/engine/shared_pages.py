@@ -78,6 +78,27 @@ class SharedPages:
             entry = entry.parent
         return pages
 
+    def copy_in_pages(self, item) -> int:
+        """The pages `acquire(item)` would take from the pool now: none for a resident item; else its own, past
+        the full pages of its knowledge parent it references, and its parent's if that is not resident either."""
+        with self.pool.lock:
+            if item.item_id in self._entries:
+                return 0
+            need = self.pool.pages_for(item.num_tokens)
+            if item.parent is not None:
+                full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
+                need += self.copy_in_pages(item.parent) - full
+            return need
+
+    def reader_pages(self, item) -> int:
+        """The pages a reader of `item` keeps resident (`held_pages` of its entry, whether resident or not): its
+        own and its parents' (a child references its parent's full pages, not the last one partly filled)."""
+        need = self.pool.pages_for(item.num_tokens)
+        if item.parent is not None:
+            full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
+            need += self.reader_pages(item.parent) - full
+        return need
+
     def _is_resident(self, entry: _Entry) -> bool:
         return self._entries.get(entry.item_id) is entry
 

@@ -126,7 +126,7 @@ class PageTable:
                 if table._shared is not None:
                     pool.shared.hold(table._shared)
                 else:
-                    need += pool.pages_for(item.num_tokens)  # the item is copied in first
+                    need += pool.shared.copy_in_pages(item)  # the item is copied in first (not a parent's)
             try:
                 if not pool.make_room(need):
                     free = pool.free_pages
