@@ -242,7 +242,8 @@ def admit(
     """Yields an AdmissionWait while the pool has no room for the prompt (the caller yields it to the model
     loop), then the sequence; returns without one if `should_stop()` turns true while it waits (a client
     that left). An injected block shares its pages, and so does `source` (a live session's table, and the
-    tokens of it the prompt reuses); without a source, `prefix` (whose K/V they are) finds the prompt's
+    tokens of it the prompt reuses; closed if the request has to wait, which then starts from `item`); without
+    a source, `prefix` (whose K/V they are) finds the prompt's
     cached pages (prefix_cache.py), and the sequence's go in when it ends (`cache_prefix`). Raises
     PoolTooSmall at once when the prompt and `max_new_tokens` could never fit in the whole pool, PoolFull
     once it waited `wait_s`. Requests that wait are admitted in the order they came (waiting.py)."""
@@ -279,6 +280,16 @@ def admit(
                     return
                 if time.monotonic() >= deadline:
                     raise
+                if source is not None:
+                    # a session's turn gives its history's pages back before it waits: held, they could be
+                    # the very pages a preempted request (which goes first) needs, and neither could go on.
+                    # It prefills its prompt from its block instead (exact either way: sessions.py)
+                    source[0].close()
+                    source = None
+                    reuse = max(usable_prefix_tokens(item, prompt_ids), 0) if item is not None else 0
+                    need = pages_needed(pool, total, item, reuse, None, len(prompt_ids))
+                    if need > pool.num_pages:
+                        raise PoolTooSmall(total, need, pool.num_pages, pool.page_tokens) from None
                 if ticket is None:
                     ticket = pool.waiting.join(background, deadline)
                 # the generation when it gave up, under the pool's lock: a change after it wakes the wait

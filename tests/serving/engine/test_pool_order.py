@@ -1,6 +1,7 @@
 """The batcher's order under pressure (wave 4, third review): a new chat member runs while the batcher is
 stalled on a preempted background row; a preempted background row never takes the pages a waiting chat request
-waits for; a preempted build never holds a preempted chat member (and so every new chat request) back."""
+waits for; a preempted build never holds a preempted chat member (and so every new chat request) back; a
+session's turn that waits never holds the history pages a preempted member needs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from serving.engine.batcher import Batcher
 from serving.engine.model_loop import ModelLoop
 from serving.engine.pages import PoolFull
 from serving.engine.sequence import AdmissionWait, EngineSequence, admit
+from serving.engine.sessions import SessionCache
 from tests.serving.engine.test_pool_fairness import joined, pool_of, prompt, try_admit
 from tests.serving.engine.test_pool_pressure import request_steps
+from tests.serving.engine.test_session_pages import finish
 
 
 def test_a_new_chat_member_runs_while_a_background_row_is_stalled(tiny_handle):
@@ -112,3 +115,55 @@ def test_a_preempted_build_does_not_hold_a_preempted_chat_request_back(tiny_hand
     finally:
         batcher.close()
         pool.release(held)
+
+
+def test_a_waiting_session_turn_does_not_lock_out_the_preempted_member_it_waits_for(tiny_handle):
+    """A live session's next turn that has to wait gives its history's pages back (sequence.py `admit`):
+    held, they were the very pages the preempted member it waits behind needed (neither could go on)."""
+    model = tiny_handle.model
+    pool = pool_of(model, 12)
+    sessions = SessionCache(1 << 30)
+    pool.reclaimers.append(sessions)
+    history = prompt(100, 4)
+    lease = sessions.take("alice", "s1", None, ())
+    seq = next(admit(pool, model, history, max_new_tokens=2, sampling=Sampling(max_new_tokens=2)))
+    finish(model, pool, seq)
+    table = seq.keep_table()
+    assert sessions.put(lease, (*history, *seq.stats.token_ids)[: table.length], table)
+    seq.release()
+    kept = len(table.pages)
+    batcher = Batcher(prefill_budget_tokens=64)
+    out = []
+    m = joined(batcher, pool, model, prompt(3000, 3), 4, out, wait_s=0.5)
+    outside = pool.alloc(pool.free_pages)  # an older request's pages
+    m.preempt()
+    outside += pool.alloc(pool.free_pages - 1)  # 1 free (2 once the turn trims its history): m needs 3
+    # the session's next turn: takes its entry, trims it to what it reads, waits (m is preempted)
+    lease = sessions.take("alice", "s1", None, ())
+    ids = [*history, *prompt(5000, 1)]
+    n = sessions.reuse(lease, ids, 0)
+    sessions.trim(lease, n)
+    turn = admit(
+        pool,
+        model,
+        ids,
+        source=(lease.entry.cache, n),
+        max_new_tokens=2,
+        wait_s=5.0,
+        sampling=Sampling(max_new_tokens=2),
+    )
+    assert isinstance(next(turn), AdmissionWait)
+    try:
+        end = time.monotonic() + 1.0
+        while m in batcher._members and m.preempted and time.monotonic() < end:
+            batcher.step()
+            time.sleep(0.05)
+        assert not m.preempted or out, (
+            f"the preempted member could not get pages back: the waiting turn's lease holds {kept} idle "
+            f"history pages; member {'failed' if m not in batcher._members else 'still preempted'}"
+        )
+    finally:
+        turn.close()
+        sessions.release(lease)
+        batcher.close()
+        pool.release(outside)
