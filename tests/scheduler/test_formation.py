@@ -17,7 +17,7 @@ from kvmem.formation.errors import ExtractionError
 from kvmem.formation.llm import OpenAIExtractor
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import Fact, TurnInput
-from kvmem.text import HashEmbedder, MemoryStore
+from kvmem.text import MemoryStore
 from kvmem.text.records import FormationCounts
 from scheduler.formation import FormationConfig, FormationWorker
 
@@ -28,14 +28,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def store(tmp_path):
-    moment = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
-    s = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=lambda: moment)
-    yield s
-    s.close()
 
 
 def say(store: MemoryStore, user: str, *texts: str) -> list[str]:

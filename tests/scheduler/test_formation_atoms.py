@@ -3,21 +3,9 @@ city alone, and the spouse's name stays served."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-import pytest
-
 from kvmem.formation.rules import RuleExtractor
-from kvmem.text import HashEmbedder, MemoryStore
+from kvmem.text import MemoryStore
 from scheduler.formation import FormationWorker
-
-
-@pytest.fixture
-def store(tmp_path):
-    moment = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
-    s = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=lambda: moment)
-    yield s
-    s.close()
 
 
 def test_a_move_retires_the_city_and_never_the_wifes_name(store: MemoryStore) -> None:

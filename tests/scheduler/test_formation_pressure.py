@@ -9,35 +9,30 @@ import asyncio
 import json
 import threading
 import time
-from datetime import datetime, timezone
-
-import pytest
 
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.rules import RuleExtractor, slot_of
 from kvmem.formation.self_model import ModelExtractor
-from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.formation import FormationConfig, FormationWorker
 from scheduler.formation_decisions import decide
 from serving.background.self_generate import backend_generate
 from serving.engine.errors import PoolTooSmall
+from tests.scheduler.test_formation import FakeClock
 from tests.serving.kvstack import load_backend
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def store(tmp_path):
-    moment = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
-    s = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=lambda: moment)
-    yield s
-    s.close()
+def run_passes(store, extractor, passes: int) -> FormationWorker:
+    """The user's turns formed by a worker with the extractor's own decider, `passes` passes 1000 s apart (every
+    backoff over): a failure that repeats shows as the same turns pending after all of them."""
+    clock = FakeClock()
+    worker = FormationWorker(
+        store, extractor, FormationConfig(circuit_failures=100), clock=clock, decider=extractor.decide
+    )
+    worker.submit("u")
+    for _ in range(passes):
+        clock.now += 1000
+        worker.run_once()
+    return worker
 
 
 def fact(text):
@@ -57,15 +52,7 @@ def test_a_cut_decision_is_dead_lettered_not_retried_forever(store):
             return '{"event": "upd', "length"  # this decision: cut by max_tokens, every time (greedy)
         return json.dumps({"event": "add", "memory": None}), "stop"
 
-    extractor = ModelExtractor(generate)
-    clock = FakeClock()
-    worker = FormationWorker(
-        store, extractor, FormationConfig(circuit_failures=100), clock=clock, decider=extractor.decide
-    )
-    worker.submit("u")
-    for _ in range(20):
-        clock.now += 1000
-        worker.run_once()
+    worker = run_passes(store, ModelExtractor(generate), 20)
     counts = store.formation_counts("u")
     # a permanent failure: the turn should be dead-lettered (or formed), not pending forever
     texts = [m.text for m in store.list("u").items]
@@ -145,14 +132,7 @@ def test_a_turn_too_long_for_the_pool_is_dead_lettered_not_retried_forever(tiny_
         [t_long] = store.log_turns("u", [{"role": "user", "content": long}])
         [t_short] = store.log_turns("u", [{"role": "user", "content": "I have a cat called Tom."}])
         extractor = ModelExtractor(backend_generate(backend), max_tokens=16, decide_max_tokens=4)
-        clock = FakeClock()
-        worker = FormationWorker(
-            store, extractor, FormationConfig(circuit_failures=100), clock=clock, decider=extractor.decide
-        )
-        worker.submit("u")
-        for _ in range(6):
-            clock.now += 1000
-            worker.run_once()
+        worker = run_passes(store, extractor, 6)
         counts = store.formation_counts("u")
         pending = [t.id for t in store.pending_turns("u", 10)]
         assert t_long.id not in pending and t_short.id not in pending, (

@@ -7,21 +7,11 @@ tests/serving/background/test_self_extractor.py with the real default model."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 
 import pytest
 
 from kvmem.formation.self_model import FACTS_SCHEMA, ModelExtractor, update_schema
-from kvmem.text import HashEmbedder, MemoryStore
 from scheduler.formation import FormationWorker
-
-
-@pytest.fixture
-def store(tmp_path):
-    moment = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
-    s = MemoryStore(tmp_path / "m.sqlite", embedder=HashEmbedder(), clock=lambda: moment)
-    yield s
-    s.close()
 
 
 class Script:

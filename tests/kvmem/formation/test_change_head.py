@@ -193,31 +193,33 @@ def test_change_reading_passes_only_unblocked_changes_of_single_valued_areas() -
     assert set(reading.areas) <= set(texts)
 
 
-def _form(store: MemoryStore, user: str, texts: list[str]) -> None:
+BRISBANE = [
+    "We're in Brisbane, in an old Queenslander in Paddington.",
+    "So we left Brisbane lol. Living in Hobart now.",
+]
+
+
+def formed(store: MemoryStore, texts: list[str]) -> tuple[list[str], list[str]]:
+    """The texts said as one user's turns, each formed by the worker (rules) in turn: (current, retired)."""
     worker = FormationWorker(store, make_extractor("rules"))
     for i, text in enumerate(texts):
         store.log_turns(
-            user, [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
+            "u", [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
         )
-        worker.form_user(user)
+        worker.form_user("u")
+    rows = store.list("u", state="all", include_superseded=True, page_size=100).items
+    gone = [m.superseded_by is not None or m.valid_to is not None for m in rows]
+    return sorted(m.text for m, g in zip(rows, gone, strict=True) if not g), sorted(
+        m.text for m, g in zip(rows, gone, strict=True) if g
+    )
 
 
 def test_the_worker_retires_a_home_the_rules_read_no_slot_for(tmp_path: Path) -> None:
     with MemoryStore(tmp_path / "m.sqlite") as store:  # the server's default embedder
-        _form(
-            store,
-            "u",
-            [
-                "We're in Brisbane, in an old Queenslander in Paddington.",
-                "So we left Brisbane lol. Living in Hobart now.",
-            ],
-        )
-        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
-        current = sorted(m.text for m in rows if m.superseded_by is None and m.valid_to is None)
-        retired = sorted(m.text for m in rows if m.superseded_by is not None or m.valid_to is not None)
+        current, retired = formed(store, BRISBANE)
     # the rules read no slot in either turn ("living in Hobart now" has no subject, so they keep only the
     # first clause): without the head nothing is retired (the next test)
-    assert retired == ["We're in Brisbane, in an old Queenslander in Paddington."]
+    assert retired == [BRISBANE[0]]
     assert current == ["We left Brisbane."]
 
 
@@ -225,13 +227,5 @@ def test_another_embedders_vectors_are_never_read(tmp_path: Path) -> None:
     from kvmem.text import load_embedder
 
     with MemoryStore(tmp_path / "m.sqlite", embedder=load_embedder("hash")) as store:
-        _form(
-            store,
-            "u",
-            [
-                "We're in Brisbane, in an old Queenslander in Paddington.",
-                "So we left Brisbane lol. Living in Hobart now.",
-            ],
-        )
-        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
-    assert [m.text for m in rows if m.superseded_by is not None or m.valid_to is not None] == []
+        current, retired = formed(store, BRISBANE)
+    assert retired == [] and current == sorted([BRISBANE[0], "We left Brisbane."])

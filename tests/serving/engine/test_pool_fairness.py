@@ -156,9 +156,17 @@ def test_a_preempted_background_row_does_not_lock_chat_requests_out(tiny_handle)
     assert not pool.preempted and pool.used_pages == 0
 
 
-def stalled_request(pool, model, wait_s: float, cancel: threading.Event, outcome: list, out: list):
+def stalled_request(
+    pool,
+    model,
+    wait_s: float,
+    cancel: threading.Event | None,
+    outcome: list,
+    out: list,
+    background: bool = False,
+):
     """A request alone in the loop whose reply outgrows the pages left to it (the test holds the others):
-    it preempts itself and nothing running can give it pages back."""
+    it preempts itself and nothing running can give it pages back (`background`: a formation row's)."""
 
     def steps():
         try:
@@ -170,8 +178,9 @@ def stalled_request(pool, model, wait_s: float, cancel: threading.Event, outcome
                 60,
                 out,
                 wait_s=wait_s,
-                should_stop=cancel.is_set,
+                should_stop=None if cancel is None else cancel.is_set,
                 stop_token_ids=frozenset(),
+                background=background,
             )
             outcome.append("ended")
         except PoolFull as full:

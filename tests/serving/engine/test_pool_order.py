@@ -10,10 +10,9 @@ import time
 from kvmem.kv import Sampling
 from serving.engine.batcher import Batcher
 from serving.engine.model_loop import ModelLoop
-from serving.engine.pages import PoolFull
 from serving.engine.sequence import AdmissionWait, EngineSequence, admit
 from serving.engine.sessions import SessionCache
-from tests.serving.engine.test_pool_fairness import joined, pool_of, prompt, try_admit
+from tests.serving.engine.test_pool_fairness import joined, pool_of, prompt, stalled_request, try_admit
 from tests.serving.engine.test_pool_pressure import request_steps
 from tests.serving.engine.test_session_pages import finish
 
@@ -28,24 +27,7 @@ def test_a_new_chat_member_runs_while_a_background_row_is_stalled(tiny_handle):
     try:
         pool.alloc(3)  # pages held outside the loop (a pinned user's)
 
-        def formation():
-            try:
-                yield from request_steps(
-                    pool,
-                    model,
-                    prompt(100, 1)[:20],
-                    None,
-                    60,
-                    form_out,
-                    wait_s=60.0,
-                    stop_token_ids=frozenset(),
-                    background=True,
-                )
-                outcome.append("ended")
-            except PoolFull as full:
-                outcome.append(full)
-
-        loop.start(formation())
+        loop.start(stalled_request(pool, model, 60.0, None, outcome, form_out, background=True))
         deadline = time.monotonic() + 30
         while not (pool.preempted and loop._batcher.idle()) and time.monotonic() < deadline:
             time.sleep(0.02)
