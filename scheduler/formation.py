@@ -65,6 +65,10 @@ class FormationWorker:
         self._busy: str | None = None  # the user being formed now
         self._stop = False
         self._running = False  # a thread runs (or is finishing its pass after a stop); under self._cond
+        self._probes_failed = (
+            0  # probes of a half-open circuit failed otherwise than by the extractor, in a row
+        )
+        self._stale: dict[str, int] = {}  # user -> stale passes in a row (commit_formed's StaleFormation)
         self._thread: threading.Thread | None = None
         self._next_rescan = 0.0
         self._failures_in_row = 0  # transient failures since the extractor last answered (any users)
@@ -117,17 +121,21 @@ class FormationWorker:
         than once)."""
         with self._cond:
             self._stop = False
-            running = self._running
+            running, self._running = self._running, True  # this call starts the thread; another start sees it
             if running:
                 self._cond.notify_all()
-        self.rescan()
-        if running:
-            return
-        self._next_rescan = self.clock() + self.config.rescan_interval_s
-        with self._cond:
-            self._running = True
-        self._thread = threading.Thread(target=self._run, name="kvmem-formation", daemon=True)
-        self._thread.start()
+        try:
+            self.rescan()
+            if running:
+                return
+            self._next_rescan = self.clock() + self.config.rescan_interval_s
+            self._thread = threading.Thread(target=self._run, name="kvmem-formation", daemon=True)
+            self._thread.start()
+        except BaseException:
+            if not running:
+                with self._cond:
+                    self._running = False
+            raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Tell the thread to stop and wait up to `timeout_s` for its pass to end; a thread still in its pass
@@ -238,8 +246,12 @@ class FormationWorker:
             self._record_error(f"store:{type(e).__name__}")
             now = self.clock()
             with self._cond:
-                if self._circuit_until is not None:  # a half-open circuit's probe failed: open it again
-                    self._circuit_until = now + self.config.retry_backoff_s
+                if (
+                    self._circuit_until is not None
+                ):  # a half-open circuit's probe failed: open it again, longer
+                    self._probes_failed += 1
+                    wait = self.config.retry_backoff_s * 2**self._probes_failed
+                    self._open_circuit(now, min(self.config.max_backoff_s, wait))
             self.submit(user, not_before=now + self.config.retry_backoff_s)
             return None
         if result.num_turns == self.config.batch_turns and not result.transient:
@@ -306,12 +318,20 @@ class FormationWorker:
             )
         except StaleFormation:  # the memories changed while it decided: decide again over what is there now
             self.stats.stale_total += 1
-            self.submit(user_id)
+            stale = self._stale[user_id] = self._stale.get(user_id, 0) + 1
+            # at once the first time; then backing off, so a client writing all the time is not raced forever
+            delay = (
+                0.0
+                if stale == 1
+                else min(self.config.max_backoff_s, self.config.retry_backoff_s * 2 ** (stale - 2))
+            )
+            self.submit(user_id, not_before=self.clock() + delay)
             tally.transient = True  # the turns stay pending; no more passes of this batch now
             return False
         except InvalidMemoryInput as e:  # a fact the store refuses (e.g. a date it cannot hold): never stored
             tally.error = f"{self.extractor.name}: the store refused a formed fact: {e}"
             return self._permanent(user_id, turns, tally, "store_refused")
+        self._stale.pop(user_id, None)
         if result.requeued:  # restatements of a memory deleted meanwhile: formed again on their own
             self.submit(user_id)
         self.stats.formed_turns_total += len(ids)
@@ -351,10 +371,9 @@ class FormationWorker:
             self._failures_in_row += 1
             beyond = self._failures_in_row - self.config.circuit_failures
             if beyond >= 0:
-                wait = min(self.config.max_backoff_s, self.config.retry_backoff_s * 2**beyond)
-                self._circuit_until = now + wait
-                self.stats.circuit, self.stats.circuit_open = "open", 1
-                self.stats.circuit_until = _utc(self.wall_clock() + timedelta(seconds=wait))
+                self._open_circuit(
+                    now, min(self.config.max_backoff_s, self.config.retry_backoff_s * 2**beyond)
+                )
         log.info(
             "formation: %r failed (%s, attempt %d), retrying in %.1f s", user_id, error.kind, attempts, delay
         )
@@ -366,13 +385,19 @@ class FormationWorker:
             )
         self.submit(user_id, not_before=now + delay)
 
+    def _open_circuit(self, now: float, wait: float) -> None:
+        """No pass for `wait` seconds, then one probe (under self._cond); /health says until when."""
+        self._circuit_until = now + wait
+        self.stats.circuit, self.stats.circuit_open = "open", 1
+        self.stats.circuit_until = _utc(self.wall_clock() + timedelta(seconds=wait))
+
     def _answered(self) -> None:
         """The extractor answered: failures in a row end; an open circuit closes and every queued user is due."""
         with self._cond:
             self._failures_in_row = 0
             if self._circuit_until is None:
                 return
-            self._circuit_until = None
+            self._circuit_until, self._probes_failed = None, 0
             self.stats.circuit, self.stats.circuit_open, self.stats.circuit_until = "closed", 0, None
             now = self.clock()
             for user in self._queue:

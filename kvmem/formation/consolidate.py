@@ -213,12 +213,6 @@ def _decide(
         ]
         if newer:  # every one of them is newer (else it would be a target): the fact is history already
             return Decision("outdated", (max(newer, key=lambda m: m.said_at or m.valid_from).id,))
-    if changes is not None and fact.text in changes.changed:
-        target = _changed_memory(
-            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
-        )
-        if target is not None:
-            return Decision("supersede", (target,))
     if similarity is not None:
         near = [
             m.id
@@ -229,6 +223,13 @@ def _decide(
         ]
         if near:
             return Decision("duplicate", tuple(near))
+    # the change head after the near-duplicates: a restatement of a memory retires nothing
+    if changes is not None and fact.text in changes.changed:
+        target = _changed_memory(
+            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
+        )
+        if target is not None:
+            return Decision("supersede", (target,))
     return Decision("add")
 
 
@@ -283,8 +284,8 @@ def consolidate(
        supplies; step skipped when None) and content-word overlap both at or above the config's thresholds,
        never across two different values of one slot;
     4. "add".
-    Between 2 and 3, with `changes` (the learned change head's reading, ChangeReading): a fact it reads as a
-    change that rule 2 left alone supersedes one memory, `_changed_memory`.
+    Between 3 and 4, with `changes` (the learned change head's reading, ChangeReading): a fact it reads as a
+    change that rules 1-3 left alone supersedes one memory, `_changed_memory`.
     """
     return _decide(fact, existing, similarity, config, said_at, changes=changes)
 

@@ -18,6 +18,7 @@ from serving.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
+    InvalidResponseFormat,
     PromptTooLong,
     ResponseFormat,
     SamplingParams,
@@ -39,16 +40,20 @@ def backend_generate(backend: Backend):
 
     def generate(messages: list[dict], schema: dict, max_tokens: int) -> tuple[str, str]:
         fmt = ResponseFormat("json_schema", json.dumps(schema), "formation")
-        backend.check_response_format(fmt)  # compiled once, cached
-        prompt = backend.layout_prompt([], [], messages)
-        sampling = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, response_format=fmt)
-        request = GenerationRequest(
-            f"formation-{next(_ids)}", FORMATION_USER, prompt, None, sampling, background=True
-        )
         try:
+            backend.check_response_format(fmt)  # compiled once, cached
+            prompt = backend.layout_prompt([], [], messages)  # NotReady while the model loads
+            sampling = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, response_format=fmt)
+            request = GenerationRequest(
+                f"formation-{next(_ids)}", FORMATION_USER, prompt, None, sampling, background=True
+            )
             return asyncio.run(_collect(backend, request))
         except (PoolTooSmall, PromptTooLong) as e:
             raise ExtractionError(f"the formation prompt can never be served: {e}", False, "too_long") from e
+        except (
+            InvalidResponseFormat
+        ) as e:  # the backend's, not the turns': nothing dead-lettered, the circuit opens
+            raise ExtractionError(f"the backend cannot constrain the reply: {e}", True, "schema") from e
         except (PoolFull, BackendError, LoopClosed) as e:  # QueueFull is a BackendError
             raise ExtractionError(f"the engine is busy or stopped: {e}", True, "engine_busy") from e
 

@@ -87,7 +87,8 @@ class SharedPages:
             need = self.pool.pages_for(item.num_tokens)
             if item.parent is not None:
                 full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
-                need += self.copy_in_pages(item.parent) - full
+                if full:  # a parent it references none of is copied in unread: evictable at once
+                    need += self.copy_in_pages(item.parent) - full
             return need
 
     def reader_pages(self, item) -> int:
@@ -96,7 +97,8 @@ class SharedPages:
         need = self.pool.pages_for(item.num_tokens)
         if item.parent is not None:
             full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
-            need += self.reader_pages(item.parent) - full
+            if full:  # a child that references none of its parent's pages does not read it (`_entry`)
+                need += self.reader_pages(item.parent) - full
         return need
 
     def _is_resident(self, entry: _Entry) -> bool:

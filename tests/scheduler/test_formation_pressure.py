@@ -9,10 +9,15 @@ import asyncio
 import json
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+from functools import partial
 
+from kvmem.formation.base import make_extractor
 from kvmem.formation.errors import ExtractionError
 from kvmem.formation.rules import RuleExtractor, slot_of
 from kvmem.formation.self_model import ModelExtractor
+from kvmem.text import MemoryStore
+from kvmem.utc import utc_text
 from scheduler.formation import FormationConfig, FormationWorker
 from scheduler.formation_decisions import decide
 from serving.background.self_generate import backend_generate
@@ -214,3 +219,175 @@ def test_a_fact_joined_to_a_memory_edited_meanwhile_is_not_lost(store):
     # decided again over what is there now: the restatement is a memory of its own, beside the edit
     assert served(store) == ["I live in Lisbon.", "My favourite colour is blue."]
     assert worker.stats.stale_total == 1
+
+
+# ---- the second review of these fixes -------------------------------------------------------------------
+
+
+def test_prompt_longer_than_context_is_permanent_not_store_error(tiny_model_dir, tmp_path, store):
+    """self_generate's docstring: 'a prompt the pool or the context can never hold is permanent'."""
+    backend = load_backend(tiny_model_dir, tmp_path / "data")
+    try:
+        backend.max_context_tokens = 200  # the context cannot hold this turn's formation prompt
+        long = "I live in Lisbon and I like " + " ".join(f"apples{i}" for i in range(300)) + "."
+        store.log_turns("u", [{"role": "user", "content": long}])
+        generate = backend_generate(backend)
+        try:
+            generate([{"role": "user", "content": long}], {"type": "object"}, 8)
+            raised = None
+        except BaseException as e:  # noqa: BLE001
+            raised = e
+        worker = run_passes(store, ModelExtractor(generate, max_tokens=16, decide_max_tokens=4), 4)
+        counts = store.formation_counts("u")
+        assert isinstance(raised, ExtractionError) and not raised.transient, repr(raised)
+        assert (counts.pending, counts.dead) == (0, 1), (counts, worker.stats.last_error_kind)
+    finally:
+        asyncio.run(backend.aclose())
+
+
+def test_a_request_queued_but_not_started_when_the_loop_closes_is_told(tiny_model_dir, tmp_path):
+    """fe9b712: 'a request the closing model loop drops is told (BackendError), so a formation row's
+    generate never waits on its inbox forever'. A request still in the loop's _incoming when it closes is
+    closed unstarted: its finally never runs."""
+    backend = load_backend(tiny_model_dir, tmp_path / "data")
+    loop = backend._loop
+    busy = loop.call_soon(lambda: time.sleep(3.0))  # the model thread is in a build/call for 3 s
+    generate = backend_generate(backend)
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(generate([{"role": "user", "content": "hi"}], {"type": "object"}, 8))
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(not isinstance(j, tuple) for j in list(loop._incoming)):
+        time.sleep(0.01)
+    assert any(not isinstance(j, tuple) for j in list(loop._incoming)), "the request never reached the loop"
+    asyncio.run(backend.aclose())  # the server shuts down while the request waits for its first turn
+    busy.result(10)
+    thread.join(10)
+    assert not thread.is_alive(), "generate() still waiting 10 s after the backend closed"
+
+
+class CountingExtractor(RuleExtractor):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def extract(self, turns):
+        self.calls += 1
+        return super().extract(turns)
+
+
+def test_a_user_written_to_during_every_pass_is_retried_at_once_forever(store):
+    """A client that adds a memory (POST /v1/memories) about as often as a pass takes: every pass is stale,
+    is retried at once (no backoff, no bound), and re-runs the extractor (a model call for `self`) each time;
+    the turn is never formed."""
+    store.log_turns("u", [{"role": "user", "content": "I moved to Berlin."}])
+    n = [0]
+
+    def decider(st, *args):
+        out = decide(st, *args)
+        n[0] += 1
+        st.add("u", texts=[f"note {n[0]}"])  # the client's write lands while the pass decides
+        return out
+
+    extractor = CountingExtractor()
+    clock = FakeClock()  # no time passes: only a due user runs
+    worker = FormationWorker(store, extractor, clock=clock, decider=decider)
+    worker.submit("u")
+    for _ in range(50):
+        worker.run_once()
+    pending = store.formation_counts("u").pending
+    # the first stale pass is retried at once; the second backs off (no time passes here)
+    assert (worker.stats.stale_total, extractor.calls, pending) == (2, 2, 1)
+
+
+class Wall:
+    def __init__(self):
+        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self):
+        return self.now
+
+
+class Flaky:
+    name = "x"
+
+    def __init__(self):
+        self.calls = 0
+
+    def extract(self, turns):
+        self.calls += 1
+        if self.calls == 1:
+            raise ExtractionError("down", transient=True, kind="timeout")
+        raise RuntimeError("not an extraction error")  # a probe that fails otherwise
+
+
+def test_a_reopened_circuit_reports_when_its_next_probe_is(store):
+    clock, wall = FakeClock(), Wall()
+    worker = FormationWorker(
+        store, Flaky(), FormationConfig(circuit_failures=1, retry_backoff_s=2.0), clock=clock, wall_clock=wall
+    )
+    store.log_turns("u", [{"role": "user", "content": "I live in Lisbon."}])
+    worker.submit("u")
+    worker.run_once()  # circuit opens for 2 s
+    first = worker.stats.circuit_until
+    clock.now += 10.0
+    wall.now += timedelta(seconds=10)
+    worker.run_once()  # the probe fails otherwise: open again, twice as long (4 s)
+    assert worker._circuit_until == clock.now + 4.0
+    assert worker.stats.circuit_until == utc_text(wall.now + timedelta(seconds=4)) != first
+
+
+class SlowScanStore:
+    def __init__(self, store):
+        self._s = store
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def users_with_pending_turns(self):
+        time.sleep(0.3)
+        return self._s.users_with_pending_turns()
+
+
+def test_two_concurrent_starts_run_one_worker(store):
+    worker = FormationWorker(SlowScanStore(store), RuleExtractor())
+    ts = [threading.Thread(target=worker.start) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    try:
+        threads = [t for t in threading.enumerate() if t.name == "kvmem-formation"]
+        assert len(threads) == 1, len(threads)
+    finally:
+        worker.stop()
+        with worker._cond:
+            worker._stop = True
+            worker._cond.notify_all()
+        time.sleep(0.5)
+
+
+def _restated(tmp_path, head):
+    with MemoryStore(tmp_path / f"m{head}.sqlite") as store:  # the server's default embedder
+        worker = FormationWorker(store, make_extractor("rules"), decider=partial(decide, change_head=head))
+        for i, text in enumerate(
+            ["So we left Brisbane lol. Living in Hobart now.", "We finally left Brisbane."]
+        ):
+            store.log_turns(
+                "u", [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
+            )
+            worker.form_user("u")
+        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
+        return sorted(m.text for m in rows if m.superseded_by is not None or m.valid_to is not None)
+
+
+def test_a_restated_move_retires_nothing(tmp_path):
+    assert _restated(tmp_path, None) == []  # rules alone: a near-duplicate, joined to the memory
+    assert _restated(tmp_path, "shipped") == [], "the shipped head retired the memory its restatement repeats"

@@ -310,6 +310,10 @@ class EngineRequests:
                 # behind); whether the client left is asked every 0.25 s, not per token (it costs ~50 us; a
                 # stream's response also watches for the disconnect itself)
                 batch = await inbox.take(0.25)
+                if not batch and not self._loop.thread.is_alive():  # closed: what it said last is delivered
+                    batch = await inbox.take(0.05)  # by now (its final flush), or it never started
+                    if not batch:
+                        raise BackendError("the model loop closed before this request ended")
                 last = len(batch) - 1
                 for i, obj in enumerate(batch):
                     if isinstance(obj, PoolFull | PoolTooSmall):  # 429 (no pages in kv_wait_s), 400 (never)

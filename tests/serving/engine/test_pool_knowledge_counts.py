@@ -14,7 +14,7 @@ from kvmem.kv import Sampling
 from kvmem.kv.knowledge import KNOWLEDGE_OWNER
 from serving.engine.errors import PoolTooSmall
 from serving.engine.pages import PoolFull
-from serving.engine.sequence import admit, pages_needed
+from serving.engine.sequence import EngineSequence, admit, pages_needed
 from serving.engine.table import PageTable
 from tests.serving.engine.test_prefix_cache import small_pool
 
@@ -67,3 +67,43 @@ def test_a_knowledge_childs_copy_in_counts_only_its_own_pages():
     pool.release(running)
     pool.shared.release(reader.entry)
     assert pool.shared.copy_in_pages(child) == 0  # resident now (unread)
+
+
+def test_parent_not_referenced_is_not_held():
+    pool = small_pool(5)  # 4-token pages
+    parent = Item("K", 3, KNOWLEDGE_OWNER)  # 1 partly filled page
+    child = Item("C", 12, "alice", parent=parent, own_start=3)  # references no full parent page
+    # a 13-token prompt over the child, 3 new tokens: 16 positions = 4 pages; the child's 3 pages read
+    need = pages_needed(pool, 16, child, 12)
+    table = PageTable.admit(pool, 13, item=child, reuse=12)
+    try:
+        held = pool.shared.held_pages(table._shared)
+        pool.shared.evict(pool.num_pages)  # the unread parent goes: the child does not read it
+        assert "K" not in pool.shared
+        table._grow(16)  # the reply's page: the sequence at its longest
+        at_longest = len(set(table.pages) | held)
+        assert need == at_longest, f"pages_needed {need} but the request holds {at_longest} at its longest"
+    finally:
+        table.close()
+
+
+def test_a_request_that_fits_is_not_400():
+    pool = small_pool(4)
+    parent = Item("K", 3, KNOWLEDGE_OWNER)
+    child = Item("C", 12, "alice", parent=parent, own_start=3)
+    gen = admit(
+        pool,
+        torch.nn.Linear(1, 1),
+        list(range(13)),
+        item=child,
+        max_new_tokens=3,
+        wait_s=0.2,
+        sampling=Sampling(max_new_tokens=3),
+    )
+    try:
+        seq = next(gen)  # PoolTooSmall (400) here, though it fits (see below)
+        assert isinstance(seq, EngineSequence)
+        assert seq.table.grow(16), "its longest fits: the unread parent is evicted"
+        seq.release()
+    finally:
+        gen.close()

@@ -10,8 +10,10 @@ import time
 from kvmem.kv import Sampling
 from serving.engine.batcher import Batcher
 from serving.engine.model_loop import ModelLoop
+from serving.engine.pages import PagePool, PoolFull, PoolShape
 from serving.engine.sequence import AdmissionWait, EngineSequence, admit
 from serving.engine.sessions import SessionCache
+from tests.conftest import prompts_and_blocks
 from tests.serving.engine.test_pool_fairness import joined, pool_of, prompt, stalled_request, try_admit
 from tests.serving.engine.test_pool_pressure import request_steps
 from tests.serving.engine.test_session_pages import finish
@@ -149,3 +151,58 @@ def test_a_waiting_session_turn_does_not_lock_out_the_preempted_member_it_waits_
         sessions.release(lease)
         batcher.close()
         pool.release(outside)
+
+
+def test_a_background_row_kept_back_for_a_chat_request_gives_up_the_block_it_holds(tiny_handle, tokenizer):
+    """The preempted formation row reads a block; a chat request waits at admission for pages only that
+    block's eviction frees. The row is kept back for the chat request, so it fails (it is retried by
+    formation) rather than hold the block until the chat request's 429."""
+    model = tiny_handle.model
+    ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
+    shape = PoolShape.of_model(model, 16)
+    item_pages = -(-item.num_tokens // 16)
+    pool = PagePool(shape, (item_pages + 12) * shape.page_bytes)
+    loop = ModelLoop(prefill_budget_tokens=64)
+    form_out, chat_out, chat_res = [], [], []
+    try:
+
+        def formation():
+            yield from request_steps(
+                pool, model, ids, item, 3, form_out, stop_token_ids=frozenset(), background=True, wait_s=30.0
+            )
+
+        def chat():
+            try:
+                yield from request_steps(
+                    pool,
+                    model,
+                    [5000 + i for i in range(3 * 16)],
+                    None,
+                    1,
+                    chat_out,
+                    stop_token_ids=frozenset(),
+                    wait_s=2.0,
+                )
+                chat_res.append("ok")
+            except PoolFull as e:
+                chat_res.append(e)
+
+        # admit the row on this thread, then hand it over preempted (as _make_room would for an older row)
+        gen = formation()
+        seq = next(gen)
+        assert isinstance(seq, EngineSequence)
+        outside = pool.alloc(pool.free_pages)
+        seq.preempt()
+        pool.release(outside[:1])  # 2 free: the row's own page(s) fit, the chat's 3 pages do not
+        loop.start(chat())
+        end = time.monotonic() + 10
+        while not len(pool.waiting) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(pool.waiting) == 1  # the chat request waits at admission
+        loop.call(lambda: loop._batcher.add(seq, gen))
+        deadline = time.monotonic() + 20
+        while not chat_res and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert chat_res == ["ok"], f"chat: {chat_res}; row tokens {form_out}, row preempted {seq.preempted}"
+    finally:
+        loop.close()
