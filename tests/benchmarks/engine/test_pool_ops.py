@@ -14,7 +14,7 @@ def test_pool_ops_times_each_operation(tmp_path):
         ["--pages", "512", "--entries", "64", "--ops", "5", "--repeats", "2", "--out", str(out)]
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert (result["pages"], result["entries"]) == (512, 64)
-    assert list(result["ops_ms"]) == ["alloc_release", "evict_all", "stats"]
-    assert [v["n"] for v in result["ops_ms"].values()] == [5, 2, 20]
+    assert (result["pages"], result["entries"], result["users"]) == (512, 64, 100)
+    assert list(result["ops_ms"]) == ["alloc_release", "evict_all", "stats", "alloc_full"]
+    assert [v["n"] for v in result["ops_ms"].values()] == [5, 2, 20, 5]
     assert "loadavg" in result["env"] and "git_sha" in result["env"]
