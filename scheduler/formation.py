@@ -65,9 +65,7 @@ class FormationWorker:
         self._busy: str | None = None  # the user being formed now
         self._stop = False
         self._running = False  # a thread runs (or is finishing its pass after a stop); under self._cond
-        self._probes_failed = (
-            0  # probes of a half-open circuit failed otherwise than by the extractor, in a row
-        )
+        self._circuit_wait = 0.0  # how long the circuit was last opened for (a failed probe doubles it)
         self._stale: dict[str, int] = {}  # user -> stale passes in a row (commit_formed's StaleFormation)
         self._thread: threading.Thread | None = None
         self._next_rescan = 0.0
@@ -98,6 +96,7 @@ class FormationWorker:
         with self._cond:
             self._queue.pop(user_id, None)
             self.stats.queued_users = len(self._queue)
+            self._stale.pop(user_id, None)
 
     def rescan(self) -> int:
         """Queue every user the log holds pending turns for; returns how many were queued."""
@@ -249,9 +248,7 @@ class FormationWorker:
                 if (
                     self._circuit_until is not None
                 ):  # a half-open circuit's probe failed: open it again, longer
-                    self._probes_failed += 1
-                    wait = self.config.retry_backoff_s * 2**self._probes_failed
-                    self._open_circuit(now, min(self.config.max_backoff_s, wait))
+                    self._open_circuit(now, min(self.config.max_backoff_s, 2 * self._circuit_wait))
             self.submit(user, not_before=now + self.config.retry_backoff_s)
             return None
         if result.num_turns == self.config.batch_turns and not result.transient:
@@ -265,7 +262,10 @@ class FormationWorker:
         if not turns:
             return PassResult(0, 0, 0, 0, 0)
         tally = Tally()
+        stale = self._stale.get(user_id, 0)
         self._form(user_id, list(turns), tally)
+        if self._stale.get(user_id, 0) == stale:  # the pass ended otherwise than stale: the run of them ends
+            self._stale.pop(user_id, None)
         return PassResult(
             len(turns),
             tally.added,
@@ -320,18 +320,13 @@ class FormationWorker:
             self.stats.stale_total += 1
             stale = self._stale[user_id] = self._stale.get(user_id, 0) + 1
             # at once the first time; then backing off, so a client writing all the time is not raced forever
-            delay = (
-                0.0
-                if stale == 1
-                else min(self.config.max_backoff_s, self.config.retry_backoff_s * 2 ** (stale - 2))
-            )
+            delay = 0.0 if stale == 1 else self._backoff(stale - 2)
             self.submit(user_id, not_before=self.clock() + delay)
             tally.transient = True  # the turns stay pending; no more passes of this batch now
             return False
         except InvalidMemoryInput as e:  # a fact the store refuses (e.g. a date it cannot hold): never stored
             tally.error = f"{self.extractor.name}: the store refused a formed fact: {e}"
             return self._permanent(user_id, turns, tally, "store_refused")
-        self._stale.pop(user_id, None)
         if result.requeued:  # restatements of a memory deleted meanwhile: formed again on their own
             self.submit(user_id)
         self.stats.formed_turns_total += len(ids)
@@ -366,14 +361,12 @@ class FormationWorker:
         self.stats.failures_total += 1
         self._record_error(error.kind)
         now = self.clock()
-        delay = min(self.config.max_backoff_s, self.config.retry_backoff_s * 2 ** (attempts - 1))
+        delay = self._backoff(attempts - 1)
         with self._cond:
             self._failures_in_row += 1
             beyond = self._failures_in_row - self.config.circuit_failures
             if beyond >= 0:
-                self._open_circuit(
-                    now, min(self.config.max_backoff_s, self.config.retry_backoff_s * 2**beyond)
-                )
+                self._open_circuit(now, self._backoff(beyond))
         log.info(
             "formation: %r failed (%s, attempt %d), retrying in %.1f s", user_id, error.kind, attempts, delay
         )
@@ -385,9 +378,14 @@ class FormationWorker:
             )
         self.submit(user_id, not_before=now + delay)
 
+    def _backoff(self, doublings: int) -> float:
+        """`retry_backoff_s` doubled `doublings` times, at most `max_backoff_s` (the power capped first: a long
+        outage must not overflow it)."""
+        return min(self.config.max_backoff_s, self.config.retry_backoff_s * 2 ** min(max(doublings, 0), 32))
+
     def _open_circuit(self, now: float, wait: float) -> None:
         """No pass for `wait` seconds, then one probe (under self._cond); /health says until when."""
-        self._circuit_until = now + wait
+        self._circuit_until, self._circuit_wait = now + wait, wait
         self.stats.circuit, self.stats.circuit_open = "open", 1
         self.stats.circuit_until = _utc(self.wall_clock() + timedelta(seconds=wait))
 
@@ -397,7 +395,7 @@ class FormationWorker:
             self._failures_in_row = 0
             if self._circuit_until is None:
                 return
-            self._circuit_until, self._probes_failed = None, 0
+            self._circuit_until = None
             self.stats.circuit, self.stats.circuit_open, self.stats.circuit_until = "closed", 0, None
             now = self.clock()
             for user in self._queue:

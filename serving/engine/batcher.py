@@ -141,15 +141,15 @@ class Batcher:
         # read before the tries: room that appears after them (another thread's release) makes `idle` false
         generations = {s.table.pool: s.table.pool.generation for s in waiting}
         blocked = set()  # pools whose oldest preempted member found no room
-        behind = set()  # background members kept back for chat requests waiting at admission
         for seq in waiting:
             pool = seq.table.pool
             if pool in blocked:
                 continue
-            if seq.table.background and pool.waiting.ahead(None, False) > 0:
-                behind.add(seq)
-                blocked.add(pool)
-            elif not seq.readmit():
+            # a background row or build holding no pages waits behind the chat requests waiting at admission
+            # (the pages it would take are theirs); one still holding some (the block it reads) is let back in,
+            # to finish and give them all back
+            behind_chat = seq.table.background and not seq.table.pages and pool.waiting.ahead(None, False) > 0
+            if behind_chat or not seq.readmit():
                 blocked.add(pool)
         if not blocked or any(not s.preempted for s in self._stepping()):
             self._stall_began = None
@@ -160,13 +160,7 @@ class Batcher:
         # else the members wait for the pool to change (a finished build's pages)
         for pool in blocked:
             first = next(s for s in waiting if s.preempted and s.table.pool is pool)
-            # a background member kept back for a waiting chat request is a holder too (the block it reads may
-            # be what that request waits for): it fails rather than hold the chat request until its 429
-            holders = [
-                s
-                for s in self._members
-                if (s is not first or s in behind) and s.table.pool is pool and s.table.pages
-            ]
+            holders = [s for s in self._members if s is not first and s.table.pool is pool and s.table.pages]
             background = [s for s in holders if s.background]
             if holders:
                 seq = (background or holders)[-1]

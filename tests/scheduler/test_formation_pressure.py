@@ -391,3 +391,119 @@ def _restated(tmp_path, head):
 def test_a_restated_move_retires_nothing(tmp_path):
     assert _restated(tmp_path, None) == []  # rules alone: a near-duplicate, joined to the memory
     assert _restated(tmp_path, "shipped") == [], "the shipped head retired the memory its restatement repeats"
+
+
+# ---- the third review ----------------------------------------------------------------------------------
+
+
+def writing_decider(store):
+    def decider(st, *args):
+        out = decide(st, *args)
+        st.add("u", texts=["note"])  # the client's write lands while the pass decides
+        return out
+
+    return decider
+
+
+def test_stale_count_forgotten_when_user_deleted(store):
+    """A user whose pass went stale and who is then deleted (DELETE /v1/memories: delete_user + forget)
+    keeps an entry in _stale forever: one per such user, never popped."""
+    store.log_turns("u", [{"role": "user", "content": "I moved to Berlin."}])
+    worker = FormationWorker(store, RuleExtractor(), clock=FakeClock(), decider=writing_decider(store))
+    worker.submit("u")
+    worker.run_once()  # stale
+    store.delete_user("u")
+    worker.forget("u")
+    worker.submit("u")
+    worker.run_once()  # no pending turns: nothing to form
+    assert "u" not in worker._stale, worker._stale
+
+
+class FailThenRules(RuleExtractor):
+    """Extracts; a permanent failure on the second call (a malformed reply)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def extract(self, turns):
+        self.calls += 1
+        if self.calls == 2:
+            raise ExtractionError("bad", transient=False, kind="malformed_reply")
+        return super().extract(turns)
+
+
+def test_stale_count_survives_a_dead_letter(store):
+    """Stale once, then the retry's turn is dead-lettered: the pass ended, yet the count stays; the user's
+    next stale pass (a new turn, much later) is not retried at once but backs off."""
+    store.log_turns("u", [{"role": "user", "content": "I moved to Berlin."}])
+    clock = FakeClock()
+    n = [0]
+
+    def decider(st, *args):
+        out = decide(st, *args)
+        n[0] += 1
+        if n[0] in (1, 2):
+            st.add("u", texts=[f"note {n[0]}"])
+        return out
+
+    worker = FormationWorker(store, FailThenRules(), clock=clock, decider=decider)
+    worker.submit("u")
+    worker.run_once()  # stale (1): retried at once
+    worker.run_once()  # permanent failure: dead-lettered
+    assert store.formation_counts("u").dead == 1
+    clock.now += 3600
+    store.log_turns("u", [{"role": "user", "content": "I moved to Paris."}])
+    worker.submit("u")
+    worker.run_once()  # stale again: the first in a row of this new pass
+    # the first stale pass in a row is retried at once (not before + 0)
+    assert worker._queue.get("u") == clock.now, (worker._stale, worker._queue, clock.now)
+
+
+class Broken:
+    """The extractor went down (transient) `down` times, then each probe fails otherwise (a store error)."""
+
+    name = "x"
+
+    def __init__(self, down):
+        self.calls, self.down = 0, down
+
+    def extract(self, turns):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise ExtractionError("down", transient=True, kind="timeout")
+        raise RuntimeError("the store is failing")
+
+
+def test_reopened_circuit_is_not_shorter_than_before(store):
+    store.log_turns("u", [{"role": "user", "content": "I live in Lisbon."}])
+    clock = FakeClock()
+    worker = FormationWorker(
+        store, Broken(5), FormationConfig(circuit_failures=1, retry_backoff_s=2.0), clock=clock
+    )
+    worker.submit("u")
+    waits = []
+    for _ in range(6):
+        before = clock.now
+        worker.run_once()
+        waits.append(worker._circuit_until - before)
+        clock.now = max(worker._circuit_until, max(worker._queue.values()))
+    # 2, 4, 8, 16, 32 s after 5 extractor failures in a row; a probe that fails otherwise re-opens it "longer"
+    assert waits[:5] == [2, 4, 8, 16, 32]
+    assert waits[5] >= 32, waits
+
+
+def test_many_failed_probes_do_not_kill_the_worker(store):
+    """The store fails for days while the circuit is open: every probe fails; 2**probes_failed overflows a
+    float at 1024 and the OverflowError escapes _pass (the formation thread ends; the user is not requeued)."""
+    store.log_turns("u", [{"role": "user", "content": "I live in Lisbon."}])
+    clock = FakeClock()
+    worker = FormationWorker(store, Broken(1), FormationConfig(circuit_failures=1), clock=clock)
+    worker.submit("u")
+    for i in range(1100):
+        try:
+            worker.run_once()
+        except OverflowError as e:
+            raise AssertionError(f"probe {i}: {e!r}; queued: {dict(worker._queue)}") from e
+        clock.now += 301
+    assert "u" in worker._queue and worker._circuit_wait == 300.0  # still queued, the wait at its cap

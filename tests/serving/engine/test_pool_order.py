@@ -153,10 +153,10 @@ def test_a_waiting_session_turn_does_not_lock_out_the_preempted_member_it_waits_
         pool.release(outside)
 
 
-def test_a_background_row_kept_back_for_a_chat_request_gives_up_the_block_it_holds(tiny_handle, tokenizer):
+def test_a_preempted_background_row_holding_its_block_is_let_back_in_to_free_it(tiny_handle, tokenizer):
     """The preempted formation row reads a block; a chat request waits at admission for pages only that
-    block's eviction frees. The row is kept back for the chat request, so it fails (it is retried by
-    formation) rather than hold the block until the chat request's 429."""
+    block's eviction frees. The row holds pages, so it is not kept back for the chat request (it would hold
+    the block until the chat request's 429): it is let back in, finishes, and the chat request runs."""
     model = tiny_handle.model
     ids, item = prompts_and_blocks(tiny_handle, tokenizer)[0]
     shape = PoolShape.of_model(model, 16)
