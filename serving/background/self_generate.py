@@ -53,7 +53,9 @@ def backend_generate(backend: Backend):
         except (
             InvalidResponseFormat
         ) as e:  # the backend's, not the turns': nothing dead-lettered, the circuit opens
-            raise ExtractionError(f"the backend cannot constrain the reply: {e}", True, "schema") from e
+            raise ExtractionError(
+                f"the backend cannot constrain the reply: {e}", True, "response_format"
+            ) from e
         except (PoolFull, BackendError, LoopClosed) as e:  # QueueFull is a BackendError
             raise ExtractionError(f"the engine is busy or stopped: {e}", True, "engine_busy") from e
 

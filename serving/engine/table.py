@@ -41,6 +41,7 @@ class PageTable:
             None  # the shared item entry it holds a reader's reference on (shared_pages.SharedRead.entry)
         )
         self.background = False  # a background row's (batcher.py): a new chat request does not wait for it
+        self.from_session = False  # it started from a live session's table (`_start_from_table`)
         self._closed = False
 
     # -- admission -----------------------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class PageTable:
                 self._shared = source._shared
             self._start_from_pages(source.pages, reuse, total)
             self.item_pages = min(source.item_pages, self.shared_pages) if self._shared is not None else 0
+            self.from_session = True
 
     def _start_from_pages(self, pages: list[int], reuse: int, total: int) -> None:
         """Reference the full pages of `pages` that the first `reuse` positions fill; copy the partly reused

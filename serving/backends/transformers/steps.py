@@ -167,6 +167,8 @@ class EngineRequests:
                     seq = got
             if seq is None:  # its client left while it waited for pages
                 return
+            if source is not None and not seq.table.from_session:  # it waited, and gave its history back
+                source = None
             if lease is not None:  # its table references what it reuses of the session's: that one goes now
                 self.sessions.started(lease)
             token = yield seq  # the batcher sends each token, then None once the sequence has ended

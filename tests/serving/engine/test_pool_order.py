@@ -146,6 +146,13 @@ def test_a_waiting_session_turn_does_not_lock_out_the_preempted_member_it_waits_
             f"the preempted member could not get pages back: the waiting turn's lease holds {kept} idle "
             f"history pages; member {'failed' if m not in batcher._members else 'still preempted'}"
         )
+        while m in batcher._members:
+            batcher.step()
+        pool.release(outside)
+        outside = []
+        got = next(turn)  # room now: admitted without its history (usage then reports none of it cached)
+        assert isinstance(got, EngineSequence) and got.table.reused == 0 and not got.table.from_session
+        got.release()
     finally:
         turn.close()
         sessions.release(lease)

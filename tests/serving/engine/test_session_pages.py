@@ -37,6 +37,7 @@ def turn(
     source = (lease.entry.cache, n) if n else None
     taken = lease.entry
     seq = admitted(pool, model, ids, item=None if source else item, source=source, sampling=sampling)
+    assert seq.table.from_session == (source is not None)  # what usage's cached_tokens reads (steps.py)
     finish(model, pool, seq)
     table = seq.keep_table()
     fed = (*ids, *seq.stats.token_ids)[: table.length]
