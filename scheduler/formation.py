@@ -245,9 +245,8 @@ class FormationWorker:
             self._record_error(f"store:{type(e).__name__}")
             now = self.clock()
             with self._cond:
-                if (
-                    self._circuit_until is not None
-                ):  # a half-open circuit's probe failed: open it again, longer
+                # a half-open circuit's probe failed: open it again, longer
+                if self._circuit_until is not None:
                     self._open_circuit(now, min(self.config.max_backoff_s, 2 * self._circuit_wait))
             self.submit(user, not_before=now + self.config.retry_backoff_s)
             return None

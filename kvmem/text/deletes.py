@@ -23,7 +23,15 @@ from kvmem.text.conversation.turns import (
     turns_using,
 )
 from kvmem.text.db.connections import Database
-from kvmem.text.db.rows import LIVE, bump_generation, live_ids, mark_erased, source_turn_ids, tombstone
+from kvmem.text.db.rows import (
+    LIVE,
+    bump_generation,
+    live_ids,
+    mark_erased,
+    read_generation,
+    source_turn_ids,
+    tombstone,
+)
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.filters import check_memory_id, check_optional_id, check_user_id, format_time
 from kvmem.text.records import ChangeEvent
@@ -79,12 +87,7 @@ class MemoryDeletes:
         One indexed read, for callers that cache what they read of a user's memories (the scheduler's refresh)
         or prepared a request from them: an unchanged generation means nothing was deleted since."""
         check_user_id(user_id)
-        row = (
-            self._db.conn()
-            .execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,))
-            .fetchone()
-        )
-        return int(row[0]) if row else 0
+        return read_generation(self._db.conn(), user_id)
 
     def delete(self, user_id: str, memory_id: str, *, delete_turns: bool = True) -> int:
         """Deletes one memory; returns 1, or 0 if there was no such live memory of this user. With

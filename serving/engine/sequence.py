@@ -209,8 +209,8 @@ def pages_needed(
     pool: PagePool, total_tokens: int, item=None, reuse: int = 0, source=None, prompt_tokens: int = 0
 ) -> int:
     """Pages a sequence of `total_tokens` positions holds at its longest: its table's, and the rest of the
-    item whose first `reuse` positions it reads (with its knowledge parents' pages it does not reference), or (`source`, a live session's table it starts from) the
-    pages of the item that table began with that it does not reference (the item stays held while it runs);
+    item whose first `reuse` positions it reads (with its knowledge parents' pages it does not reference), or
+    (`source`, a live session's table it starts from) the pages of the item that table began with that it does not reference (the item stays held while it runs);
     and at its admission, when `reuse` ends mid-page, the session's page it copies from beside its prompt's
     (`prompt_tokens`) own pages (the session's table goes once it is admitted: sessions.py `started`)."""
     need = pool.pages_for(total_tokens)

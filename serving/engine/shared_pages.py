@@ -78,28 +78,28 @@ class SharedPages:
             entry = entry.parent
         return pages
 
+    def _parent_full(self, item) -> int:
+        """The full pages of `item`'s knowledge parent it references (0: none, or no parent: `_entry`)."""
+        if item.parent is None:
+            return 0
+        return min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
+
     def copy_in_pages(self, item) -> int:
         """The pages `acquire(item)` would take from the pool now: none for a resident item; else its own, past
         the full pages of its knowledge parent it references, and its parent's if that is not resident either."""
         with self.pool.lock:
             if item.item_id in self._entries:
                 return 0
-            need = self.pool.pages_for(item.num_tokens)
-            if item.parent is not None:
-                full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
-                if full:  # a parent it references none of is copied in unread: evictable at once
-                    need += self.copy_in_pages(item.parent) - full
-            return need
+            full = self._parent_full(item)  # a parent it references none of is copied in unread: evictable
+            return self.pool.pages_for(item.num_tokens) + (
+                self.copy_in_pages(item.parent) - full if full else 0
+            )
 
     def reader_pages(self, item) -> int:
         """The pages a reader of `item` keeps resident (`held_pages` of its entry, whether resident or not): its
         own and its parents' (a child references its parent's full pages, not the last one partly filled)."""
-        need = self.pool.pages_for(item.num_tokens)
-        if item.parent is not None:
-            full = min(item.own_start, item.parent.num_tokens) // self.pool.page_tokens
-            if full:  # a child that references none of its parent's pages does not read it (`_entry`)
-                need += self.reader_pages(item.parent) - full
-        return need
+        full = self._parent_full(item)  # a child that references none of its parent's pages does not read it
+        return self.pool.pages_for(item.num_tokens) + (self.reader_pages(item.parent) - full if full else 0)
 
     def _is_resident(self, entry: _Entry) -> bool:
         return self._entries.get(entry.item_id) is entry

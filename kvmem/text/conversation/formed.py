@@ -30,6 +30,7 @@ from kvmem.text.db.rows import (
     bump_generation,
     find_live,
     find_served,
+    read_generation,
     row_to_memory,
     supersede_row,
 )
@@ -240,12 +241,8 @@ class FormationWrites:
         vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
         now = format_time(self._clock())
         with self._db.write(user_id) as tx:
-            if expect_generation is not None:
-                row = tx.conn.execute(
-                    "SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)
-                ).fetchone()
-                if (int(row[0]) if row else 0) != expect_generation:
-                    raise StaleFormation(f"user {user_id!r}: memories changed while formation decided")
+            if expect_generation is not None and read_generation(tx.conn, user_id) != expect_generation:
+                raise StaleFormation(f"user {user_id!r}: memories changed while formation decided")
             cited = [
                 *ids,
                 *(t for a in adds for t in a.source_turn_ids),

@@ -282,6 +282,12 @@ def bump_generation(conn: Any, user_id: str) -> int:
     ).fetchone()[0]
 
 
+def read_generation(conn: Any, user_id: str) -> int:
+    """This user's generation (`bump_generation`); 0 for a user never written."""
+    row = conn.execute("SELECT gen FROM user_generation WHERE user_id = ?", (user_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def mark_erased(conn: Any, user_id: str) -> int:
     """The user was wholly deleted (memories and log): advances their generation and records it as the one
     they were erased at (`erased_generation`); returns it."""
