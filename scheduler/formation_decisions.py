@@ -28,9 +28,9 @@ from kvmem.formation.types import Fact
 log = logging.getLogger(__name__)
 SHIPPED = "shipped"  # decide's change_head default: the head shipped with the package
 # the areas where the change head's reading retires a memory: single-valued states (one home, one job, one
-# partner). Not "pref": a user has many tastes and pastimes, and on REALTALK's chats a taste read as changed
-# retired an unrelated one far more often than the right one (docs/benchmarks.md)
-CHANGED_AREAS = ("home", "job", "partner")
+# partner), and tastes and habits ("pref"), where a user has many at once, so a change retires only a memory
+# close to it by embedding (consolidate.PREF_SIMILARITY)
+CHANGED_AREAS = ("home", "job", "partner", "pref")
 
 
 def slots_touched(fact: Fact) -> tuple[str, ...]:
@@ -158,7 +158,7 @@ def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.nd
         area = areas[fact.text]
         if p >= head.threshold and area in CHANGED_AREAS and blocker(fact.text) is None:
             changed[fact.text] = area
-    return ChangeReading(changed, {t: a for t, a in areas.items() if a is not None})
+    return ChangeReading(changed, {t: a for t, a in areas.items() if a is not None}, _cosine(vectors))
 
 
 @cache

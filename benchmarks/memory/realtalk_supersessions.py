@@ -47,6 +47,24 @@ def supersessions(
     return formed, retired
 
 
+# the chats whose turns train the change head as real-chat negatives (benchmarks/memory/train_change_head.py);
+# `--chats last` reports on the other five, text the head never saw
+NEGATIVE_CHATS = ("Chat_1_", "Chat_2_", "Chat_3_", "Chat_4_", "Chat_5_")
+
+
+def chat_paths(data_dir: Path, prefixes: Sequence[str] | None = None) -> list[Path]:
+    """REALTALK's Chat_*.json in `data_dir`, those named by `prefixes` only where given; an error naming the
+    directory where none is there."""
+    paths = sorted(data_dir.glob("Chat_*.json"))
+    if prefixes is not None:
+        paths = [p for p in paths if p.name.startswith(tuple(prefixes))]
+    if not paths:
+        raise FileNotFoundError(
+            f"no REALTALK Chat_*.json in {data_dir}: python -m benchmarks.memory.conversations first"
+        )
+    return paths
+
+
 def speakers_turns(paths: Iterable[Path]) -> list[tuple[str, list[tuple[str, str]]]]:
     """(chat/speaker, that speaker's turns in order) for every chat file."""
     out = []
@@ -68,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the change head the rules' decisions read, as the server's worker does: 'shipped', 'none', or a "
         "head file",
     )
+    parser.add_argument(
+        "--chats",
+        choices=("all", "last"),
+        default="all",
+        help="all ten chats, or the last five only (the first five train the shipped head's real-chat negatives)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     head = (
@@ -76,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         else load_change_head(None if args.change_head == "shipped" else args.change_head)
     )
     reader = ChangeReader(head) if head is not None else None
-    paths = list(args.data_dir.glob("Chat_*.json"))
-    if not paths:
-        parser.error(f"no Chat_*.json in {args.data_dir}: python -m benchmarks.memory.conversations first")
+    try:
+        paths = chat_paths(args.data_dir)
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    if args.chats == "last":
+        paths = [p for p in paths if not p.name.startswith(NEGATIVE_CHATS)]
     rows = []
     for user, turns in speakers_turns(paths):
         formed, retired = supersessions(turns, reader)
@@ -87,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "realtalk_supersessions",
         "env": env_info(),
         "change_head": args.change_head,
+        "chats": args.chats,
         "num_users": len(rows),
         "num_turns": sum(r["turns"] for r in rows),
         "num_facts": sum(r["facts"] for r in rows),

@@ -1,17 +1,23 @@
 """Trains the change head (kvmem/formation/change_head.py: the area a statement is about, and whether it tells a
 change of state) on the sealed held-out sets of changes of state that have been scored and read.
 
-Run (the shipped head, a minute once the embedder is provisioned):
-    python -m benchmarks.memory.train_change_head --sets heldout heldout_v2 heldout_v3 heldout_v4 heldout_v5 \
+Run (the shipped head, a minute once the embedder is provisioned and REALTALK copied by
+`python -m benchmarks.memory.conversations`):
+    python -m benchmarks.memory.train_change_head \
+        --sets heldout heldout_v2 heldout_v3 heldout_v4 heldout_v5 heldout_v6 \
         --head-out kvmem/formation/change_head.safetensors --out benchmarks/results/cpu/change_head_train.json
 (a head other than the shipped one is refused until DEFAULT_HEAD_SHA256 in change_head.py holds the sha256 this
-prints). Choosing the settings: the same with `--sets heldout heldout_v2 heldout_v3 heldout_v4 --head-out H`,
-then `python -m benchmarks.memory.state_changes_heldout --set heldout_v5 --served --change-head H`.
+prints). Choosing the settings: the same with the sets before the last (`--sets heldout ... heldout_v5 --head-out
+H`), then `python -m benchmarks.memory.state_changes_heldout --set heldout_v6 --served --change-head H` and
+`python -m benchmarks.memory.realtalk_supersessions --chats last --change-head H`.
 
-Data: every item of the named sets (benchmarks/data/state_changes; each checked against its sealed sha256).
-Every text is embedded by the server's default embedder (its memory vectors, as the store keeps them). Labels:
+Data: every item of the named sets (benchmarks/data/state_changes; each checked against its sealed sha256), and
+every turn of REALTALK's first five chats (NEGATIVE_CHATS: real chat, where almost nothing said is a change of
+state; the last five are kept for realtalk_supersessions to report on). Every text is embedded by the server's
+default embedder (its memory vectors, as the store keeps them). Labels:
 - change: an item's new turn is 1 for a change item, 0 otherwise; every earlier turn is 0 (a statement of how
-  things are, not a change);
+  things are, not a change); every REALTALK turn is 0 (without them the head read a change in one of eight
+  of that chat's statements, and a change read in passing talk retires a memory);
 - area (home / job / partner / pref): a change item's new turn and the earlier turn it supersedes by the item's
   category (move: home; job_start, job_quit, job_duration, retired: job; relationship_start / _end: partner;
   pref_given_up / _taken_up: pref); a non-change item's only earlier turn, and a restatement's new turn, by the
@@ -34,6 +40,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import git_sha, write_outputs
+from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
+from benchmarks.memory.realtalk_supersessions import NEGATIVE_CHATS, chat_paths, speakers_turns
 from benchmarks.memory.state_changes_heldout import load_items
 from kvmem.formation.change_head import AREAS, save_change_head
 from kvmem.text import load_embedder
@@ -111,9 +119,21 @@ def fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float = L2) -> t
     return weight.detach().numpy(), bias.detach().numpy()
 
 
-def train(sets: list[str], embedder_spec: str = "default") -> tuple[dict[str, np.ndarray], dict]:
+def chat_negatives(data_dir: Path) -> list[str]:
+    """Every distinct turn of REALTALK's first five chats (NEGATIVE_CHATS), in order."""
+    paths = chat_paths(data_dir, NEGATIVE_CHATS)
+    return list(dict.fromkeys(text for _, turns in speakers_turns(paths) for text, _ in turns))
+
+
+def train(
+    sets: list[str], embedder_spec: str = "default", chats: Path | None = DEFAULT_DATA_DIR
+) -> tuple[dict[str, np.ndarray], dict]:
+    """The head's tensors and what it was trained on; `chats`: REALTALK's Chat_*.json (None: no real-chat
+    negatives, for a head of the sets alone)."""
     items = [item for name in sets for item in load_items(name=name)]
     texts, areas, changes = examples(items)
+    negatives = chat_negatives(chats) if chats is not None else []
+    texts, areas, changes = texts + negatives, areas + [None] * len(negatives), changes + [0] * len(negatives)
     embedder = load_embedder(embedder_spec)
     vectors = embedder.embed(texts)  # [n, D], the store's memory vectors
     labelled = [i for i, a in enumerate(areas) if a is not None]
@@ -125,6 +145,7 @@ def train(sets: list[str], embedder_spec: str = "default") -> tuple[dict[str, np
     info = {
         "embedder": embedder.name,
         "num_texts": len(texts),
+        "num_chat_negatives": len(negatives),
         "num_changes": int(sum(changes)),
         "num_area_labels": len(labelled),
         "area_counts": {a: sum(1 for x in areas if x == a) for a in AREAS},
@@ -136,19 +157,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", required=True, help="sealed sets to train on (already scored)")
     parser.add_argument("--embedder", default="default")
+    parser.add_argument(
+        "--chats",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="REALTALK's Chat_*.json (python -m benchmarks.memory.conversations); its first five chats' turns are "
+        "the head's real-chat negatives",
+    )
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--area-threshold", type=float, default=AREA_THRESHOLD)
     parser.add_argument("--head-out", type=Path, required=True)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    tensors, info = train(args.sets, args.embedder)
+    tensors, info = train(args.sets, args.embedder, args.chats)
     metadata = {
         "embedder": info["embedder"],
         "areas": ",".join(AREAS),
         "threshold": repr(args.threshold),
         "area_threshold": repr(args.area_threshold),
-        "trained_on": ",".join(args.sets),
+        "trained_on": ",".join([*args.sets, *(f"realtalk:{c}" for c in NEGATIVE_CHATS)]),
         "l2": repr(L2),
         "seed": str(SEED),
     }
