@@ -126,7 +126,9 @@ def test_the_shipped_head_is_the_pinned_one_and_its_training_writes_it_again() -
     for name, shipped in layers:
         np.testing.assert_allclose(tensors[name], shipped, atol=2e-3, err_msg=name)
     if chats is None:
-        pytest.skip(f"REALTALK not in {DEFAULT_DATA_DIR}: the area layer was checked, the change layer was not")
+        pytest.skip(
+            f"REALTALK not in {DEFAULT_DATA_DIR}: the area layer was checked, the change layer was not"
+        )
 
 
 # ---- the policy over a reading (consolidate.py) -------------------------------------------------------------
