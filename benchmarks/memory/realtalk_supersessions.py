@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from benchmarks.common import env_info, write_outputs
-from benchmarks.memory.conversations import load_conversation
+from benchmarks.memory.conversations import SPLITS, load_conversation
 from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
 from benchmarks.memory.state_changes_heldout import ChangeReader, form_in_order
 from kvmem.formation.change_head import load_change_head
@@ -47,9 +47,10 @@ def supersessions(
     return formed, retired
 
 
-# the chats whose turns train the change head as real-chat negatives (benchmarks/memory/train_change_head.py);
-# `--chats last` reports on the other five, text the head never saw
-NEGATIVE_CHATS = ("Chat_1_", "Chat_2_", "Chat_3_", "Chat_4_", "Chat_5_")
+# the chats whose turns train the change head as real-chat negatives (benchmarks/memory/train_change_head.py):
+# REALTALK's tune split (benchmarks.memory.conversations.SPLITS); `--chats report` reports on the other five,
+# text the head never saw
+NEGATIVE_CHATS = SPLITS["tune"]
 
 
 def chat_paths(data_dir: Path, prefixes: Sequence[str] | None = None) -> list[Path]:
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--chats",
-        choices=("all", "last"),
+        choices=("all", "report"),
         default="all",
-        help="all ten chats, or the last five only (the first five train the shipped head's real-chat negatives)",
+        help="all ten chats, or the report split's five only (the tune split's train the shipped head's real-chat "
+        "negatives)",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = chat_paths(args.data_dir)
     except FileNotFoundError as error:
         parser.error(str(error))
-    if args.chats == "last":
+    if args.chats == "report":
         paths = [p for p in paths if not p.name.startswith(NEGATIVE_CHATS)]
     rows = []
     for user, turns in speakers_turns(paths):

@@ -9,11 +9,11 @@ Run (the shipped head, a minute once the embedder is provisioned and REALTALK co
 (a head other than the shipped one is refused until DEFAULT_HEAD_SHA256 in change_head.py holds the sha256 this
 prints). Choosing the settings: the same with the sets before the last (`--sets heldout ... heldout_v5 --head-out
 H`), then `python -m benchmarks.memory.state_changes_heldout --set heldout_v6 --served --change-head H` and
-`python -m benchmarks.memory.realtalk_supersessions --chats last --change-head H`.
+`python -m benchmarks.memory.realtalk_supersessions --chats report --change-head H`.
 
 Data: every item of the named sets (benchmarks/data/state_changes; each checked against its sealed sha256), and
-every turn of REALTALK's first five chats (NEGATIVE_CHATS: real chat, where almost nothing said is a change of
-state; the last five are kept for realtalk_supersessions to report on). Every text is embedded by the server's
+every turn of REALTALK's tune split's five chats (NEGATIVE_CHATS: real chat, where almost nothing said is a change
+of state; the report split's five are kept for realtalk_supersessions to report on). Every text is embedded by the server's
 default embedder (its memory vectors, as the store keeps them). Labels:
 - change: an item's new turn is 1 for a change item, 0 otherwise; every earlier turn is 0 (a statement of how
   things are, not a change); every REALTALK turn is 0 (without them the head read a change in one of eight
@@ -120,7 +120,7 @@ def fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float = L2) -> t
 
 
 def chat_negatives(data_dir: Path) -> list[str]:
-    """Every distinct turn of REALTALK's first five chats (NEGATIVE_CHATS), in order."""
+    """Every distinct turn of REALTALK's tune split's chats (NEGATIVE_CHATS), in order."""
     paths = chat_paths(data_dir, NEGATIVE_CHATS)
     return list(dict.fromkeys(text for _, turns in speakers_turns(paths) for text, _ in turns))
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--chats",
         type=Path,
         default=DEFAULT_DATA_DIR,
-        help="REALTALK's Chat_*.json (python -m benchmarks.memory.conversations); its first five chats' turns are "
+        help="REALTALK's Chat_*.json (python -m benchmarks.memory.conversations); its tune split's turns are "
         "the head's real-chat negatives",
     )
     parser.add_argument("--threshold", type=float, default=THRESHOLD)

@@ -31,7 +31,7 @@ from kvmem.errors import KvmemError
 HEAD_FORMAT = "kvmem-change-head/1"
 DEFAULT_HEAD = Path(__file__).with_name("change_head.safetensors")
 # sha256 of the shipped file's content: a different file under that name is refused (retraining updates it)
-DEFAULT_HEAD_SHA256 = "5cc63d0f8a35e3d8b4681571c36c22b6244d7dd2b58350cbd5d816e5ec60fc63"
+DEFAULT_HEAD_SHA256 = "3814fae803c90f02365bb571e662603fffdc1e82ef0b29004474b5849d8c82e4"
 AREAS = ("home", "job", "partner", "pref")
 _TENSORS = ("change.weight", "change.bias", "area.weight", "area.bias")
 

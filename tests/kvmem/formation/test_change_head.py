@@ -109,7 +109,7 @@ def test_missing_corrupt_and_substituted_heads_are_refused(tmp_path: Path, monke
 
 def test_the_shipped_head_is_the_pinned_one_and_its_training_writes_it_again() -> None:
     """The shipped file loads (its content sha256 is the pinned one) and reads the default embedder's vectors;
-    train() on the six scored sealed sets and REALTALK's first five chats (benchmarks/memory/
+    train() on the six scored sealed sets and REALTALK's tune split (benchmarks/memory/
     train_change_head.py) gives the same weights. REALTALK is not in the repository (no licence): where it is
     not provisioned only the area layer, which its turns do not train, is checked, and the test says so."""
     head = load_change_head()
@@ -119,7 +119,7 @@ def test_the_shipped_head_is_the_pinned_one_and_its_training_writes_it_again() -
     sets = ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6"]
     tensors, info = train(sets, chats=chats)
     assert info["embedder"] == head.embedder
-    assert (info["num_texts"], info["num_chat_negatives"]) == ((6014, 3270) if chats else (2744, 0))
+    assert (info["num_texts"], info["num_chat_negatives"]) == ((7545, 4801) if chats else (2744, 0))
     layers = [("area.weight", head.area_weight), ("area.bias", head.area_bias)]
     if chats is not None:
         layers += [("change.weight", head.change_weight), ("change.bias", head.change_bias)]
