@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "state_chan
 
 
 @pytest.mark.parametrize(
-    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7"]
+    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7", "heldout_v8"]
 )
 def test_data_matches_its_sealed_hash(name: str) -> None:
     digest, file = (DATA / f"{name}.jsonl.sha256").read_text().split()
@@ -23,7 +23,7 @@ def test_data_matches_its_sealed_hash(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7"]
+    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7", "heldout_v8"]
 )
 def test_rows_have_the_documented_shape(name: str) -> None:
     rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
