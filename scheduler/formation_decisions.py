@@ -158,7 +158,38 @@ def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.nd
         area = areas[fact.text]
         if p >= head.threshold and area in CHANGED_AREAS and blocker(fact.text) is None:
             changed[fact.text] = area
-    return ChangeReading(changed, {t: a for t, a in areas.items() if a is not None}, _cosine(vectors))
+    reading = {t: a for t, a in areas.items() if a is not None}
+    return ChangeReading(
+        changed, reading, _cosine(vectors), _retires(head, facts, vectors), head.pair_threshold
+    )
+
+
+# what the guard's readings of a fact leave the pair layer: a taste may change in words it reads as negated ("I
+# can't face sushi now") or with no change word ("Mushrooms are my favourite now"), not another person's,
+# a plan, a restatement or an addition
+_PAIR_BLOCKERS = ("another person", "restatement", "plan", "addition")
+
+
+def _retires(
+    head: ChangeHead, facts: list[Fact], vectors: dict[str, np.ndarray]
+) -> Callable[[str, str], float]:
+    """(fact text, memory text) -> the head's pair probability that the fact, or its turn's statements joined
+    (`turn_texts`), retires the memory; 0.0 for a fact the guard blocks (_PAIR_BLOCKERS) or a text not
+    embedded."""
+    turns = turn_texts(facts)
+    said = {
+        f.text: [f.text, *(turns[t] for t in f.turn_ids)]
+        for f in facts
+        if blocker(f.text) not in _PAIR_BLOCKERS
+    }
+
+    def retires(fact: str, memory: str) -> float:
+        if fact not in said or memory not in vectors:
+            return 0.0
+        new = np.stack([vectors[t] for t in said[fact]])
+        return float(head.retire_probability(new, np.repeat(vectors[memory][None], len(new), axis=0)).max())
+
+    return retires
 
 
 @cache

@@ -22,18 +22,23 @@ default embedder (its memory vectors, as the store keeps them). Labels:
   category (move: home; job_start, job_quit, job_duration, retired: job; relationship_start / _end: partner;
   pref_given_up / _taken_up: pref); a non-change item's only earlier turn, and a restatement's new turn, by the
   slot its `old_fact` names (home; job, employer, occupation, workplace: job; relationship, spouse, girlfriend:
-  partner; any other: pref); other texts have no area label.
-Model: two softmax-linear layers over the 384-d vectors (change: 2 classes, area: 4), cross-entropy plus
-L2 * sum of squared weights, fitted by L-BFGS (torch, strong-Wolfe line search, 500 iterations, float32, one
-thread, seed 0): the same command writes the same file. Settings chosen on the fifth set with the head trained
-on the first four (see docs/benchmarks.md): L2 1e-5 (1e-4 and above under-fit: nothing passes a threshold
-above 0.5), threshold THRESHOLD.
+  partner; any other: pref); other texts have no area label;
+- retires (pairs): each item's new turn against each of its earlier turns, 1 for the one a change supersedes;
+  and pairs of one REALTALK speaker's turns (a later one and an earlier one) as 0: RANDOM_PAIRS at random per
+  speaker and each turn with its NEAREST_PAIRS nearest earlier turns by memory vector.
+Model: three softmax-linear layers (change: 2 classes and area: 4, over the 384-d vectors; pair: 2, over a
+pair's two vectors and their product), cross-entropy plus L2 * sum of squared weights, fitted by L-BFGS (torch,
+strong-Wolfe line search, 500 iterations, float32, one thread, seed 0): the same command writes the same file.
+Settings chosen on the fifth set with the head trained on the first four (see docs/benchmarks.md): L2 1e-5
+(1e-4 and above under-fit: nothing passes a threshold above 0.5), threshold THRESHOLD; the pair threshold on the
+sixth with the head trained on the first five.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +55,9 @@ SEED = 0
 L2 = 1e-5
 THRESHOLD = 0.35
 AREA_THRESHOLD = 0.9
+PAIR_THRESHOLD = 0.5
+RANDOM_PAIRS = 300  # random pairs of one REALTALK speaker's turns, per speaker
+NEAREST_PAIRS = 3  # each REALTALK turn with its nearest earlier turns
 CATEGORY_AREA = {
     "move": "home",
     "job_start": "job",
@@ -119,20 +127,51 @@ def fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float = L2) -> t
     return weight.detach().numpy(), bias.detach().numpy()
 
 
-def chat_negatives(data_dir: Path) -> list[str]:
-    """Every distinct turn of REALTALK's tune split's chats (NEGATIVE_CHATS), in order."""
+def chat_speakers(data_dir: Path) -> list[list[str]]:
+    """Each speaker's distinct turns, in order, in REALTALK's tune split's chats (NEGATIVE_CHATS)."""
     paths = chat_paths(data_dir, NEGATIVE_CHATS)
-    return list(dict.fromkeys(text for _, turns in speakers_turns(paths) for text, _ in turns))
+    return [list(dict.fromkeys(text for text, _ in turns)) for _, turns in speakers_turns(paths)]
+
+
+def set_pairs(items: list[dict]) -> tuple[list[str], list[str], list[int]]:
+    """(new turns, earlier turns, retired?) of every item: its new turn against each earlier turn, 1 for the
+    one a change supersedes."""
+    new, old, labels = [], [], []
+    for item in items:
+        for index, text in enumerate(item["prefix"]):
+            new.append(item["turn"]), old.append(text)
+            labels.append(int(item["kind"] == "change" and index == item["superseded_turn"]))
+    return new, old, labels
+
+
+def chat_pairs(speakers: list[list[str]], vector: dict[str, np.ndarray]) -> tuple[list[str], list[str]]:
+    """Pairs (a later turn, an earlier turn of the same speaker) that retire nothing: per speaker
+    RANDOM_PAIRS drawn at random (seed SEED), and each turn with its NEAREST_PAIRS closest earlier turns by
+    memory vector (the candidates the worker weighs are the nearest)."""
+    rng = random.Random(SEED)
+    new, old = [], []
+    for turns in speakers:
+        if len(turns) < 2:
+            continue
+        for _ in range(RANDOM_PAIRS):
+            i = rng.randrange(1, len(turns))
+            new.append(turns[i]), old.append(turns[rng.randrange(i)])
+        matrix = np.stack([vector[t] for t in turns])
+        for i in range(1, len(turns)):
+            for j in np.argsort(-(matrix[:i] @ matrix[i]), kind="stable")[:NEAREST_PAIRS]:
+                new.append(turns[i]), old.append(turns[int(j)])
+    return new, old
 
 
 def train(
     sets: list[str], embedder_spec: str = "default", chats: Path | None = DEFAULT_DATA_DIR
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """The head's tensors and what it was trained on; `chats`: REALTALK's Chat_*.json (None: no real-chat
-    negatives, for a head of the sets alone)."""
+    """The head's tensors and what it was trained on; `chats`: REALTALK's Chat_*.json (None: no real chat,
+    for a head of the sets alone)."""
     items = [item for name in sets for item in load_items(name=name)]
     texts, areas, changes = examples(items)
-    negatives = chat_negatives(chats) if chats is not None else []
+    speakers = chat_speakers(chats) if chats is not None else []
+    negatives = list(dict.fromkeys(t for turns in speakers for t in turns))
     texts, areas, changes = texts + negatives, areas + [None] * len(negatives), changes + [0] * len(negatives)
     embedder = load_embedder(embedder_spec)
     vectors = embedder.embed(texts)  # [n, D], the store's memory vectors
@@ -141,7 +180,20 @@ def train(
         vectors[labelled], np.array([AREAS.index(areas[i]) for i in labelled]), len(AREAS)
     )
     change_w, change_b = fit_softmax(vectors, np.array(changes), 2)
-    tensors = {"change.weight": change_w, "change.bias": change_b, "area.weight": area_w, "area.bias": area_b}
+    vector = dict(zip(texts, vectors, strict=True))
+    new, old, retired = set_pairs(items)
+    chat_new, chat_old = chat_pairs(speakers, vector)
+    new, old, retired = new + chat_new, old + chat_old, retired + [0] * len(chat_new)
+    a, b = np.stack([vector[t] for t in new]), np.stack([vector[t] for t in old])
+    pair_w, pair_b = fit_softmax(np.concatenate([a, b, a * b], axis=1), np.array(retired), 2)
+    tensors = {
+        "change.weight": change_w,
+        "change.bias": change_b,
+        "area.weight": area_w,
+        "area.bias": area_b,
+        "pair.weight": pair_w,
+        "pair.bias": pair_b,
+    }
     info = {
         "embedder": embedder.name,
         "num_texts": len(texts),
@@ -149,6 +201,9 @@ def train(
         "num_changes": int(sum(changes)),
         "num_area_labels": len(labelled),
         "area_counts": {a: sum(1 for x in areas if x == a) for a in AREAS},
+        "num_pairs": len(retired),
+        "num_chat_pairs": len(chat_new),
+        "num_retiring_pairs": int(sum(retired)),
     }
     return tensors, info
 
@@ -166,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--area-threshold", type=float, default=AREA_THRESHOLD)
+    parser.add_argument("--pair-threshold", type=float, default=PAIR_THRESHOLD)
     parser.add_argument("--head-out", type=Path, required=True)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -176,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
         "areas": ",".join(AREAS),
         "threshold": repr(args.threshold),
         "area_threshold": repr(args.area_threshold),
+        "pair_threshold": repr(args.pair_threshold),
         "trained_on": ",".join([*args.sets, *(f"realtalk:{c}" for c in NEGATIVE_CHATS)]),
         "l2": repr(L2),
         "seed": str(SEED),
@@ -188,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sets": args.sets,
         "threshold": args.threshold,
         "area_threshold": args.area_threshold,
+        "pair_threshold": args.pair_threshold,
         "l2": L2,
         **info,
         "head": str(args.head_out),

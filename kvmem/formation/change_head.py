@@ -1,19 +1,23 @@
 """The learned change head: which area of a user's life a statement is about, and whether it tells a change of
-state there, read from the memory vector the text store already computes for it (issue 45 item 3).
+state there, and whether a new statement retires a given memory, read from the memory vectors the text store
+already computes (issue 45 item 3).
 
 The rules read a change only where a pattern names its slot ("I moved to Berlin" -> user|home_city); people say
 most changes otherwise ("so we left brooklyn lol. living in jersey city now"), and five sealed held-out sets
 show the rules catching 0.18-0.58 of them. This head reads two things from a text's vector, by two logistic
 layers: the `AREAS` (home, job, partner, pref: a taste, habit or pastime) it is about, and the probability that
-it announces a change. Consolidation (consolidate.py) uses them only where the rules read no slot, and only
-through the rules' guards (change_guard.blocker: another person, negated, a plan, a restatement, an addition, no
-word of change).
+it announces a change; and by a third, over a pair of texts (a new statement and a memory: their two vectors
+and their product), the probability that the statement retires the memory, which tastes need ("I hate
+mushrooms" -> "Mushrooms are my favourite now" tells no change word the first layer reads). Consolidation
+(consolidate.py) uses them only where the rules read no slot, and only through the rules' guards
+(change_guard.blocker: another person, negated, a plan, a restatement, an addition, no word of change).
 
 Owns the head's file format (safetensors, tensors `change.weight` [2, D], `change.bias` [2], `area.weight`
-[A, D], `area.bias` [A]; metadata `format` = 'kvmem-change-head/1', `embedder` (the name of the embedder whose
-memory vectors it was trained on: any other embedder's vectors mean nothing to it), `areas` (comma-separated,
-in row order), `threshold` (a change believed at that probability) and `area_threshold` (an area
-believed at that probability)), loading it with checks (kvmem.small_heads; the shipped file's content sha256 is
+[A, D], `area.bias` [A], `pair.weight` [2, 3D], `pair.bias` [2]; metadata `format` = 'kvmem-change-head/2',
+`embedder` (the name of the embedder whose memory vectors it was trained on: any other embedder's vectors mean
+nothing to it), `areas` (comma-separated, in row order), `threshold` (a change believed at that probability),
+`area_threshold` (an area believed at that probability) and `pair_threshold` (a memory retired at that
+probability)), loading it with checks (kvmem.small_heads; the shipped file's content sha256 is
 pinned), and the reading, in numpy. Trained by benchmarks/memory/train_change_head.py (command, data and seed in
 its docstring). Knows nothing of stores, turns or consolidation.
 """
@@ -28,12 +32,12 @@ import numpy as np
 from kvmem import small_heads
 from kvmem.errors import KvmemError
 
-HEAD_FORMAT = "kvmem-change-head/1"
+HEAD_FORMAT = "kvmem-change-head/2"
 DEFAULT_HEAD = Path(__file__).with_name("change_head.safetensors")
 # sha256 of the shipped file's content: a different file under that name is refused (retraining updates it)
-DEFAULT_HEAD_SHA256 = "3814fae803c90f02365bb571e662603fffdc1e82ef0b29004474b5849d8c82e4"
+DEFAULT_HEAD_SHA256 = "e3dc244ac5f23bffe9834bc07999eca85e98de8c21d73f387dc29d6a706fb19c"
 AREAS = ("home", "job", "partner", "pref")
-_TENSORS = ("change.weight", "change.bias", "area.weight", "area.bias")
+_TENSORS = ("change.weight", "change.bias", "area.weight", "area.bias", "pair.weight", "pair.bias")
 
 
 class ChangeHeadLoadError(KvmemError):
@@ -48,16 +52,27 @@ class ChangeHead:
     change_bias: np.ndarray  # [2]
     area_weight: np.ndarray  # [A, D]
     area_bias: np.ndarray  # [A]
+    pair_weight: np.ndarray  # [2, 3D]: not retired, retired
+    pair_bias: np.ndarray  # [2]
     areas: tuple[str, ...]
     embedder: str
     threshold: float
     area_threshold: float
+    pair_threshold: float
     fingerprint: str
 
     def change_probability(self, vectors: np.ndarray) -> np.ndarray:
         """[n, D] memory vectors -> [n] probabilities that each text announces a change of state."""
         logits = vectors.astype(np.float32, copy=False) @ self.change_weight.T + self.change_bias  # [n, 2]
-        return 1.0 / (1.0 + np.exp(np.clip(logits[:, 0] - logits[:, 1], -60.0, 60.0)))
+        return _sigmoid(logits[:, 1] - logits[:, 0])
+
+    def retire_probability(self, new: np.ndarray, memories: np.ndarray) -> np.ndarray:
+        """[n, D] vectors of new statements and [n, D] of memories -> [n] probabilities that each statement
+        retires its memory (row by row)."""
+        new, memories = new.astype(np.float32, copy=False), memories.astype(np.float32, copy=False)
+        features = np.concatenate([new, memories, new * memories], axis=1)  # [n, 3D]
+        logits = features @ self.pair_weight.T + self.pair_bias  # [n, 2]
+        return _sigmoid(logits[:, 1] - logits[:, 0])
 
     def area(self, vectors: np.ndarray) -> list[str | None]:
         """[n, D] memory vectors -> the area each text is about: the most probable, where its probability is
@@ -73,6 +88,10 @@ class ChangeHead:
         ]
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -60.0, 60.0)))
+
+
 def load_change_head(path: str | Path | None = None) -> ChangeHead:
     """The head in the safetensors file `path` (None: the one shipped with the package, sha256 pinned);
     ChangeHeadLoadError naming the file and the reason when it cannot be used."""
@@ -86,13 +105,17 @@ def load_change_head(path: str | Path | None = None) -> ChangeHead:
         "change.bias": (2,),
         "area.weight": (len(areas), dim),
         "area.bias": (len(areas),),
+        "pair.weight": (2, 3 * dim),
+        "pair.bias": (2,),
     }
     for name, shape in expected.items():
         if tensors[name].shape != shape:
             raise ChangeHeadLoadError(f"{path}: {name} must be of shape {shape}, got {tensors[name].shape}")
     if not areas or not metadata.get("embedder"):
         raise ChangeHeadLoadError(f"{path}: metadata must name its areas and its embedder")
-    threshold, area_threshold = (_probability(path, metadata, k) for k in ("threshold", "area_threshold"))
+    threshold, area_threshold, pair_threshold = (
+        _probability(path, metadata, k) for k in ("threshold", "area_threshold", "pair_threshold")
+    )
     digest = small_heads.content_sha256(tensors, metadata, _TENSORS)
     if shipped and digest != DEFAULT_HEAD_SHA256:
         raise ChangeHeadLoadError(f"{path}: sha256 {digest} is not the shipped head's {DEFAULT_HEAD_SHA256}")
@@ -101,10 +124,13 @@ def load_change_head(path: str | Path | None = None) -> ChangeHead:
         tensors["change.bias"],
         tensors["area.weight"],
         tensors["area.bias"],
+        tensors["pair.weight"],
+        tensors["pair.bias"],
         areas,
         metadata["embedder"],
         threshold,
         area_threshold,
+        pair_threshold,
         digest[:16],
     )
 

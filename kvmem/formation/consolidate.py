@@ -64,11 +64,15 @@ class ChangeReading:
     fact's text -> the area it tells a change in (only facts believed to be a change and not blocked by the
     rules' guard, change_guard.blocker); `areas`: any text (memory or fact) -> the area it is about;
     `similarity`: the cosine of two of those texts' memory vectors (a change in the "pref" area retires only a
-    memory at least PREF_SIMILARITY close to it; None: no change in that area retires anything)."""
+    memory at least PREF_SIMILARITY close to it; None: no change in that area retires anything); `retires`:
+    the probability that a new fact retires a memory (by their texts; 0.0 where the guard blocks the fact),
+    believed at `retire_at`."""
 
     changed: Mapping[str, str]
     areas: Mapping[str, str]
     similarity: Similarity | None = None
+    retires: Similarity | None = None
+    retire_at: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,12 @@ def _decide(
         )
         if target is not None:
             return Decision("supersede", (target,))
+    if changes is not None and changes.retires is not None:
+        target = _retired_taste(
+            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
+        )
+        if target is not None:
+            return Decision("supersede", (target,))
     return Decision("add")
 
 
@@ -270,6 +280,31 @@ def _changed_memory(
         return None
     # the latest said: a batch's own earlier facts (ordered_ids) were said after every stored memory
     return max(found, key=lambda m: (m.id in ordered_ids, m.said_at or m.valid_from)).id
+
+
+def _retired_taste(
+    fact: Fact,
+    pool: Sequence[ExistingMemory],
+    changes: ChangeReading,
+    said_at: str | None,
+    ordered_ids: frozenset[str],
+) -> str | None:
+    """The taste a fact retires by the head's pair reading, where no change was read ("I hate mushrooms" ->
+    "Mushrooms are my favourite now"): of the "pref" memories at least PREF_SIMILARITY close to it, not newer
+    than it, and not the rules' same slot and value or another area, the one it most probably retires, at
+    `changes.retire_at` or above."""
+    assert changes.retires is not None and changes.similarity is not None
+    scored = [
+        (changes.retires(fact.text, m.text), m)
+        for m in pool
+        if changes.areas.get(m.text) == "pref"
+        and (m.id in ordered_ids or not _is_older(fact, said_at, m))
+        and changes.similarity(fact.text, m.text) >= PREF_SIMILARITY
+        and not same_value(fact.text, m.text)
+        and not other_area(fact.text, m.text)
+    ]
+    scored = [(p, m) for p, m in scored if p >= changes.retire_at]
+    return max(scored, key=lambda pm: pm[0])[1].id if scored else None
 
 
 def consolidate(

@@ -34,7 +34,13 @@ from scheduler.formation_decisions import change_reading
 
 T1 = "2026-03-01T10:00:00.000000Z"
 T2 = "2026-11-26T14:41:09.000000Z"
-META = {"embedder": "e", "areas": ",".join(AREAS), "threshold": "0.35", "area_threshold": "0.9"}
+META = {
+    "embedder": "e",
+    "areas": ",".join(AREAS),
+    "threshold": "0.35",
+    "area_threshold": "0.9",
+    "pair_threshold": "0.5",
+}
 
 
 def _tensors(dim: int = 8) -> dict[str, np.ndarray]:
@@ -44,6 +50,8 @@ def _tensors(dim: int = 8) -> dict[str, np.ndarray]:
         "change.bias": np.zeros(2, np.float32),
         "area.weight": rng.normal(size=(len(AREAS), dim)).astype(np.float32),
         "area.bias": np.zeros(len(AREAS), np.float32),
+        "pair.weight": np.zeros((2, 3 * dim), np.float32),
+        "pair.bias": np.zeros(2, np.float32),
     }
 
 
@@ -62,6 +70,20 @@ def test_a_saved_head_reads_probabilities_and_confident_areas(tmp_path: Path) ->
     assert head.area(v) == ["job", None, None]
     assert head.change_probability(v) == pytest.approx([0.5, 0.5, 1 / (1 + np.exp(-2.0))], abs=1e-6)
     assert (head.embedder, head.threshold, head.area_threshold, head.areas) == ("e", 0.35, 0.9, AREAS)
+    assert head.pair_threshold == 0.5
+
+
+def test_the_pair_layer_reads_both_vectors_and_their_product(tmp_path: Path) -> None:
+    tensors = _tensors()
+    tensors["pair.weight"][1, 8 + 2] = 1.0  # the memory's feature 2
+    tensors["pair.weight"][1, 16 + 3] = 3.0  # the product's feature 3
+    save_change_head(tmp_path / "h.safetensors", tensors, META)
+    head = load_change_head(tmp_path / "h.safetensors")
+    new, memory = np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32)
+    memory[0, 2] = 1.0  # logit 1
+    new[1, 3], memory[1, 3] = 1.0, 0.5  # product 0.5: logit 1.5
+    expected = [1 / (1 + np.exp(-1.0)), 1 / (1 + np.exp(-1.5))]
+    assert head.retire_probability(new, memory) == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -69,6 +91,14 @@ def test_a_saved_head_reads_probabilities_and_confident_areas(tmp_path: Path) ->
     [
         (lambda t, m: m.update(threshold="1.5"), "threshold must be a probability in (0, 1), got '1.5'"),
         (lambda t, m: m.pop("area_threshold"), "area_threshold must be a probability in (0, 1), got None"),
+        (
+            lambda t, m: m.update(pair_threshold="0"),
+            "pair_threshold must be a probability in (0, 1), got '0'",
+        ),
+        (
+            lambda t, m: t.update({"pair.weight": np.zeros((2, 8), np.float32)}),
+            "pair.weight must be of shape (2, 24), got (2, 8)",
+        ),
         (lambda t, m: m.pop("embedder"), "metadata must name its areas and its embedder"),
         (lambda t, m: m.update(areas="home,job"), "area.weight must be of shape (2, 8), got (4, 8)"),
         (
@@ -85,7 +115,7 @@ def test_a_saved_head_reads_probabilities_and_confident_areas(tmp_path: Path) ->
 def test_bad_heads_are_refused_with_the_reason(tmp_path: Path, edit, message: str) -> None:
     from safetensors.numpy import save_file
 
-    tensors, metadata = _tensors(), {**META, "format": "kvmem-change-head/1"}
+    tensors, metadata = _tensors(), {**META, "format": "kvmem-change-head/2"}
     edit(tensors, metadata)
     path = tmp_path / "bad.safetensors"
     save_file(tensors, str(path), metadata=metadata)
@@ -109,26 +139,30 @@ def test_missing_corrupt_and_substituted_heads_are_refused(tmp_path: Path, monke
 
 def test_the_shipped_head_is_the_pinned_one_and_its_training_writes_it_again() -> None:
     """The shipped file loads (its content sha256 is the pinned one) and reads the default embedder's vectors;
-    train() on the six scored sealed sets and REALTALK's tune split (benchmarks/memory/
-    train_change_head.py) gives the same weights. REALTALK is not in the repository (no licence): where it is
-    not provisioned only the area layer, which its turns do not train, is checked, and the test says so."""
+    train() on the seven scored sealed sets and REALTALK's tune split (benchmarks/memory/train_change_head.py)
+    gives the same weights. REALTALK is not in the repository (no licence): where it is not provisioned only the
+    area layer, which its turns do not train, is checked, and the test says so."""
     head = load_change_head()
     assert head.embedder == default_embedder().name
-    assert (head.threshold, head.area_threshold, head.areas) == (0.35, 0.9, AREAS)
+    assert (head.threshold, head.area_threshold, head.pair_threshold, head.areas) == (0.35, 0.9, 0.5, AREAS)
     chats = DEFAULT_DATA_DIR if list(DEFAULT_DATA_DIR.glob("Chat_1_*.json")) else None
-    sets = ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6"]
+    sets = ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7"]
     tensors, info = train(sets, chats=chats)
     assert info["embedder"] == head.embedder
-    assert (info["num_texts"], info["num_chat_negatives"]) == ((7545, 4801) if chats else (2744, 0))
+    got = (info["num_texts"], info["num_chat_negatives"], info["num_pairs"], info["num_retiring_pairs"])
+    assert got == ((8026, 4801, 19126, 742) if chats else (3225, 0, 1720, 742))
     layers = [("area.weight", head.area_weight), ("area.bias", head.area_bias)]
     if chats is not None:
-        layers += [("change.weight", head.change_weight), ("change.bias", head.change_bias)]
+        layers += [
+            ("change.weight", head.change_weight),
+            ("change.bias", head.change_bias),
+            ("pair.weight", head.pair_weight),
+            ("pair.bias", head.pair_bias),
+        ]
     for name, shipped in layers:
         np.testing.assert_allclose(tensors[name], shipped, atol=2e-3, err_msg=name)
     if chats is None:
-        pytest.skip(
-            f"REALTALK not in {DEFAULT_DATA_DIR}: the area layer was checked, the change layer was not"
-        )
+        pytest.skip(f"REALTALK not in {DEFAULT_DATA_DIR}: the area layer was checked, the others were not")
 
 
 # ---- the policy over a reading (consolidate.py) -------------------------------------------------------------
@@ -194,17 +228,41 @@ def test_a_pref_change_retires_only_a_close_taste() -> None:
     assert consolidate(quit_coffee, [COFFEE], changes=reading) == Decision("add")
 
 
+def test_a_taste_is_retired_by_the_pair_reading_only_where_close_current_and_likely() -> None:
+    mushrooms = ExistingMemory("m5", "I can't stand mushrooms", None, None, T1, T1)
+    hiking = ExistingMemory("m6", "I love hiking", None, None, T1, T1)
+    later = ExistingMemory("m7", "I hate olives", None, None, T2, T2)
+    now = fact("Mushrooms are my favourite now")
+    olives = fact("I eat olives every day", "t8")
+    areas = {**AREAS_OF, mushrooms.text: "pref", hiking.text: "pref", later.text: "pref"}
+    likely = {(now.text, mushrooms.text): 0.6, (now.text, hiking.text): 0.9, (now.text, YORK.text): 0.9}
+    likely[(olives.text, later.text)] = 0.9
+    close = {(now.text, mushrooms.text), (now.text, YORK.text), (olives.text, later.text)}
+
+    def reading(retire_at: float = 0.5) -> ChangeReading:
+        similarity = lambda a, b: PREF_SIMILARITY if (a, b) in close else 0.0  # noqa: E731
+        return ChangeReading({}, areas, similarity, lambda a, b: likely.get((a, b), 0.0), retire_at)
+
+    # hiking is more likely but not close; York is close and likely but no taste
+    assert consolidate(now, [mushrooms, hiking, YORK], changes=reading()) == Decision("supersede", ("m5",))
+    assert consolidate(now, [mushrooms], changes=reading(retire_at=0.7)) == Decision("add")
+    # a memory said after the fact is not retired by it
+    assert consolidate(olives, [later], changes=reading(), said_at=T1) == Decision("add")
+    # no pair reading: nothing
+    assert consolidate(now, [mushrooms], changes=ChangeReading({}, areas)) == Decision("add")
+
+
 # ---- the worker's decisions (formation_decisions.py) over the default embedder -----------------------------
 
 
 def test_change_reading_passes_only_unblocked_changes() -> None:
     head = load_change_head()
     facts = [
-        Fact("We packed up and moved down to Hobart", ("a",), T2),
+        Fact("We sold up and left Brisbane, living in Hobart now", ("a",), T2),
         Fact(
-            "My sister packed up and moved down to Hobart", ("b",), T2
+            "My sister sold up and left Brisbane, living in Hobart now", ("b",), T2
         ),  # another person: the guard blocks it
-        Fact("I might pack up and move down to Hobart", ("c",), T2),  # a plan
+        Fact("I might sell up and leave Brisbane for Hobart", ("c",), T2),  # a plan
         Fact("I love the beaches in Hobart", ("d",), T2),  # no change word
     ]
     texts = [f.text for f in facts] + ["I live in York"]
@@ -217,7 +275,7 @@ def test_change_reading_passes_only_unblocked_changes() -> None:
 
 BRISBANE = [
     "We're in Brisbane, in an old Queenslander in Paddington.",
-    "So we left Brisbane lol. Living in Hobart now.",
+    "We sold up and left Brisbane, living in Hobart now.",
 ]
 
 
@@ -239,10 +297,10 @@ def formed(store: MemoryStore, texts: list[str]) -> tuple[list[str], list[str]]:
 def test_the_worker_retires_a_home_the_rules_read_no_slot_for(tmp_path: Path) -> None:
     with MemoryStore(tmp_path / "m.sqlite") as store:  # the server's default embedder
         current, retired = formed(store, BRISBANE)
-    # the rules read no slot in either turn ("living in Hobart now" has no subject, so they keep only the
-    # first clause): without the head nothing is retired (the next test)
+    # the rules read no slot in either turn ("left Brisbane, living in Hobart now" has no subject): without
+    # the head nothing is retired (the next test)
     assert retired == [BRISBANE[0]]
-    assert current == ["We left Brisbane."]
+    assert current == ["Left Brisbane, living in Hobart now.", "We sold up."]
 
 
 def test_another_embedders_vectors_are_never_read(tmp_path: Path) -> None:
@@ -250,7 +308,9 @@ def test_another_embedders_vectors_are_never_read(tmp_path: Path) -> None:
 
     with MemoryStore(tmp_path / "m.sqlite", embedder=load_embedder("hash")) as store:
         current, retired = formed(store, BRISBANE)
-    assert retired == [] and current == sorted([BRISBANE[0], "We left Brisbane."])
+    assert retired == [] and current == sorted(
+        [BRISBANE[0], "Left Brisbane, living in Hobart now.", "We sold up."]
+    )
 
 
 def test_the_worker_retires_a_taste_given_up_and_keeps_the_others(tmp_path: Path) -> None:
@@ -265,3 +325,27 @@ def test_the_worker_retires_a_taste_given_up_and_keeps_the_others(tmp_path: Path
         )
     assert retired == ["I play the piano most evenings."]
     assert current == ["I just don't play anymore.", "I love hiking in the Peak District.", "Sold my piano."]
+
+
+def test_the_worker_retires_a_taste_taken_up_by_the_pair_reading(tmp_path: Path) -> None:
+    """ "Mushrooms are my favourite thing now" tells no change the first layer reads; the pair layer reads that
+    it retires "I can't stand mushrooms" (and not the hiking)."""
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        current, retired = formed(
+            store,
+            [
+                "I can't stand mushrooms, I always pick them out.",
+                "I love hiking in the Peak District.",
+                "Mushrooms are my favourite thing now, I put them in everything.",
+            ],
+        )
+    assert retired == ["I can't stand mushrooms."]
+    assert current == [
+        "I always pick them out.",
+        "I love hiking in the Peak District.",
+        "I put them in everything.",
+        "Mushrooms are my favourite thing now.",
+    ]
+    with MemoryStore(tmp_path / "other.sqlite") as store:  # another person's taste retires nothing
+        current, retired = formed(store, ["I never liked jazz.", "My sister has started listening to jazz."])
+    assert retired == []
