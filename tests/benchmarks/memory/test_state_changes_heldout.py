@@ -11,20 +11,17 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "state_changes"
+SEALED = ["heldout", *(f"heldout_v{i}" for i in range(2, 9))]
 
 
-@pytest.mark.parametrize(
-    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7", "heldout_v8"]
-)
+@pytest.mark.parametrize("name", SEALED)
 def test_data_matches_its_sealed_hash(name: str) -> None:
     digest, file = (DATA / f"{name}.jsonl.sha256").read_text().split()
     assert file == f"{name}.jsonl"
     assert hashlib.sha256((DATA / f"{name}.jsonl").read_bytes()).hexdigest() == digest
 
 
-@pytest.mark.parametrize(
-    "name", ["heldout", "heldout_v2", "heldout_v3", "heldout_v4", "heldout_v5", "heldout_v6", "heldout_v7", "heldout_v8"]
-)
+@pytest.mark.parametrize("name", SEALED)
 def test_rows_have_the_documented_shape(name: str) -> None:
     rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
     kinds = Counter(r["kind"] for r in rows)
