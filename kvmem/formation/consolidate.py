@@ -231,16 +231,13 @@ def _decide(
         if near:
             return Decision("duplicate", tuple(near))
     # the change head after the near-duplicates: a restatement of a memory retires nothing
-    if changes is not None and fact.text in changes.changed:
-        target = _changed_memory(
-            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
-        )
-        if target is not None:
-            return Decision("supersede", (target,))
-    if changes is not None and changes.retires is not None:
-        target = _retired_taste(
-            fact, [m for m in pool if m.id not in same_turn], changes, said_at, ordered_ids
-        )
+    if changes is not None:
+        others = [m for m in pool if m.id not in same_turn]
+        target = None
+        if fact.text in changes.changed:
+            target = _changed_memory(fact, others, changes, said_at, ordered_ids)
+        if target is None and changes.retires is not None:
+            target = _retired_taste(fact, others, changes, said_at, ordered_ids)
         if target is not None:
             return Decision("supersede", (target,))
     return Decision("add")
@@ -271,10 +268,8 @@ def _changed_memory(
         m
         for m in pool
         if changes.areas.get(m.text) == area
-        and (m.id in ordered_ids or not _is_older(fact, said_at, m))
         and (area != "pref" or (similarity is not None and similarity(fact.text, m.text) >= PREF_SIMILARITY))
-        and not same_value(fact.text, m.text)
-        and not other_area(fact.text, m.text)
+        and _may_retire(fact, m, said_at, ordered_ids)
     ]
     if not found:
         return None
@@ -289,22 +284,31 @@ def _retired_taste(
     said_at: str | None,
     ordered_ids: frozenset[str],
 ) -> str | None:
-    """The taste a fact retires by the head's pair reading, where no change was read ("I hate mushrooms" ->
-    "Mushrooms are my favourite now"): of the "pref" memories at least PREF_SIMILARITY close to it, not newer
-    than it, and not the rules' same slot and value or another area, the one it most probably retires, at
-    `changes.retire_at` or above."""
+    """The taste a fact retires by the head's pair reading, where its first reading retires nothing ("I hate
+    mushrooms" -> "Mushrooms are my favourite now" tells no change word): of the "pref" memories at least
+    PREF_SIMILARITY close to it, not newer than it, and not the rules' same slot and value or another area, the
+    one it most probably retires, at `changes.retire_at` or above."""
     assert changes.retires is not None and changes.similarity is not None
     scored = [
         (changes.retires(fact.text, m.text), m)
         for m in pool
         if changes.areas.get(m.text) == "pref"
-        and (m.id in ordered_ids or not _is_older(fact, said_at, m))
         and changes.similarity(fact.text, m.text) >= PREF_SIMILARITY
-        and not same_value(fact.text, m.text)
-        and not other_area(fact.text, m.text)
+        and _may_retire(fact, m, said_at, ordered_ids)
     ]
     scored = [(p, m) for p, m in scored if p >= changes.retire_at]
     return max(scored, key=lambda pm: pm[0])[1].id if scored else None
+
+
+def _may_retire(fact: Fact, memory: ExistingMemory, said_at: str | None, ordered_ids: frozenset[str]) -> bool:
+    """Whether the change head's reading may retire `memory` by `fact`: not a memory newer than the fact (a
+    batch's own earlier facts, `ordered_ids`, are older), nor one the rules read as the fact's own slot and value
+    (a restatement) or as another area's."""
+    return (
+        (memory.id in ordered_ids or not _is_older(fact, said_at, memory))
+        and not same_value(fact.text, memory.text)
+        and not other_area(fact.text, memory.text)
+    )
 
 
 def consolidate(
