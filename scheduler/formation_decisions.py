@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.formation.change_guard import blocker
+from kvmem.formation.change_guard import blocker, tells_taste
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
@@ -166,28 +166,23 @@ def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.nd
 
 # what the guard's readings of a fact leave the pair layer: a taste may change in words it reads as negated ("I
 # can't face sushi now") or with no change word ("Mushrooms are my favourite now"), not another person's,
-# a plan, a restatement or an addition
+# a plan, a restatement or an addition; and the fact must tell a taste (change_guard.tells_taste): the pair
+# layer reads a plain mention of the thing ("I cooked mushrooms for the kids") as likely as a change
 _PAIR_BLOCKERS = ("another person", "restatement", "plan", "addition")
 
 
 def _retires(
     head: ChangeHead, facts: list[Fact], vectors: dict[str, np.ndarray]
 ) -> Callable[[str, str], float]:
-    """(fact text, memory text) -> the head's pair probability that the fact, or its turn's statements joined
-    (`turn_texts`), retires the memory; 0.0 for a fact the guard blocks (_PAIR_BLOCKERS) or a text not
-    embedded."""
-    turns = turn_texts(facts)
-    said = {
-        f.text: [f.text, *(turns[t] for t in f.turn_ids)]
-        for f in facts
-        if blocker(f.text) not in _PAIR_BLOCKERS
-    }
+    """(fact text, memory text) -> the head's pair probability that the fact retires the memory; 0.0 for a
+    fact the guard blocks (_PAIR_BLOCKERS), one that tells no taste, or a text not embedded. The fact's own text
+    only, not its turn's: another person's news in the same turn must not lend it a change."""
+    readable = {f.text for f in facts if blocker(f.text) not in _PAIR_BLOCKERS and tells_taste(f.text)}
 
     def retires(fact: str, memory: str) -> float:
-        if fact not in said or memory not in vectors:
+        if fact not in readable or fact not in vectors or memory not in vectors:
             return 0.0
-        new = np.stack([vectors[t] for t in said[fact]])
-        return float(head.retire_probability(new, np.repeat(vectors[memory][None], len(new), axis=0)).max())
+        return float(head.retire_probability(vectors[fact][None], vectors[memory][None])[0])
 
     return retires
 

@@ -1,20 +1,22 @@
-"""Trains the change head (kvmem/formation/change_head.py: the area a statement is about, and whether it tells a
-change of state) on the sealed held-out sets of changes of state that have been scored and read.
+"""Trains the change head (kvmem/formation/change_head.py: the area a statement is about, whether it tells a
+change of state, and whether it retires a given memory) on the sealed held-out sets of changes of state that have
+been scored and read.
 
 Run (the shipped head, a minute once the embedder is provisioned and REALTALK copied by
 `python -m benchmarks.memory.conversations`):
     python -m benchmarks.memory.train_change_head \
-        --sets heldout heldout_v2 heldout_v3 heldout_v4 heldout_v5 heldout_v6 \
+        --sets heldout heldout_v2 heldout_v3 heldout_v4 heldout_v5 heldout_v6 heldout_v7 \
         --head-out kvmem/formation/change_head.safetensors --out benchmarks/results/cpu/change_head_train.json
 (a head other than the shipped one is refused until DEFAULT_HEAD_SHA256 in change_head.py holds the sha256 this
-prints). Choosing the settings: the same with the sets before the last (`--sets heldout ... heldout_v5 --head-out
-H`), then `python -m benchmarks.memory.state_changes_heldout --set heldout_v6 --served --change-head H` and
-`python -m benchmarks.memory.realtalk_supersessions --chats report --change-head H`.
+prints). Choosing the settings (docs/benchmarks.md): the same on the sets before one not yet trained on (they were
+chosen with `--sets heldout ... heldout_v5 --head-out H`), then `python -m benchmarks.memory.state_changes_heldout
+--set heldout_v6 --served --change-head H` and `python -m benchmarks.memory.realtalk_supersessions --chats report
+--change-head H`.
 
 Data: every item of the named sets (benchmarks/data/state_changes; each checked against its sealed sha256), and
 every turn of REALTALK's tune split's five chats (NEGATIVE_CHATS: real chat, where almost nothing said is a change
-of state; the report split's five are kept for realtalk_supersessions to report on). Every text is embedded by the server's
-default embedder (its memory vectors, as the store keeps them). Labels:
+of state; the report split's five are kept for realtalk_supersessions to report on). Every text is embedded by the
+server's default embedder (its memory vectors, as the store keeps them). Labels:
 - change: an item's new turn is 1 for a change item, 0 otherwise; every earlier turn is 0 (a statement of how
   things are, not a change); every REALTALK turn is 0 (without them the head read a change in one of eight
   of that chat's statements, and a change read in passing talk retires a memory);

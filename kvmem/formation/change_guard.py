@@ -172,6 +172,20 @@ _STOP = frozenset(
 )
 
 
+# a taste or habit told as one: liking, loving, hating, being into it, or how things are now
+_TASTE = re.compile(
+    r"\b(?:lov(?:e|es|ed|ing)|likes?|liked|liking|enjoy\w*|favou?rite|hate[sd]?|can't stand|into|fan|fond|"
+    r"prefer\w*|ador(?:e|es|ed|ing)|obsessed|hooked|addicted|now|these days|nowadays|any ?more|no longer)\b",
+    re.I,
+)
+
+
+def tells_taste(clause: str) -> bool:
+    """Whether the clause tells a taste or habit as one ("Mushrooms are my favourite now", "I do yoga twice a
+    week now"), not only names a thing ("I cooked mushrooms for the kids")."""
+    return bool(_TASTE.search(clause))
+
+
 def blocker(clause: str) -> str | None:
     """Why this clause cannot supersede a memory of the user (one of BLOCKERS), or None."""
     core = subject_core(clause) or clause

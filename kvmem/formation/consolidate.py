@@ -236,7 +236,7 @@ def _decide(
         target = None
         if fact.text in changes.changed:
             target = _changed_memory(fact, others, changes, said_at, ordered_ids)
-        if target is None and changes.retires is not None:
+        if target is None and changes.retires is not None and changes.similarity is not None:
             target = _retired_taste(fact, others, changes, said_at, ordered_ids)
         if target is not None:
             return Decision("supersede", (target,))
@@ -259,9 +259,9 @@ def _changed_memory(
 ) -> str | None:
     """The memory a fact the change head reads as a change retires: the latest one about the same area,
     not newer than the fact, that the rules do not read as the fact's own slot and value (a restatement) or
-    as another area's; in the "pref" area (tastes, habits, pastimes: many at once) only one whose memory
-    vector is at least PREF_SIMILARITY close to the fact's ("I gave up coffee" retires "I drink coffee every
-    morning", not "I love hiking")."""
+    as another area's; in the "pref" area (tastes, habits, pastimes: many at once) the closest of those whose
+    memory vector is at least PREF_SIMILARITY close to the fact's ("I gave up coffee" retires "I drink coffee
+    every morning", not "I love hiking")."""
     area = changes.changed[fact.text]
     similarity = changes.similarity
     found = [
@@ -273,6 +273,9 @@ def _changed_memory(
     ]
     if not found:
         return None
+    if area == "pref":  # many tastes at once: the one the fact is about, the closest
+        assert similarity is not None
+        return max(found, key=lambda m: similarity(fact.text, m.text)).id
     # the latest said: a batch's own earlier facts (ordered_ids) were said after every stored memory
     return max(found, key=lambda m: (m.id in ordered_ids, m.said_at or m.valid_from)).id
 
@@ -288,12 +291,14 @@ def _retired_taste(
     mushrooms" -> "Mushrooms are my favourite now" tells no change word): of the "pref" memories at least
     PREF_SIMILARITY close to it, not newer than it, and not the rules' same slot and value or another area, the
     one it most probably retires, at `changes.retire_at` or above."""
-    assert changes.retires is not None and changes.similarity is not None
+    retires, similarity = changes.retires, changes.similarity
+    if retires is None or similarity is None:
+        return None
     scored = [
-        (changes.retires(fact.text, m.text), m)
+        (retires(fact.text, m.text), m)
         for m in pool
         if changes.areas.get(m.text) == "pref"
-        and changes.similarity(fact.text, m.text) >= PREF_SIMILARITY
+        and similarity(fact.text, m.text) >= PREF_SIMILARITY
         and _may_retire(fact, m, said_at, ordered_ids)
     ]
     scored = [(p, m) for p, m in scored if p >= changes.retire_at]
@@ -335,7 +340,8 @@ def consolidate(
        never across two different values of one slot;
     4. "add".
     Between 3 and 4, with `changes` (the learned change head's reading, ChangeReading): a fact it reads as a
-    change that rules 1-3 left alone supersedes one memory, `_changed_memory`.
+    change that rules 1-3 left alone supersedes one memory, `_changed_memory`; where that retires nothing, a
+    taste its pair reading says the fact retires, `_retired_taste`.
     """
     return _decide(fact, existing, similarity, config, said_at, changes=changes)
 

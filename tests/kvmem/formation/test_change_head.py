@@ -349,3 +349,73 @@ def test_the_worker_retires_a_taste_taken_up_by_the_pair_reading(tmp_path: Path)
     with MemoryStore(tmp_path / "other.sqlite") as store:  # another person's taste retires nothing
         current, retired = formed(store, ["I never liked jazz.", "My sister has started listening to jazz."])
     assert retired == []
+
+
+# ---- a review's findings (each test failed before its fix) -------------------------------------------------
+
+
+class _Embeds:
+    embedder = default_embedder()
+
+
+def _reading(facts: list[Fact], memories: list[ExistingMemory]) -> ChangeReading:
+    from scheduler.formation_decisions import _vectors
+
+    vectors = _vectors(_Embeds(), facts, [m.text for m in memories], with_turns=True)
+    return change_reading(load_change_head(), facts, vectors)
+
+
+@pytest.mark.parametrize("said", ["I cooked mushrooms for the kids.", "I had mushrooms at dinner."])
+def test_a_mention_without_a_taste_retires_no_taste(tmp_path: Path, said: str) -> None:
+    # the pair layer reads these as likely as a change (0.8-0.9): the fact must tell a taste
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        assert formed(store, ["I can't stand mushrooms.", said])[1] == []
+
+
+def test_another_persons_news_in_the_turn_lends_the_users_fact_no_change(tmp_path: Path) -> None:
+    jazz = ExistingMemory("m1", "I hate jazz", None, None, T1, T1)
+    facts = [fact("I listened to some jazz", "t2"), fact("My wife started eating meat again", "t2")]
+    got = consolidate_batch(facts, [jazz], said_at=[T2, T2], changes=_reading(facts, [jazz]))
+    assert got.supersessions == ()
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        turns = ["I hate jazz.", "I listened to some jazz last night. My wife started eating meat again."]
+        assert formed(store, turns)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("said", "about", "other"),
+    [
+        ("I switched to oat milk", "I drink milk", "I love cheese"),
+        ("I don't play guitar anymore", "I play the guitar", "I play the piano"),
+    ],
+)
+def test_a_taste_change_retires_the_taste_it_is_about_not_the_latest(
+    said: str, about: str, other: str
+) -> None:
+    old = ExistingMemory("m1", about, None, None, T1, T1)
+    june = "2026-06-01T10:00:00.000000Z"
+    newer = ExistingMemory("m2", other, None, None, june, june)
+    change = fact(said, "t3")
+    reading = _reading([change], [old, newer])
+    assert reading.changed.get(change.text) == "pref"
+    got = consolidate_batch([change], [old, newer], said_at=[T2], changes=reading)
+    assert [s.old_id for s in got.supersessions] == ["m1"]
+
+
+def test_a_pair_reading_without_similarity_retires_nothing() -> None:
+    taste = ExistingMemory("m1", "I can't stand mushrooms", None, None, T1, T1)
+    reading = ChangeReading({}, {taste.text: "pref"}, retires=lambda a, b: 0.9, retire_at=0.5)
+    assert consolidate(fact("Mushrooms are my favourite now"), [taste], changes=reading) == Decision("add")
+
+
+def test_the_training_command_in_its_docstring_trains_the_shipped_sets() -> None:
+    import re
+
+    from safetensors import safe_open
+
+    import benchmarks.memory.train_change_head as training
+
+    named = re.search(r"--sets ([\w ]+?)\s+--head-out", training.__doc__ or "").group(1).split()
+    with safe_open(str(change_head_module.DEFAULT_HEAD), "numpy") as f:
+        trained_on = f.metadata()["trained_on"].split(",")
+    assert named == [s for s in trained_on if not s.startswith("realtalk:")]
