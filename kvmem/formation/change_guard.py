@@ -172,17 +172,23 @@ _STOP = frozenset(
 )
 
 
-# a taste or habit told as one: liking, loving, hating, being into it, or how things are now
+# a taste told by the user as theirs: "I (really, now, ...) love / like / hate ...", "I'm into / a fan of ...",
+# "X is my favourite"; not a word that only sounds like one ("like my dad", "moved into", "a fan of my work",
+# "my favourite shop", "they love them")
 _TASTE = re.compile(
-    r"\b(?:lov(?:e|es|ed|ing)|likes?|liked|liking|enjoy\w*|favou?rite|hate[sd]?|can't stand|into|fan|fond|"
-    r"prefer\w*|ador(?:e|es|ed|ing)|obsessed|hooked|addicted|now|these days|nowadays|any ?more|no longer)\b",
+    r"\bI(?:'m| am)?(?: (?:really|truly|actually|now|just|still|totally|kind of|do|don't|do not|no longer))? "
+    r"(?:love|like|enjoy|hate|prefer|adore|can't stand|cannot stand|can't get enough of|can't face)\b"
+    r"|\bI(?:'m| am)(?: (?:now|really|totally|completely|so))? (?:into|a (?:big |huge )?fan of|fond of|hooked on|"
+    r"obsessed with|addicted to|over)\b"
+    r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b",
     re.I,
 )
 
 
 def tells_taste(clause: str) -> bool:
-    """Whether the clause tells a taste or habit as one ("Mushrooms are my favourite now", "I do yoga twice a
-    week now"), not only names a thing ("I cooked mushrooms for the kids")."""
+    """Whether the clause tells a taste of the user's as one ("Weirdly I love olives now", "Mushrooms are my
+    favourite thing now", "I'm into bouldering"), not only names a thing ("I cooked mushrooms for the kids, like
+    every Sunday") or another's taste ("they love them")."""
     return bool(_TASTE.search(clause))
 
 

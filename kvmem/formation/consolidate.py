@@ -236,7 +236,12 @@ def _decide(
         target = None
         if fact.text in changes.changed:
             target = _changed_memory(fact, others, changes, said_at, ordered_ids)
-        if target is None and changes.retires is not None and changes.similarity is not None:
+        # the pair reading is for tastes: not for a fact read as a change of home, job or partner
+        taste = (
+            changes.changed.get(fact.text, "pref") == "pref"
+            and changes.areas.get(fact.text, "pref") == "pref"
+        )
+        if target is None and taste and changes.retires is not None and changes.similarity is not None:
             target = _retired_taste(fact, others, changes, said_at, ordered_ids)
         if target is not None:
             return Decision("supersede", (target,))

@@ -419,3 +419,29 @@ def test_the_training_command_in_its_docstring_trains_the_shipped_sets() -> None
     with safe_open(str(change_head_module.DEFAULT_HEAD), "numpy") as f:
         trained_on = f.metadata()["trained_on"].split(",")
     assert named == [s for s in trained_on if not s.startswith("realtalk:")]
+
+
+@pytest.mark.parametrize(
+    ("taste", "said"),
+    [
+        ("I can't stand mushrooms.", "I had mushrooms at dinner, like my dad."),
+        ("I don't eat meat.", "I cooked meat for the kids, like every Sunday."),
+        ("I can't stand mushrooms.", "I'm cooking mushrooms for the kids now."),
+        ("I can't stand mushrooms.", "I had mushrooms at dinner with a fan of my work."),
+        ("I can't stand mushrooms.", "I bought mushrooms at my favourite shop."),
+        ("I can't stand mushrooms.", "I cooked mushrooms for the kids into the evening."),
+        ("I can't stand mushrooms.", "I cooked mushrooms for the kids, they love them."),
+        ("I love cooking Italian food.", "I moved into a flat above an Italian restaurant."),
+    ],
+)
+def test_a_word_that_only_sounds_like_a_taste_retires_no_taste(tmp_path: Path, taste: str, said: str) -> None:
+    # a second review: "like my dad", "now", "a fan of my work", "my favourite shop", "into the evening" and
+    # another's "they love them" each let a mention back into the pair reading
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        assert formed(store, [taste, said])[1] == []
+
+
+def test_a_home_change_retires_no_taste_through_the_pair_reading(tmp_path: Path) -> None:
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        turns = ["I love cooking Italian food.", "I moved to a flat above an Italian restaurant, loving it."]
+        assert formed(store, turns)[1] == []
