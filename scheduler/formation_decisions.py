@@ -152,15 +152,16 @@ def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.nd
     probability = dict(zip(texts, head.change_probability(matrix).tolist(), strict=True))
     areas = dict(zip(texts, head.area(matrix), strict=True))
     turns = turn_texts(facts)
+    blocked = {fact.text: blocker(fact.text) for fact in facts}  # the guard's reading, once a fact
     changed = {}
     for fact in facts:
         p = max(probability[fact.text], *(probability[turns[t]] for t in fact.turn_ids))
         area = areas[fact.text]
-        if p >= head.threshold and area in CHANGED_AREAS and blocker(fact.text) is None:
+        if p >= head.threshold and area in CHANGED_AREAS and blocked[fact.text] is None:
             changed[fact.text] = area
     reading = {t: a for t, a in areas.items() if a is not None}
     return ChangeReading(
-        changed, reading, _cosine(vectors), _retires(head, facts, vectors), head.pair_threshold
+        changed, reading, _cosine(vectors), _retires(head, blocked, vectors), head.pair_threshold
     )
 
 
@@ -172,12 +173,13 @@ _PAIR_BLOCKERS = ("another person", "restatement", "plan", "addition")
 
 
 def _retires(
-    head: ChangeHead, facts: list[Fact], vectors: dict[str, np.ndarray]
+    head: ChangeHead, blocked: dict[str, str | None], vectors: dict[str, np.ndarray]
 ) -> Callable[[str, str], float]:
     """(fact text, memory text) -> the head's pair probability that the fact retires the memory; 0.0 for a
-    fact the guard blocks (_PAIR_BLOCKERS), one that tells no taste, or a text not embedded. The fact's own text
-    only, not its turn's: another person's news in the same turn must not lend it a change."""
-    readable = {f.text for f in facts if blocker(f.text) not in _PAIR_BLOCKERS and tells_taste(f.text)}
+    fact the guard blocks (`blocked`: fact text -> change_guard.blocker's reading, in _PAIR_BLOCKERS), one
+    that tells no taste, or a text not embedded. The fact's own text only, not its turn's: another person's
+    news in the same turn must not lend it a change."""
+    readable = {text for text, why in blocked.items() if why not in _PAIR_BLOCKERS and tells_taste(text)}
 
     def retires(fact: str, memory: str) -> float:
         if fact not in readable or fact not in vectors or memory not in vectors:
