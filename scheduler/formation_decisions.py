@@ -23,6 +23,7 @@ from kvmem.formation.consolidate import (
     batch_ref,
     consolidate_batch,
 )
+from kvmem.formation.pair_encoder import PairEncoder, PairEncoderLoadError, load_pair_encoder
 from kvmem.formation.types import Fact
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,15 @@ def decide(
     said: dict[str, str],
     num_dense_candidates: int,
     change_head: ChangeHead | str | None = SHIPPED,
+    pair_encoder: PairEncoder | str | None = SHIPPED,
 ) -> tuple[list[Any], list[Any], list[Any], list[tuple[int, str]]]:
     """Decisions for the batch against the user's served memories with the slots the facts set (or clear)
     and the nearest ones by embedding; returns commit_formed's adds, duplicates, supersessions and
     outdated (a fact said before a newer memory of its slot: added already superseded by it).
 
     `change_head` (SHIPPED: the package's; None: none) reads changes the rules read no slot for
-    (`change_reading`), where the store's embedder is the one it was trained on.
+    (`change_reading`), where the store's embedder is the one it was trained on; with it, `pair_encoder`
+    (SHIPPED: the package's; None: none) reads the candidates a fact may retire where nothing else retires one.
 
     Which of two statements is newer goes by when each was said (`said`: turn id -> chat_time; a
     memory's chat_time), not by the date a fact names: "I moved to Berlin last month" said today retires
@@ -92,7 +95,8 @@ def decide(
         head = None  # its weights read that embedder's vectors only
     vectors = _vectors(store, facts, [e.text for e in existing.values()], with_turns=head is not None)
     said_at = [max(said.get(t, "") for t in f.turn_ids) for f in facts]
-    changes = change_reading(head, facts, vectors) if head is not None else None
+    encoder = shipped_pair_encoder() if pair_encoder == SHIPPED else pair_encoder
+    changes = change_reading(head, facts, vectors, encoder) if head is not None else None
     batch = consolidate_batch(
         facts, list(existing.values()), _cosine(vectors), said_at=said_at, changes=changes
     )
@@ -143,10 +147,16 @@ def turn_texts(facts: list[Fact]) -> dict[str, str]:
     return {turn: " ".join(texts) for turn, texts in joined.items()}
 
 
-def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.ndarray]) -> ChangeReading:
+def change_reading(
+    head: ChangeHead,
+    facts: list[Fact],
+    vectors: dict[str, np.ndarray],
+    encoder: PairEncoder | None = None,
+) -> ChangeReading:
     """What `head` reads in this batch: a fact is a change where it or its turn (`turn_texts`) is one at the
     head's threshold and the rules' guard blocks nothing in its own clause (another person, negated, a plan, a
-    restatement, an addition, no word of change: change_guard.blocker); every text's area."""
+    restatement, an addition, no word of change: change_guard.blocker); every text's area; and, with `encoder`,
+    its reading of a fact against memories (`_encoded`)."""
     texts = list(vectors)
     matrix = np.stack([vectors[t] for t in texts])  # [n, dim]
     probability = dict(zip(texts, head.change_probability(matrix).tolist(), strict=True))
@@ -161,7 +171,13 @@ def change_reading(head: ChangeHead, facts: list[Fact], vectors: dict[str, np.nd
             changed[fact.text] = area
     reading = {t: a for t, a in areas.items() if a is not None}
     return ChangeReading(
-        changed, reading, _cosine(vectors), _retires(head, blocked, vectors), head.pair_threshold
+        changed,
+        reading,
+        _cosine(vectors),
+        _retires(head, blocked, vectors),
+        head.pair_threshold,
+        _encoded(encoder, blocked) if encoder is not None else None,
+        encoder.threshold if encoder is not None else 1.0,
     )
 
 
@@ -187,6 +203,36 @@ def _retires(
         return float(head.retire_probability(vectors[fact][None], vectors[memory][None])[0])
 
     return retires
+
+
+def _encoded(encoder: PairEncoder, blocked: dict[str, str | None]) -> Callable[[str, list[str]], list[float]]:
+    """(fact text, memory texts) -> the encoder's probabilities that the fact retires each, read once a pair;
+    0.0 for a fact the guard blocks (`blocked`, in _PAIR_BLOCKERS: another person's, a restatement, a plan, an
+    addition). A negated reading and one with no word of change are left to the encoder: "can't face sushi
+    now", "returned my hi-vis and my radio". The fact's own text only, as for the pair layer."""
+    read: dict[tuple[str, str], float] = {}
+
+    def encoded(fact: str, memories: list[str]) -> list[float]:
+        if blocked.get(fact, "") in _PAIR_BLOCKERS:
+            return [0.0] * len(memories)
+        missing = list(dict.fromkeys(m for m in memories if (fact, m) not in read))
+        if missing:
+            pairs = [(fact, m) for m in missing]
+            read.update(zip(pairs, encoder.retire_probability(pairs).tolist(), strict=True))
+        return [read[(fact, m)] for m in memories]
+
+    return encoded
+
+
+@cache
+def shipped_pair_encoder() -> PairEncoder | None:
+    """The package's pair encoder, loaded once; None (and one error logged) where it cannot be loaded: the
+    change head's readings go on without it."""
+    try:
+        return load_pair_encoder()
+    except PairEncoderLoadError:
+        log.exception("the shipped pair encoder cannot be loaded; changes are read without it")
+        return None
 
 
 @cache

@@ -21,6 +21,7 @@ from benchmarks.memory.conversations import SPLITS, load_conversation
 from benchmarks.memory.formation_public import DEFAULT_DATA_DIR
 from benchmarks.memory.state_changes_heldout import ChangeReader, form_in_order
 from kvmem.formation.change_head import load_change_head
+from kvmem.formation.pair_encoder import load_pair_encoder
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import TurnInput
 
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         "head file",
     )
     parser.add_argument(
+        "--pair-encoder",
+        default="shipped",
+        help="with the change head: the pair encoder its reading adds, as the worker's: 'shipped', 'none', or "
+        "an encoder file",
+    )
+    parser.add_argument(
         "--chats",
         choices=("all", "report"),
         default="all",
@@ -101,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.change_head == "none"
         else load_change_head(None if args.change_head == "shipped" else args.change_head)
     )
-    reader = ChangeReader(head) if head is not None else None
+    encoder = None
+    if args.pair_encoder != "none":
+        encoder = load_pair_encoder(None if args.pair_encoder == "shipped" else args.pair_encoder)
+    reader = ChangeReader(head, encoder=encoder) if head is not None else None
     try:
         paths = chat_paths(args.data_dir)
     except FileNotFoundError as error:
@@ -116,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "realtalk_supersessions",
         "env": env_info(),
         "change_head": args.change_head,
+        "pair_encoder": args.pair_encoder,
         "chats": args.chats,
         "num_users": len(rows),
         "num_turns": sum(r["turns"] for r in rows),

@@ -93,10 +93,10 @@ class ChangeReader:
     """The change head's reading of a batch (scheduler.formation_decisions.change_reading, the worker's code)
     over the server's default embedder, each text embedded once."""
 
-    def __init__(self, head, embedder=None) -> None:
+    def __init__(self, head, embedder=None, encoder=None) -> None:
         from kvmem.text import default_embedder
 
-        self.head, self.embedder = head, embedder or default_embedder()
+        self.head, self.embedder, self.encoder = head, embedder or default_embedder(), encoder
         self._vectors: dict[str, object] = {}
 
     def __call__(self, facts: list[Fact], memories: Sequence[ExistingMemory]):
@@ -106,7 +106,7 @@ class ChangeReader:
         missing = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         if missing:
             self._vectors.update(zip(missing, self.embedder.embed(missing), strict=True))
-        return change_reading(self.head, facts, {t: self._vectors[t] for t in texts})
+        return change_reading(self.head, facts, {t: self._vectors[t] for t in texts}, self.encoder)
 
 
 def form_in_order(
@@ -196,11 +196,12 @@ def served_runner(
     store_dir: Path,
     embedder=None,
     change_head: str | None = "shipped",
+    pair_encoder: str | None = "shipped",
 ):
     """`item -> run_item_served(...)` for an extractor formed as the server forms it; for `self`, the model's
     engine (serving/background/self_generate.py over a TransformersBackend: the server's code) decides. The
-    rules' decisions read changes with the shipped change head (`change_head`: a head file instead, or
-    "none")."""
+    rules' decisions read changes with the shipped change head and pair encoder (`change_head`,
+    `pair_encoder`: a file instead, or "none")."""
     from functools import partial
 
     from kvmem.formation.change_head import load_change_head
@@ -230,11 +231,23 @@ def served_runner(
         if change_head not in (None, "shipped", "none"):
             head = load_change_head(change_head)
         worker = FormationWorker(
-            store, make_extractor(extractor_name), decider=partial(decide, change_head=head)
+            store,
+            make_extractor(extractor_name),
+            decider=partial(decide, change_head=head, pair_encoder=load_encoder(pair_encoder)),
         )
     run = lambda item: run_item_served(item, worker, store)  # noqa: E731
     run.extractor = worker.extractor  # the scorer reports what the self extractor's guard turned
     return run
+
+
+def load_encoder(spec: str | None):
+    """The pair encoder a --pair-encoder value names: "shipped" (decide's SHIPPED), "none"/None, or a file."""
+    from kvmem.formation.pair_encoder import load_pair_encoder
+    from scheduler.formation_decisions import SHIPPED
+
+    if spec in (None, "none"):
+        return None
+    return SHIPPED if spec == "shipped" else load_pair_encoder(spec)
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -333,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="with --served and a rules extractor: the change head the decisions read (kvmem/formation/"
         "change_head.py): 'shipped' (the server's), 'none', or a head file",
     )
+    parser.add_argument(
+        "--pair-encoder",
+        default="shipped",
+        help="with --served and a rules extractor: the pair encoder the decisions read (kvmem/formation/"
+        "pair_encoder.py): 'shipped' (the server's), 'none', or an encoder file",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.concurrency < 1:
@@ -354,9 +373,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         work = args.work_dir or Path(tempfile.mkdtemp(prefix="kvmem-heldout-"))
         result["path"] = "served (MemoryStore + FormationWorker)"
         result["concurrency"] = args.concurrency
-        runner = served_runner(args.extractor, args.model, work, change_head=args.change_head)
+        runner = served_runner(
+            args.extractor, args.model, work, change_head=args.change_head, pair_encoder=args.pair_encoder
+        )
         if args.extractor != "self":
             result["change_head"] = args.change_head
+            result["pair_encoder"] = args.pair_encoder
         result.update(score(items, runner, args.concurrency))
         guarded = getattr(runner.extractor, "guarded", None)
         if guarded is not None:  # self: the model's updates and deletes the rules' guard kept as new facts

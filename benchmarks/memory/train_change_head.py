@@ -146,21 +146,26 @@ def set_pairs(items: list[dict]) -> tuple[list[str], list[str], list[int]]:
     return new, old, labels
 
 
-def chat_pairs(speakers: list[list[str]], vector: dict[str, np.ndarray]) -> tuple[list[str], list[str]]:
+def chat_pairs(
+    speakers: list[list[str]],
+    vector: dict[str, np.ndarray],
+    random_pairs: int = RANDOM_PAIRS,
+    nearest_pairs: int = NEAREST_PAIRS,
+) -> tuple[list[str], list[str]]:
     """Pairs (a later turn, an earlier turn of the same speaker) that retire nothing: per speaker
-    RANDOM_PAIRS drawn at random (seed SEED), and each turn with its NEAREST_PAIRS closest earlier turns by
+    `random_pairs` drawn at random (seed SEED), and each turn with its `nearest_pairs` closest earlier turns by
     memory vector (the candidates the worker weighs are the nearest)."""
     rng = random.Random(SEED)
     new, old = [], []
     for turns in speakers:
         if len(turns) < 2:
             continue
-        for _ in range(RANDOM_PAIRS):
+        for _ in range(random_pairs):
             i = rng.randrange(1, len(turns))
             new.append(turns[i]), old.append(turns[rng.randrange(i)])
         matrix = np.stack([vector[t] for t in turns])
         for i in range(1, len(turns)):
-            for j in np.argsort(-(matrix[:i] @ matrix[i]), kind="stable")[:NEAREST_PAIRS]:
+            for j in np.argsort(-(matrix[:i] @ matrix[i]), kind="stable")[:nearest_pairs]:
                 new.append(turns[i]), old.append(turns[int(j)])
     return new, old
 
@@ -210,17 +215,23 @@ def train(
     return tensors, info
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def training_parser(doc: str, negatives: str) -> argparse.ArgumentParser:
+    """The arguments a trainer on the sealed sets and REALTALK's tune split takes: --sets and --chats (whose
+    `negatives` are the trained model's real-chat negatives)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--sets", nargs="+", required=True, help="sealed sets to train on (already scored)")
-    parser.add_argument("--embedder", default="default")
     parser.add_argument(
         "--chats",
         type=Path,
         default=DEFAULT_DATA_DIR,
-        help="REALTALK's Chat_*.json (python -m benchmarks.memory.conversations); its tune split's turns are "
-        "the head's real-chat negatives",
+        help=f"REALTALK's Chat_*.json (python -m benchmarks.memory.conversations); its tune split's {negatives}",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = training_parser(__doc__, "turns are the head's real-chat negatives")
+    parser.add_argument("--embedder", default="default")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--area-threshold", type=float, default=AREA_THRESHOLD)
     parser.add_argument("--pair-threshold", type=float, default=PAIR_THRESHOLD)

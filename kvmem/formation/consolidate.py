@@ -66,13 +66,17 @@ class ChangeReading:
     `similarity`: the cosine of two of those texts' memory vectors (a change in the "pref" area retires only a
     memory at least PREF_SIMILARITY close to it; None: no change in that area retires anything); `retires`:
     the probability that a new fact retires a memory (by their texts; 0.0 where the guard blocks the fact),
-    believed at `retire_at`."""
+    believed at `retire_at`; `encoded`: the pair encoder's reading (pair_encoder.py), (a new fact's text, memories'
+    texts) -> the probability that the fact retires each (0.0 where the guard blocks the fact), believed at
+    `encoded_at`."""
 
     changed: Mapping[str, str]
     areas: Mapping[str, str]
     similarity: Similarity | None = None
     retires: Similarity | None = None
     retire_at: float = 1.0
+    encoded: Callable[[str, Sequence[str]], Sequence[float]] | None = None
+    encoded_at: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,8 @@ def _decide(
         )
         if target is None and taste and changes.retires is not None and changes.similarity is not None:
             target = _retired_taste(fact, others, changes, said_at, ordered_ids)
+        if target is None and changes.encoded is not None and changes.similarity is not None:
+            target = _encoded_retirement(fact, others, changes, said_at, ordered_ids)
         if target is not None:
             return Decision("supersede", (target,))
     return Decision("add")
@@ -310,6 +316,33 @@ def _retired_taste(
     return max(scored, key=lambda pm: pm[0])[1].id if scored else None
 
 
+# how many of the memories closest to a fact (by memory vector) the pair encoder reads it against: the worker's
+# candidates are its slots' and the nearest by embedding, and a change is told about a memory close to it
+ENCODED_CANDIDATES = 5
+
+
+def _encoded_retirement(
+    fact: Fact,
+    pool: Sequence[ExistingMemory],
+    changes: ChangeReading,
+    said_at: str | None,
+    ordered_ids: frozenset[str],
+) -> str | None:
+    """The memory a fact retires by the pair encoder's reading (both texts read together), where the rules and
+    the change head's readings retire nothing: of the ENCODED_CANDIDATES memories closest to it that it may retire
+    (`_may_retire`), the one it most probably retires, at `changes.encoded_at` or above."""
+    encoded, similarity = changes.encoded, changes.similarity
+    if encoded is None or similarity is None:
+        return None
+    candidates = [m for m in pool if _may_retire(fact, m, said_at, ordered_ids)]
+    candidates = sorted(candidates, key=lambda m: -similarity(fact.text, m.text))[:ENCODED_CANDIDATES]
+    if not candidates:
+        return None
+    probabilities = encoded(fact.text, [m.text for m in candidates])
+    best = max(range(len(candidates)), key=lambda i: probabilities[i])
+    return candidates[best].id if probabilities[best] >= changes.encoded_at else None
+
+
 def _may_retire(fact: Fact, memory: ExistingMemory, said_at: str | None, ordered_ids: frozenset[str]) -> bool:
     """Whether the change head's reading may retire `memory` by `fact`: not a memory newer than the fact (a
     batch's own earlier facts, `ordered_ids`, are older), nor one the rules read as the fact's own slot and value
@@ -346,7 +379,8 @@ def consolidate(
     4. "add".
     Between 3 and 4, with `changes` (the learned change head's reading, ChangeReading): a fact it reads as a
     change that rules 1-3 left alone supersedes one memory, `_changed_memory`; where that retires nothing, a
-    taste its pair reading says the fact retires, `_retired_taste`.
+    taste its pair reading says the fact retires, `_retired_taste`; where that retires nothing, the memory the
+    pair encoder says it retires, `_encoded_retirement`.
     """
     return _decide(fact, existing, similarity, config, said_at, changes=changes)
 
