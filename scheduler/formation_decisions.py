@@ -226,10 +226,10 @@ def _encoded(encoder: PairEncoder, blocked: dict[str, str | None]) -> Callable[[
 
 @cache
 def shipped_pair_encoder() -> PairEncoder | None:
-    """The package's pair encoder, loaded once; None (and one error logged) where it cannot be loaded: the
-    change head's readings go on without it."""
+    """The package's pair encoder with its base model, loaded once; None (and one error logged) where either
+    cannot be loaded: the change head's readings go on without it."""
     try:
-        return load_pair_encoder()
+        return load_pair_encoder().load()
     except PairEncoderLoadError:
         log.exception("the shipped pair encoder cannot be loaded; changes are read without it")
         return None

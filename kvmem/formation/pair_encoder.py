@@ -172,6 +172,25 @@ class PairEncoder:
         self._model: PairModel | None = None
         self._lock = threading.Lock()
 
+    def load(self) -> PairEncoder:
+        """Builds the model now (else on first use); PairEncoderLoadError where the base model cannot be found
+        or loaded."""
+        with self._lock:
+            self._build()
+        return self
+
+    def _build(self) -> PairModel:
+        if self._model is None:
+            from kvmem.text.errors import TextStoreError
+            from kvmem.text.search.embedders import minilm_model_dir
+
+            try:
+                base_dir = self.base_dir or minilm_model_dir()
+            except (TextStoreError, OSError) as exc:  # the wheel cannot be fetched or unpacked
+                raise PairEncoderLoadError(f"the pair encoder's base model cannot be found ({exc})") from exc
+            self._model = PairModel(base_dir, self.rank, self.alpha, self.tensors)
+        return self._model
+
     def retire_probability(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
         """[(new statement, memory)] -> [n] probabilities that each statement retires its memory."""
         import torch
@@ -179,17 +198,12 @@ class PairEncoder:
         if not pairs:
             return np.zeros(0, dtype=np.float32)
         with self._lock:
-            if self._model is None:
-                from kvmem.text.search.embedders import minilm_model_dir
-
-                self._model = PairModel(
-                    self.base_dir or minilm_model_dir(), self.rank, self.alpha, self.tensors
-                )
+            model = self._build()
             out = []
             with torch.inference_mode():
                 for start in range(0, len(pairs), batch_size):
                     chunk = pairs[start : start + batch_size]
-                    logits = self._model.logits([m for _, m in chunk], [n for n, _ in chunk])
+                    logits = model.logits([m for _, m in chunk], [n for n, _ in chunk])
                     out.append(torch.sigmoid(logits).numpy())
         return np.concatenate(out).astype(np.float32)
 

@@ -195,3 +195,22 @@ def test_a_fact_the_guard_blocks_is_never_read_by_the_encoder() -> None:
     assert read(mine, ["I am a warden.", "I am a warden."]) == pytest.approx([0.99, 0.99])
     assert read(mine, ["I am a warden."]) == pytest.approx([0.99])  # read once a pair
     assert encoder.pairs == [(mine, "I am a warden.")]
+
+
+def test_a_base_model_that_cannot_be_loaded_leaves_formation_to_the_other_readings(
+    tmp_path: Path, monkeypatch
+):
+    """The shipped file is fine but its base model is not there: the worker's loader logs it once and returns
+    None (the change head's readings go on), and an encoder loaded by hand says why."""
+    import scheduler.formation_decisions as decisions
+
+    empty = tmp_path / "no-minilm"
+    empty.mkdir()
+    monkeypatch.setenv("KVMEM_MINILM_DIR", str(empty))
+    decisions.shipped_pair_encoder.cache_clear()
+    try:
+        assert decisions.shipped_pair_encoder() is None
+    finally:
+        decisions.shipped_pair_encoder.cache_clear()
+    with pytest.raises(PairEncoderLoadError, match="base model cannot be loaded"):
+        load_pair_encoder(base_dir=empty).retire_probability([("a", "b")])
