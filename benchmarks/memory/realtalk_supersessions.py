@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     encoder = None
     if args.pair_encoder != "none":
-        encoder = load_pair_encoder(None if args.pair_encoder == "shipped" else args.pair_encoder)
+        encoder = load_pair_encoder(None if args.pair_encoder == "shipped" else args.pair_encoder).load()
     reader = ChangeReader(head, encoder=encoder) if head is not None else None
     try:
         paths = chat_paths(args.data_dir)

@@ -247,7 +247,7 @@ def load_encoder(spec: str | None):
 
     if spec in (None, "none"):
         return None
-    return SHIPPED if spec == "shipped" else load_pair_encoder(spec)
+    return SHIPPED if spec == "shipped" else load_pair_encoder(spec).load()
 
 
 def _ratio(num: int, den: int) -> float | None:

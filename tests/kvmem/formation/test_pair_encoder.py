@@ -12,16 +12,26 @@ import torch
 
 import kvmem.formation.pair_encoder as pair_encoder_module
 from benchmarks.memory.train_pair_encoder import PROBES
-from kvmem.formation.consolidate import ENCODED_CANDIDATES, ChangeReading, ExistingMemory, consolidate
+from kvmem.formation.base import make_extractor
+from kvmem.formation.consolidate import (
+    ENCODED_CANDIDATES,
+    ENCODED_SIMILARITY,
+    ChangeReading,
+    ExistingMemory,
+    consolidate,
+)
 from kvmem.formation.pair_encoder import (
     TENSORS,
     PairEncoderLoadError,
     PairModel,
     load_pair_encoder,
+    pair_text,
     save_pair_encoder,
 )
 from kvmem.formation.types import Decision, Fact
+from kvmem.text import MemoryStore
 from kvmem.text.search.embedders import minilm_model_dir
+from scheduler.formation import FormationWorker
 
 ROOT = Path(__file__).resolve().parents[3]
 T1, T2 = "2026-03-01T10:00:00.000000Z", "2026-05-01T10:00:00.000000Z"
@@ -54,6 +64,18 @@ def test_a_saved_encoder_reads_what_the_trained_model_reads(tmp_path: Path) -> N
     np.testing.assert_allclose(got, expected, atol=1e-5)
     assert not np.allclose(got[0], got[1])  # the two pairs read differently
     assert encoder.retire_probability([]).shape == (0,)
+
+
+def test_closing_punctuation_is_not_read() -> None:
+    """The sets end their turns with a stop, real chat mostly does not: the encoder reads neither (pair_text)."""
+    assert pair_text("  I moved   to Leeds!! ") == pair_text("I moved to Leeds") == "I moved to Leeds"
+    assert pair_text("Did you? I did.") == "Did you? I did"
+    encoder = load_pair_encoder()
+    stops = encoder.retire_probability(
+        [("We moved to Leeds.", "I live in York."), ("I quit...", "I'm a nurse!")]
+    )
+    bare = encoder.retire_probability([("We moved to Leeds", "I live in York"), ("I quit", "I'm a nurse")])
+    np.testing.assert_array_equal(stops, bare)
 
 
 @pytest.mark.parametrize(
@@ -156,9 +178,12 @@ def test_the_encoder_retires_the_most_probable_close_memory_at_its_threshold() -
         _memory(2, "I love hiking."),
         _memory(3, "Gym daily."),
     )
-    closeness = {warden.text: 0.5, hiking.text: 0.3, gym.text: 0.4}
+    closeness = {warden.text: 0.3, hiking.text: 0.25, gym.text: 0.5}  # the closest is not the most probable
     reading = _reading({warden.text: 0.95, gym.text: 0.92}, closeness)
     assert consolidate(quit, [hiking, gym, warden], changes=reading) == Decision("supersede", ("m1",))
+    # a memory below ENCODED_SIMILARITY is never read, however probable
+    far = _reading({warden.text: 0.99}, {warden.text: ENCODED_SIMILARITY - 0.01})
+    assert consolidate(quit, [warden], changes=far) == Decision("add")
     below = _reading({warden.text: 0.89}, closeness)
     assert consolidate(quit, [hiking, warden], changes=below) == Decision("add")
     # a memory said after the fact is never retired by it
@@ -169,7 +194,7 @@ def test_the_encoder_retires_the_most_probable_close_memory_at_its_threshold() -
 def test_the_encoder_reads_only_the_closest_candidates() -> None:
     fact = Fact("Not doing that any more.", ("t9",), T2)
     memories = [_memory(i, f"memory {i}") for i in range(ENCODED_CANDIDATES + 3)]
-    closeness = {m.text: 0.1 * i for i, m in enumerate(memories)}  # the last ones are the closest
+    closeness = {m.text: 0.3 + 0.05 * i for i, m in enumerate(memories)}  # the last ones are the closest
     calls: list = []
     far = memories[0].text  # the farthest: not read although the encoder would retire it
     reading = _reading({far: 0.99}, closeness, calls)
@@ -189,28 +214,136 @@ def test_a_fact_the_guard_blocks_is_never_read_by_the_encoder() -> None:
             return np.full(len(pairs), 0.99, np.float32)
 
     encoder = Counting()
-    sister, mine = "My sister moved to Berlin.", "Handed back my radio."
-    read = _encoded(encoder, {sister: "another person", mine: None})
+    sister, mine, never = "My sister moved to Berlin.", "Handed back my radio.", "I never sold my piano."
+    read = _encoded(encoder, {sister: "another person", mine: None, never: "negated"})
     assert read(sister, ["I live in Lisbon."]) == [0.0]
+    assert read(never, ["I play the piano."]) == [0.0]
     assert read(mine, ["I am a warden.", "I am a warden."]) == pytest.approx([0.99, 0.99])
     assert read(mine, ["I am a warden."]) == pytest.approx([0.99])  # read once a pair
     assert encoder.pairs == [(mine, "I am a warden.")]
 
 
+def _corrupt_base(tmp_path: Path) -> Path:
+    """A copy of the base model whose weights file is cut short."""
+    src, dst = minilm_model_dir(), tmp_path / "minilm"
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name != "model.safetensors":
+            (dst / p.name).symlink_to(p)
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:1000])
+    return dst
+
+
+@pytest.mark.parametrize("broken", ["empty", "corrupt"])
 def test_a_base_model_that_cannot_be_loaded_leaves_formation_to_the_other_readings(
-    tmp_path: Path, monkeypatch
-):
-    """The shipped file is fine but its base model is not there: the worker's loader logs it once and returns
-    None (the change head's readings go on), and an encoder loaded by hand says why."""
+    tmp_path: Path, monkeypatch, caplog, broken: str
+) -> None:
+    """The shipped file is fine but its base model is missing or corrupt: the worker's loader logs it once and
+    returns None, a formation pass goes on with the other readings, and an encoder loaded by hand says why."""
     import scheduler.formation_decisions as decisions
 
-    empty = tmp_path / "no-minilm"
-    empty.mkdir()
-    monkeypatch.setenv("KVMEM_MINILM_DIR", str(empty))
-    decisions.shipped_pair_encoder.cache_clear()
+    base = tmp_path / "no-minilm" if broken == "empty" else _corrupt_base(tmp_path)
+    base.mkdir(exist_ok=True)
+    monkeypatch.setenv("KVMEM_MINILM_DIR", str(base))
+    decisions._load_shipped_encoder.cache_clear()
     try:
         assert decisions.shipped_pair_encoder() is None
+        assert decisions.shipped_pair_encoder() is None
+        logged = [r for r in caplog.records if "pair encoder cannot be loaded" in r.getMessage()]
+        assert len(logged) == 1
+        if broken == "corrupt":  # the default embedder's tokenizer is in that directory too: it must be there
+            with MemoryStore(tmp_path / "m.sqlite") as store:
+                _retired(store, ["I work as a nurse.", "I also love hiking."])
+                assert sorted(m.text for m in store.list("u").items) == [
+                    "I also love hiking.",
+                    "I work as a nurse.",
+                ]
     finally:
-        decisions.shipped_pair_encoder.cache_clear()
+        decisions._load_shipped_encoder.cache_clear()
     with pytest.raises(PairEncoderLoadError, match="base model cannot be loaded"):
-        load_pair_encoder(base_dir=empty).retire_probability([("a", "b")])
+        load_pair_encoder(base_dir=base).retire_probability([("a", "b")])
+
+
+def test_a_pass_without_the_change_head_never_loads_the_encoder(tmp_path: Path, monkeypatch) -> None:
+    import scheduler.formation_decisions as decisions
+
+    calls: list = []
+    monkeypatch.setattr(decisions, "shipped_pair_encoder", lambda: calls.append(1))
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        decisions.decide(store, "u", [Fact("I work as a nurse", ("t1",), "")], {}, 5, change_head=None)
+    assert calls == []
+
+
+def test_concurrent_first_passes_load_the_shipped_encoder_once(monkeypatch) -> None:
+    import threading
+    import time
+
+    import scheduler.formation_decisions as decisions
+
+    built: list = []
+
+    class Slow:
+        def load(self):
+            built.append(self)
+            time.sleep(0.3)
+            return self
+
+    monkeypatch.setattr(decisions, "load_pair_encoder", lambda: Slow())
+    decisions._load_shipped_encoder.cache_clear()
+    try:
+        got: list = []
+        threads = [
+            threading.Thread(target=lambda: got.append(decisions.shipped_pair_encoder())) for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(built) == 1 and got[0] is got[1]
+    finally:
+        decisions._load_shipped_encoder.cache_clear()
+
+
+def _retired(store: MemoryStore, turns: list[str]) -> list[str]:
+    """The turns said as one user's, each formed by the worker (rules, the shipped head and encoder) in turn:
+    the memories retired."""
+    worker = FormationWorker(store, make_extractor("rules"))
+    for i, text in enumerate(turns):
+        store.log_turns(
+            "u", [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
+        )
+        worker.form_user("u")
+    rows = store.list("u", state="all", include_superseded=True, page_size=100).items
+    return sorted(m.text for m in rows if m.superseded_by is not None or m.valid_to is not None)
+
+
+@pytest.mark.parametrize(
+    "turns",
+    [
+        ["I play the piano.", "I never sold my piano."],  # negated: the guard blocks it (a review's finding)
+        ["I play guitar in a band.", "I sold my car."],  # a review's finding: read 0.63, under the threshold
+        ["I play guitar in a band.", "I sold my bike."],
+        ["I work as a nurse.", "I moved to a flat in Leeds."],  # a change of something else
+    ],
+)
+def test_the_worker_retires_nothing_for_a_negation_or_a_change_of_something_else(
+    tmp_path: Path, turns
+) -> None:
+    with MemoryStore(tmp_path / "m.sqlite") as store:
+        assert _retired(store, turns) == []
+
+
+def test_a_taste_is_retired_by_the_encoder_only_for_a_fact_telling_a_taste() -> None:
+    """As for the pair layer: the encoder read "I had mushrooms at dinner" as retiring "I can't stand mushrooms"."""
+    hate = _memory(1, "I can't stand mushrooms.")
+    probable = {hate.text: 0.95}
+
+    def reading(areas: dict) -> ChangeReading:
+        base = _reading(probable, {hate.text: 0.6})
+        return ChangeReading({}, areas, base.similarity, None, 1.0, base.encoded, 0.9)
+
+    mention = Fact("I had mushrooms at dinner.", ("t9",), T2)
+    told = Fact("Mushrooms are my favourite thing now.", ("t9",), T2)
+    assert consolidate(mention, [hate], changes=reading({hate.text: "pref"})) == Decision("add")
+    assert consolidate(told, [hate], changes=reading({hate.text: "pref"})) == Decision("supersede", ("m1",))
+    assert consolidate(mention, [hate], changes=reading({})) == Decision("supersede", ("m1",))  # no area read
