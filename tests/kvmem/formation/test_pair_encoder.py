@@ -12,7 +12,6 @@ import torch
 
 import kvmem.formation.pair_encoder as pair_encoder_module
 from benchmarks.memory.train_pair_encoder import PROBES
-from kvmem.formation.base import make_extractor
 from kvmem.formation.consolidate import (
     ENCODED_CANDIDATES,
     ENCODED_SIMILARITY,
@@ -31,7 +30,7 @@ from kvmem.formation.pair_encoder import (
 from kvmem.formation.types import Decision, Fact
 from kvmem.text import MemoryStore
 from kvmem.text.search.embedders import minilm_model_dir
-from scheduler.formation import FormationWorker
+from tests.kvmem.formation.test_change_head import formed
 
 ROOT = Path(__file__).resolve().parents[3]
 T1, T2 = "2026-03-01T10:00:00.000000Z", "2026-05-01T10:00:00.000000Z"
@@ -307,14 +306,7 @@ def test_concurrent_first_passes_load_the_shipped_encoder_once(monkeypatch) -> N
 def _retired(store: MemoryStore, turns: list[str]) -> list[str]:
     """The turns said as one user's, each formed by the worker (rules, the shipped head and encoder) in turn:
     the memories retired."""
-    worker = FormationWorker(store, make_extractor("rules"))
-    for i, text in enumerate(turns):
-        store.log_turns(
-            "u", [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
-        )
-        worker.form_user("u")
-    rows = store.list("u", state="all", include_superseded=True, page_size=100).items
-    return sorted(m.text for m in rows if m.superseded_by is not None or m.valid_to is not None)
+    return formed(store, turns)[1]
 
 
 @pytest.mark.parametrize(
