@@ -343,14 +343,15 @@ def _encoded_retirement(
     # a taste is retired only by a fact telling a taste, as for the pair layer: the encoder reads a mention ("I had
     # mushrooms at dinner") as retiring "I can't stand mushrooms"
     taste_told = tells_taste(fact.text)
+    closeness = {m.id: similarity(fact.text, m.text) for m in pool}  # once a memory
     candidates = [
         m
         for m in pool
-        if similarity(fact.text, m.text) >= ENCODED_SIMILARITY
+        if closeness[m.id] >= ENCODED_SIMILARITY
         and (taste_told or changes.areas.get(m.text) != "pref")
         and _may_retire(fact, m, said_at, ordered_ids)
     ]
-    candidates = sorted(candidates, key=lambda m: -similarity(fact.text, m.text))[:ENCODED_CANDIDATES]
+    candidates = sorted(candidates, key=lambda m: -closeness[m.id])[:ENCODED_CANDIDATES]
     if not candidates:
         return None
     probabilities = encoded(fact.text, [m.text for m in candidates])
