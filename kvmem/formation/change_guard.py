@@ -73,7 +73,12 @@ _OTHER = re.compile(
     re.I,
 )
 _USER_IN_IT = re.compile(r"\b(?:me|us|I)\b")  # case matters: "I" (normalized), not a word beginning with "i"
-_NEGATION = re.compile(r"\b(?:not|never|nope|nah)\b|n't\b", re.I)
+# and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
+_NEGATION = re.compile(
+    r"\b(?:not|never|nope|nah|decided against|talked (?:myself |me |us )?out of|changed (?:my|our) minds?|"
+    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of)\b|n't\b",
+    re.I,
+)
 # a negation that tells a state ended is a change: "not ... anymore", "no longer", "never looked back"
 _ENDED = re.compile(
     r"\b(?:any ?more|no longer|nowadays|these days|now|since|ever since|never looked back|never again|"
@@ -88,7 +93,8 @@ _PLAN = re.compile(
     r"\b(?:going to (?!(?:the|a|an|my|our|church|school|work|bed|class|classes|the gym|gym)\b)|gonna|will|"
     r"'ll|plan(?:ning)? (?:to|on)|about to|intend(?:ing)? to|hop(?:e|ing) to|want(?:ing)? to|wanna|"
     r"(?:would|'d) (?:like|love) to|might|could|maybe|perhaps|possibly|probably|consider(?:ing)?|"
-    r"thinking (?:about|of)|tempted|dream(?:ing)? (?:of|about)|someday|one day|eventually|"
+    r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|(?:had|have) an? (?:\w+ )?(?:dream|nightmare)|"
+    r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|one day|eventually|"
     r"appl(?:y|ied|ying) (?:for|to)|interview(?:ed|ing)? (?:for|at|with)|looking (?:for|into|at)|"
     r"on the cards|in the works|weighing|wonder(?:ing)? (?:about|if|whether)|(?-i:may))\b",
     re.I,
@@ -133,12 +139,16 @@ _NOT_PAST = re.compile(
 _CHANGES = (
     # home
     r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
+    "keys to", "own place", r"(?:I'm|I am|we're|we are) (?:\w+ )?out of",
+    r"(?:got|rented|found) (?:a|an|our|my) (?:\w+ ){0,2}(?:condo|apartment|flat|house|home|place|bungalow|terrace|"
+    "semi|cottage|room)",
     # work
     "new (?:job|role|position|post|gig|place|flat|house|home|apartment|city|town|partner|girlfriend|boyfriend|"
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "last (?:day|shift|ever)", "first (?:day|week|month|shift)", "started", "starting",
+    "sacked", "let go", "last (?:day|shift|ever|patient|time)", "cleared out", "pension", "retirement",
+    r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
     "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
     "began", "begun", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on", "landed", "promoted",
@@ -148,7 +158,7 @@ _CHANGES = (
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "passed away", "died", "lost", "gone", "ex",
+    "single", r"widow\w*", "exclusive", "are done", "(?:a|an) (?:thing|item|couple)", "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
     "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked",
@@ -176,10 +186,13 @@ _STOP = frozenset(
 # "X is my favourite"; not a word that only sounds like one ("like my dad", "moved into", "a fan of my work",
 # "my favourite shop", "they love them")
 _TASTE = re.compile(
-    r"\bI(?:'m| am)?(?: (?:really|truly|actually|now|just|still|totally|kind of|do|don't|do not|no longer))? "
+    r"\bI(?:'m| am)?(?: (?:really|truly|actually|now|just|still|totally|kind of|do|don't|do not|no longer|\w+ly))? "
     r"(?:love|like|enjoy|hate|prefer|adore|can't stand|cannot stand|can't get enough of|can't face)\b"
-    r"|\bI(?:'m| am)(?: (?:now|really|totally|completely|so))? (?:into|a (?:big |huge )?fan of|fond of|hooked on|"
+    r"|\bI(?:'m| am)(?: (?:now|really|totally|completely|so|\w+ly))? (?:into|a (?:big |huge )?fan of|fond of|hooked|"
     r"obsessed with|addicted to|over)\b"
+    r"|\bI(?:'m| am)(?: (?:now|\w+ly))? an? (?:[\w-]+ )?(?:person|fan|lover|convert|addict)\b"
+    r"|\bI(?:'ve| have)(?: \w+ly)? (?:gone full|turned into an?|got into|gotten into|come round to|come around to|"
+    r"fallen in love with)\b"
     r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b",
     re.I,
 )
@@ -190,6 +203,18 @@ def tells_taste(clause: str) -> bool:
     favourite thing now", "I'm into bouldering"), not only names a thing ("I cooked mushrooms for the kids, like
     every Sunday") or another's taste ("they love them")."""
     return bool(_TASTE.search(clause))
+
+
+# words of change that also say only when ("I'm cooking mushrooms for the kids now"): not enough to tell a change
+# of a taste alone
+_ONLY_WHEN = re.compile(r"\b(?:now|these days|nowadays|finally|officially|again)\b", re.I)
+
+
+def tells_change(clause: str) -> bool:
+    """Whether the clause tells a change of the user's own (change_guard.blocker lets it through) by a word of
+    change other than one that only says when ("Uninstalled WoW and cancelled the sub", not "I'm cooking
+    mushrooms for the kids now")."""
+    return blocker(clause) is None and bool(_CHANGED.search(_ONLY_WHEN.sub(" ", clause)))
 
 
 def blocker(clause: str) -> str | None:

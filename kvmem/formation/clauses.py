@@ -85,7 +85,8 @@ _ADVERBIAL = re.compile(
     r"as of (?:now|today|this \w+|last \w+)|"
     r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
     r"december)"
-    rf"(?: \d{{4}})?)\b,?|{_LEADING_PHRASE})\s+",
+    rf"(?: \d{{4}})?|(?:since|from|as of) (?:last |this )?(?:monday|tuesday|wednesday|thursday|friday|saturday|"
+    rf"sunday))\b,?|{_LEADING_PHRASE})\s+",
     re.I,
 )
 _SUBJECT = re.compile(
@@ -279,6 +280,13 @@ def _past_clause(text: str) -> bool:
     return word in PAST_VERBS or (word.endswith("ed") and len(word) > 3 and word not in ED_NOT_PAST)
 
 
+def _other_clause(text: str) -> bool:
+    """A whole clause about something else before a joined statement of the user ("Both kids are at school now
+    so I've gone back to work"): no first-person subject, even a dropped one, and four words or more, so a
+    subject shared with the user ("Tom and I", "The kids and I") is not one."""
+    return len(text.split()) >= 4 and not is_first_person(strip_markers(text), dropped=True)
+
+
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     """Split at each `joiner` whose both sides are first-person statements, or whose right side is a
     past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"); other joins are
@@ -287,14 +295,16 @@ def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     start = 0
     for m in joiner.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
-        if (is_statement(right) or _past_clause(right)) and is_statement(left):
+        if ((is_statement(right) or _past_clause(right)) and is_statement(left)) or (
+            is_statement(right) and _other_clause(left)
+        ):
             parts.append(left)
             start = m.end()
     parts.append(sentence[start:])
     return [p.strip(" ,") for p in parts if p.strip(" ,")]
 
 
-_AND_BUT = re.compile(r",?\s+(?:and|but|and then|but now|and now|and also|plus)\s+(?=\S)", re.I)
+_AND_BUT = re.compile(r",?\s+(?:and|but|and then|but now|and now|and also|plus|so)\s+(?=\S)", re.I)
 _COMMA = re.compile(r",\s+(?=\S)")
 
 

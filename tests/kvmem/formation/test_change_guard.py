@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, same_value, turn_blocker
+from kvmem.formation.change_guard import (
+    BLOCKERS,
+    blocker,
+    other_area,
+    same_value,
+    tells_change,
+    tells_taste,
+    turn_blocker,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +45,13 @@ from kvmem.formation.change_guard import BLOCKERS, blocker, other_area, same_val
         "We bought a house in Bergen",
         "I eat meat again",
         "I started at the Red Cross in October",
+        "I'm finally out of the student halls",
+        "Got a flat above the bakery in Truro",
+        "Cleared out my desk at the depot on Friday",
+        "that's nursing done for me",
+        "Tilly and I are exclusive",
+        "Sam and I are done",
+        "I drew my pension in May",
     ],
 )
 def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
@@ -79,6 +94,11 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("staying put at the council", "restatement"),
         ("we grabbed a pizza to celebrate", "no change word"),
         ("I always read the small print", "no change word"),
+        ("we decided against the move to Bath", "negated"),  # a change weighed and not made
+        ("I turned the headteacher job down", "negated"),
+        ("I talked myself out of quitting", "negated"),
+        ("I had a weird dream that I moved to Peru", "plan"),  # a dream is no change
+        ("I'm taking six weeks of leave from the library", "plan"),  # an absence that ends
     ],
 )
 def test_a_clause_that_changes_nothing_of_the_user_is_blocked_with_its_reason(
@@ -127,3 +147,37 @@ def test_other_area_blocks_only_where_both_slots_are_read_and_differ(
     fact: str, memory: str, other: bool
 ) -> None:
     assert other_area(fact, memory) is other
+
+
+@pytest.mark.parametrize(
+    ("clause", "told"),
+    [
+        ("Weirdly I love olives now", True),
+        ("I'm a tea person these days", True),
+        ("I've gone full vinyl", True),
+        ("I've turned into a gym person", True),
+        ("I'm properly hooked on crosswords", True),
+        ("I'm strangely into birdwatching now", True),
+        ("I've come round to jazz", True),
+        ("I cooked olives for the kids", False),  # a mention, not a taste
+        ("I moved into a flat", False),  # "into" after another verb
+        ("I'm a nurse now", False),  # a job: no "person", "fan", ...
+        ("they love them", False),
+    ],
+)
+def test_tells_taste_reads_a_taste_told_as_the_users(clause: str, told: bool) -> None:
+    assert tells_taste(clause) is told
+
+
+@pytest.mark.parametrize(
+    ("clause", "told"),
+    [
+        ("Uninstalled Fortnite and cancelled the pass", True),
+        ("I stopped singing in the choir", True),
+        ("I'm cooking mushrooms for the kids now", False),  # "now" only says when
+        ("I finally made it to the allotment", False),
+        ("I might stop singing in the choir", False),  # blocked: a plan
+    ],
+)
+def test_tells_change_needs_a_word_of_change_beyond_when(clause: str, told: bool) -> None:
+    assert tells_change(clause) is told

@@ -325,7 +325,7 @@ def test_the_worker_retires_nothing_for_a_negation_or_a_change_of_something_else
         assert _retired(store, turns) == []
 
 
-def test_a_taste_is_retired_by_the_encoder_only_for_a_fact_telling_a_taste() -> None:
+def test_a_taste_is_retired_by_the_encoder_only_for_a_fact_telling_a_taste_or_a_change() -> None:
     """As for the pair layer: the encoder read "I had mushrooms at dinner" as retiring "I can't stand mushrooms"."""
     hate = _memory(1, "I can't stand mushrooms.")
     probable = {hate.text: 0.95}
@@ -339,3 +339,10 @@ def test_a_taste_is_retired_by_the_encoder_only_for_a_fact_telling_a_taste() -> 
     assert consolidate(mention, [hate], changes=reading({hate.text: "pref"})) == Decision("add")
     assert consolidate(told, [hate], changes=reading({hate.text: "pref"})) == Decision("supersede", ("m1",))
     assert consolidate(mention, [hate], changes=reading({})) == Decision("supersede", ("m1",))  # no area read
+    # or telling a change of one: a word of change the guard lets through ("Uninstalled WoW and cancelled the sub")
+    stopped = Fact("I stopped picking mushrooms out.", ("t9",), T2)
+    planned = Fact("I might stop picking mushrooms out.", ("t9",), T2)
+    assert consolidate(stopped, [hate], changes=reading({hate.text: "pref"})) == Decision(
+        "supersede", ("m1",)
+    )
+    assert consolidate(planned, [hate], changes=reading({hate.text: "pref"})) == Decision("add")

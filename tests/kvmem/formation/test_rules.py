@@ -196,6 +196,16 @@ def test_clauses_split_only_between_whole_statements() -> None:
         "I work in a clinic",
     ]
     assert [f.text for f in facts("I always lol at his jokes")] == ["I always lol at his jokes"]
+    # a statement of the user's joined to a whole clause about something else: the statement is kept alone
+    assert [f.text for f in facts("The twins started nursery in May so I've gone back to the salon.")] == [
+        "I've gone back to the salon"
+    ]
+    assert [f.text for f in facts("The van broke down on the M5 and we're stuck in Taunton.")] == [
+        "We're stuck in Taunton"
+    ]
+    # a subject shared with the user is no clause of its own
+    assert [f.text for f in facts("Priya and I moved to Leeds.")] == ["Priya and I moved to Leeds"]
+    assert [f.text for f in facts("I was soaked so I took a taxi.")] == ["I was soaked", "I took a taxi"]
 
 
 @pytest.mark.parametrize(
@@ -206,6 +216,12 @@ def test_clauses_split_only_between_whole_statements() -> None:
         ("As of this week I'm retired.", "As of the week of 2026-11-23 I'm retired"),
         ("Oddly I love olives now.", "Oddly I love olives now"),  # a leading adverb of attitude
         ("Usually I just have toast and eggs.", "Usually I just have toast and eggs"),  # of frequency
+        (
+            "As of Monday I'm the head chef at Rosa's.",
+            "As of Monday I'm the head chef at Rosa's",
+        ),  # a weekday
+        ("Since Tuesday I work nights at the depot.", "Since Tuesday I work nights at the depot"),
+        ("After ten years in Porto, I moved to Faro.", "After ten years in Porto, I moved to Faro"),
     ],
 )
 def test_a_statement_after_a_leading_adverbial_is_kept(text: str, kept: str) -> None:
