@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.formation.change_guard import blocker, tells_taste
+from kvmem.formation.change_guard import blocker, tells_change, tells_taste
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
@@ -33,6 +33,9 @@ SHIPPED = "shipped"  # decide's change_head default: the head shipped with the p
 # partner), and tastes and habits ("pref"), where a user has many at once, so a change retires only a memory
 # close to it by embedding (consolidate.PREF_SIMILARITY)
 CHANGED_AREAS = ("home", "job", "partner", "pref")
+# the areas with one current value: a fact the head reads as about one of them and that tells a change in words
+# (change_guard.tells_change) is a change whatever the head's change probability
+SINGLE_VALUED = ("home", "job", "partner")
 
 
 def slots_touched(fact: Fact) -> tuple[str, ...]:
@@ -167,11 +170,16 @@ def change_reading(
     turns = turn_texts(facts)
     blocked = {fact.text: blocker(fact.text) for fact in facts}  # the guard's reading, once a fact
     changed = {}
+    told = set()
     for fact in facts:
         p = max(probability[fact.text], *(probability[turns[t]] for t in fact.turn_ids))
         area = areas[fact.text]
-        if p >= head.threshold and area in CHANGED_AREAS and blocked[fact.text] is None:
+        # in a single-valued area a word of change is enough (the head reads "We bought a house in Tacoma" at 0.15)
+        in_words = area in SINGLE_VALUED and tells_change(fact.text, strict=True)
+        if (p >= head.threshold or in_words) and area in CHANGED_AREAS and blocked[fact.text] is None:
             changed[fact.text] = area
+            if p < head.threshold:
+                told.add(fact.text)
     reading = {t: a for t, a in areas.items() if a is not None}
     return ChangeReading(
         changed,
@@ -181,6 +189,7 @@ def change_reading(
         head.pair_threshold,
         _encoded(encoder, blocked) if encoder is not None else None,
         encoder.threshold if encoder is not None else 1.0,
+        frozenset(told),
     )
 
 

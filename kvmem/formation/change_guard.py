@@ -62,7 +62,7 @@ BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no 
 _PEOPLE = sorted(
     {*RELATIVES, "parents", "kids", "children", "ex", "manager", "teammate", "landlord",
      "housemate", "partner's", "in-laws", "niece", "nephew", "grandparents", "twin", "stepmom", "stepdad",
-     "mate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid", "eldest", "youngest",
+     "mate", "deskmate", "classmate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid", "eldest", "youngest",
      "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana"},
     key=len,
     reverse=True,
@@ -73,10 +73,19 @@ _OTHER = re.compile(
     re.I,
 )
 _USER_IN_IT = re.compile(r"\b(?:me|us|I)\b")  # case matters: "I" (normalized), not a word beginning with "i"
+# a partner's news can be the user's ("my wife left me", "my girlfriend moved in with us"); anyone else's is the user's
+# only with the user a subject beside them ("my sister and I moved"): "my son's come to work with me" is the son's
+_PARTNERS = re.compile(
+    r"^(?:\w+ )*?(?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|spouse|missus|hubby|bf|gf|ex)s?\b",
+    re.I,
+)
+_JOINT = re.compile(r"^(?:[\w'-]+ ){0,3}(?:and|&) (?:I|me)\b")
+_ALONGSIDE = re.compile(r"\b(?:as|than) (?:me|us)\b", re.I)  # "at the same firm as me": a comparison
 # and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
 _NEGATION = re.compile(
     r"\b(?:not|never|nope|nah|decided against|talked (?:myself |me |us )?out of|changed (?:my|our) minds?|"
-    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of)\b|n't\b",
+    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of|fell through|(?:nearly|almost) (?=\w+ed\b|quit\b|left\b|"
+    r"sold\b|took\b|gave\b|went\b|broke\b|split\b))\b|n't\b",
     re.I,
 )
 # a negation that tells a state ended is a change: "not ... anymore", "no longer", "never looked back"
@@ -94,7 +103,9 @@ _PLAN = re.compile(
     r"'ll|plan(?:ning)? (?:to|on)|about to|intend(?:ing)? to|hop(?:e|ing) to|want(?:ing)? to|wanna|"
     r"(?:would|'d) (?:like|love) to|might|could|maybe|perhaps|possibly|probably|consider(?:ing)?|"
     r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|(?:had|have) an? (?:\w+ )?(?:dream|nightmare)|"
-    r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|one day|eventually|"
+    r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|"
+    r"(?:last|final|first) (?:day|shift|week|lesson|class)(?: [\w']+){0,4} (?:is|'s|will be)|"
+    r"(?:accepted|signed) (?:an|the|a|my) (?:\w+ )?offer|one day|eventually|"
     r"appl(?:y|ied|ying) (?:for|to)|interview(?:ed|ing)? (?:for|at|with)|looking (?:for|into|at)|"
     r"on the cards|in the works|weighing|wonder(?:ing)? (?:about|if|whether)|(?-i:may))\b",
     re.I,
@@ -109,7 +120,8 @@ _RESTATED = re.compile(
 # "too" as "also" ends its phrase ("I've taken up climbing too", "... too and love it"); before another word it
 # is "too hard", "too pricey"
 _ADDED = re.compile(
-    r"\b(?:also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
+    r"\b(?:holiday (?:home|place|house|cottage|flat|let|shack|cabin|caravan|chalet|villa|apartment)|"
+    r"for (?:the )?weekends|picked up (?:some|a few|extra|a bit of)|also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
     r"hustle|project)|on the side)\b",
     re.I,
 )
@@ -121,7 +133,13 @@ _AHEAD = re.compile(
     rf"this coming|in a (?:few|couple of) (?:weeks|months)|in (?:\w+ )?(?:weeks|months)' time)\b",
     re.I,
 )
-_DATED = re.compile(rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b", re.I)
+# and a day: "on the 4th", "Friday the 28th", "the 12th of June", "at the end of March", "in the week of 2026-05-11"
+_DATED = re.compile(
+    rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b|\b(?:on |for |from )?(?:\w+day )?the "
+    rf"\d{{1,2}}(?:st|nd|rd|th)\b|\b(?:at )?the end of (?:{_MONTH})\b|\b(?:on|from|in|by) (?:the (?:week|weekend) of )?"
+    r"\d{4}-\d\d-\d\d\b",
+    re.I,
+)
 # before the date: "we're moving ... in March" (not "I moved in March and am loving it": that one is after it)
 _ING_NOUNS = (
     "thing|nothing|something|anything|everything|spring|morning|evening|wedding|building|ceiling|during"
@@ -206,21 +224,44 @@ def tells_taste(clause: str) -> bool:
 
 
 # words of change that also say only when ("I'm cooking mushrooms for the kids now"): not enough to tell a change
-# of a taste alone
+# of a taste alone; nor, for a state read from words alone (tells_change's `strict`), words of how long or since
+# when, which real chat uses all the time ("I have since found calculus useful", "I've been working from home for a
+# while", "get my food and leave")
 _ONLY_WHEN = re.compile(r"\b(?:now|these days|nowadays|finally|officially|again)\b", re.I)
+_ONLY_HOW_LONG = re.compile(
+    r"\b(?:(?:ever )?since|any ?more|used to|leav(?:e|ing)|been (?:a|an|\w+ing)|"
+    r"for (?:\w+ ){1,2}(?:years?|months?|weeks?|decades?))\b",
+    re.I,
+)
 
 
-def tells_change(clause: str) -> bool:
+def _users_news(core: str) -> bool:
+    """Whether a clause whose subject is another person ("my wife ...", "my son ...") tells news of the user's
+    own: the user a subject beside them, or for a partner, the user in it before its first comma, not only in a
+    comparison ("my husband left me", not "my husband got a job at the same firm as me")."""
+    rest = core[core.find(" ") + 1 :] if " " in core else ""
+    if _JOINT.match(rest):
+        return True
+    if not _PARTNERS.match(core):
+        return False
+    head = _ALONGSIDE.sub(" ", rest.split(",", 1)[0])
+    return bool(_USER_IN_IT.search(head))
+
+
+def tells_change(clause: str, strict: bool = False) -> bool:
     """Whether the clause tells a change of the user's own (change_guard.blocker lets it through) by a word of
     change other than one that only says when ("Uninstalled WoW and cancelled the sub", not "I'm cooking
-    mushrooms for the kids now")."""
-    return blocker(clause) is None and bool(_CHANGED.search(_ONLY_WHEN.sub(" ", clause)))
+    mushrooms for the kids now"); `strict`: nor one of how long or since when ("I've been a nurse for years")."""
+    words = _ONLY_WHEN.sub(" ", clause)
+    if strict:
+        words = _ONLY_HOW_LONG.sub(" ", words)
+    return blocker(clause) is None and bool(_CHANGED.search(words))
 
 
 def blocker(clause: str) -> str | None:
     """Why this clause cannot supersede a memory of the user (one of BLOCKERS), or None."""
     core = subject_core(clause) or clause
-    if _OTHER.match(core) and not _USER_IN_IT.search(core[core.find(" ") + 1 :] if " " in core else ""):
+    if _OTHER.match(core) and not _users_news(core):
         return "another person"
     if _RESTATED.search(
         clause

@@ -113,7 +113,8 @@ _QUESTION_START = re.compile(
     re.I,
 )
 _HYPOTHETICAL = re.compile(
-    r"\b(?:if|unless|whether|suppose|supposing|imagine|hypothetically|in theory|let's say|wish|pretend)\b",
+    r"\b(?:if|unless|whether|suppose|supposing|imagine|hypothetically|in theory|let's say|wish|pretend)\b"
+    r"|^(?:had|were) (?:I|we)\b",  # "Had I joined my dad's business, I'd be running it by now"
     re.I,
 )
 _ABOUT_ASSISTANT = re.compile(r"\b(?:you|you're|you've|you'll|you'd|your|yours|yourself|u|ur)\b", re.I)
@@ -280,6 +281,11 @@ def _past_clause(text: str) -> bool:
     return word in PAST_VERBS or (word.endswith("ed") and len(word) > 3 and word not in ED_NOT_PAST)
 
 
+# the user as the subject, not "my parents": a dropped subject after it is the user's ("I packed and moved to Oslo";
+# "My parents have left Madrid and retired to the coast" is the parents')
+_SELF = re.compile(r"^(?:I|I'm|I've|I'd|we|we're|we've|we'd|me and|myself|(?-i:[A-Z])[a-z]+ and I)\b", re.I)
+
+
 def _other_clause(text: str) -> bool:
     """A whole clause about something else before a joined statement of the user ("Both kids are at school now
     so I've gone back to work"): no first-person subject, even a dropped one, and four words or more, so a
@@ -295,9 +301,10 @@ def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     start = 0
     for m in joiner.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
-        if ((is_statement(right) or _past_clause(right)) and is_statement(left)) or (
-            is_statement(right) and _other_clause(left)
-        ):
+        if (
+            (is_statement(right) or (_past_clause(right) and _SELF.match(strip_adverbials(left))))
+            and is_statement(left)
+        ) or (is_statement(right) and _other_clause(left)):
             parts.append(left)
             start = m.end()
     parts.append(sentence[start:])

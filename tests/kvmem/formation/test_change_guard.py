@@ -52,6 +52,11 @@ from kvmem.formation.change_guard import (
         "Tilly and I are exclusive",
         "Sam and I are done",
         "I drew my pension in May",
+        "my wife left me",  # a partner's news told with the user in it
+        "my boyfriend moved in with me",
+        "my brother and I sold the flat in Derby",  # the user a subject beside another
+        "I moved out on 2026-04-20",  # a day already past
+        "I quit on the 4th",
     ],
 )
 def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
@@ -99,6 +104,17 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("I talked myself out of quitting", "negated"),
         ("I had a weird dream that I moved to Peru", "plan"),  # a dream is no change
         ("I'm taking six weeks of leave from the library", "plan"),  # an absence that ends
+        ("my husband got a job at the same bank as me", "another person"),  # the user only in a comparison
+        ("my cousin Mia got divorced, she's staying with us", "another person"),  # not a partner: not ours
+        ("my daughter's come to work with me at the salon", "another person"),
+        ("my deskmate left the council", "another person"),
+        ("we nearly moved to Derby but the sale fell through", "negated"),
+        ("my last shift at the depot is Friday the 9th", "plan"),  # a last day still to come
+        ("I start as a porter at the Royal on the 3rd", "plan"),  # a day of the month, said in the present
+        ("I'm retiring at the end of June", "plan"),
+        ("I've accepted an offer at a law firm", "plan"),
+        ("we bought a holiday cabin in the Lakes", "addition"),
+        ("I picked up some evening shifts at the pub", "addition"),
     ],
 )
 def test_a_clause_that_changes_nothing_of_the_user_is_blocked_with_its_reason(
@@ -173,6 +189,7 @@ def test_tells_taste_reads_a_taste_told_as_the_users(clause: str, told: bool) ->
     ("clause", "told"),
     [
         ("Uninstalled Fortnite and cancelled the pass", True),
+        ("I've been a welder for years", True),  # not strict: words of how long count
         ("I stopped singing in the choir", True),
         ("I'm cooking mushrooms for the kids now", False),  # "now" only says when
         ("I finally made it to the allotment", False),
@@ -181,3 +198,10 @@ def test_tells_taste_reads_a_taste_told_as_the_users(clause: str, told: bool) ->
 )
 def test_tells_change_needs_a_word_of_change_beyond_when(clause: str, told: bool) -> None:
     assert tells_change(clause) is told
+
+
+def test_tells_change_strict_needs_more_than_how_long_or_since_when() -> None:
+    assert tells_change("We rented a cottage in Keswick", strict=True)
+    assert not tells_change("I've been a welder for years", strict=True)
+    assert not tells_change("I have since found chemistry useful", strict=True)
+    assert not tells_change("I just wanted to get my food and leave", strict=True)

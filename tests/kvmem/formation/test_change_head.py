@@ -22,6 +22,7 @@ from kvmem.formation.change_head import (
 )
 from kvmem.formation.consolidate import (
     PREF_SIMILARITY,
+    TOLD_SIMILARITY,
     ChangeReading,
     ExistingMemory,
     consolidate,
@@ -271,6 +272,33 @@ def test_change_reading_passes_only_unblocked_changes() -> None:
     assert reading.changed == {facts[0].text: "home"}
     assert reading.areas["I live in York"] == "home"
     assert set(reading.areas) <= set(texts)
+
+
+def test_a_change_told_in_words_alone_in_a_single_valued_area_is_read() -> None:
+    """The head reads "We bought a flat in Bristol" as about home (change probability 0.13): in one of the areas
+    with one current value a word of change is enough (change_guard.tells_change, strict), and the change retires
+    only a memory at least TOLD_SIMILARITY close."""
+    head = load_change_head()
+    bought = Fact("We bought a flat in Bristol", ("a",), T2)
+    since = Fact("I have since found chemistry useful", ("b",), T2)  # "since" says how long, not a change
+    texts = [bought.text, since.text, "I live in Leeds, near the station"]
+    vectors = dict(zip(texts, default_embedder().embed(texts), strict=True))
+    reading = change_reading(head, [bought, since], vectors)
+    assert reading.changed == {bought.text: "home"} and reading.told == {bought.text}
+
+
+def test_a_change_told_in_words_alone_retires_only_a_close_memory() -> None:
+    bought = fact("We bought a flat in Bristol")
+    areas = {**AREAS_OF, bought.text: "home"}
+    closeness = {(bought.text, YORK.text): TOLD_SIMILARITY}
+    similarity = lambda a, b: closeness.get((a, b), 0.0)  # noqa: E731
+    told = ChangeReading({bought.text: "home"}, areas, similarity, told=frozenset({bought.text}))
+    assert consolidate(bought, [YORK], changes=told) == Decision("supersede", ("m1",))
+    closeness[(bought.text, YORK.text)] = TOLD_SIMILARITY - 0.01
+    assert consolidate(bought, [YORK], changes=told) == Decision("add")
+    # read by the head's probability instead: no floor
+    read = ChangeReading({bought.text: "home"}, areas, similarity)
+    assert consolidate(bought, [YORK], changes=read) == Decision("supersede", ("m1",))
 
 
 BRISBANE = [

@@ -161,6 +161,7 @@ def test_chat_phrasings(text: str, expected: list[tuple[str, str | None, str | N
         "Gotta dash, the bus is here.",
         "Sorry, I had to step away for a bit.",
         "Huh, I never knew that about octopuses.",  # a reaction to what was said
+        "Had I stayed at the bank I'd be a manager by now.",  # an inverted conditional
     ],
 )
 def test_non_memory_yields_nothing(text: str) -> None:
@@ -206,6 +207,10 @@ def test_clauses_split_only_between_whole_statements() -> None:
     # a subject shared with the user is no clause of its own
     assert [f.text for f in facts("Priya and I moved to Leeds.")] == ["Priya and I moved to Leeds"]
     assert [f.text for f in facts("I was soaked so I took a taxi.")] == ["I was soaked", "I took a taxi"]
+    # a dropped subject after another person's clause is theirs, not the user's
+    assert [f.text for f in facts("My parents have sold the farm and retired to Ayr.")] == [
+        "My parents have sold the farm and retired to Ayr"
+    ]
 
 
 @pytest.mark.parametrize(
