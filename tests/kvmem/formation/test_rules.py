@@ -207,6 +207,11 @@ def test_clauses_split_only_between_whole_statements() -> None:
     # a subject shared with the user is no clause of its own
     assert [f.text for f in facts("Priya and I moved to Leeds.")] == ["Priya and I moved to Leeds"]
     assert [f.text for f in facts("I was soaked so I took a taxi.")] == ["I was soaked", "I took a taxi"]
+    # a taste told with the thing first is the user's
+    assert [f.text for f in facts("Jazz bores me to tears.")] == ["Jazz bores me to tears"]
+    assert [f.text for f in facts("Karaoke is my idea of hell.")] == ["Karaoke is my idea of hell"]
+    assert [f.text for f in facts("Cricket has never interested me.")] == ["Cricket has never interested me"]
+    assert [f.text for f in facts("Golf isn't really my cup of tea.")] == ["Golf isn't really my cup of tea"]
     # a dropped subject after another person's clause is theirs, not the user's
     assert [f.text for f in facts("My parents have sold the farm and retired to Ayr.")] == [
         "My parents have sold the farm and retired to Ayr"
