@@ -325,13 +325,16 @@ _AREAS = {
 }  # fmt: skip
 
 
+def area_of_slot(slot: str) -> str:
+    """A slot's area: "work" for the job and the employer, "partner", "taste", else the slot's own family."""
+    family = slot.split(":", 1)[0]
+    return _AREAS.get(family, family)
+
+
 def slot_area(text: str) -> str | None:
     """The area of the slot `text` sets as the rules read it (rules.slot_of), or None where they read none."""
     found = slot_of(text)
-    if found is None:
-        return None
-    family = found[0].split(":", 1)[0]
-    return _AREAS.get(family, family)
+    return None if found is None else area_of_slot(found[0])
 
 
 def same_value(fact_text: str, memory_text: str) -> bool:

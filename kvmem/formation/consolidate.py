@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kvmem.formation.change_guard import other_area, same_value, tells_change, tells_taste
+from kvmem.formation.change_guard import area_of_slot, other_area, same_value, tells_change, tells_taste
 from kvmem.formation.dates import parse_chat_time
 from kvmem.formation.types import Decision, Fact
 
@@ -268,6 +268,8 @@ PREF_SIMILARITY = 0.4
 # (11 without it), and 11 at 0.3 once words of how long were no longer enough (tells_change's `strict`), most of
 # the rest wrong; on the ninth set it catches 0.585 of the changes at 0.3 (0.528 without it) with 0 of 109 false
 TOLD_SIMILARITY = 0.3
+# the change head's single-valued areas as the rules' slots name them (change_guard.area_of_slot)
+_SLOT_AREA = {"home": "user|home_city", "job": "work", "partner": "partner"}
 
 
 def _changed_memory(
@@ -284,7 +286,12 @@ def _changed_memory(
     every morning", not "I love hiking")."""
     area = changes.changed[fact.text]
     similarity = changes.similarity
-    floor = PREF_SIMILARITY if area == "pref" else TOLD_SIMILARITY if fact.text in changes.told else None
+    # a change told in words alone needs a close memory, unless the rules read it a slot of the same area ("I've
+    # retired": the job)
+    told = fact.text in changes.told and (
+        fact.slot is None or area_of_slot(fact.slot) != _SLOT_AREA.get(area)
+    )
+    floor = PREF_SIMILARITY if area == "pref" else TOLD_SIMILARITY if told else None
     found = [
         m
         for m in pool

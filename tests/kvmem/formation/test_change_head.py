@@ -296,6 +296,15 @@ def test_a_change_told_in_words_alone_retires_only_a_close_memory() -> None:
     assert consolidate(bought, [YORK], changes=told) == Decision("supersede", ("m1",))
     closeness[(bought.text, YORK.text)] = TOLD_SIMILARITY - 0.01
     assert consolidate(bought, [YORK], changes=told) == Decision("add")
+    # the rules read the fact a slot of the same area: no floor ("I've retired": the job); of another area: the floor
+    retired = Fact("I've retired", ("t9",), T2, slot="user|job", value="retired")
+    far = {**areas, retired.text: "job"}
+    told = ChangeReading({retired.text: "job"}, far, lambda a, b: 0.0, told=frozenset({retired.text}))
+    assert consolidate(retired, [NURSE], changes=told) == Decision("supersede", ("m2",))
+    liked = Fact("Like they'd see it", ("t9",), T2, slot="user|likes:they'd_see_it", value="yes")
+    far = {**areas, liked.text: "job"}
+    told = ChangeReading({liked.text: "job"}, far, lambda a, b: 0.0, told=frozenset({liked.text}))
+    assert consolidate(liked, [NURSE], changes=told) == Decision("add")
     # read by the head's probability instead: no floor
     read = ChangeReading({bought.text: "home"}, areas, similarity)
     assert consolidate(bought, [YORK], changes=read) == Decision("supersede", ("m1",))
