@@ -76,7 +76,8 @@ _USER_IN_IT = re.compile(r"\b(?:me|us|I)\b")  # case matters: "I" (normalized), 
 # a partner's news can be the user's ("my wife left me", "my girlfriend moved in with us"); anyone else's is the user's
 # only with the user a subject beside them ("my sister and I moved"): "my son's come to work with me" is the son's
 _PARTNERS = re.compile(
-    r"^(?:\w+ )*?(?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|spouse|missus|hubby|bf|gf|ex)s?\b",
+    r"^(?:(?:my|our) )?(?:(?:new|late|lovely|dear|darling|current)[ -])?(?:wife|husband|partner|boyfriend|"
+    r"girlfriend|fianc\w*|spouse|missus|hubby|bf|gf|ex)s?\b(?!')",  # the subject: not "my daughter and her husband"
     re.I,
 )
 _JOINT = re.compile(r"^(?:[\w'-]+ ){0,3}(?:and|&) (?:I|me)\b")
@@ -84,8 +85,8 @@ _ALONGSIDE = re.compile(r"\b(?:as|than) (?:me|us)\b", re.I)  # "at the same firm
 # and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
 _NEGATION = re.compile(
     r"\b(?:not|never|nope|nah|decided against|talked (?:myself |me |us )?out of|changed (?:my|our) minds?|"
-    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of|fell through|(?:nearly|almost) (?=\w+ed\b|quit\b|left\b|"
-    r"sold\b|took\b|gave\b|went\b|broke\b|split\b))\b|n't\b",
+    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of|fell through|(?:nearly|almost) (?:moved|quit|left|sold|"
+    r"took|gave|went|broke|split|retired|resigned|married|signed|bought|emigrated|relocated))\b|n't\b",
     re.I,
 )
 # a negation that tells a state ended is a change: "not ... anymore", "no longer", "never looked back"
@@ -102,7 +103,8 @@ _PLAN = re.compile(
     r"\b(?:going to (?!(?:the|a|an|my|our|church|school|work|bed|class|classes|the gym|gym)\b)|gonna|will|"
     r"'ll|plan(?:ning)? (?:to|on)|about to|intend(?:ing)? to|hop(?:e|ing) to|want(?:ing)? to|wanna|"
     r"(?:would|'d) (?:like|love) to|might|could|maybe|perhaps|possibly|probably|consider(?:ing)?|"
-    r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|(?:had|have) an? (?:\w+ )?(?:dream|nightmare)|"
+    r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|(?:had|have) an? (?:\w+ )?(?:dream|nightmare)"
+    r"(?= (?:that|about|last|where|on|in which|of)\b|\s*[,.!]|$)|"
     r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|"
     r"(?:last|final|first) (?:day|shift|week|lesson|class)(?: [\w']+){0,4} (?:is|'s|will be)|"
     r"(?:accepted|signed) (?:an|the|a|my) (?:\w+ )?offer|one day|eventually|"
@@ -134,10 +136,14 @@ _AHEAD = re.compile(
     re.I,
 )
 # and a day: "on the 4th", "Friday the 28th", "the 12th of June", "at the end of March", "in the week of 2026-05-11"
-_DATED = re.compile(
-    rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b|\b(?:on |for |from )?(?:\w+day )?the "
-    rf"\d{{1,2}}(?:st|nd|rd|th)\b|\b(?:at )?the end of (?:{_MONTH})\b|\b(?:on|from|in|by) (?:the (?:week|weekend) of )?"
-    r"\d{4}-\d\d-\d\d\b",
+_DATED = re.compile(rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b", re.I)
+# a day, read over the whole clause (a resolved date often leads it: "On 2026-11-25 I got the keys"): "on the 4th",
+# "Friday the 28th, then ...", "the 12th of June" (not "the 3rd floor"), "at the end of March" (not "since the end of
+# March"), "in the week of 2026-05-11"
+_DAY = re.compile(
+    r"\bthe \d{1,2}(?:st|nd|rd|th)\b(?!\s+(?!(?:of|and|but|so|then|at|in|for|when|with)\b)[a-z])"
+    rf"|\b(?:at|by|until|from) the end of (?:{_MONTH})\b"
+    r"|\b(?:on|from|in|by) (?:the (?:week|weekend|morning|afternoon|evening|night) of )?\d{4}-\d\d-\d\d\b",
     re.I,
 )
 # before the date: "we're moving ... in March" (not "I moved in March and am loving it": that one is after it)
@@ -157,7 +163,8 @@ _NOT_PAST = re.compile(
 _CHANGES = (
     # home
     r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
-    "keys to", "own place", r"(?:I'm|I am|we're|we are) (?:\w+ )?out of",
+    "keys to", "own place", r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|halls|"
+    "apartment|room|job|company|firm|army|navy|marriage|relationship)",
     r"(?:got|rented|found) (?:a|an|our|my) (?:\w+ ){0,2}(?:condo|apartment|flat|house|home|place|bungalow|terrace|"
     "semi|cottage|room)",
     # work
@@ -165,7 +172,8 @@ _CHANGES = (
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "last (?:day|shift|ever|patient|time)", "cleared out", "pension", "retirement",
+    "sacked", "let go", "last (?:day|shift|ever|patient|time)", "cleared out", "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
+    "retirement",
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
     "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
@@ -176,7 +184,7 @@ _CHANGES = (
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "are done", "(?:a|an) (?:thing|item|couple)", "passed away", "died", "lost", "gone", "ex",
+    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
     "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked",
@@ -285,10 +293,14 @@ def _ahead(clause: str) -> bool:
     if _AHEAD.search(clause):
         return True
     dated = _DATED.search(clause)
-    if dated is None:
+    if dated is not None:
+        before = _NOT_PAST.sub(" ", clause[: dated.start()])
+        return bool(_PROGRESSIVE.search(before)) or not _PAST.search(before)
+    day = _DAY.search(clause)
+    if day is None:
         return False
-    before = _NOT_PAST.sub(" ", clause[: dated.start()])
-    return bool(_PROGRESSIVE.search(before)) or not _PAST.search(before)
+    rest = _NOT_PAST.sub(" ", f"{clause[: day.start()]} {clause[day.end() :]}")
+    return bool(_PROGRESSIVE.search(rest)) or not _PAST.search(rest)
 
 
 def _words(text: str) -> set[str]:

@@ -287,7 +287,16 @@ def _past_clause(text: str) -> bool:
 
 # the user as the subject, not "my parents": a dropped subject after it is the user's ("I packed and moved to Oslo";
 # "My parents have left Madrid and retired to the coast" is the parents')
-_SELF = re.compile(r"^(?:I|I'm|I've|I'd|we|we're|we've|we'd|me and|myself|(?-i:[A-Z])[a-z]+ and I)\b", re.I)
+_SELF = re.compile(
+    r"^(?:I|I'm|I've|I'd|we|we're|we've|we'd|me and|myself|(?-i:[A-Z])[a-z]+ and I|(?:my|our) [\w'-]+ and I)\b",
+    re.I,
+)
+# a statement told as done, which may stand apart from a clause about something else before it ("Both kids are at
+# school now so I've gone back to work"); not one in the present, whose date may be in that clause ("Our lease runs
+# out next month so we're moving to Leeds")
+_DONE = re.compile(
+    rf"^(?:I|we)(?:'ve| have| had| (?:just |finally |already )?(?:\w+ed|{'|'.join(PAST_VERBS)}))\b", re.I
+)
 
 
 def _other_clause(text: str) -> bool:
@@ -299,16 +308,21 @@ def _other_clause(text: str) -> bool:
 
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     """Split at each `joiner` whose both sides are first-person statements, or whose right side is a
-    past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"); other joins are
-    kept."""
+    past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"), or a statement told as
+    done after a whole clause about something else (`_DONE`, `_other_clause`); at "so" only before a statement told
+    as done, since the clause before it may hold the date ("My contract ends in March so I'm moving back"); other
+    joins are kept."""
     parts: list[str] = []
     start = 0
     for m in joiner.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
+        done = bool(_DONE.match(strip_adverbials(right)))
+        if m.group().strip(" ,").lower() == "so" and not done:
+            continue
         if (
             (is_statement(right) or (_past_clause(right) and _SELF.match(strip_adverbials(left))))
             and is_statement(left)
-        ) or (is_statement(right) and _other_clause(left)):
+        ) or (is_statement(right) and done and _other_clause(left)):
             parts.append(left)
             start = m.end()
     parts.append(sentence[start:])

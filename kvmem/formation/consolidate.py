@@ -362,7 +362,7 @@ def _encoded_retirement(
     # encoder reads a plain mention ("I had mushrooms at dinner", "I'm cooking mushrooms for the kids now") as
     # retiring "I can't stand mushrooms". The changes let in caught 2 -> 7 of the ninth set's 26 changes of taste
     # with no false supersession more (docs/benchmarks.md)
-    taste_told = tells_taste(fact.text) or tells_change(fact.text)
+    taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True)
     closeness = {m.id: similarity(fact.text, m.text) for m in pool}  # once a memory
     candidates = [
         m
