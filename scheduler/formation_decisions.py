@@ -19,19 +19,19 @@ from kvmem.formation.change_guard import blocker, tells_change, tells_taste
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
-    ChangeReading,
     ExistingMemory,
     batch_ref,
     consolidate_batch,
 )
 from kvmem.formation.pair_encoder import PairEncoder, PairEncoderLoadError, load_pair_encoder
+from kvmem.formation.readings import ChangeReading
 from kvmem.formation.types import Fact
 
 log = logging.getLogger(__name__)
 SHIPPED = "shipped"  # decide's change_head default: the head shipped with the package
 # the areas where the change head's reading retires a memory: single-valued states (one home, one job, one
 # partner), and tastes and habits ("pref"), where a user has many at once, so a change retires only a memory
-# close to it by embedding (consolidate.PREF_SIMILARITY)
+# close to it by embedding (readings.PREF_SIMILARITY)
 CHANGED_AREAS = ("home", "job", "partner", "pref")
 # the areas with one current value: a fact the head reads as about one of them and that tells a change in words
 # (change_guard.tells_change) is a change whatever the head's change probability

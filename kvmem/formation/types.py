@@ -6,7 +6,11 @@ Knows nothing of SQLite, HTTP or how facts are extracted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+
+from kvmem.formation.dates import parse_chat_time
 
 DECISIONS = ("add", "duplicate", "supersede", "outdated")
 
@@ -55,3 +59,37 @@ class Decision:
     def __post_init__(self) -> None:
         assert self.kind in DECISIONS, self.kind
         assert (self.kind == "add") == (not self.target_ids), (self.kind, self.target_ids)
+
+
+Similarity = Callable[[str, str], float]
+
+
+@dataclass(frozen=True)
+class ExistingMemory:
+    """A current memory as consolidation sees it. `valid_from` is an ISO 8601 time; "" where unknown (then
+    it is never newer than a fact). `said_at`: when the user last stated it (its latest turn's chat_time),
+    "" where unknown; see `consolidate` for what it changes."""
+
+    id: str
+    text: str
+    slot: str | None = None
+    value: str | None = None
+    valid_from: str = ""
+    said_at: str = ""
+
+
+def _time(value: str) -> datetime | None:
+    try:
+        return parse_chat_time(value) if value else None
+    except ValueError:
+        return None
+
+
+def is_older(fact: Fact, fact_said_at: str | None, memory: ExistingMemory) -> bool:
+    """Whether the fact is older than the memory: by when each was said where both times are known (a past
+    event told later, "I moved to Porto last year", is news), else by valid_from."""
+    if fact_said_at and memory.said_at:
+        fact_time, memory_time = _time(fact_said_at), _time(memory.said_at)
+    else:
+        fact_time, memory_time = _time(fact.valid_from), _time(memory.valid_from)
+    return fact_time is not None and memory_time is not None and fact_time < memory_time

@@ -21,13 +21,11 @@ from kvmem.formation.change_head import (
     save_change_head,
 )
 from kvmem.formation.consolidate import (
-    PREF_SIMILARITY,
-    TOLD_SIMILARITY,
-    ChangeReading,
     ExistingMemory,
     consolidate,
     consolidate_batch,
 )
+from kvmem.formation.readings import PREF_SIMILARITY, TOLD_SIMILARITY, ChangeReading
 from kvmem.formation.types import Decision, Fact
 from kvmem.text import MemoryStore, default_embedder
 from scheduler.formation import FormationWorker

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvmem.formation.base import make_extractor
 from kvmem.formation.change_guard import blocker, tells_change
 from kvmem.formation.rules import RuleExtractor
 from kvmem.formation.types import TurnInput
 from kvmem.text import MemoryStore
-from scheduler.formation import FormationWorker
+from tests.kvmem.formation.test_change_head import formed as formed_in
 
 T = "2026-11-26T14:41:09.000000Z"
 
@@ -22,17 +21,7 @@ def formed(tmp_path: Path, texts: list[str]) -> tuple[list[str], list[str]]:
     """Each text said as one user turn and formed by the worker (rules, shipped head, default embedder):
     (current, retired)."""
     with MemoryStore(tmp_path / "m.sqlite") as store:
-        worker = FormationWorker(store, make_extractor("rules"))
-        for i, text in enumerate(texts):
-            store.log_turns(
-                "u", [{"role": "user", "content": text, "chat_time": f"2026-0{i + 3}-02T09:00:00.000000Z"}]
-            )
-            worker.form_user("u")
-        rows = store.list("u", state="all", include_superseded=True, page_size=100).items
-    gone = [m.superseded_by is not None or m.valid_to is not None for m in rows]
-    current = sorted(m.text for m, g in zip(rows, gone, strict=True) if not g)
-    retired = sorted(m.text for m, g in zip(rows, gone, strict=True) if g)
-    return current, retired
+        return formed_in(store, texts)
 
 
 def extract(text: str):
@@ -169,7 +158,7 @@ def test_an_ordinal_or_a_since_date_is_not_a_plan(text: str) -> None:
     assert blocker(text) is None
 
 
-# 9. consolidate._encoded_retirement: tells_change without `strict` lets words of how long ("been cooking")
+# 9. readings.encoded_retirement: tells_change without `strict` lets words of how long ("been cooking")
 #    open tastes to the pair encoder, the very mention the gate is there to stop
 def test_cooking_mushrooms_for_the_kids_keeps_the_dislike(tmp_path: Path) -> None:
     _, retired = formed(tmp_path, ["I can't stand mushrooms.", "I've been cooking mushrooms for the kids."])

@@ -1,5 +1,5 @@
 """The pair encoder (kvmem/formation/pair_encoder.py): its file format and checks, the merged deltas reading as
-the trained ones, the shipped file, and consolidation's use of its reading (consolidate._encoded_retirement)."""
+the trained ones, the shipped file, and consolidation's use of its reading (readings.encoded_retirement)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ import torch
 import kvmem.formation.pair_encoder as pair_encoder_module
 from benchmarks.memory.train_pair_encoder import PROBES
 from kvmem.formation.consolidate import (
-    ENCODED_CANDIDATES,
-    ENCODED_SIMILARITY,
-    ChangeReading,
     ExistingMemory,
     consolidate,
 )
@@ -27,6 +24,7 @@ from kvmem.formation.pair_encoder import (
     pair_text,
     save_pair_encoder,
 )
+from kvmem.formation.readings import ENCODED_CANDIDATES, ENCODED_SIMILARITY, ChangeReading
 from kvmem.formation.types import Decision, Fact
 from kvmem.text import MemoryStore
 from kvmem.text.search.embedders import minilm_model_dir
