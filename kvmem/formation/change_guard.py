@@ -62,8 +62,8 @@ BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no 
 _PEOPLE = sorted(
     {*RELATIVES, "parents", "kids", "children", "ex", "manager", "teammate", "landlord",
      "housemate", "partner's", "in-laws", "niece", "nephew", "grandparents", "twin", "stepmom", "stepdad",
-     "mate", "deskmate", "classmate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid", "eldest", "youngest",
-     "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana"},
+     "mate", "deskmate", "classmate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid",
+     "eldest", "youngest", "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana"},
     key=len,
     reverse=True,
 )  # fmt: skip
@@ -103,7 +103,8 @@ _PLAN = re.compile(
     r"\b(?:going to (?!(?:the|a|an|my|our|church|school|work|bed|class|classes|the gym|gym)\b)|gonna|will|"
     r"'ll|plan(?:ning)? (?:to|on)|about to|intend(?:ing)? to|hop(?:e|ing) to|want(?:ing)? to|wanna|"
     r"(?:would|'d) (?:like|love) to|might|could|maybe|perhaps|possibly|probably|consider(?:ing)?|"
-    r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|(?:had|have) an? (?:\w+ )?(?:dream|nightmare)"
+    r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|"
+    r"(?:had|have) an? (?:\w+ )?(?:dream|nightmare)"
     r"(?= (?:that|about|last|where|on|in which|of)\b|\s*[,.!]|$)|"
     r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|"
     r"(?:last|final|first) (?:day|shift|week|lesson|class)(?: [\w']+){0,4} (?:is|'s|will be)|"
@@ -123,7 +124,8 @@ _RESTATED = re.compile(
 # is "too hard", "too pricey"
 _ADDED = re.compile(
     r"\b(?:holiday (?:home|place|house|cottage|flat|let|shack|cabin|caravan|chalet|villa|apartment)|"
-    r"for (?:the )?weekends|picked up (?:some|a few|extra|a bit of)|also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
+    r"for (?:the )?weekends|picked up (?:some|a few|extra|a bit of)|"
+    r"also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
     r"hustle|project)|on the side)\b",
     re.I,
 )
@@ -135,7 +137,6 @@ _AHEAD = re.compile(
     rf"this coming|in a (?:few|couple of) (?:weeks|months)|in (?:\w+ )?(?:weeks|months)' time)\b",
     re.I,
 )
-# and a day: "on the 4th", "Friday the 28th", "the 12th of June", "at the end of March", "in the week of 2026-05-11"
 _DATED = re.compile(rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b", re.I)
 # a day, read over the whole clause (a resolved date often leads it: "On 2026-11-25 I got the keys"): "on the 4th",
 # "Friday the 28th, then ...", "the 12th of June" (not "the 3rd floor"), "at the end of March" (not "since the end of
@@ -163,8 +164,9 @@ _NOT_PAST = re.compile(
 _CHANGES = (
     # home
     r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
-    "keys to", "own place", r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|halls|"
-    "apartment|room|job|company|firm|army|navy|marriage|relationship)",
+    "keys to", "own place",
+    r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|"
+    "halls|apartment|room|job|company|firm|army|navy|marriage|relationship)",
     r"(?:got|rented|found) (?:a|an|our|my) (?:\w+ ){0,2}(?:condo|apartment|flat|house|home|place|bungalow|terrace|"
     "semi|cottage|room)",
     # work
@@ -172,8 +174,8 @@ _CHANGES = (
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "last (?:day|shift|ever|patient|time)", "cleared out", "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
-    "retirement",
+    "sacked", "let go", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
+    "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
     "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
@@ -184,7 +186,8 @@ _CHANGES = (
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", "passed away", "died", "lost", "gone", "ex",
+    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)",
+    "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
     "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked",
