@@ -242,6 +242,9 @@ _UNNAMED = tuple(re.sub(r"\(\?P<\w+>", "(?:", pattern) for pattern, _ in _PATTER
 _MASTER = re.compile(
     "|".join(rf"(?P<p{i}>\b(?:{pattern})\b(?!'?s\b))" for i, pattern in enumerate(_UNNAMED)), re.IGNORECASE
 )
+# a negation before "in N weeks" in its clause makes it a span up to now ("haven't touched Coke in a month", "not had
+# a drink in two weeks"), not a date ahead
+_NEGATED = re.compile(r"n't\b|\b(?:not|never)\b", re.IGNORECASE)
 # Any one relative phrase, unresolved, for callers that only need to skip over one ("Yesterday, I ...").
 RELATIVE_DATE = re.compile("|".join(rf"(?:{pattern})" for pattern in _UNNAMED), re.IGNORECASE)
 
@@ -251,7 +254,8 @@ def resolve_dates(text: str, chat_time: str | datetime) -> DateResolution:
 
     Resolved: yesterday/today/tonight/tomorrow (with morning/afternoon/evening/night), the day before
     yesterday / after tomorrow, last night, this morning/afternoon/evening, last/this/next week, weekend,
-    month and year, "N days/weeks/months/years ago", "in N days/weeks/months/years", "last/this/next
+    month and year, "N days/weeks/months/years ago", "in N days/weeks/months/years" (not after a negation in its
+    clause: "haven't smoked in a month" is a span up to now), "last/this/next
     <weekday>" and "on <weekday>" (see `_weekday_named`). Days read "on 2026-11-25", weeks "in the week of
     <its Monday>", months "in October 2026", years "in 2025". Tense for "on <weekday>" is judged over the
     whole `text`, so callers pass one clause. Bare month names ("in May") are left as written.
@@ -265,6 +269,8 @@ def resolve_dates(text: str, chat_time: str | datetime) -> DateResolution:
         index = int(m.lastgroup[1:])  # type: ignore[index]
         groups = _COMPILED[index].fullmatch(m.group(0))
         assert groups is not None, m.group(0)
+        if "?P<inn>" in _PATTERNS[index][0] and _NEGATED.search(re.split(r"[,.;!?]", text[: m.start()])[-1]):
+            return m.group(0)  # "I haven't smoked in a month": a span of time so far, not a date ahead
         replacement, start, end = _PATTERNS[index][1](groups, today, past)
         before = text[: m.start()].rstrip()
         previous = before.rsplit(None, 1)[-1].lower() if before else ""

@@ -55,6 +55,8 @@ def test_rewrites_and_event_date(text: str, rewritten: str, event: date) -> None
         "last week's meeting ran long",
         "We're going to Japan in May",
         "I love today's",
+        "Haven't touched a cigarette in a month",  # a span up to now, not a date ahead
+        "I've not had a drink in two weeks",
     ],
 )
 def test_habits_possessives_and_bare_months_are_left_alone(text: str) -> None:
@@ -82,3 +84,8 @@ def test_times_round_trip_in_the_log_format() -> None:
     assert iso_time(date(2026, 11, 25)) == "2026-11-25T00:00:00.000000Z"
     with pytest.raises(ValueError, match="chat_time: not an ISO 8601 time: 'soon'"):
         parse_chat_time("soon")
+
+
+def test_in_n_weeks_is_a_date_ahead_unless_its_clause_is_negated() -> None:
+    assert resolve_dates("No, we move in two weeks", NOW).dates != ()  # the negation is another clause's
+    assert resolve_dates("I didn't get the job, but I start at Aldi in two weeks", NOW).dates != ()
