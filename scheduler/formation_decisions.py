@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.formation.change_guard import blocker, tells_change, tells_taste
+from kvmem.formation.change_guard import blocker, says_change, tells_taste
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
@@ -175,7 +175,7 @@ def change_reading(
         p = max(probability[fact.text], *(probability[turns[t]] for t in fact.turn_ids))
         area = areas[fact.text]
         # in a single-valued area a word of change is enough (the head reads "We bought a house in Tacoma" at 0.15)
-        in_words = area in SINGLE_VALUED and tells_change(fact.text, strict=True)
+        in_words = area in SINGLE_VALUED and says_change(fact.text, strict=True)  # blocked: read below, once
         if (p >= head.threshold or in_words) and area in CHANGED_AREAS and blocked[fact.text] is None:
             changed[fact.text] = area
             if p < head.threshold:

@@ -259,14 +259,19 @@ def _users_news(core: str) -> bool:
     return bool(_USER_IN_IT.search(head))
 
 
-def tells_change(clause: str, strict: bool = False) -> bool:
-    """Whether the clause tells a change of the user's own (change_guard.blocker lets it through) by a word of
-    change other than one that only says when ("Uninstalled WoW and cancelled the sub", not "I'm cooking
-    mushrooms for the kids now"); `strict`: nor one of how long or since when ("I've been a nurse for years")."""
+def says_change(clause: str, strict: bool = False) -> bool:
+    """Whether the clause has a word of change other than one that only says when ("Uninstalled WoW and cancelled
+    the sub", not "I'm cooking mushrooms for the kids now"); `strict`: nor one of how long or since when ("I've been
+    a nurse for years"). What the guard blocks is `blocker`'s to say."""
     words = _ONLY_WHEN.sub(" ", clause)
     if strict:
         words = _ONLY_HOW_LONG.sub(" ", words)
-    return blocker(clause) is None and bool(_CHANGED.search(words))
+    return bool(_CHANGED.search(words))
+
+
+def tells_change(clause: str, strict: bool = False) -> bool:
+    """Whether the clause tells a change of the user's own: `blocker` lets it through and it `says_change`."""
+    return blocker(clause) is None and says_change(clause, strict)
 
 
 def blocker(clause: str) -> str | None:
