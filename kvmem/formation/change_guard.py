@@ -63,7 +63,11 @@ _PEOPLE = sorted(
     {*RELATIVES, "parents", "kids", "children", "ex", "manager", "teammate", "landlord",
      "housemate", "partner's", "in-laws", "niece", "nephew", "grandparents", "twin", "stepmom", "stepdad",
      "mate", "deskmate", "classmate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid",
-     "eldest", "youngest", "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana"},
+     "eldest", "youngest", "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana",
+     "sergeant", "supervisor", "mentor", "coach", "teacher", "tutor", "doctor", "client", "student", "pupil", "patient",
+     "lodger", "tenant", "godson", "goddaughter", "godmother", "godfather", "stepson", "stepdaughter", "stepmum",
+     "sister-in-law", "brother-in-law", "mother-in-law", "father-in-law", "son-in-law", "daughter-in-law", "fiancé",
+     "fiancée", "grandson", "granddaughter", "grandkids", "grandchildren", "team", "crew", "bandmate", "teammates"},
     key=len,
     reverse=True,
 )  # fmt: skip

@@ -18,6 +18,7 @@ from kvmem.formation.lexicon import (
     DROPPED_I,
     ED_NOT_PAST,
     FILLER_CLAUSES,
+    OCCUPATIONS,
     PAST_VERBS,
     SUBJECTLESS_FILLER,
 )
@@ -59,7 +60,8 @@ _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, r
 _LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
-    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way))+\s*[.!?]*$",
+    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way|"
+    r"just like that))+\s*[.!?]*$",
     re.I,
 )
 
@@ -90,9 +92,13 @@ _ADVERBIAL = re.compile(
     re.I,
 )
 _SUBJECT = re.compile(
-    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and I)\b(?!-)",
+    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and I|"
+    r"the [\w'-]+ and I)\b(?!-)",
     re.I,
 )
+_OCCUPATIONS = "|".join(sorted(OCCUPATIONS, key=len, reverse=True))
+# an employer as the subject: "they", "the new battery plant", "Tesco" (a capitalised name)
+_EMPLOYER = r"(?:they|(?:the|my) [\w' -]{1,30}?|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?)(?:'ve| have)?"
 # "Green is now my favourite colour", "call me Sam": first-person statements without a first-person subject.
 _ALSO_ABOUT_USER = re.compile(
     r"^(?:[\w' -]{1,40} (?:is|are|has always been|has been|was always) (?:now |still |officially |definitely )?"
@@ -106,7 +112,12 @@ _ALSO_ABOUT_USER = re.compile(
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
     r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
     r"divorced me|split up with me|proposed)\b|(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
-    r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b)",
+    r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
+    r"(?-i:[A-Z])[a-z]+ (?:has |just )?ghosted me\b|"
+    r"(?:the|my) (?:missus|wife|husband|hubby|other half|partner) (?:has |'s )?(?:just )?(?:left me|walked out)\b|"
+    # the user's job told from the employer's side: "They've made me practice manager", "The plant took me on"
+    rf"{_EMPLOYER} (?:just |finally |officially )?(?:promoted me|took me on|taken me on|hired me|offered me the job|"
+    rf"made me (?:a |an |the |their )?(?:new )?(?:[\w-]+ ){{0,2}}(?:{_OCCUPATIONS})s?)\b)",
     re.I,
 )
 
@@ -288,22 +299,42 @@ def _past_clause(text: str) -> bool:
 # the user as the subject, not "my parents": a dropped subject after it is the user's ("I packed and moved to Oslo";
 # "My parents have left Madrid and retired to the coast" is the parents')
 _SELF = re.compile(
-    r"^(?:I|I'm|I've|I'd|we|we're|we've|we'd|me and|myself|(?-i:[A-Z])[a-z]+ and I|(?:my|our) [\w'-]+ and I)\b",
+    r"^(?:I|I'm|I've|I'd|we|we're|we've|we'd|me and|myself|(?-i:[A-Z])[a-z]+ and I|(?:my|our|the) [\w'-]+ and I)\b",
     re.I,
 )
 # a statement told as done, which may stand apart from a clause about something else before it ("Both kids are at
 # school now so I've gone back to work"); not one in the present, whose date may be in that clause ("Our lease runs
 # out next month so we're moving to Leeds")
 _DONE = re.compile(
-    rf"^(?:I|we)(?:'ve| have| had| (?:just |finally |already )?(?:\w+ed|{'|'.join(PAST_VERBS)}))\b", re.I
+    rf"^(?:I|we)(?:'ve| have| had| (?:just |finally |already )?(?:\w+ed|{'|'.join(PAST_VERBS)}))\b|"
+    # or a state a change leaves: "... and now I'm retired"
+    r"^(?:I|we)(?:'m| am|'re| are) (?:now |officially |finally )?(?:retired|married|engaged|divorced|single|"
+    r"unemployed|redundant|separated|widowed)\b",
+    re.I,
 )
+
+
+# a short clause with a verb of being ("Season's over", "The lease was up"), not a subject ("The kids")
+_SHORT_CLAUSE = re.compile(r"(?:\w's|\b(?:is|are|was|were))\s+\w", re.I)
 
 
 def _other_clause(text: str) -> bool:
     """A whole clause about something else before a joined statement of the user ("Both kids are at school now
-    so I've gone back to work"): no first-person subject, even a dropped one, and four words or more, so a
-    subject shared with the user ("Tom and I", "The kids and I") is not one."""
-    return len(text.split()) >= 4 and not is_first_person(strip_markers(text), dropped=True)
+    so I've gone back to work", "Season's over and I've finished up"): no first-person subject, even a dropped
+    one, and four words or more or a verb of being, so a subject shared with the user ("Tom and I", "The kids
+    and I") is not one."""
+    return (len(text.split()) >= 4 or bool(_SHORT_CLAUSE.search(text))) and not is_first_person(
+        strip_markers(text), dropped=True
+    )
+
+
+# a name or "my X" just after a clause opener, before "and I": the first half of a shared subject
+_JOINT_AFTER_OPENER = re.compile(
+    r"\b(?:since|when|after|before|because|until|till|as|that|where|while|once) "
+    r"(?:(?-i:[A-Z])[a-z]+|(?:my|our|the) [\w'-]+)$",
+    re.I,
+)
+_BARE_I = re.compile(r"I\b(?!')")
 
 
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
@@ -316,13 +347,17 @@ def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     start = 0
     for m in joiner.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
+        if _JOINT_AFTER_OPENER.search(left) and _BARE_I.match(right):
+            continue  # "since Rob and I broke up": one subject, the user with someone, in a clause of its own
         done = bool(_DONE.match(strip_adverbials(right)))
         if m.group().strip(" ,").lower() == "so" and not done:
             continue
         if (
             (is_statement(right) or (_past_clause(right) and _SELF.match(strip_adverbials(left))))
             and is_statement(left)
-        ) or (is_statement(right) and done and _other_clause(left)):
+        ) or (
+            is_statement(right) and (_past_clause(strip_adverbials(left)) or (done and _other_clause(left)))
+        ):
             parts.append(left)
             start = m.end()
     parts.append(sentence[start:])
@@ -331,6 +366,7 @@ def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
 
 _AND_BUT = re.compile(r",?\s+(?:and|but|and then|but now|and now|and also|plus|so)\s+(?=\S)", re.I)
 _COMMA = re.compile(r",\s+(?=\S)")
+_BECAUSE = re.compile(r"(?:because|'?cause|cos|since|now that)\s+", re.I)
 
 
 def _comma_split(sentence: str) -> list[str]:
@@ -340,6 +376,17 @@ def _comma_split(sentence: str) -> list[str]:
     start = 0
     for m in _COMMA.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
+        reason = _BECAUSE.match(right)
+        if (
+            reason
+            and _DONE.match(strip_adverbials(right[reason.end() :]))
+            and is_statement(right[reason.end() :])
+        ):
+            parts.append(
+                left
+            )  # "..., because we've moved up to Sapporo": the reason is a statement of its own
+            start = m.end() + reason.end()
+            continue
         if not is_first_person(strip_markers(right)):
             continue
         if not strip_adverbials(f"{strip_markers(left)}, ").strip():

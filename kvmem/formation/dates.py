@@ -245,6 +245,10 @@ _MASTER = re.compile(
 # a negation before "in N weeks" in its clause makes it a span up to now ("haven't touched Coke in a month", "not had
 # a drink in two weeks"), not a date ahead
 _NEGATED = re.compile(r"n't\b|\b(?:not|never)\b", re.IGNORECASE)
+# "last/next week" after "the" or before "of" names a part of another span ("the last week of February", "the
+# next month or so", "last week of term"), not one counted from today
+_ORDINAL_WHICH = re.compile(r"(?:last|this|next) ", re.IGNORECASE)
+_OF_AFTER = re.compile(r"\s+of\b", re.IGNORECASE)
 # Any one relative phrase, unresolved, for callers that only need to skip over one ("Yesterday, I ...").
 RELATIVE_DATE = re.compile("|".join(rf"(?:{pattern})" for pattern in _UNNAMED), re.IGNORECASE)
 
@@ -271,9 +275,11 @@ def resolve_dates(text: str, chat_time: str | datetime) -> DateResolution:
         assert groups is not None, m.group(0)
         if "?P<inn>" in _PATTERNS[index][0] and _NEGATED.search(re.split(r"[,.;!?]", text[: m.start()])[-1]):
             return m.group(0)  # "I haven't smoked in a month": a span of time so far, not a date ahead
-        replacement, start, end = _PATTERNS[index][1](groups, today, past)
         before = text[: m.start()].rstrip()
         previous = before.rsplit(None, 1)[-1].lower() if before else ""
+        if _ORDINAL_WHICH.match(m.group(0)) and (previous == "the" or _OF_AFTER.match(text, m.end())):
+            return m.group(0)  # "the last week of February", "last week of term": a part of a named span
+        replacement, start, end = _PATTERNS[index][1](groups, today, past)
         if previous in _PREPOSITIONS or (previous == "on" and replacement.startswith("on ")):
             replacement = replacement.split(" ", 1)[1]
         if m.group(0)[0].isupper() and (not before or before[-1] in ".!?"):

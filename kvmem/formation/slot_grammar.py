@@ -46,8 +46,10 @@ def val(name: str) -> str:
 
 NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
 # the user, alone or with someone ("my wife and I", "Noah and I")
-SUBJ = r"(?:I|we|me and my \w+|my \w+ and I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+)"
+SUBJ = r"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+)"
 BE = r"(?:'m| am|'re| are)"
+# an employer as the subject ("they", "the new battery plant", "Tesco"), as clauses._EMPLOYER reads it
+EMPLOYER = r"(?:they|(?:the|my) [\w' -]{1,30}?|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?)(?:'ve| have)?"
 HAVE = r"(?:'ve| have)?"
 ADV = (
     r"(?:(?:now|currently|still|just|recently|finally|officially|actually|already|also|happily|proudly|"
@@ -73,10 +75,11 @@ NEGATIVE = (
 )
 CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
 HABIT = r"drink|eat|smoke|play|watch|listen to|read"
-QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped"
+QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped|packed in|jacked in|chucked in"
 # leaving a job: "I quit the cafe", "I resigned from Boots"
 LEAVE = (
     r"quit|left|resigned from|resigned|walked out of|walked away from|handed in my notice at|gave notice at|"
+    r"packed in|jacked in|chucked in|"
     r"got (?:fired|laid off|let go|sacked) from|was (?:fired|laid off|let go|sacked) from|"
     r"stopped working at|stopped working for|stopped working in"
 )

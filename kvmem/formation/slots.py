@@ -95,8 +95,17 @@ RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out) "
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out|moved up|moved down) "
         rf"{g.ADV}(?:back |over |here |all the way )?to {g.val('place')}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
+    # a new home taken: "Got the keys to my new place in Porto", "We've moved into our new flat in Leeds"
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got the keys (?:to|for) (?:my |our |a |the )(?:own |new |first )*|"
+        rf"moved into (?:my |our |a |the )(?:own |new |first )*|(?:bought|got|found|rented) (?:my |our |a )"
+        rf"(?:own |first )*new |(?:bought|got|found|rented) (?:my |our |a )(?:new )?(?:own|first) )"
+        rf"(?:home|flat|house|apartment|place|condo|one-bed|studio|bungalow|cottage)(?: of (?:my|our) own)? "
+        rf"(?:here )?in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -132,6 +141,18 @@ RULES: tuple[SlotRule, ...] = (
         g.user("relationship", lambda m: RELATIONSHIP.get((m.group("rs") or "married").lower())),
         "relation",
     ),
+    # "Tom proposed and I said yes", "I'm a husband now"
+    g.rule(
+        r"^(?:(?-i:[A-Z])[a-z]+|my (?:boyfriend|girlfriend|partner|bf|gf|other half)) (?:finally |just )?proposed"
+        r"(?=\s*$|\s+(?:to me|on|at|in|last|yesterday|this|after|while|during|and|over|when)\b)",
+        g.user("relationship", g.fixed("engaged")),
+        "relation",
+    ),
+    g.rule(
+        rf"^I{g.BE} {g.ADV}(?:a )?(?:husband|wife) now\b|^I{g.BE} {g.ADV}(?:now )?(?:a )?married (?:man|woman)\b",
+        g.user("relationship", g.fixed("married")),
+        "relation",
+    ),
     g.rule(
         r"^(?-i:[A-Z])[a-z]+ (?:is|'s) (?:now |officially )?my (?P<rel>wife|husband|fianc\w*|girlfriend|boyfriend|"
         r"partner)\b",
@@ -159,13 +180,15 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-        rf"divorced me|split up with me){g.END}",
+        r"^(?:(?-i:[A-Z])[a-z]+|(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend)) "
+        r"(?:has |'s )?(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+        rf"divorced me|split up with me|ghosted me|walked out on me){g.END}",
         g.user("relationship", g.fixed("single")),
         "relation",
     ),
     g.rule(
-        rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things)|"
+        rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things|"
+        rf"called it a day|called it quits)|^(?:(?-i:[A-Z])[a-z]+|my \w+) and I{g.BE} (?:officially )?(?:done|over|finished)\s*$|"
         r"^(?:my|me and my) (?:ex-?)?(?:girlfriend|boyfriend|partner|wife|husband|fiancée?|fiance)"
         r"(?: and I)? (?:just |recently |finally )?(?:broke up|split up|separated|left me|dumped me|"
         r"divorced me))\b",
@@ -207,7 +230,11 @@ RULES: tuple[SlotRule, ...] = (
     g.rule(
         rf"^I(?:'m| am|'ve| have)? {g.ADV}(?:retired|been retired)\b|"
         rf"^I{g.HAVE} {g.ADV}(?:went into|gone into|took|taken|started|began|entered|am in|'m in) (?:early |)retirement\b|"
-        rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b",
+        rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b|"
+        # the idioms: "I hung up my stethoscope", "announced my retirement"
+        rf"^I{g.HAVE} {g.ADV}(?:hung|hang) up (?:my|the) (?:[\w'-]+ )?(?:boots|stethoscope|apron|gloves|spurs|"
+        rf"whistle|uniform|scrubs|tools|badge|helmet|gown|wig|clippers|scissors|chalk|pen|cleats)\b|"
+        rf"^I{g.HAVE} {g.ADV}(?:announced|confirmed|handed in|put in for) my retirement\b",
         g.user("job", g.fixed("retired")),
     ),
     g.rule(
@@ -247,6 +274,18 @@ RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:a |an ){g.val('job')}", g.user("job", g.group("job", v.job_known))),
+    # the job told from the employer's side or as a post filled: "They've made me practice manager", "the plant
+    # took me on as a line operator", "I'm the new sous chef at a gastropub"
+    g.rule(
+        rf"^{g.EMPLOYER} {g.ADV}(?:promoted me to|took me on as|taken me on as|hired me as) "
+        rf"(?:a |an |the |their )?(?:new )?{g.val('job')}",
+        g.user("job", g.group("job", v.job_any)),
+    ),
+    g.rule(
+        rf"^{g.EMPLOYER} {g.ADV}made me (?:a |an |the |their )?(?:new )?{g.val('job')}",
+        g.user("job", g.group("job", v.job_known)),
+    ),
+    g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_any))),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working|been working|'m working|am working|'re working|are working) "
         rf"{g.ADV}(?:at|for) {g.val('org')}",

@@ -83,6 +83,8 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("I do some tutoring on the side", "addition"),
         ("Grandad retired from the railway", "another person"),  # no "my": still someone else
         ("my eldest moved out to study in Ghent", "another person"),
+        ("My old sergeant finally retired last week", "another person"),
+        ("my mother-in-law moved to Leeds", "another person"),
         ("I start at the bakery in October", "plan"),  # a month still to come, said in the present
         ("we're moving to Turku in the summer", "plan"),
         ("we're getting married next May", "plan"),

@@ -57,6 +57,10 @@ def test_rewrites_and_event_date(text: str, rewritten: str, event: date) -> None
         "I love today's",
         "Haven't touched a cigarette in a month",  # a span up to now, not a date ahead
         "I've not had a drink in two weeks",
+        "removalists are booked for the last week of February",  # a part of a named month, not last week
+        "The next week was a blur",
+        "last week of term is always chaos",
+        "It was the last Friday of the month",
     ],
 )
 def test_habits_possessives_and_bare_months_are_left_alone(text: str) -> None:

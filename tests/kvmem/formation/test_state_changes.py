@@ -183,6 +183,98 @@ def test_the_forms_of_a_change_set_these_slots(text: str, expected: list) -> Non
     assert triples(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # a subject shared with the user, "the" and a noun before "and I"
+        (
+            "The cats and I have relocated to Valencia.",
+            [("The cats and I have relocated to Valencia", "user|home_city", "valencia")],
+        ),
+        # a clause with its subject dropped before a statement: two statements
+        (
+            "Gave up the flat and I'm in Durban now.",
+            [
+                ("Gave up the flat", "user|likes:flat", "no"),
+                ("I'm in Durban now", "user|home_city", "durban"),
+            ],
+        ),
+        # a short clause about something else before a statement told as done
+        (
+            "Season's over and I've finished up at the resort.",
+            [("I've finished up at the resort", None, None)],
+        ),
+        # the reason after a comma, told as done
+        (
+            "Kuma hates the cold, because we've moved up to Sapporo.",
+            [("We've moved up to Sapporo", "user|home_city", "sapporo")],
+        ),
+        ("Mum is thrilled, because my brother has moved home.", []),  # the reason is someone else's
+        # openers that only lead into the statement
+        ("Long story short: I'm in Durban now.", [("I'm in Durban now", "user|home_city", "durban")]),
+        (
+            "Hard to believe I've been a paramedic for nine years.",
+            [("I've been a paramedic for nine years", "user|job", "paramedic")],
+        ),
+        ("The kids and I love pizza.", [("The kids and I love pizza", "user|likes:pizza", "yes")]),
+        # a shared subject after a clause opener is not split at its "and"
+        (
+            "I've been on my own since Rob and I broke up in April.",
+            [("I've been on my own since Rob and I broke up in April", None, None)],
+        ),
+        # a job told from the employer's side, or as a post filled; not anything someone "made me"
+        (
+            "They've made me practice manager at the clinic.",
+            [("They've made me practice manager at the clinic", "user|job", "practice manager")],
+        ),
+        (
+            "The new battery plant took me on as a line operator.",
+            [("The new battery plant took me on as a line operator", "user|job", "line operator")],
+        ),
+        (
+            "I'm the new sous chef at a gastropub.",
+            [("I'm the new sous chef at a gastropub", "user|job", "sous chef")],
+        ),
+        ("My mum made me a cake.", [("My mum made me a cake", None, None)]),
+        ("They made me cry.", []),
+        # a new home taken; a house bought may be a second one
+        (
+            "We got the keys to our new house in Leeds.",
+            [("We got the keys to our new house in Leeds", "user|home_city", "leeds")],
+        ),
+        ("I bought a house in Spain.", [("I bought a house in Spain", None, None)]),
+        # an end told from the other side, or by the two together; "we're done" alone says nothing of whom
+        ("Jonah ghosted me.", [("Jonah ghosted me", "user|relationship", "single")]),
+        ("The missus has left me.", [("The missus has left me", "user|relationship", "single")]),
+        ("Kai and I are done.", [("Kai and I are done", "user|relationship", "single")]),
+        ("We're done.", [("We're done", None, None)]),
+        # "packed in": given up
+        ("I've packed in the crossword.", [("I've packed in the crossword", "user|likes:crossword", "no")]),
+        ("I packed in my job at the bank.", [("I packed in my job at the bank", "user|job", "none")]),
+        # the idioms of a retirement, a proposal and a wedding; not a phone hung up or a toast proposed
+        (
+            "I hung up my stethoscope at the end of September.",
+            [("I hung up my stethoscope at the end of September", "user|job", "retired")],
+        ),
+        ("I hung up the phone.", [("I hung up the phone", None, None)]),
+        (
+            "Announced my retirement from playing.",
+            [("Announced my retirement from playing", "user|job", "retired")],
+        ),
+        ("Tom proposed on the beach.", [("Tom proposed on the beach", "user|relationship", "engaged")]),
+        ("Tom proposed a toast.", [("Tom proposed a toast", None, None)]),
+        ("I'm a husband now!", [("I'm a husband now", "user|relationship", "married")]),
+        # a state a change leaves, after a clause about something else
+        (
+            "Forty-one years behind the wheel and now I'm retired, just like that.",
+            [("Now I'm retired", "user|job", "retired")],
+        ),
+    ],
+)
+def test_statements_told_around_other_words(text: str, expected: list) -> None:
+    assert triples(text) == expected
+
+
 # ---- atomic facts (item 5) -----------------------------------------------------------------------------------
 
 
