@@ -64,10 +64,9 @@ _PEOPLE = sorted(
      "housemate", "partner's", "in-laws", "niece", "nephew", "grandparents", "twin", "stepmom", "stepdad",
      "mate", "deskmate", "classmate", "buddy", "pal", "bff", "bestie", "lad", "lass", "boy", "girl", "kid",
      "eldest", "youngest", "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana",
-     "sergeant", "supervisor", "mentor", "coach", "teacher", "tutor", "doctor", "client", "student", "pupil", "patient",
-     "lodger", "tenant", "godson", "goddaughter", "godmother", "godfather", "stepson", "stepdaughter", "stepmum",
-     "sister-in-law", "brother-in-law", "mother-in-law", "father-in-law", "son-in-law", "daughter-in-law", "fiancé",
-     "fiancée", "grandson", "granddaughter", "grandkids", "grandchildren", "team", "crew", "bandmate", "teammates"},
+     "sergeant", "lodger", "tenant", "godson", "goddaughter", "godmother", "godfather", "stepson", "stepdaughter",
+     "stepmum", "sister-in-law", "brother-in-law", "mother-in-law", "father-in-law", "son-in-law", "daughter-in-law",
+     "grandson", "granddaughter", "grandkids", "grandchildren"},
     key=len,
     reverse=True,
 )  # fmt: skip
@@ -85,6 +84,9 @@ _PARTNERS = re.compile(
     re.I,
 )
 _JOINT = re.compile(r"^(?:[\w'-]+ ){0,3}(?:and|&) (?:I|me)\b")
+_EMPLOYS_USER = re.compile(
+    r"\b(?:promoted me|hired me|took me on|taken me on|offered me the job|made me)\b", re.I
+)
 _ALONGSIDE = re.compile(r"\b(?:as|than) (?:me|us)\b", re.I)  # "at the same firm as me": a comparison
 # and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
 _NEGATION = re.compile(
@@ -252,10 +254,11 @@ _ONLY_HOW_LONG = re.compile(
 
 def _users_news(core: str) -> bool:
     """Whether a clause whose subject is another person ("my wife ...", "my son ...") tells news of the user's
-    own: the user a subject beside them, or for a partner, the user in it before its first comma, not only in a
-    comparison ("my husband left me", not "my husband got a job at the same firm as me")."""
+    own: the user a subject beside them, the user's job given by them ("my manager promoted me to ..."), or for
+    a partner, the user in it before its first comma, not only in a comparison ("my husband left me", not "my
+    husband got a job at the same firm as me")."""
     rest = core[core.find(" ") + 1 :] if " " in core else ""
-    if _JOINT.match(rest):
+    if _JOINT.match(rest) or _EMPLOYS_USER.search(rest):
         return True
     if not _PARTNERS.match(core):
         return False

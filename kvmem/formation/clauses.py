@@ -11,15 +11,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvmem.formation.dates import RELATIVE_DATE
+from kvmem.formation.dates import MONTHS, RELATIVE_DATE, WEEKDAYS
 from kvmem.formation.lexicon import (
     DISCOURSE_MARKERS,
     DROPPED_BE,
     DROPPED_I,
     ED_NOT_PAST,
+    EMPLOYER_SUBJECT,
     FILLER_CLAUSES,
+    HIRER_SUBJECT,
     OCCUPATIONS,
     PAST_VERBS,
+    RELATIVES,
     SUBJECTLESS_FILLER,
 )
 
@@ -60,8 +63,8 @@ _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, r
 _LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
-    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way|"
-    r"just like that))+\s*[.!?]*$",
+    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way)|"
+    r",\s*just like that)+\s*[.!?]*$",
     re.I,
 )
 
@@ -97,8 +100,6 @@ _SUBJECT = re.compile(
     re.I,
 )
 _OCCUPATIONS = "|".join(sorted(OCCUPATIONS, key=len, reverse=True))
-# an employer as the subject: "they", "the new battery plant", "Tesco" (a capitalised name)
-_EMPLOYER = r"(?:they|(?:the|my) [\w' -]{1,30}?|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?)(?:'ve| have)?"
 # "Green is now my favourite colour", "call me Sam": first-person statements without a first-person subject.
 _ALSO_ABOUT_USER = re.compile(
     r"^(?:[\w' -]{1,40} (?:is|are|has always been|has been|was always) (?:now |still |officially |definitely )?"
@@ -116,8 +117,9 @@ _ALSO_ABOUT_USER = re.compile(
     r"(?-i:[A-Z])[a-z]+ (?:has |just )?ghosted me\b|"
     r"(?:the|my) (?:missus|wife|husband|hubby|other half|partner) (?:has |'s )?(?:just )?(?:left me|walked out)\b|"
     # the user's job told from the employer's side: "They've made me practice manager", "The plant took me on"
-    rf"{_EMPLOYER} (?:just |finally |officially )?(?:promoted me|took me on|taken me on|hired me|offered me the job|"
-    rf"made me (?:a |an |the |their )?(?:new )?(?:[\w-]+ ){{0,2}}(?:{_OCCUPATIONS})s?)\b)",
+    rf"{HIRER_SUBJECT} (?:just |finally |officially )?(?:promoted me|took me on|taken me on|hired me|offered me the "
+    rf"job)\b|{EMPLOYER_SUBJECT} (?:just |finally |officially )?made me (?:a |an |their )?(?:new )?(?:[\w-]+ ){{0,2}}"
+    rf"(?:{_OCCUPATIONS})s?\b)",
     re.I,
 )
 
@@ -233,6 +235,12 @@ def strip_adverbials(text: str) -> str:
     return text
 
 
+# an adjective and a noun, then a verb: the two words are the clause's subject ("Retired people get ...")
+_NOUN_PHRASE_SUBJECT = re.compile(
+    r"^[A-Za-z']+ [A-Za-z']+ (?:are|is|get|gets|have|has|keep|keeps|always|never|can|can't|should|will|won't|were|"
+    r"was|do|don't|does|make|makes|tend)\b",
+    re.I,
+)
 _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Absolutely, ..." is not one
 
 
@@ -243,6 +251,10 @@ def _restore_subject(core: str) -> str | None:
     if m is None or core.lower().rstrip(" .!?") in SUBJECTLESS_FILLER or len(core.split()) < 2:
         return None
     word = m.group(0).lower()
+    if _NOUN_PHRASE_SUBJECT.match(core):
+        return (
+            None  # "Married couples get a tax break", "Retired teachers are the best": a subject of its own
+        )
     if word == "been":
         return f"I have {core}"
     if word in ("not", "no") or word in DROPPED_BE:
@@ -314,6 +326,13 @@ _DONE = re.compile(
 )
 
 
+# a clause that only leads into another ("Once it's sold and I've moved ...", "When the divorce is final and I'm
+# single again, ..."): what follows it is not told as done
+_SUBORDINATE = re.compile(
+    r"^(?:once|when|whenever|as soon as|till|until|after|before|by the time|if|unless|while|since|because|as|"
+    r"the moment|the day|hopefully|fingers crossed|with any luck|touch wood|if all goes well)\b",
+    re.I,
+)
 # a short clause with a verb of being ("Season's over", "The lease was up"), not a subject ("The kids")
 _SHORT_CLAUSE = re.compile(r"(?:\w's|\b(?:is|are|was|were))\s+\w", re.I)
 
@@ -323,15 +342,29 @@ def _other_clause(text: str) -> bool:
     so I've gone back to work", "Season's over and I've finished up"): no first-person subject, even a dropped
     one, and four words or more or a verb of being, so a subject shared with the user ("Tom and I", "The kids
     and I") is not one."""
-    return (len(text.split()) >= 4 or bool(_SHORT_CLAUSE.search(text))) and not is_first_person(
-        strip_markers(text), dropped=True
+    return (
+        (len(text.split()) >= 4 or bool(_SHORT_CLAUSE.search(text)))
+        and not _SUBORDINATE.match(strip_markers(text))
+        and not is_first_person(strip_markers(text), dropped=True)
     )
 
 
+_NOT_A_NAME = "|".join(
+    [*MONTHS, *WEEKDAYS, "christmas", "easter", "covid", "uni", "university", "school", "college", "lockdown",
+     "brexit", "diwali", "ramadan", "eid", "thanksgiving", "halloween", "hanukkah", "summer", "winter", "spring",
+     "autumn", "work", "lunch", "dinner", "breakfast", "class", "church", "mass", "then", "that", "this"]
+)  # fmt: skip
+_PERSON = "|".join(
+    sorted(
+        {*RELATIVES, "missus", "hubby", "ex", "kids", "children", "parents", "folks", "family"},
+        key=len,
+        reverse=True,
+    )
+)
 # a name or "my X" just after a clause opener, before "and I": the first half of a shared subject
 _JOINT_AFTER_OPENER = re.compile(
     r"\b(?:since|when|after|before|because|until|till|as|that|where|while|once) "
-    r"(?:(?-i:[A-Z])[a-z]+|(?:my|our|the) [\w'-]+)$",
+    rf"(?:(?!(?:{_NOT_A_NAME})$)(?-i:[A-Z])[a-z]+|(?:my|our|the) (?:{_PERSON}))$",
     re.I,
 )
 _BARE_I = re.compile(r"I\b(?!')")
@@ -366,7 +399,7 @@ def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
 
 _AND_BUT = re.compile(r",?\s+(?:and|but|and then|but now|and now|and also|plus|so)\s+(?=\S)", re.I)
 _COMMA = re.compile(r",\s+(?=\S)")
-_BECAUSE = re.compile(r"(?:because|'?cause|cos|since|now that)\s+", re.I)
+_BECAUSE = re.compile(r"(?:because|'?cause|cos|now that)\s+", re.I)  # not "since": mostly a time
 
 
 def _comma_split(sentence: str) -> list[str]:

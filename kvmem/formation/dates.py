@@ -248,7 +248,13 @@ _NEGATED = re.compile(r"n't\b|\b(?:not|never)\b", re.IGNORECASE)
 # "last/next week" after "the" or before "of" names a part of another span ("the last week of February", "the
 # next month or so", "last week of term"), not one counted from today
 _ORDINAL_WHICH = re.compile(r"(?:last|this|next) ", re.IGNORECASE)
-_OF_AFTER = re.compile(r"\s+of\b", re.IGNORECASE)
+_OF_AFTER = re.compile(
+    r"\s+of\s+(?:the\s+)?(?:"
+    + "|".join(MONTHS)
+    + r"|term|semester|month|year|season|summer|winter|spring|autumn|"
+    r"fall|holidays?|school|uni|university|college|trip|tour|contract|training)\b",
+    re.IGNORECASE,
+)
 # Any one relative phrase, unresolved, for callers that only need to skip over one ("Yesterday, I ...").
 RELATIVE_DATE = re.compile("|".join(rf"(?:{pattern})" for pattern in _UNNAMED), re.IGNORECASE)
 

@@ -17,7 +17,7 @@ OCCUPATIONS = frozenset(
     electrician engineer entrepreneur farmer firefighter fisherman freelancer gardener geologist graphic
     hairdresser historian illustrator influencer instructor intern interpreter investor janitor jeweler
     journalist judge lawyer lecturer librarian lifeguard linguist mechanic manager marketer mathematician
-    midwife model musician nanny neurologist nurse nutritionist officer optician painter paralegal paramedic
+    midwife model musician nanny neurologist nurse nutritionist officer operator optician painter paralegal paramedic
     pharmacist photographer physician physicist physiotherapist pilot plumber poet police policeman
     policewoman politician postman producer professor programmer psychiatrist psychologist publisher
     receptionist recruiter reporter researcher salesman saleswoman salesperson scientist secretary
@@ -326,3 +326,10 @@ WORKPLACES = frozenset(
     centre center practise nursery university college council
     """.split()
 )
+# Who gives the user a job, as a subject: "they", "the new battery plant", "my boss" (and, for hiring, a
+# capitalised name: "Tesco took me on"); not "lockdown made me a baker", "my kids made me a taxi driver"
+_EMPLOYER_NOUNS = "|".join(
+    sorted(WORKPLACES | {"boss", "manager", "bosses", "management", "owner", "owners"}, key=len, reverse=True)
+)
+EMPLOYER_SUBJECT = rf"(?:they|(?:the|my|our) (?:[\w'-]+ ){{0,3}}?(?:{_EMPLOYER_NOUNS}))(?:'ve| have)?"
+HIRER_SUBJECT = rf"(?:{EMPLOYER_SUBJECT}|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?(?:'ve| have)?)"

@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmem.formation import values as v
-from kvmem.formation.lexicon import DIETS, JOB_GERUNDS, RELATIONSHIP, RELATIVES, SPECIES, WORKPLACES
+from kvmem.formation.lexicon import (
+    DIETS,
+    JOB_GERUNDS,
+    RELATIONSHIP,
+    RELATIVES,
+    SPECIES,
+    WORKPLACES,
+)
 
 Build = Callable[[re.Match[str]], "tuple[str, str] | None"]
 
@@ -48,8 +55,7 @@ NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
 # the user, alone or with someone ("my wife and I", "Noah and I")
 SUBJ = r"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+)"
 BE = r"(?:'m| am|'re| are)"
-# an employer as the subject ("they", "the new battery plant", "Tesco"), as clauses._EMPLOYER reads it
-EMPLOYER = r"(?:they|(?:the|my) [\w' -]{1,30}?|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?)(?:'ve| have)?"
+
 HAVE = r"(?:'ve| have)?"
 ADV = (
     r"(?:(?:now|currently|still|just|recently|finally|officially|actually|already|also|happily|proudly|"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvmem.formation import slot_grammar as g
 from kvmem.formation import values as v
-from kvmem.formation.lexicon import DIETS, RELATIONSHIP
+from kvmem.formation.lexicon import DIETS, EMPLOYER_SUBJECT, HIRER_SUBJECT, RELATIONSHIP
 from kvmem.formation.slot_grammar import SlotRule
 
 
@@ -24,6 +24,10 @@ class SlotMatch:
     value: str
     kind: str
 
+
+_PARTNER = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
+# a partner "left me" as the clause's end, or before a time or whom for: not "left me in charge of the kids"
+_LEFT_END = r"(?=\s*$|\s*[,.;:!?]|\s+(?:for|after|last|yesterday|this|on|and|but|so|because)\b)"
 
 # ---- the table -------------------------------------------------------------------------------------------
 
@@ -100,11 +104,12 @@ RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     # a new home taken: "Got the keys to my new place in Porto", "We've moved into our new flat in Leeds"
+    # (not one taken for a while or for something else: "for the summer", "for my pottery", "that does pizza")
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got the keys (?:to|for) (?:my |our |a |the )(?:own |new |first )*|"
-        rf"moved into (?:my |our |a |the )(?:own |new |first )*|(?:bought|got|found|rented) (?:my |our |a )"
-        rf"(?:own |first )*new |(?:bought|got|found|rented) (?:my |our |a )(?:new )?(?:own|first) )"
-        rf"(?:home|flat|house|apartment|place|condo|one-bed|studio|bungalow|cottage)(?: of (?:my|our) own)? "
+        rf"^(?!.*\s(?:for|that)\s){g.SUBJ}{g.HAVE} {g.ADV}(?:(?:got the keys (?:to|for)|moved into) (?:my |our |a |the )"
+        rf"(?:own |new |first )*(?:home|flat|house|apartment|place|condo|one-bed|studio flat|bungalow|cottage)|"
+        rf"(?:bought|got|found|rented) (?:my |our |a )(?:(?:own |first )*new|(?:new )?(?:own|first)) "
+        rf"(?:home|flat|house|apartment|condo|one-bed|studio flat|bungalow|cottage))(?: of (?:my|our) own)? "
         rf"(?:here )?in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
@@ -143,7 +148,8 @@ RULES: tuple[SlotRule, ...] = (
     ),
     # "Tom proposed and I said yes", "I'm a husband now"
     g.rule(
-        r"^(?:(?-i:[A-Z])[a-z]+|my (?:boyfriend|girlfriend|partner|bf|gf|other half)) (?:finally |just )?proposed"
+        r"^(?!.*\bthat\b)(?!.*\band (?!I\b)\w+ said yes)"
+        r"(?:(?-i:[A-Z])[a-z]+|my (?:boyfriend|girlfriend|partner|bf|gf|other half)) (?:finally |just )?proposed"
         r"(?=\s*$|\s+(?:to me|on|at|in|last|yesterday|this|after|while|during|and|over|when)\b)",
         g.user("relationship", g.fixed("engaged")),
         "relation",
@@ -175,20 +181,23 @@ RULES: tuple[SlotRule, ...] = (
         r"(?:anymore|any more)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
         r"(?:engagement|wedding)\b|^(?:the|our|my) engagement is (?:off|over)\b|"
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b(?!\s+(?:on|with) (?!\d))|"
         rf"^I{g.BE} {g.ADV}no longer (?:with|together with|dating|seeing) (?-i:[A-Z])[a-z]+{g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?:(?-i:[A-Z])[a-z]+|(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend)) "
-        r"(?:has |'s )?(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-        rf"divorced me|split up with me|ghosted me|walked out on me){g.END}",
+        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+        rf"divorced me|split up with me){_LEFT_END}|"
+        r"^(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend|bf|gf) (?:has |'s )?"
+        rf"(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|divorced me|split up "
+        rf"with me|ghosted me|walked out on me){_LEFT_END}",
         g.user("relationship", g.fixed("single")),
         "relation",
     ),
     g.rule(
-        rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things|"
-        rf"called it a day|called it quits)|^(?:(?-i:[A-Z])[a-z]+|my \w+) and I{g.BE} (?:officially )?(?:done|over|finished)\s*$|"
+        rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things)|"
+        rf"^(?:(?-i:[A-Z])[a-z]+|my {_PARTNER}) and I{g.HAVE} {g.ADV}called it (?:a day|quits)(?=\s*$|\s+(?:after|for good)\b)|"
+        rf"^my {_PARTNER} and I{g.BE} (?:officially )?(?:done|over|finished)\s*$|"
         r"^(?:my|me and my) (?:ex-?)?(?:girlfriend|boyfriend|partner|wife|husband|fiancée?|fiance)"
         r"(?: and I)? (?:just |recently |finally )?(?:broke up|split up|separated|left me|dumped me|"
         r"divorced me))\b",
@@ -232,9 +241,12 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:went into|gone into|took|taken|started|began|entered|am in|'m in) (?:early |)retirement\b|"
         rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b|"
         # the idioms: "I hung up my stethoscope", "announced my retirement"
-        rf"^I{g.HAVE} {g.ADV}(?:hung|hang) up (?:my|the) (?:[\w'-]+ )?(?:boots|stethoscope|apron|gloves|spurs|"
-        rf"whistle|uniform|scrubs|tools|badge|helmet|gown|wig|clippers|scissors|chalk|pen|cleats)\b|"
-        rf"^I{g.HAVE} {g.ADV}(?:announced|confirmed|handed in|put in for) my retirement\b",
+        # (what may be hung up for the night too, only "for good", "for the last time", "after N years")
+        rf"^I{g.HAVE} {g.ADV}(?:hung|hang) up my (?:stethoscope|spurs|whistle|gavel|cleats)(?=\s*$|\s+(?:for good|"
+        r"for the last time|after|at the end of|last|on \d{4}-|in (?:\w+ )?\d{4}\b))|"
+        rf"^I{g.HAVE} {g.ADV}(?:hung|hang) up my (?:boots|apron|gloves|uniform|scrubs|tools|badge|helmet|gown|wig|"
+        r"clippers|scissors|chalk|pen)(?= for good\b| for the last time\b| after \w+ years\b)|"
+        rf"^I{g.HAVE} {g.ADV}(?:announced|confirmed) my retirement(?=\s*$|\s+(?:from|after|on \d{{4}}-|in (?:\w+ )?\d{{4}}))",
         g.user("job", g.fixed("retired")),
     ),
     g.rule(
@@ -277,15 +289,12 @@ RULES: tuple[SlotRule, ...] = (
     # the job told from the employer's side or as a post filled: "They've made me practice manager", "the plant
     # took me on as a line operator", "I'm the new sous chef at a gastropub"
     g.rule(
-        rf"^{g.EMPLOYER} {g.ADV}(?:promoted me to|took me on as|taken me on as|hired me as) "
+        rf"^(?!.*\bfor the (?:weekend|day|night|evening|summer|week)\b)(?:{HIRER_SUBJECT} {g.ADV}(?:promoted me "
+        rf"to|took me on as|taken me on as|hired me as)|{EMPLOYER_SUBJECT} {g.ADV}made me(?! the\b)) "
         rf"(?:a |an |the |their )?(?:new )?{g.val('job')}",
-        g.user("job", g.group("job", v.job_any)),
-    ),
-    g.rule(
-        rf"^{g.EMPLOYER} {g.ADV}made me (?:a |an |the |their )?(?:new )?{g.val('job')}",
         g.user("job", g.group("job", v.job_known)),
     ),
-    g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_any))),
+    g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working|been working|'m working|am working|'re working|are working) "
         rf"{g.ADV}(?:at|for) {g.val('org')}",

@@ -243,10 +243,13 @@ def test_the_forms_of_a_change_set_these_slots(text: str, expected: list) -> Non
             [("We got the keys to our new house in Leeds", "user|home_city", "leeds")],
         ),
         ("I bought a house in Spain.", [("I bought a house in Spain", None, None)]),
-        # an end told from the other side, or by the two together; "we're done" alone says nothing of whom
-        ("Jonah ghosted me.", [("Jonah ghosted me", "user|relationship", "single")]),
+        # an end told from the other side, or by the two together; "we're done" alone says nothing of whom, nor a
+        # name
+        ("My boyfriend ghosted me.", [("My boyfriend ghosted me", "user|relationship", "single")]),
+        ("Jonah ghosted me.", [("Jonah ghosted me", None, None)]),  # a recruiter may ghost too
         ("The missus has left me.", [("The missus has left me", "user|relationship", "single")]),
-        ("Kai and I are done.", [("Kai and I are done", "user|relationship", "single")]),
+        ("My boyfriend and I are done.", [("My boyfriend and I are done", "user|relationship", "single")]),
+        ("Kai and I are done.", [("Kai and I are done", None, None)]),  # a brother, a business partner
         ("We're done.", [("We're done", None, None)]),
         # "packed in": given up
         ("I've packed in the crossword.", [("I've packed in the crossword", "user|likes:crossword", "no")]),
