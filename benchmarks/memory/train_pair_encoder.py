@@ -17,7 +17,8 @@ Data: pairs (new statement, memory) labelled 1 where the statement retires the m
 - pairs of one REALTALK speaker's turns (a later one, an earlier one) in the tune split's five chats, all 0 (real
   chat, where almost nothing said retires anything; the report split's five are kept for realtalk_supersessions):
   RANDOM_PAIRS at random per speaker and each turn with its NEAREST_PAIRS closest earlier turns by the default
-  embedder's memory vectors (train_change_head.chat_pairs).
+  embedder's memory vectors (train_change_head.chat_pairs); `--random-pairs` / `--nearest-pairs` change the two
+  counts (the shipped encoder was trained with the defaults).
 Model: pair_encoder.PairModel (texts without their closing punctuation), rank RANK (alpha 2 x rank) deltas on each
 layer's query and value, a zero-initialised logistic head over the mean-pooled last states. Loss: binary
 cross-entropy. AdamW lr LR, no weight decay, batches of BATCH pairs in an order shuffled each epoch, EPOCHS epochs,
@@ -67,14 +68,16 @@ PROBES = (
 )
 
 
-def training_pairs(sets: list[str], chats: Path | None) -> tuple[list[str], list[str], list[int], int]:
+def training_pairs(
+    sets: list[str], chats: Path | None, random_pairs: int = RANDOM_PAIRS, nearest_pairs: int = NEAREST_PAIRS
+) -> tuple[list[str], list[str], list[int], int]:
     """(new statements, memories, labels, how many of them are REALTALK pairs), as the module docstring says."""
     items = [item for name in sets for item in load_items(name=name)]
     new, old, labels = set_pairs(items)
     speakers = chat_speakers(chats) if chats is not None else []
     texts = list(dict.fromkeys(t for turns in speakers for t in turns))
     vector = dict(zip(texts, load_embedder("default").embed(texts), strict=True)) if texts else {}
-    chat_new, chat_old = chat_pairs(speakers, vector, RANDOM_PAIRS, NEAREST_PAIRS)
+    chat_new, chat_old = chat_pairs(speakers, vector, random_pairs, nearest_pairs)
     return new + chat_new, old + chat_old, labels + [0] * len(chat_new), len(chat_new)
 
 
@@ -108,12 +111,21 @@ def train(new: list[str], old: list[str], labels: list[int], log=print) -> PairM
 def main(argv: list[str] | None = None) -> dict:
     parser = training_parser(__doc__, "pairs of turns are the encoder's real-chat negatives")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
+    parser.add_argument(
+        "--random-pairs", type=int, default=RANDOM_PAIRS, help="REALTALK pairs at random a speaker"
+    )
+    parser.add_argument(
+        "--nearest-pairs",
+        type=int,
+        default=NEAREST_PAIRS,
+        help="each REALTALK turn with its N closest earlier ones",
+    )
     parser.add_argument("--encoder-out", type=Path, required=True)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     started = time.perf_counter()
-    new, old, labels, num_chat = training_pairs(args.sets, args.chats)
+    new, old, labels, num_chat = training_pairs(args.sets, args.chats, args.random_pairs, args.nearest_pairs)
     print(f"{len(labels)} pairs, {sum(labels)} retiring, {num_chat} from REALTALK", flush=True)
     model = train(new, old, labels)
     with torch.inference_mode():
@@ -137,8 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
             "epochs": EPOCHS,
             "batch": BATCH,
             "seed": SEED,
-            "random_pairs": RANDOM_PAIRS,
-            "nearest_pairs": NEAREST_PAIRS,
+            "random_pairs": args.random_pairs,
+            "nearest_pairs": args.nearest_pairs,
         },
         "threshold": args.threshold,
         "num_pairs": len(labels),

@@ -35,7 +35,7 @@ from kvmem.errors import KvmemError
 HEAD_FORMAT = "kvmem-change-head/2"
 DEFAULT_HEAD = Path(__file__).with_name("change_head.safetensors")
 # sha256 of the shipped file's content: a different file under that name is refused (retraining updates it)
-DEFAULT_HEAD_SHA256 = "e3dc244ac5f23bffe9834bc07999eca85e98de8c21d73f387dc29d6a706fb19c"
+DEFAULT_HEAD_SHA256 = "e811e10a591365eefd258ffea0d4a4950ea147aa70a091af0992d02fede5129e"
 AREAS = ("home", "job", "partner", "pref")
 _TENSORS = ("change.weight", "change.bias", "area.weight", "area.bias", "pair.weight", "pair.bias")
 
