@@ -252,9 +252,8 @@ def _restore_subject(core: str) -> str | None:
         return None
     word = m.group(0).lower()
     if _NOUN_PHRASE_SUBJECT.match(core):
-        return (
-            None  # "Married couples get a tax break", "Retired teachers are the best": a subject of its own
-        )
+        # "Married couples get a tax break", "Retired teachers are the best": a subject of its own
+        return None
     if word == "been":
         return f"I have {core}"
     if word in ("not", "no") or word in DROPPED_BE:
@@ -372,10 +371,11 @@ _BARE_I = re.compile(r"I\b(?!')")
 
 def _split_on(sentence: str, joiner: re.Pattern[str]) -> list[str]:
     """Split at each `joiner` whose both sides are first-person statements, or whose right side is a
-    past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"), or a statement told as
-    done after a whole clause about something else (`_DONE`, `_other_clause`); at "so" only before a statement told
-    as done, since the clause before it may hold the date ("My contract ends in March so I'm moving back"); other
-    joins are kept."""
+    past-tense clause with its subject dropped ("I packed my bags and moved to Antwerp"), or a statement after
+    such a clause ("Gave up the flat and I'm in Durban now"), or a statement told as done after a whole clause
+    about something else (`_DONE`, `_other_clause`); at "so" only before a statement told as done, since the
+    clause before it may hold the date ("My contract ends in March so I'm moving back"); never inside a subject
+    shared with the user after a clause opener ("since Rob and I broke up"); other joins are kept."""
     parts: list[str] = []
     start = 0
     for m in joiner.finditer(sentence):
@@ -409,15 +409,11 @@ def _comma_split(sentence: str) -> list[str]:
     start = 0
     for m in _COMMA.finditer(sentence):
         left, right = sentence[start : m.start()], sentence[m.end() :]
+        # "..., because we've moved up to Sapporo": the reason is a statement of its own
         reason = _BECAUSE.match(right)
-        if (
-            reason
-            and _DONE.match(strip_adverbials(right[reason.end() :]))
-            and is_statement(right[reason.end() :])
-        ):
-            parts.append(
-                left
-            )  # "..., because we've moved up to Sapporo": the reason is a statement of its own
+        said = right[reason.end() :] if reason else ""
+        if reason and _DONE.match(strip_adverbials(said)) and is_statement(said):
+            parts.append(left)
             start = m.end() + reason.end()
             continue
         if not is_first_person(strip_markers(right)):
