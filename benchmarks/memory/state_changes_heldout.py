@@ -66,7 +66,9 @@ SETS = (
     "heldout_v9",
     "heldout_v10",
     "heldout_v11",
-)  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01)
+    "heldout_v12",
+)  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01),
+# the twelfth (2026-12-02)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
@@ -320,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--set",
         default="heldout",
         choices=SETS,
-        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2 ... heldout_v11 (each "
+        help="which sealed set: heldout (the first, 2026-11-28), or heldout_v2 ... heldout_v12 (each "
         "written after the one before it was scored and read; see benchmarks/data/state_changes/README.md)",
     )
     parser.add_argument("--limit", type=int, default=0, help="score only the first N items (smoke runs)")
