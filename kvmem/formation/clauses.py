@@ -60,7 +60,11 @@ _SENTENCE_END = re.compile(
 )
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
-_LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
+# (not the "no" of "No spicy food for me", "No more gym for us": a thing given up)
+_LEADING_MARKER = re.compile(
+    rf"^(?:(?:{_MARKERS})\b(?<!no)(?<!No)[,:!.]*\s*|no\b[,:!.]+\s*|no\b\s*(?![\w' -]{{1,30}}? for (?:me|us)\b))+",
+    re.I,
+)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
     r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way)|"
@@ -77,7 +81,12 @@ _DATE_PHRASE = (
 # preposition, one with no subject of its own, so "In 2019 I moved to Berlin," is not taken for one).
 _LEADING_PHRASE = (
     r"(?:(?:after|before|since|when|while|as|because|although|though|once|until|ever since|back when)\b[^,]{1,60}|"
-    r"(?:at|in|on|by|from|for|with|without|during|despite)\b(?:(?!\b(?:I|we)\b)[^,]){1,60}),"
+    r"(?:at|in|on|by|from|for|with|without|during|despite)\b(?:(?!\b(?:I|we)\b)[^,]){1,60}),|"
+    # or with no comma, up to the user as subject: "After the mole scare I've given up sunbathing", "After thirty
+    # years in newsrooms I've gone into comms" (nothing of the user's own in it; not "since": "Since the move I've
+    # been calmer" tells a state as it is)
+    r"(?:after|following|thanks to|because of|with) (?:(?!\b(?:I|I'm|I've|we|we're|we've|me|us|"
+    r"and|but|so)\b)[^,.;!?]){1,50}?(?= (?:I|we)\b)"
 )
 _ADVERBIAL = re.compile(
     rf"^(?:(?:{_DATE_PHRASE}|{RELATIVE_DATE.pattern}|earlier today|sadly|unfortunately|luckily|fortunately|"
@@ -87,7 +96,9 @@ _ADVERBIAL = re.compile(
     r"by night|by trade|honestly|personally|weirdly|oddly|funnily enough|strangely|ironically|amazingly|"
     r"annoyingly|basically|literally|seriously|genuinely|technically|officially|suddenly|usually|normally|"
     r"generally|typically|mostly|often|sometimes|always|"
-    r"as of (?:now|today|this \w+|last \w+)|"
+    r"as of (?:now|today|this \w+|last \w+)|(?:from|starting|since) (?:this|last) (?:week|month|year|term|spring|"
+    r"summer|autumn|winter)|every (?:single )?(?:day|morning|evening|night|week|weekend|(?:mon|tues|wednes|thurs|fri|"
+    r"satur|sun)day)(?: (?:morning|afternoon|evening|night))?|most (?:days|nights|mornings|evenings|weekends)|"
     r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
     r"december)"
     rf"(?: \d{{4}})?|(?:since|from|as of) (?:last |this )?(?:monday|tuesday|wednesday|thursday|friday|saturday|"
@@ -111,10 +122,18 @@ _ALSO_ABOUT_USER = re.compile(
     r"(?:is|are)(?: not|n't)? (?:really )?my (?:idea of|cup of tea|kind of))\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
-    r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-    r"divorced me|split up with me|proposed)\b|(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
+    r"(?-i:[A-Z])[a-z]+(?:'s| has)? (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it "
+    r"with me|divorced me|split up with me|proposed)\b|"
+    r"(?:it's|it is) (?:all )?(?:over|done|finished) (?:with|between) (?!(?:the|that|this|it|work|school|uni|college|"
+    r"him|her|them)\b)[a-z]+(?: and me)?$|"
+    r"(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
+    r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)\b|"
+    # a taste or pastime ended, told of the thing: "No spicy food for me", "that's five-a-side finished for me"
+    r"no (?:more )?[\w' -]{1,30}? for (?:me|us)(?: (?:anymore|any more|now|thanks))?$|"
+    r"that(?:'s| is) (?!me\b|it\b)[\w' -]{1,30}? (?:finished|over|done) for (?:me|us)\b|(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
     r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
     r"(?-i:[A-Z])[a-z]+ (?:has |just )?ghosted me\b|"
+    r"(?:the|our|my) (?:engagement|wedding)(?: is|'s) (?:off|over|cancelled|called off)\b|"
     r"(?:the|my) (?:missus|wife|husband|hubby|other half|partner) (?:has |'s )?(?:just )?(?:left me|walked out)\b|"
     # the user's job told from the employer's side: "They've made me practice manager", "The plant took me on"
     rf"{HIRER_SUBJECT} (?:just |finally |officially )?(?:promoted me|took me on|taken me on|hired me|offered me the "
@@ -244,9 +263,15 @@ _NOUN_PHRASE_SUBJECT = re.compile(
 _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Absolutely, ..." is not one
 
 
+# a change told in one word: "Quit.", "Retired!"
+_ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired", "engaged", "divorced", "separated"})
+
+
 def _restore_subject(core: str) -> str | None:
     """The clause with the subject chat dropped put back ("Moved to Oslo" -> "I Moved to Oslo", "Been
     living here" -> "I have Been living here", "Not into it" -> "I am Not into it"), or None."""
+    if core.lower().strip(" .!?") in _ONE_WORD_CHANGE:
+        return f"I {core.strip(' .!?')}"
     m = _FIRST_WORD.match(core)
     if m is None or core.lower().rstrip(" .!?") in SUBJECTLESS_FILLER or len(core.split()) < 2:
         return None
@@ -402,6 +427,13 @@ _COMMA = re.compile(r",\s+(?=\S)")
 _BECAUSE = re.compile(r"(?:because|'?cause|cos|now that)\s+", re.I)  # not "since": mostly a time
 
 
+# a clause with no verb but a participle saying something is over, before a statement with its subject dropped
+_FRAGMENT_DONE = re.compile(
+    r"^(?!(?:I|we|my|our)\b)(?:[\w'-]+ ){1,5}(?:done|over|finished|up|complete|completed|behind me|signed|sold)$",
+    re.I,
+)
+
+
 def _comma_split(sentence: str) -> list[str]:
     """Split at a comma followed by a first-person statement ("Loved it, I signed up ..."); the left part
     is kept as its own clause unless it is only a date or adverb leading into the subject."""
@@ -415,6 +447,10 @@ def _comma_split(sentence: str) -> list[str]:
         if reason and _DONE.match(strip_adverbials(said)) and is_statement(said):
             parts.append(left)
             start = m.end() + reason.end()
+            continue
+        if _FRAGMENT_DONE.match(strip_markers(left)) and _past_clause(right):
+            parts.append(left)  # "Thirty years' service done, retired on the 14th"
+            start = m.end()
             continue
         if not is_first_person(strip_markers(right)):
             continue
@@ -431,7 +467,7 @@ def _keep(clause: str) -> bool:
     if core is None:
         return False
     lowered = core.lower().rstrip(".!? ")
-    if len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):
+    if len(lowered.split()) < 2 and not _ALSO_ABOUT_USER.match(core):  # "I Quit" is two
         return False
     if (
         lowered in FILLER_CLAUSES

@@ -24,6 +24,16 @@ OCCUPATIONS = frozenset(
     shopkeeper singer soldier statistician student surgeon surveyor tailor teacher technician therapist
     trainer translator tutor veterinarian vet waiter waitress welder writer youtuber streamer sailor
     carer cook mechanic realtor banker broker copywriter tester sysadmin guide guard
+    associate attendant inspector servant caretaker porter steward stewardess conductor dispatcher
+    controller signaller signalman supervisor coordinator adviser advisor solicitor barrister registrar
+    radiographer sonographer ranger warden postie labourer laborer roofer plasterer joiner bricklayer decorator
+    landscaper florist beautician stylist childminder fitter machinist miner rigger deckhand shepherd
+    brewer fishmonger grocer concierge housekeeper auditor actuary underwriter trader postdoc hygienist
+    optometrist podiatrist chiropractor osteopath gp anaesthetist curator archivist presenter dj comedian
+    videographer glazier tiler locksmith groundsman greenkeeper referee jockey zookeeper constable sergeant
+    fireman bouncer doorman chauffeur trucker foreman forewoman headteacher headmaster headmistress principal
+    chaplain vicar priest rabbi imam pastor undertaker doula sommelier teller estimator draughtsman draftsman
+    typist proofreader picker packer merchandiser telemarketer assessor valuer auctioneer croupier paramedic
     """.split()
 )
 
@@ -169,6 +179,7 @@ FILLER_CLAUSES = frozenset(
     |i'll be back|i'm on it|i'm impressed|i'm shocked|i'm surprised|i feel better|i love you|i like you
     |we'll see|i'm thinking|i was thinking|i'm wondering|i'm just curious|i'm just wondering
     |i got distracted|i got sidetracked|i got carried away|i lost my train of thought|i forgot what i was saying
+    |i swear|i swear down|i kid you not|i tell you|i tell ya|i promise|i said yes|i said no|i'm telling you
     """.replace("\n", "")
     .replace("    ", "")
     .split("|")

@@ -40,7 +40,7 @@ STOP = (
     r"and|but|or|because|cause|since|as|so|now|anymore|any more|these days|right now|at the moment|with|for|"
     r"in|on|at|from|near|after|before|when|while|who|whom|which|where|that|not|too|again|already|still|"
     r"though|although|ever|yet|lately|recently|currently|nowadays|instead|either|then|this|last|next|every|"
-    r"each|to|than|over|until|till|by|ago|haha|lol|full-time|part-time|anyway|honestly|though|completely|"
+    r"each|most|to|than|over|until|till|by|ago|haha|lol|full-time|part-time|anyway|honestly|though|completely|"
     r"entirely|altogether|for good|cold turkey|at all|forever|once and for all"
 )
 END = rf"(?=\s*$|\s*[,.;:!?()\"]|\s+(?:{STOP})\b)"
@@ -61,7 +61,7 @@ ADV = (
     r"(?:(?:now|currently|still|just|recently|finally|officially|actually|already|also|happily|proudly|"
     r"basically|technically|really|absolutely|totally|kind of|kinda|truly|do|even|literally|definitely|"
     r"honestly|genuinely|mostly|full-time|part-time|permanently|originally|newly|so|pretty|quite|completely|"
-    r"sort of)\s+)*"
+    r"sort of|properly)\s+)*"
 )
 ADJ = r"(?:(?:older|younger|little|big|baby|twin|eldest|oldest|youngest|new|old|dear|sweet|cute)\s+)?"
 SPECIES_RE = alt(SPECIES)
@@ -72,16 +72,17 @@ POSITIVE = r"love|like|enjoy|adore|prefer|dig|am into|'m into|are into|'re into"
 NEGATIVE = (
     r"hate|dislike|detest|loathe|can't stand|cannot stand|can't bear|don't like|do not like|don't enjoy|"
     r"don't love|no longer like|no longer enjoy|no longer love|don't really like|don't care for|"
-    r"never liked|never really liked|am not into|'m not into|'re not into|am over|'m over|am done with|"
+    r"never liked|never really liked|have never liked|have never really liked|have always hated|have always "
+    r"disliked|have never been (?:a fan of|into)|am not into|'m not into|'re not into|am over|'m over|am done with|"
     r"'m done with|am sick of|'m sick of|am tired of|'m tired of|'m fed up with|am fed up with|"
     r"'m not (?:a |really a )?(?:big |huge )?fan of|am not (?:a )?(?:big |huge )?fan of|went off|"
-    r"'ve gone off|have gone off|'ve gone off of|have lost interest in|lost interest in|have fallen out of love "
+    r"'ve gone off|have gone off|'ve gone off of|have gone right off|have gone completely off|have gone cold on|have lost interest in|lost interest in|have fallen out of love "
     r"with|fell out of love with|have grown tired of|grew tired of|stopped liking|stopped enjoying|"
     r"have stopped liking|have stopped enjoying"
 )
 CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
 HABIT = r"drink|eat|smoke|play|watch|listen to|read"
-QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped|packed in|jacked in|chucked in"
+QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped|packed in|jacked in|chucked in|binned"
 # leaving a job: "I quit the cafe", "I resigned from Boots"
 LEAVE = (
     r"quit|left|resigned from|resigned|walked out of|walked away from|handed in my notice at|gave notice at|"

@@ -25,6 +25,14 @@ class SlotMatch:
     kind: str
 
 
+_HOME = (
+    r"flat|house|terrace|terraced house|semi|bungalow|cottage|place|apartment|condo|two-bed|one-bed|three-bed|"
+    r"high-rise|studio|houseboat|narrowboat|maisonette|townhouse|farmhouse|duplex|bedsit|new build|tower block"
+)
+_BUSINESS = (
+    r"farm|shop|pub|cafe|café|b&b|bakery|restaurant|salon|business|garage|hotel|bar|store|practice|nursery|"
+    r"bookshop|firm|company|stall|deli|takeaway|chippy|surgery|gym|studio|agency|guest ?house|kennels|florist"
+)
 _PARTNER = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
 # a partner "left me" as the clause's end, or before a time or whom for: not "left me in charge of the kids"
 _LEFT_END = r"(?=\s*$|\s*[,.;:!?]|\s+(?:for|after|last|yesterday|this|on|and|but|so|because)\b)"
@@ -78,7 +86,7 @@ RULES: tuple[SlotRule, ...] = (
     # "I'm in Leeds now": a capitalised place and a word saying it is the present state
     g.rule(
         rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
-        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)$",
+        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)(?:$|(?=,|\s+(?:so|and|but)\b))",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -108,9 +116,24 @@ RULES: tuple[SlotRule, ...] = (
     g.rule(
         rf"^(?!.*\s(?:for|that)\s){g.SUBJ}{g.HAVE} {g.ADV}(?:(?:got the keys (?:to|for)|moved into) (?:my |our |a |the )"
         rf"(?:own |new |first )*(?:home|flat|house|apartment|place|condo|one-bed|studio flat|bungalow|cottage)|"
+        rf"(?:completed|closed) on (?:my |our |a |the )(?:new )?(?:home|flat|house|apartment|place|condo|bungalow|cottage)|"
         rf"(?:bought|got|found|rented) (?:my |our |a )(?:(?:own |first )*new|(?:new )?(?:own|first)) "
         rf"(?:home|flat|house|apartment|condo|one-bed|studio flat|bungalow|cottage))(?: of (?:my|our) own)? "
         rf"(?:here )?in {g.val('place')}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
+    # a home held ("We've got a terrace in Sunderland", "We rent a semi in Coventry", "We're in a high-rise in
+    # Sighthill"), not one for holidays or the weekend; living at someone's ("I'm living at my nan's in Walsall")
+    g.rule(
+        rf"^{g.SUBJ}(?: have| are| am)? {g.ADV}(?:got|have|own|rent|renting|share|sharing|in) (?:a|an|my|our) "
+        rf"(?!(?:[\w'-]+ ){{0,2}}(?:holiday|summer|weekend|second|beach|ski|static|little place)\b)(?:[\w'-]+ ){{0,3}}?"
+        rf"(?:{_HOME}) (?:[\w'-]+ ){{0,4}}?in {g.val('place')}|"
+        rf"^I am {g.ADV}living (?:at|with) [^,]{{1,40}}? in {g.val('place2')}",
+        g.user("home_city", lambda m: v.place(m.group("place") or m.group("place2"))),
+    ),
+    # "I went home to Sligo", "We've moved back home to Cork"
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:went|gone|moved|come|came|headed) (?:back )?home to {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -146,6 +169,17 @@ RULES: tuple[SlotRule, ...] = (
         g.user("relationship", lambda m: RELATIONSHIP.get((m.group("rs") or "married").lower())),
         "relation",
     ),
+    # a relationship held for a time: "I've been married to Clive for 23 years", "Been with Alex for six years"
+    g.rule(
+        rf"^I have {g.ADV}been (?:happily )?married(?: to (?-i:[A-Z])[a-z]+)? (?:for|since)\b",
+        g.user("relationship", g.fixed("married")),
+        "relation",
+    ),
+    g.rule(
+        rf"^I have {g.ADV}been (?:with|together with|seeing|dating) (?-i:[A-Z])[a-z]+ (?:for|since)\b",
+        g.user("relationship", g.fixed("in a relationship")),
+        "relation",
+    ),
     # "Tom proposed and I said yes", "I'm a husband now"
     g.rule(
         r"^(?!.*\bthat\b)(?!.*\band (?!I\b)\w+ said yes)"
@@ -177,17 +211,24 @@ RULES: tuple[SlotRule, ...] = (
         "relation",
     ),
     g.rule(
+        r"^(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
+        r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)\b",
+        g.user("relationship", g.fixed("divorced")),
+        "relation",
+    ),
+    g.rule(
         rf"^(?:{g.SUBJ}|we){g.BE} {g.ADV}(?:no longer|not) together\b|^{g.SUBJ}{g.BE} {g.ADV}not together "
         r"(?:anymore|any more)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
-        r"(?:engagement|wedding)\b|^(?:the|our|my) engagement is (?:off|over)\b|"
+        r"(?:engagement|wedding)\b|^(?:the|our|my) (?:engagement|wedding)(?: is|'s) (?:off|over|cancelled|called off)\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called|broke|broken) (?:the|our|my) (?:engagement|wedding) off\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b(?!\s+(?:on|with) (?!\d))|"
         rf"^I{g.BE} {g.ADV}no longer (?:with|together with|dating|seeing) (?-i:[A-Z])[a-z]+{g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-        rf"divorced me|split up with me){_LEFT_END}|"
+        r"^(?-i:[A-Z])[a-z]+(?:'s| has)? (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended "
+        rf"it with me|divorced me|split up with me){_LEFT_END}|"
         r"^(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend|bf|gf) (?:has |'s )?"
         rf"(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|divorced me|split up "
         rf"with me|ghosted me|walked out on me){_LEFT_END}",
@@ -198,6 +239,8 @@ RULES: tuple[SlotRule, ...] = (
         rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things)|"
         rf"^(?:(?-i:[A-Z])[a-z]+|my {_PARTNER}) and I{g.HAVE} {g.ADV}called it (?:a day|quits)(?=\s*$|\s+(?:after|for good)\b)|"
         rf"^my {_PARTNER} and I{g.BE} (?:officially )?(?:done|over|finished)\s*$|"
+        r"^(?:it's|it is) (?:all )?(?:over|done|finished) (?:with|between) (?:me and )?(?!(?:the|that|this|it|work|"
+        r"school|uni|college|him|her|them)\b)[a-z]+(?: and me)?\s*$|"
         r"^(?:my|me and my) (?:ex-?)?(?:girlfriend|boyfriend|partner|wife|husband|fiancée?|fiance)"
         r"(?: and I)? (?:just |recently |finally )?(?:broke up|split up|separated|left me|dumped me|"
         r"divorced me))\b",
@@ -219,7 +262,11 @@ RULES: tuple[SlotRule, ...] = (
         rf"(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})|"
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
         rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
-        rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)",
+        rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)|"
+        rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the (?:sack|boot|push|chop)\b|"
+        # "I'm done at the garden centre as of today" (not the day's work: "done at work", "at the office")
+        rf"^I am {g.ADV}(?:done|finished) (?:at|with) (?:my |the |a |that |this )(?:[\w'-]+ ){{0,2}}"
+        rf"(?!office\b|work\b)(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})(?!\s+for (?:today|tonight|now)\b)",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
@@ -230,7 +277,7 @@ RULES: tuple[SlotRule, ...] = (
         g.user("employer", g.negated(v.org, "org", "org2", "org3")),
     ),
     g.rule(
-        rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at) "
+        rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at|gave up|given up) "
         r"(?:my|the) (?:\w+ )?job\b|"
         rf"^I{g.HAVE} {g.ADV}(?:got|was|been|were|got myself) (?:fired|laid off|let go|made redundant|sacked)\b|"
         rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b",
@@ -263,6 +310,11 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE}{g.BE}? {g.ADV}(?:work|working|been working) in (?P<field>(?-i:[a-z])[a-z -]+?){g.END}",
         g.user("job", g.group("field", v.work_field)),
     ),
+    # a new field: "I've gone into comms for the ambulance service" (not "gone into labour", "into town")
+    g.rule(
+        rf"^I have {g.ADV}(?:gone|moved|switched|retrained) into (?P<field>(?-i:[a-z])[a-z -]+?){g.END}",
+        g.user("job", g.group("field", v.work_field)),
+    ),
     # "I teach maths at a secondary school": a teacher
     g.rule(
         r"^I (?:still |currently |now |)teach\b(?! (?:myself|my (?:kids|children|son|daughter|dog)\b))",
@@ -286,6 +338,11 @@ RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:a |an ){g.val('job')}", g.user("job", g.group("job", v.job_known))),
+    # said without the article, before where: "I am software architect at a bank in Frankfurt"
+    g.rule(
+        rf"^I{g.BE} {g.ADV}(?P<job>[\w-]+(?: [\w-]+)?) (?=(?:at|in|for|with) )",
+        g.user("job", g.group("job", v.job_known)),
+    ),
     # the job told from the employer's side or as a post filled: "They've made me practice manager", "the plant
     # took me on as a line operator", "I'm the new sous chef at a gastropub"
     g.rule(
@@ -295,9 +352,31 @@ RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
+    # "I'm the head teacher of a village primary", "I run a family farm", "We run a B&B in Pitlochry"
+    g.rule(
+        rf"^I{g.BE} {g.ADV}the (?:head |deputy |assistant |senior |lead |chief |only )?(?P<job>[\w-]+(?: [\w-]+)?) "
+        r"(?=(?:of|at|for|in) )",
+        g.user("job", g.group("job", v.job_known)),
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:run|own|manage|running|owning|managing) (?:a|an|the|my|our) (?:own )?"
+        rf"(?P<job>(?:[\w'&-]+ ){{0,2}}(?:{_BUSINESS})){g.END}",
+        g.user("job", lambda m: v.plain(f"runs a {m.group('job')}")),
+    ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working|been working|'m working|am working|'re working|are working) "
         rf"{g.ADV}(?:at|for) {g.val('org')}",
+        g.user("employer", g.group("org", v.org)),
+    ),
+    # "Started at the council's housing office on Monday" (not "started at the office at 9")
+    g.rule(
+        rf"^I{g.HAVE} {g.ADV}(?:started|began) (?:work |working )?at (?P<org>(?:the|a|an) (?:(?:[\w'-]+ ){{1,3}}office|"
+        rf"(?:[\w'-]+ ){{0,3}}(?!office\b)(?:{g.WORKPLACES_RE}))){g.END}(?!{g.FOR_THE_DAY})",
+        g.user("employer", g.group("org", v.org)),
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working) (?:on|behind|at|in) the (?:checkouts?|tills?|bar|desk|front desk|"
+        rf"counter|reception|shop floor|line|door|phones|switchboard) (?:at|for|in) {g.val('org')}",
         g.user("employer", g.group("org", v.org)),
     ),
     g.rule(
@@ -409,7 +488,8 @@ RULES: tuple[SlotRule, ...] = (
     ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:{g.QUIT}) (?:on )?(?:drinking |eating |smoking |playing |watching |doing "
-        rf"|listening to |buying |)(?!my job\b|the job\b|my \w+ job\b){g.val('obj')}",
+        rf"|listening to |buying |)(?!(?:my|the|that) (?:[\w'-]+ ){{0,2}}(?:job|place|{g.WORKPLACES_RE})\b)"
+        rf"(?!(?:{g.JOB_GERUNDS_RE}) (?:for )?\w){g.val('obj')}",
         g.likes("no"),
         "preference",
     ),
@@ -445,7 +525,22 @@ RULES: tuple[SlotRule, ...] = (
         "preference",
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got|gotten|getting|been getting) (?:really |properly |)into "
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:fallen|fell) (?:hard |head over heels |completely )?(?:in love with|for) "
+        rf"(?=(?-i:[a-z])){g.val('obj')}|"
+        rf"^I am {g.ADV}(?:a |an )(?:big |huge |massive |lifelong |die-hard |diehard |mad )?(?P<obj2>[\w'-]+(?: [\w'-]+)?)"
+        r" fan(?=\s*$|\s*[,.;:!?]|\s+(?:and|but|so|now|too)\b)",
+        lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
+        "preference",
+    ),
+    # "No spicy food for me", "that's five-a-side finished for me" (not "that's me done with amazon": a job too)
+    g.rule(
+        r"^no (?:more )?(?P<obj>[\w' -]{1,30}?) for (?:me|us)(?: (?:anymore|any more|now|thanks))?\s*$|"
+        r"^that(?:'s| is) (?P<obj2>(?!me\b|it\b)[\w' -]{1,30}?) (?:finished|over|done) for (?:me|us)\b",
+        lambda m: g.likes("no", group="obj" if m.group("obj") else "obj2")(m),
+        "preference",
+    ),
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got|gotten|getting|been getting) (?:really |properly |proper |)into "
         rf"(?=(?-i:[a-z])){g.val('obj')}",
         g.likes("yes"),
         "preference",

@@ -38,7 +38,14 @@ NOT_ACTIVITIES = frozenset(
 ADDS_ANOTHER = re.compile(r"\b(?:another|second|third|other|also|too|as well|both|two|three|more)\b", re.I)
 ALSO_AT_END = re.compile(r"\b(?:too|as well)$", re.I)
 # "I love coffee and tea": the object is one of several
-MORE_OBJECTS = re.compile(r"\s*(?:,\s*\w|&|(?:and|or|as well as|plus)\b)", re.I)
+# a second object after the first ("coffee, tea and cake", "coffee and tea"); not a comment after a comma ("I love
+# sunbathing, the browner the better", "I can't stand yoga, it's so boring", "gone off it, couldn't finish it")
+MORE_OBJECTS = re.compile(
+    r"\s*(?:,\s*(?!(?:the|it|it's|its|they|they're|that|that's|this|which|so|but|especially|though|mostly|I|I'm|"
+    r"I've|we|we're|always|every|most|nothing|no|not|mainly|esp)\b)\w[\w' -]{0,30}?(?:,|\s+(?:and|or)\b)|&|"
+    r"(?:and|or|as well as|plus)\b)",
+    re.I,
+)
 _SPACES = re.compile(r"\s+")
 _PUNCT = re.compile(r"[\"'`]+$|^[\"'`]+")
 
@@ -47,6 +54,10 @@ def plain(raw: str) -> str | None:
     """Lowercase, single spaces, no surrounding quotes; None when empty."""
     text = _PUNCT.sub("", _SPACES.sub(" ", raw.strip())).lower().strip(" -")
     return text or None
+
+
+# a home named after its place ("the Cardiff flat", "our Leeds house"): the place
+_HOME_NOUNS = frozenset("flat house place apartment home cottage bungalow terrace semi condo".split())
 
 
 def place(raw: str) -> str | None:
@@ -59,6 +70,8 @@ def place(raw: str) -> str | None:
         if not rest or not (rest[0][0].isupper() or rest[0].lower() in _THE_PLACES):
             return None
         words = rest
+    if len(words) > 1 and words[-1].lower() in _HOME_NOUNS:  # "the Cardiff flat": Cardiff
+        words = words[:-1]
     return plain(" ".join(words))
 
 
@@ -135,7 +148,8 @@ def job_held(raw: str) -> str | None:
 # "I work in retail": a field of work; not a place or a building ("I work in town", "in an office")
 _NOT_FIELDS = frozenset(
     "a an the my our their his her this that town the city here there shifts teams office offices home "
-    "london paris berlin".split()
+    "london paris berlin labour labor hospital shock hiding detail overdrive debt overdraft remission surgery it "
+    "lockdown isolation quarantine care space orbit".split()
 )
 
 
