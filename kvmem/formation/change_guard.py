@@ -87,7 +87,7 @@ _JOINT = re.compile(r"^(?:[\w'-]+ ){0,3}(?:and|&) (?:I|me)\b")
 # a memory of the user's partner as theirs ("My partner Lou is a sound engineer", "My wife and I run a B&B")
 _NAMES_PARTNER = re.compile(
     r"^(?:my|our) (?:(?:new|lovely|dear|darling|current)[ -])?(?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|"
-    r"spouse|missus|hubby|bf|gf|other half)\b(?!['-])",
+    r"spouse|missus|hubby|bf|gf|other half)\b(?!['-])(?! (?:at|in crime|in business|from work)\b)",
     re.I,
 )
 _EMPLOYS_USER = re.compile(
@@ -112,7 +112,7 @@ _NEGATED_TASTE = re.compile(
     r"\b(?:can't|cannot|couldn't) (?:stand|bear|get enough|live without|imagine)\b", re.I
 )
 _PLAN = re.compile(
-    r"\b(?:(?<!been )going to (?!(?:the|a|an|my|our|church|school|work|bed|class|classes|the gym|gym)\b)|gonna|will|"
+    r"\b(?:going to (?!(?:the|a|an|my|our|church|school|work|bed|class|classes|the gym|gym)\b)|gonna|will|"
     r"'ll|plan(?:ning)? (?:to|on)|about to|intend(?:ing)? to|hop(?:e|ing) to|want(?:ing)? to|wanna|"
     r"(?:would|'d) (?:like|love) to|might|could|maybe|perhaps|possibly|probably|consider(?:ing)?|"
     r"thinking (?:about|of)|tempted|dream(?:ing|t|ed)? (?:of|about|that)|"
@@ -175,8 +175,8 @@ _NOT_PAST = re.compile(
 # a state that began, ended or moved, in the areas the rules read (work, home, partner, tastes and habits)
 _CHANGES = (
     # home
-    r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:up |down |out )?(?:to|over|back)",
-    "went home to", "sold up",
+    r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
+    "sold up", "moved back home",
     "keys to", "own place",
     r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|"
     "halls|apartment|room|job|company|firm|army|navy|marriage|relationship)",
@@ -187,8 +187,7 @@ _CHANGES = (
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "the (?:sack|boot|chop)", "(?:done|finished) at", r"hand(?:ed|ing) (?:\w+ ){0,2}over",
-    "stepped (?:back|down)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
+    "sacked", "let go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
     "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
@@ -199,13 +198,13 @@ _CHANGES = (
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
-    "broken? up", "break-?up", r"call(?:ed|ing) (?:\w+ ){0,3}off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
+    "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
     "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)",
     "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
-    "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked", "binned", r"gone (?:\w+ )?off",
-    r"fallen (?:\w+ )?for", "(?:a|now a) convert", "finished (?:with|for me)", r"no \S+(?: \S+){0,3} for me",
+    "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked", r"gone (?:right |completely )?off",
+    "(?:a|now a) convert",
     "off (?:the|meat|booze|dairy|sugar|caffeine|alcohol)",
     "(?:went|gone|going|turned) (?:vegan|veggie|vegetarian|plant-based|teetotal|sober|keto|pescatarian|dry)",
     "sober", "t(?:ook|aken|aking|ake) up", "got into", "getting into", "picked up", "learning", "hooked",
@@ -277,8 +276,23 @@ def _users_news(core: str) -> bool:
 
 def names_partner(text: str) -> bool:
     """Whether a memory is told of the user's partner as theirs ("My partner Lou is a sound engineer there too",
-    "My wife and I run a B&B"): one a break-up retires where the head reads the memory in no area."""
+    "My wife and I run a B&B"; not "my partner at work"): one a break-up retires where the head reads the memory in
+    no area."""
     return bool(_NAMES_PARTNER.match(text))
+
+
+# a partnership ended: what lets a memory of the partner (names_partner) be retired
+_ENDS_PARTNERSHIP = re.compile(
+    r"\b(?:split|broke(?:n)? up|separated|divorc\w+|left me|dumped|called it (?:a day|quits)|are done|(?:it's|we're) "
+    r"over|ended (?:things|it)|engagement off)\b",
+    re.I,
+)
+
+
+def ends_partnership(text: str) -> bool:
+    """Whether a statement tells the user's partnership ended ("Lou and I have separated", "Alex and I have called it
+    a day"), not that one began or goes on."""
+    return bool(_ENDS_PARTNERSHIP.search(text))
 
 
 def says_change(clause: str, strict: bool = False) -> bool:

@@ -61,10 +61,7 @@ _SENTENCE_END = re.compile(
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
 # (not the "no" of "No spicy food for me", "No more gym for us": a thing given up)
-_LEADING_MARKER = re.compile(
-    rf"^(?:(?:{_MARKERS})\b(?<!no)(?<!No)[,:!.]*\s*|no\b[,:!.]+\s*|no\b\s*(?![\w' -]{{1,30}}? for (?:me|us)\b))+",
-    re.I,
-)
+_LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
     r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way)|"
@@ -85,7 +82,7 @@ _LEADING_PHRASE = (
     # or with no comma, up to the user as subject: "After the mole scare I've given up sunbathing", "After thirty
     # years in newsrooms I've gone into comms" (nothing of the user's own in it; not "since": "Since the move I've
     # been calmer" tells a state as it is)
-    r"(?:after|following|thanks to|because of|with) (?:(?!\b(?:I|I'm|I've|we|we're|we've|me|us|"
+    r"(?:after|following|thanks to|because of) (?:(?!\b(?:I|I'm|I've|we|we're|we've|me|us|"
     r"and|but|so)\b)[^,.;!?]){1,50}?(?= (?:I|we)\b)"
 )
 _ADVERBIAL = re.compile(
@@ -97,8 +94,7 @@ _ADVERBIAL = re.compile(
     r"annoyingly|basically|literally|seriously|genuinely|technically|officially|suddenly|usually|normally|"
     r"generally|typically|mostly|often|sometimes|always|"
     r"as of (?:now|today|this \w+|last \w+)|(?:from|starting|since) (?:this|last) (?:week|month|year|term|spring|"
-    r"summer|autumn|winter)|every (?:single )?(?:day|morning|evening|night|week|weekend|(?:mon|tues|wednes|thurs|fri|"
-    r"satur|sun)day)(?: (?:morning|afternoon|evening|night))?|most (?:days|nights|mornings|evenings|weekends)|"
+    r"summer|autumn|winter)|"
     r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
     r"december)"
     rf"(?: \d{{4}})?|(?:since|from|as of) (?:last |this )?(?:monday|tuesday|wednesday|thursday|friday|saturday|"
@@ -122,18 +118,15 @@ _ALSO_ABOUT_USER = re.compile(
     r"(?:is|are)(?: not|n't)? (?:really )?my (?:idea of|cup of tea|kind of))\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
-    r"(?-i:[A-Z])[a-z]+(?:'s| has)? (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it "
-    r"with me|divorced me|split up with me|proposed)\b|"
-    r"(?:it's|it is) (?:all )?(?:over|done|finished) (?:with|between) (?!(?:the|that|this|it|work|school|uni|college|"
-    r"him|her|them)\b)[a-z]+(?: and me)?$|"
+    r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+    r"divorced me|split up with me|proposed)\b|"
     r"(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
-    r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)\b|"
-    # a taste or pastime ended, told of the thing: "No spicy food for me", "that's five-a-side finished for me"
-    r"no (?:more )?[\w' -]{1,30}? for (?:me|us)(?: (?:anymore|any more|now|thanks))?$|"
-    r"that(?:'s| is) (?!me\b|it\b)[\w' -]{1,30}? (?:finished|over|done) for (?:me|us)\b|(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
+    r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)"
+    r"(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
+    r"(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
     r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
     r"(?-i:[A-Z])[a-z]+ (?:has |just )?ghosted me\b|"
-    r"(?:the|our|my) (?:engagement|wedding)(?: is|'s) (?:off|over|cancelled|called off)\b|"
+    r"(?:the|our|my) engagement(?:'s| is) (?:off|over)\b|"
     r"(?:the|my) (?:missus|wife|husband|hubby|other half|partner) (?:has |'s )?(?:just )?(?:left me|walked out)\b|"
     # the user's job told from the employer's side: "They've made me practice manager", "The plant took me on"
     rf"{HIRER_SUBJECT} (?:just |finally |officially )?(?:promoted me|took me on|taken me on|hired me|offered me the "
@@ -264,7 +257,7 @@ _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Abs
 
 
 # a change told in one word: "Quit.", "Retired!"
-_ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired", "engaged", "divorced", "separated"})
+_ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 
 
 def _restore_subject(core: str) -> str | None:
@@ -427,9 +420,11 @@ _COMMA = re.compile(r",\s+(?=\S)")
 _BECAUSE = re.compile(r"(?:because|'?cause|cos|now that)\s+", re.I)  # not "since": mostly a time
 
 
-# a clause with no verb but a participle saying something is over, before a statement with its subject dropped
+# a clause with no verb but a participle saying a term of work or a stay is over, before a statement with its subject
+# dropped: "Thirty years' service done, retired on the 14th", "Contract up, moved back to Leeds"
 _FRAGMENT_DONE = re.compile(
-    r"^(?!(?:I|we|my|our)\b)(?:[\w'-]+ ){1,5}(?:done|over|finished|up|complete|completed|behind me|signed|sold)$",
+    r"^(?!(?:I|we|my|our)\b)(?:[\w'-]+ ){0,4}(?:years?'?|months?'?|service|contract|season|term|notice|career|stint|"
+    r"lease|tenancy) (?:done|over|finished|up|complete|completed|served|ended)$",
     re.I,
 )
 

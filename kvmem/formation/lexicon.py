@@ -24,16 +24,16 @@ OCCUPATIONS = frozenset(
     shopkeeper singer soldier statistician student surgeon surveyor tailor teacher technician therapist
     trainer translator tutor veterinarian vet waiter waitress welder writer youtuber streamer sailor
     carer cook mechanic realtor banker broker copywriter tester sysadmin guide guard
-    associate attendant inspector servant caretaker porter steward stewardess conductor dispatcher
+    associate attendant inspector caretaker porter steward stewardess conductor dispatcher
     controller signaller signalman supervisor coordinator adviser advisor solicitor barrister registrar
-    radiographer sonographer ranger warden postie labourer laborer roofer plasterer joiner bricklayer decorator
-    landscaper florist beautician stylist childminder fitter machinist miner rigger deckhand shepherd
-    brewer fishmonger grocer concierge housekeeper auditor actuary underwriter trader postdoc hygienist
-    optometrist podiatrist chiropractor osteopath gp anaesthetist curator archivist presenter dj comedian
-    videographer glazier tiler locksmith groundsman greenkeeper referee jockey zookeeper constable sergeant
+    radiographer sonographer warden postie labourer laborer roofer plasterer joiner bricklayer
+    landscaper florist beautician stylist childminder fitter machinist rigger deckhand shepherd
+    brewer fishmonger grocer concierge housekeeper auditor actuary underwriter postdoc hygienist
+    optometrist podiatrist chiropractor osteopath gp anaesthetist curator archivist
+    videographer glazier tiler locksmith groundsman greenkeeper jockey zookeeper constable sergeant
     fireman bouncer doorman chauffeur trucker foreman forewoman headteacher headmaster headmistress principal
     chaplain vicar priest rabbi imam pastor undertaker doula sommelier teller estimator draughtsman draftsman
-    typist proofreader picker packer merchandiser telemarketer assessor valuer auctioneer croupier paramedic
+    proofreader merchandiser telemarketer assessor valuer auctioneer croupier paramedic
     """.split()
 )
 
@@ -328,6 +328,18 @@ JOB_GERUNDS = frozenset(
     catering construction carpentry dancing singing writing photography design research academia
     """.split()
 )
+# Fields of work one goes into ("I've gone into comms"), beyond the gerunds above.
+FIELDS = frozenset(
+    {
+        *"""comms communications insurance finance banking marketing sales retail hospitality it tech software
+        consulting consultancy management hr recruitment journalism pr politics property accountancy engineering
+        construction academia research publishing advertising design catering farming fashion pharmacy dentistry
+        physio nursing teaching law medicine policing government logistics healthcare education nhs admin
+        administration compliance audit""".split(),
+        "social work", "care work", "the civil service", "the police", "the army", "the navy", "the raf",
+        "local government", "the nhs", "it support", "customer service", "customer services",
+    }
+)  # fmt: skip
 # Nouns naming a workplace or a post: "I quit the cafe", "I left my firm" leave a job.
 WORKPLACES = frozenset(
     """

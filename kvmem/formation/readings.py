@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvmem.formation.change_guard import (
     area_of_slot,
+    ends_partnership,
     names_partner,
     other_area,
     same_value,
@@ -93,8 +94,8 @@ def changed_memory(
 ) -> str | None:
     """The memory a fact the change head reads as a change retires: the latest one about the same area,
     not newer than the fact, that the rules do not read as the fact's own slot and value (a restatement) or
-    as another area's (a memory told of the user's partner as theirs counts in the "partner" area wherever the head
-    reads it: change_guard.names_partner); in the "pref" area (tastes, habits, pastimes: many at once) the closest of those whose
+    as another area's (for a break-up, change_guard.ends_partnership, a memory told of the user's partner as theirs
+    counts in the "partner" area wherever the head reads it: change_guard.names_partner); in the "pref" area (tastes, habits, pastimes: many at once) the closest of those whose
     memory vector is at least PREF_SIMILARITY close to the fact's ("I gave up coffee" retires "I drink coffee
     every morning", not "I love hiking")."""
     area = changes.changed[fact.text]
@@ -105,10 +106,11 @@ def changed_memory(
         fact.slot is None or area_of_slot(fact.slot) != _SLOT_AREA.get(area)
     )
     floor = PREF_SIMILARITY if area == "pref" else TOLD_SIMILARITY if told else None
+    partner_ended = area == "partner" and ends_partnership(fact.text)
     found = [
         m
         for m in pool
-        if (changes.areas.get(m.text) == area or (area == "partner" and names_partner(m.text)))
+        if (changes.areas.get(m.text) == area or (partner_ended and names_partner(m.text)))
         and (floor is None or (similarity is not None and similarity(fact.text, m.text) >= floor))
         and may_retire(fact, m, said_at, ordered_ids)
     ]

@@ -14,7 +14,6 @@ from datetime import date
 from kvmem.formation.atoms import atoms
 from kvmem.formation.clauses import split_sentences, statements, strip_adverbials, strip_markers, subject_core
 from kvmem.formation.dates import DateResolution, is_past_tense, iso_time, parse_chat_time, resolve_dates
-from kvmem.formation.lexicon import RELATIVES
 from kvmem.formation.slots import SlotMatch, match_slot
 from kvmem.formation.types import Fact, TurnInput
 
@@ -33,25 +32,6 @@ _RELATION = re.compile(
     re.I,
 )
 _USED_TO = re.compile(r"\bused to\b", re.I)
-# what makes a day's event worth keeping: a change of state or a life event ("I passed my driving test today", "got
-# the keys this morning"); a day's other events pass with it ("Spotted a seal in the harbour this morning", "Had a
-# patient today who ...")
-_LIFE_EVENT = re.compile(
-    r"\b(?:pass(?:ed)?|fail(?:ed)?|graduat\w+|qualif\w+|engaged|married|wed|divorc\w+|separated|propos\w+|dump(?:ed)?|"
-    r"broke up|split|promot\w+|hired|fired|sacked|laid off|redundan\w+|resign\w+|quit|retir\w+|interview\w*|offer\w*|"
-    r"job|keys|bought|sold|adopt\w+|moved?|relocat\w+|start(?:ed)?|began|join(?:ed)?|left|leav\w+|sign(?:ed)?|"
-    r"book(?:ed)?|won|lost|broke my|born|birth|baby|pregnan\w+|surgery|operation|diagnos\w+|hospital|results?|exams?|"
-    r"test|birthday|anniversary|funeral|died|passed away|death|accident|enrol\w+|accept\w+|launch\w+|opened|"
-    r"closed|finished|completed|first|last|new|gave up|given up|took up|taken up|stopped|decided|named|got (?:a|an|my|"
-    r"the|our))\b"
-    # or the user's family: "This morning I visited my grandparents"
-    rf"|\bmy (?:\w+ )?(?:{'|'.join(sorted(RELATIVES, key=len, reverse=True))}|gran|nan|nana|grandparents|parents|kids|children|family)\b",
-    re.I,
-)
-# the day itself or the evening before: "today", "this morning", "tonight", "last night"
-_DAY_PHRASES = re.compile(
-    r"\b(?:today|tonight|this (?:morning|afternoon|evening)|last night|earlier)\b", re.I
-)
 
 
 def _kind(core: str, resolved: DateResolution, today: date, slot: SlotMatch | None) -> str:
@@ -68,13 +48,6 @@ def _kind(core: str, resolved: DateResolution, today: date, slot: SlotMatch | No
     if _RELATION.match(core):
         return "relation"
     return "fact"
-
-
-def _passing_day_event(clause: str) -> bool:
-    """A day's event told of the day it is said on, with no change or life event in it: it passes with the day
-    ("Walked past a bakery today and nearly wept", "Had a customer today who tried to pay with a gift card"),
-    unless it sets a slot (the caller's check: "The decree absolute came through this morning")."""
-    return bool(_DAY_PHRASES.search(clause)) and is_past_tense(clause) and not _LIFE_EVENT.search(clause)
 
 
 def _valid_from(resolved: DateResolution, chat_time: str) -> str:
@@ -106,8 +79,7 @@ def slot_of(text: str) -> tuple[str, str] | None:
 class RuleExtractor:
     """Facts from user turns by general English patterns; no model, deterministic, thread-safe.
 
-    A day's event with no change, life event or slot in it is not kept (`_passing_day_event`). Each kept clause
-    becomes one fact per atomic statement in it (`atoms.py`): its text as said with relative dates resolved, its slot and value
+    Each kept clause becomes one fact per atomic statement in it (`atoms.py`): its text as said with relative dates resolved, its slot and value
     where it sets a known attribute, `valid_from` the past day it names or the turn's time. Turns whose
     role is not "user" yield nothing; a clause repeated within one turn yields one fact.
     """
@@ -122,7 +94,6 @@ class RuleExtractor:
             today = parse_chat_time(turn.chat_time).date()
             seen: set[str] = set()
             for clause in statements(turn.text):
-                passing = _passing_day_event(clause.text)
                 resolved = resolve_dates(clause.text, turn.chat_time)
                 for atom in atoms(resolved.text):  # a compound statement: one fact each
                     text = sentence_case(atom)
@@ -131,8 +102,6 @@ class RuleExtractor:
                     seen.add(text.lower())
                     core = subject_core(text) or strip_adverbials(text)
                     slot = match_slot(core)
-                    if passing and slot is None:
-                        continue
                     facts.append(
                         Fact(
                             text=text,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from kvmem.formation import values as v
 from kvmem.formation.lexicon import (
     DIETS,
+    FIELDS,
     JOB_GERUNDS,
     RELATIONSHIP,
     RELATIVES,
@@ -72,17 +73,17 @@ POSITIVE = r"love|like|enjoy|adore|prefer|dig|am into|'m into|are into|'re into"
 NEGATIVE = (
     r"hate|dislike|detest|loathe|can't stand|cannot stand|can't bear|don't like|do not like|don't enjoy|"
     r"don't love|no longer like|no longer enjoy|no longer love|don't really like|don't care for|"
-    r"never liked|never really liked|have never liked|have never really liked|have always hated|have always "
-    r"disliked|have never been (?:a fan of|into)|am not into|'m not into|'re not into|am over|'m over|am done with|"
+    r"never liked|never really liked|have never liked|have never really liked|have never been (?:a fan of|into)|"
+    r"am not into|'m not into|'re not into|am over|'m over|am done with|"
     r"'m done with|am sick of|'m sick of|am tired of|'m tired of|'m fed up with|am fed up with|"
     r"'m not (?:a |really a )?(?:big |huge )?fan of|am not (?:a )?(?:big |huge )?fan of|went off|"
-    r"'ve gone off|have gone off|'ve gone off of|have gone right off|have gone completely off|have gone cold on|have lost interest in|lost interest in|have fallen out of love "
+    r"'ve gone off|have gone off|'ve gone off of|have gone right off|have gone completely off|have lost interest in|lost interest in|have fallen out of love "
     r"with|fell out of love with|have grown tired of|grew tired of|stopped liking|stopped enjoying|"
     r"have stopped liking|have stopped enjoying"
 )
 CONSUME = r"drink|eat|smoke|play|watch|do|listen to|read|touch|use|buy|wear"
 HABIT = r"drink|eat|smoke|play|watch|listen to|read"
-QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped|packed in|jacked in|chucked in|binned"
+QUIT = r"stopped|quit|gave up|given up|cut out|kicked|quit on|ditched|dropped|packed in|jacked in|chucked in"
 # leaving a job: "I quit the cafe", "I resigned from Boots"
 LEAVE = (
     r"quit|left|resigned from|resigned|walked out of|walked away from|handed in my notice at|gave notice at|"
@@ -98,6 +99,7 @@ FOR_THE_DAY = (
     r"an hour|\w+ (?:minutes?|hours?)) ago)\b"
 )
 JOB_GERUNDS_RE = alt(JOB_GERUNDS)
+FIELDS_RE = alt(FIELDS | JOB_GERUNDS)
 # an organisation's name as said: capitalised words ("Accenture", "Boots", "Deutsche Bank")
 ORG_NAME = r"(?P<org>(?-i:[A-Z])[\w&.'-]*(?: (?-i:[A-Z])[\w&.'-]*)*)"
 
@@ -178,10 +180,16 @@ def favourite(m: re.Match[str]) -> tuple[str, str] | None:
     return (f"user|favourite:{thing}", value) if thing and value else None
 
 
+# a taste turned round later in the clause: "I've never liked olives until now", "I always hated flying, but now I love it"
+_TURNED = re.compile(r"\b(?:until|till) (?:now|recently|this year|lately)\b|\bbut now\b", re.I)
+
+
 def likes(answer: str, attribute: str = "likes", group: str = "obj") -> Build:
     def build(m: re.Match[str]) -> tuple[str, str] | None:
         if v.MORE_OBJECTS.match(m.string, m.end(group)):
             return None  # "I love coffee and tea": two objects, one statement; no slot
+        if _TURNED.search(m.string, m.end(group)):
+            return None
         obj = v.thing_object(m.group(group))
         return (f"user|{attribute}:{obj}", answer) if obj else None
 

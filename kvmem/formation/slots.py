@@ -26,13 +26,16 @@ class SlotMatch:
 
 
 _HOME = (
-    r"flat|house|terrace|terraced house|semi|bungalow|cottage|place|apartment|condo|two-bed|one-bed|three-bed|"
-    r"high-rise|studio|houseboat|narrowboat|maisonette|townhouse|farmhouse|duplex|bedsit|new build|tower block"
+    r"flat|house|terrace|terraced house|semi|bungalow|apartment|condo|two-bed|one-bed|three-bed|maisonette|"
+    r"townhouse|bedsit|council house|council flat"
 )
 _BUSINESS = (
-    r"farm|shop|pub|cafe|café|b&b|bakery|restaurant|salon|business|garage|hotel|bar|store|practice|nursery|"
-    r"bookshop|firm|company|stall|deli|takeaway|chippy|surgery|gym|studio|agency|guest ?house|kennels|florist"
+    r"farm|pub|cafe|café|b&b|bakery|restaurant|salon|business|hotel|deli|takeaway|chippy|guest ?house|kennels"
 )
+# a place said last in its clause, or before a comma or a date: "in Derby", "in Dublin 8, near the canal"
+_PLACE_LAST = r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?:(?-i:[A-Z])[\w'-]*|\d+))*)(?=\s*$|\s*,)"
+# what comes before "fan" and is no object: "I'm a big fan", "a former Chelsea fan"
+_NOT_FAN = r"big|huge|massive|new|true|real|casual|ex|former|old|long-time|longtime|fair-weather|bandwagon|proper|super"
 _PARTNER = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
 # a partner "left me" as the clause's end, or before a time or whom for: not "left me in charge of the kids"
 _LEFT_END = r"(?=\s*$|\s*[,.;:!?]|\s+(?:for|after|last|yesterday|this|on|and|but|so|because)\b)"
@@ -86,7 +89,7 @@ RULES: tuple[SlotRule, ...] = (
     # "I'm in Leeds now": a capitalised place and a word saying it is the present state
     g.rule(
         rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
-        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)(?:$|(?=,|\s+(?:so|and|but)\b))",
+        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)$",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -122,18 +125,17 @@ RULES: tuple[SlotRule, ...] = (
         rf"(?:here )?in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
-    # a home held ("We've got a terrace in Sunderland", "We rent a semi in Coventry", "We're in a high-rise in
-    # Sighthill"), not one for holidays or the weekend; living at someone's ("I'm living at my nan's in Walsall")
+    # a home rented, the place said last ("We rent a semi in Coventry"): not one for a while, for something or for
+    # someone else ("for the winter", "that we let out", "a friend with a flat"); not one owned or "got", which may
+    # be a second home ("We've got a place in Spain", "I own a flat in Sheffield but I rent in Manchester")
     g.rule(
-        rf"^{g.SUBJ}(?: have| are| am)? {g.ADV}(?:got|have|own|rent|renting|share|sharing|in) (?:a|an|my|our) "
-        rf"(?!(?:[\w'-]+ ){{0,2}}(?:holiday|summer|weekend|second|beach|ski|static|little place)\b)(?:[\w'-]+ ){{0,3}}?"
-        rf"(?:{_HOME}) (?:[\w'-]+ ){{0,4}}?in {g.val('place')}|"
-        rf"^I am {g.ADV}living (?:at|with) [^,]{{1,40}}? in {g.val('place2')}",
-        g.user("home_city", lambda m: v.place(m.group("place") or m.group("place2"))),
+        rf"^(?:I|we) {g.ADV}(?:rent|are renting|am renting) (?:a|an|my|our) (?:(?:little|small|tiny|big|lovely|new|"
+        rf"rented|terraced|semi-detached|\w+-bed(?:room)?) )?(?:{_HOME}) in {_PLACE_LAST}",
+        g.user("home_city", g.group("place", v.place)),
     ),
-    # "I went home to Sligo", "We've moved back home to Cork"
+    # "We've moved back home to Cork" (not "I went home to Sligo for the weekend")
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:went|gone|moved|come|came|headed) (?:back )?home to {g.val('place')}",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|gone|come) (?:back )?home to {_PLACE_LAST}",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -163,20 +165,20 @@ RULES: tuple[SlotRule, ...] = (
         "relation",
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE}{g.BE}? {g.ADV}(?:(?:got|gotten|getting) (?:re)?|re)(?P<rs>married|engaged|divorced|"
+        rf"^{g.SUBJ}{g.HAVE}{g.BE}? {g.ADV}(?:(?:got|gotten) (?:re)?|re)(?P<rs>married|engaged|divorced|"
         r"separated)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?P<rs2>remarried)\b",
         g.user("relationship", lambda m: RELATIONSHIP.get((m.group("rs") or "married").lower())),
         "relation",
     ),
-    # a relationship held for a time: "I've been married to Clive for 23 years", "Been with Alex for six years"
+    # a relationship held for a time: "I've been married to Clive for 23 years", "We've been together since uni"
     g.rule(
         rf"^I have {g.ADV}been (?:happily )?married(?: to (?-i:[A-Z])[a-z]+)? (?:for|since)\b",
         g.user("relationship", g.fixed("married")),
         "relation",
     ),
     g.rule(
-        rf"^I have {g.ADV}been (?:with|together with|seeing|dating) (?-i:[A-Z])[a-z]+ (?:for|since)\b",
+        rf"^(?:we|(?:my {_PARTNER} and I)) have {g.ADV}been together (?:for|since)\b",
         g.user("relationship", g.fixed("in a relationship")),
         "relation",
     ),
@@ -210,9 +212,11 @@ RULES: tuple[SlotRule, ...] = (
         g.user("relationship", g.fixed("divorced")),
         "relation",
     ),
+    # the divorce through, said last or before a date (not "... came through for my sister")
     g.rule(
         r"^(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
-        r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)\b",
+        r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)"
+        r"(?=\s*$|\s*,|\s+(?:on|in|last|this|yesterday|today|at last)\b)",
         g.user("relationship", g.fixed("divorced")),
         "relation",
     ),
@@ -220,15 +224,16 @@ RULES: tuple[SlotRule, ...] = (
         rf"^(?:{g.SUBJ}|we){g.BE} {g.ADV}(?:no longer|not) together\b|^{g.SUBJ}{g.BE} {g.ADV}not together "
         r"(?:anymore|any more)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
-        r"(?:engagement|wedding)\b|^(?:the|our|my) (?:engagement|wedding)(?: is|'s) (?:off|over|cancelled|called off)\b|"
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called|broke|broken) (?:the|our|my) (?:engagement|wedding) off\b|"
+        r"(?:engagement|wedding)\b|^(?:the|our|my) engagement(?: is|'s) (?:off|over)\b|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called|broke|broken) (?:the|our|my) engagement off(?=\s*$|\s*,|\s+(?:on|in|last|"
+        r"this|yesterday|today)\b)|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b(?!\s+(?:on|with) (?!\d))|"
         rf"^I{g.BE} {g.ADV}no longer (?:with|together with|dating|seeing) (?-i:[A-Z])[a-z]+{g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?-i:[A-Z])[a-z]+(?:'s| has)? (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended "
-        rf"it with me|divorced me|split up with me){_LEFT_END}|"
+        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+        rf"divorced me|split up with me){_LEFT_END}|"
         r"^(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend|bf|gf) (?:has |'s )?"
         rf"(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|divorced me|split up "
         rf"with me|ghosted me|walked out on me){_LEFT_END}",
@@ -239,8 +244,6 @@ RULES: tuple[SlotRule, ...] = (
         rf"^(?:{g.SUBJ}{g.HAVE} {g.ADV}(?:broke up|broken up|split up|separated|called it off|ended things)|"
         rf"^(?:(?-i:[A-Z])[a-z]+|my {_PARTNER}) and I{g.HAVE} {g.ADV}called it (?:a day|quits)(?=\s*$|\s+(?:after|for good)\b)|"
         rf"^my {_PARTNER} and I{g.BE} (?:officially )?(?:done|over|finished)\s*$|"
-        r"^(?:it's|it is) (?:all )?(?:over|done|finished) (?:with|between) (?:me and )?(?!(?:the|that|this|it|work|"
-        r"school|uni|college|him|her|them)\b)[a-z]+(?: and me)?\s*$|"
         r"^(?:my|me and my) (?:ex-?)?(?:girlfriend|boyfriend|partner|wife|husband|fiancée?|fiance)"
         r"(?: and I)? (?:just |recently |finally )?(?:broke up|split up|separated|left me|dumped me|"
         r"divorced me))\b",
@@ -263,10 +266,11 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
         rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)|"
-        rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the (?:sack|boot|push|chop)\b|"
-        # "I'm done at the garden centre as of today" (not the day's work: "done at work", "at the office")
+        rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the sack(?=\s*$|\s*,|\s+(?:on|last|this|yesterday|today|"
+        r"at work|from (?:work|my job))\b)|"
+        # "I'm done at the garden centre as of today", "for good" (not the day's work: "I'm done at the hospital")
         rf"^I am {g.ADV}(?:done|finished) (?:at|with) (?:my |the |a |that |this )(?:[\w'-]+ ){{0,2}}"
-        rf"(?!office\b|work\b)(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})(?!\s+for (?:today|tonight|now)\b)",
+        rf"(?:{g.WORKPLACES_RE}) (?:as of|for good|for ever|forever|permanently|after (?:\w+ ){{0,2}}years)\b",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
@@ -310,9 +314,9 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE}{g.BE}? {g.ADV}(?:work|working|been working) in (?P<field>(?-i:[a-z])[a-z -]+?){g.END}",
         g.user("job", g.group("field", v.work_field)),
     ),
-    # a new field: "I've gone into comms for the ambulance service" (not "gone into labour", "into town")
+    # a new field of work: "I've gone into comms for the ambulance service" (not "gone into labour", "survival mode")
     g.rule(
-        rf"^I have {g.ADV}(?:gone|moved|switched|retrained) into (?P<field>(?-i:[a-z])[a-z -]+?){g.END}",
+        rf"^I have {g.ADV}(?:gone|moved|switched|retrained|gone back) into (?P<field>{g.FIELDS_RE}){g.END}",
         g.user("job", g.group("field", v.work_field)),
     ),
     # "I teach maths at a secondary school": a teacher
@@ -338,9 +342,11 @@ RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:a |an ){g.val('job')}", g.user("job", g.group("job", v.job_known))),
-    # said without the article, before where: "I am software architect at a bank in Frankfurt"
+    # said without the article, before a workplace: "I am software architect at a bank in Frankfurt" (not "I'm DJ at
+    # my mate's wedding")
     g.rule(
-        rf"^I{g.BE} {g.ADV}(?P<job>[\w-]+(?: [\w-]+)?) (?=(?:at|in|for|with) )",
+        rf"^I{g.BE} {g.ADV}(?P<job>[\w-]+(?: [\w-]+)?) (?=(?:at|in|for|with) (?:a|an|the) (?:[\w'-]+ ){{0,2}}"
+        rf"(?:{g.WORKPLACES_RE})(?=\s*$|\s*,|\s+(?:in|at|near|on|for|since)\b))",
         g.user("job", g.group("job", v.job_known)),
     ),
     # the job told from the employer's side or as a post filled: "They've made me practice manager", "the plant
@@ -352,15 +358,10 @@ RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
-    # "I'm the head teacher of a village primary", "I run a family farm", "We run a B&B in Pitlochry"
+    # "I run a family farm", "We run a B&B in Pitlochry": the business said last (not "a stall on Sundays")
     g.rule(
-        rf"^I{g.BE} {g.ADV}the (?:head |deputy |assistant |senior |lead |chief |only )?(?P<job>[\w-]+(?: [\w-]+)?) "
-        r"(?=(?:of|at|for|in) )",
-        g.user("job", g.group("job", v.job_known)),
-    ),
-    g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:run|own|manage|running|owning|managing) (?:a|an|the|my|our) (?:own )?"
-        rf"(?P<job>(?:[\w'&-]+ ){{0,2}}(?:{_BUSINESS})){g.END}",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:run|own) (?:a|an|my|our) (?:own )?(?P<job>(?:[\w'&-]+ ){{0,2}}(?:{_BUSINESS}))"
+        r"(?: in (?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*)*)?(?=\s*$|\s*,)",
         g.user("job", lambda m: v.plain(f"runs a {m.group('job')}")),
     ),
     g.rule(
@@ -368,15 +369,19 @@ RULES: tuple[SlotRule, ...] = (
         rf"{g.ADV}(?:at|for) {g.val('org')}",
         g.user("employer", g.group("org", v.org)),
     ),
-    # "Started at the council's housing office on Monday" (not "started at the office at 9")
+    # "Started at the council's housing office on Monday": a workplace, said last or before a date (not "started at
+    # the office at 9", "at the local college", "at the hospital for my physio")
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:started|began) (?:work |working )?at (?P<org>(?:the|a|an) (?:(?:[\w'-]+ ){{1,3}}office|"
-        rf"(?:[\w'-]+ ){{0,3}}(?!office\b)(?:{g.WORKPLACES_RE}))){g.END}(?!{g.FOR_THE_DAY})",
+        r"(?:[\w'-]+ ){0,3}(?:firm|company|agency|practice|bank|factory|warehouse|plant|mill|hotel|restaurant|cafe|"
+        r"café|bakery|salon|council|startup|newsroom|branch)))(?=\s*$|\s*,|\s+(?:on \d{4}-|in (?:\w+ )?\d{4}|last|this|"
+        r"yesterday|today)\b)",
         g.user("employer", g.group("org", v.org)),
     ),
+    # "I work on the checkout at a garden centre": the post and the place, said last
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working) (?:on|behind|at|in) the (?:checkouts?|tills?|bar|desk|front desk|"
-        rf"counter|reception|shop floor|line|door|phones|switchboard) (?:at|for|in) {g.val('org')}",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working) (?:on|behind|at|in) the (?:checkouts?|tills?|desk|front desk|"
+        rf"counter|reception|shop floor|line|phones|switchboard) (?:at|for|in) (?P<org>[^,.;:!?()\"]+?)(?=\s*$|\s*,)",
         g.user("employer", g.group("org", v.org)),
     ),
     g.rule(
@@ -525,18 +530,12 @@ RULES: tuple[SlotRule, ...] = (
         "preference",
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:fallen|fell) (?:hard |head over heels |completely )?(?:in love with|for) "
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:fallen|fell) (?:hard |head over heels |completely )?in love with "
         rf"(?=(?-i:[a-z])){g.val('obj')}|"
-        rf"^I am {g.ADV}(?:a |an )(?:big |huge |massive |lifelong |die-hard |diehard |mad )?(?P<obj2>[\w'-]+(?: [\w'-]+)?)"
-        r" fan(?=\s*$|\s*[,.;:!?]|\s+(?:and|but|so|now|too)\b)",
+        rf"^I am {g.ADV}(?:a |an )(?:(?:big|huge|massive|lifelong|die-hard|diehard|mad|massive) )?"
+        rf"(?P<obj2>(?!(?:{_NOT_FAN})\b)[\w'-]+(?: (?!(?:{_NOT_FAN})\b)[\w'-]+)?) fan(?=\s*$|\s*[,.;:!?]|\s+(?:and|but|so|"
+        r"now)\b)",
         lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
-        "preference",
-    ),
-    # "No spicy food for me", "that's five-a-side finished for me" (not "that's me done with amazon": a job too)
-    g.rule(
-        r"^no (?:more )?(?P<obj>[\w' -]{1,30}?) for (?:me|us)(?: (?:anymore|any more|now|thanks))?\s*$|"
-        r"^that(?:'s| is) (?P<obj2>(?!me\b|it\b)[\w' -]{1,30}?) (?:finished|over|done) for (?:me|us)\b",
-        lambda m: g.likes("no", group="obj" if m.group("obj") else "obj2")(m),
         "preference",
     ),
     g.rule(

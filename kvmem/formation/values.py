@@ -119,9 +119,28 @@ def job_known(raw: str) -> str | None:
     if not 0 < len(words) <= 4:
         return None
     head = words[-1].lower()
-    if head not in OCCUPATIONS and not head.endswith(("ologist", "ographer", "ician")):
+    pair = " ".join(words[-2:]).lower()
+    if (
+        head not in OCCUPATIONS
+        and not head.endswith(("ologist", "ographer", "ician"))
+        and pair not in _TWO_WORD_JOBS
+    ):
         return None
+    if any(w.lower() in _NOT_JOB_MODIFIERS for w in words[:-1]):
+        return None  # "a glorified porter", "a keen gardener", "a Sunday league referee"
     return plain(" ".join(words))
+
+
+# words before an occupation that make it a way of being, a pastime or a joke, not the job
+_NOT_JOB_MODIFIERS = frozenset(
+    """glorified mean wannabe aspiring amateur hobby keen good bad terrible great natural born secret fake honorary
+    unpaid self-taught budding frustrated failed backseat armchair weekend league volunteer voluntary pretend
+    free-range resident house home family""".split()
+)
+# jobs whose head noun alone is no occupation ("I'm a real servant to my cats")
+_TWO_WORD_JOBS = frozenset(
+    {"civil servant", "dinner lady", "lollipop lady", "delivery rider", "public servant"}
+)
 
 
 # Heads of "I've been a X for N years" that are not a job: a fan, a member, a diet, a parent.
