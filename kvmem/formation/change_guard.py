@@ -283,8 +283,10 @@ def names_partner(text: str) -> bool:
 
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
-    r"\b(?:split|broke(?:n)? up|separated|divorc\w+|left me|dumped|called it (?:a day|quits)|are done|(?:it's|we're) "
-    r"over|ended (?:things|it)|engagement off)\b",
+    r"^(?:we|I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+|(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|"
+    r"fianc\w*|other half)(?: and I)?)(?:'ve| have|'re| are|'s| has)? (?:just |finally |officially )?(?:split up|broken? "
+    r"up|separated|divorced|got divorced|called it (?:a day|quits)|done|over|left me|dumped me|ended things)"
+    r"(?:\s+(?:on \d{4}-\d\d-\d\d|in the week of \d{4}-\d\d-\d\d|yesterday|today|last (?:week|month|night)))?\s*$",
     re.I,
 )
 
@@ -399,16 +401,9 @@ def same_value(fact_text: str, memory_text: str) -> bool:
     return fact is not None and fact == slot_of(memory_text)
 
 
-_AND = re.compile(r"\s+and\s+(?=(?:\S+\s+){2}\S)", re.I)  # before three words or more
-
-
 def other_area(fact_text: str, memory_text: str) -> bool:
     """True where the rules read a slot in both texts and the slots are of different areas: the fact cannot
     retire that memory (a new job does not end where the user lives). False where either reads none: the
-    check then has nothing to say; and false where a part of the memory after "and" reads none ("I'm 66 and still
-    doing the books for three local businesses" is not about the age alone)."""
+    check then has nothing to say."""
     fact_area, memory_area = slot_area(fact_text), slot_area(memory_text)
-    if fact_area is None or memory_area is None or fact_area == memory_area:
-        return False
-    parts = _AND.split(memory_text.rstrip(" .!?"))
-    return all(slot_area(subject_core(part) or part) is not None for part in parts[1:])
+    return fact_area is not None and memory_area is not None and fact_area != memory_area

@@ -82,8 +82,7 @@ _LEADING_PHRASE = (
     # or with no comma, up to the user as subject: "After the mole scare I've given up sunbathing", "After thirty
     # years in newsrooms I've gone into comms" (nothing of the user's own in it; not "since": "Since the move I've
     # been calmer" tells a state as it is)
-    r"(?:after|following|thanks to|because of) (?:(?!\b(?:I|I'm|I've|we|we're|we've|me|us|"
-    r"and|but|so)\b)[^,.;!?]){1,50}?(?= (?:I|we)\b)"
+    r"(?:after|following)(?:\s+(?!(?:I|I'm|I've|we|we're|we've|me|us|and|but|so)\b)[^\s,.;!?]+){3,7}(?=\s+(?:I|we)\b)"
 )
 _ADVERBIAL = re.compile(
     rf"^(?:(?:{_DATE_PHRASE}|{RELATIVE_DATE.pattern}|earlier today|sadly|unfortunately|luckily|fortunately|"
@@ -421,10 +420,11 @@ _BECAUSE = re.compile(r"(?:because|'?cause|cos|now that)\s+", re.I)  # not "sinc
 
 
 # a clause with no verb but a participle saying a term of work or a stay is over, before a statement with its subject
-# dropped: "Thirty years' service done, retired on the 14th", "Contract up, moved back to Leeds"
+# dropped: "Thirty years' service done, retired on the 14th", "Contract up, moved back to Leeds" (not "Season over",
+# "Lease up": a pastime's or a stay's)
 _FRAGMENT_DONE = re.compile(
-    r"^(?!(?:I|we|my|our)\b)(?:[\w'-]+ ){0,4}(?:years?'?|months?'?|service|contract|season|term|notice|career|stint|"
-    r"lease|tenancy) (?:done|over|finished|up|complete|completed|served|ended)$",
+    r"^(?!(?:I|we|my|our)\b)(?:[\w'-]+ ){0,4}(?:years?'?|months?'?|service|contract|notice|career|stint) "
+    r"(?:done|over|finished|up|complete|completed|served|ended)$",
     re.I,
 )
 

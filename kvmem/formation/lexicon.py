@@ -24,14 +24,14 @@ OCCUPATIONS = frozenset(
     shopkeeper singer soldier statistician student surgeon surveyor tailor teacher technician therapist
     trainer translator tutor veterinarian vet waiter waitress welder writer youtuber streamer sailor
     carer cook mechanic realtor banker broker copywriter tester sysadmin guide guard
-    associate attendant inspector caretaker porter steward stewardess conductor dispatcher
-    controller signaller signalman supervisor coordinator adviser advisor solicitor barrister registrar
-    radiographer sonographer warden postie labourer laborer roofer plasterer joiner bricklayer
-    landscaper florist beautician stylist childminder fitter machinist rigger deckhand shepherd
-    brewer fishmonger grocer concierge housekeeper auditor actuary underwriter postdoc hygienist
+    associate attendant inspector dispatcher
+    controller signaller signalman supervisor adviser advisor solicitor barrister registrar
+    radiographer sonographer postie labourer laborer roofer plasterer joiner bricklayer
+    landscaper florist beautician stylist childminder machinist rigger deckhand shepherd
+    brewer fishmonger grocer concierge auditor actuary underwriter postdoc hygienist
     optometrist podiatrist chiropractor osteopath gp anaesthetist curator archivist
-    videographer glazier tiler locksmith groundsman greenkeeper jockey zookeeper constable sergeant
-    fireman bouncer doorman chauffeur trucker foreman forewoman headteacher headmaster headmistress principal
+    videographer glazier locksmith groundsman greenkeeper jockey zookeeper constable
+    fireman doorman trucker foreman forewoman headteacher headmaster headmistress
     chaplain vicar priest rabbi imam pastor undertaker doula sommelier teller estimator draughtsman draftsman
     proofreader merchandiser telemarketer assessor valuer auctioneer croupier paramedic
     """.split()

@@ -180,8 +180,13 @@ def favourite(m: re.Match[str]) -> tuple[str, str] | None:
     return (f"user|favourite:{thing}", value) if thing and value else None
 
 
-# a taste turned round later in the clause: "I've never liked olives until now", "I always hated flying, but now I love it"
-_TURNED = re.compile(r"\b(?:until|till) (?:now|recently|this year|lately)\b|\bbut now\b", re.I)
+# a taste turned round or held for a while only, later in the clause: "I've never liked olives until I tried them",
+# "... but these ones are amazing", "I've gone right off chocolate for Lent"
+_TURNED = re.compile(
+    r"\b(?:until|till)\b|\bbut (?:now|these|this|that|those|lately|recently|then|I)\b|\bas a (?:kid|child)\b|\bwhen I was\b|\bfor (?:lent|now|the moment|a bit|a while)\b|"
+    r"\bthis week\b|\bat the moment\b",
+    re.I,
+)
 
 
 def likes(answer: str, attribute: str = "likes", group: str = "obj") -> Build:

@@ -18,8 +18,13 @@ _HOME = (
 _BUSINESS = (
     r"farm|pub|cafe|café|b&b|bakery|restaurant|salon|business|hotel|deli|takeaway|chippy|guest ?house|kennels"
 )
-# a place said last in its clause, or before a comma: "in Derby", "in Dublin 8, near the canal"
-_PLACE_LAST = r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?:(?-i:[A-Z])[\w'-]*|\d+))*)(?=\s*$|\s*,)"
+# a place said last in its clause: "in Derby", "in Dublin 8" (not "in Derby, for my son")
+_PLACE_LAST = r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?:(?-i:[A-Z])[\w'-]*|\d+))*)(?=\s*$)"
+# nothing after, or only a day: the clause ends there ("... on 2026-04-27", "... in the week of 2026-04-20")
+_THEN_END = (
+    r"(?=(?:\s+(?:on \d{4}-\d\d-\d\d|in the (?:week|weekend) of \d{4}-\d\d-\d\d|on the (?:morning|afternoon|evening|"
+    r"night) of \d{4}-\d\d-\d\d|yesterday|today|this (?:week|morning)|last (?:week|month)))?\s*$)"
+)
 _PARTNER = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
 # a partner "left me" as the clause's end, or before a time or whom for: not "left me in charge of the kids"
 _LEFT_END = r"(?=\s*$|\s*[,.;:!?]|\s+(?:for|after|last|yesterday|this|on|and|but|so|because)\b)"
@@ -77,13 +82,13 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     # someone else ("for the winter", "that we let out", "a friend with a flat"); not one owned or "got", which may
     # be a second home ("We've got a place in Spain", "I own a flat in Sheffield but I rent in Manchester")
     g.rule(
-        rf"^(?:I|we) {g.ADV}(?:rent|are renting|am renting) (?:a|an|my|our) (?:(?:little|small|tiny|big|lovely|new|"
+        rf"^(?:I|we) {g.ADV}(?:rent|are renting|am renting) (?:a|an) (?:(?:little|small|tiny|big|lovely|new|"
         rf"rented|terraced|semi-detached|\w+-bed(?:room)?) )?(?:{_HOME}) in {_PLACE_LAST}",
         g.user("home_city", g.group("place", v.place)),
     ),
-    # "We've moved back home to Cork" (not "I went home to Sligo for the weekend")
+    # "We've moved back home to Cork" (not "I went home to Sligo for the weekend", "I've gone home to Mum")
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|gone|come) (?:back )?home to {_PLACE_LAST}",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}moved (?:back )?home to {_PLACE_LAST}",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -119,15 +124,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("relationship", lambda m: RELATIONSHIP.get((m.group("rs") or "married").lower())),
         "relation",
     ),
-    # a relationship held for a time: "I've been married to Clive for 23 years", "We've been together since uni"
+    # a marriage held for a time, and nothing after ("I've been married to Clive for 23 years"; not "... for ten
+    # years before the divorce", "... until he died", "... to my job")
     g.rule(
-        rf"^I have {g.ADV}been (?:happily )?married(?: to (?-i:[A-Z])[a-z]+)? (?:for|since)\b",
+        rf"^I have {g.ADV}been (?:happily )?married(?: to (?-i:[A-Z])[a-z]+)? (?:for (?:\w+ ){{1,3}}(?:years?|months?)|"
+        r"since \w+)(?: now)?\s*$",
         g.user("relationship", g.fixed("married")),
-        "relation",
-    ),
-    g.rule(
-        rf"^(?:we|(?:my {_PARTNER} and I)) have {g.ADV}been together (?:for|since)\b",
-        g.user("relationship", g.fixed("in a relationship")),
         "relation",
     ),
     # "Tom proposed and I said yes", "I'm a husband now"
@@ -160,11 +162,10 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("relationship", g.fixed("divorced")),
         "relation",
     ),
-    # the divorce through, said last or before a date (not "... came through for my sister")
+    # the divorce through, said last or before a day (not "... came through for my sister", "... in 1998")
     g.rule(
         r"^(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
-        r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)"
-        r"(?=\s*$|\s*,|\s+(?:on|in|last|this|yesterday|today|at last)\b)",
+        rf"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed){_THEN_END}",
         g.user("relationship", g.fixed("divorced")),
         "relation",
     ),
@@ -172,9 +173,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^(?:{g.SUBJ}|we){g.BE} {g.ADV}(?:no longer|not) together\b|^{g.SUBJ}{g.BE} {g.ADV}not together "
         r"(?:anymore|any more)\b|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called off|cancelled|canceled|broke off|broken off) (?:the|our|my) "
-        r"(?:engagement|wedding)\b|^(?:the|our|my) engagement(?: is|'s) (?:off|over)\b|"
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called|broke|broken) (?:the|our|my) engagement off(?=\s*$|\s*,|\s+(?:on|in|last|"
-        r"this|yesterday|today)\b)|"
+        r"(?:engagement|wedding)\b|^(?:the|our|my) engagement(?: is|'s) (?:off|over)\s*$|"
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:called|broke|broken) (?:the|our|my) engagement off{_THEN_END}|"
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}called it quits\b(?!\s+(?:on|with) (?!\d))|"
         rf"^I{g.BE} {g.ADV}no longer (?:with|together with|dating|seeing) (?-i:[A-Z])[a-z]+{g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
@@ -214,11 +214,7 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
         rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
         rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)|"
-        rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the sack(?=\s*$|\s*,|\s+(?:on|last|this|yesterday|today|"
-        r"at work|from (?:work|my job))\b)|"
-        # "I'm done at the garden centre as of today", "for good" (not the day's work: "I'm done at the hospital")
-        rf"^I am {g.ADV}(?:done|finished) (?:at|with) (?:my |the |a |that |this )(?:[\w'-]+ ){{0,2}}"
-        rf"(?:{g.WORKPLACES_RE}) (?:as of|for good|for ever|forever|permanently|after (?:\w+ ){{0,2}}years)\b",
+        rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the sack(?: from (?:work|my job))?{_THEN_END}",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
@@ -264,7 +260,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     ),
     # a new field of work: "I've gone into comms for the ambulance service" (not "gone into labour", "survival mode")
     g.rule(
-        rf"^I have {g.ADV}(?:gone|moved|switched|retrained|gone back) into (?P<field>{g.FIELDS_RE}){g.END}",
+        rf"^I have {g.ADV}(?:gone|moved|switched|retrained) into (?P<field>{g.FIELDS_RE})"
+        r"(?=\s*$|\s+(?:for|at|with) (?:a|an|the|(?-i:[A-Z])))",
         g.user("job", g.group("field", v.work_field)),
     ),
     # "I teach maths at a secondary school": a teacher
@@ -290,11 +287,11 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:a |an ){g.val('job')}", g.user("job", g.group("job", v.job_known))),
-    # said without the article, before a workplace: "I am software architect at a bank in Frankfurt" (not "I'm DJ at
-    # my mate's wedding")
+    # said without the article, before a workplace and a town and nothing else: "I am software architect at a bank in
+    # Frankfurt" (not "I'm DJ at my mate's wedding", "I'm bartender at a pub on Saturday night")
     g.rule(
-        rf"^I{g.BE} {g.ADV}(?P<job>[\w-]+(?: [\w-]+)?) (?=(?:at|in|for|with) (?:a|an|the) (?:[\w'-]+ ){{0,2}}"
-        rf"(?:{g.WORKPLACES_RE})(?=\s*$|\s*,|\s+(?:in|at|near|on|for|since)\b))",
+        rf"^I am {g.ADV}(?P<job>[\w-]+(?: [\w-]+)?) (?=(?:at|in|for|with) (?:a|an|the) (?:[\w'-]+ ){{0,2}}"
+        rf"(?:{g.WORKPLACES_RE})(?: in (?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*)*)?\s*$)",
         g.user("job", g.group("job", v.job_known)),
     ),
     # the job told from the employer's side or as a post filled: "They've made me practice manager", "the plant
@@ -306,10 +303,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
-    # "I run a family farm", "We run a B&B in Pitlochry": the business said last (not "a stall on Sundays")
+    # "I run a family farm", "We run a B&B in Pitlochry": the business said last (not "a stall on Sundays", "a pop-up
+    # cafe, once a month", "a Minecraft farm"; not one owned: "I own a pub, well a share in one")
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:run|own) (?:a|an|my|our) (?:own )?(?P<job>(?:[\w'&-]+ ){{0,2}}(?:{_BUSINESS}))"
-        r"(?: in (?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*)*)?(?=\s*$|\s*,)",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}run (?:a|an|my|our) (?:own )?(?!(?:[\w'&-]+ ){{0,2}}?(?:virtual|fantasy|pop-up|online|"
+        rf"side|minecraft|roblox)\b)(?P<job>(?:[\w'&-]+ ){{0,2}}(?:{_BUSINESS}))"
+        r"(?: in (?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*)*)?\s*$",
         g.user("job", lambda m: v.plain(f"runs a {m.group('job')}")),
     ),
     g.rule(
@@ -317,19 +316,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"{g.ADV}(?:at|for) {g.val('org')}",
         g.user("employer", g.group("org", v.org)),
     ),
-    # "Started at the council's housing office on Monday": a workplace, said last or before a date (not "started at
-    # the office at 9", "at the local college", "at the hospital for my physio")
+    # "Started at the council's housing office on Monday": a workplace (not one a customer starts at: a bank, a
+    # restaurant), and only a day after it (not "started at the office at 9", "at the firm in 1995 and left in 2001")
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:started|began) (?:work |working )?at (?P<org>(?:the|a|an) (?:(?:[\w'-]+ ){{1,3}}office|"
-        r"(?:[\w'-]+ ){0,3}(?:firm|company|agency|practice|bank|factory|warehouse|plant|mill|hotel|restaurant|cafe|"
-        r"café|bakery|salon|council|startup|newsroom|branch)))(?=\s*$|\s*,|\s+(?:on \d{4}-|in (?:\w+ )?\d{4}|last|this|"
-        r"yesterday|today)\b)",
-        g.user("employer", g.group("org", v.org)),
-    ),
-    # "I work on the checkout at a garden centre": the post and the place, said last
-    g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:work|working) (?:on|behind|at|in) the (?:checkouts?|tills?|desk|front desk|"
-        rf"counter|reception|shop floor|line|phones|switchboard) (?:at|for|in) (?P<org>[^,.;:!?()\"]+?)(?=\s*$|\s*,)",
+        r"(?:[\w'-]+ ){0,3}(?:firm|company|agency|factory|warehouse|plant|mill|council|startup|newsroom)))"
+        rf"{_THEN_END}",
         g.user("employer", g.group("org", v.org)),
     ),
     g.rule(

@@ -27,7 +27,10 @@ class SlotMatch:
 
 
 # what comes before "fan" and is no object: "I'm a big fan", "a former Chelsea fan"
-_NOT_FAN = r"big|huge|massive|new|true|real|casual|ex|former|old|long-time|longtime|fair-weather|bandwagon|proper|super"
+_NOT_FAN = (
+    r"big|huge|massive|new|true|real|casual|ex|former|old|long-time|longtime|fair-weather|bandwagon|proper|super|ceiling|"
+    r"desk|electric|pedestal"
+)
 
 # ---- the table -------------------------------------------------------------------------------------------
 
@@ -198,7 +201,7 @@ RULES: tuple[SlotRule, ...] = (
     ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:fallen|fell) (?:hard |head over heels |completely )?in love with "
-        rf"(?=(?-i:[a-z])){g.val('obj')}|"
+        rf"(?=(?-i:[a-z]))(?!(?:someone|somebody|him|her|them|a (?:guy|girl|man|woman|boy|lad|lass))\b){g.val('obj')}|"
         rf"^I am {g.ADV}(?:a |an )(?:(?:big|huge|massive|lifelong|die-hard|diehard|mad|massive) )?"
         rf"(?P<obj2>(?!(?:{_NOT_FAN})\b)[\w'-]+(?: (?!(?:{_NOT_FAN})\b)[\w'-]+)?) fan(?=\s*$|\s*[,.;:!?]|\s+(?:and|but|so|"
         r"now)\b)",

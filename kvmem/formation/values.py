@@ -135,7 +135,7 @@ def job_known(raw: str) -> str | None:
 _NOT_JOB_MODIFIERS = frozenset(
     """glorified mean wannabe aspiring amateur hobby keen good bad terrible great natural born secret fake honorary
     unpaid self-taught budding frustrated failed backseat armchair weekend league volunteer voluntary pretend
-    free-range resident house home family""".split()
+    free-range resident house home family special reluctant personal total lot bit""".split()
 )
 # jobs whose head noun alone is no occupation ("I'm a real servant to my cats")
 _TWO_WORD_JOBS = frozenset(
@@ -168,7 +168,7 @@ def job_held(raw: str) -> str | None:
 _NOT_FIELDS = frozenset(
     "a an the my our their his her this that town the city here there shifts teams office offices home "
     "london paris berlin labour labor hospital shock hiding detail overdrive debt overdraft remission surgery it "
-    "lockdown isolation quarantine care space orbit".split()
+    "lockdown isolation quarantine space orbit".split()
 )
 
 
