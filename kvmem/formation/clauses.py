@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvmem.formation.dates import MONTHS, RELATIVE_DATE, WEEKDAYS
 from kvmem.formation.lexicon import (
     DISCOURSE_MARKERS,
+    DIVORCE_THROUGH,
     DROPPED_BE,
     DROPPED_I,
     ED_NOT_PAST,
@@ -60,7 +61,6 @@ _SENTENCE_END = re.compile(
 )
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
-# (not the "no" of "No spicy food for me", "No more gym for us": a thing given up)
 _LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
@@ -119,9 +119,7 @@ _ALSO_ABOUT_USER = re.compile(
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
     r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
     r"divorced me|split up with me|proposed)\b|"
-    r"(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
-    r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)"
-    r"(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
+    rf"{DIVORCE_THROUGH}(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
     r"(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
     r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
     r"(?-i:[A-Z])[a-z]+ (?:has |just )?ghosted me\b|"

@@ -349,6 +349,11 @@ WORKPLACES = frozenset(
     centre center practise nursery university college council
     """.split()
 )
+# The user's divorce through: "The decree absolute came through", "My divorce is final" (the caller says what may follow)
+DIVORCE_THROUGH = (
+    r"(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
+    r"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed)"
+)
 # Who gives the user a job, as a subject: "they", "the new battery plant", "my boss" (and, for hiring, a
 # capitalised name: "Tesco took me on"); not "lockdown made me a baker", "my kids made me a taxi driver"
 _EMPLOYER_NOUNS = "|".join(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvmem.formation import slot_grammar as g
 from kvmem.formation import values as v
-from kvmem.formation.lexicon import EMPLOYER_SUBJECT, HIRER_SUBJECT, RELATIONSHIP
+from kvmem.formation.lexicon import DIVORCE_THROUGH, EMPLOYER_SUBJECT, HIRER_SUBJECT, RELATIONSHIP
 from kvmem.formation.slot_grammar import SlotRule
 
 _HOME = (
@@ -164,8 +164,7 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     ),
     # the divorce through, said last or before a day (not "... came through for my sister", "... in 1998")
     g.rule(
-        r"^(?:the|my|our) (?:divorce|decree absolute)(?: papers)? (?:has |have |finally |just )*(?:came through|come "
-        rf"through|went through|gone through|is (?:now |finally )?final|(?:was|got|been) finali[sz]ed){_THEN_END}",
+        rf"^{DIVORCE_THROUGH}{_THEN_END}",
         g.user("relationship", g.fixed("divorced")),
         "relation",
     ),
