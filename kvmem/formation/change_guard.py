@@ -134,6 +134,7 @@ _RESTATED = re.compile(
 )
 # "too" as "also" ends its phrase ("I've taken up climbing too", "... too and love it"); before another word it
 # is "too hard", "too pricey"
+_CONCESSIVE = re.compile(r",\s*(?:though|although|even though|even if)\b", re.I)
 _ADDED = re.compile(
     r"\b(?:holiday (?:home|place|house|cottage|flat|let|shack|cabin|caravan|chalet|villa|apartment)|"
     r"for (?:the )?weekends|picked up (?:some|a few|extra|a bit of)|"
@@ -175,7 +176,7 @@ _NOT_PAST = re.compile(
 # a state that began, ended or moved, in the areas the rules read (work, home, partner, tastes and habits)
 _CHANGES = (
     # home
-    r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:to|over|back)",
+    r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:(?:up|down|over|back|out) )?(?:to|over|back)",
     "sold up", "moved back home",
     "keys to", "own place",
     r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|"
@@ -192,14 +193,18 @@ _CHANGES = (
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
     "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
-    "began", "begun", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on", "landed", "promoted",
+    "began", "begun", "begin", "commenced", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on",
+    "t(?:ook|aken) (?:me|us) on", "got a start", "landed", "promoted",
+    # a workplace said last: not "finished at the office early today"
+    r"finished (?:up )?(?:at|with) (?:the|my)(?: (?!(?:early|late|today|tonight|yesterday|for|at|on|in)\b)[\w'-]+){1,3}"
+    r"(?=\s*(?:$|,))",
     "switch(?:ed|ing)", "swap(?:ped|ping)", "chang(?:ed|ing)", "became", "become", r"retir\w+",
     r"re(?:married|trained|skilled)",
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)",
+    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", "are (?:officially )?(?:a|an) (?:item|couple)",
     "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
@@ -236,7 +241,11 @@ _TASTE = re.compile(
     r"|\bI(?:'m| am)(?: (?:now|\w+ly))? an? (?:[\w-]+ )?(?:person|fan|lover|convert|addict)\b"
     r"|\bI(?:'ve| have)(?: \w+ly)? (?:gone full|turned into an?|got into|gotten into|come round to|come around to|"
     r"fallen in love with)\b"
-    r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b",
+    r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b"
+    # a habit held now: "I journal every night now", "these days I swim every morning" (not "I worked every day")
+    r"|^(?=.*\b(?:now|these days|nowadays)\b)(?:(?:now|these days|nowadays),? )?I (?:now |\w+ly )?"
+    r"(?!(?:am|was|were|have|had|will|would|can|could|did|went|got|used)\b)[a-z]+ (?:[\w'-]+ ){0,4}?every (?:single )?"
+    r"(?:day|night|morning|evening|week|weekend|(?:mon|tues|wednes|thurs|fri|satur|sun)day)\b",
     re.I,
 )
 
@@ -317,9 +326,9 @@ def blocker(clause: str) -> str | None:
     core = subject_core(clause) or clause
     if _OTHER.match(core) and not _users_news(core):
         return "another person"
-    if _RESTATED.search(
-        clause
-    ):  # the whole clause: "Still no meat for me" leads with it; "not going anywhere"
+    # the whole clause before a concessive: "Still no meat for me" leads with it; "not going anywhere"; not "Got the
+    # keys to a terrace in Cleethorpes, though my clothes still smell of vinegar"
+    if _RESTATED.search(_CONCESSIVE.split(clause, maxsplit=1)[0]):
         return "restatement"
     if _NEGATION.search(core) and not _ENDED.search(clause) and not _NEGATED_TASTE.search(core):
         return "negated"  # _ENDED on the whole clause: "Since March I don't eat meat" leads with it

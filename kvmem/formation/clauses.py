@@ -51,6 +51,7 @@ _CHAT_SPELLINGS = (
         r"\1n't",
     ),
     (re.compile(r"\bi(?=\b|')"), "I"),
+    (re.compile(r"(?<=[a-z]) n (?=[a-z])"), " and "),  # "me n my gf", "work n sleep"
 )
 
 _ABBREVIATIONS = re.compile(r"(?:\b(?:dr|mr|mrs|ms|st|prof|jr|sr|vs|etc|approx|no)|\b(?:e\.g|i\.e))\.$", re.I)
@@ -101,7 +102,7 @@ _ADVERBIAL = re.compile(
     re.I,
 )
 _SUBJECT = re.compile(
-    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and I|"
+    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and (?:I|me)|"
     r"the [\w'-]+ and I)\b(?!-)",
     re.I,
 )
@@ -230,8 +231,23 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
+# a frame that only announces the statement after it: "Please note that I have relocated ...", "I should like to tell
+# you that I have become engaged ...", "I am pleased to report that I have accepted a post ...", "Please I have
+# shifted to Accra" (a polite "please" before the subject, as West African English uses it)
+_FRAME = re.compile(
+    r"^(?:please (?:note|be advised)|note|I (?:should|would|'d) like to (?:tell|inform) you|"
+    r"I (?:just )?(?:wanted|want|thought I'd|had) to (?:tell you|let you know|say)|"
+    r"I(?:'m| am) (?:so |very |really )?(?:pleased|happy|glad|sad|sorry|proud|delighted|thrilled) to "
+    r"(?:report|say|tell you|announce|share|inform you|let you know)|(?:just )?(?:to )?let(?:ting)? you know)"
+    r"(?: that)?[,:]?\s+(?=\S)|^please,? (?=I\b)",
+    re.I,
+)
+
+
 def strip_markers(text: str) -> str:
-    return _LEADING_MARKER.sub("", text).strip()
+    text = _LEADING_MARKER.sub("", text).strip()
+    framed = _FRAME.sub("", text, count=1)
+    return _LEADING_MARKER.sub("", framed).strip() if framed != text else text
 
 
 def strip_adverbials(text: str) -> str:

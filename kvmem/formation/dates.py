@@ -177,16 +177,17 @@ def _weekday_named(m: re.Match[str], today: date, past: bool) -> tuple[str, date
     """ "last X": the most recent X before today; "this X": X of this Monday-Sunday week; "next X": X of next
     week; "on X": the most recent X before today in a past-tense text, else the next X after today."""
     which, name = (m.group("which") or "on").lower(), m.group("wday").lower()
+    part = (m.group("wpart") or "").lower() or None  # "on Sunday evening": that evening
     target = WEEKDAYS.index(name)
     if which == "this":
-        return _on(_monday(today) + timedelta(days=target))
+        return _on(_monday(today) + timedelta(days=target), part)
     if which == "next":
-        return _on(_monday(today) + timedelta(days=7 + target))
+        return _on(_monday(today) + timedelta(days=7 + target), part)
     if which == "last" or past:
         back = (today.weekday() - target) % 7 or 7
-        return _on(today - timedelta(days=back))
+        return _on(today - timedelta(days=back), part)
     ahead = (target - today.weekday()) % 7 or 7
-    return _on(today + timedelta(days=ahead))
+    return _on(today + timedelta(days=ahead), part)
 
 
 def _weekend(m: re.Match[str], today: date, past: bool) -> tuple[str, date, date]:
@@ -226,7 +227,11 @@ _PATTERNS: tuple[tuple[str, Handler], ...] = (
         rf"in (?P<inn>\d{{1,3}}|{_NUM}) (?P<inu>days?|weeks?|months?|years?)",
         lambda m, t, p: _shift(t, m.group("inu").lower(), _count(m.group("inn"))),
     ),
-    (rf"(?:(?P<which>last|this|next)|on) (?P<wday>{_DAY})", _weekday_named),
+    # "on Sunday evening" names the evening; "on Sunday evenings" is a habit, left alone like "on Sundays"
+    (
+        rf"(?:(?P<which>last|this|next)|on) (?P<wday>{_DAY})(?: (?P<wpart>{_PART}))?(?! (?:{_PART})s\b)",
+        _weekday_named,
+    ),
 )
 
 

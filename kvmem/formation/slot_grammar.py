@@ -54,7 +54,9 @@ def val(name: str) -> str:
 
 NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
 # the user, alone or with someone ("my wife and I", "Noah and I")
-SUBJ = r"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+)"
+SUBJ = (
+    r"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?-i:[A-Z])[a-z]+ and (?:I|me)|me and (?-i:[A-Z])[a-z]+)"
+)
 BE = r"(?:'m| am|'re| are)"
 
 HAVE = r"(?:'ve| have)?"

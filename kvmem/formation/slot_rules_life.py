@@ -39,6 +39,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^{g.SUBJ} {g.ADV}(?:live|reside) {g.ADV}in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
+    # "I stay in Durban" (South African, Scottish, Indian, West African English: where one lives), a capitalised
+    # place said last or before a comma (not "I stay in hotels", "I stay in on Fridays", "I stay in Rome for a week")
+    g.rule(
+        rf"^{g.SUBJ} {g.ADV}stay {g.ADV}in (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*){{0,2}})(?=\s*(?:$|,))",
+        g.user("home_city", g.group("place", v.place)),
+    ),
     # "I'm in Leeds now": a capitalised place and a word saying it is the present state
     g.rule(
         rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
@@ -63,7 +69,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out|moved up|moved down) "
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out|moved up|moved down|shifted|"
+        rf"shifted up|shifted down|shifted over) "
         rf"{g.ADV}(?:back |over |here |all the way )?to {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
@@ -73,7 +80,7 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^(?!.*\s(?:for|that)\s){g.SUBJ}{g.HAVE} {g.ADV}(?:(?:got the keys (?:to|for)|moved into) (?:my |our |a |the )"
         rf"(?:own |new |first )*(?:home|flat|house|apartment|place|condo|one-bed|studio flat|bungalow|cottage)|"
         rf"(?:completed|closed) on (?:my |our |a |the )(?:new )?(?:home|flat|house|apartment|place|condo|bungalow|cottage)|"
-        rf"(?:bought|got|found|rented) (?:my |our |a )(?:(?:own |first )*new|(?:new )?(?:own|first)) "
+        rf"(?:bought|got|found|rented) (?:my |our |a )(?:(?:own |first )*new|(?:new )?(?:own|first|proper)) "
         rf"(?:home|flat|house|apartment|condo|one-bed|studio flat|bungalow|cottage))(?: of (?:my|our) own)? "
         rf"(?:here )?in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
@@ -84,6 +91,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     g.rule(
         rf"^(?:I|we) {g.ADV}(?:rent|are renting|am renting) (?:a|an) (?:(?:little|small|tiny|big|lovely|new|"
         rf"rented|terraced|semi-detached|\w+-bed(?:room)?) )?(?:{_HOME}) in {_PLACE_LAST}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
+    # "We've packed up and gone to Joburg", "Packed up and moved over to Perth" (gone back, up, down, over)
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}packed up and (?:gone|moved|headed|relocated|shifted) (?:back |over |up |down )?"
+        rf"to {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
     # "We've moved back home to Cork" (not "I went home to Sligo for the weekend", "I've gone home to Mum")
@@ -227,7 +240,7 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at|gave up|given up) "
         r"(?:my|the) (?:\w+ )?job\b|"
         rf"^I{g.HAVE} {g.ADV}(?:got|was|been|were|got myself) (?:fired|laid off|let go|made redundant|sacked)\b|"
-        rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b",
+        rf"^I(?:{g.BE}|(?:'ve| have) been) {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
@@ -302,6 +315,15 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
+    # a post taken up at a named place, the job said after "as": "Started at the Royal Mint on Monday as a quality
+    # inspector", "I have joined Infosys in Mysore as management trainee", "I have accepted, and commenced, a post as
+    # a junior actuary" (an occupation's noun; not "joined the choir as a tenor", "started at the club as a sub")
+    g.rule(
+        rf"^I{g.HAVE} {g.ADV}(?:started|began|joined|commenced|accepted, and commenced,|accepted and commenced) "
+        r"(?:at |with )?(?:[\w&.'-]+ ){0,6}?(?:on \d{4}-\d\d-\d\d )?as (?:a |an |the )?"
+        rf"{g.val('job')}",
+        g.user("job", g.group("job", v.job_known)),
+    ),
     # "I run a family farm", "We run a B&B in Pitlochry": the business said last (not "a stall on Sundays", "a pop-up
     # cafe, once a month", "a Minecraft farm"; not one owned: "I own a pub, well a share in one")
     g.rule(
