@@ -119,6 +119,8 @@ _PLAN = re.compile(
     r"(?:had|have) an? (?:\w+ )?(?:dream|nightmare)"
     r"(?= (?:that|about|last|where|on|in which|of)\b|\s*[,.!]|$)|"
     r"(?:on|taking|take|taken) (?:\w+ ){0,4}leave|sabbatical|someday|"
+    # a stay for a while is no lasting change ("I have shifted to my auntie's place for the holidays")
+    r"for the (?:holidays|summer|winter|week|weekend|month|night|term|festive season|time being)|"
     r"(?:last|final|first) (?:day|shift|week|lesson|class)(?: [\w']+){0,4} (?:is|'s|will be)|"
     r"(?:accepted|signed) (?:an|the|a|my) (?:\w+ )?offer|one day|eventually|"
     r"appl(?:y|ied|ying) (?:for|to)|interview(?:ed|ing)? (?:for|at|with)|looking (?:for|into|at)|"
@@ -193,18 +195,15 @@ _CHANGES = (
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
     "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
-    "began", "begun", "begin", "commenced", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on",
-    "t(?:ook|aken) (?:me|us) on", "got a start", "landed", "promoted",
-    # a workplace said last: not "finished at the office early today"
-    r"finished (?:up )?(?:at|with) (?:the|my)(?: (?!(?:early|late|today|tonight|yesterday|for|at|on|in)\b)[\w'-]+){1,3}"
-    r"(?=\s*(?:$|,))",
+    "began", "begun", "commenced", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on",
+    "t(?:ook|aken) (?:me|us) on (?:as|full-time|permanently)", "got a start", "landed", "promoted",
     "switch(?:ed|ing)", "swap(?:ped|ping)", "chang(?:ed|ing)", "became", "become", r"retir\w+",
     r"re(?:married|trained|skilled)",
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", "are (?:officially )?(?:a|an) (?:item|couple)",
+    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", r"^(?:me and|(?-i:[A-Z])[a-z]+ and (?:I|me)\b)[\w' -]* are (?:officially )?(?:a|an) (?:item|couple)(?! of)",
     "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
@@ -230,6 +229,15 @@ _STOP = frozenset(
 )
 
 
+# what a habit told now is not: a duty done for someone or because of something ("I now cook every night because my
+# wife is ill", "I visit my dad every day in hospital"), chores and care, or what befalls one ("I get a migraine
+# every day now", "These days I cry every night")
+_NOT_A_HABIT = (
+    r"(?!.*\b(?:because|cos|since (?:my|the|his|her|our)|as (?:my|the)|for (?:my|the|his|her|our|a|an)|with the "
+    r"(?:baby|kids?|puppy|dog)|in hospital|(?:have|has|had) to|clean\w*|cook\w*|visit\w*|wake|waking|woke|cry|"
+    r"crying|get an? \w+|migraines?|headaches?|pain|hoover\w*|iron\w*|wash\w*|feed\w*|drop\w* (?:off|the)|pick\w* up|"
+    r"school run|nappies|night feeds?|shifts?|overtime|commute\w*)\b)"
+)
 # a taste told by the user as theirs: "I (really, now, ...) love / like / hate ...", "I'm into / a fan of ...",
 # "X is my favourite"; not a word that only sounds like one ("like my dad", "moved into", "a fan of my work",
 # "my favourite shop", "they love them")
@@ -242,12 +250,33 @@ _TASTE = re.compile(
     r"|\bI(?:'ve| have)(?: \w+ly)? (?:gone full|turned into an?|got into|gotten into|come round to|come around to|"
     r"fallen in love with)\b"
     r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b"
-    # a habit held now: "I journal every night now", "these days I swim every morning" (not "I worked every day")
-    r"|^(?=.*\b(?:now|these days|nowadays)\b)(?:(?:now|these days|nowadays),? )?I (?:now |\w+ly )?"
+    # a habit held now: "I journal every night now", "these days I swim every morning" (not "I worked every day", nor
+    # a duty or what befalls one: _NOT_A_HABIT)
+    rf"|^{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays)\b)(?:(?:now|these days|nowadays),? )?I (?:now |\w+ly )?"
     r"(?!(?:am|was|were|have|had|will|would|can|could|did|went|got|used)\b)[a-z]+ (?:[\w'-]+ ){0,4}?every (?:single )?"
     r"(?:day|night|morning|evening|week|weekend|(?:mon|tues|wednes|thurs|fri|satur|sun)day)\b",
     re.I,
 )
+
+
+# a habit of the user's told as how things are now, in the simple present: "I swim instead of running now", "I paint
+# exclusively in watercolour now", "I don't do fry-ups anymore", "Nowadays I mostly listen to classical" (not "I'm
+# cooking mushrooms for the kids now", "I went there now", "I think so now", "I can do it now")
+_HABIT_NOW = re.compile(
+    rf"^{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays|any ?more|no longer)\b)(?:(?:now|these days|nowadays),? )?I "
+    r"(?:(?:\w+ly|now|only|mostly|just|still|even) )?(?:(?:don't|do not|no longer|never) )?"
+    r"(?!(?:am|was|were|had|did|went|got|will|would|could|should|might|can|can't|cannot|must|need|want|think|guess|"
+    r"feel|hope|wish|mean|know|see|say|said|suppose|reckon|believe|miss|remember|forget|have to|has to)\b)"
+    r"[a-z]+(?<!ing)(?<!ed)\b(?!')",
+    re.I,
+)
+
+
+def tells_habit_now(clause: str) -> bool:
+    """Whether the clause tells a habit of the user's as it is now, in the simple present ("I paint in watercolour
+    now", "I don't do fry-ups anymore"): with a close memory of a taste, what the pair encoder may read as one
+    given up or taken up."""
+    return bool(_HABIT_NOW.search(clause))
 
 
 def tells_taste(clause: str) -> bool:

@@ -21,6 +21,7 @@ from kvmem.formation.lexicon import (
     EMPLOYER_SUBJECT,
     FILLER_CLAUSES,
     HIRER_SUBJECT,
+    JOKED_PARTNERS,
     OCCUPATIONS,
     PAST_VERBS,
     RELATIVES,
@@ -62,7 +63,8 @@ _SENTENCE_END = re.compile(
 )
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
-_LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b[,:!.]*\s*)+", re.I)
+# (not the "no" of "No more sugar in my tea", "No longer vegan")
+_LEADING_MARKER = re.compile(rf"^(?:(?:{_MARKERS})\b(?!\s+(?:more|longer)\b)[,:!.]*\s*)+", re.I)
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
     r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|ok|okay|btw|by the way)|"
@@ -102,7 +104,8 @@ _ADVERBIAL = re.compile(
     re.I,
 )
 _SUBJECT = re.compile(
-    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|(?-i:[A-Z])[a-z]+ and (?:I|me)|"
+    r"^(?:I|I'm|I've|I'd|I'll|my|we|we're|we've|we'd|we'll|our|me and|myself|mine|"
+    rf"(?!(?:{JOKED_PARTNERS}) )(?-i:[A-Z])[a-z]+ and (?:I|me)|"
     r"the [\w'-]+ and I)\b(?!-)",
     re.I,
 )
@@ -233,10 +236,11 @@ def split_sentences(text: str) -> list[str]:
 
 # a frame that only announces the statement after it: "Please note that I have relocated ...", "I should like to tell
 # you that I have become engaged ...", "I am pleased to report that I have accepted a post ...", "Please I have
-# shifted to Accra" (a polite "please" before the subject, as West African English uses it)
+# shifted to Accra" (a polite "please" before the subject, as West African English uses it); not a wish or a word
+# said for another ("I want to say I quit", "I had to say I'm single", "Note that I'm a doctor in this roleplay")
 _FRAME = re.compile(
-    r"^(?:please (?:note|be advised)|note|I (?:should|would|'d) like to (?:tell|inform) you|"
-    r"I (?:just )?(?:wanted|want|thought I'd|had) to (?:tell you|let you know|say)|"
+    r"^(?:please (?:note|be advised)|I (?:should|would|'d) like to (?:tell|inform) you|"
+    r"I (?:just )?(?:wanted|thought I'd) to (?:tell you|let you know)|"
     r"I(?:'m| am) (?:so |very |really )?(?:pleased|happy|glad|sad|sorry|proud|delighted|thrilled) to "
     r"(?:report|say|tell you|announce|share|inform you|let you know)|(?:just )?(?:to )?let(?:ting)? you know)"
     r"(?: that)?[,:]?\s+(?=\S)|^please,? (?=I\b)",
@@ -244,9 +248,15 @@ _FRAME = re.compile(
 )
 
 
+# a story or a game: what follows a frame there is not the user's ("Please note that I am a pilot for this story")
+_MAKE_BELIEVE = re.compile(
+    r"\b(?:story|roleplay|role-play|role play|pretend|game|character|scenario)\b", re.I
+)
+
+
 def strip_markers(text: str) -> str:
     text = _LEADING_MARKER.sub("", text).strip()
-    framed = _FRAME.sub("", text, count=1)
+    framed = text if _MAKE_BELIEVE.search(text) else _FRAME.sub("", text, count=1)
     return _LEADING_MARKER.sub("", framed).strip() if framed != text else text
 
 
@@ -269,6 +279,13 @@ _NOUN_PHRASE_SUBJECT = re.compile(
 _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Absolutely, ..." is not one
 
 
+# "Gone veggie", "gone dairy-free", "gone off coffee": a state; not a place or an errand ("Gone home", "gone to the
+# shops", "gone out for a bit")
+_GONE_TO_A_STATE = re.compile(
+    r"^gone (?!(?:to|home|out|for|in|into|back|down|up|over|through|round|around|away|abroad|shopping|quiet|"
+    r"missing|mad|crazy|well|badly|wrong|on|by|past|now|already|a|an|the)\b)",
+    re.I,
+)
 # a change told in one word: "Quit.", "Retired!"
 _ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 
@@ -285,7 +302,7 @@ def _restore_subject(core: str) -> str | None:
     if _NOUN_PHRASE_SUBJECT.match(core):
         # "Married couples get a tax break", "Retired teachers are the best": a subject of its own
         return None
-    if word == "been":
+    if word == "been" or (word == "gone" and _GONE_TO_A_STATE.match(core)):  # "Gone veggie since January"
         return f"I have {core}"
     if word in ("not", "no") or word in DROPPED_BE:
         return f"I am {core}"

@@ -301,7 +301,7 @@ DROPPED_BE = frozenset(
 DROPPED_I = frozenset(
     """
     can't cannot don't didn't won't haven't hasn't wasn't never just finally recently also still really
-    totally absolutely kinda love loved hate hated like liked enjoy enjoyed adore adored prefer started
+    totally absolutely kinda love loved hate hated like liked enjoy enjoyed adore adored prefer started cut
     """.split()
 )
 # Subject-less openings that are conversation, not statements ("Just kidding", "Don't worry").
@@ -361,3 +361,10 @@ _EMPLOYER_NOUNS = "|".join(
 )
 EMPLOYER_SUBJECT = rf"(?:they|(?:the|my|our) (?:[\w'-]+ ){{0,3}}?(?:{_EMPLOYER_NOUNS}))(?:'ve| have)?"
 HIRER_SUBJECT = rf"(?:{EMPLOYER_SUBJECT}|(?-i:[A-Z])[\w&'-]*(?: (?-i:[A-Z])[\w&'-]*)?(?:'ve| have)?)"
+
+# things the user jokes of as a partner ("Coffee and I are not together anymore", "Netflix and me broke up"): not a
+# name before "and I" / "and me"
+JOKED_PARTNERS = (
+    r"coffee|tea|netflix|chocolate|wine|beer|gin|sugar|carbs|cheese|pizza|bread|meat|dairy|booze|alcohol|caffeine|"
+    r"cigarettes|smoking|vaping|gym|work|football|running|twitter|instagram|tiktok|facebook|snapchat|life|money|sleep"
+)

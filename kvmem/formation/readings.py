@@ -16,6 +16,7 @@ from kvmem.formation.change_guard import (
     other_area,
     same_value,
     tells_change,
+    tells_habit_now,
     tells_taste,
 )
 from kvmem.formation.types import ExistingMemory, Fact, Similarity, is_older
@@ -177,7 +178,7 @@ def encoded_retirement(
     # encoder reads a plain mention ("I had mushrooms at dinner", "I'm cooking mushrooms for the kids now") as
     # retiring "I can't stand mushrooms". The changes let in caught 2 -> 7 of the ninth set's 26 changes of taste
     # with no false supersession more (docs/benchmarks.md)
-    taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True)
+    taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True) or tells_habit_now(fact.text)
     closeness = {m.id: similarity(fact.text, m.text) for m in pool}  # once a memory
     candidates = [
         m

@@ -15,6 +15,7 @@ from kvmem.formation.lexicon import (
     DIETS,
     FIELDS,
     JOB_GERUNDS,
+    JOKED_PARTNERS,
     RELATIONSHIP,
     RELATIVES,
     SPECIES,
@@ -53,9 +54,11 @@ def val(name: str) -> str:
 
 
 NAME = rf"(?P<name>[A-Za-z][\w'-]*(?: (?-i:[A-Z])[\w'-]*)?){END}"
-# the user, alone or with someone ("my wife and I", "Noah and I")
+# the user, alone or with someone ("my wife and I", "Noah and I"; a name, not a thing the user jokes of as a partner:
+# lexicon.JOKED_PARTNERS)
 SUBJ = (
-    r"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?-i:[A-Z])[a-z]+ and (?:I|me)|me and (?-i:[A-Z])[a-z]+)"
+    rf"(?:I|we|me and my \w+|(?:my|our|the) \w+ and I|(?!(?:{JOKED_PARTNERS}) )(?-i:[A-Z])[a-z]+ and (?:I|me)|"
+    rf"me and (?!(?:{JOKED_PARTNERS})\b)(?-i:[A-Z])[a-z]+)"
 )
 BE = r"(?:'m| am|'re| are)"
 

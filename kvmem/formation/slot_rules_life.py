@@ -18,6 +18,11 @@ _HOME = (
 _BUSINESS = (
     r"farm|pub|cafe|café|b&b|bakery|restaurant|salon|business|hotel|deli|takeaway|chippy|guest ?house|kennels"
 )
+# where one stays a night, or what one stays in that is no place ("I stay in Travelodge", "I stay in Discord")
+_LODGING = (
+    r"(?-i:[A-Z])\w* (?:Inn|Hotel|Lodge|Hostel|Parcs?)|Inn|Hotel|Hostel|Halls?|Hilton|Marriott|Travelodge|Premier|Ibis|"
+    r"Airbnb|Center|Centre|Discord|Skyrim|Minecraft|Bed|Uni|College|Church"
+)
 # a place said last in its clause: "in Derby", "in Dublin 8" (not "in Derby, for my son")
 _PLACE_LAST = r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?:(?-i:[A-Z])[\w'-]*|\d+))*)(?=\s*$)"
 # nothing after, or only a day: the clause ends there ("... on 2026-04-27", "... in the week of 2026-04-20")
@@ -40,9 +45,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     # "I stay in Durban" (South African, Scottish, Indian, West African English: where one lives), a capitalised
-    # place said last or before a comma (not "I stay in hotels", "I stay in on Fridays", "I stay in Rome for a week")
+    # place said last or before a comma and where in it (not "I stay in hotels", "I stay in on Fridays", "I stay in
+    # Rome for a week", "I stay in London, Monday to Friday", "I stay in Travelodge", "I stay in Discord all night")
     g.rule(
-        rf"^{g.SUBJ} {g.ADV}stay {g.ADV}in (?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*){{0,2}})(?=\s*(?:$|,))",
+        rf"^(?!.*\b(?:for|during|until|till|temporarily|every|when|whenever|while|half|weekdays?|weekends?|summer|"
+        rf"winter|holidays?|term|monday|friday)\b){g.SUBJ} {g.ADV}stay {g.ADV}in (?!(?:{_LODGING})\b)"
+        r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*){0,2})(?=\s*$|, (?:near|close to|by|in|on|off|just) )",
         g.user("home_city", g.group("place", v.place)),
     ),
     # "I'm in Leeds now": a capitalised place and a word saying it is the present state
@@ -69,8 +77,7 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out|moved up|moved down|shifted|"
-        rf"shifted up|shifted down|shifted over) "
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:moved|relocated|emigrated|immigrated|moved back|moved over|moved out|moved up|moved down) "
         rf"{g.ADV}(?:back |over |here |all the way )?to {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
@@ -93,10 +100,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"rented|terraced|semi-detached|\w+-bed(?:room)?) )?(?:{_HOME}) in {_PLACE_LAST}",
         g.user("home_city", g.group("place", v.place)),
     ),
-    # "We've packed up and gone to Joburg", "Packed up and moved over to Perth" (gone back, up, down, over)
+    # "We've packed up and gone to Joburg now", "Packed up and moved over to Perth": the place said last (not "to
+    # Mum's", "to Spain for the summer")
     g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}packed up and (?:gone|moved|headed|relocated|shifted) (?:back |over |up |down )?"
-        rf"to {g.val('place')}",
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}packed up and (?:gone|moved|relocated) (?:back |over |up |down )?to "
+        r"(?!(?:Mum|Mom|Mam|Dad|Nan|Gran|Grandma|Granny|Auntie)\b)(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*)*)"
+        r"(?=\s*$|\s+now\s*$)",
         g.user("home_city", g.group("place", v.place)),
     ),
     # "We've moved back home to Cork" (not "I went home to Sligo for the weekend", "I've gone home to Mum")
@@ -240,7 +249,9 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at|gave up|given up) "
         r"(?:my|the) (?:\w+ )?job\b|"
         rf"^I{g.HAVE} {g.ADV}(?:got|was|been|were|got myself) (?:fired|laid off|let go|made redundant|sacked)\b|"
-        rf"^I(?:{g.BE}|(?:'ve| have) been) {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b",
+        rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b|"
+        # "I've been unemployed since March" (not "... before", "... twice", "out of work with flu")
+        rf"^I(?:'ve| have) been {g.ADV}(?:unemployed|jobless|between jobs)(?= since\b)",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
@@ -315,12 +326,14 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
-    # a post taken up at a named place, the job said after "as": "Started at the Royal Mint on Monday as a quality
-    # inspector", "I have joined Infosys in Mysore as management trainee", "I have accepted, and commenced, a post as
-    # a junior actuary" (an occupation's noun; not "joined the choir as a tenor", "started at the club as a sub")
+    # a post taken up at a place, the job said after "as": "Started at the Royal Mint on Monday as a quality inspector",
+    # "I have accepted, and commenced, a post as a junior actuary" (an occupation's noun; not "joined the choir as a
+    # tenor", "started at the club as a sub", "began life as a chemist", "joined the cast as a dancer", "started at
+    # the firm as a trainee back in 1998")
     g.rule(
-        rf"^I{g.HAVE} {g.ADV}(?:started|began|joined|commenced|accepted, and commenced,|accepted and commenced) "
-        r"(?:at |with )?(?:[\w&.'-]+ ){0,6}?(?:on \d{4}-\d\d-\d\d )?as (?:a |an |the )?"
+        r"^(?!.*\b(?:ago|back in|in (?:19|20)\d\d|volunteer\w*|years)\b)"
+        rf"I{g.HAVE} {g.ADV}(?:(?:started|began|joined) (?:at|with) |commenced |accepted, and commenced, |"
+        r"accepted and commenced )(?:[\w&.'-]+ ){0,6}?(?:on \d{4}-\d\d-\d\d )?as (?:a |an |the )?"
         rf"{g.val('job')}",
         g.user("job", g.group("job", v.job_known)),
     ),

@@ -1,16 +1,20 @@
 """Changes of state told in the forms the twelfth sealed set's misses showed (issue 45 item 3, read after it was
 scored once): a statement behind a frame that only announces it ("Please note that I have relocated to Lausanne",
-"I am pleased to report that ..."), a move "shifted" to or "packed up and gone" to, "I stay in Durban" as where one
-lives, a post taken "as a quality inspector", "I've been unemployed since March", "X and me are not together
-anymore", chat's "n" for "and"; the guard's words of change ("commenced", "taken me on", "finished at the Red Lion")
-and its restatement word read only before a concessive; a habit held now as a taste; and "on Sunday evenings" left
-alone as a habit, not resolved to one evening. Development examples written apart from the sealed sets."""
+"I am pleased to report that ..."), a move "packed up and gone" to, "I stay in Durban" as where one lives, a post
+taken "as a quality inspector", "I've been unemployed since March", "X and me are not together anymore", chat's "n"
+for "and", "No more sugar in my tea", "Gone veggie", "Cut the sugar out"; the guard's words of change ("commenced",
+"shifted up to", "taken me on as") and its restatement word read only before a concessive; a habit held now as a
+taste; and "on Sunday evenings" left alone as a habit, not resolved to one evening. And what a review of the first
+version (53b17db) found read wrongly, kept here as it is read since: a hotel, a game or a weekday stay as a home, a
+switch of phone network "shifted to", "packed up and headed to Spain for the summer", unemployed "before", a wish or
+a role-play behind a frame, "finished at the hospital" after a shift, "took me on a trip", "began life as a
+chemist", a chore done every day, "Coffee and me". Development examples written apart from the sealed sets."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvmem.formation.change_guard import blocker, tells_taste
+from kvmem.formation.change_guard import blocker, tells_habit_now, tells_taste
 from kvmem.formation.rules import slot_of
 from tests.kvmem.formation.test_state_changes import superseded, triples
 
@@ -24,9 +28,15 @@ NOW = "2026-05-01T10:00:00+00:00"  # a Friday
         ("I stay in hotels when I travel.", None),
         ("I stay in Rome for a week.", None),
         ("I stay in on Fridays.", None),
+        ("I stay in Travelodge.", None),
+        ("I stay in London, Monday to Friday.", None),
+        ("I stay in Glasgow, at my mum's, till the flat's ready.", None),
+        ("We stay in Center Parcs.", None),
+        ("I stay in Florida, in the winter months.", None),
         ("We've packed up and gone to Joburg now.", ("user|home_city", "joburg")),
-        ("I've shifted to Accra now.", ("user|home_city", "accra")),
-        ("Shifted up to Wellington last month.", ("user|home_city", "wellington")),
+        ("I've shifted to Python.", None),  # "shifted" is a word of change only, not a home
+        ("Packed up and headed to Spain for the summer.", None),
+        ("I've packed up and gone to Mum's.", None),
         ("Got a proper flat in Lincoln now.", ("user|home_city", "lincoln")),
         ("Started at the Royal Mint on Monday as a quality inspector.", ("user|job", "quality inspector")),
         (
@@ -34,9 +44,17 @@ NOW = "2026-05-01T10:00:00+00:00"  # a Friday
             ("user|job", "junior actuary"),
         ),
         ("I joined the choir as a tenor.", None),
+        ("I began life as a chemist.", None),
+        ("I started uni as a mature student.", None),
+        ("I joined the cast as a dancer.", None),
+        ("I started at the firm as a trainee back in 1998.", None),
         ("I started at the club as a sub.", None),
         ("Joined the gym as a member.", None),
         ("I have been unemployed since March.", ("user|job", "none")),
+        ("I've been unemployed before.", None),
+        ("I've been out of work for two weeks with flu.", None),
+        ("Coffee and me are not together anymore.", None),
+        ("Netflix and I broke up.", None),
         ("Joost and me are not together anymore.", ("user|relationship", "single")),
     ],
 )
@@ -55,8 +73,18 @@ def test_states_told_in_these_forms_set_these_slots(text: str, expected: tuple[s
             "I should like to tell you that I have become engaged to a gentleman from my choir.",
             [("I have become engaged to a gentleman from my choir", None, None)],
         ),
-        ("Please I have shifted to Accra now.", [("I have shifted to Accra now", "user|home_city", "accra")]),
-        ("Note that I'm allergic to nuts.", [("I'm allergic to nuts", "user|allergy:nuts", "yes")]),
+        ("Please I have shifted to Accra now.", [("I have shifted to Accra now", None, None)]),
+        (
+            "I had to say I live in London on the form.",
+            [("I had to say I live in London on the form", None, None)],
+        ),
+        ("Note that I'm a doctor in this roleplay.", []),
+        ("Please note that I am a pilot for this story.", []),
+        ("No more sugar in my tea for me.", [("No more sugar in my tea for me", None, None)]),
+        ("Gone veggie since January.", [("Gone veggie since January", "user|diet", "vegetarian")]),
+        ("Gone home.", []),
+        ("Cut the sugar out of my tea.", [("Cut the sugar out of my tea", None, None)]),
+        ("Please note that I'm allergic to nuts.", [("I'm allergic to nuts", "user|allergy:nuts", "yes")]),
         ("Please remember I'm vegan.", []),  # a request, as without the frame
         ("Please call me Sam.", [("Please call me Sam", "user|name", "sam")]),
         (
@@ -77,8 +105,12 @@ def test_statements_read_behind_frames_and_in_chat(text: str, expected: list) ->
     [
         ("I have accepted, and commenced, a post as a junior actuary", None),
         ("A tattoo studio in Brighton has taken me on as an apprentice", None),  # the user's news
-        ("I've finished at the Red Lion, the new landlord was a nightmare", None),
-        ("I finished at the office early today", "no change word"),
+        ("Just finished at the hospital", "no change word"),
+        ("Amy took me on a surprise trip to Paris", "no change word"),
+        ("The plant took me on as a line operator", None),
+        ("I begin work at 6 every day", "no change word"),
+        ("Priya and me are a couple of idiots", "no change word"),
+        ("I have shifted to my auntie's place for the holidays", "plan"),
         ("Shifted up to Wellington in April 2026", None),
         ("Me and Hannah from the timber yard are an item", None),
         ("Got the keys to a terrace in Cleethorpes, though my clothes still smell of vinegar", None),
@@ -98,10 +130,31 @@ def test_the_guard_reads_these_clauses(clause: str, expected: str | None) -> Non
         ("I worked every day last year", False),
         ("I went there every day now", False),
         ("I am here every day now", False),
+        ("I now cook every night because my wife is ill", False),
+        ("I now clean every day, the new puppy is a nightmare", False),
+        ("I get a migraine every day now", False),
     ],
 )
 def test_a_habit_held_now_tells_a_taste(clause: str, expected: bool) -> None:
     assert tells_taste(clause) == expected
+
+
+@pytest.mark.parametrize(
+    ("clause", "expected"),
+    [
+        ("I swim instead of running now, three mornings a week", True),
+        ("I paint exclusively in watercolour now", True),
+        ("I don't do fry-ups anymore", True),
+        ("Nowadays I mostly listen to classical", True),
+        ("I'm cooking mushrooms for the kids now", False),
+        ("I cook every night now because my wife is ill", False),
+        ("I think so now", False),
+        ("I can do it now", False),
+        ("I went there now", False),
+    ],
+)
+def test_a_habit_told_as_it_is_now(clause: str, expected: bool) -> None:
+    assert tells_habit_now(clause) == expected
 
 
 @pytest.mark.parametrize(
