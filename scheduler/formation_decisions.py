@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from kvmem.formation.change_guard import area_of_slot, blocker, says_change, tells_taste
+from kvmem.formation.change_guard import (
+    area_of_slot,
+    blocker,
+    partner_named_in_ending,
+    says_change,
+    tells_taste,
+)
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
@@ -186,6 +192,9 @@ def change_reading(
         now_area = _SLOT_AREAS.get(area_of_slot(fact.slot)) if fact.slot and _NOW.search(fact.text) else None
         if now_area is not None and area not in SINGLE_VALUED:
             area = areas[fact.text] = now_area
+        # a partnership ended with the partner named as its subject ("Sipho and I have split"): about the partner
+        if area not in SINGLE_VALUED and partner_named_in_ending(fact.text):
+            area = areas[fact.text] = "partner"
         # in a single-valued area a word of change is enough (the head reads "We bought a house in Tacoma" at 0.15)
         in_words = area in SINGLE_VALUED and (says_change(fact.text, strict=True) or area == now_area)
         if (p >= head.threshold or in_words) and area in CHANGED_AREAS and blocked[fact.text] is None:

@@ -54,7 +54,7 @@ import re
 
 from kvmem.formation.clauses import statements, subject_core
 from kvmem.formation.dates import MONTHS, WEEKDAYS
-from kvmem.formation.lexicon import ED_NOT_PAST, PAST_VERBS, RELATIVES
+from kvmem.formation.lexicon import ED_NOT_PAST, JOKED_PARTNERS, PAST_VERBS, RELATIVES
 from kvmem.formation.rules import slot_of
 
 BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no change word", "no statement")
@@ -86,7 +86,7 @@ _PARTNERS = re.compile(
 _JOINT = re.compile(r"^(?:[\w'-]+ ){0,3}(?:and|&) (?:I|me)\b")
 # a memory of the user's partner as theirs ("My partner Lou is a sound engineer", "My wife and I run a B&B")
 _NAMES_PARTNER = re.compile(
-    r"^(?:my|our) (?:(?:new|lovely|dear|darling|current)[ -])?(?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|"
+    r"^(?:me and )?(?:my|our) (?:(?:new|lovely|dear|darling|current)[ -])?(?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|"
     r"spouse|missus|hubby|bf|gf|other half)\b(?!['-])(?! (?:at|in crime|in business|from work)\b)",
     re.I,
 )
@@ -321,12 +321,26 @@ def names_partner(text: str) -> bool:
 
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
-    r"^(?:we|I|(?-i:[A-Z])[a-z]+ and I|me and (?-i:[A-Z])[a-z]+|(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|"
-    r"fianc\w*|other half)(?: and I)?)(?:'ve| have|'re| are|'s| has)? (?:just |finally |officially )?(?:split up|broken? "
-    r"up|separated|divorced|got divorced|called it (?:a day|quits)|done|over|left me|dumped me|ended things)"
-    r"(?:\s+(?:on \d{4}-\d\d-\d\d|in the week of \d{4}-\d\d-\d\d|yesterday|today|last (?:week|month|night)))?\s*$",
+    rf"^(?:(?P<we>we|I)|(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
+    rf"me and (?!(?:{JOKED_PARTNERS})\b)(?P<name2>[a-z]+)|"
+    r"(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|other half)(?: and I)?)"
+    r"(?:'ve| have|'re| are| aren't|'s| has)? (?:just |finally |officially |now )?(?:split up|split|broken? up|"
+    r"separated|separating|divorced|got divorced|called it (?:a day|quits)|done|over|finished|left me|dumped me|"
+    r"ended things|(?:decided to )?part(?:ed)? ways|(?:not )?(?:a (?:thing|couple|item)|together) any ?more)"
+    # said last or after a day; with a name or the partner as subject also before a comma ("Rory and I are done,
+    # it's been coming a while"; not "We've split up for the day", "We split the bill", "We're done, time for lunch")
+    r"(?:\s+(?:on \d{4}-\d\d-\d\d|in the week of \d{4}-\d\d-\d\d|yesterday|today|last (?:week|month|night)))?"
+    r"(?:\s*$|(?(we)(?!)|,\s))",
     re.I,
 )
+
+
+def partner_named_in_ending(text: str) -> str | None:
+    """The partner a statement of a partnership ended names as its subject, lowercased ("Rory and I are done" ->
+    "rory"); None where it names none ("We broke up") or tells no ending."""
+    m = _ENDS_PARTNERSHIP.search(text)
+    name = m and (m.group("name") or m.group("name2"))
+    return name.lower() if name and name.lower() not in ("my", "our") else None
 
 
 def ends_partnership(text: str) -> bool:

@@ -6,6 +6,7 @@ after its own rules. Pure policy over texts and the readings' numbers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from kvmem.formation.change_guard import (
     ends_partnership,
     names_partner,
     other_area,
+    partner_named_in_ending,
     same_value,
     tells_change,
     tells_habit_now,
@@ -108,10 +110,16 @@ def changed_memory(
     )
     floor = PREF_SIMILARITY if area == "pref" else TOLD_SIMILARITY if told else None
     partner_ended = area == "partner" and ends_partnership(fact.text)
+    # a partner named as the ending's subject retires a memory told of the partner only if it names them ("Rory and
+    # I are done": "My partner Rory and I share a flat", not "My wife Ann is a nurse")
+    named = partner_named_in_ending(fact.text) if partner_ended else None
     found = [
         m
         for m in pool
-        if (changes.areas.get(m.text) == area or (partner_ended and names_partner(m.text)))
+        if (
+            changes.areas.get(m.text) == area
+            or (partner_ended and names_partner(m.text) and (named is None or named in _words_of(m.text)))
+        )
         and (floor is None or (similarity is not None and similarity(fact.text, m.text) >= floor))
         and may_retire(fact, m, said_at, ordered_ids)
     ]
@@ -122,6 +130,10 @@ def changed_memory(
         return max(found, key=lambda m: similarity(fact.text, m.text)).id
     # the latest said: a batch's own earlier facts (ordered_ids) were said after every stored memory
     return max(found, key=lambda m: (m.id in ordered_ids, m.said_at or m.valid_from)).id
+
+
+def _words_of(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
 
 
 def retired_taste(

@@ -306,6 +306,20 @@ def test_the_worker_retires_a_home_told_with_no_slot_by_one_told_now(tmp_path: P
     assert retired == [said[0]] and current == [said[1]]
 
 
+def test_a_named_partners_ending_retires_only_a_memory_naming_them(tmp_path: Path) -> None:
+    said = [
+        "My partner Rory and I share a flat in Douglas.",
+        "Rory and I are done, it's been coming a while.",
+    ]
+    with MemoryStore(tmp_path / "a.sqlite") as store:
+        current, retired = formed(store, said)
+    assert retired == [said[0]]
+    said = ["My partner Rory and I share a flat in Douglas.", "Tom and I are done, it's been coming a while."]
+    with MemoryStore(tmp_path / "b.sqlite") as store:
+        current, retired = formed(store, said)
+    assert retired == []
+
+
 def test_a_change_told_in_words_alone_retires_only_a_close_memory() -> None:
     bought = fact("We bought a flat in Bristol")
     areas = {**AREAS_OF, bought.text: "home"}

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvmem.formation.change_guard import blocker, tells_habit_now, tells_taste
+from kvmem.formation.change_guard import (
+    blocker,
+    ends_partnership,
+    names_partner,
+    partner_named_in_ending,
+    tells_habit_now,
+    tells_taste,
+)
 from kvmem.formation.rules import slot_of
 from tests.kvmem.formation.test_state_changes import superseded, triples
 
@@ -175,3 +182,32 @@ def test_a_habit_told_as_it_is_now(clause: str, expected: bool) -> None:
 def test_a_state_told_so_is_retired_by_its_change(earlier: str, later: str, retired: str | None) -> None:
     got = superseded(earlier, later)
     assert got == ([retired] if retired else [earlier.rstrip(".")])
+
+
+@pytest.mark.parametrize(
+    ("fact", "ends", "named"),
+    [
+        ("Sipho and I have split", True, "sipho"),
+        ("Rory and I are done, it's been coming a while", True, "rory"),
+        ("Jonas and I are finished", True, "jonas"),
+        ("Ana and I are separating", True, "ana"),
+        ("Sunita and I have decided to part ways", True, "sunita"),
+        ("Me and dave are done", True, "dave"),
+        ("me and hannah aren't a thing anymore", True, "hannah"),
+        ("We're done", True, None),
+        ("We're done, time for lunch", False, None),  # only a named partner's ending goes on after a comma
+        ("We split, then regrouped at the pub", False, None),
+        ("We've split up for the day, he's at the match", False, None),
+        ("Tom and I are done with the kitchen", False, None),
+        ("Coffee and I are done", False, None),
+        ("Our band broke up last month", False, None),
+    ],
+)
+def test_a_partnership_ended_and_whom_it_names(fact: str, ends: bool, named: str | None) -> None:
+    assert ends_partnership(fact) == ends
+    assert partner_named_in_ending(fact) == named
+
+
+def test_a_memory_told_of_the_partner_with_me_as_subject() -> None:
+    assert names_partner("Me and my husband Sipho stay in Soweto")
+    assert not names_partner("Me and my mate Sipho stay in Soweto")
