@@ -8,7 +8,6 @@ embedding call; the worker (formation.py) owns when and for whom it runs.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable
 from functools import cache
@@ -17,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from kvmem.formation.change_guard import (
-    area_of_slot,
     blocker,
     partner_named_in_ending,
     says_change,
@@ -43,10 +41,6 @@ CHANGED_AREAS = ("home", "job", "partner", "pref")
 # the areas with one current value: a fact the head reads as about one of them and that tells a change in words
 # (change_guard.tells_change) is a change whatever the head's change probability
 SINGLE_VALUED = ("home", "job", "partner")
-# the single-valued areas as the rules' slots name them (change_guard.area_of_slot), and the words telling a state as
-# it is now
-_SLOT_AREAS = {"user|home_city": "home", "work": "job", "partner": "partner"}
-_NOW = re.compile(r"\b(?:now|these days|nowadays)\b", re.I)
 
 
 def slots_touched(fact: Fact) -> tuple[str, ...]:
@@ -185,18 +179,11 @@ def change_reading(
     for fact in facts:
         p = max(probability[fact.text], *(probability[turns[t]] for t in fact.turn_ids))
         area = areas[fact.text]
-        # a home, job or partner the rules read, told as it is now ("I'm living in Denver now", "We're in Porto
-        # now"): a change in that area whatever the head's probability, and in the head's area where it reads none
-        # of the three (where it reads another of them, the head's: "Left Brisbane, living in Hobart now" is read
-        # by the rules as an employer left)
-        now_area = _SLOT_AREAS.get(area_of_slot(fact.slot)) if fact.slot and _NOW.search(fact.text) else None
-        if now_area is not None and area not in SINGLE_VALUED:
-            area = areas[fact.text] = now_area
         # a partnership ended with the partner named as its subject ("Sipho and I have split"): about the partner
         if area not in SINGLE_VALUED and partner_named_in_ending(fact.text):
             area = areas[fact.text] = "partner"
         # in a single-valued area a word of change is enough (the head reads "We bought a house in Tacoma" at 0.15)
-        in_words = area in SINGLE_VALUED and (says_change(fact.text, strict=True) or area == now_area)
+        in_words = area in SINGLE_VALUED and says_change(fact.text, strict=True)  # blocked: read below, once
         if (p >= head.threshold or in_words) and area in CHANGED_AREAS and blocked[fact.text] is None:
             changed[fact.text] = area
             if p < head.threshold:

@@ -263,7 +263,10 @@ _TASTE = re.compile(
 # exclusively in watercolour now", "I don't do fry-ups anymore", "Nowadays I mostly listen to classical" (not "I'm
 # cooking mushrooms for the kids now", "I went there now", "I think so now", "I can do it now")
 _HABIT_NOW = re.compile(
-    rf"^{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays|any ?more|no longer)\b)(?:(?:now|these days|nowadays),? )?I "
+    # told against another ("instead of", "exclusively", "only") or as given up ("don't ... anymore"): not a habit
+    # that may go with the taste ("I do parkrun most Saturdays now" and "I love running")
+    r"^(?=.*\b(?:instead|exclusively|only|any ?more|no longer|don't|do not|never)\b)"
+    rf"{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays|any ?more|no longer)\b)(?:(?:now|these days|nowadays),? )?I "
     r"(?:(?:\w+ly|now|only|mostly|just|still|even) )?(?:(?:don't|do not|no longer|never) )?"
     r"(?!(?:am|was|were|had|did|went|got|will|would|could|should|might|can|can't|cannot|must|need|want|think|guess|"
     r"feel|hope|wish|mean|know|see|say|said|suppose|reckon|believe|miss|remember|forget|have to|has to)\b)"
@@ -273,10 +276,23 @@ _HABIT_NOW = re.compile(
 
 
 def tells_habit_now(clause: str) -> bool:
-    """Whether the clause tells a habit of the user's as it is now, in the simple present ("I paint in watercolour
-    now", "I don't do fry-ups anymore"): with a close memory of a taste, what the pair encoder may read as one
-    given up or taken up."""
+    """Whether the clause tells a habit of the user's as it is now, in the simple present, against another or given
+    up ("I paint exclusively in watercolour now", "I don't do fry-ups anymore"): with a close memory of a taste
+    that shares a word with it (`shares_a_word`), what the pair encoder may read as one given up or taken up."""
     return bool(_HABIT_NOW.search(clause))
+
+
+_SUFFIX = re.compile(r"(?:ning|ing|ed|es|s)$")
+
+
+def _stems(text: str) -> set[str]:
+    return {_SUFFIX.sub("", w)[:4] for w in re.findall(r"[a-z]{3,}", text.lower()) if w not in _STOP}
+
+
+def shares_a_word(text: str, other: str) -> bool:
+    """Whether two statements share a content word, roughly stemmed ("I swim instead of running now" and "I run on
+    the treadmill", "I don't do fry-ups anymore" and "I love a big fry-up")."""
+    return bool(_stems(text) & _stems(other))
 
 
 def tells_taste(clause: str) -> bool:

@@ -283,9 +283,12 @@ _FIRST_WORD = re.compile(r"^[A-Za-z']+(?= \w)")  # a word and then another: "Abs
 # shops", "gone out for a bit")
 _GONE_TO_A_STATE = re.compile(
     r"^gone (?!(?:to|home|out|for|in|into|back|down|up|over|through|round|around|away|abroad|shopping|quiet|"
-    r"missing|mad|crazy|well|badly|wrong|on|by|past|now|already|a|an|the)\b)",
+    r"missing|mad|crazy|well|badly|wrong|on|by|past|now|already|a|an|the|part-time|part|full-time|full|remote)\b)",
     re.I,
 )
+# "Cut out sugar", "Cut the sugar out of my tea", "cut down on meat": a habit cut; not "Cut my finger", "Cut to part
+# time", "Cut my Netflix for a month"
+_CUT_A_HABIT = re.compile(r"^cut (?:out|down|back|(?:the |my )?[\w'-]+ out)\b", re.I)
 # a change told in one word: "Quit.", "Retired!"
 _ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 
@@ -304,6 +307,8 @@ def _restore_subject(core: str) -> str | None:
         return None
     if word == "been" or (word == "gone" and _GONE_TO_A_STATE.match(core)):  # "Gone veggie since January"
         return f"I have {core}"
+    if word == "cut" and not _CUT_A_HABIT.match(core):
+        return None
     if word in ("not", "no") or word in DROPPED_BE:
         return f"I am {core}"
     if (
@@ -488,7 +493,22 @@ def _comma_split(sentence: str) -> list[str]:
     return [p.strip(" ,") for p in parts if p.strip(" ,")]
 
 
+# "No more X" kept as the user's given up only when theirs and not for a while: "No more sugar in my tea", "No more
+# night patrols for me" (not "No more coffee for me today", "No more wine for me, I'm driving", "No more pizza left",
+# "No more Netflix till exams are over", "No longer thirsty", "No longer on shift")
+_NO_MORE = re.compile(r"^no (?:more|longer)\b", re.I)
+_NO_MORE_KEPT = re.compile(
+    r"^(?!.*\b(?:today|tonight|this (?:week|weekend|month|season|year)|till|until|for now|for a (?:while|bit|month|"
+    r"week)|driving|left|thirsty|hungry|tired|stressed|sick|ill|on shift|from home|friends)\b)"
+    r"(?:no more\b[^,]*\b(?:for me|in my \w+)\b|no longer (?:a |an )?(?:vegan|vegetarian|veggie|pescatarian|"
+    r"teetotal|sober|single|married|engaged|smoking|drinking|eating|working (?:at|for|as)|with)\b)",
+    re.I,
+)
+
+
 def _keep(clause: str) -> bool:
+    if _NO_MORE.match(clause) and not _NO_MORE_KEPT.match(clause):
+        return False
     core = subject_core(clause)
     if core is None:
         return False
@@ -527,6 +547,8 @@ def statements(text: str) -> list[Clause]:
             pieces = _comma_split(body.rsplit(",", 1)[0]) if "," in body else []
         else:
             pieces = _comma_split(body)
+        if _NO_MORE.match(body) and not _NO_MORE_KEPT.match(body):  # the whole sentence: "..., I'm driving"
+            pieces = [p for p in pieces if not _NO_MORE.match(strip_markers(p))]
         for piece in pieces:
             piece = strip_markers(piece)
             if _QUESTION_START.match(piece) and not is_first_person(piece, dropped=True):

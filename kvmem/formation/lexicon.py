@@ -346,7 +346,8 @@ WORKPLACES = frozenset(
     job jobs work company firm shop store restaurant cafe café bar pub bakery bank hospital clinic school
     office agency factory warehouse practice studio salon position role post team business department lab
     startup start-up gig career employer workplace plant mill hotel kitchen newsroom branch surgery
-    centre center practise nursery university college council
+    centre center practise nursery university college council steakhouse diner chippy brewery distillery
+    supermarket dealership rigs rig
     """.split()
 )
 # The user's divorce through: "The decree absolute came through", "My divorce is final" (the caller says what may follow)

@@ -17,6 +17,7 @@ from kvmem.formation.change_guard import (
     other_area,
     partner_named_in_ending,
     same_value,
+    shares_a_word,
     tells_change,
     tells_habit_now,
     tells_taste,
@@ -190,13 +191,17 @@ def encoded_retirement(
     # encoder reads a plain mention ("I had mushrooms at dinner", "I'm cooking mushrooms for the kids now") as
     # retiring "I can't stand mushrooms". The changes let in caught 2 -> 7 of the ninth set's 26 changes of taste
     # with no false supersession more (docs/benchmarks.md)
-    taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True) or tells_habit_now(fact.text)
+    taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True)
+    # a habit told against another or given up, only against a taste it shares a word with (change_guard)
+    habit = not taste_told and tells_habit_now(fact.text)
     closeness = {m.id: similarity(fact.text, m.text) for m in pool}  # once a memory
     candidates = [
         m
         for m in pool
         if closeness[m.id] >= ENCODED_SIMILARITY
-        and (taste_told or changes.areas.get(m.text) != "pref")
+        and (
+            taste_told or changes.areas.get(m.text) != "pref" or (habit and shares_a_word(fact.text, m.text))
+        )
         and may_retire(fact, m, said_at, ordered_ids)
     ]
     candidates = sorted(candidates, key=lambda m: -closeness[m.id])[:ENCODED_CANDIDATES]

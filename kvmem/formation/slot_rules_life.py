@@ -53,15 +53,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         r"(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*){0,2})(?=\s*$|, (?:near|close to|by|in|on|off|just) )",
         g.user("home_city", g.group("place", v.place)),
     ),
-    # "I'm in Leeds now": a capitalised place and a word saying it is the present state, said last or before a comma
-    # and where in it ("We're in Edinburgh now, Leith to be exact", "I'm in a one-bedroom in Astoria now", "I'm back
-    # in Kochi since last week"; not a stay for something: "I'm in London now, at the conference", "for work")
+    # "I'm in Leeds now": a capitalised place and a word saying it is the present state, said last (not "I'm in
+    # Hospital now", "I'm in the Army now")
     g.rule(
-        rf"^(?!.*\b(?:for|at|visiting|conference|holiday|trip|until|till|back (?:on|next|(?-i:[A-Z])\w+day))\b)"
-        rf"{g.SUBJ}{g.BE} (?:back )?(?:in|based in|settled in|out in|up in|down in) (?:(?:a|an) (?:{_HOME}|one-bedroom|"
-        r"studio|room) in )?(?!(?:the )?(?:hospital|hospice|rehab|prison|jail|church|school|uni|college|work|bed|office|"
-        r"A&E|ICU)\b)(?P<place>(?:the )?(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])[\w'-]*){0,2})(?: myself| ourselves)? "
-        r"(?:(?:now|these days|nowadays|for good)(?=\s*$|, )|since (?:\d{4}-\d\d-\d\d|the week of|(?-i:[A-Z])\w+))",
+        rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?!(?:hospital|hospice|rehab|prison|jail|"
+        r"church|school|uni|college|work|bed|office|A&E|ICU|ER)\b)(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
+        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)$",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(

@@ -285,27 +285,6 @@ def test_a_change_told_in_words_alone_in_a_single_valued_area_is_read() -> None:
     assert reading.changed == {bought.text: "home"} and reading.told == {bought.text}
 
 
-def test_a_home_the_rules_read_told_as_it_is_now_is_a_change_in_that_area() -> None:
-    """ "I'm living in Denver now": the rules read the home, "now" says it is the present one, so it is a change of
-    home whatever area or probability the head reads; a fact with no slot, or a slot told without "now", is not."""
-    head = load_change_head()
-    denver = Fact("I'm living in Denver now", ("a",), T2, slot="user|home_city", value="denver")
-    leeds = Fact("I live in Leeds", ("b",), T2, slot="user|home_city", value="leeds")
-    puppy = Fact("I got a puppy now", ("c",), T2)
-    texts = [denver.text, leeds.text, puppy.text, "I have a 2 bed in Austin, TX"]
-    vectors = dict(zip(texts, default_embedder().embed(texts), strict=True))
-    reading = change_reading(head, [denver, leeds, puppy], vectors)
-    assert reading.changed.get(denver.text) == "home" and reading.areas[denver.text] == "home"
-    assert leeds.text not in reading.changed and puppy.text not in reading.changed
-
-
-def test_the_worker_retires_a_home_told_with_no_slot_by_one_told_now(tmp_path: Path) -> None:
-    said = ["I have a 2 bed in Austin, TX.", "I'm living in Denver now."]
-    with MemoryStore(tmp_path / "m.sqlite") as store:
-        current, retired = formed(store, said)
-    assert retired == [said[0]] and current == [said[1]]
-
-
 def test_a_named_partners_ending_retires_only_a_memory_naming_them(tmp_path: Path) -> None:
     said = [
         "My partner Rory and I share a flat in Douglas.",
