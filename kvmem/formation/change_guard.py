@@ -249,14 +249,33 @@ _TASTE = re.compile(
     r"|\bI(?:'m| am)(?: (?:now|\w+ly))? an? (?:[\w-]+ )?(?:person|fan|lover|convert|addict)\b"
     r"|\bI(?:'ve| have)(?: \w+ly)? (?:gone full|turned into an?|got into|gotten into|come round to|come around to|"
     r"fallen in love with)\b"
-    r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b"
-    # a habit held now: "I journal every night now", "these days I swim every morning" (not "I worked every day", nor
-    # a duty or what befalls one: _NOT_A_HABIT)
-    rf"|^{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays)\b)(?:(?:now|these days|nowadays),? )?I (?:now |\w+ly )?"
+    r"|\b(?:is|are) (?:now )?my (?:new )?favou?rite\b",
+    re.I,
+)
+# a habit taken up, held now: "I journal every night now", "these days I swim every morning" (not "I worked every day",
+# nor a duty or what befalls one: _NOT_A_HABIT)
+_NEW_HABIT = re.compile(
+    rf"^{_NOT_A_HABIT}(?=.*\b(?:now|these days|nowadays)\b)(?:(?:now|these days|nowadays),? )?I (?:now |\w+ly )?"
     r"(?!(?:am|was|were|have|had|will|would|can|could|did|went|got|used)\b)[a-z]+ (?:[\w'-]+ ){0,4}?every (?:single )?"
     r"(?:day|night|morning|evening|week|weekend|(?:mon|tues|wednes|thurs|fri|satur|sun)day)\b",
     re.I,
 )
+# a taste or habit told as not the user's: "I've never kept a diary", "I hate exercise", "I can't stand olives"
+_NOT_MINE = re.compile(
+    r"\b(?:never|not|no|hate|hated|dislike|can't stand|cannot stand|can't bear)\b|n't\b", re.I
+)
+
+
+def tells_new_habit(clause: str) -> bool:
+    """Whether the clause tells a habit held now ("I journal every night now"): one taken up, so it weighs against a
+    taste told as not the user's (`tells_not_mine`: "I've never kept a diary"), not against one it may go with ("I
+    bake sourdough every weekend now" and "I love baking")."""
+    return bool(_NEW_HABIT.search(clause))
+
+
+def tells_not_mine(memory: str) -> bool:
+    """Whether a memory tells a taste or habit as not the user's ("I've never kept a diary", "I hate exercise")."""
+    return bool(_NOT_MINE.search(memory))
 
 
 # a habit of the user's told as how things are now, in the simple present: "I swim instead of running now", "I paint

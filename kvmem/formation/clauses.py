@@ -499,7 +499,7 @@ def _comma_split(sentence: str) -> list[str]:
 _NO_MORE = re.compile(r"^no (?:more|longer)\b", re.I)
 _NO_MORE_KEPT = re.compile(
     r"^(?!.*\b(?:today|tonight|this (?:week|weekend|month|season|year)|till|until|for now|for a (?:while|bit|month|"
-    r"week)|driving|left|thirsty|hungry|tired|stressed|sick|ill|on shift|from home|friends)\b)"
+    r"week)|driving|early|left|thirsty|hungry|tired|stressed|sick|ill|on shift|from home|friends)\b)"
     r"(?:no more\b[^,]*\b(?:for me|in my \w+)\b|no longer (?:a |an )?(?:vegan|vegetarian|veggie|pescatarian|"
     r"teetotal|sober|single|married|engaged|smoking|drinking|eating|working (?:at|for|as)|with)\b)",
     re.I,

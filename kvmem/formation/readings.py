@@ -20,6 +20,8 @@ from kvmem.formation.change_guard import (
     shares_a_word,
     tells_change,
     tells_habit_now,
+    tells_new_habit,
+    tells_not_mine,
     tells_taste,
 )
 from kvmem.formation.types import ExistingMemory, Fact, Similarity, is_older
@@ -192,17 +194,24 @@ def encoded_retirement(
     # retiring "I can't stand mushrooms". The changes let in caught 2 -> 7 of the ninth set's 26 changes of taste
     # with no false supersession more (docs/benchmarks.md)
     taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True)
-    # a habit told against another or given up, only against a taste it shares a word with (change_guard)
+    # a habit told against another or given up, only against a taste it shares a word with; one taken up, only
+    # against a taste told as not the user's (change_guard)
     habit = not taste_told and tells_habit_now(fact.text)
+    new_habit = not taste_told and tells_new_habit(fact.text)
+
+    def weighed(m: ExistingMemory) -> bool:
+        return (
+            taste_told
+            or changes.areas.get(m.text) != "pref"
+            or (habit and shares_a_word(fact.text, m.text))
+            or (new_habit and tells_not_mine(m.text))
+        )
+
     closeness = {m.id: similarity(fact.text, m.text) for m in pool}  # once a memory
     candidates = [
         m
         for m in pool
-        if closeness[m.id] >= ENCODED_SIMILARITY
-        and (
-            taste_told or changes.areas.get(m.text) != "pref" or (habit and shares_a_word(fact.text, m.text))
-        )
-        and may_retire(fact, m, said_at, ordered_ids)
+        if closeness[m.id] >= ENCODED_SIMILARITY and weighed(m) and may_retire(fact, m, said_at, ordered_ids)
     ]
     candidates = sorted(candidates, key=lambda m: -closeness[m.id])[:ENCODED_CANDIDATES]
     if not candidates:

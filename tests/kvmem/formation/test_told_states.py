@@ -23,6 +23,8 @@ from kvmem.formation.change_guard import (
     partner_named_in_ending,
     shares_a_word,
     tells_habit_now,
+    tells_new_habit,
+    tells_not_mine,
     tells_taste,
 )
 from kvmem.formation.rules import slot_of
@@ -98,6 +100,7 @@ def test_states_told_in_these_forms_set_these_slots(text: str, expected: tuple[s
         ("Gone home.", []),
         ("Gone part-time at school.", []),
         ("No more coffee for me today, already had three.", []),
+        ("No more beer for me, early start.", []),
         ("No more wine for me, I'm driving.", [("I'm driving", None, None)]),
         ("No more pizza left, the kids ate it all.", []),
         ("No longer thirsty.", []),
@@ -155,8 +158,17 @@ def test_the_guard_reads_these_clauses(clause: str, expected: str | None) -> Non
         ("I get a migraine every day now", False),
     ],
 )
-def test_a_habit_held_now_tells_a_taste(clause: str, expected: bool) -> None:
-    assert tells_taste(clause) == expected
+def test_a_habit_held_now_is_one_taken_up(clause: str, expected: bool) -> None:
+    assert tells_new_habit(clause) == expected
+    assert not tells_taste(clause)  # a taste of its own only against one told as not the user's
+
+
+@pytest.mark.parametrize(
+    ("memory", "not_mine"),
+    [("I've never kept a diary", True), ("I hate exercise", True), ("I love baking", False)],
+)
+def test_a_taste_told_as_not_the_users(memory: str, not_mine: bool) -> None:
+    assert tells_not_mine(memory) == not_mine
 
 
 @pytest.mark.parametrize(
