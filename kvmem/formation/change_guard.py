@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import re
 
-from kvmem.formation.clauses import statements, subject_core
+from kvmem.formation.clause_subject import subject_core
+from kvmem.formation.clauses import statements
 from kvmem.formation.dates import MONTHS, WEEKDAYS
 from kvmem.formation.lexicon import ED_NOT_PAST, JOKED_PARTNERS, PAST_VERBS, RELATIVES
 from kvmem.formation.rules import slot_of

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from datetime import date
 
 from kvmem.formation.atoms import atoms
-from kvmem.formation.clauses import split_sentences, statements, strip_adverbials, strip_markers, subject_core
+from kvmem.formation.clause_subject import strip_adverbials, strip_markers, subject_core
+from kvmem.formation.clauses import split_sentences, statements
 from kvmem.formation.dates import DateResolution, is_past_tense, iso_time, parse_chat_time, resolve_dates
 from kvmem.formation.slots import SlotMatch, match_slot
 from kvmem.formation.types import Fact, TurnInput

@@ -270,7 +270,7 @@ RULES: tuple[SlotRule, ...] = (
 
 def match_slot(core: str) -> SlotMatch | None:
     """The slot a clause sets, or None. `core` starts at the clause's subject (leading dates and adverbs
-    already stripped, see `clauses.strip_adverbials`) and has no end punctuation."""
+    already stripped, see `clause_subject.strip_adverbials`) and has no end punctuation."""
     core = g.expand_contractions(core)
     for rule in RULES:
         m = rule.pattern.search(core)
