@@ -19,7 +19,6 @@ from kvmem.formation.change_guard import (
     blocker,
     partner_named_in_ending,
     says_change,
-    tells_taste,
 )
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
@@ -30,6 +29,7 @@ from kvmem.formation.consolidate import (
 )
 from kvmem.formation.pair_encoder import PairEncoder, PairEncoderLoadError, load_pair_encoder
 from kvmem.formation.readings import ChangeReading
+from kvmem.formation.tastes_told import tells_taste
 from kvmem.formation.types import Fact
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ def change_reading(
 
 # what the guard's readings of a fact leave the pair layer: a taste may change in words it reads as negated ("I
 # can't face sushi now") or with no change word ("Mushrooms are my favourite now"), not another person's,
-# a plan, a restatement or an addition; and the fact must tell a taste (change_guard.tells_taste): the pair
+# a plan, a restatement or an addition; and the fact must tell a taste (tastes_told.tells_taste): the pair
 # layer reads a plain mention of the thing ("I cooked mushrooms for the kids") as likely as a change
 _PAIR_BLOCKERS = ("another person", "restatement", "plan", "addition")
 # the encoder's: those, and a negated fact, which it misreads ("I never sold my piano." retired "I play the piano."

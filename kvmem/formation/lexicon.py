@@ -369,3 +369,9 @@ JOKED_PARTNERS = (
     r"coffee|tea|netflix|chocolate|wine|beer|gin|sugar|carbs|cheese|pizza|bread|meat|dairy|booze|alcohol|caffeine|"
     r"cigarettes|smoking|vaping|gym|work|football|running|twitter|instagram|tiktok|facebook|snapchat|life|money|sleep"
 )
+
+# words that carry no content of their own, for comparing two statements' words
+STOP_WORDS = frozenset(
+    "i i'm i've my me we our the a an to of in on at for and but or is am are was were be been have has had "
+    "do does did it its this that with as now so just user user's they their".split()
+)

@@ -6,7 +6,6 @@ after its own rules. Pure policy over texts and the readings' numbers.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,8 +16,10 @@ from kvmem.formation.change_guard import (
     other_area,
     partner_named_in_ending,
     same_value,
-    shares_a_word,
     tells_change,
+)
+from kvmem.formation.tastes_told import (
+    shares_a_word,
     tells_habit_now,
     tells_new_habit,
     tells_not_mine,
@@ -119,10 +120,7 @@ def changed_memory(
     found = [
         m
         for m in pool
-        if (
-            changes.areas.get(m.text) == area
-            or (partner_ended and names_partner(m.text) and (named is None or named in _words_of(m.text)))
-        )
+        if (changes.areas.get(m.text) == area or (partner_ended and names_partner(m.text, named)))
         and (floor is None or (similarity is not None and similarity(fact.text, m.text) >= floor))
         and may_retire(fact, m, said_at, ordered_ids)
     ]
@@ -133,10 +131,6 @@ def changed_memory(
         return max(found, key=lambda m: similarity(fact.text, m.text)).id
     # the latest said: a batch's own earlier facts (ordered_ids) were said after every stored memory
     return max(found, key=lambda m: (m.id in ordered_ids, m.said_at or m.valid_from)).id
-
-
-def _words_of(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
 
 
 def retired_taste(
@@ -184,7 +178,7 @@ def encoded_retirement(
     """The memory a fact retires by the pair encoder's reading (both texts read together), where the rules and
     the change head's readings retire nothing: of the ENCODED_CANDIDATES memories closest to it that it may retire
     (`may_retire`), at cosine ENCODED_SIMILARITY or more, and tastes (area "pref") only for a fact telling a
-    taste (change_guard.tells_taste) or a change (change_guard.tells_change), the one it most probably
+    taste (tastes_told.tells_taste) or a change (change_guard.tells_change), the one it most probably
     retires, at `changes.encoded_at` or above."""
     encoded, similarity = changes.encoded, changes.similarity
     if encoded is None or similarity is None:
@@ -195,7 +189,7 @@ def encoded_retirement(
     # with no false supersession more (docs/benchmarks.md)
     taste_told = tells_taste(fact.text) or tells_change(fact.text, strict=True)
     # a habit told against another or given up, only against a taste it shares a word with; one taken up, only
-    # against a taste told as not the user's (change_guard)
+    # against a taste told as not the user's (tastes_told)
     habit = not taste_told and tells_habit_now(fact.text)
     new_habit = not taste_told and tells_new_habit(fact.text)
 

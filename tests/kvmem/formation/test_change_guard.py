@@ -12,9 +12,9 @@ from kvmem.formation.change_guard import (
     other_area,
     same_value,
     tells_change,
-    tells_taste,
     turn_blocker,
 )
+from kvmem.formation.tastes_told import tells_taste
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,15 @@ from kvmem.formation.change_guard import (
     ends_partnership,
     names_partner,
     partner_named_in_ending,
+)
+from kvmem.formation.rules import slot_of
+from kvmem.formation.tastes_told import (
     shares_a_word,
     tells_habit_now,
     tells_new_habit,
     tells_not_mine,
     tells_taste,
 )
-from kvmem.formation.rules import slot_of
 from tests.kvmem.formation.test_state_changes import superseded, triples
 
 NOW = "2026-05-01T10:00:00+00:00"  # a Friday
