@@ -68,8 +68,9 @@ SETS = (
     "heldout_v11",
     "heldout_v12",
     "heldout_v13",
+    "heldout_v14",
 )  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01),
-# the twelfth and the thirteenth (2026-12-02)
+# the twelfth to the fourteenth (2026-12-02)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
