@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import re
 
-from kvmem.formation.clause_subject import subject_core
+from kvmem.formation.clause_subject import standard_english, subject_core
 from kvmem.formation.clauses import statements
 from kvmem.formation.dates import MONTHS, WEEKDAYS
 from kvmem.formation.lexicon import ED_NOT_PAST, JOKED_PARTNERS, PAST_VERBS, RELATIVES, STOP_WORDS
@@ -256,17 +256,21 @@ def names_partner(text: str, name: str | None = None) -> bool:
     """Whether a memory is told of the user's partner as theirs ("My partner Lou is a sound engineer there too",
     "My wife and I run a B&B"; not "my partner at work"): one a break-up retires where the head reads the memory in
     no area; with `name` (lowercased, `partner_named_in_ending`), only one that names them."""
-    return bool(_NAMES_PARTNER.match(text)) and (name is None or name in re.findall(r"[a-z]+", text.lower()))
+    return bool(_NAMES_PARTNER.match(text)) and (
+        name is None or name in re.findall(r"[^\W\d_]+", text.lower())
+    )
 
 
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
     rf"^(?:(?P<we>we|I)|(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
     rf"me and (?!(?:{JOKED_PARTNERS})\b)(?P<name2>[a-z]+)|"
+    # the partner ending it: "Inês ended it", "Karl has left me"
+    r"(?P<name3>(?-i:[A-Z])[a-zà-ÿ]+)(?= (?:has )?(?:just )?(?:ended (?:it|things)|broke it off|left me|dumped me)\b)|"
     r"(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|other half)(?: and I)?)"
     r"(?:'ve| have|'re| are| aren't|'s| has)? (?:just |finally |officially |now )?(?:split up|split|broken? up|"
     r"separated|separating|divorced|got divorced|called it (?:a day|quits)|done|over|finished|left me|dumped me|"
-    r"ended things|(?:decided to )?part(?:ed)? ways|(?:not )?(?:a (?:thing|couple|item)|together) any ?more)"
+    r"ended (?:things|it)(?: with me)?|broke it off|(?:decided to )?part(?:ed)? ways|(?:not )?(?:a (?:thing|couple|item)|together) any ?more)"
     # said last or after a day; with a name or the partner as subject also before a comma ("Rory and I are done,
     # it's been coming a while"; not "We've split up for the day", "We split the bill", "We're done, time for lunch")
     r"(?:\s+(?:on \d{4}-\d\d-\d\d|in the week of \d{4}-\d\d-\d\d|yesterday|today|last (?:week|month|night)))?"
@@ -279,7 +283,7 @@ def partner_named_in_ending(text: str) -> str | None:
     """The partner a statement of a partnership ended names as its subject, lowercased ("Rory and I are done" ->
     "rory"); None where it names none ("We broke up") or tells no ending."""
     m = _ENDS_PARTNERSHIP.search(text)
-    name = m and (m.group("name") or m.group("name2"))
+    name = m and (m.group("name") or m.group("name2") or m.group("name3"))
     return name.lower() if name and name.lower() not in ("my", "our") else None
 
 
@@ -315,7 +319,7 @@ def blocker(clause: str) -> str | None:
         return "restatement"
     if _NEGATION.search(core) and not _ENDED.search(clause) and not _NEGATED_TASTE.search(core):
         return "negated"  # _ENDED on the whole clause: "Since March I don't eat meat" leads with it
-    if _PLAN.search(core) or _ahead(clause):
+    if _PLAN.search(core) or _ahead(standard_english(clause)):  # "I done retire in September": done
         return "plan"
     if _ADDED.search(core):
         return "addition"

@@ -53,6 +53,9 @@ _ADVERBIAL = re.compile(
     r"generally|typically|mostly|often|sometimes|always|"
     r"as of (?:now|today|this \w+|last \w+)|(?:from|starting|since) (?:this|last) (?:week|month|year|term|spring|"
     r"summer|autumn|winter)|"
+    # non-native "Since two weeks I live in Wrocław" (for two weeks)
+    r"since (?:\d+|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|some|many) (?:days?|weeks?|months?|"
+    r"years?)|"
     r"(?:in|since|from|as of) (?:january|february|march|april|may|june|july|august|september|october|november|"
     r"december)"
     rf"(?: \d{{4}})?|(?:since|from|as of) (?:last |this )?(?:monday|tuesday|wednesday|thursday|friday|saturday|"
@@ -77,8 +80,8 @@ ALSO_ABOUT_USER = re.compile(
     r"(?:is|are)(?: not|n't)? (?:really )?my (?:idea of|cup of tea|kind of))\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
-    r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-    r"divorced me|split up with me|proposed)\b|"
+    r"(?-i:[A-Z])[a-zà-ÿ]+ (?:has )?(?:just )?(?:broke up with me|dumped me|left me|ended (?:things|it)(?: with me)?|"
+    r"broke it off(?: with me)?|divorced me|split up with me|proposed)\b|"
     rf"{DIVORCE_THROUGH}(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
     r"(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
     r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
@@ -151,11 +154,23 @@ _CUT_A_HABIT = re.compile(r"^cut (?:out|down|back|(?:the |my )?[\w'-]+ out)\b", 
 _ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 
 
+# how long a job has been held, said before it with no subject: "Seven years a paramedic now", "Thirteen years a midwife
+# this month" -> "I have been a paramedic for Seven years now" (the slots read the job held)
+_YEARS_FIRST = re.compile(
+    r"^(?P<n>\d+|[a-z]+(?:-[a-z]+)?) (?:years?|yrs) (?:as )?(?P<job>(?:a|an) (?-i:[a-z])(?:(?! and | but )[\w' -])+?)"
+    r"(?: now| in (?:[A-Z][a-z]+ )?\d{4}| on \d{4}-\d\d-\d\d)?$",
+    re.I,
+)
+
+
 def _restore_subject(core: str) -> str | None:
     """The clause with the subject chat dropped put back ("Moved to Oslo" -> "I Moved to Oslo", "Been
     living here" -> "I have Been living here", "Not into it" -> "I am Not into it"), or None."""
     if core.lower().strip(" .!?") in _ONE_WORD_CHANGE:
         return f"I {core.strip(' .!?')}"
+    years = _YEARS_FIRST.match(core)
+    if years is not None:
+        return f"I have been {years.group('job')} for {years.group('n')} years"
     m = FIRST_WORD.match(core)
     if m is None or core.lower().rstrip(" .!?") in SUBJECTLESS_FILLER or len(core.split()) < 2:
         return None
@@ -178,11 +193,48 @@ def _restore_subject(core: str) -> str | None:
     return None
 
 
+# a change said in a variety of English, read in the standard form the slots know (the fact keeps the user's words):
+# Irish "I'm after leaving the hotel" (I've just left), Caribbean "I done retire from nursing" (I retired), Scots
+# "That's me retired fae the yard" (I'm retired from), "I'm nae a postie any more" (not)
+_PARTICIPLE = {
+    "leaving": "left", "quitting": "quit", "moving": "moved", "starting": "started", "finishing": "finished",
+    "retiring": "retired", "selling": "sold", "buying": "bought", "packing": "packed", "handing": "handed",
+    "joining": "joined", "getting": "got", "giving": "given", "taking": "taken", "splitting": "split",
+    "breaking": "broken", "signing": "signed", "landing": "landed", "finding": "found", "resigning": "resigned",
+}  # fmt: skip
+_PAST = {
+    "leave": "left", "quit": "quit", "move": "moved", "start": "started", "finish": "finished", "retire": "retired",
+    "sell": "sold", "buy": "bought", "give": "gave", "take": "took", "join": "joined", "get": "got", "stop": "stopped",
+    "resign": "resigned", "split": "split", "break": "broke", "marry": "married", "find": "found", "land": "landed",
+}  # fmt: skip
+_AFTER_DOING = re.compile(rf"^I(?:'m| am) (?:just )?after ({'|'.join(_PARTICIPLE)})\b", re.I)
+_DONE_DO = re.compile(rf"^I done ({'|'.join(_PAST)})\b", re.I)
+_THATS_ME = re.compile(
+    r"^that's me (?:now |officially |finally )?(?=(?:retired|finished|single|engaged|married|divorced|"
+    r"moved|started|left|unemployed|redundant)\b)",
+    re.I,
+)
+_NAE = re.compile(r"^(I(?:'m| am)) nae\b", re.I)
+_FAE = re.compile(r"\b(retired|moved|away|home|back|out) fae\b", re.I)
+
+
+def standard_english(core: str) -> str:
+    """`core` with a change said in a variety of English put in the standard form (`_PARTICIPLE` and its neighbours)."""
+    core = _AFTER_DOING.sub(lambda m: f"I've just {_PARTICIPLE[m.group(1).lower()]}", core, count=1)
+    core = _DONE_DO.sub(lambda m: f"I {_PAST[m.group(1).lower()]}", core, count=1)
+    thats = _THATS_ME.match(core)
+    if thats is not None:
+        rest = core[thats.end() :]
+        done = rest.split(" ", 1)[0].lower() in ("moved", "started", "left")
+        core = f"I've {rest}" if done else f"I'm {rest}"
+    return _FAE.sub(r"\1 from", _NAE.sub(r"\1 not", core, count=1))
+
+
 def subject_core(clause: str, dropped: bool = True) -> str | None:
     """The clause from its subject on (leading dates and adverbs stripped) when it states something of the
     user: "I ...", "my ...", "we ...", one of the few statements shaped otherwise ("call me Sam", "Berlin is
     home now"), or, with `dropped`, a chat clause whose subject was dropped, put back; else None."""
-    core = strip_adverbials(clause)
+    core = standard_english(strip_adverbials(clause))
     if _SUBJECT.match(core) or ALSO_ABOUT_USER.match(core):
         return core
     return _restore_subject(core) if dropped else None

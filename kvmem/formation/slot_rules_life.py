@@ -58,7 +58,11 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     g.rule(
         rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?!(?:hospital|hospice|rehab|prison|jail|"
         r"church|school|uni|college|work|bed|office|A&E|ICU|ER)\b)(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
-        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)$",
+        r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)"
+        # or before a home of their own: "We're in Jersey City now, closed on the condo last month", "I'm in Christchurch
+        # now, renting two streets from my brother" (not "I'm in Rome now, staying at a hostel", "renting a car")
+        r"(?:$|, (?:renting(?! an? (?:car|van|bike|scooter|boat|kayak)\b)|closed on|bought (?:a|the|our|my) "
+        r"(?:house|flat|condo|apartment|place|bungalow|home)|got the keys|signed the lease)\b)",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -203,8 +207,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?-i:[A-Z])[a-z]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
-        rf"divorced me|split up with me){_LEFT_END}|"
+        r"^(?-i:[A-Z])[a-zà-ÿ]+ (?:has |just |)(?:broke up with me|dumped me|left me|ended (?:things|it)(?: with me)?|"
+        rf"broke it off(?: with me)?|divorced me|split up with me){_LEFT_END}|"
         r"^(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend|bf|gf) (?:has |'s )?"
         rf"(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|divorced me|split up "
         rf"with me|ghosted me|walked out on me){_LEFT_END}",
@@ -328,6 +332,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         g.user("job", g.group("job", v.job_known)),
     ),
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
+    # "I've started as a postdoc in Edinburgh" (not "I started as a trainee back in 1998", "years ago")
+    g.rule(
+        rf"^(?!.*\b(?:ago|back in|in (?:19|20)\d\d|years|volunteer\w*)\b)I(?:'ve| have)? {g.ADV}(?:started|begun|began) "
+        rf"as (?:a |an )?{g.val('job')}",
+        g.user("job", g.group("job", v.job_known)),
+    ),
     # a post taken up at a place, the job said after "as": "Started at the Royal Mint on Monday as a quality inspector",
     # "I have accepted, and commenced, a post as a junior actuary" (an occupation's noun; not "joined the choir as a
     # tenor", "started at the club as a sub", "began life as a chemist", "joined the cast as a dancer", "started at

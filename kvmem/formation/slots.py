@@ -208,6 +208,16 @@ RULES: tuple[SlotRule, ...] = (
         lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
         "preference",
     ),
+    # "I've become a coffee person", "I've turned into a tea convert", "I'm a cat person now" (not "a people person",
+    # "a morning person": no thing liked)
+    g.rule(
+        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:become|turned into|been converted into) (?:a |an )(?P<obj>(?!(?:people|"
+        rf"morning|night|evening|bigger|better|different|new|changed)\b)[a-z][\w'-]*) (?:person|convert|addict)\b|"
+        rf"^I(?:'m| am) (?:now )?(?:a |an )(?P<obj2>(?!(?:people|morning|night|evening|bigger|better|different|new|"
+        rf"changed)\b)[a-z][\w'-]*) (?:person|convert) now\b",
+        lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
+        "preference",
+    ),
     g.rule(
         rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:got|gotten|getting|been getting) (?:really |properly |proper |)into "
         rf"(?=(?-i:[a-z])){g.val('obj')}",
