@@ -264,6 +264,8 @@ def names_partner(text: str, name: str | None = None) -> bool:
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
     rf"^(?:(?P<we>we|I)|(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
+    r"me and (?:the|my) (?:gf|bf|girlfriend|boyfriend|missus|wife|husband|partner|fianc\w*|other half)|"
+    r"the (?:gf|bf|missus|wife|husband|other half) and (?:I|me)|"
     rf"me and (?!(?:{JOKED_PARTNERS})\b)(?P<name2>[a-z]+)|"
     # the partner ending it: "Inês ended it", "Karl has left me"
     r"(?P<name3>(?-i:[A-Z])[a-zà-ÿ]+)(?= (?:has )?(?:just )?(?:ended (?:it|things)|broke it off|left me|dumped me)\b)|"

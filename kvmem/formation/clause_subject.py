@@ -163,11 +163,18 @@ _YEARS_FIRST = re.compile(
 )
 
 
+# a profile's fragment with its subject dropped: "Work as a welder at the shipyard", "Work at a hardware store",
+# "Live in Ohio", "Live with my parents in Kraków" (not "Work from home today", "Live and learn")
+_BIO = re.compile(r"^(?:work (?:as|at|for)|live (?:in|with|near)) (?:a|an|the|my|our|(?-i:[A-Z]))", re.I)
+
+
 def _restore_subject(core: str) -> str | None:
     """The clause with the subject chat dropped put back ("Moved to Oslo" -> "I Moved to Oslo", "Been
     living here" -> "I have Been living here", "Not into it" -> "I am Not into it"), or None."""
     if core.lower().strip(" .!?") in _ONE_WORD_CHANGE:
         return f"I {core.strip(' .!?')}"
+    if _BIO.match(core):  # "Work as a welder at the shipyard", "Live in Ohio"
+        return f"I {core}"
     years = _YEARS_FIRST.match(core)
     if years is not None:
         return f"I have been {years.group('job')} for {years.group('n')} years"

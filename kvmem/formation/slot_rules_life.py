@@ -44,6 +44,15 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^{g.SUBJ} {g.ADV}(?:live|reside) {g.ADV}in {g.val('place')}",
         g.user("home_city", g.group("place", v.place)),
     ),
+    # "I live with my parents in Kraków" (not "I live with my parents in term time": a capitalised place)
+    g.rule(
+        rf"^{g.SUBJ} {g.ADV}live with (?:my|our|the|a) (?:[\w'-]+ ){{0,2}}?(?:parents|folks|family|mum|mom|dad|"
+        r"mother|father|partner|wife|husband|girlfriend|boyfriend|gran|granny|nan|nana|grandma|grandparents|aunt|uncle|"
+        r"sister|brother|"
+        r"kids|children|son|daughter|flatmates?|roommates?|housemates?|friends?|in-laws|cousins?|dog|cat)"
+        rf" in (?=(?-i:[A-Z])){g.val('place')}",
+        g.user("home_city", g.group("place", v.place)),
+    ),
     # "I stay in Durban" (South African, Scottish, Indian, West African English: where one lives), a capitalised
     # place said last or before a comma and where in it (not "I stay in hotels", "I stay in on Fridays", "I stay in
     # Rome for a week", "I stay in London, Monday to Friday", "I stay in Travelodge", "I stay in Discord all night")
