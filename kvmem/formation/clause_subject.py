@@ -45,7 +45,7 @@ _LEADING_PHRASE = (
 )
 _ADVERBIAL = re.compile(
     rf"^(?:(?:{_DATE_PHRASE}|{RELATIVE_DATE.pattern}|earlier today|sadly|unfortunately|luckily|fortunately|"
-    r"happily|thankfully|surprisingly|obviously|apparently|recently|lately|now|currently|also|finally|just|"
+    r"happily|thankfully|surprisingly|obviously|apparently|recently|lately|now|currently|also|finally|just(?! left\b)|"
     r"then|still|so|and|but|these days|nowadays|at the moment|right now|as of now|for now|these past \w+ \w+|"
     r"over the \w+|a while ago|a few \w+ ago|at last|earlier|today|this week|after all|in the end|by day|"
     r"by night|by trade|honestly|personally|weirdly|oddly|funnily enough|strangely|ironically|amazingly|"
@@ -80,8 +80,8 @@ ALSO_ABOUT_USER = re.compile(
     r"(?:is|are)(?: not|n't)? (?:really )?my (?:idea of|cup of tea|kind of))\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
-    r"(?-i:[A-Z])[a-zà-ÿ]+ (?:has )?(?:just )?(?:broke up with me|dumped me|left me|ended (?:things|it)(?: with me)?|"
-    r"broke it off(?: with me)?|divorced me|split up with me|proposed)\b|"
+    r"(?-i:[A-Z])[a-zà-ÿ]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+    r"divorced me|split up with me|proposed)\b|"
     rf"{DIVORCE_THROUGH}(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
     r"(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
     r"(?:wife|husband|fianc\w*|girlfriend|boyfriend|partner)\b|the engagement is (?:off|over)\b|"
@@ -157,8 +157,11 @@ _ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 # how long a job has been held, said before it with no subject: "Seven years a paramedic now", "Thirteen years a midwife
 # this month" -> "I have been a paramedic for Seven years now" (the slots read the job held)
 _YEARS_FIRST = re.compile(
-    r"^(?P<n>\d+|[a-z]+(?:-[a-z]+)?) (?:years?|yrs) (?:as )?(?P<job>(?:a|an) (?-i:[a-z])(?:(?! and | but )[\w' -])+?)"
-    r"(?: now| in (?:[A-Z][a-z]+ )?\d{4}| on \d{4}-\d\d-\d\d)?$",
+    r"^(?P<n>\d+|[a-z]+(?:-[a-z]+)?) (?:years?|yrs) (?:as )?(?P<job>(?:a|an) (?-i:[a-z])[\w'-]*"
+    r"(?: (?!(?:in|at|of|for|with|on|and|but|would|then|before|my|his|her)\b)[\w'-]+){0,2})"
+    # up to now: said with "now" or this month or year (resolved to a date): not "Ten years a nurse, then I quit",
+    # "Twenty years a miner, my grandad"
+    r"(?: now| in (?:(?-i:[A-Z])[a-z]+ )?\d{4})$",
     re.I,
 )
 
@@ -205,20 +208,16 @@ def _restore_subject(core: str) -> str | None:
 # "That's me retired fae the yard" (I'm retired from), "I'm nae a postie any more" (not)
 _PARTICIPLE = {
     "leaving": "left", "quitting": "quit", "moving": "moved", "starting": "started", "finishing": "finished",
-    "retiring": "retired", "selling": "sold", "buying": "bought", "packing": "packed", "handing": "handed",
+    "selling": "sold", "buying": "bought", "packing": "packed", "handing": "handed",
     "joining": "joined", "getting": "got", "giving": "given", "taking": "taken", "splitting": "split",
     "breaking": "broken", "signing": "signed", "landing": "landed", "finding": "found", "resigning": "resigned",
 }  # fmt: skip
-_PAST = {
-    "leave": "left", "quit": "quit", "move": "moved", "start": "started", "finish": "finished", "retire": "retired",
-    "sell": "sold", "buy": "bought", "give": "gave", "take": "took", "join": "joined", "get": "got", "stop": "stopped",
-    "resign": "resigned", "split": "split", "break": "broke", "marry": "married", "find": "found", "land": "landed",
-}  # fmt: skip
+_PAST = {"retire": "retired", "quit": "quit", "move": "moved", "resign": "resigned", "marry": "married"}  # fmt: skip
 _AFTER_DOING = re.compile(rf"^I(?:'m| am) (?:just )?after ({'|'.join(_PARTICIPLE)})\b", re.I)
 _DONE_DO = re.compile(rf"^I done ({'|'.join(_PAST)})\b", re.I)
 _THATS_ME = re.compile(
-    r"^that's me (?:now |officially |finally )?(?=(?:retired|finished|single|engaged|married|divorced|"
-    r"moved|started|left|unemployed|redundant)\b)",
+    r"^that's me (?:now |officially |finally )?(?=(?:retired|engaged|divorced|unemployed|redundant)\b|moved "
+    r"(?:to|into|up to|down to|back to|over to) )",
     re.I,
 )
 _NAE = re.compile(r"^(I(?:'m| am)) nae\b", re.I)
@@ -232,7 +231,7 @@ def standard_english(core: str) -> str:
     thats = _THATS_ME.match(core)
     if thats is not None:
         rest = core[thats.end() :]
-        done = rest.split(" ", 1)[0].lower() in ("moved", "started", "left")
+        done = rest.split(" ", 1)[0].lower() == "moved"
         core = f"I've {rest}" if done else f"I'm {rest}"
     return _FAE.sub(r"\1 from", _NAE.sub(r"\1 not", core, count=1))
 

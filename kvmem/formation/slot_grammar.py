@@ -119,7 +119,7 @@ _CONTRACTIONS = (
 
 
 _INTENSIFIERS = re.compile(
-    r"\b(?:really|totally|absolutely|completely|kind of|kinda|sort of|pretty much|so|just|actually|"
+    r"\b(?:really|totally|absolutely|completely|kind of|kinda|sort of|pretty much|so|just(?! left\b)|actually|"
     r"definitely|honestly|seriously|literally|genuinely|truly|finally|officially|now|currently|recently|"
     r"basically|already)\s+(?=[a-z])",
     re.I,

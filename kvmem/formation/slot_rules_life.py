@@ -69,9 +69,12 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         r"church|school|uni|college|work|bed|office|A&E|ICU|ER)\b)(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
         r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)"
         # or before a home of their own: "We're in Jersey City now, closed on the condo last month", "I'm in Christchurch
-        # now, renting two streets from my brother" (not "I'm in Rome now, staying at a hostel", "renting a car")
-        r"(?:$|, (?:renting(?! an? (?:car|van|bike|scooter|boat|kayak)\b)|closed on|bought (?:a|the|our|my) "
-        r"(?:house|flat|condo|apartment|place|bungalow|home)|got the keys|signed the lease)\b)",
+        # now, renting two streets from my brother" (not "I'm in Rome now, staying at a hostel", "renting a moped",
+        # "renting a villa for the holiday", "bought a flat for my sister", "closed on the deal")
+        r"(?:$|, (?!.*\b(?:for|holiday|week|weekend|conference|trip|airbnb|hotel|hostel|villa|cabin)\b)(?:renting "
+        r"(?:a |an |our |my )?(?:room|flat|house|place|apartment|studio|bedsit)\b|renting (?:\w+ )?(?:streets?|doors?|"
+        r"minutes?) from\b|(?:closed on|bought|got the keys to) (?:a|the|our|my) (?:house|flat|condo|apartment|place|"
+        r"bungalow|home)\b))",
         g.user("home_city", g.group("place", v.place)),
     ),
     g.rule(
@@ -216,8 +219,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^I{g.HAVE} {g.ADV}(?:dumped|broke up with|split up with|split from|divorced|separated from) "
         r"(?:my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|(?-i:[A-Z])[a-z]+$)|"
         rf"^I{g.HAVE} {g.ADV}left my (?:wife|husband|partner|girlfriend|boyfriend|fianc\w*)\b|"
-        r"^(?-i:[A-Z])[a-zà-ÿ]+ (?:has |just |)(?:broke up with me|dumped me|left me|ended (?:things|it)(?: with me)?|"
-        rf"broke it off(?: with me)?|divorced me|split up with me){_LEFT_END}|"
+        r"^(?-i:[A-Z])[a-zà-ÿ]+ (?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+        rf"divorced me|split up with me){_LEFT_END}|"
         r"^(?:the|my) (?:missus|wife|husband|hubby|other half|partner|girlfriend|boyfriend|bf|gf) (?:has |'s )?"
         rf"(?:just |)(?:broke up with me|dumped me|left me|ended things with me|ended it with me|divorced me|split up "
         rf"with me|ghosted me|walked out on me){_LEFT_END}",
@@ -245,11 +248,13 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     # job and employer: leaving one ("I quit the cafe", "I quit teaching", "I resigned from Boots"), not a
     # workplace left for the day ("I left the office early", "I just left work not too long ago": REALTALK)
     g.rule(
-        rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}) (?:my |the |a |our |this |that )?(?:[\w'-]+ ){{0,2}}"
-        rf"(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})|"
+        # (not "I've just left the office", "I just left work": the day's work done)
+        rf"^(?!I(?:'ve| have)? just left\b)I{g.HAVE} {g.ADV}(?:{g.LEAVE}) (?:my |the |a |our |this |that )?"
+        rf"(?:[\w'-]+ ){{0,2}}(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})|"
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
         rf"(?:{g.JOB_GERUNDS_RE}){g.END}|"
-        rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?:{g.END}|\s+(?:from|at)\b)|"
+        rf"^I{g.HAVE} {g.ADV}(?:resigned|handed in my notice|gave my notice|gave notice)(?! (?:on|for) (?:the|my|our) "
+        rf"(?:flat|house|apartment|place|room|lease|tenancy|car|allotment|unit)\b)(?:{g.END}|\s+(?:from|at)\b)|"
         rf"^I{g.HAVE} {g.ADV}(?:got|been given|was given) the sack(?: from (?:work|my job))?{_THEN_END}",
         g.user("job", g.fixed("none")),
     ),
@@ -262,15 +267,17 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     ),
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at|gave up|given up) "
-        r"(?:my|the) (?:\w+ )?job\b|"
+        r"(?:my|the) (?:\w+ )?job\b(?! (?:application|interview|offer|search|hunt|hunting|ad|advert|listing|fair|spec))|"
         rf"^I{g.HAVE} {g.ADV}(?:got|was|been|were|got myself) (?:fired|laid off|let go|made redundant|sacked)\b|"
-        rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working)\b|"
+        rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working(?! (?:on|today|tonight|"
+        r"tomorrow|this|next|till|until|over|for|at (?:the )?weekends?|christmas|weekends?|the weekend|in the)\b))\b|"
         # "I've been unemployed since March" (not "... before", "... twice", "out of work with flu")
         rf"^I(?:'ve| have) been {g.ADV}(?:unemployed|jobless|between jobs)(?= since\b)",
         g.user("job", g.fixed("none")),
     ),
     g.rule(
-        rf"^I(?:'m| am|'ve| have)? {g.ADV}(?:retired|been retired)\b|"
+        rf"^I(?:'m| am|'ve| have)? {g.ADV}(?:retired|been retired)\b(?! (?:my|the|our|his|her|a|an|this|that|those|"
+        r"these|it|them)\b)|"
         rf"^I{g.HAVE} {g.ADV}(?:went into|gone into|took|taken|started|began|entered|am in|'m in) (?:early |)retirement\b|"
         rf"^I{g.BE} {g.ADV}(?:a |an )?(?:retiree|pensioner|retired \w+)\b|"
         # the idioms: "I hung up my stethoscope", "announced my retirement"
@@ -343,8 +350,9 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     g.rule(rf"^I{g.BE} {g.ADV}(?:now )?the new {g.val('job')}", g.user("job", g.group("job", v.job_known))),
     # "I've started as a postdoc in Edinburgh" (not "I started as a trainee back in 1998", "years ago")
     g.rule(
-        rf"^(?!.*\b(?:ago|back in|in (?:19|20)\d\d|years|volunteer\w*)\b)I(?:'ve| have)? {g.ADV}(?:started|begun|began) "
-        rf"as (?:a |an )?{g.val('job')}",
+        # (told as done: not "I started as a waiter when I was sixteen", "... in the army", "... on the side")
+        r"^(?!.*\b(?:ago|back in|in (?:19|20)\d\d|years|volunteer\w*|when|on the side|as well|too|then|and now|"
+        rf"in the (?:army|navy|forces|air force))\b)I(?:'ve| have) {g.ADV}(?:started|begun) as (?:a |an )?{g.val('job')}",
         g.user("job", g.group("job", v.job_known)),
     ),
     # a post taken up at a place, the job said after "as": "Started at the Royal Mint on Monday as a quality inspector",
