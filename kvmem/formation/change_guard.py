@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import re
 
-from kvmem.formation.clause_subject import standard_english, subject_core
+from kvmem.formation.clause_subject import subject_core
 from kvmem.formation.clauses import statements
 from kvmem.formation.dates import MONTHS, WEEKDAYS
 from kvmem.formation.lexicon import ED_NOT_PAST, JOKED_PARTNERS, PAST_VERBS, RELATIVES, STOP_WORDS
@@ -263,9 +263,10 @@ def names_partner(text: str, name: str | None = None) -> bool:
 
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
-    rf"^(?:(?P<we>we|I)|(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
-    r"me and (?:the|my) (?:gf|bf|girlfriend|boyfriend|missus|wife|husband|partner|fianc\w*|other half)|"
-    r"the (?:gf|bf|missus|wife|husband|other half) and (?:I|me)|"
+    # ("me and the wife", "the missus and I": as "we", said last: not "Me and the wife are done, time for bed")
+    r"^(?:(?P<we>we|I|me and (?:the|my) (?:gf|bf|girlfriend|boyfriend|missus|wife|husband|hubby|partner|fianc\w*|"
+    r"other half)|the (?:gf|bf|missus|wife|husband|hubby|other half) and (?:I|me))|"
+    rf"(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
     rf"me and (?!(?:{JOKED_PARTNERS})\b)(?P<name2>[a-z]+)|"
     r"(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|other half)(?: and I)?)"
     r"(?:'ve| have|'re| are| aren't|'s| has)? (?:just |finally |officially |now )?(?:split up|split|broken? up|"
@@ -319,7 +320,7 @@ def blocker(clause: str) -> str | None:
         return "restatement"
     if _NEGATION.search(core) and not _ENDED.search(clause) and not _NEGATED_TASTE.search(core):
         return "negated"  # _ENDED on the whole clause: "Since March I don't eat meat" leads with it
-    if _PLAN.search(core) or _ahead(standard_english(clause)):  # "I done retire in September": done
+    if _PLAN.search(core) or _ahead(clause):
         return "plan"
     if _ADDED.search(core):
         return "addition"

@@ -22,6 +22,7 @@ from kvmem.formation.lexicon import (
     OCCUPATIONS,
     PAST_VERBS,
     SUBJECTLESS_FILLER,
+    WORKPLACES,
 )
 
 _MARKERS = "|".join(sorted((re.escape(m) for m in DISCOURSE_MARKERS), key=len, reverse=True))
@@ -80,7 +81,7 @@ ALSO_ABOUT_USER = re.compile(
     r"(?:is|are)(?: not|n't)? (?:really )?my (?:idea of|cup of tea|kind of))\b|"
     r"(?:you can |please |just )?call me [A-Za-z][\w'-]*$|people call me\b|everyone calls me\b|"
     # the user's relationship told from the other side: "Karl broke up with me", "Bea is my wife now"
-    r"(?-i:[A-Z])[a-zà-ÿ]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
+    r"(?-i:[A-Z])[a-z]+ (?:just )?(?:broke up with me|dumped me|left me|ended things with me|ended it with me|"
     r"divorced me|split up with me|proposed)\b|"
     rf"{DIVORCE_THROUGH}(?:$|(?=,|\s+(?:on|in|last|this|yesterday|today|at last)\b))|"
     r"(?-i:[A-Z])[a-z]+ is (?:now |officially )?my "
@@ -154,33 +155,11 @@ _CUT_A_HABIT = re.compile(r"^cut (?:out|down|back|(?:the |my )?[\w'-]+ out)\b", 
 _ONE_WORD_CHANGE = frozenset({"quit", "resigned", "retired"})
 
 
-# how long a job has been held, said before it with no subject: "Seven years a paramedic now", "Thirteen years a midwife
-# this month" -> "I have been a paramedic for Seven years now" (the slots read the job held)
-_YEARS_FIRST = re.compile(
-    r"^(?P<n>\d+|[a-z]+(?:-[a-z]+)?) (?:years?|yrs) (?:as )?(?P<job>(?:a|an) (?-i:[a-z])[\w'-]*"
-    r"(?: (?!(?:in|at|of|for|with|on|and|but|would|then|before|my|his|her)\b)[\w'-]+){0,2})"
-    # up to now: said with "now" or this month or year (resolved to a date): not "Ten years a nurse, then I quit",
-    # "Twenty years a miner, my grandad"
-    r"(?: now| in (?:(?-i:[A-Z])[a-z]+ )?\d{4})$",
-    re.I,
-)
-
-
-# a profile's fragment with its subject dropped: "Work as a welder at the shipyard", "Work at a hardware store",
-# "Live in Ohio", "Live with my parents in Kraków" (not "Work from home today", "Live and learn")
-_BIO = re.compile(r"^(?:work (?:as|at|for)|live (?:in|with|near)) (?:a|an|the|my|our|(?-i:[A-Z]))", re.I)
-
-
 def _restore_subject(core: str) -> str | None:
     """The clause with the subject chat dropped put back ("Moved to Oslo" -> "I Moved to Oslo", "Been
     living here" -> "I have Been living here", "Not into it" -> "I am Not into it"), or None."""
     if core.lower().strip(" .!?") in _ONE_WORD_CHANGE:
         return f"I {core.strip(' .!?')}"
-    if _BIO.match(core):  # "Work as a welder at the shipyard", "Live in Ohio"
-        return f"I {core}"
-    years = _YEARS_FIRST.match(core)
-    if years is not None:
-        return f"I have been {years.group('job')} for {years.group('n')} years"
     m = FIRST_WORD.match(core)
     if m is None or core.lower().rstrip(" .!?") in SUBJECTLESS_FILLER or len(core.split()) < 2:
         return None
@@ -203,36 +182,23 @@ def _restore_subject(core: str) -> str | None:
     return None
 
 
-# a change said in a variety of English, read in the standard form the slots know (the fact keeps the user's words):
-# Irish "I'm after leaving the hotel" (I've just left), Caribbean "I done retire from nursing" (I retired), Scots
-# "That's me retired fae the yard" (I'm retired from), "I'm nae a postie any more" (not)
-_PARTICIPLE = {
-    "leaving": "left", "quitting": "quit", "moving": "moved", "starting": "started", "finishing": "finished",
-    "selling": "sold", "buying": "bought", "packing": "packed", "handing": "handed",
-    "joining": "joined", "getting": "got", "giving": "given", "taking": "taken", "splitting": "split",
-    "breaking": "broken", "signing": "signed", "landing": "landed", "finding": "found", "resigning": "resigned",
-}  # fmt: skip
-_PAST = {"retire": "retired", "quit": "quit", "move": "moved", "resign": "resigned", "marry": "married"}  # fmt: skip
-_AFTER_DOING = re.compile(rf"^I(?:'m| am) (?:just )?after ({'|'.join(_PARTICIPLE)})\b", re.I)
-_DONE_DO = re.compile(rf"^I done ({'|'.join(_PAST)})\b", re.I)
+# a change said in Scots, read in the standard form the slots know (the fact keeps the user's words): "That's me retired
+# fae the yard" (I'm retired from), "That's me redundant" (not "That's me retired to bed", "... retired from five-a-side",
+# "... unemployed for the summer": said last, or before "fae"/"from" and a workplace), "I'm nae a postie any more" (not)
 _THATS_ME = re.compile(
-    r"^that's me (?:now |officially |finally )?(?=(?:retired|engaged|divorced|unemployed|redundant)\b|moved "
-    r"(?:to|into|up to|down to|back to|over to) )",
+    rf"^that's me (?:now |officially )?(?=(?:retired|unemployed|redundant|divorced)(?:\s*$|,| (?:fae|from) (?:the |my )?"
+    rf"(?:[\w'-]+ )?(?:{'|'.join(sorted(WORKPLACES, key=len, reverse=True))}|job|work|yard|shipyard|pits?|mine|rigs|force|police|army|navy|council)(?:\s*$|,)))",
     re.I,
 )
 _NAE = re.compile(r"^(I(?:'m| am)) nae\b", re.I)
-_FAE = re.compile(r"\b(retired|moved|away|home|back|out) fae\b", re.I)
+_FAE = re.compile(r"\b(retired|redundant) fae\b", re.I)
 
 
 def standard_english(core: str) -> str:
-    """`core` with a change said in a variety of English put in the standard form (`_PARTICIPLE` and its neighbours)."""
-    core = _AFTER_DOING.sub(lambda m: f"I've just {_PARTICIPLE[m.group(1).lower()]}", core, count=1)
-    core = _DONE_DO.sub(lambda m: f"I {_PAST[m.group(1).lower()]}", core, count=1)
+    """`core` with a change said in Scots put in the standard form (`_THATS_ME`, `_NAE`)."""
     thats = _THATS_ME.match(core)
     if thats is not None:
-        rest = core[thats.end() :]
-        done = rest.split(" ", 1)[0].lower() == "moved"
-        core = f"I've {rest}" if done else f"I'm {rest}"
+        core = f"I'm {core[thats.end() :]}"
     return _FAE.sub(r"\1 from", _NAE.sub(r"\1 not", core, count=1))
 
 

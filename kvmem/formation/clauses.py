@@ -52,7 +52,14 @@ _CHAT_SPELLINGS = (
     ),
     (re.compile(r"\bi(?=\b|')"), "I"),
     # "jus quit lidl" (not "where to put his jus": the sauce)
-    (re.compile(r"(?:(?<=^)|(?<=[.!?] )|(?<=\bI ))jus\b", re.I), "just"),
+    (
+        re.compile(
+            r"(?:(?<=^)|(?<=[.!?] )|(?<=\bI ))jus(?= (?:quit|left|got|moved|started|finished|broke|bought|sold|had|been|"
+            r"split|found|joined|signed|landed|retired|resigned|handed|packed|lost|passed|booked|won)\b)",
+            re.I,
+        ),
+        "just",
+    ),
     (re.compile(r"(?<=[a-z]) n (?=[a-z])"), " and "),  # "me n my gf", "work n sleep"
 )
 
@@ -66,8 +73,8 @@ _SENTENCE_END = re.compile(
 _CORRECTION = re.compile(r"^(?:actually|correction|sorry|no wait|wait|oops)\b", re.I)
 _TRAILING_FILLER = re.compile(
     # ("My mum is okay" keeps its "okay")
-    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|(?<!\bis )(?<!\bam )(?<!\bare )"
-    r"(?<!\bwas )(?<!\bbe )(?<!'s )(?<!'m )(?<!'re )(?:ok|okay)|btw|by the way)|"
+    r"(?:[,\s]+(?:you know|you see|lol|haha+|hehe|honestly|actually|though|right|(?<!\bis )(?<!'s )(?:ok|okay)|btw|"
+    r"by the way)|"
     r",\s*just like that)+\s*[.!?]*$",
     re.I,
 )

@@ -262,15 +262,11 @@ DISCOURSE_MARKERS = (
     "right",
     "true",
     "guess what",
-    # thanks and cheers before news: "Alhamdulillah I am now working as pharmacist", "Thank god I've found a flat"
+    # thanks before news: "Alhamdulillah I am now working as pharmacist", "Thank god I've found a flat"
     "alhamdulillah",
     "thank god",
     "thank goodness",
     "praise god",
-    "yay",
-    "woohoo",
-    "omg",
-    "phew",
     "remember",
     "as i said",
     "as i mentioned",

@@ -31,14 +31,6 @@ _NOT_FAN = (
     r"big|huge|massive|new|true|real|casual|ex|former|old|long-time|longtime|fair-weather|bandwagon|proper|super|ceiling|"
     r"desk|electric|pedestal"
 )
-# a thing one can be "a X person" for ("a coffee person", "a cat person"), not a trait ("a stronger person", "a lucky
-# person", "a boring person", "a Christian convert", "a single person", "a people person")
-_A_THING = (
-    r"(?!(?:single|sober|free|sad|bad|good|worse|new|different|people|morning|night|evening|mad|glad|calm|kind|nice|"
-    r"fit|fat|thin|old|young|whole|real|true|grown|changed|better|lucky|happy|busy|lazy|angry|healthy|"
-    r"wise)\b)(?-i:[a-z])[\w'-]*(?<!er)(?<!y)(?<!ful)(?<!less)(?<!ous)(?<!ic)(?<!al)(?<!ive)(?<!ed)(?<!ish)(?<!ing)"
-    r"(?<!ent)(?<!ant)(?<!ble)"
-)
 
 # ---- the table -------------------------------------------------------------------------------------------
 
@@ -213,15 +205,6 @@ RULES: tuple[SlotRule, ...] = (
         rf"^I am {g.ADV}(?:a |an )(?:(?:big|huge|massive|lifelong|die-hard|diehard|mad|massive) )?"
         rf"(?P<obj2>(?!(?:{_NOT_FAN})\b)[\w'-]+(?: (?!(?:{_NOT_FAN})\b)[\w'-]+)?) fan(?=\s*$|\s*[,.;:!?]|\s+(?:and|but|so|"
         r"now)\b)",
-        lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
-        "preference",
-    ),
-    # "I've become a coffee person", "I've turned into a tea convert", "I'm a cat person now" (not "a people person",
-    # "a morning person": no thing liked)
-    g.rule(
-        rf"^{g.SUBJ}{g.HAVE} {g.ADV}(?:become|turned into|been converted into) (?:a |an )(?P<obj>{_A_THING}) "
-        r"(?:person|convert|addict)\b|"
-        rf"^I(?:'m| am) (?:now )?(?:a |an )(?P<obj2>{_A_THING}) (?:person|convert) now\b",
         lambda m: g.likes("yes")(m) if m.group("obj") else g.likes("yes", group="obj2")(m),
         "preference",
     ),

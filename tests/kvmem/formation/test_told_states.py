@@ -238,6 +238,12 @@ def test_a_state_told_so_is_retired_by_its_change(earlier: str, later: str, reti
         ("Tom and I are done with the kitchen", False, None),
         ("Coffee and I are done", False, None),
         ("Our band broke up last month", False, None),
+        # the thirteenth set's forms (test_varieties.py)
+        ("me and the gf are done", True, None),
+        ("The missus and I have split up", True, None),
+        ("the wife's done", False, None),
+        ("Netflix ended it", False, None),
+        ("Dad has left me a voicemail", False, None),
     ],
 )
 def test_a_partnership_ended_and_whom_it_names(fact: str, ends: bool, named: str | None) -> None:
