@@ -182,12 +182,17 @@ def _restore_subject(core: str) -> str | None:
     return None
 
 
-# a change said in Scots, read in the standard form the slots know (the fact keeps the user's words): "That's me retired
-# fae the yard" (I'm retired from), "That's me redundant" (not "That's me retired to bed", "... retired from five-a-side",
-# "... unemployed for the summer": said last, or before "fae"/"from" and a workplace), "I'm nae a postie any more" (not)
+# a change said in Scots, read in the standard form the slots know (the fact keeps the user's words): "That's me
+# retired fae the yard" (I'm retired from), "That's me redundant" (not "That's me retired to bed", "... retired from
+# five-a-side", "... unemployed for the summer": said last, or before "fae"/"from" and a workplace), "I'm nae a postie
+# any more" (not)
+_WORKS = "|".join(
+    sorted(WORKPLACES | {"job", "work", "yard", "shipyard", "pit", "pits", "mine", "rigs", "force", "police", "army",
+     "navy", "council"}, key=len, reverse=True)
+)  # fmt: skip
 _THATS_ME = re.compile(
-    rf"^that's me (?:now |officially )?(?=(?:retired|unemployed|redundant|divorced)(?:\s*$|,| (?:fae|from) (?:the |my )?"
-    rf"(?:[\w'-]+ )?(?:{'|'.join(sorted(WORKPLACES, key=len, reverse=True))}|job|work|yard|shipyard|pits?|mine|rigs|force|police|army|navy|council)(?:\s*$|,)))",
+    r"^that's me (?:now |officially )?(?=(?:retired|unemployed|redundant|divorced)(?:\s*$|,| (?:fae|from) "
+    rf"(?:the |my )?(?:[\w'-]+ )?(?:{_WORKS})(?:\s*$|,)))",
     re.I,
 )
 _NAE = re.compile(r"^(I(?:'m| am)) nae\b", re.I)

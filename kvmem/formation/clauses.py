@@ -54,8 +54,8 @@ _CHAT_SPELLINGS = (
     # "jus quit lidl" (not "where to put his jus": the sauce)
     (
         re.compile(
-            r"(?:(?<=^)|(?<=[.!?] )|(?<=\bI ))jus(?= (?:quit|left|got|moved|started|finished|broke|bought|sold|had|been|"
-            r"split|found|joined|signed|landed|retired|resigned|handed|packed|lost|passed|booked|won)\b)",
+            r"(?:(?<=^)|(?<=[.!?] )|(?<=\bI ))jus(?= (?:quit|left|got|moved|started|finished|broke|bought|sold|had|"
+            r"been|split|found|joined|signed|landed|retired|resigned|handed|packed|lost|passed|booked|won)\b)",
             re.I,
         ),
         "just",
@@ -110,8 +110,7 @@ _HEDGE = re.compile(
 )
 # A short clause whose object is only a pronoun reacts to what was said: "I love it", "I'll try that".
 _PRONOUN_REACTION = re.compile(
-    r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$",
-    re.I,
+    r"^(?:\S+\s+){0,4}(?:it|that|this|them|those|these)(?: too| so much| a lot| as well)?$", re.I
 )
 # Talk about the conversation itself: "I mixed that up", "I misspoke", "I made a typo"; leaving it or stepping
 # away ("I'm off to bed, night night", "had to step away", "went quiet there"); a reaction to what was said

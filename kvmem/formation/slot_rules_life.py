@@ -51,8 +51,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         r"sister|brother|"
         r"kids|children|son|daughter|flatmates?|roommates?|housemates?|friends?|in-laws|cousins?|dog|cat)"
         r" in (?!(?:january|february|march|april|may|june|july|august|september|october|november|december|ramadan|"
-        r"lockdown|christmas|easter|term|halls?|zone|summer|winter|holidays?|airbnbs?|the)\b)(?P<place>(?-i:[A-Z])[a-z][\w'-]*(?<!'s)"
-        r"(?: (?-i:[A-Z])[a-z][\w'-]*(?<!'s))?)\s*$",
+        r"lockdown|christmas|easter|term|halls?|zone|summer|winter|holidays?|airbnbs?|the)\b)"
+        r"(?P<place>(?-i:[A-Z])[a-z][\w'-]*(?<!'s)(?: (?-i:[A-Z])[a-z][\w'-]*(?<!'s))?)\s*$",
         g.user("home_city", g.group("place", v.place)),
     ),
     # "I stay in Durban" (South African, Scottish, Indian, West African English: where one lives), a capitalised
@@ -70,9 +70,9 @@ LIFE_RULES: tuple[SlotRule, ...] = (
         rf"^{g.SUBJ}{g.BE} (?:in|based in|settled in|out in|up in|down in) (?!(?:hospital|hospice|rehab|prison|jail|"
         r"church|school|uni|college|work|bed|office|A&E|ICU|ER)\b)(?P<place>(?-i:[A-Z])[\w'-]*(?: (?-i:[A-Z])"
         r"[\w'-]*){0,2}) (?:now|these days|nowadays|for good)"
-        # or before a home of their own: "We're in Jersey City now, closed on the condo last month", "I'm in Christchurch
-        # now, renting two streets from my brother" (not "I'm in Rome now, staying at a hostel", "renting a moped",
-        # "renting a villa for the holiday", "bought a flat for my sister", "closed on the deal")
+        # or before a home of their own: "We're in Jersey City now, closed on the condo last month", "I'm in
+        # Christchurch now, renting two streets from my brother" (not "I'm in Rome now, staying at a hostel",
+        # "renting a moped", "renting a villa for the holiday", "bought a flat for my sister", "closed on the deal")
         r"(?:$|, (?!.*\b(?:for|holiday|week|weekend|conference|trip|airbnb|hotel|hostel|villa|cabin|till|until|through|"
         r"during|over|while|short-term|term|internship|project|monday|tuesday|wednesday|thursday|friday|saturday|sunday|"
         r"backpackers|at the|here|summer|winter|staying|tonight|tomorrow)\b)(?:renting "
@@ -253,8 +253,8 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     # workplace left for the day ("I left the office early", "I just left work not too long ago": REALTALK)
     g.rule(
         # (not "I've just left the office", "I just left work": the day's work done)
-        r"^(?!I(?:'ve| have)? just left (?:the |my )?(?:office|work|site|shift|ward|school|hospital|shop|store|gym|studio|"
-        r"depot|warehouse|yard|surgery|clinic|salon|restaurant|cafe|bar|pub|hotel|kitchen|factory|plant)\b"
+        r"^(?!I(?:'ve| have)? just left (?:the |my )?(?:office|work|site|shift|ward|school|hospital|shop|store|gym|"
+        r"studio|depot|warehouse|yard|surgery|clinic|salon|restaurant|cafe|bar|pub|hotel|kitchen|factory|plant)\b"
         rf"(?! for good| for the last time| after))I{g.HAVE} {g.ADV}(?:{g.LEAVE}) (?:my |the |a |our |this |that )?"
         rf"(?:[\w'-]+ ){{0,2}}(?:{g.WORKPLACES_RE})\b(?!{g.FOR_THE_DAY})|"
         rf"^I{g.HAVE} {g.ADV}(?:{g.LEAVE}|gave up|given up|stopped|retired from|am done with|'m done with) "
@@ -273,11 +273,13 @@ LIFE_RULES: tuple[SlotRule, ...] = (
     ),
     g.rule(
         rf"^I{g.HAVE} {g.ADV}(?:quit|left|lost|resigned from|walked away from|handed in my notice at|gave up|given up) "
-        r"(?:my|the) (?:\w+ )?job\b(?! (?:application|interview|offer|search|hunt|hunting|ad|advert|listing|fair|spec))|"
+        r"(?:my|the) (?:\w+ )?job\b(?! (?:application|interview|offer|search|hunt|hunting|ad|advert|listing|fair|"
+        r"spec))|"
         rf"^I{g.HAVE} {g.ADV}(?:got|was|been|were|got myself) (?:fired|laid off|let go|made redundant|sacked)\b|"
         rf"^I{g.BE} {g.ADV}(?:unemployed|jobless|out of work|between jobs|not working(?! (?:today|tonight|"
-        r"tomorrow|the day|the now|the morra|this (?:week|weekend|morning|afternoon|evening|shift)|next (?:week|weekend)|on \d{4}-|"
-        r"on (?:the )?\w+days?|at (?:the )?weekends?|weekends|(?:over )?christmas|for (?:the )?(?:day|week|weekend|night)|"
+        r"tomorrow|the day|the now|the morra|this (?:week|weekend|morning|afternoon|evening|shift)|"
+        r"next (?:week|weekend)|on \d{4}-|on (?:the )?\w+days?|at (?:the )?weekends?|weekends|(?:over )?christmas|"
+        r"for (?:the )?(?:day|week|weekend|night)|"
         r"till (?!further)|until (?!further))\b))\b|"
         # "I've been unemployed since March" (not "... before", "... twice", "out of work with flu")
         rf"^I(?:'ve| have) been {g.ADV}(?:unemployed|jobless|between jobs)(?= since\b)",
