@@ -55,7 +55,14 @@ import re
 from kvmem.formation.clause_subject import subject_core
 from kvmem.formation.clauses import statements
 from kvmem.formation.dates import MONTHS, WEEKDAYS
-from kvmem.formation.lexicon import ED_NOT_PAST, JOKED_PARTNERS, PAST_VERBS, RELATIVES, STOP_WORDS
+from kvmem.formation.lexicon import (
+    ED_NOT_PAST,
+    JOKED_PARTNERS,
+    PARTNER_NOUNS,
+    PAST_VERBS,
+    RELATIVES,
+    STOP_WORDS,
+)
 from kvmem.formation.rules import slot_of
 
 BLOCKERS = ("another person", "negated", "plan", "restatement", "addition", "no change word", "no statement")
@@ -264,8 +271,8 @@ def names_partner(text: str, name: str | None = None) -> bool:
 # a partnership ended: what lets a memory of the partner (names_partner) be retired
 _ENDS_PARTNERSHIP = re.compile(
     # ("me and the wife", "the missus and I": as "we", said last: not "Me and the wife are done, time for bed")
-    r"^(?:(?P<we>we|I|me and (?:the|my) (?:gf|bf|girlfriend|boyfriend|missus|wife|husband|hubby|partner|fianc\w*|"
-    r"other half)|the (?:gf|bf|missus|wife|husband|hubby|other half) and (?:I|me))|"
+    rf"^(?:(?P<we>we|I|me and (?:the|my) {PARTNER_NOUNS}|the (?:gf|bf|missus|wife|husband|hubby|other half) and "
+    r"(?:I|me))|"
     rf"(?!(?:{JOKED_PARTNERS}) )(?P<name>(?-i:[A-Z])[a-z]+) and (?:I|me)|"
     rf"me and (?!(?:{JOKED_PARTNERS})\b)(?P<name2>[a-z]+)|"
     r"(?:my|our) (?:wife|husband|partner|boyfriend|girlfriend|fianc\w*|other half)(?: and I)?)"

@@ -375,6 +375,9 @@ JOKED_PARTNERS = (
     r"cigarettes|smoking|vaping|gym|work|football|running|twitter|instagram|tiktok|facebook|snapchat|life|money|sleep"
 )
 
+# the user's partner, as chat names them ("my wife", "the missus", "me and the gf")
+PARTNER_NOUNS = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
+
 # words that carry no content of their own, for comparing two statements' words
 STOP_WORDS = frozenset(
     "i i'm i've my me we our the a an to of in on at for and but or is am are was were be been have has had "

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from kvmem.formation import slot_grammar as g
 from kvmem.formation import values as v
-from kvmem.formation.lexicon import DIVORCE_THROUGH, EMPLOYER_SUBJECT, HIRER_SUBJECT, RELATIONSHIP
+from kvmem.formation.lexicon import (
+    DIVORCE_THROUGH,
+    EMPLOYER_SUBJECT,
+    HIRER_SUBJECT,
+    PARTNER_NOUNS,
+    RELATIONSHIP,
+)
 from kvmem.formation.slot_grammar import SlotRule
 
 _HOME = (
@@ -30,7 +36,7 @@ _THEN_END = (
     r"(?=(?:\s+(?:on \d{4}-\d\d-\d\d|in the (?:week|weekend) of \d{4}-\d\d-\d\d|on the (?:morning|afternoon|evening|"
     r"night) of \d{4}-\d\d-\d\d|yesterday|today|this (?:week|morning)|last (?:week|month)))?\s*$)"
 )
-_PARTNER = r"(?:wife|husband|partner|girlfriend|boyfriend|fianc\w*|bf|gf|other half|missus|hubby)"
+_PARTNER = PARTNER_NOUNS
 # a partner "left me" as the clause's end, or before a time or whom for: not "left me in charge of the kids"
 _LEFT_END = r"(?=\s*$|\s*[,.;:!?]|\s+(?:for|after|last|yesterday|this|on|and|but|so|because)\b)"
 
