@@ -70,8 +70,9 @@ SETS = (
     "heldout_v13",
     "heldout_v14",
     "heldout_v15",
+    "heldout_v16",
 )  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01),
-# the twelfth to the fourteenth (2026-12-02)
+# the twelfth to the sixteenth (2026-12-02)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
