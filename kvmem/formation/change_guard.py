@@ -74,13 +74,21 @@ _PEOPLE = sorted(
      "eldest", "youngest", "oldest", "missus", "hubby", "folks", "bf", "gf", "grandad", "granddad", "gran", "nan", "nana",
      "sergeant", "lodger", "tenant", "godson", "goddaughter", "godmother", "godfather", "stepson", "stepdaughter",
      "stepmum", "sister-in-law", "brother-in-law", "mother-in-law", "father-in-law", "son-in-law", "daughter-in-law",
-     "grandson", "granddaughter", "grandkids", "grandchildren"},
+     "grandson", "granddaughter", "grandkids", "grandchildren", "apprentice", "employee", "supervisor", "mentor",
+     "roomie", "auntie", "aunty", "trainee", "stepbrother", "stepsister"},
     key=len,
     reverse=True,
 )  # fmt: skip
+# another person as the subject: one of _PEOPLE ("my next-door neighbours", "our youngest"), or a third person's pronoun
+# ("He moved to Leeds", "She's quit")
 _OTHER = re.compile(
-    rf"^(?:(?:my|our)(?: (?:best|older|younger|little|big|elder|new|old|ex|twin|step|oldest|youngest|\w+'s))* )?"
-    rf"(?:{'|'.join(re.escape(p) for p in _PEOPLE)})s?\b",
+    rf"^(?:(?:my|our)(?: (?:best|older|younger|little|big|elder|new|old|ex|twin|step|oldest|youngest|\w+'s|"
+    rf"\w+(?:-\w+)+))* )?(?:{'|'.join(re.escape(p) for p in _PEOPLE)})s?\b|^(?:he|she|they)(?:'s|'ve|'re|'d)?\b",
+    re.I,
+)
+# a third person's pronoun whose news is the user's partnership: "He proposed", "She said yes", "He asked me out"
+_PARTNERS_NEWS = re.compile(
+    r"^(?:he|she|they)\b.*\b(?:propos\w+|popped the question|said yes|asked (?:me|us) out|moved in with (?:me|us))\b",
     re.I,
 )
 _USER_IN_IT = re.compile(r"\b(?:me|us|I)\b")  # case matters: "I" (normalized), not a word beginning with "i"
@@ -99,7 +107,9 @@ _NAMES_PARTNER = re.compile(
     re.I,
 )
 _EMPLOYS_USER = re.compile(
-    r"\b(?:promoted me|hired me|took me on|taken me on|offered me the job|made me)\b", re.I
+    r"\b(?:promoted me|hired me|took me on|taken me on|kept me on|offered me the job|made me|let (?:me|us) go|"
+    r"laid (?:me|us) off|fired (?:me|us)|sacked (?:me|us))\b",
+    re.I,
 )
 _ALONGSIDE = re.compile(r"\b(?:as|than) (?:me|us)\b", re.I)  # "at the same firm as me": a comparison
 # and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
@@ -148,7 +158,7 @@ _CONCESSIVE = re.compile(r",\s*(?:though|although|even though|even if)\b", re.I)
 _ADDED = re.compile(
     r"\b(?:holiday (?:home|place|house|cottage|flat|let|shack|cabin|caravan|chalet|villa|apartment)|"
     r"for (?:the )?weekends|picked up (?:some|a few|extra|a bit of)|"
-    r"also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|side (?:job|gig|"
+    r"also|too(?=\s*(?:[,.!?;:)]|$|(?:and|but|so|now|lol|haha|tbh|though|these days)\b))|as well|another|a second|in addition|on top of|besides|along ?side|along with|side (?:job|gig|"
     r"hustle|project)|on the side)\b",
     re.I,
 )
@@ -198,7 +208,7 @@ _CHANGES = (
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "let go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
+    "sacked", "(?:let|laid) (?:me|us) (?:go|off)", "let go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
     "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
@@ -209,7 +219,7 @@ _CHANGES = (
     r"re(?:married|trained|skilled)",
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
-    "got together", "getting together", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
+    "got together", "getting together", "asked (?:me|us) out", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
     "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
     "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", r"^(?:me and|(?-i:[A-Z])[a-z]+ and (?:I|me)\b)[\w' -]* are (?:officially )?(?:a|an) (?:item|couple)(?! of)",
     "passed away", "died", "lost", "gone", "ex",
@@ -319,7 +329,7 @@ def tells_change(clause: str, strict: bool = False) -> bool:
 def blocker(clause: str) -> str | None:
     """Why this clause cannot supersede a memory of the user (one of BLOCKERS), or None."""
     core = subject_core(clause) or clause
-    if _OTHER.match(core) and not _users_news(core):
+    if _OTHER.match(core) and not _users_news(core) and not _PARTNERS_NEWS.match(core):
         return "another person"
     # the whole clause before a concessive: "Still no meat for me" leads with it; "not going anywhere"; not "Got the
     # keys to a terrace in Cleethorpes, though my clothes still smell of vinegar"

@@ -57,6 +57,10 @@ from kvmem.formation.tastes_told import tells_taste
         "my brother and I sold the flat in Derby",  # the user a subject beside another
         "I moved out on 2026-04-20",  # a day already past
         "I quit on the 4th",
+        "He proposed on the ferry",  # a third person's pronoun whose news is the user's partnership
+        "She asked me out after the gig",
+        "They let me go after eleven years",  # the user's job, ended by another
+        "they laid us off last spring",
     ],
 )
 def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
@@ -117,6 +121,13 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("I've accepted an offer at a law firm", "plan"),
         ("we bought a holiday cabin in the Lakes", "addition"),
         ("I picked up some evening shifts at the pub", "addition"),
+        ("He's moved back to Galway", "another person"),  # a third person's pronoun as the subject
+        ("she quit the choir after the row", "another person"),
+        ("They sold the farm and moved to Perth", "another person"),
+        ("our next-door neighbours split up", "another person"),  # a hyphenated word before the person
+        ("my two-year-old son started nursery", "another person"),
+        ("My trainee has left for a rival salon", "another person"),
+        ("I'm learning Welsh along with the day job", "addition"),
     ],
 )
 def test_a_clause_that_changes_nothing_of_the_user_is_blocked_with_its_reason(
