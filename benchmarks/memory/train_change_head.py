@@ -36,7 +36,8 @@ Settings chosen on the fifth set with the head trained on the first four (see do
 sixth with the head trained on the first five. The shipped head is trained on the first nine (2026-12-01): on the
 tenth, through the worker with the same rules and encoder, it caught 52 of 106 changes against the head trained on
 seven's 50, at 2 false supersessions each, and retired 12 memories on REALTALK's report split, as that head did; the
-same recipe on all ten sets retired 15 there, and was not kept.
+same recipe on all ten sets retired 15 there, and was not kept; on thirteen and fourteen sets at threshold 0.5 (2026-12-02)
+it caught 1 more on the fifteenth set and retired 11 there, fewer of them rightly: not kept (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ benchmarks/results/cpu/pair_encoder_dev/review/; docs/benchmarks.md): 0.5 / 0.6 
 0.670 / 0.642 / 0.585 / 0.472 of its changes at 11 / 9 / 5 / 4 / 3 of 109 false (none: 0.453, 3); 0.7 makes the
 fewest errors of the two kinds together. Tried and not kept: each change against two other items' turns about
 another area as "retires nothing" (the encoder then read "I sold my car." against "I play guitar in a band." at 0.3,
-not 0.9, but retired 129 memories on REALTALK's report split at 0.6).
+not 0.9, but retired 129 memories on REALTALK's report split at 0.6). Trained on the first fourteen sets (2026-12-02, not
+kept): 69 of the fifteenth set's 106 changes caught against the shipped 55, but 88 memories retired on the report
+split against 12; with `--random-pairs 300 --nearest-pairs 3`, 68 and 56 caught on the fifteenth and sixteenth
+against 55 and 46, and 50 retired (docs/benchmarks.md).
 """
 
 from __future__ import annotations
