@@ -79,16 +79,17 @@ _PEOPLE = sorted(
     key=len,
     reverse=True,
 )  # fmt: skip
+_THIRD = r"(?:he|she|they)"  # a third person's pronoun
 # another person as the subject: one of _PEOPLE ("my next-door neighbours", "our youngest"), or a third person's pronoun
 # ("He moved to Leeds", "She's quit")
 _OTHER = re.compile(
     rf"^(?:(?:my|our)(?: (?:best|older|younger|little|big|elder|new|old|ex|twin|step|oldest|youngest|\w+'s|"
-    rf"\w+(?:-\w+)+))* )?(?:{'|'.join(re.escape(p) for p in _PEOPLE)})s?\b|^(?:he|she|they)(?:'s|'ve|'re|'d)?\b",
+    rf"\w+(?:-\w+)+))* )?(?:{'|'.join(re.escape(p) for p in _PEOPLE)})s?\b|^{_THIRD}(?:'s|'ve|'re|'d)?\b",
     re.I,
 )
 # a third person's pronoun whose news is the user's partnership: "He proposed", "She said yes", "He asked me out"
 _PARTNERS_NEWS = re.compile(
-    r"^(?:he|she|they)\b.*\b(?:propos\w+|popped the question|said yes|asked (?:me|us) out|moved in with (?:me|us))\b",
+    rf"^{_THIRD}\b.*\b(?:propos\w+|popped the question|said yes|asked (?:me|us) out|moved in with (?:me|us))\b",
     re.I,
 )
 _USER_IN_IT = re.compile(r"\b(?:me|us|I)\b")  # case matters: "I" (normalized), not a word beginning with "i"
@@ -207,8 +208,8 @@ _CHANGES = (
     "new (?:job|role|position|post|gig|place|flat|house|home|apartment|city|town|partner|girlfriend|boyfriend|"
     "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
-    r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid off", r"redundan\w+", "fired",
-    "sacked", "(?:let|laid) (?:me|us) (?:go|off)", "let go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
+    r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid (?:(?:me|us) )?off", r"redundan\w+", "fired",
+    "sacked", "let (?:(?:me|us) )?go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
     "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
     r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
     "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
