@@ -115,7 +115,9 @@ class ChangeReader:
         missing = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         if missing:
             self._vectors.update(zip(missing, self.embedder.embed(missing), strict=True))
-        return change_reading(self.head, facts, {t: self._vectors[t] for t in texts}, self.encoder)
+        return change_reading(
+            self.head, facts, {t: self._vectors[t] for t in texts}, self.encoder, [m.text for m in memories]
+        )
 
 
 def form_in_order(

@@ -116,13 +116,15 @@ _ALONGSIDE = re.compile(r"\b(?:as|than) (?:me|us)\b", re.I)  # "at the same firm
 # and a change weighed and not made: "decided against moving", "talked myself out of it", "turned the offer down"
 _NEGATION = re.compile(
     r"\b(?:not|never|nope|nah|decided against|talked (?:myself |me |us )?out of|changed (?:my|our) minds?|"
-    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of|fell through|(?:nearly|almost) (?:moved|quit|left|sold|"
-    r"took|gave|went|broke|split|retired|resigned|married|signed|bought|emigrated|relocated))\b|n't\b",
+    r"turned (?:\w+ ){0,3}down|(?:pulled|backed) out of|fell through|tried (?:to )?(?:giv(?:e|ing)|quit(?:ting)?|"
+    r"stop(?:ping)?|cut(?:ting)?|ditch(?:ing)?|drop(?:ping)?)|(?:nearly|almost) (?:moved|quit|left|sold|"
+    r"took|gave|went|broke|split|retired|resigned|married|signed|bought|emigrated|relocated|dropped|stopped|ditched|"
+    r"cancell?ed))\b|n't\b",
     re.I,
 )
 # a negation that tells a state ended is a change: "not ... anymore", "no longer", "never looked back"
 _ENDED = re.compile(
-    r"\b(?:any ?more|no longer|nowadays|these days|now|since|ever since|never looked back|never again|"
+    r"\b(?:any ?more|no longer|no more|nowadays|these days|now|since|ever since|never looked back|never again|"
     r"not going back|never going back|for good)\b",
     re.I,
 )
@@ -171,7 +173,10 @@ _AHEAD = re.compile(
     rf"this coming|in a (?:few|couple of) (?:weeks|months)|in (?:\w+ )?(?:weeks|months)' time)\b",
     re.I,
 )
-_DATED = re.compile(rf"\b(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})\b", re.I)
+_DATED = re.compile(
+    rf"\b(?:(?:in|from|come|by|until) (?:the )?(?:{_SEASON}|{_MONTH})|(?:from|come|by|until) (?:{'|'.join(WEEKDAYS)}))\b",
+    re.I,
+)
 # a day, read over the whole clause (a resolved date often leads it: "On 2026-11-25 I got the keys"): "on the 4th",
 # "Friday the 28th, then ...", "the 12th of June" (not "the 3rd floor"), "at the end of March" (not "since the end of
 # March"), "in the week of 2026-05-11"
@@ -206,7 +211,7 @@ _CHANGES = (
     "semi|cottage|room)",
     # work
     "new (?:job|role|position|post|gig|place|flat|house|home|apartment|city|town|partner|girlfriend|boyfriend|"
-    "company|firm|employer|team|school|contract|career|chapter)", r"quit\w*", "left", r"leav(?:e|ing)",
+    "company|firm|employer|team|school|contract|career|chapter)", r"quit(?:s|ting|ted)?", "left", r"leav(?:e|ing)",
     r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
     r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid (?:(?:me|us) )?off", r"redundan\w+", "fired",
     "sacked", "let (?:(?:me|us) )?go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
@@ -221,8 +226,8 @@ _CHANGES = (
     # partner
     "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
     "got together", "getting together", "asked (?:me|us) out", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
-    "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separated", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "are done", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", r"^(?:me and|(?-i:[A-Z])[a-z]+ and (?:I|me)\b)[\w' -]* are (?:officially )?(?:a|an) (?:item|couple)(?! of)",
+    "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separat(?:ed|ing)", "dumped", "ended", "called it (?:a day|quits)",
+    "single", r"widow\w*", "exclusive", "(?:are|'re) (?:done|finished|through)", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", r"^(?:me and|(?-i:[A-Z])[a-z]+ and (?:I|me)\b)[\w' -]* are (?:officially )?(?:a|an) (?:item|couple)(?! of)",
     "passed away", "died", "lost", "gone", "ex",
     # tastes and habits
     "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
@@ -250,9 +255,13 @@ _WORD = re.compile(r"[a-z][a-z']+")
 # while", "get my food and leave")
 _ONLY_WHEN = re.compile(r"\b(?:now|these days|nowadays|finally|officially|again)\b", re.I)
 _ONLY_HOW_LONG = re.compile(
-    r"\b(?:(?:ever )?since|any ?more|used to|leav(?:e|ing)|been (?:a|an|\w+ing)|"
+    r"\b(?:(?:ever )?since|any ?more|used to|leav(?:e|ing)|learning|been (?:a|an|\w+ing)|"
     r"for (?:\w+ ){1,2}(?:years?|months?|weeks?|decades?))\b",
     re.I,
+)
+# except a state said to be over: "any more" after a negation ("Not seeing Luca any more", "I don't eat meat anymore")
+_NOT_ANY_MORE = re.compile(
+    r"(?:\b(?:not|no|never)\b|n't\b)(?! (?:know|think|understand|remember)\b)[^,.;:!?]*\bany ?more\b", re.I
 )
 
 
@@ -317,9 +326,39 @@ def says_change(clause: str, strict: bool = False) -> bool:
     the sub", not "I'm cooking mushrooms for the kids now"); `strict`: nor one of how long or since when ("I've been
     a nurse for years"). What the guard blocks is `blocker`'s to say."""
     words = _ONLY_WHEN.sub(" ", clause)
-    if strict:
+    if strict and not _NOT_ANY_MORE.search(words):
         words = _ONLY_HOW_LONG.sub(" ", words)
     return bool(_CHANGED.search(words))
+
+
+# a taste or habit given up: what a change of taste told in words alone must say (taking one up rarely ends another:
+# "I've recently started playing Spider-Man" beside "I started playing the Guardians of the Galaxy game")
+_GIVEN_UP = re.compile(
+    r"\b(?:g(?:ave|iven|iving|ive) up|stop(?:ped|ping)|stop \w+ing|put an? (?:\w+ )?stop to|quit(?:ting)?|cut(?:ting)? (?:\w+ ){0,3}out|ditch(?:ed|ing)|"
+    r"dropp(?:ed|ing)|done with|(?:gone|went|going) (?:right |completely )?off|fallen out of love|no longer|no more|"
+    r"(?:are|'re) (?:done|finished|through)|kicked|over (?:it|him|her))\b",
+    re.I,
+)
+
+
+# a taste or habit taken up: a word of change that tells nothing of a home, a job or a partner
+_TAKEN_UP = re.compile(
+    r"\b(?:t(?:ook|aken|aking|ake) up|got into|getting into|picked up|learning|hooked|obsessed|"
+    r"come to (?:love|like|enjoy|hate)|(?:a|now a) convert)\b",
+    re.I,
+)
+
+
+def says_state_change(clause: str) -> bool:
+    """Whether the clause has a word of change (`says_change`, strict) other than one of a taste taken up ("I used to
+    make barbecue before I got into comic books" tells no new job)."""
+    return says_change(_TAKEN_UP.sub(" ", clause), strict=True)
+
+
+def says_given_up(clause: str) -> bool:
+    """Whether the clause says a taste or habit was given up ("I've gone right off crime fiction", "Not seeing Luca
+    any more"), not taken up."""
+    return bool(_GIVEN_UP.search(clause) or _NOT_ANY_MORE.search(clause))
 
 
 def tells_change(clause: str, strict: bool = False) -> bool:
@@ -327,8 +366,13 @@ def tells_change(clause: str, strict: bool = False) -> bool:
     return blocker(clause) is None and says_change(clause, strict)
 
 
+# a way of speaking, not a negation or a plan: "Not gonna lie, ...", "Not to be dramatic but ..."
+_ASIDE = re.compile(r"\bnot (?:gonna|going to) lie\b|\bnot to be dramatic\b", re.I)
+
+
 def blocker(clause: str) -> str | None:
     """Why this clause cannot supersede a memory of the user (one of BLOCKERS), or None."""
+    clause = _ASIDE.sub(" ", clause)
     core = subject_core(clause) or clause
     if _OTHER.match(core) and not _users_news(core) and not _PARTNERS_NEWS.match(core):
         return "another person"

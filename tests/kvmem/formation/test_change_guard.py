@@ -11,6 +11,8 @@ from kvmem.formation.change_guard import (
     blocker,
     other_area,
     same_value,
+    says_given_up,
+    says_state_change,
     tells_change,
     turn_blocker,
 )
@@ -61,6 +63,11 @@ from kvmem.formation.tastes_told import tells_taste
         "She asked me out after the gig",
         "They let me go after eleven years",  # the user's job, ended by another
         "they laid us off last spring",
+        "Greta and I are separating",
+        "Me and takeaways are finished",
+        "No more night shifts for me, I couldn't keep it up",  # "no more" says the state ended
+        "Not gonna lie, I quit the band",  # a way of speaking, not a negation or a plan
+        "Not to be dramatic but I'm done with the gym",
     ],
 )
 def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
@@ -128,6 +135,10 @@ def test_a_change_of_the_users_own_state_is_not_blocked(clause: str) -> None:
         ("my two-year-old son started nursery", "another person"),
         ("My trainee has left for a rival salon", "another person"),
         ("I'm learning Welsh along with the day job", "addition"),
+        ("I tried giving up crisps for Lent", "negated"),  # an attempt, not a change
+        ("I almost dropped the evening class", "negated"),
+        ("From Monday I'm cutting out fizzy drinks", "plan"),  # a weekday still to come
+        ("I'm quite happy in Leeds", "no change word"),  # "quite" is not "quit"
     ],
 )
 def test_a_clause_that_changes_nothing_of_the_user_is_blocked_with_its_reason(
@@ -218,3 +229,27 @@ def test_tells_change_strict_needs_more_than_how_long_or_since_when() -> None:
     assert not tells_change("I've been a welder for years", strict=True)
     assert not tells_change("I have since found chemistry useful", strict=True)
     assert not tells_change("I just wanted to get my food and leave", strict=True)
+    assert not tells_change("I'm learning a lot on the course", strict=True)
+    # "any more" after a negation says a state is over ("I don't know any more" says nothing of one)
+    assert tells_change("Not seeing Rafa any more", strict=True)
+    assert tells_change("I don't go to the gym anymore", strict=True)
+    assert not tells_change("I don't know anymore", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("clause", "given_up", "state"),
+    [
+        ("I've gone right off cider", True, True),
+        ("I've stopped doing the pub quiz", True, True),
+        ("My knee put a stop to the running", True, True),
+        ("Not seeing Rafa any more", True, True),
+        ("I use a toner to stop the shine", False, True),  # "to stop": a purpose, not a taste given up
+        ("I've taken up the cello", False, False),  # a taste taken up: no home, job or partner
+        ("I left the bakery before I got into pottery", False, True),
+    ],
+)
+def test_given_up_and_a_change_of_state_are_read_apart_from_a_taste_taken_up(
+    clause: str, given_up: bool, state: bool
+) -> None:
+    assert says_given_up(clause) is given_up
+    assert says_state_change(clause) is state

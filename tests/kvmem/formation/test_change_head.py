@@ -285,6 +285,20 @@ def test_a_change_told_in_words_alone_in_a_single_valued_area_is_read() -> None:
     assert reading.changed == {bought.text: "home"} and reading.told == {bought.text}
 
 
+def test_a_change_told_in_words_takes_the_area_of_the_memory_closest_to_it(tmp_path: Path) -> None:
+    """The head reads "I have given up the sudoku in the paper" in no area: told as a change in words, it takes the
+    area of the closest memory (a taste, cosine above TOLD_NEAR) and retires it; a negation that says a state is
+    over is a word of change ("Not seeing Ollie any more")."""
+    said = ["I do the sudoku in the paper every morning.", "I have given up the sudoku in the paper."]
+    with MemoryStore(tmp_path / "a.sqlite") as store:
+        current, retired = formed(store, said)
+    assert (current, retired) == ([said[1]], [said[0]])
+    said = ["I'm seeing a guy called Ollie, early days.", "Not seeing Ollie any more."]
+    with MemoryStore(tmp_path / "b.sqlite") as store:
+        current, retired = formed(store, said)
+    assert (current, retired) == ([said[1]], [said[0]])
+
+
 def test_a_named_partners_ending_retires_only_a_memory_naming_them(tmp_path: Path) -> None:
     said = [
         "My partner Rory and I share a flat in Douglas.",
@@ -411,7 +425,7 @@ def _reading(facts: list[Fact], memories: list[ExistingMemory]) -> ChangeReading
     from scheduler.formation_decisions import _vectors
 
     vectors = _vectors(_Embeds(), facts, [m.text for m in memories], with_turns=True)
-    return change_reading(load_change_head(), facts, vectors)
+    return change_reading(load_change_head(), facts, vectors, memories=[m.text for m in memories])
 
 
 @pytest.mark.parametrize("said", ["I cooked mushrooms for the kids.", "I had mushrooms at dinner."])
