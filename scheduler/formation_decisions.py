@@ -21,7 +21,6 @@ from kvmem.formation.change_guard import (
     says_change,
     says_given_up,
     says_state_change,
-    slot_area,
 )
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
 from kvmem.formation.consolidate import (
@@ -176,11 +175,6 @@ def change_reading(
     matrix = np.stack([vectors[t] for t in texts])  # [n, dim]
     probability = dict(zip(texts, head.change_probability(matrix).tolist(), strict=True))
     areas = dict(zip(texts, head.area(matrix), strict=True))
-    for (
-        t
-    ) in texts:  # where the head reads no area, the rules' slot may name one ("I'm a student at uni": a job)
-        if areas[t] is None:
-            areas[t] = _AREA_OF_SLOT.get(slot_area(t) or "")
     turns = turn_texts(facts)
     blocked = {fact.text: blocker(fact.text) for fact in facts}  # the guard's reading, once a fact
     changed = {}
@@ -219,10 +213,6 @@ def change_reading(
     )
 
 
-# the head's single-valued areas by the rules' slot areas (change_guard.slot_area), read where the head reads a text in
-# no area: "I'm a student at uni, final year of geography" (a job for the rules) retired by "I've just started as a
-# graduate planner with the council"
-_AREA_OF_SLOT = {"user|home_city": "home", "work": "job", "partner": "partner"}
 # how close the closest memory must be for a change told in words to take its area: where the head reads the fact in
 # no area ("I have given up The Times crossword" beside "I do The Times crossword every morning", cosine 0.62), or
 # for a taste, which the head rarely reads as changed from words alone ("I've gone right off crime fiction")

@@ -299,25 +299,6 @@ def test_a_change_told_in_words_takes_the_area_of_the_memory_closest_to_it(tmp_p
     assert (current, retired) == ([said[1]], [said[0]])
 
 
-def test_where_the_head_reads_no_area_the_rules_slot_names_one(tmp_path: Path) -> None:
-    """The head reads "I'm a student at college, doing chemistry" in no area; the rules read a job in it, so a new
-    job told in words retires it. A memory of another area is not retired."""
-    said = [
-        "I'm a student at college, doing chemistry.",
-        "Started as a lab technician at the hospital last week.",
-    ]
-    with MemoryStore(tmp_path / "a.sqlite") as store:
-        current, retired = formed(store, said)
-    assert retired == [said[0]]
-    said = [
-        "I'm seeing a lad called Finn, it's going well.",
-        "I've just started as a barista at the station.",
-    ]
-    with MemoryStore(tmp_path / "b.sqlite") as store:
-        current, retired = formed(store, said)
-    assert retired == []
-
-
 def test_a_named_partners_ending_retires_only_a_memory_naming_them(tmp_path: Path) -> None:
     said = [
         "My partner Rory and I share a flat in Douglas.",
