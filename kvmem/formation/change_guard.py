@@ -251,15 +251,15 @@ _WORD = re.compile(r"[a-z][a-z']+")
 
 # words of change that also say only when ("I'm cooking mushrooms for the kids now"): not enough to tell a change
 # of a taste alone; nor, for a state read from words alone (tells_change's `strict`), words of how long or since
-# when, which real chat uses all the time ("I have since found calculus useful", "I've been working from home for a
-# while", "get my food and leave")
+# when, or "learning", which real chat uses all the time ("I have since found calculus useful", "I've been working from
+# home for a while", "get my food and leave", "Excited for the challenges and learning ahead")
 _ONLY_WHEN = re.compile(r"\b(?:now|these days|nowadays|finally|officially|again)\b", re.I)
 _ONLY_HOW_LONG = re.compile(
     r"\b(?:(?:ever )?since|any ?more|used to|leav(?:e|ing)|learning|been (?:a|an|\w+ing)|"
     r"for (?:\w+ ){1,2}(?:years?|months?|weeks?|decades?))\b",
     re.I,
 )
-# except a state said to be over: "any more" after a negation ("Not seeing Luca any more", "I don't eat meat anymore")
+# except a state said to be over: "any more" after a negation ("Not seeing Ollie any more", "I don't eat meat anymore")
 _NOT_ANY_MORE = re.compile(
     r"(?:\b(?:not|no|never)\b|n't\b)(?! (?:know|think|understand|remember)\b)[^,.;:!?]*\bany ?more\b", re.I
 )
@@ -334,8 +334,8 @@ def says_change(clause: str, strict: bool = False) -> bool:
 # a taste or habit given up: what a change of taste told in words alone must say (taking one up rarely ends another:
 # "I've recently started playing Spider-Man" beside "I started playing the Guardians of the Galaxy game")
 _GIVEN_UP = re.compile(
-    r"\b(?:g(?:ave|iven|iving|ive) up|stop(?:ped|ping)|stop \w+ing|put an? (?:\w+ )?stop to|quit(?:ting)?|cut(?:ting)? (?:\w+ ){0,3}out|ditch(?:ed|ing)|"
-    r"dropp(?:ed|ing)|done with|(?:gone|went|going) (?:right |completely )?off|fallen out of love|no longer|no more|"
+    r"\b(?:g(?:ave|iven|iving|ive) up|stop(?:ped|ping)|stop \w+ing|put an? (?:\w+ )?stop to|quit(?:ting)?|"
+    r"cut(?:ting)? (?:\w+ ){0,3}out|ditch(?:ed|ing)|dropp(?:ed|ing)|done with|(?:gone|went|going) (?:right |completely )?off|fallen out of love|no longer|no more|"
     r"(?:are|'re) (?:done|finished|through)|kicked|over (?:it|him|her))\b",
     re.I,
 )
@@ -356,7 +356,7 @@ def says_state_change(clause: str) -> bool:
 
 
 def says_given_up(clause: str) -> bool:
-    """Whether the clause says a taste or habit was given up ("I've gone right off crime fiction", "Not seeing Luca
+    """Whether the clause says a taste or habit was given up ("I've gone right off online chess", "Not seeing Ollie
     any more"), not taken up."""
     return bool(_GIVEN_UP.search(clause) or _NOT_ANY_MORE.search(clause))
 
