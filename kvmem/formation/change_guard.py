@@ -109,6 +109,7 @@ _NAMES_PARTNER = re.compile(
 )
 _EMPLOYS_USER = re.compile(
     r"\b(?:promoted me|hired me|took me on|taken me on|kept me on|offered me the job|made me|let (?:me|us) go|"
+    r"(?:moved|transferred|posted|relocated) (?:me|us) to|"
     r"laid (?:me|us) off|fired (?:me|us)|sacked (?:me|us))\b",
     re.I,
 )

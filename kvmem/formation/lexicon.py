@@ -290,7 +290,7 @@ PAST_VERBS = frozenset(
     went got saw met came left took made ate drank bought began found gave told felt ran won lost sold spent
     paid wrote broke flew drove caught kept brought heard sent slept swam threw woke wore had did became quit
     grew built drew fell forgot hit hurt knew led lent rode rang rose sang sank shook shot spoke stole stood
-    struck swore taught tore understood wept
+    struck swore taught tore understood wept laid
     """.split()
 )
 # Words ending in "ed" that are no past tense ("I need", "the Red Cross").

@@ -63,6 +63,8 @@ from kvmem.formation.tastes_told import tells_taste
         "She asked me out after the gig",
         "They let me go after eleven years",  # the user's job, ended by another
         "they laid us off last spring",
+        "they laid us off in the spring",  # "laid" is a past verb: the season is behind
+        "They moved me to the Leeds office",  # the user's job, moved by another
         "Greta and I are separating",
         "Me and takeaways are finished",
         "No more night shifts for me, I couldn't keep it up",  # "no more" says the state ended
