@@ -18,11 +18,9 @@ import numpy as np
 from kvmem.formation.change_guard import (
     blocker,
     partner_named_in_ending,
-    says_change,
-    says_given_up,
-    says_state_change,
 )
 from kvmem.formation.change_head import ChangeHead, ChangeHeadLoadError, load_change_head
+from kvmem.formation.change_words import says_change, says_given_up, says_state_change
 from kvmem.formation.consolidate import (
     DEFAULT_CLEARS,
     ExistingMemory,

@@ -18,7 +18,7 @@ change, and nothing else about it is asked; past that, it says what is not a cha
 - "restatement": "still", "like I said", "same as ever";
 - "addition": a second thing beside the first ("also", "another", "a side job", "as well", a closing "too";
   not "too" before a word: "we broke up, the distance was too hard" is a change);
-- "no change word": nothing in the clause says a state began, ended or moved (`_CHANGED`: moved, quit,
+- "no change word": nothing in the clause says a state began, ended or moved (`change_words.CHANGED`: moved, quit,
   started, retired, split, gave up, took up, "for N years", "now", "no longer" ...). Scored once on the third
   sealed set, the model's updates stood on clauses such as "we took her out for a curry to celebrate" (a
   teacher's job retired) and "I always check the labels" (retiring "I'm vegan"): 21 of 109 non-changes
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 
+from kvmem.formation.change_words import CHANGED, says_change
 from kvmem.formation.clause_subject import subject_core
 from kvmem.formation.clauses import statements
 from kvmem.formation.dates import MONTHS, WEEKDAYS
@@ -200,70 +201,7 @@ _NOT_PAST = re.compile(
     r"married|engaged|interested|expected|pleased|thrilled|nervous|due)\b|\bneed(?:s|ed)? to\b",
     re.I,
 )
-# a state that began, ended or moved, in the areas the rules read (work, home, partner, tastes and habits)
-_CHANGES = (
-    # home
-    r"mov(?:e|ed|ing)", r"relocat\w+", r"emigrat\w+", "settled", r"shift(?:ed|ing) (?:(?:up|down|over|back|out) )?(?:to|over|back)",
-    "sold up", "moved back home",
-    "keys to", "own place",
-    r"(?:I'm|I am|we're|we are) (?:\w+ )?out of (?:the|that|my|our) (?:\w+ )?(?:flat|house|place|suite|dorms?|"
-    "halls|apartment|room|job|company|firm|army|navy|marriage|relationship)",
-    r"(?:got|rented|found) (?:a|an|our|my) (?:\w+ ){0,2}(?:condo|apartment|flat|house|home|place|bungalow|terrace|"
-    "semi|cottage|room)",
-    # work
-    "new (?:job|role|position|post|gig|place|flat|house|home|apartment|city|town|partner|girlfriend|boyfriend|"
-    "company|firm|employer|team|school|contract|career|chapter)", r"quit(?:s|ting|ted)?", "left", r"leav(?:e|ing)",
-    r"resign\w*", r"hand(?:ed|ing)? in", "(?:gave|given|giving|put in|served|my) (?:my )?notice",
-    r"(?:pack|jack)(?:ed)? (?:it )?in", r"walk(?:ed|ing) (?:out|away)", "laid (?:(?:me|us) )?off", r"redundan\w+", "fired",
-    "sacked", "let (?:(?:me|us) )?go", "the sack", "stepped down (?:as|from)", "last (?:day|shift|ever|patient|time)", "cleared out", "retirement",
-    "(?:took|drew|drawing|taking|on) (?:my |a |the )?pension",
-    r"(?:that's|it's) (?:\w+ )?(?:done|finished)", "first (?:day|week|month|shift)", "started", "starting",
-    "start (?:at|as|with|work|my|a|an|on)", "t(?:ook|aken) (?:a|the|up a|up the) (?:job|post|position|role)",
-    "got (?:a|the) (?:job|post|position|role|place)", "transferred", "graduated", "qualified", "bought", "again",
-    "began", "begun", "commenced", "join(?:ed|ing)", "hired", "sign(?:ed|ing) (?:on|up)", "taken on",
-    "t(?:ook|aken) (?:me|us) on (?:as|full-time|permanently)", "got a start", "landed", "promoted",
-    "switch(?:ed|ing)", "swap(?:ped|ping)", "chang(?:ed|ing)", "became", "become", r"retir\w+",
-    r"re(?:married|trained|skilled)",
-    # partner
-    "married", "wed", "wedding", "engaged", r"propos\w+", "dating", "seeing (?:someone|a|this)",
-    "got together", "getting together", "asked (?:me|us) out", "back together", "moved in together", "in a relationship", "tied the knot", "made it official", "split",
-    "broken? up", "break-?up", r"call(?:ed|ing) (?:the|our|my) (?:engagement|wedding) off", "left me", r"divorc\w+", "separat(?:ed|ing)", "dumped", "ended", "called it (?:a day|quits)",
-    "single", r"widow\w*", "exclusive", "(?:are|'re) (?:done|finished|through)", "(?:we're|we are) (?:officially )?(?:a|an) (?:thing|item|couple)", r"^(?:me and|(?-i:[A-Z])[a-z]+ and (?:I|me)\b)[\w' -]* are (?:officially )?(?:a|an) (?:item|couple)(?! of)",
-    "passed away", "died", "lost", "gone", "ex",
-    # tastes and habits
-    "g(?:ave|iven|iving|ive) up", "stop(?:ped|ping)?", "cut(?:ting)? out", "ditch(?:ed|ing)", "dropp(?:ed|ing)",
-    "done with", "over (?:it|him|her)", "sold", "deleted", "cancell?ed", "kicked", r"gone (?:right |completely )?off",
-    "(?:a|now a) convert",
-    "off (?:the|meat|booze|dairy|sugar|caffeine|alcohol)",
-    "(?:went|gone|going|turned) (?:vegan|veggie|vegetarian|plant-based|teetotal|sober|keto|pescatarian|dry)",
-    "sober", "t(?:ook|aken|aking|ake) up", "got into", "getting into", "picked up", "learning", "hooked",
-    "obsessed", "come to (?:love|like|enjoy|hate)",
-    "got (?:a|an|my) (?:boyfriend|girlfriend|partner|job|place|flat|house)",
-    # how long, and since when
-    r"been (?:a|an|\w+ing)",
-    r"for (?:\d+|a|an|two|three|four|five|six|seven|eight|nine|ten|twenty|thirty|over|nearly|almost|about) "
-    r"(?:\w+ )?(?:years?|months?|weeks?|decades?)",
-    "since", "used to", "no longer", "no more", "any ?more", "over with", "(?:it's|that's|we're) over",
-    "these days", "nowadays", "now", "for good", "finally", "officially",
-)  # fmt: skip
-_CHANGED = re.compile(rf"\b(?:{'|'.join(_CHANGES)})\b", re.I)
 _WORD = re.compile(r"[a-z][a-z']+")
-
-
-# words of change that also say only when ("I'm cooking mushrooms for the kids now"): not enough to tell a change
-# of a taste alone; nor, for a state read from words alone (tells_change's `strict`), words of how long or since
-# when, or "learning", which real chat uses all the time ("I have since found calculus useful", "I've been working from
-# home for a while", "get my food and leave", "Excited for the challenges and learning ahead")
-_ONLY_WHEN = re.compile(r"\b(?:now|these days|nowadays|finally|officially|again)\b", re.I)
-_ONLY_HOW_LONG = re.compile(
-    r"\b(?:(?:ever )?since|any ?more|used to|leav(?:e|ing)|learning|been (?:a|an|\w+ing)|"
-    r"for (?:\w+ ){1,2}(?:years?|months?|weeks?|decades?))\b",
-    re.I,
-)
-# except a state said to be over: "any more" after a negation ("Not seeing Ollie any more", "I don't eat meat anymore")
-_NOT_ANY_MORE = re.compile(
-    r"(?:\b(?:not|no|never)\b|n't\b)(?! (?:know|think|understand|remember)\b)[^,.;:!?]*\bany ?more\b", re.I
-)
 
 
 def _users_news(core: str) -> bool:
@@ -322,46 +260,6 @@ def ends_partnership(text: str) -> bool:
     return bool(_ENDS_PARTNERSHIP.search(text))
 
 
-def says_change(clause: str, strict: bool = False) -> bool:
-    """Whether the clause has a word of change other than one that only says when ("Uninstalled WoW and cancelled
-    the sub", not "I'm cooking mushrooms for the kids now"); `strict`: nor one of how long or since when ("I've been
-    a nurse for years"). What the guard blocks is `blocker`'s to say."""
-    words = _ONLY_WHEN.sub(" ", clause)
-    if strict and not _NOT_ANY_MORE.search(words):
-        words = _ONLY_HOW_LONG.sub(" ", words)
-    return bool(_CHANGED.search(words))
-
-
-# a taste or habit given up: what a change of taste told in words alone must say (taking one up rarely ends another:
-# "I've recently started playing Spider-Man" beside "I started playing the Guardians of the Galaxy game")
-_GIVEN_UP = re.compile(
-    r"\b(?:g(?:ave|iven|iving|ive) up|stop(?:ped|ping)|stop \w+ing|put an? (?:\w+ )?stop to|quit(?:ting)?|"
-    r"cut(?:ting)? (?:\w+ ){0,3}out|ditch(?:ed|ing)|dropp(?:ed|ing)|done with|(?:gone|went|going) (?:right |completely )?off|fallen out of love|no longer|no more|"
-    r"(?:are|'re) (?:done|finished|through)|kicked|over (?:it|him|her))\b",
-    re.I,
-)
-
-
-# a taste or habit taken up: a word of change that tells nothing of a home, a job or a partner
-_TAKEN_UP = re.compile(
-    r"\b(?:t(?:ook|aken|aking|ake) up|got into|getting into|picked up|learning|hooked|obsessed|"
-    r"come to (?:love|like|enjoy|hate)|(?:a|now a) convert)\b",
-    re.I,
-)
-
-
-def says_state_change(clause: str) -> bool:
-    """Whether the clause has a word of change (`says_change`, strict) other than one of a taste taken up ("I used to
-    make barbecue before I got into comic books" tells no new job)."""
-    return says_change(_TAKEN_UP.sub(" ", clause), strict=True)
-
-
-def says_given_up(clause: str) -> bool:
-    """Whether the clause says a taste or habit was given up ("I've gone right off online chess", "Not seeing Ollie
-    any more"), not taken up."""
-    return bool(_GIVEN_UP.search(clause) or _NOT_ANY_MORE.search(clause))
-
-
 def tells_change(clause: str, strict: bool = False) -> bool:
     """Whether the clause tells a change of the user's own: `blocker` lets it through and it `says_change`."""
     return blocker(clause) is None and says_change(clause, strict)
@@ -387,7 +285,7 @@ def blocker(clause: str) -> str | None:
         return "plan"
     if _ADDED.search(core):
         return "addition"
-    if not _CHANGED.search(clause):
+    if not CHANGED.search(clause):
         return "no change word"
     return None
 

@@ -11,11 +11,10 @@ from kvmem.formation.change_guard import (
     blocker,
     other_area,
     same_value,
-    says_given_up,
-    says_state_change,
     tells_change,
     turn_blocker,
 )
+from kvmem.formation.change_words import says_given_up, says_state_change
 from kvmem.formation.tastes_told import tells_taste
 
 
