@@ -31,6 +31,7 @@ from kvmem.formation.errors import ExtractionError
 from kvmem.text.errors import InvalidMemoryInput, StaleFormation
 from kvmem.utc import utc_text
 from scheduler.formation_decisions import decide
+from scheduler.formation_speakers import decide_by_speaker
 from scheduler.formation_types import FormationConfig, FormationStats, PassResult, Tally, to_input
 
 log = logging.getLogger(__name__)
@@ -294,8 +295,14 @@ class FormationWorker:
         said = {t.id: t.chat_time for t in turns}
         generation = self.store.generation(user_id)  # what the decisions read; the commit checks it
         try:  # consolidation's rules, or the extractor's own decisions ("self": kvmem/formation/self_model.py)
-            adds, duplicates, supersessions, outdated = self.decider(
-                self.store, user_id, facts, said, self.config.num_dense_candidates
+            adds, duplicates, supersessions, outdated = decide_by_speaker(
+                self.decider,
+                self.store,
+                user_id,
+                facts,
+                said,
+                self.config.num_dense_candidates,
+                {t.id: t for t in turns},
             )
         except ExtractionError as e:  # a decision the model could not finish
             tally.error = f"{self.extractor.name}: {e}"

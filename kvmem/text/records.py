@@ -194,7 +194,8 @@ class FormationCounts:
 @dataclass(frozen=True)
 class FormedMemory:
     """A memory the formation pipeline commits (MemoryStore.commit_formed): its text, the log turns it came
-    from, when it became true, the chat_time and session it is filed under, the slot it sets and its kind."""
+    from, when it became true, the chat_time and session it is filed under, the slot it sets, its kind, and who
+    said it where the log names its speakers (an import of a multi-party chat; None: the user themselves)."""
 
     text: str
     source_turn_ids: tuple[str, ...]
@@ -204,6 +205,7 @@ class FormedMemory:
     slot: str | None = None
     slot_value: str | None = None
     kind: str = "fact"
+    speaker: str | None = None
 
 
 @dataclass(frozen=True)

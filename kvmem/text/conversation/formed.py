@@ -46,7 +46,8 @@ from kvmem.text.filters import (
 )
 from kvmem.text.records import ChangeEvent, CommitResult, FormedMemory, Memory
 from kvmem.text.search.bm25 import num_tokens
-from kvmem.text.search.vectors import VectorCache, speaker_key
+from kvmem.text.search.rerank_features import speaker_of
+from kvmem.text.search.vectors import VectorCache
 
 FORMED_ROLE = "user"  # formed memories are what the user said
 
@@ -74,6 +75,8 @@ def _check_formed(add: Any, i: int, max_tokens: int, max_chars: int) -> FormedMe
         raise InvalidMemoryInput(f"{where}.slot_value must be a string or None, got {add.slot_value!r}")
     if not isinstance(add.kind, str) or not add.kind.strip():
         raise InvalidMemoryInput(f"{where}.kind must be a non-empty string, got {add.kind!r}")
+    if add.speaker is not None and (not isinstance(add.speaker, str) or not add.speaker.strip()):
+        raise InvalidMemoryInput(f"{where}.speaker must be a non-empty string or None, got {add.speaker!r}")
     return dataclasses.replace(
         add,
         source_turn_ids=tuple(source),
@@ -129,9 +132,13 @@ def _formed_memory(
     now: str,
     superseded: tuple[str, str] | None,
 ) -> Memory:
-    """The memory an add becomes: said by the user, from the conversation, superseded already if
-    `superseded` = (superseded_by, valid_to)."""
+    """The memory an add becomes: said by the user (or by the speaker its turns name, kept in its metadata as
+    an importer's memories keep theirs), from the conversation, superseded already if `superseded` =
+    (superseded_by, valid_to)."""
     superseded_by, valid_to = superseded if superseded is not None else (None, None)
+    metadata = {"kind": add.kind, "extractor": extractor}
+    if add.speaker is not None:
+        metadata["speaker"] = add.speaker
     return Memory(
         id=memory_id,
         user_id=user_id,
@@ -143,7 +150,7 @@ def _formed_memory(
         chat_time=add.chat_time,
         updated_at=now,
         tags=(),
-        metadata={"kind": add.kind, "extractor": extractor},
+        metadata=metadata,
         state="active",
         version=1,
         valid_from=add.valid_from,
@@ -328,7 +335,7 @@ class FormationWrites:
             return
         rowid_array = np.asarray(rowids, dtype=np.int64)
         sessions = [m.session_id for m in memories]
-        speakers = [speaker_key(m.role) for m in memories]
+        speakers = [speaker_of(m.role, m.metadata) for m in memories]
         texts = [m.text for m in memories]
         lengths = [num_tokens(text) for text in texts]
         tx.after_commit.append(
