@@ -189,19 +189,6 @@ FILLER_CLAUSES = frozenset(
 DISCOURSE_MARKERS = (
     "oh and",
     "oh",
-    # as they are typed: "yea I moved in March", "ahh I finally quit" (not a cheer, "omg", "yay": "Omg I'm in
-    # Vegas now!" is a trip)
-    "ohh",
-    "ahh",
-    "ahhh",
-    "aw",
-    "aww",
-    "lmao",
-    "lmfao",
-    "yea",
-    "yeh",
-    "yah",
-    "welp",
     "ah",
     "well",
     "so",
