@@ -29,16 +29,10 @@ def term_cache_bytes(matrix: np.ndarray) -> int:
     return max(MIN_TERM_CACHE_BYTES, matrix.nbytes // 8)
 
 
-def speaker_key(role: str | None) -> str:
-    """How a row's role is matched against the words of a query: its first word, lower-cased ('' if none)."""
-    words = (role or "").split()
-    return words[0].lower() if words else ""
-
-
 @dataclass(frozen=True)
 class UserVectors:
     """One user's active vectors at one generation. rowids[i] (ascending) is the memory row of matrix[i];
-    sessions[i] its session id (None: none), speakers[i] its `speaker_key` and lengths[i] its text's length in
+    sessions[i] its session id (None: none), speakers[i] its speaker (rerank_features.speaker_of) and lengths[i] its text's length in
     words (bm25.num_tokens), from which keyword search takes the user's own average length. `terms` holds
     the keyword index's answers for these rows (term_cache.py): current exactly as long as the entry."""
 
