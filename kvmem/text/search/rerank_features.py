@@ -14,7 +14,7 @@ import numpy as np
 
 from kvmem.text.search.vectors import UserVectors, dot_rows
 
-FEATURE_SET = "kvmem-ltr-v2"
+FEATURE_SET = "kvmem-ltr-v1"
 FEATURES = (
     "first_score",  # the first stage's fused score after its lifts, [0, 1]
     "first_rrank",  # 1 / the candidate's rank in the first stage
@@ -35,13 +35,10 @@ FEATURES = (
     "is_question",  # its text ends with a question mark (questions rarely hold the answer)
     "wide_bm25",  # best BM25 of the turns up to WIDE turns before or after it in its session / the best
     "wide_cos",  # best cosine of the turns up to WIDE turns before or after it in its session
-    "first_person",  # its text holds "I", "me", "my" or "mine" (its speaker tells of themselves)
 )
 WIDE = 3
 NUM_FEATURES = len(FEATURES)
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
-# any case, as chat types it ("i", "I'm", "I’ve": the apostrophe ends the word either way)
-_FIRST_PERSON_RE = re.compile(r"\b(?:i|me|my|mine)\b", re.IGNORECASE)
 
 
 def speaker_of(role: str | None, metadata: dict | None) -> str:
@@ -161,6 +158,5 @@ def candidate_features(
             sum(term in low for term in terms) / len(terms) for low in (t.lower() for t in texts)
         ]
     out[:, col["is_question"]] = [t.rstrip().endswith("?") for t in texts]
-    out[:, col["first_person"]] = [_FIRST_PERSON_RE.search(t) is not None for t in texts]
     assert np.isfinite(out).all(), "features are finite"
     return out

@@ -93,7 +93,7 @@ def _edited(tmp_path, edit, resign: bool = True):
         (lambda d: d.update(feature_set="kvmem-ltr-v0"), True, "feature set 'kvmem-ltr-v0'"),
         (lambda d: d["features"].reverse(), True, "other columns"),
         (lambda d: d.update(format="other/9"), True, "format must be"),
-        (lambda d: d["params"]["weights"].pop(), True, "params.weights must be a list of 20 numbers"),
+        (lambda d: d["params"]["weights"].pop(), True, "params.weights must be a list of 19 numbers"),
         (lambda d: d["params"].update(bias="x"), True, "params.bias"),
         (lambda d: d["params"]["scale"].__setitem__(0, 0.0), True, "params.scale must be > 0"),
         (lambda d: d.update(model="forest"), True, "model must be 'linear' or 'stumps'"),
@@ -273,24 +273,4 @@ def test_llm_judge_orders_by_its_grades_and_falls_back_when_down(tmp_path, new_l
     with caplog.at_level(logging.WARNING, logger="kvmem.text.search.rerank_stage"):
         assert _order(store) == first  # the endpoint is gone: the first stage's order
     assert any("reranker llm unavailable" in r.message for r in caplog.records)
-    store.close()
-
-
-def test_first_person_feature_marks_turns_that_speak_of_their_speaker(store_location, clock):
-    store = MemoryStore(store_location, embedder=HashEmbedder(), clock=clock)
-    texts = {
-        "I moved to Porto for the job": 1.0,
-        "we should ask my sister about the flat": 1.0,
-        "i’m into climbing these days": 1.0,  # chat's lower case and curly apostrophe
-        "Give it to me tomorrow": 1.0,
-        "The flat is mine now": 1.0,
-        "The job in Porto sounds great": 0.0,
-        "Did you see the Minecraft flat build?": 0.0,  # "Mine" inside a word is no person
-        "Iceland or Porto for the job trip": 0.0,
-    }
-    for text in texts:
-        store.add("u", messages=[{"role": "user", "content": text}], session_id="s")
-    candidates = store.search_candidates("u", "job flat Porto climbing tomorrow trip build")
-    got = dict(zip(candidates.texts, candidates.features[:, COL["first_person"]].tolist(), strict=True))
-    assert got == texts
     store.close()
