@@ -74,8 +74,9 @@ SETS = (
     "heldout_v17",
     "heldout_v18",
     "heldout_v19",
+    "heldout_v20",
 )  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01),
-# the twelfth to the nineteenth (2026-12-02)
+# the twelfth to the twentieth (2026-12-02)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:
