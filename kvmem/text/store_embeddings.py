@@ -8,6 +8,7 @@ nothing of search, locks or events.
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import threading
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvmem.text.conversation import turns
+from kvmem.text.conversation.context import FORMED_SOURCE, in_context
 from kvmem.text.db.rows import LIVE
 from kvmem.text.errors import EmbedderMismatch, TextStoreError
 from kvmem.text.search.embedders import Embedder
@@ -127,9 +130,22 @@ def reconcile_embedder(
     if has_vectors:
         logger.warning("re-embedding %s with %s", path, name)
         rows_to_embed = conn.execute(
-            "SELECT m.rowid, m.user_id, m.text FROM memories m WHERE " + LIVE
+            "SELECT m.rowid, m.user_id, m.text, m.source, m.source_turn_ids FROM memories m WHERE " + LIVE
         ).fetchall()
-        vectors = embed([r[2] for r in rows_to_embed])
+        # a formed memory is embedded in the context of its turns still in the log, as commit_formed does
+        cited = [(r[1], json.loads(r[4])) for r in rows_to_embed if r[3] == FORMED_SOURCE]
+        said = {
+            user: turns.turn_texts(conn, user, [t for u, ids in cited if u == user for t in ids])
+            for user in {u for u, _ in cited}
+        }
+        vectors = in_context(
+            embed,
+            [r[2] for r in rows_to_embed],
+            [
+                [said[r[1]][t] for t in json.loads(r[4]) if t in said[r[1]]] if r[3] == FORMED_SOURCE else []
+                for r in rows_to_embed
+            ],
+        )
         conn.execute("DELETE FROM memory_vectors")
         conn.executemany(
             "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",

@@ -21,6 +21,7 @@ import numpy as np
 
 from kvmem.text.config import TextStoreConfig
 from kvmem.text.conversation import turns
+from kvmem.text.conversation.context import FORMED_SOURCE, in_context
 from kvmem.text.conversation.log import check_id_list
 from kvmem.text.db.connections import Database, Tx
 from kvmem.text.db.rows import (
@@ -156,7 +157,7 @@ def _formed_memory(
         valid_from=add.valid_from,
         valid_to=valid_to,
         superseded_by=superseded_by,
-        source="conversation",
+        source=FORMED_SOURCE,
         source_turn_ids=add.source_turn_ids,
         slot=add.slot,
         slot_value=add.slot_value,
@@ -245,7 +246,7 @@ class FormationWrites:
             outdated_by.setdefault(
                 check_int(index, f"outdated[{i}][0]", 0, len(adds) - 1), check_memory_id(newer)
             )
-        vectors = self._embed([a.text for a in adds]) if adds else None  # [len(adds), dim]
+        vectors = self._formed_vectors(user_id, adds) if adds else None  # [len(adds), dim]
         now = format_time(self._clock())
         with self._db.write(user_id) as tx:
             if expect_generation is not None and read_generation(tx.conn, user_id) != expect_generation:
@@ -316,6 +317,16 @@ class FormationWrites:
             dropped=len(adds) - len(added),
             requeued=len(set(held) - set(retired)),
             retired=len(set(retired)),
+        )
+
+    def _formed_vectors(self, user_id: str, adds: list[FormedMemory]) -> np.ndarray:
+        """[len(adds), dim]: each add's vector in the context of its source turns (context.in_context), read
+        before the write transaction (an add whose turn is deleted meanwhile is dropped inside it)."""
+        said = turns.turn_texts(self._db.conn(), user_id, [t for a in adds for t in a.source_turn_ids])
+        return in_context(
+            self._embed,
+            [a.text for a in adds],
+            [[said[t] for t in a.source_turn_ids if t in said] for a in adds],
         )
 
     def _refresh_vectors(

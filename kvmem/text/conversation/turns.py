@@ -180,6 +180,21 @@ def existing_turn_ids(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]
     return found
 
 
+def turn_texts(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]) -> dict[str, str]:
+    """id -> text of these ids that are turns of this user (in any formation state); others are left out."""
+    ids = list(dict.fromkeys(ids))
+    found: dict[str, str] = {}
+    for start in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[start : start + _ID_CHUNK]
+        found.update(
+            conn.execute(
+                f"SELECT id, text FROM turns WHERE user_id = ? AND id IN ({','.join('?' * len(chunk))})",
+                (user_id, *chunk),
+            ).fetchall()
+        )
+    return found
+
+
 def _update_ids(
     conn: sqlite3.Connection, user_id: str, ids: list[str], assignments: str, where: str, params: list[Any]
 ) -> int:
