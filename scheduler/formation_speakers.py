@@ -9,6 +9,7 @@ user's own chat) is one group, decided over the same memories as before.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,33 @@ def memory_speaker(memory: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def speaker_key(name: str | None) -> str | None:
+    """A speaker's name as formation compares them: case and spacing ignored ("Kate", "kate", " Kate" are one
+    person); None (the user) stays None."""
+    if name is None:
+        return None
+    return " ".join(name.split()).casefold() or None
+
+
+def own_turns(fact: Fact, turns: dict[str, Any]) -> Fact:
+    """`fact` citing only the turn that said it where it cites turns of several speakers or sessions (an LLM
+    extractor cites every user turn of its batch): the cited turn sharing the most words with it (the first
+    of those on a tie), so its speaker, its session and its provenance agree. Otherwise unchanged."""
+    cited = [turns[t] for t in fact.turn_ids if t in turns]
+    if len({(speaker_key(t.speaker), t.session_id) for t in cited}) <= 1:
+        return fact
+    words = _content_words(fact.text)
+    best = max(cited, key=lambda t: len(words & _content_words(t.text)))  # the first of the best
+    return dataclasses.replace(fact, turn_ids=(best.id,))
+
+
+_STOP = frozenset("the and but for you your our are was were has have had this that with from not".split())
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"\w+", text.casefold()) if len(w) > 2 and w not in _STOP}
+
+
 class SpeakerView:
     """A store as one speaker's formation decisions read it: slot candidates and search hits of that speaker's
     memories only; everything else is the store's own."""
@@ -36,17 +64,20 @@ class SpeakerView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    def _theirs(self, memory: Any) -> bool:
+        return speaker_key(memory_speaker(memory)) == speaker_key(self.speaker)
+
     def slot_candidates(self, user_id: str, slot: str, *, prefix: bool = False) -> list[Any]:
         found = self._store.slot_candidates(user_id, slot, prefix=prefix)
-        return [m for m in found if memory_speaker(m) == self.speaker]
+        return [m for m in found if self._theirs(m)]
 
     def search(self, user_id: str, query: str, *, top_k: int = 10, **kwargs: Any) -> list[Any]:
         hits = self._store.search(user_id, query, top_k=top_k, **kwargs)
-        if all(memory_speaker(h.memory) == self.speaker for h in hits):
+        if all(self._theirs(h.memory) for h in hits):
             return hits  # nobody else's among them (always so in a log that names nobody)
         wider = min(top_k * OVERFETCH, self._store.config.max_top_k)
         hits = self._store.search(user_id, query, top_k=wider, **kwargs)
-        return [h for h in hits if memory_speaker(h.memory) == self.speaker][:top_k]
+        return [h for h in hits if self._theirs(h.memory)][:top_k]
 
 
 def decide_by_speaker(
@@ -60,17 +91,23 @@ def decide_by_speaker(
 ) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """`decider`'s adds, duplicates, supersessions and outdated for `facts`, each speaker's facts decided over
     that speaker's memories (`SpeakerView`), merged into one commit (add indices shifted). A fact's speaker and
-    session are its first turn's (`turns`: the pass's log turns by id); every add is filed under them, so a
-    session's delete takes the memories formed from it. The user's own chat is one group, None, whose view
+    session are its first turn's (`turns`: the pass's log turns by id) once it cites only its own turn
+    (`own_turns`); every add is filed under them, so a session's delete takes the memories formed from it.
+    Speakers are told apart by `speaker_key`. The user's own chat is one group, None, whose view
     leaves out only memories an import said were someone else's."""
     groups: dict[str | None, list[Fact]] = {}
-    for fact in facts:
-        groups.setdefault(_first(turns, fact.turn_ids, "speaker"), []).append(fact)
+    names: dict[str | None, str | None] = {}  # a group's name as its first turn spelled it, spaces trimmed
+    for fact in (own_turns(f, turns) for f in facts):
+        name = _first(turns, fact.turn_ids, "speaker")
+        key = speaker_key(name)
+        names.setdefault(key, " ".join(name.split()) if key is not None else None)
+        groups.setdefault(key, []).append(fact)
     adds: list[Any] = []
     duplicates: list[Any] = []
     supersessions: list[Any] = []
     outdated: list[Any] = []
-    for speaker, group in groups.items():
+    for key, group in groups.items():
+        speaker = names[key]
         view = SpeakerView(store, speaker)
         g_adds, g_duplicates, g_supersessions, g_outdated = decider(
             view, user_id, group, said, num_candidates

@@ -20,6 +20,7 @@ from kvmem.text.conversation.turns import (
     delete_turns_where,
     mark_session_erased,
     replies_to,
+    requeue,
     turns_using,
 )
 from kvmem.text.db.connections import Database
@@ -102,9 +103,9 @@ class MemoryDeletes:
         return self._delete_where(user_id, "m.id = ?", [memory_id], source_turns=delete_turns)
 
     def delete_session(self, user_id: str, session_id: str) -> int:
-        """Deletes every memory of one session of this user, the session's log turns and the turns those
-        memories were formed from (with their replies and the replies made with them); returns how many
-        memories. The user's generation moves even when the session had only log turns, and is recorded as
+        """Deletes every memory of one session of this user and the session's log turns; returns how many
+        memories. A turn of another session that a deleted memory also cites (the fact said again there) is
+        kept and goes back to pending, so the next formation pass forms what it says on its own. The user's generation moves even when the session had only log turns, and is recorded as
         the one the session was erased at: a turn of a request admitted before this call is not logged into
         the session after it (log_turns' `admitted_generation`)."""
         check_user_id(user_id)
@@ -151,7 +152,16 @@ class MemoryDeletes:
             if not ids:
                 return 0
             forget = source_turns and not whole_log and session is None  # this fact, not a conversation
-            if source_turns and not whole_log:
+            if session is not None:
+                # its own turns went above; a memory of it may also cite another session's turn (the fact said
+                # again there): that turn stays, and is formed again on its own by the next pass
+                requeue(
+                    tx.conn,
+                    user_id,
+                    source_turn_ids(tx.conn, user_id, where, params),
+                    format_time(self._clock()),
+                )
+            elif source_turns and not whole_log:
                 sources = source_turn_ids(tx.conn, user_id, where, params)
                 # the replies to its source turns and the replies made with it repeat it: they go too
                 replies = [*replies_to(tx.conn, user_id, sources), *turns_using(tx.conn, user_id, ids)]

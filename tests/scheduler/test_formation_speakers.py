@@ -4,9 +4,12 @@ memory keeps who said it and the session it was said in, and a session's delete 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvmem.formation.rules import RuleExtractor
+from kvmem.formation.self_model import FACTS_SCHEMA, ModelExtractor
 from kvmem.text import MemoryStore
 from kvmem.text.errors import InvalidMemoryInput
 from kvmem.text.records import FormedMemory
@@ -115,3 +118,87 @@ def test_commit_formed_refuses_a_blank_speaker(store: MemoryStore) -> None:
     with pytest.raises(InvalidMemoryInput, match=r"adds\[0\]\.speaker must be a non-empty string or None"):
         store.commit_formed("u", [turn.id], [add], [], [], extractor="rules")
     assert store.list("u").total == 0
+
+
+def fact(text):
+    return {"text": text, "kind": "fact", "subject": None, "attribute": None, "value": None, "date": None}
+
+
+def self_worker(store, facts_replies, decide=None):
+    replies = [json.dumps({"facts": [fact(t) for t in r]}) for r in facts_replies]
+
+    def generate(messages, schema, max_tokens):
+        if schema is FACTS_SCHEMA:
+            return replies.pop(0), "stop"
+        return decide(messages, schema, max_tokens)
+
+    extractor = ModelExtractor(generate)
+    return FormationWorker(store, extractor, decider=extractor.decide)
+
+
+def test_deleting_a_session_keeps_the_turns_of_another_session(store) -> None:
+    worker = FormationWorker(store, RuleExtractor())
+    log(store, "u", [(None, "I live in Lisbon.")], session="s1")
+    worker.form_user("u")
+    log(store, "u", [(None, "I live in Lisbon.")], session="s2")  # said again in another session: a duplicate
+    worker.form_user("u")
+    assert store.delete_session("u", "s1") == 1
+    assert store.list_turns("u", session_id="s2").total == 1  # s2 was not deleted
+    assert worker.form_user("u").num_added == 1  # its turn, pending again, forms the fact on its own
+    assert [(m.text, m.session_id) for m in store.list("u").items] == [("I live in Lisbon.", "s2")]
+
+
+# the LLM extractors cite every user turn of their batch: each fact is filed under the turn that said it
+def test_self_extractor_memories_keep_their_own_speaker(store) -> None:
+    worker = self_worker(store, [["I live in Boston", "I live in Denver"]])
+    log(store, "chat", [("Kate", "I live in Boston."), ("Emi", "I live in Denver.")])
+    worker.form_user("chat")
+    assert served(store) == [("I live in Boston.", "Kate"), ("I live in Denver.", "Emi")]
+
+
+def test_self_extractor_one_speakers_move_never_retires_anothers_home(store) -> None:
+    shown: dict[str, list[str]] = {}
+
+    def decide(messages, schema, max_tokens):
+        text = messages[-1]["content"]
+        memories = [line.split(". ", 1)[1] for line in text.split("\n")[1:-1]]
+        new = text.rsplit("New fact: ", 1)[1]
+        shown[new] = memories
+        if "Chicago" in new and "I live in Boston." in memories:
+            return json.dumps({"event": "update", "memory": memories.index("I live in Boston.")}), "stop"
+        return json.dumps({"event": "add", "memory": None}), "stop"
+
+    worker = self_worker(store, [["I live in Boston"], ["I love hiking", "I moved to Chicago"]], decide)
+    log(store, "chat", [("Kate", "I live in Boston.")])
+    worker.form_user("chat")
+    log(store, "chat", [("Kate", "I love hiking."), ("Emi", "I moved to Chicago.")])
+    worker.form_user("chat")
+    assert "I live in Boston." not in shown.get("I moved to Chicago", [])  # Emi's fact shown Kate's memory
+    assert ("I live in Boston.", "Kate") in served(store)
+
+
+def test_self_extractor_memory_is_filed_under_its_own_session(store) -> None:
+    worker = self_worker(store, [["I live in Lisbon", "My dog is called Rex"]])
+    log(store, "u", [(None, "I live in Lisbon.")], session="s1")
+    log(store, "u", [(None, "My dog is called Rex.")], session="s2")
+    worker.form_user("u")  # one batch of two sessions' turns
+    sessions = {m.text: m.session_id for m in store.list("u", page_size=100).items}
+    assert sessions == {"I live in Lisbon.": "s1", "My dog is called Rex.": "s2"}
+
+
+def test_self_extractor_deleting_a_session_takes_what_was_formed_from_it(store) -> None:
+    worker = self_worker(store, [["I live in Lisbon", "My dog is called Rex"]])
+    log(store, "u", [(None, "I live in Lisbon.")], session="s1")
+    log(store, "u", [(None, "My dog is called Rex.")], session="s2")
+    worker.form_user("u")
+    store.delete_session("u", "s2")
+    assert [m.text for m in store.list("u", page_size=100).items] == ["I live in Lisbon."]
+
+
+@pytest.mark.parametrize("again", ["kate", "Kate ", " Kate"])
+def test_a_speakers_move_retires_their_home_whatever_the_case_or_spacing_of_their_name(store, again) -> None:
+    worker = FormationWorker(store, RuleExtractor())
+    log(store, "chat", [("Kate", "I live in Boston.")])
+    worker.form_user("chat")
+    log(store, "chat", [(again, "I moved to Chicago.")])
+    assert worker.form_user("chat").num_superseded == 1

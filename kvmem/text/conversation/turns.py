@@ -243,6 +243,19 @@ def requeue_dead(conn: sqlite3.Connection, user_id: str | None, now: str) -> int
     ).rowcount
 
 
+def requeue(conn: sqlite3.Connection, user_id: str, ids: Iterable[str], now: str) -> int:
+    """This user's turns among `ids`, in any state, go back to 'pending' with attempts 0 and no error (formed
+    again by the next pass); returns how many."""
+    return _update_ids(
+        conn,
+        user_id,
+        list(ids),
+        "formation = 'pending', attempts = 0, error = NULL, updated_at = ?",
+        "1 = 1",
+        [now],
+    )
+
+
 def delete_turn_ids(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]) -> int:
     """Hard-deletes this user's turns among `ids`; returns how many."""
     ids = list(dict.fromkeys(ids))
