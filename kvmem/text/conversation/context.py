@@ -27,9 +27,10 @@ def in_context(
     """[len(facts), dim] float32 unit rows: fact i's vector plus CONTEXT_WEIGHT times the mean vector of the texts
     contexts[i] (its source turns still in the log; none: the fact's own vector). One `embed` call."""
     assert len(facts) == len(contexts), (len(facts), len(contexts))
-    unique = list(dict.fromkeys(t for texts in contexts for t in texts))
+    at = {t: i for i, t in enumerate(facts)}  # a turn that is its fact word for word is embedded once
+    unique = [t for t in dict.fromkeys(t for texts in contexts for t in texts) if t not in at]
+    at.update({t: len(facts) + i for i, t in enumerate(unique)})
     embedded = embed([*facts, *unique]) if facts else np.zeros((0, 0), dtype=np.float32)  # [n + u, dim]
-    at = {t: len(facts) + i for i, t in enumerate(unique)}
     out = embedded[: len(facts)].astype(np.float64)  # [n, dim]
     for i, texts in enumerate(contexts):
         if texts:
