@@ -105,8 +105,9 @@ class MemoryDeletes:
     def delete_session(self, user_id: str, session_id: str) -> int:
         """Deletes every memory of one session of this user and the session's log turns; returns how many
         memories. A turn of another session that a deleted memory also cites (the fact said again there) is
-        kept and goes back to pending, so the next formation pass forms what it says on its own. The user's generation moves even when the session had only log turns, and is recorded as
-        the one the session was erased at: a turn of a request admitted before this call is not logged into
+        kept and goes back to pending, so the next formation pass forms what it says on its own. The user's
+        generation moves even when the session had only log turns, and is recorded as the one the session
+        was erased at: a turn of a request admitted before this call is not logged into
         the session after it (log_turns' `admitted_generation`)."""
         check_user_id(user_id)
         if check_optional_id(session_id, "session_id") is None:

@@ -133,19 +133,16 @@ def reconcile_embedder(
             "SELECT m.rowid, m.user_id, m.text, m.source, m.source_turn_ids FROM memories m WHERE " + LIVE
         ).fetchall()
         # a formed memory is embedded in the context of its turns still in the log, as commit_formed does
-        cited = [(r[1], json.loads(r[4])) for r in rows_to_embed if r[3] == FORMED_SOURCE]
-        said = {
-            user: turns.turn_texts(conn, user, [t for u, ids in cited if u == user for t in ids])
-            for user in {u for u, _ in cited}
-        }
-        vectors = in_context(
-            embed,
-            [r[2] for r in rows_to_embed],
-            [
-                [said[r[1]][t] for t in json.loads(r[4]) if t in said[r[1]]] if r[3] == FORMED_SOURCE else []
-                for r in rows_to_embed
-            ],
-        )
+        contexts: list[list[str]] = [[] for _ in rows_to_embed]
+        by_user: dict[str, list[int]] = {}
+        for i, r in enumerate(rows_to_embed):
+            if r[3] == FORMED_SOURCE:
+                by_user.setdefault(r[1], []).append(i)
+        for user, rows in by_user.items():
+            cited = turns.cited_texts(conn, user, [json.loads(rows_to_embed[i][4]) for i in rows])
+            for i, texts in zip(rows, cited, strict=True):
+                contexts[i] = texts
+        vectors = in_context(embed, [r[2] for r in rows_to_embed], contexts)
         conn.execute("DELETE FROM memory_vectors")
         conn.executemany(
             "INSERT INTO memory_vectors (rowid, user_id, vec) VALUES (?, ?, ?)",

@@ -322,12 +322,8 @@ class FormationWrites:
     def _formed_vectors(self, user_id: str, adds: list[FormedMemory]) -> np.ndarray:
         """[len(adds), dim]: each add's vector in the context of its source turns (context.in_context), read
         before the write transaction (an add whose turn is deleted meanwhile is dropped inside it)."""
-        said = turns.turn_texts(self._db.conn(), user_id, [t for a in adds for t in a.source_turn_ids])
-        return in_context(
-            self._embed,
-            [a.text for a in adds],
-            [[said[t] for t in a.source_turn_ids if t in said] for a in adds],
-        )
+        said = turns.cited_texts(self._db.conn(), user_id, [a.source_turn_ids for a in adds])
+        return in_context(self._embed, [a.text for a in adds], said)
 
     def _refresh_vectors(
         self,

@@ -180,9 +180,10 @@ def existing_turn_ids(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]
     return found
 
 
-def turn_texts(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]) -> dict[str, str]:
-    """id -> text of these ids that are turns of this user (in any formation state); others are left out."""
-    ids = list(dict.fromkeys(ids))
+def cited_texts(conn: sqlite3.Connection, user_id: str, cited: list[Iterable[str]]) -> list[list[str]]:
+    """For each list of turn ids in `cited`, the texts of those that are still turns of this user, in order."""
+    cited = [list(ids) for ids in cited]
+    ids = list(dict.fromkeys(t for group in cited for t in group))
     found: dict[str, str] = {}
     for start in range(0, len(ids), _ID_CHUNK):
         chunk = ids[start : start + _ID_CHUNK]
@@ -192,7 +193,7 @@ def turn_texts(conn: sqlite3.Connection, user_id: str, ids: Iterable[str]) -> di
                 (user_id, *chunk),
             ).fetchall()
         )
-    return found
+    return [[found[t] for t in group if t in found] for group in cited]
 
 
 def _update_ids(
