@@ -23,7 +23,11 @@ keeps them (mean pooled, unchanged: the head only moves queries). Model: token w
 softmax(l2(gelu(l1 h))), l1 384 -> 16, l2 16 -> 1 zero-initialised so training starts from mean pooling.
 Loss: listwise softmax over the chat's turns at temperature TAU, -log(sum over positives / sum over all).
 AdamW lr 1e-3, no weight decay, batches of 16 questions, 20 epochs, torch seed 0 and numpy seed 0 (the
-order), one torch thread: the same command writes the same file.
+order), one torch thread. The same command writes the same head up to float rounding, not the same bytes:
+l2.bias shifts every token's logit alike, so the softmax ignores it and its gradient is rounding noise, which
+Adam's normalised steps turn into a walk of about 0.03; a rerun at fdccfff (onnxruntime 1.32.0, torch 2.13.0)
+matched the shipped head within 6.2e-7 in every other weight, its leave-one-chat-out recall (0.451) exactly
+and the probes' query vectors within 1e-6 (the test's tolerance is 2e-5), with another sha256 (d7d3fc40...).
 
 Chosen by leave-one-chat-out dense recall@10 on tune (fit on four chats, rank the fifth's turns by the query
 vector alone): mean pooling 0.328; a learned token-weight vector (no hidden layer) 0.431-0.444; a low-rank
