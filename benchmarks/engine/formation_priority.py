@@ -10,7 +10,8 @@ under the facts schema, as `--extractor self` sends) started just before them. E
 recorded. Reported: steps in which a live chat row was left out (the delay, must be 0), the most formation
 rows in one step with chat rows, the largest formation prefill chunk in a step where chat rows decode,
 whether every chat reply has the same tokens as without formation, the steps each chat request took with and
-without, and the wall time of both runs (timings only on a quiet machine). Smoke (busy machine):
+without, the wall time of both runs and the time to the last chat reply's last token in each (timings only on a
+quiet machine). Smoke (busy machine):
 
     python -m benchmarks.engine.formation_priority --clients 3 --max-tokens 8 --out /tmp/formation_priority.json
 
@@ -61,8 +62,9 @@ async def stream_ids(backend, req) -> list[int]:
     return ids
 
 
-def run(backend, requests) -> tuple[list[list[int]], list, float]:
-    """Every request at once; (their token ids, the steps [(rows, live chat)], seconds)."""
+def run(backend, requests) -> tuple[list[list[int]], list, float, list[float]]:
+    """Every request at once; (their token ids, the steps [(rows, live chat)], seconds, each request's seconds to
+    its last token)."""
     record: list = []
     real = batcher_module.runner.step
     batcher = backend._loop._batcher
@@ -75,14 +77,18 @@ def run(backend, requests) -> tuple[list[list[int]], list, float]:
         record.append((rows, live))
         return real(model, pool, prefills, decodes)
 
+    async def timed(req) -> tuple[list[int], float]:
+        ids = await stream_ids(backend, req)
+        return ids, time.perf_counter() - started
+
     async def together():
-        return await asyncio.gather(*(stream_ids(backend, r) for r in requests))
+        return await asyncio.gather(*(timed(r) for r in requests))
 
     batcher_module.runner.step = recording
     try:
         started = time.perf_counter()
-        ids = asyncio.run(together())
-        return ids, record, time.perf_counter() - started
+        done = asyncio.run(together())
+        return [i for i, _ in done], record, time.perf_counter() - started, [s for _, s in done]
     finally:
         batcher_module.runner.step = real
 
@@ -119,8 +125,8 @@ def main() -> None:
         make(backend, f"form{i}", LOG + f" ({i})", 96, background=True, fmt=fmt)
         for i in range(args.formation)
     ]
-    alone_ids, alone_steps, alone_s = run(backend, chats)
-    with_ids, steps, with_s = run(backend, formations + chats)
+    alone_ids, alone_steps, alone_s, alone_done = run(backend, chats)
+    with_ids, steps, with_s, with_done = run(backend, formations + chats)
     chat_names = {r.request_id for r in chats}
     left_out = sum(len(live - {n for n, _, _ in rows}) for rows, live in steps)
     with_chat = [rows for rows, live in steps if live]
@@ -152,6 +158,8 @@ def main() -> None:
         "steps_per_chat": [{"name": n, "alone": a, "with_formation": w} for n, a, w in per_chat],
         "steps_total": {"alone": len(alone_steps), "with_formation": len(steps)},
         "wall_s": {"alone": alone_s, "with_formation": with_s},
+        # the wall-clock cost to chats of the formation rows' work in their steps (timings only on a quiet machine)
+        "last_chat_token_s": {"alone": max(alone_done), "with_formation": max(with_done[len(formations) :])},
     }
     asyncio.run(backend.aclose())
     write_outputs(result, args.out)
