@@ -112,9 +112,7 @@ class MemoryDeletes:
         check_user_id(user_id)
         if check_optional_id(session_id, "session_id") is None:
             raise InvalidMemoryInput("session_id must be a non-empty string, got None")
-        return self._delete_where(
-            user_id, "m.session_id = ?", [session_id], source_turns=True, session=session_id
-        )
+        return self._delete_where(user_id, "m.session_id = ?", [session_id], session=session_id)
 
     def delete_user(self, user_id: str) -> int:
         """Deletes every memory of this user and their whole conversation log; returns how many memories. The
@@ -122,7 +120,7 @@ class MemoryDeletes:
         at: a turn of a request admitted before this call is not logged after it (log_turns'
         `admitted_generation`)."""
         check_user_id(user_id)
-        return self._delete_where(user_id, "1 = 1", [], source_turns=True, whole_log=True)
+        return self._delete_where(user_id, "1 = 1", [], whole_log=True)
 
     def _delete_where(
         self,
@@ -130,12 +128,12 @@ class MemoryDeletes:
         where: str,
         params: list[Any],
         *,
-        source_turns: bool,
+        source_turns: bool = False,
         session: str | None = None,
         whole_log: bool = False,
     ) -> int:
         """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: the memories'
-        source turns (`source_turns`), one session's (`session`) or all the user's (`whole_log`). Subscribers
+        source turns (`source_turns`, one memory's forgetting), one session's (`session`) or all the user's (`whole_log`). Subscribers
         hear 'deleted' before this returns, each event naming the whole `batch` when several were deleted."""
         with self._db.write(user_id) as tx:
             bumped = False
