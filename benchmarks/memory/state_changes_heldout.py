@@ -76,8 +76,9 @@ SETS = (
     "heldout_v19",
     "heldout_v20",
     "heldout_v21",
+    "heldout_v22",
 )  # the first (2026-11-28), three more (2026-11-29), the fifth (2026-11-30), the sixth to the eleventh (2026-12-01),
-# the twelfth to the twentieth (2026-12-02), the twenty-first (2026-12-03)
+# the twelfth to the twentieth (2026-12-02), the twenty-first and twenty-second (2026-12-03)
 
 
 def load_items(data_dir: Path = DATA, name: str = "heldout") -> list[dict]:

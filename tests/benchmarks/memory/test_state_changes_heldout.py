@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "state_changes"
-SEALED = ["heldout", *(f"heldout_v{i}" for i in range(2, 22))]
+SEALED = ["heldout", *(f"heldout_v{i}" for i in range(2, 23))]
 
 
 @pytest.mark.parametrize("name", SEALED)
