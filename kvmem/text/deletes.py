@@ -100,7 +100,7 @@ class MemoryDeletes:
         superseded stays superseded."""
         check_user_id(user_id)
         check_memory_id(memory_id)
-        return self._delete_where(user_id, "m.id = ?", [memory_id], source_turns=delete_turns)
+        return self._delete_where(user_id, "m.id = ?", [memory_id], forget=delete_turns)
 
     def delete_session(self, user_id: str, session_id: str) -> int:
         """Deletes every memory of one session of this user and the session's log turns; returns how many
@@ -128,13 +128,14 @@ class MemoryDeletes:
         where: str,
         params: list[Any],
         *,
-        source_turns: bool = False,
+        forget: bool = False,
         session: str | None = None,
         whole_log: bool = False,
     ) -> int:
-        """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: the memories'
-        source turns (`source_turns`, one memory's forgetting), one session's (`session`) or all the user's (`whole_log`). Subscribers
-        hear 'deleted' before this returns, each event naming the whole `batch` when several were deleted."""
+        """Tombstones matching live memories (see rows.tombstone) and hard-deletes log turns: one memory forgotten
+        (`forget`: its source turns, the replies to them and with it, and the pending turns that restate it), one
+        session's (`session`) or all the user's (`whole_log`); the three are exclusive. Subscribers hear 'deleted'
+        before this returns, each event naming the whole `batch` when several were deleted."""
         with self._db.write(user_id) as tx:
             bumped = False
             if whole_log:
@@ -150,7 +151,6 @@ class MemoryDeletes:
             ids = live_ids(tx.conn, user_id, where, params)
             if not ids:
                 return 0
-            forget = source_turns and not whole_log and session is None  # this fact, not a conversation
             if session is not None:
                 # its own turns went above; a memory of it may also cite another session's turn (the fact said
                 # again there): that turn stays, and is formed again on its own by the next pass
@@ -160,11 +160,11 @@ class MemoryDeletes:
                     source_turn_ids(tx.conn, user_id, where, params),
                     format_time(self._clock()),
                 )
-            elif source_turns and not whole_log:
+            elif forget:  # this fact, not a conversation
                 sources = source_turn_ids(tx.conn, user_id, where, params)
                 # the replies to its source turns and the replies made with it repeat it: they go too
                 replies = [*replies_to(tx.conn, user_id, sources), *turns_using(tx.conn, user_id, ids)]
-                restated = restating_turns(tx.conn, user_id, where, params) if forget else []
+                restated = restating_turns(tx.conn, user_id, where, params)
                 delete_turn_ids(tx.conn, user_id, [*sources, *replies, *restated])
             tombstone(tx.conn, user_id, where, params, format_time(self._clock()))
             if forget:  # a pass forming a restatement of it meanwhile retires that turn too (commit_formed)
